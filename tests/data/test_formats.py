@@ -1,0 +1,79 @@
+import json
+
+import pytest
+from PIL import Image
+
+from vlp.data.datasets import ImageTextDataset
+from vlp.data.formats import DataError, load_pairs, load_relevance, load_retrieval_split
+from vlp.data.transforms import pre_caption
+
+
+def write(path, obj):
+    path.write_text(json.dumps(obj))
+    return path
+
+
+def test_pre_caption_albef_rules():
+    assert pre_caption("A Man's  hat, (red)!  on-the/left <person>\n") == "a mans hat red on the left person"
+    assert pre_caption(" ".join(str(i) for i in range(40))) == " ".join(str(i) for i in range(30))
+
+
+def test_pretrain_and_retrieval_train_formats_load_through_one_path(tmp_path):
+    a = write(tmp_path / "coco.json", [{"image": "/abs/x.jpg", "caption": "a cat"},
+                                       {"image": "y.jpg", "caption": ["one", "two"]}])
+    b = write(tmp_path / "coco_train.json", [{"image": "z.jpg", "caption": "c1", "image_id": 7},
+                                             {"image": "z.jpg", "caption": "c2", "image_id": 7}])
+    s = load_pairs([a, b])
+    assert [x.image for x in s] == ["/abs/x.jpg", str(tmp_path / "y.jpg"), str(tmp_path / "z.jpg"), str(tmp_path / "z.jpg")]
+    assert s[1].captions == ("one", "two")
+    assert s[2].image_key == s[3].image_key != s[0].image_key
+    s2 = load_pairs([a], image_root="/data")
+    assert s2[1].image == "/data/y.jpg"
+
+
+def test_retrieval_split_maps(tmp_path):
+    f = write(tmp_path / "test.json", [{"image": "a.jpg", "caption": ["x", "y"]}, {"image": "b.jpg", "caption": ["z"]}])
+    sp = load_retrieval_split(f)
+    assert sp.texts == ["x", "y", "z"] and sp.txt2img == [0, 0, 1] and sp.img2txt == [[0, 1], [2]]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('[{"image": "a.jpg", "caption": "x"},\n {"image": "b.jpg" "caption": "y"}]', r"line 2 column \d+: invalid JSON"),
+        ('{"image": "a.jpg"}', "expected a JSON list"),
+        ('[{"image": "a.jpg", "caption": "x"}, {"caption": "y"}]', r"entry 1: missing key 'image'"),
+        ('[{"image": "a.jpg", "caption": 3}]', r"entry 0: key 'caption' is int"),
+        ('[{"image": "a.jpg", "caption": []}]', r"entry 0: key 'caption' must be"),
+        ('[{"image": "a.jpg", "caption": "x", "image_id": [1]}]', r"entry 0: key 'image_id'"),
+    ],
+)
+def test_malformed_annotation_names_file_and_entry(tmp_path, content, message):
+    f = tmp_path / "bad.json"
+    f.write_text(content)
+    with pytest.raises(DataError, match=message) as e:
+        load_pairs([f])
+    assert "bad.json" in str(e.value)
+
+
+def test_missing_image_names_annotation_entry_and_path(tmp_path):
+    Image.new("RGB", (4, 4)).save(tmp_path / "ok.png")
+    f = write(tmp_path / "ann.json", [{"image": "ok.png", "caption": "a"}, {"image": "gone.png", "caption": "b"}])
+    ds = ImageTextDataset(load_pairs([f]), transform=lambda im: im.size)
+    assert ds[0]["image"] == (4, 4)
+    with pytest.raises(DataError, match=r"ann\.json entry 1: image file not found: .*gone\.png"):
+        ds[1]
+
+
+def test_relevance_validation(tmp_path):
+    split_file = write(tmp_path / "t.json", [{"image": "a", "caption": ["x", "y"]}, {"image": "b", "caption": ["z"]}])
+    sp = load_retrieval_split(split_file)
+    good = {"format": "vlp-relevance-v1", "texts": ["x", "y", "z"], "relevant_images": [[0, 1], [0], [1]]}
+    assert load_relevance(write(tmp_path / "r.json", good), sp) == [[0, 1], [0], [1]]
+    bad = dict(good, relevant_images=[[1], [0], [1]])
+    with pytest.raises(DataError, match=r"relevant_images\[0\] does not contain the text's own image 0"):
+        load_relevance(write(tmp_path / "r2.json", bad), sp)
+    with pytest.raises(DataError, match="has 2 entries, expected 3"):
+        load_relevance(write(tmp_path / "r3.json", dict(good, relevant_images=[[0], [0]])), sp)
+    with pytest.raises(DataError, match="does not match the captions"):
+        load_relevance(write(tmp_path / "r4.json", dict(good, texts=["x", "q", "z"])), sp)

@@ -1,0 +1,352 @@
+"""Tests for the shapes world (vlp.data.synthetic)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vlp.data.synthetic import (
+    BACKGROUND_RGB,
+    COLOR_RGB,
+    COLORS,
+    SHAPES,
+    SIZES,
+    CountPred,
+    Desc,
+    Obj,
+    ObjectPred,
+    RelationPred,
+    Scene,
+    ScenePred,
+    SceneTable,
+    caption_matches,
+    caption_text,
+    compute_relevance,
+    generate_world,
+    make_captions,
+    parse_caption,
+    predicate_from_dict,
+    render_scene,
+    sample_scene,
+    scene_from_dict,
+)
+
+SMALL = dict(n_train=12, n_val=6, n_test=60, image_size=48, progress=False)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return generate_world(tmp_path_factory.mktemp("world"), seed=3, **SMALL)
+
+
+def _load(p: Path):
+    return json.loads(p.read_text())
+
+
+def _sample_scenes(n: int, seed: int = 0) -> list[Scene]:
+    rng = random.Random(seed)
+    return [sample_scene(rng) for _ in range(n)]
+
+
+# ---------------------------------------------------------------- scenes / captions
+
+
+def test_sample_scene_is_valid_and_covers_counts() -> None:
+    scenes = _sample_scenes(400)
+    counts = Counter(len(s.objects) for s in scenes)
+    assert set(counts) == {1, 2, 3, 4}
+    assert min(counts.values()) > 60  # roughly uniform
+    for s in scenes:
+        cells = [(o.row, o.col) for o in s.objects]
+        assert len(set(cells)) == len(cells)
+        assert cells == sorted(cells)
+        for o in s.objects:
+            assert o.shape in SHAPES and o.color in COLORS and o.size in SIZES
+            assert 0 <= o.row <= 2 and 0 <= o.col <= 2
+
+
+def test_captions_true_distinct_and_scene_first() -> None:
+    rng = random.Random(1)
+    kinds: Counter[str] = Counter()
+    for scene in _sample_scenes(300, seed=7):
+        caps = make_captions(scene, rng)
+        assert len(caps) == 5
+        texts = [t for t, _ in caps]
+        assert len(set(texts)) == 5
+        assert caps[0][1]["kind"] == "scene"
+        assert all(p["kind"] != "scene" for _, p in caps[1:])
+        # the scene caption describes exactly this scene
+        assert scene_from_dict(caps[0][1]) == scene
+        own_kinds = {p["kind"] for _, p in caps}
+        assert {"object", "count"} <= own_kinds
+        if len(scene.objects) >= 2:
+            assert "relation" in own_kinds
+        for text, pred in caps:
+            assert caption_matches(pred, scene), text
+            assert re.fullmatch(r"[a-z]+( [a-z]+)*", text), text
+            # the text determines the predicate and vice versa
+            assert parse_caption(text) == pred
+            assert caption_text(pred) == text
+            # predicates are plain JSON
+            assert json.loads(json.dumps(pred)) == pred
+            kinds[pred["kind"]] += 1
+    assert set(kinds) == {"scene", "object", "relation", "count"}
+
+
+def _albef_clean(caption: str) -> str:
+    caption = re.sub(r"([,.'!?\"()*#:;~])", "", caption.lower()).replace("-", " ").replace("/", " ")
+    return re.sub(r"\s{2,}", " ", caption).rstrip("\n").strip(" ")
+
+
+def test_caption_cleaning_invariance(world: dict[str, Path]) -> None:
+    for entry in _load(world["pretrain"]):
+        for c in entry["caption"]:
+            assert re.fullmatch(r"[a-z ]+", c)
+            assert _albef_clean(c) == c
+
+
+def test_article_and_plurals() -> None:
+    assert caption_text(ObjectPred(Desc(color="orange", shape="circle"))) == "an orange circle"
+    assert caption_text(ObjectPred(Desc(size="small", color="green"))) == "a small green shape"
+    assert caption_text(ObjectPred(Desc(shape="triangle", row=2, col=2))) == "a triangle at the bottom right"
+    assert caption_text(CountPred(2, Desc(shape="circle"))) == "two circles"
+    assert caption_text(CountPred(3, Desc())) == "three shapes"
+    assert caption_text(CountPred(1, Desc(color="red"))) == "one red shape"
+    assert caption_text(RelationPred(Desc(color="green", shape="triangle"), "above", Desc(color="yellow"))) == (
+        "a green triangle above a yellow shape"
+    )
+
+
+# ---------------------------------------------------------------- hand-worked predicates
+
+RED_CIRCLE = Obj("circle", "red", "large", 1, 0)
+BLUE_SQUARE = Obj("square", "blue", "small", 1, 2)
+TWO = Scene((RED_CIRCLE, BLUE_SQUARE))
+THREE_CIRCLES = Scene(
+    (Obj("circle", "red", "small", 0, 0), Obj("circle", "green", "large", 0, 1), Obj("circle", "red", "large", 2, 2))
+)
+
+
+def _rel(a: Desc, r: str, b: Desc) -> dict:
+    return RelationPred(a, r, b).to_dict()
+
+
+def test_relation_predicates() -> None:
+    rc, bs = Desc(color="red", shape="circle"), Desc(color="blue", shape="square")
+    assert caption_matches(_rel(rc, "left_of", bs), TWO)
+    assert not caption_matches(_rel(rc, "right_of", bs), TWO)
+    assert caption_matches(_rel(bs, "right_of", rc), TWO)
+    assert not caption_matches(_rel(rc, "above", bs), TWO)  # same row
+    assert not caption_matches(_rel(rc, "below", bs), TWO)
+    assert not caption_matches(_rel(rc, "left_of", Desc(color="green")), TWO)
+    # a and b must be distinct objects
+    assert not caption_matches(_rel(Desc(shape="circle"), "left_of", Desc(shape="circle")), TWO)
+    # THREE_CIRCLES: red small (0,0), green large (0,1), red large (2,2)
+    circ = Desc(shape="circle")
+    assert caption_matches(_rel(circ, "left_of", circ), THREE_CIRCLES)
+    assert caption_matches(_rel(Desc(color="red", size="small"), "above", Desc(color="red", size="large")), THREE_CIRCLES)
+    assert not caption_matches(_rel(Desc(color="green"), "below", circ), THREE_CIRCLES)
+    assert caption_matches(_rel(Desc(color="green"), "above", Desc(color="red")), THREE_CIRCLES)
+    assert not caption_matches(_rel(Desc(color="green"), "above", Desc(color="green")), THREE_CIRCLES)
+
+
+def test_count_predicates_are_exact() -> None:
+    circ = Desc(shape="circle")
+    assert not caption_matches(CountPred(2, circ).to_dict(), THREE_CIRCLES)
+    assert caption_matches(CountPred(3, circ).to_dict(), THREE_CIRCLES)
+    assert caption_matches(CountPred(3, Desc()).to_dict(), THREE_CIRCLES)
+    assert caption_matches(CountPred(2, Desc(color="red")).to_dict(), THREE_CIRCLES)
+    assert not caption_matches(CountPred(1, Desc(color="red")).to_dict(), THREE_CIRCLES)
+    assert caption_matches(CountPred(1, Desc(color="red", size="small")).to_dict(), THREE_CIRCLES)
+    assert caption_matches(CountPred(1, circ).to_dict(), TWO)
+    assert caption_matches(CountPred(2, Desc()).to_dict(), TWO)
+    assert not caption_matches(CountPred(1, Desc()).to_dict(), TWO)
+    assert parse_caption("two circles") == CountPred(2, circ).to_dict()
+
+
+def test_object_predicates() -> None:
+    assert caption_matches(ObjectPred(Desc(color="red", shape="circle")).to_dict(), TWO)
+    assert caption_matches(ObjectPred(Desc(size="small", color="blue", row=1, col=2)).to_dict(), TWO)
+    assert not caption_matches(ObjectPred(Desc(size="small", color="blue", row=1, col=0)).to_dict(), TWO)
+    assert not caption_matches(ObjectPred(Desc(size="large", color="blue")).to_dict(), TWO)
+    assert not caption_matches(ObjectPred(Desc(color="red", shape="square")).to_dict(), TWO)  # attrs on one object
+    assert caption_matches(ObjectPred(Desc(shape="square", row=1, col=2)).to_dict(), TWO)
+    assert parse_caption("a small blue shape on the right") == ObjectPred(
+        Desc(size="small", color="blue", row=1, col=2)
+    ).to_dict()
+
+
+def test_scene_predicates() -> None:
+    pred = ScenePred((BLUE_SQUARE, RED_CIRCLE)).to_dict()  # order does not matter
+    assert caption_text(pred) == "a large red circle on the left and a small blue square on the right"
+    assert caption_matches(pred, TWO)
+    assert not caption_matches(pred, Scene((RED_CIRCLE,)))  # subset
+    extra = Scene((Obj("triangle", "green", "small", 0, 0), RED_CIRCLE, BLUE_SQUARE))
+    assert not caption_matches(pred, extra)  # superset
+    moved = Scene((RED_CIRCLE, Obj("square", "blue", "small", 2, 2)))
+    assert not caption_matches(pred, moved)
+    resized = Scene((RED_CIRCLE, Obj("square", "blue", "large", 1, 2)))
+    assert not caption_matches(pred, resized)
+    # a one-object scene caption is a different predicate from any object caption
+    single = ScenePred((RED_CIRCLE,)).to_dict()
+    assert parse_caption(caption_text(single)) == single
+    assert not caption_matches(single, TWO)
+
+
+def test_predicate_validation() -> None:
+    with pytest.raises(ValueError):
+        predicate_from_dict({"kind": "object", "object": {"shape": "hexagon"}})
+    with pytest.raises(ValueError):
+        predicate_from_dict({"kind": "relation", "relation": "near", "a": {}, "b": {}})
+    with pytest.raises(ValueError):
+        predicate_from_dict({"kind": "scene", "objects": [{"shape": "circle", "color": "red"}]})
+    with pytest.raises(ValueError):
+        parse_caption("a hexagon")
+
+
+def test_vectorised_table_agrees_with_reference() -> None:
+    scenes = _sample_scenes(150, seed=11)
+    rng = random.Random(5)
+    preds = [p for s in _sample_scenes(60, seed=12) for _, p in make_captions(s, rng)]
+    # also predicates that are false of their source scene
+    preds += [CountPred(n, Desc(shape=sh)).to_dict() for n in range(5) for sh in SHAPES]
+    table = SceneTable(scenes)
+    for p in preds:
+        expect = np.array([caption_matches(p, s) for s in scenes])
+        assert (table.matches(p) == expect).all(), p
+
+
+# ---------------------------------------------------------------- rendering
+
+
+@pytest.mark.parametrize("size", [64, 96, 128, 256])
+def test_render_colours(size: int) -> None:
+    rng = random.Random(size)
+    cell = size / 3
+    for k, scene in enumerate(_sample_scenes(25, seed=size)):
+        img = render_scene(scene, size, random.Random(k))
+        assert img.size == (size, size) and img.mode == "RGB"
+        arr = np.asarray(img)
+        occupied = {(o.row, o.col): o for o in scene.objects}
+        for r in range(3):
+            for c in range(3):
+                y0, y1 = int(r * cell) + 1, int((r + 1) * cell) - 1
+                x0, x1 = int(c * cell) + 1, int((c + 1) * cell) - 1
+                block = arr[y0:y1, x0:x1].reshape(-1, 3)
+                o = occupied.get((r, c))
+                if o is None:
+                    assert (block == BACKGROUND_RGB).all()
+                    continue
+                centre = tuple(arr[int((r + 0.5) * cell), int((c + 0.5) * cell)])
+                if o.size == "large":
+                    assert centre == COLOR_RGB[o.color]
+                colours = {tuple(px) for px in np.unique(block, axis=0)}
+                assert colours == {COLOR_RGB[o.color], BACKGROUND_RGB}
+                frac = (block == COLOR_RGB[o.color]).all(axis=1).mean()
+                assert (0.25 < frac < 0.95) if o.size == "large" else (0.03 < frac < 0.25), (o, frac)
+    del rng
+
+
+def test_render_without_rng_is_centred() -> None:
+    scene = Scene((Obj("triangle", "yellow", "small", 1, 1),))
+    arr = np.asarray(render_scene(scene, 64))
+    assert tuple(arr[32, 32]) == COLOR_RGB["yellow"]
+    assert tuple(arr[0, 0]) == BACKGROUND_RGB
+
+
+# ---------------------------------------------------------------- world files
+
+
+def test_world_files_and_formats(world: dict[str, Path]) -> None:
+    root = world["root"]
+    assert set(world) == {
+        "pretrain", "retrieval_train", "retrieval_val", "retrieval_test",
+        "relevance_val", "relevance_test", "scenes", "root",
+    }
+    pre = _load(world["pretrain"])
+    assert len(pre) == SMALL["n_train"]
+    assert pre[0]["image"] == "images/train/train_000000.png"
+    assert all(len(e["caption"]) == 5 for e in pre)
+    rt = _load(world["retrieval_train"])
+    assert len(rt) == 5 * SMALL["n_train"]
+    assert rt[0] == {"image": pre[0]["image"], "caption": pre[0]["caption"][0], "image_id": "train_000000"}
+    assert [e["caption"] for e in rt[5:10]] == pre[1]["caption"]
+    scenes = _load(world["scenes"])
+    assert scenes["seed"] == 3 and scenes["image_size"] == SMALL["image_size"]
+    assert scenes["attributes"] == {"shapes": list(SHAPES), "colors": list(COLORS), "sizes": list(SIZES)}
+    for split in ("train", "val", "test"):
+        n = SMALL[f"n_{split}"]
+        entries = scenes["splits"][split]
+        assert len(entries) == n
+        assert sorted(p.name for p in (root / "images" / split).iterdir()) == [f"{split}_{i:06d}.png" for i in range(n)]
+        for e in entries:
+            with Image.open(root / e["image"]) as im:
+                assert im.size == (SMALL["image_size"],) * 2
+            scene = scene_from_dict(e)
+            for c in e["captions"]:
+                assert caption_matches(c["predicate"], scene)
+    for split in ("val", "test"):
+        ann = _load(world[f"retrieval_{split}"])
+        assert [a["caption"] for a in ann] == [[c["text"] for c in e["captions"]] for e in scenes["splits"][split]]
+        assert [a["image"] for a in ann] == [e["image"] for e in scenes["splits"][split]]
+
+
+def test_relevance_file(world: dict[str, Path]) -> None:
+    rel = _load(world["relevance_test"])
+    ann = _load(world["retrieval_test"])
+    scenes = [scene_from_dict(e) for e in _load(world["scenes"])["splits"]["test"]]
+    preds = [c["predicate"] for e in _load(world["scenes"])["splits"]["test"] for c in e["captions"]]
+    assert rel["format"] == "vlp-relevance-v1"
+    assert rel["annotation"] == "retrieval_test.json"
+    assert rel["num_images"] == len(ann) == len(scenes)
+    assert rel["texts"] == [c for a in ann for c in a["caption"]]
+    assert len(rel["relevant_images"]) == len(rel["texts"]) == 5 * len(ann)
+    sizes_by_kind: dict[str, list[int]] = {}
+    for k, (pred, lst) in enumerate(zip(preds, rel["relevant_images"])):
+        assert k // 5 in lst  # own image
+        assert lst == sorted(set(lst))
+        brute = [i for i, s in enumerate(scenes) if caption_matches(pred, s)]
+        assert lst == brute
+        sizes_by_kind.setdefault(pred["kind"], []).append(len(lst))
+    # real false negatives: many non-scene captions match several images ...
+    for kind in ("object", "count"):
+        assert np.mean(np.array(sizes_by_kind[kind]) > 1) > 0.5
+    assert max(max(v) for v in sizes_by_kind.values()) > 5
+    # ... while a fully specified scene caption usually matches only its own image
+    assert np.mean(np.array(sizes_by_kind["scene"]) == 1) > 0.7
+    val = _load(world["relevance_val"])
+    assert val["annotation"] == "retrieval_val.json" and val["num_images"] == SMALL["n_val"]
+    assert compute_relevance([], scenes) == []
+
+
+def test_determinism(world: dict[str, Path], tmp_path: Path) -> None:
+    again = generate_world(tmp_path / "again", seed=3, **SMALL)
+    for key in world:
+        if key == "root":
+            continue
+        assert again[key].read_bytes() == world[key].read_bytes(), key
+    for split in ("train", "val", "test"):
+        for p in sorted((world["root"] / "images" / split).iterdir()):
+            assert (again["root"] / "images" / split / p.name).read_bytes() == p.read_bytes()
+    other = generate_world(tmp_path / "other", seed=4, **SMALL)
+    assert other["scenes"].read_bytes() != world["scenes"].read_bytes()
+    assert other["pretrain"].read_bytes() != world["pretrain"].read_bytes()
+    a = np.asarray(Image.open(world["root"] / "images/test/test_000000.png"))
+    b = np.asarray(Image.open(other["root"] / "images/test/test_000000.png"))
+    assert not np.array_equal(a, b)
+
+
+def test_regenerating_smaller_world_removes_stale_images(tmp_path: Path) -> None:
+    small = dict(SMALL, n_train=4, n_val=2, n_test=3)
+    generate_world(tmp_path, seed=0, **small)
+    paths = generate_world(tmp_path, seed=0, **dict(small, n_train=2))
+    assert sorted(p.name for p in (tmp_path / "images" / "train").iterdir()) == ["train_000000.png", "train_000001.png"]
+    assert len(_load(paths["pretrain"])) == 2
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))

@@ -1,0 +1,70 @@
+import torch
+
+from vlp.losses.matching import itm_loss, sample_hard_negatives
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_dominant_diagonal_never_crashes_and_never_picks_positive():
+    sim = torch.full((8, 8), -50.0)
+    sim.fill_diagonal_(1e4)  # softmax-then-zero (ALBEF) underflows every row here
+    idx, valid = sample_hard_negatives(sim, None, gen())
+    assert valid.all()
+    assert (idx != torch.arange(8)).all()
+
+
+def test_same_image_candidates_are_masked():
+    ids = torch.tensor([0, 0, 1, 1, 2])
+    sim = torch.zeros(5, 5)
+    sim[0, 1] = sim[2, 3] = 100.0  # the most similar candidates share the anchor's image
+    for s in range(20):
+        idx, valid = sample_hard_negatives(sim, ids, gen(s))
+        assert valid.all()
+        assert (ids[idx] != ids).all()
+
+
+def test_all_candidates_from_same_image_is_flagged_invalid():
+    ids = torch.tensor([3, 3, 3])
+    idx, valid = sample_hard_negatives(torch.randn(3, 3), ids, gen())
+    assert not valid.any()
+    assert (idx == torch.arange(3)).all()
+
+
+def test_batch_of_one():
+    idx, valid = sample_hard_negatives(torch.tensor([[0.7]]), None, gen())
+    assert idx.tolist() == [0] and valid.tolist() == [False]
+
+
+def test_nan_and_minus_inf_rows_fall_back_to_uniform_over_valid():
+    sim = torch.zeros(3, 3)
+    sim[0] = float("nan")
+    sim[1] = float("-inf")
+    counts = torch.zeros(3, 3)
+    for s in range(300):
+        idx, valid = sample_hard_negatives(sim, None, gen(s))
+        assert valid.all()
+        counts[torch.arange(3), idx] += 1
+    assert counts.diagonal().sum() == 0
+    # row 0 and 1: uniform over the two valid columns
+    assert (counts[0, 1:] > 100).all() and (counts[1, [0, 2]] > 100).all()
+
+
+def test_sampling_frequencies_follow_softmax_of_valid_entries():
+    sim = torch.tensor([[9.0, 0.0, 1.0, 2.0]]).repeat(4, 1)  # row 0: the diagonal (9) is masked
+    g = gen(1)
+    n = 3000
+    draws = torch.stack([sample_hard_negatives(sim, None, g)[0][0] for _ in range(n)])
+    freq = torch.bincount(draws, minlength=4).float() / n
+    assert freq[0] == 0
+    assert torch.allclose(freq[1:], torch.softmax(torch.tensor([0.0, 1.0, 2.0]), 0), atol=0.03)
+
+
+def test_itm_loss_ignores_invalid_rows():
+    logits = torch.tensor([[0.0, 5.0], [5.0, 0.0], [100.0, -100.0]])
+    labels = torch.tensor([1, 0, 1])
+    valid = torch.tensor([True, True, False])
+    expected = torch.nn.functional.cross_entropy(logits[:2], labels[:2])
+    assert torch.allclose(itm_loss(logits, labels, valid), expected)
+    assert torch.allclose(itm_loss(logits, labels), torch.nn.functional.cross_entropy(logits, labels))

@@ -1,0 +1,118 @@
+"""Command line: ``vlp pretrain | evaluate retrieval | make-world | demo | plot``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from vlp.config import ConfigError, PretrainConfig, load_config
+from vlp.data.formats import DataError
+from vlp.models.loading import CheckpointError
+
+USER_ERRORS = (ConfigError, DataError, CheckpointError)
+
+
+def _pretrain(a: argparse.Namespace) -> None:
+    from vlp.jobs import run_pretrain
+
+    cfg = load_config(PretrainConfig, a.config, a.overrides)
+    run_dir = run_pretrain(cfg)
+    print(f"done: {run_dir}")
+
+
+def _evaluate_retrieval(a: argparse.Namespace) -> None:
+    from vlp.jobs import run_evaluate_retrieval
+
+    res = run_evaluate_retrieval(a.checkpoint, a.data, a.relevance, a.out, a.image_root, a.overrides)
+    print_metrics(res.metrics)
+    print(f"wrote {Path(a.out) / 'metrics.json'}")
+
+
+def _make_world(a: argparse.Namespace) -> None:
+    from vlp.data.synthetic import generate_world
+
+    paths = generate_world(a.out, seed=a.seed, n_train=a.images, n_val=a.val_images, n_test=a.test_images,
+                           image_size=a.image_size)
+    for k, p in paths.items():
+        print(f"{k:16s} {p}")
+
+
+def _demo(a: argparse.Namespace) -> None:
+    from vlp.demo import run_demo
+
+    run_demo(a.out, seed=a.seed, n_train=a.images, overrides=a.overrides)
+
+
+def _plot(a: argparse.Namespace) -> None:
+    from vlp.viz import plot_losses
+
+    out = plot_losses(Path(a.run) / "metrics.jsonl", a.out or Path(a.run) / "loss_curves.png")
+    print(f"wrote {out}")
+
+
+def print_metrics(m: dict[str, float]) -> None:
+    for k, v in m.items():
+        print(f"  {k:18s} {v:8.2f}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vlp", description="ALBEF-style vision-language pretraining.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("pretrain", help="pretrain ITC + ITM + MLM")
+    s.add_argument("--config", required=True, help="YAML config (e.g. configs/pretrain/shapes_tiny.yaml)")
+    s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=50 model.vision.depth=2")
+    s.set_defaults(func=_pretrain)
+
+    s = sub.add_parser("evaluate", help="evaluate a checkpoint")
+    ev = s.add_subparsers(dest="what", required=True)
+    r = ev.add_parser("retrieval", help="zero-shot image-text retrieval (ITC + top-k ITM re-rank)")
+    r.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory (newest checkpoint)")
+    r.add_argument("--data", required=True, help="Karpathy-style val/test JSON (one entry per image)")
+    r.add_argument("--relevance", help="vlp relevance JSON for relevance-aware metrics")
+    r.add_argument("--image-root", help="folder for relative image paths (default: the JSON's folder)")
+    r.add_argument("--out", required=True, help="output folder for metrics.json and plots")
+    r.add_argument("overrides", nargs="*", help="e.g. eval.k_test=32 eval.score=itm+itc")
+    r.set_defaults(func=_evaluate_retrieval)
+
+    s = sub.add_parser("make-world", help="write the synthetic shapes world")
+    s.add_argument("--out", required=True)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--images", type=int, default=4000, help="training images")
+    s.add_argument("--val-images", type=int, default=200)
+    s.add_argument("--test-images", type=int, default=1000)
+    s.add_argument("--image-size", type=int, default=64)
+    s.set_defaults(func=_make_world)
+
+    s = sub.add_parser("demo", help="world -> pretrain tiny model -> zero-shot retrieval, on CPU")
+    s.add_argument("--out", default="demo_out")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--images", type=int, default=4000, help="training images")
+    s.add_argument("overrides", nargs="*", help="config overrides, e.g. train.steps=100")
+    s.set_defaults(func=_demo)
+
+    s = sub.add_parser("plot", help="plots of a run")
+    pl = s.add_subparsers(dest="what", required=True)
+    c = pl.add_parser("losses", help="loss curves from RUN/metrics.jsonl")
+    c.add_argument("run")
+    c.add_argument("--out")
+    c.set_defaults(func=_plot)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except USER_ERRORS as e:
+        print(f"vlp: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

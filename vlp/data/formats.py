@@ -1,0 +1,143 @@
+"""Annotation formats (ALBEF/Karpathy JSON lists) with validation that names file, entry and key.
+
+Formats (see ``docs/data.md``):
+
+- pretraining: ``[{"image": path, "caption": str | [str, ...]}, ...]``
+- retrieval train: one entry per caption ``[{"image": path, "caption": str, "image_id": id}, ...]``
+- retrieval val/test: one entry per image ``[{"image": path, "caption": [str, ...]}, ...]``
+- relevance (vlp): ``{"format": "vlp-relevance-v1", "texts": [...], "relevant_images": [[int]]}``
+
+Relative image paths are resolved against ``image_root`` (default: the annotation file's folder).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+
+class DataError(ValueError):
+    """Bad input data: the message names the file, the entry and what was expected."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training item: an image, its caption(s), and a key identifying the image."""
+
+    image: str  # resolved path
+    captions: tuple[str, ...]
+    image_key: str  # image_id when given, else the image path
+    origin: str  # "file.json entry 12", for error messages
+
+
+@dataclass
+class RetrievalSplit:
+    """A Karpathy val/test split: images, flattened texts and the ground-truth maps."""
+
+    images: list[str]  # resolved paths, image index = list position
+    texts: list[str]  # captions flattened in annotation order
+    txt2img: list[int]  # [N_txt] ground-truth image of each text
+    img2txt: list[list[int]]  # [N_img] text indices of each image
+    source: str
+
+
+def read_json(path: str | Path) -> Any:
+    """Parse a JSON file; errors name the file (and line/column for syntax errors)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"annotation file not found: {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: line {e.lineno} column {e.colno}: invalid JSON ({e.msg})") from None
+
+
+def _entries(path: Path, data: Any) -> list[dict]:
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON list of entries, got {type(data).__name__}")
+    for i, e in enumerate(data):
+        if not isinstance(e, dict):
+            raise DataError(f"{path}: entry {i}: expected an object, got {type(e).__name__}")
+    return data
+
+
+def _field(path: Path, i: int, e: dict, key: str, types: tuple[type, ...], what: str) -> Any:
+    if key not in e:
+        raise DataError(f"{path}: entry {i}: missing key '{key}' (expected {what})")
+    v = e[key]
+    if not isinstance(v, types) or isinstance(v, bool):
+        raise DataError(f"{path}: entry {i}: key '{key}' is {type(v).__name__}, expected {what}")
+    return v
+
+
+def _captions(path: Path, i: int, e: dict, allow_str: bool = True) -> tuple[str, ...]:
+    what = "a string or a non-empty list of strings" if allow_str else "a non-empty list of strings"
+    v = _field(path, i, e, "caption", (str, list) if allow_str else (list,), what)
+    caps = [v] if isinstance(v, str) else v
+    if not caps or not all(isinstance(c, str) for c in caps):
+        raise DataError(f"{path}: entry {i}: key 'caption' must be {what}")
+    return tuple(caps)
+
+
+def resolve_image(image: str, root: Path) -> str:
+    p = Path(image)
+    return str(p if p.is_absolute() else root / p)
+
+
+def load_pairs(paths: Sequence[str | Path], image_root: Optional[str | Path] = None) -> list[Sample]:
+    """Load pretraining or retrieval-train files (the format is read per entry) into samples."""
+    samples: list[Sample] = []
+    for path in map(Path, paths):
+        root = Path(image_root) if image_root else path.parent
+        for i, e in enumerate(_entries(path, read_json(path))):
+            image = _field(path, i, e, "image", (str,), "an image path string")
+            caps = _captions(path, i, e)
+            key = e.get("image_id", image)
+            if not isinstance(key, (str, int)) or isinstance(key, bool):
+                raise DataError(f"{path}: entry {i}: key 'image_id' is {type(key).__name__}, expected a string or int")
+            samples.append(Sample(resolve_image(image, root), caps, f"{path}:{key}", f"{path} entry {i}"))
+    if not samples:
+        raise DataError(f"no training entries in {[str(p) for p in paths]}")
+    return samples
+
+
+def load_retrieval_split(path: str | Path, image_root: Optional[str | Path] = None) -> RetrievalSplit:
+    """Load a Karpathy-style val/test file (one entry per image with a list of captions)."""
+    path = Path(path)
+    root = Path(image_root) if image_root else path.parent
+    images, texts, txt2img, img2txt = [], [], [], []
+    for i, e in enumerate(_entries(path, read_json(path))):
+        images.append(resolve_image(_field(path, i, e, "image", (str,), "an image path string"), root))
+        caps = _captions(path, i, e, allow_str=False)
+        img2txt.append(list(range(len(texts), len(texts) + len(caps))))
+        texts.extend(caps)
+        txt2img.extend([i] * len(caps))
+    if not images:
+        raise DataError(f"{path}: no entries")
+    return RetrievalSplit(images, texts, txt2img, img2txt, str(path))
+
+
+def load_relevance(path: str | Path, split: RetrievalSplit) -> list[list[int]]:
+    """Read a relevance file and check it against ``split``: one list of image indices per text."""
+    path = Path(path)
+    data = read_json(path)
+    if not isinstance(data, dict) or data.get("format") != "vlp-relevance-v1":
+        raise DataError(f"{path}: expected an object with \"format\": \"vlp-relevance-v1\"")
+    rel = data.get("relevant_images")
+    if not isinstance(rel, list) or len(rel) != len(split.texts):
+        n = len(rel) if isinstance(rel, list) else "no"
+        raise DataError(f"{path}: key 'relevant_images' has {n} entries, expected {len(split.texts)} (texts in {split.source})")
+    texts = data.get("texts")
+    if texts is not None and list(texts) != [t for t in split.texts]:
+        bad = next(i for i, (a, b) in enumerate(zip(texts, split.texts)) if a != b) if len(texts) == len(split.texts) else -1
+        raise DataError(f"{path}: key 'texts' does not match the captions of {split.source} (first difference at text {bad})")
+    n = len(split.images)
+    for k, r in enumerate(rel):
+        if not isinstance(r, list) or not all(isinstance(j, int) and 0 <= j < n for j in r):
+            raise DataError(f"{path}: relevant_images[{k}]: expected a list of image indices in [0, {n})")
+        if split.txt2img[k] not in r:
+            raise DataError(f"{path}: relevant_images[{k}] does not contain the text's own image {split.txt2img[k]}")
+    return rel

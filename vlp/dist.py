@@ -1,0 +1,40 @@
+"""Collectives that are safe on one process (every function is a no-op without a process group)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def is_dist() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_dist() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_dist() else 0
+
+
+@torch.no_grad()
+def all_gather_nograd(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate ``x`` [B, ...] from every rank along dim 0 -> [world*B, ...]; no gradient."""
+    if not is_dist():
+        return x.detach()
+    out = [torch.empty_like(x) for _ in range(world_size())]
+    dist.all_gather(out, x.contiguous())
+    return torch.cat(out, 0)
+
+
+def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate ``x`` [B, ...] from every rank with autograd (backward is a reduce-scatter).
+
+    Use with a *local* loss (local rows x global columns), never with a global loss.
+    """
+    if not is_dist():
+        return x
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(x.contiguous()), 0)

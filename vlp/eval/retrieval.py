@@ -1,0 +1,119 @@
+"""Zero-shot retrieval engine: embed -> ITC cosine for all pairs -> top-k re-rank by the ITM head.
+
+Final scores: the top-``k_test`` candidates of each query get the re-rank score (``itm``: ITM match
+logit, ALBEF's default; ``itm+itc``: ITM logit + ITC cosine, LAVIS/BLIP) and are placed above all
+other candidates, which keep their ITC order. Recall@K is therefore exact ALBEF protocol for
+K <= k_test and ITC-ordered beyond. ``itc`` skips re-ranking (CLIP_benchmark-compatible).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch.utils.data import DataLoader
+
+from vlp.config import EvalConfig
+from vlp.data.datasets import ImageDataset
+from vlp.data.formats import RetrievalSplit
+from vlp.data.transforms import tokenize
+from vlp.eval.metrics import relevance_metrics, retrieval_metrics
+from vlp.models.albef import ALBEF
+from vlp.models.text import select_kv
+from vlp.train.logging import progress
+
+RERANK_OFFSET = 1e4  # lifts re-ranked candidates above every ITC-only candidate
+
+
+@dataclass
+class Embeddings:
+    image_tokens: torch.Tensor  # [N_img, 1+N, W]
+    image_feat: torch.Tensor  # [N_img, E]
+    text_hidden: torch.Tensor  # [N_txt, T, H]
+    text_mask: torch.Tensor  # [N_txt, T]
+    text_feat: torch.Tensor  # [N_txt, E]
+
+
+@dataclass
+class RetrievalResult:
+    metrics: dict[str, float]
+    scores_i2t: torch.Tensor  # [N_img, N_txt] final scores
+    scores_t2i: torch.Tensor  # [N_txt, N_img]
+
+
+@torch.no_grad()
+def embed(model: ALBEF, split: RetrievalSplit, tokenizer, transform, max_len: int, batch_size: int,
+          device: torch.device, show_progress: bool = True, num_workers: int = 0) -> Embeddings:
+    """Unimodal features of every image and text of ``split`` (texts in one padded tensor)."""
+    tok = tokenize(tokenizer, split.texts, max_len)
+    ids, mask = tok["input_ids"].to(device), tok["attention_mask"].to(device)
+    hidden, tfeat = [], []
+    bar = progress(len(split.texts) + len(split.images), "embed", show_progress)
+    for s in range(0, len(ids), batch_size):
+        t = model.encode_text(ids[s : s + batch_size], mask[s : s + batch_size])
+        hidden.append(t.hidden)
+        tfeat.append(t.feat)
+        bar.update(len(t.feat))
+    loader = DataLoader(ImageDataset(split.images, transform, split.source), batch_size=batch_size, num_workers=num_workers)
+    tokens, ifeat = [], []
+    for images in loader:
+        im = model.encode_image(images.to(device))
+        tokens.append(im.tokens)
+        ifeat.append(im.feat)
+        bar.update(len(im.feat))
+    bar.close()
+    return Embeddings(torch.cat(tokens), torch.cat(ifeat), torch.cat(hidden), mask, torch.cat(tfeat))
+
+
+@torch.no_grad()
+def itm_scores(model: ALBEF, emb: Embeddings, img_idx: torch.Tensor, txt_idx: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """ITM match logits for pairs (img_idx[p], txt_idx[p]) -> [P]. Each distinct image's
+    cross-attention K/V is projected once per batch."""
+    out = []
+    for s in range(0, len(img_idx), batch_size):
+        ii, tt = img_idx[s : s + batch_size], txt_idx[s : s + batch_size]
+        uniq, inverse = torch.unique(ii, return_inverse=True)
+        kv = select_kv(model.image_kv(emb.image_tokens[uniq]), inverse)
+        fused = model.fuse(emb.text_hidden[tt], emb.text_mask[tt], kv)
+        out.append(model.itm_logits(fused)[:, 1].float())
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def _rerank(model: ALBEF, emb: Embeddings, sim: torch.Tensor, cfg: EvalConfig, image_queries: bool,
+            show_progress: bool) -> torch.Tensor:
+    k = min(cfg.k_test, sim.shape[1])
+    top = sim.topk(k, dim=1).indices  # [Q, k]
+    q_idx = torch.arange(sim.shape[0], device=sim.device)[:, None].expand(-1, k).reshape(-1)
+    c_idx = top.reshape(-1)
+    img_idx, txt_idx = (q_idx, c_idx) if image_queries else (c_idx, q_idx)
+    scores = []
+    bar = progress(len(q_idx), "re-rank i2t" if image_queries else "re-rank t2i", show_progress)
+    chunk = cfg.batch_size * 16
+    for s in range(0, len(q_idx), chunk):
+        scores.append(itm_scores(model, emb, img_idx[s : s + chunk], txt_idx[s : s + chunk], cfg.batch_size))
+        bar.update(min(chunk, len(q_idx) - s))
+    bar.close()
+    rerank = torch.cat(scores).view(-1, k)
+    if cfg.score == "itm+itc":
+        rerank = rerank + torch.gather(sim, 1, top)
+    final = sim.clone()
+    final.scatter_(1, top, rerank + RERANK_OFFSET)
+    return final
+
+
+@torch.no_grad()
+def evaluate_retrieval(model: ALBEF, emb: Embeddings, split: RetrievalSplit, cfg: EvalConfig,
+                       relevant_images: Optional[list[list[int]]] = None, show_progress: bool = True) -> RetrievalResult:
+    """Score all pairs and compute ALBEF retrieval metrics (+ relevance-aware ones if given)."""
+    sim = (emb.image_feat.float() @ emb.text_feat.float().T)  # cosine, not divided by temp
+    if cfg.score == "itc":
+        i2t, t2i = sim, sim.T.contiguous()
+    else:
+        i2t = _rerank(model, emb, sim, cfg, True, show_progress)
+        t2i = _rerank(model, emb, sim.T.contiguous(), cfg, False, show_progress)
+    i2t, t2i = i2t.cpu(), t2i.cpu()
+    metrics = retrieval_metrics(i2t, t2i, split.img2txt, split.txt2img)
+    if relevant_images is not None:
+        metrics |= relevance_metrics(i2t, t2i, relevant_images)
+    return RetrievalResult(metrics, i2t, t2i)

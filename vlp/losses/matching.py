@@ -1,0 +1,50 @@
+"""Image-text matching: safe, vectorised hard-negative sampling and the ITM loss."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def sample_hard_negatives(
+    sim: torch.Tensor,
+    image_ids: Optional[torch.Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one negative column per row, with probability ``softmax(sim)`` over valid negatives.
+
+    ``sim`` [B, B] (row = anchor, column = candidate of the other modality, same batch order).
+    Invalid negatives - the diagonal and, given ``image_ids`` [B], every column with the anchor's
+    image id - are set to -inf *before* the softmax, so a dominant diagonal cannot underflow the
+    row. NaN similarities count as -inf; a row whose valid entries are all -inf falls back to
+    uniform over its valid negatives. One ``multinomial`` call, no host sync.
+
+    Returns ``(index [B] long, valid [B] bool)``; ``valid`` is False for rows that have no valid
+    negative at all (batch of 1, or every item from the anchor's image). Their index points at the
+    row itself and must be ignored by the loss.
+    """
+    b = sim.shape[0]
+    invalid = torch.eye(b, dtype=torch.bool, device=sim.device)
+    if image_ids is not None:
+        invalid |= image_ids[:, None] == image_ids[None, :]
+    s = sim.float().nan_to_num(nan=float("-inf")).masked_fill(invalid, float("-inf"))
+    has_valid = (~invalid).any(1)
+    has_mass = torch.isfinite(s).any(1)
+    probs = F.softmax(s.masked_fill(~has_mass[:, None], 0.0), dim=1)  # rows w/o mass: uniform...
+    uniform_valid = (~invalid).float()
+    probs = torch.where(has_mass[:, None], probs, uniform_valid)  # ... over the valid negatives
+    probs = torch.where(has_valid[:, None], probs, torch.eye(b, device=sim.device))
+    idx = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    return idx, has_valid
+
+
+def itm_loss(logits: torch.Tensor, labels: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean cross-entropy of ``logits`` [N, 2] against ``labels`` [N] over rows with ``valid`` [N]."""
+    ce = F.cross_entropy(logits.float(), labels, reduction="none")
+    if valid is None:
+        return ce.mean()
+    w = valid.float()
+    return (ce * w).sum() / w.sum().clamp_min(1.0)

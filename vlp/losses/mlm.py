@@ -1,0 +1,58 @@
+"""Masked language modelling: BERT masking (15%, 80/10/10) and the (distilled) MLM loss."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+
+@torch.no_grad()
+def mask_tokens(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    special_ids: Sequence[int],
+    mask_id: int,
+    vocab_size: int,
+    probability: float = 0.15,
+    generator: Optional[torch.Generator] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Select tokens with ``probability`` (never padding or special tokens such as [CLS]/[SEP]).
+
+    Of the selected: 80% -> ``mask_id``, 10% -> a random token, 10% unchanged.
+    Returns ``(masked_ids [B, T], labels [B, T])`` with label -100 at unselected positions.
+    """
+    dev = input_ids.device
+    special = torch.tensor(list(special_ids), device=dev, dtype=input_ids.dtype)
+    selectable = attention_mask.bool() & ~torch.isin(input_ids, special)
+    u = torch.rand(input_ids.shape, generator=generator, device=dev)
+    selected = selectable & (u < probability)
+    labels = torch.where(selected, input_ids, torch.full_like(input_ids, -100))
+    r = torch.rand(input_ids.shape, generator=generator, device=dev)
+    random_tokens = torch.randint(vocab_size, input_ids.shape, generator=generator, device=dev, dtype=input_ids.dtype)
+    masked = torch.where(selected & (r < 0.8), torch.full_like(input_ids, mask_id), input_ids)
+    masked = torch.where(selected & (r >= 0.8) & (r < 0.9), random_tokens, masked)
+    return masked, labels
+
+
+def mlm_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    momentum_logits: Optional[torch.Tensor] = None,
+    alpha: float = 0.0,
+) -> torch.Tensor:
+    """``(1 - alpha) * CE + alpha * D`` over masked positions.
+
+    ``logits`` [M, V] and ``labels`` [M] for the M selected positions only; ``momentum_logits``
+    [M, V] the momentum model's logits. D = mean over positions of
+    ``-sum_v softmax(momentum)_v * log_softmax(logits)_v`` - both over the vocabulary axis.
+    """
+    if logits.shape[0] == 0:  # nothing selected in this batch
+        return logits.sum() * 0.0
+    logp = F.log_softmax(logits.float(), dim=-1)
+    ce = F.nll_loss(logp, labels)
+    if momentum_logits is None or alpha == 0.0:
+        return ce
+    distill = -(F.softmax(momentum_logits.float(), dim=-1) * logp).sum(-1).mean()
+    return (1.0 - alpha) * ce + alpha * distill

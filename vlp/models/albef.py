@@ -1,0 +1,130 @@
+"""The ALBEF model: image tower, text tower, fusion block, projections, heads, momentum twins, queues.
+
+The model computes features; it never tokenizes, reads files or computes losses (see
+``vlp.tasks``). Every encoder method takes ``momentum=True`` to run the frozen EMA twin instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlp.config import ModelConfig, VISION_PRESETS, resolved
+from vlp.models.heads import MLMHead
+from vlp.models.momentum import FeatureQueue, MomentumTwin
+from vlp.models.text import ImageKV, build_text
+from vlp.models.vision import build_vision
+
+TEMP_MIN, TEMP_MAX = 0.001, 0.5
+
+
+@dataclass
+class ImageFeatures:
+    tokens: torch.Tensor  # [B, 1 + N, W] all tokens after the final norm
+    feat: torch.Tensor  # [B, E] L2-normalised projection of the CLS token
+
+
+@dataclass
+class TextFeatures:
+    hidden: torch.Tensor  # [B, T, H] last unimodal layer
+    mask: torch.Tensor  # [B, T] 1 = token
+    feat: torch.Tensor  # [B, E] L2-normalised projection of [CLS]
+
+
+class ALBEF(nn.Module):
+    """ALBEF-style dual encoder + fusion encoder with momentum twins and feature queues."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.vision = build_vision(cfg.vision)
+        vision_width = resolved(cfg.vision, VISION_PRESETS)["width"]
+        self.text, self.fusion = build_text(cfg.text, vision_width)
+        hidden = self.text.config.hidden_size
+        self.vision_proj = nn.Linear(vision_width, cfg.embed_dim)
+        self.text_proj = nn.Linear(hidden, cfg.embed_dim)
+        self.itm_head = nn.Linear(hidden, 2)
+        self.mlm_head = MLMHead(hidden, self.text.config.vocab_size, self.text.config.layer_norm_eps)
+        self.mlm_head.tie(self.text.embeddings.word_embeddings)
+        self.temp = nn.Parameter(torch.tensor(float(cfg.temp)))
+        # ITM head and temperature have no momentum copy (ALBEF §1.3).
+        self.momentum = MomentumTwin(
+            dict(vision=self.vision, vision_proj=self.vision_proj, text=self.text, fusion=self.fusion,
+                 mlm_head=self.mlm_head, text_proj=self.text_proj),
+            cfg.momentum,
+        )
+        self.queue = FeatureQueue(cfg.queue_size, dict(image=cfg.embed_dim, text=cfg.embed_dim))
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _m(self, name: str, momentum: bool) -> nn.Module:
+        return self.momentum[name] if momentum else getattr(self, name)
+
+    @torch.no_grad()
+    def clamp_temp(self) -> None:
+        self.temp.clamp_(TEMP_MIN, TEMP_MAX)
+
+    # -- encoders ------------------------------------------------------------------------------
+
+    def encode_image(self, images: torch.Tensor, momentum: bool = False) -> ImageFeatures:
+        """``images`` [B, 3, H, W] -> tokens [B, 1+N, W] and normalised features [B, E]."""
+        tokens = self._m("vision", momentum).forward_features(images)
+        feat = F.normalize(self._m("vision_proj", momentum)(tokens[:, 0]).float(), dim=-1)
+        return ImageFeatures(tokens, feat)
+
+    def text_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, momentum: bool = False) -> torch.Tensor:
+        """Unimodal text layers: ids [B, T] -> hidden [B, T, H]."""
+        return self._m("text", momentum)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, momentum: bool = False) -> TextFeatures:
+        hidden = self.text_states(input_ids, attention_mask, momentum)
+        feat = F.normalize(self._m("text_proj", momentum)(hidden[:, 0]).float(), dim=-1)
+        return TextFeatures(hidden, attention_mask, feat)
+
+    def image_kv(self, image_tokens: Union[torch.Tensor, Sequence[torch.Tensor]], momentum: bool = False) -> ImageKV:
+        """Cross-attention K/V for every fusion layer, projected once (reuse across passes)."""
+        return self._m("fusion", momentum).image_kv(image_tokens)
+
+    def fuse(
+        self,
+        text_hidden: torch.Tensor,
+        text_mask: torch.Tensor,
+        image: Union[torch.Tensor, Sequence[torch.Tensor], ImageKV],
+        momentum: bool = False,
+    ) -> torch.Tensor:
+        """Fusion layers: text states [B, T, H] x image tokens (or K/V) -> fused states [B, T, H]."""
+        return self._m("fusion", momentum)(text_hidden, text_mask, image)
+
+    def itm_logits(self, fused: torch.Tensor) -> torch.Tensor:
+        """[B, T, H] fused states -> [B, 2] (class 1 = match) from the [CLS] position."""
+        return self.itm_head(fused[:, 0])
+
+    def mlm_logits(self, fused_at_masked: torch.Tensor, momentum: bool = False) -> torch.Tensor:
+        """[M, H] fused states at masked positions -> [M, V] vocabulary logits."""
+        return self._m("mlm_head", momentum)(fused_at_masked)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    def momentum_at(self, step: int) -> float:
+        """EMA momentum after optimizer step ``step`` (1-based): constant, or ramped from 0."""
+        w = self.cfg.momentum_warmup_steps
+        return self.cfg.momentum if w <= 0 else self.cfg.momentum * min(1.0, step / w)
+
+    def after_optimizer_step(self, step: int) -> None:
+        """EMA update of the momentum twins (ALBEF's start-of-forward update, moved here)."""
+        self.momentum.update(self.momentum_at(step))
+
+
+def param_count(module: nn.Module, trainable_only: bool = True) -> int:
+    seen, n = set(), 0
+    for p in module.parameters():
+        if id(p) in seen or (trainable_only and not p.requires_grad):
+            continue
+        seen.add(id(p))
+        n += p.numel()
+    return n
+

