@@ -77,3 +77,11 @@ def test_cli_user_errors_are_one_clear_line(world, tmp_path, capsys):
     assert "ann.json entry 0" in err and "nope.png" in err
     rc = main(["evaluate", "retrieval", "--checkpoint", str(tmp_path), "--data", "x.json", "--out", str(tmp_path)])
     assert rc == 2 and "no checkpoint here" in capsys.readouterr().err
+
+
+def test_existing_run_is_never_overwritten(run, world, capsys):
+    before = (run / "metrics.jsonl").read_bytes()
+    rc = main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={run}",
+               f"data.train=[{world['pretrain']}]", *SMALL])
+    assert rc == 2 and "already holds a run" in capsys.readouterr().err
+    assert (run / "metrics.jsonl").read_bytes() == before

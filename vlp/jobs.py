@@ -44,7 +44,11 @@ def check_images(samples: Sequence, limit: int = 5) -> None:
 
 
 def prepare_run_dir(cfg: PretrainConfig) -> Path:
+    """Create the run directory; refuse one that already holds a run (nothing written is lost)."""
     run_dir = Path(cfg.output_dir)
+    if (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("step_*")):
+        raise DataError(f"config key 'output_dir': {run_dir} already holds a run (metrics.jsonl or "
+                        "checkpoints/); choose another output_dir or move that run away")
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     return run_dir
