@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedDataParallelKwargs
 from torch import nn
 
@@ -23,7 +24,13 @@ from vlp.train.optim import build_optimizer, lr_at
 
 
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
-    """Single process on CPU, or whatever ``accelerate launch`` set up. Queues are not re-broadcast."""
+    """Single process on CPU, or whatever ``accelerate launch`` set up. Queues are not re-broadcast.
+
+    accelerate keeps its precision settings in a process-wide singleton; it is cleared here (the
+    process-group state is kept) so that jobs run one after another in one process - demo, tests,
+    notebooks - may each choose their own ``train.precision``.
+    """
+    AcceleratorState._reset_state()
     return Accelerator(
         mixed_precision="bf16" if cfg.precision == "bf16" else "no",
         cpu=not torch.cuda.is_available(),
