@@ -27,14 +27,3 @@ def all_gather_nograd(x: torch.Tensor) -> torch.Tensor:
     dist.all_gather(out, x.contiguous())
     return torch.cat(out, 0)
 
-
-def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate ``x`` [B, ...] from every rank with autograd (backward is a reduce-scatter).
-
-    Use with a *local* loss (local rows x global columns), never with a global loss.
-    """
-    if not is_dist():
-        return x
-    from torch.distributed.nn.functional import all_gather
-
-    return torch.cat(all_gather(x.contiguous()), 0)
