@@ -112,7 +112,8 @@ def run_evaluate_retrieval(
 ) -> RetrievalResult:
     """Zero-shot retrieval of a checkpoint on a Karpathy-style split; writes ``out/metrics.json``
     and ``out/retrieval_examples.png``."""
-    model, cfg, tokenizer = load_albef(checkpoint)
+    ckpt = find_checkpoint(checkpoint)
+    model, cfg, tokenizer = load_albef(ckpt)
     cfg = apply_overrides(cfg, overrides)
     ecfg: EvalConfig = cfg.eval
     split = load_retrieval_split(data, image_root)
@@ -124,7 +125,7 @@ def run_evaluate_retrieval(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     record = {**result.metrics, "score": ecfg.score, "k_test": ecfg.k_test, "n_images": len(split.images),
-              "n_texts": len(split.texts), "checkpoint": str(find_checkpoint(checkpoint))}
+              "n_texts": len(split.texts), "checkpoint": str(ckpt)}
     (out / "metrics.json").write_text(json.dumps(record, indent=2))
     from vlp.viz import plot_retrieval_examples
 

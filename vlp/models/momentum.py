@@ -23,32 +23,28 @@ class MomentumTwin(nn.Module):
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"momentum must be in [0, 1], got {momentum}")
         self.momentum = momentum
-        # Keep online references outside the module tree so they are not registered twice.
-        self._online = list(online.items())
         self.twin = copy.deepcopy(nn.ModuleDict(online)).float()
         for p in self.twin.parameters():
             p.requires_grad_(False)
+        # Parameter pairs, listed once (``.to()``/``load_state_dict`` keep the Parameter objects).
+        # Plain lists: the online modules are not registered a second time.
+        self._twin_params = list(self.twin.parameters())
+        self._online_params = list(nn.ModuleDict(online).parameters())
 
     def __getitem__(self, name: str) -> nn.Module:
         return self.twin[name]
 
-    def _pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        online = nn.ModuleDict(dict(self._online))
-        return list(self.twin.parameters()), list(online.parameters())
-
     @torch.no_grad()
     def copy_from_online(self) -> None:
         """Set every twin parameter to the online value (after loading online-only weights)."""
-        twin, online = self._pairs()
-        torch._foreach_copy_(twin, [p.detach().float() for p in online])
+        torch._foreach_copy_(self._twin_params, [p.detach().float() for p in self._online_params])
 
     @torch.no_grad()
     def update(self, momentum: Optional[float] = None) -> None:
         """One EMA step with ``momentum`` (default: the constructor's)."""
         m = self.momentum if momentum is None else momentum
-        twin, online = self._pairs()
-        src = [p.detach() if p.dtype == torch.float32 else p.detach().float() for p in online]
-        torch._foreach_lerp_(twin, src, 1.0 - m)
+        src = [p.detach() if p.dtype == torch.float32 else p.detach().float() for p in self._online_params]
+        torch._foreach_lerp_(self._twin_params, src, 1.0 - m)
 
 
 class FeatureQueue(nn.Module):

@@ -97,7 +97,7 @@ def itm_step(
     mask = torch.cat([txt.mask, txt.mask, txt.mask[neg_txt]], 0)
     idx = torch.cat([torch.arange(b, device=neg_img.device), neg_img, torch.arange(b, device=neg_img.device)])
     logits = model.itm_logits(model.fuse(hidden, mask, select_kv(image_kv, idx)))
-    labels = torch.cat([torch.ones(b, dtype=torch.long), torch.zeros(2 * b, dtype=torch.long)]).to(logits.device)
+    labels = (torch.arange(3 * b, device=logits.device) < b).long()  # B positives, then 2B negatives
     valid = torch.cat([torch.ones(b, dtype=torch.bool, device=ok_img.device), ok_img, ok_txt])
     return itm_loss(logits, labels, valid)
 
