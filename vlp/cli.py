@@ -1,4 +1,5 @@
-"""Command line: ``vlp pretrain | evaluate retrieval | make-world | demo | plot``."""
+"""Command line: ``vlp pretrain | train-helper | cache-helper-features | evaluate retrieval | make-world |
+demo | plot``."""
 
 from __future__ import annotations
 
@@ -23,6 +24,20 @@ def _pretrain(a: argparse.Namespace) -> None:
     print(f"done: {run_dir}")
 
 
+def _train_helper(a: argparse.Namespace) -> None:
+    from vlp.jobs import run_train_helper
+
+    cfg = load_config(PretrainConfig, a.config, a.overrides)
+    print(f"done: {run_train_helper(cfg)}")
+
+
+def _cache_helper(a: argparse.Namespace) -> None:
+    from vlp.jobs import run_cache_helper_features
+
+    out = run_cache_helper_features(a.helper, a.data, a.out, a.image_root, a.batch_size, a.num_workers)
+    print(f"wrote {out}")
+
+
 def _evaluate_retrieval(a: argparse.Namespace) -> None:
     from vlp.jobs import run_evaluate_retrieval
 
@@ -36,6 +51,10 @@ def _make_world(a: argparse.Namespace) -> None:
 
     paths = generate_world(a.out, seed=a.seed, n_train=a.images, n_val=a.val_images, n_test=a.test_images,
                            image_size=a.image_size)
+    for share in a.generic_share or []:
+        from vlp.data.synthetic import write_generic_mix
+
+        paths[f"generic_{share:g}"] = write_generic_mix(a.out, share, a.seed)
     for k, p in paths.items():
         print(f"{k:16s} {p}")
 
@@ -67,6 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=50 model.vision.depth=2")
     s.set_defaults(func=_pretrain)
 
+    s = sub.add_parser("train-helper", help="train the frozen SRCL helper (ITC-only InfoNCE on clean captions)")
+    s.add_argument("--config", required=True, help="YAML config (e.g. configs/helper/shapes_tiny.yaml)")
+    s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=50")
+    s.set_defaults(func=_train_helper)
+
+    s = sub.add_parser("cache-helper-features", help="compute the SRCL helper's features of a dataset once")
+    s.add_argument("--helper", required=True, help="helper checkpoint folder or run directory")
+    s.add_argument("--data", required=True, nargs="+", help="pretraining annotation file(s)")
+    s.add_argument("--out", required=True, help="cache folder to create (loss.srcl.helper_features)")
+    s.add_argument("--image-root", help="folder for relative image paths (default: each file's folder)")
+    s.add_argument("--batch-size", type=int, default=256)
+    s.add_argument("--num-workers", type=int, default=0)
+    s.set_defaults(func=_cache_helper)
+
     s = sub.add_parser("evaluate", help="evaluate a checkpoint")
     ev = s.add_subparsers(dest="what", required=True)
     r = ev.add_parser("retrieval", help="zero-shot image-text retrieval (ITC + top-k ITM re-rank)")
@@ -85,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--val-images", type=int, default=200)
     s.add_argument("--test-images", type=int, default=1000)
     s.add_argument("--image-size", type=int, default=64)
+    s.add_argument("--generic-share", type=float, action="append",
+                   help="also write pretrain_generic_<share>.json: this share of images captioned only generically "
+                        "(repeatable)")
     s.set_defaults(func=_make_world)
 
     s = sub.add_parser("demo", help="world -> pretrain tiny model -> zero-shot retrieval, on CPU")

@@ -136,6 +136,36 @@ class DataConfig:
 
 
 @dataclass
+class SRCLConfig:
+    """Similarity-regulated ITC (docs/methods.md): per-negative weights from a frozen helper's and
+    the live model's cross-modal similarity. Used when ``loss.regulation`` is ``srcl`` or ``removal``."""
+
+    # Norm over each anchor's negatives: softmax (scaled to mean 1; delta = sharpness) or mean.
+    norm: str = "softmax"
+    # Sharpness of the softmax norm, calibrated on the paper's statistics (docs/methods.md).
+    delta: float = 4.0
+    tau_w: float = 1.0  # temperature inside s = exp(cos / tau_w); the paper has none (1.0)
+    # alpha_h (helper share) falls linearly 1 -> 0 over these optimizer steps; None: the whole run.
+    helper_span: Optional[int] = None
+    # Removal variant (ALBEF++): negatives with weight < threshold are dropped from the contrast.
+    threshold: float = 0.2
+    # Removal variant: keep SRCL weights on the surviving negatives (renormalised to mean 1)
+    # instead of leaving them unweighted (the paper's ALBEF++).
+    removal_reweight: bool = False
+    # Where helper features come from (one of the two while alpha_h > 0):
+    helper_features: Optional[str] = None  # cache folder from `vlp cache-helper-features` (no helper tax)
+    helper: Optional[str] = None  # helper checkpoint run live on each batch (augmented inputs)
+
+    def __post_init__(self) -> None:
+        _choice("loss.srcl.norm", self.norm, ["softmax", "mean"])
+        if self.delta < 0 or self.tau_w <= 0:
+            raise ConfigError(f"config keys 'loss.srcl.delta'/'loss.srcl.tau_w': got {self.delta}/{self.tau_w}, "
+                              "expected delta >= 0 and tau_w > 0")
+        if self.helper_span is not None and self.helper_span < 0:
+            raise ConfigError(f"config key 'loss.srcl.helper_span': got {self.helper_span}, expected >= 0 or null")
+
+
+@dataclass
 class LossConfig:
     itc: float = 1.0
     itm: float = 1.0
@@ -147,9 +177,14 @@ class LossConfig:
     # the same image id (ALBEF retrieval fine-tuning).
     itc_positives: str = "pair"
     mlm_probability: float = 0.15
+    # ITC regulation: none (ALBEF), srcl (weighted negatives) or removal (ALBEF++: drop negatives
+    # whose SRCL weight is below loss.srcl.threshold).
+    regulation: str = "none"
+    srcl: SRCLConfig = field(default_factory=SRCLConfig)
 
     def __post_init__(self) -> None:
         _choice("loss.itc_positives", self.itc_positives, ["pair", "image"])
+        _choice("loss.regulation", self.regulation, ["none", "srcl", "removal"])
         if not 0.0 <= self.mlm_probability <= 1.0:
             raise ConfigError(f"config key 'loss.mlm_probability': got {self.mlm_probability}, expected [0, 1]")
 

@@ -15,14 +15,16 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 
 from vlp import __version__
-from vlp.config import VISION_PRESETS, EvalConfig, PretrainConfig, apply_overrides, from_dict, resolved, to_dict, to_yaml
+from vlp.config import VISION_PRESETS, ConfigError, EvalConfig, PretrainConfig, apply_overrides, from_dict, resolved, to_dict, to_yaml
 from vlp.data.datasets import Collator, ImageTextDataset
+from vlp.data.helper_cache import HelperCache, write_cache
 from vlp.data.formats import DataError, load_pairs, load_relevance, load_retrieval_split
 from vlp.data.transforms import load_tokenizer, test_transform, train_transform
 from vlp.eval.retrieval import RetrievalResult, embed, evaluate_retrieval
 from vlp.models.albef import ALBEF, param_count
 from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.pretrain import PretrainTask
+from vlp.tasks.regulation import SRCLRegulator
 from vlp.train.checkpoint import find_checkpoint, load_weights, read_state
 from vlp.train.loop import train
 
@@ -63,8 +65,9 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
     check_images(samples)
     run_dir = prepare_run_dir(cfg)
     tokenizer = load_tokenizer(cfg.model.text)
+    regulator, cache = build_regulator(cfg)
     model = ALBEF(cfg.model)
-    dataset = ImageTextDataset(samples, train_transform(image_size(cfg), cfg.data.image))
+    dataset = ImageTextDataset(samples, train_transform(image_size(cfg), cfg.data.image), cache)
     loader = DataLoader(
         dataset,
         batch_size=cfg.data.batch_size,
@@ -77,12 +80,88 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
     )
     print(f"vlp pretrain: {len(dataset)} pairs, {len(dataset.key_to_id)} images, "
           f"{param_count(model) / 1e6:.1f}M trainable parameters -> {run_dir}")
-    task = PretrainTask(model, cfg.loss, token_info(tokenizer), cfg.train.seed)
+    task = PretrainTask(model, cfg.loss, token_info(tokenizer), cfg.train.seed, regulator)
     state = {"task": "pretrain", "vlp_version": __version__, "config": to_dict(cfg)}
     train(task, loader, cfg.train, run_dir, state)
     if cfg.data.eval:
         run_evaluate_retrieval(run_dir, cfg.data.eval, cfg.data.relevance, run_dir / "eval", cfg.data.image_root)
     return run_dir
+
+
+def build_regulator(cfg: PretrainConfig, finetune: bool = False) -> tuple[Optional[SRCLRegulator], Optional[HelperCache]]:
+    """The SRCL regulator of a run (None for ``loss.regulation: none``) and the helper-feature
+    cache it reads (None in live-helper mode and when the helper is not used, e.g. fine-tuning)."""
+    mode, s = cfg.loss.regulation, cfg.loss.srcl
+    if mode == "none":
+        return None, None
+    span = 0 if finetune else (cfg.train.steps if s.helper_span is None else s.helper_span)
+    cache, helper, dim = None, None, 1
+    if span > 0:
+        if s.helper_features:
+            cache = HelperCache.load(s.helper_features)
+            dim = cache.dim
+        elif s.helper:
+            helper, hcfg, _ = load_albef(s.helper, torch.device("cpu"))
+            if image_size(hcfg) != image_size(cfg) or hcfg.model.text.tokenizer != cfg.model.text.tokenizer:
+                raise ConfigError(f"config key 'loss.srcl.helper': the live helper {s.helper} must take the same "
+                                  f"images ({image_size(hcfg)} px vs {image_size(cfg)} px) and tokenizer as the model")
+            dim = hcfg.model.embed_dim
+        else:
+            raise ConfigError(f"config key 'loss.srcl.helper_features': loss.regulation={mode} needs helper features: "
+                              "a cache from `vlp cache-helper-features` (or loss.srcl.helper for a live helper)")
+    return SRCLRegulator(s, mode, cfg.train.steps, cfg.model.queue_size, dim, finetune, helper), cache
+
+
+def run_train_helper(cfg: PretrainConfig) -> Path:
+    """Train the SRCL helper: the same architecture with plain InfoNCE (ITC only, no distillation,
+    no regulation) on clean captions. Its checkpoint is what SRCL freezes."""
+    c = cfg.loss
+    wrong = [f"{k}={v}" for k, v in (("loss.itm", c.itm), ("loss.mlm", c.mlm)) if v != 0]
+    wrong += ["loss.distill=true"] if c.distill else []
+    wrong += [f"loss.regulation={c.regulation}"] if c.regulation != "none" else []
+    if wrong or c.itc <= 0:
+        raise ConfigError(f"config keys {', '.join(wrong) or 'loss.itc<=0'}: a helper is trained with plain InfoNCE "
+                          "(loss.itc > 0, loss.itm=0, loss.mlm=0, loss.distill=false, loss.regulation=none)")
+    return run_pretrain(cfg)
+
+
+@torch.no_grad()
+def run_cache_helper_features(helper: str | Path, data: Sequence[str], out: str | Path, image_root: Optional[str] = None,
+                              batch_size: int = 256, num_workers: int = 0, show_progress: bool = True) -> Path:
+    """Features of every image (eval transform) and caption of ``data`` under the frozen helper,
+    written to the cache folder ``out`` that ``loss.srcl.helper_features`` points at."""
+    from vlp.data.datasets import ImageDataset
+    from vlp.data.transforms import tokenize
+    from vlp.train.logging import progress
+
+    if Path(out).exists():
+        raise DataError(f"{out} already exists; choose another --out or remove it")
+    ckpt = find_checkpoint(helper)
+    model, hcfg, tokenizer = load_albef(ckpt)
+    device = next(model.parameters()).device
+    samples = load_pairs(list(data), image_root)
+    check_images(samples)
+    paths = {}
+    for smp in samples:
+        paths.setdefault(smp.image_key, smp.image)
+    keys = sorted(paths)
+    texts = sorted({c for smp in samples for c in smp.captions})
+    bar = progress(len(keys) + len(texts), "helper features", show_progress)
+    loader = DataLoader(ImageDataset([paths[k] for k in keys], test_transform(image_size(hcfg), hcfg.data.image),
+                                     "helper cache"), batch_size=batch_size, num_workers=num_workers)
+    image_feats = []
+    for images in loader:
+        image_feats.append(model.encode_image(images.to(device)).feat.float().cpu())
+        bar.update(len(images))
+    text_feats = []
+    for start in range(0, len(texts), batch_size):
+        tok = tokenize(tokenizer, texts[start : start + batch_size], hcfg.model.text.max_len)
+        text_feats.append(model.encode_text(tok["input_ids"].to(device), tok["attention_mask"].to(device)).feat.float().cpu())
+        bar.update(len(text_feats[-1]))
+    bar.close()
+    meta = {"helper": str(ckpt.resolve()), "helper_step": read_state(ckpt).get("step"), "data": [str(d) for d in data],
+            "image_size": image_size(hcfg), "max_len": hcfg.model.text.max_len}
+    return write_cache(out, keys, torch.cat(image_feats), texts, torch.cat(text_feats), meta)
 
 
 def load_albef(checkpoint: str | Path, device: Optional[torch.device] = None):

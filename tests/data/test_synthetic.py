@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from vlp.data.synthetic import (
+    write_generic_mix,
     BACKGROUND_RGB,
     COLOR_RGB,
     COLORS,
@@ -266,13 +267,15 @@ def test_render_without_rng_is_centred() -> None:
 def test_world_files_and_formats(world: dict[str, Path]) -> None:
     root = world["root"]
     assert set(world) == {
-        "pretrain", "retrieval_train", "retrieval_val", "retrieval_test",
+        "pretrain", "helper", "retrieval_train", "retrieval_val", "retrieval_test",
         "relevance_val", "relevance_test", "scenes", "root",
     }
     pre = _load(world["pretrain"])
     assert len(pre) == SMALL["n_train"]
     assert pre[0]["image"] == "images/train/train_000000.png"
     assert all(len(e["caption"]) == 5 for e in pre)
+    helper = _load(world["helper"])  # clean captions: the fully specified scene caption per image
+    assert helper == [{"image": e["image"], "caption": e["caption"][0]} for e in pre]
     rt = _load(world["retrieval_train"])
     assert len(rt) == 5 * SMALL["n_train"]
     assert rt[0] == {"image": pre[0]["image"], "caption": pre[0]["caption"][0], "image_id": "train_000000"}
@@ -349,3 +352,21 @@ def test_regenerating_smaller_world_removes_stale_images(tmp_path: Path) -> None
     assert sorted(p.name for p in (tmp_path / "images" / "train").iterdir()) == ["train_000000.png", "train_000001.png"]
     assert len(_load(paths["pretrain"])) == 2
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_generic_mix_share_and_captions(world: dict[str, Path], share: float, tmp_path: Path) -> None:
+    root = world["root"]
+    pre = _load(world["pretrain"])
+    mix = _load(write_generic_mix(root, share, seed=1))
+    assert [e["image"] for e in mix] == [e["image"] for e in pre]
+    generic = [isinstance(e["caption"], list) for e in mix]
+    for e, p, g in zip(mix, pre, generic):
+        assert e["caption"] == (p["caption"][1:] if g else p["caption"][0])
+    n = len(mix)
+    assert sum(generic) == {0.0: 0, 1.0: n}.get(share, sum(generic))
+    if share == 0.5:
+        assert 0 < sum(generic) < n
+    # elsewhere: absolute image paths that still resolve
+    other = _load(write_generic_mix(root, share, seed=1, out=tmp_path / "mix.json"))
+    assert all(Path(e["image"]).is_file() for e in other)

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 import torch
 
 from vlp.losses.contrastive import itc_targets, soft_infonce
@@ -51,3 +52,20 @@ def test_uniform_logits_give_log_c():
     logits = torch.zeros(2, 8)
     targets = itc_targets(torch.eye(2, 8, dtype=torch.bool))
     assert math.isclose(soft_infonce(logits, targets).item(), math.log(8), rel_tol=1e-6)
+
+
+def test_removed_candidates_leave_softmax_and_soft_targets():
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 6, generator=g)
+    pos = torch.eye(3, 6, dtype=torch.bool)
+    targets = itc_targets(pos, torch.randn(3, 6, generator=g), alpha=0.4)  # distillation mass everywhere
+    lw = torch.zeros(3, 6)
+    lw[0, 4] = float("-inf")  # row 0 drops column 4
+    loss = soft_infonce(logits, targets, lw)
+    assert torch.isfinite(loss)
+    # reference: row 0 computed on the 5 surviving columns with its target renormalised
+    keep = [0, 1, 2, 3, 5]
+    t0 = targets[0, keep] / targets[0, keep].sum()
+    r0 = -(t0 * torch.log_softmax(logits[0, keep], 0)).sum()
+    rest = -(targets[1:] * torch.log_softmax(logits[1:], 1)).sum(1)
+    assert loss.item() == pytest.approx(((r0 + rest.sum()) / 3).item(), rel=1e-6)

@@ -11,6 +11,7 @@ from vlp.losses.srcl import (
     srcl_weights,
     to_log_weights,
     weight_stats,
+    calibrate_delta,
 )
 
 
@@ -98,8 +99,29 @@ def test_mixed_similarity_formula():
 def test_weight_stats():
     w = torch.tensor([[1.0, 0.1, 0.5, 2.4]])
     pos = torch.tensor([[True, False, False, False]])
-    st = weight_stats(w, pos)
-    assert st.mean == pytest.approx(1.0) and st.min == pytest.approx(0.1)
-    assert st.frac_below_0_2 == pytest.approx(1 / 3) and st.frac_below_0_7 == pytest.approx(2 / 3)
-    assert set(st.as_dict()) == {"srcl_w_mean", "srcl_w_min", "srcl_w_frac_below_0_2", "srcl_w_frac_below_0_7"}
-    assert not math.isnan(weight_stats(torch.ones(1, 1), torch.ones(1, 1, dtype=torch.bool)).mean)
+    st = {k: float(v) for k, v in weight_stats(w, pos).items()}
+    assert st == pytest.approx({"srcl_w_mean": 1.0, "srcl_w_min": 0.1, "srcl_w_below_0_2": 1 / 3,
+                                "srcl_w_below_0_7": 2 / 3})
+    assert not math.isnan(float(weight_stats(torch.ones(1, 1), torch.ones(1, 1, dtype=torch.bool))["srcl_w_mean"]))
+
+
+def test_removal_reweight_keeps_srcl_weights_on_survivors():
+    w = torch.tensor([[1.0, 0.1, 0.5, 2.4]])
+    pos = torch.tensor([[True, False, False, False]])
+    lw = removal_log_weights(w, pos, threshold=0.2, reweight=True)
+    assert torch.isneginf(lw[0, 1]) and lw[0, 0] == 0
+    kept = lw[0, 2:].exp()
+    assert torch.allclose(kept, torch.tensor([0.5, 2.4]) / 1.45) and kept.mean() == pytest.approx(1.0)
+
+
+def test_calibrate_delta_hits_the_target_fraction():
+    g = torch.Generator().manual_seed(0)
+    cos = torch.rand(32, 96, generator=g) * 1.6 - 0.6
+    pos = torch.zeros(32, 96, dtype=torch.bool)
+    pos[torch.arange(32), torch.arange(32)] = True
+    s = torch.exp(cos)
+    delta = calibrate_delta(s, pos, frac_below=0.2, level=0.7)
+    w = srcl_weights(s, pos, "softmax", delta)
+    assert float((w[~pos] < 0.7).float().mean()) == pytest.approx(0.2, abs=0.01)
+    # sharper than that puts more below 0.7
+    assert float((srcl_weights(s, pos, "softmax", 2 * delta)[~pos] < 0.7).float().mean()) > 0.3

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import random
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from vlp.data.formats import DataError, Sample
+from vlp.data.helper_cache import HelperCache
 from vlp.data.transforms import tokenize
 
 
@@ -25,11 +26,18 @@ def load_image(path: str, origin: str) -> Image.Image:
 
 
 class ImageTextDataset(Dataset):
-    """(image, caption, image id) items; a list of captions yields a random one per load."""
+    """(image, caption, image id) items; a list of captions yields a random one per load.
 
-    def __init__(self, samples: Sequence[Sample], transform: Callable[[Image.Image], torch.Tensor]) -> None:
+    With a :class:`HelperCache`, items also carry the frozen SRCL helper's cached features of the
+    image and of the chosen caption (``helper_image``/``helper_text``)."""
+
+    def __init__(self, samples: Sequence[Sample], transform: Callable[[Image.Image], torch.Tensor],
+                 helper_cache: Optional[HelperCache] = None) -> None:
         self.samples = list(samples)
         self.transform = transform
+        self.helper_cache = helper_cache
+        if helper_cache is not None:
+            helper_cache.check_covers(self.samples)
         keys = sorted({s.image_key for s in self.samples})
         self.key_to_id = {k: i for i, k in enumerate(keys)}  # contiguous int per image
 
@@ -38,11 +46,12 @@ class ImageTextDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         s = self.samples[i]
-        return {
-            "image": self.transform(load_image(s.image, s.origin)),
-            "caption": random.choice(s.captions) if len(s.captions) > 1 else s.captions[0],
-            "image_id": self.key_to_id[s.image_key],
-        }
+        caption = random.choice(s.captions) if len(s.captions) > 1 else s.captions[0]
+        item = {"image": self.transform(load_image(s.image, s.origin)), "caption": caption,
+                "image_id": self.key_to_id[s.image_key]}
+        if self.helper_cache is not None:
+            item["helper_image"], item["helper_text"] = self.helper_cache.lookup(s.image_key, caption)
+        return item
 
 
 class ImageDataset(Dataset):
@@ -68,4 +77,7 @@ class Collator:
         batch = tokenize(self.tokenizer, [it["caption"] for it in items], self.max_len)
         batch["images"] = torch.stack([it["image"] for it in items])
         batch["image_ids"] = torch.tensor([it["image_id"] for it in items], dtype=torch.long)
+        for key in ("helper_image", "helper_text"):
+            if key in items[0]:
+                batch[key] = torch.stack([it[key] for it in items])
         return batch

@@ -75,6 +75,7 @@ __all__ = [
     "scene_to_dict",
     "scene_from_dict",
     "generate_world",
+    "write_generic_mix",
 ]
 
 # --------------------------------------------------------------------------
@@ -737,11 +738,12 @@ def generate_world(
 ) -> dict[str, Path]:
     """Generate a shapes world under ``out`` and return the written paths.
 
-    Writes ``images/{split}/{split}_{i:06d}.png``, ``pretrain.json``,
+    Writes ``images/{split}/{split}_{i:06d}.png``, ``pretrain.json``, ``helper.json`` (the scene
+    captions only: the clean caption set of the SRCL helper),
     ``retrieval_{train,val,test}.json``, ``relevance_{val,test}.json`` and
     ``scenes.json`` (see ``docs/shapes_world.md``).  Deterministic: the same
     arguments give byte-identical JSON and images.  Returns a dict with keys
-    ``pretrain, retrieval_train, retrieval_val, retrieval_test, relevance_val,
+    ``pretrain, helper, retrieval_train, retrieval_val, retrieval_test, relevance_val,
     relevance_test, scenes, root``.
     """
     from tqdm.auto import tqdm
@@ -778,6 +780,7 @@ def generate_world(
 
     paths = {
         "pretrain": root / "pretrain.json",
+        "helper": root / "helper.json",
         "retrieval_train": root / "retrieval_train.json",
         "retrieval_val": root / "retrieval_val.json",
         "retrieval_test": root / "retrieval_test.json",
@@ -787,6 +790,8 @@ def generate_world(
     }
     texts = {s: [[c["text"] for c in r["captions"]] for r in records[s]] for s in SPLITS}
     _write_json(paths["pretrain"], [{"image": r["image"], "caption": t} for r, t in zip(records["train"], texts["train"])])
+    # the "human-quality" caption set of the SRCL helper: the fully specified scene captions
+    _write_json(paths["helper"], [{"image": r["image"], "caption": t[0]} for r, t in zip(records["train"], texts["train"])])
     _write_json(
         paths["retrieval_train"],
         [
@@ -826,3 +831,25 @@ def generate_world(
         },
     )
     return {**paths, "root": root}
+
+
+def write_generic_mix(root: str | Path, generic_share: float, seed: int = 0, out: str | Path | None = None) -> Path:
+    """A pretraining file over the training images of the world at ``root`` in which a share
+    ``generic_share`` of the images are described only by their generic captions (object,
+    relation, count: each true of many images, hence false negatives of one another) and the
+    rest only by their fully specified scene caption. Written to ``out`` (default
+    ``root/pretrain_generic_<share>.json``); deterministic in ``seed``."""
+    if not 0.0 <= generic_share <= 1.0:
+        raise ValueError(f"generic_share must be in [0, 1], got {generic_share}")
+    root = Path(root)
+    records = json.loads((root / "scenes.json").read_text())["splits"]["train"]
+    path = Path(out) if out is not None else root / f"pretrain_generic_{generic_share:g}.json"
+    relative = path.parent.resolve() == root.resolve()  # image paths resolve against the file's folder
+    items = []
+    for i, r in enumerate(records):
+        texts = [c["text"] for c in r["captions"]]
+        generic = _rng(seed, "train", i, "generic-mix").random() < generic_share
+        image = r["image"] if relative else str((root / r["image"]).resolve())
+        items.append({"image": image, "caption": texts[1:] if generic and len(texts) > 1 else texts[0]})
+    _write_json(path, items)
+    return path

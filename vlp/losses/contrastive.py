@@ -29,8 +29,15 @@ def soft_infonce(logits: torch.Tensor, targets: torch.Tensor, log_weights: Optio
 
     ``logits`` [Q, C] (already divided by the temperature), ``targets`` [Q, C] rows summing to 1,
     ``log_weights`` [Q, C] optional per-negative log-weights (0 = unweighted). Returns a scalar.
+    A log-weight of ``-inf`` removes that candidate from the contrast: it leaves the softmax, and
+    its share of a soft (distillation) target is given to the remaining candidates.
     """
     logits = logits.float()
-    if log_weights is not None:
-        logits = logits + log_weights
-    return -(targets * F.log_softmax(logits, dim=1)).sum(1).mean()
+    if log_weights is None:
+        return -(targets * F.log_softmax(logits, dim=1)).sum(1).mean()
+    removed = torch.isneginf(log_weights)
+    logp = F.log_softmax(logits + log_weights, dim=1).masked_fill(removed, 0.0)
+    kept = targets.masked_fill(removed, 0.0)
+    kept = kept / kept.sum(1, keepdim=True).clamp_min(1e-12)
+    targets = torch.where(removed.any(1, keepdim=True), kept, targets)  # rows without removals: exact
+    return -(targets * logp).sum(1).mean()

@@ -12,7 +12,7 @@ All functions take ``[Q, C]`` tensors (rows = anchors, columns = candidates) and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 
 import torch
 
@@ -64,11 +64,18 @@ def srcl_weights(s: torch.Tensor, positives: torch.Tensor, mode: str = "softmax"
 
 
 @torch.no_grad()
-def removal_log_weights(w: torch.Tensor, positives: torch.Tensor, threshold: float) -> torch.Tensor:
+def removal_log_weights(w: torch.Tensor, positives: torch.Tensor, threshold: float, reweight: bool = False) -> torch.Tensor:
     """ALBEF++ removal: negatives with ``w < threshold`` get log-weight -inf (dropped from the
-    contrast); every other entry, positives included, keeps log-weight 0 (survivors unweighted)."""
+    contrast). Survivors keep log-weight 0 (unweighted, the paper's ALBEF++), or with ``reweight``
+    their SRCL weights renormalised to mean 1 over the surviving negatives. Positives: always 0."""
     drop = (w < threshold) & ~positives
-    return torch.zeros_like(w).masked_fill(drop, float("-inf"))
+    if reweight:
+        keep = ~drop & ~positives
+        mean_kept = (w * keep).sum(1, keepdim=True) / keep.sum(1, keepdim=True).clamp_min(1)
+        out = to_log_weights(w / mean_kept.clamp_min(MIN_WEIGHT), positives)
+    else:
+        out = torch.zeros_like(w)
+    return out.masked_fill(drop, float("-inf"))
 
 
 @torch.no_grad()
@@ -77,22 +84,41 @@ def to_log_weights(w: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
     return torch.where(positives, torch.zeros_like(w), torch.log(w.clamp_min(MIN_WEIGHT)))
 
 
-@dataclass
-class WeightStats:
-    mean: float
-    min: float
-    frac_below_0_2: float
-    frac_below_0_7: float
+LEVELS = (0.2, 0.7)  # the paper's false-negative level and its histogram threshold
 
-    def as_dict(self, prefix: str = "srcl_w_") -> dict[str, float]:
-        return {f"{prefix}{k}": v for k, v in vars(self).items()}
+
+def level_key(level: float, prefix: str = "srcl_w_") -> str:
+    return f"{prefix}below_{str(level).replace('.', '_')}"
 
 
 @torch.no_grad()
-def weight_stats(w: torch.Tensor, positives: torch.Tensor) -> WeightStats:
-    """Statistics of the negatives' weights (the diagnostics logged per step)."""
+def weight_stats(w: torch.Tensor, positives: torch.Tensor, levels: tuple[float, ...] = LEVELS,
+                 prefix: str = "srcl_w_") -> dict[str, torch.Tensor]:
+    """Statistics of the negatives' weights, as 0-d tensors (no device sync): ``{prefix}mean``,
+    ``{prefix}min`` and ``{prefix}below_<level>`` (fraction of negatives below each level)."""
     vals = w[~positives].float()
     if vals.numel() == 0:
-        return WeightStats(1.0, 1.0, 0.0, 0.0)
-    return WeightStats(vals.mean().item(), vals.min().item(), (vals < 0.2).float().mean().item(),
-                       (vals < 0.7).float().mean().item())
+        vals = torch.ones(1, device=w.device)
+    out = {f"{prefix}mean": vals.mean(), f"{prefix}min": vals.min()}
+    out.update({level_key(lv, prefix): (vals < lv).float().mean() for lv in levels})
+    return out
+
+
+@torch.no_grad()
+def calibrate_delta(s: torch.Tensor, positives: torch.Tensor, frac_below: float = 0.2, level: float = 0.7,
+                    lo: float = 1e-3, hi: float = 1e3, iters: int = 60) -> float:
+    """The ``softmax``-mode delta at which a fraction ``frac_below`` of the negatives gets a weight
+    below ``level`` (the paper: about 20% below 0.7). Bisection in log-space; the fraction grows
+    with delta (delta -> 0 gives w = 1, nothing below ``level``)."""
+    if not 0.0 < frac_below < 1.0:
+        raise ValueError(f"frac_below must be in (0, 1), got {frac_below}")
+
+    def frac(delta: float) -> float:
+        w = srcl_weights(s, positives, "softmax", delta)
+        return float(weight_stats(w, positives, (level,))[level_key(level)])
+
+    lo_l, hi_l = math.log(lo), math.log(hi)
+    for _ in range(iters):
+        mid = 0.5 * (lo_l + hi_l)
+        lo_l, hi_l = (mid, hi_l) if frac(math.exp(mid)) < frac_below else (lo_l, mid)
+    return math.exp(0.5 * (lo_l + hi_l))

@@ -6,8 +6,8 @@ tensor loss from ``vlp.losses``, and returns the loss plus whatever a later step
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import torch
 
@@ -33,6 +33,13 @@ class ITCOutput:
     loss: torch.Tensor
     sim_i2t: torch.Tensor  # [B, B + Q] online image x (momentum texts | text queue), / temp
     sim_t2i: torch.Tensor  # [B, B + Q]
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)  # regulation diagnostics
+
+
+#: ``regulate(cos_i2t, cos_t2i, positives, same_image) -> (log_w_i2t, log_w_t2i, stats)``: per-entry
+#: log-weights added to the ITC logits (SRCL; see :mod:`vlp.tasks.regulation`).
+Regulate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                    tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
 
 
 def itc_step(
@@ -44,31 +51,41 @@ def itc_step(
     image_ids: torch.Tensor,
     alpha: float,
     positives: str = "pair",
+    regulate: Optional[Regulate] = None,
 ) -> ITCOutput:
     """ITC against momentum features + queues, with momentum distillation (ALBEF §2.1).
 
     ``img_m``/``txt_m`` [B, E] momentum features (no grad); ``image_ids`` [B]. ``positives``:
     ``pair`` = own pair only; ``image`` = every bank entry with the anchor's image id.
+    ``regulate``: optional negative weighting (SRCL); it only changes the student's logits, the
+    distillation targets are ALBEF's.
     """
     q = model.queue
     bank_t = torch.cat([txt_m, q.get("text")], 0)
     bank_i = torch.cat([img_m, q.get("image")], 0)
     b = img.feat.shape[0]
+    same_image = image_ids[:, None] == torch.cat([image_ids, q.ids], 0)[None, :]
     if positives == "image":
-        pos = image_ids[:, None] == torch.cat([image_ids, q.ids], 0)[None, :]
+        pos = same_image
     else:
-        pos = torch.zeros(b, bank_t.shape[0], dtype=torch.bool, device=img.feat.device)
+        pos = torch.zeros_like(same_image)
         pos[:, :b] = torch.eye(b, dtype=torch.bool, device=img.feat.device)
     temp = model.temp
-    sim_i2t = img.feat @ bank_t.T / temp
-    sim_t2i = txt.feat @ bank_i.T / temp
+    cos_i2t = img.feat @ bank_t.T
+    cos_t2i = txt.feat @ bank_i.T
+    sim_i2t, sim_t2i = cos_i2t / temp, cos_t2i / temp
     with torch.no_grad():
         m_i2t = img_m @ bank_t.T / temp
         m_t2i = txt_m @ bank_i.T / temp
+    lw_i2t = lw_t2i = None
+    stats: dict[str, torch.Tensor] = {}
+    if regulate is not None:
+        lw_i2t, lw_t2i, stats = regulate(cos_i2t.detach(), cos_t2i.detach(), pos, same_image)
     loss = 0.5 * (
-        soft_infonce(sim_i2t, itc_targets(pos, m_i2t, alpha)) + soft_infonce(sim_t2i, itc_targets(pos, m_t2i, alpha))
+        soft_infonce(sim_i2t, itc_targets(pos, m_i2t, alpha), lw_i2t)
+        + soft_infonce(sim_t2i, itc_targets(pos, m_t2i, alpha), lw_t2i)
     )
-    return ITCOutput(loss, sim_i2t, sim_t2i)
+    return ITCOutput(loss, sim_i2t, sim_t2i, stats)
 
 
 def enqueue(model: ALBEF, image_ids: torch.Tensor, img_m: torch.Tensor, txt_m: torch.Tensor) -> None:

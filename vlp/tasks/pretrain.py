@@ -10,6 +10,7 @@ from torch import nn
 from vlp.config import LossConfig
 from vlp.dist import rank
 from vlp.models.albef import ALBEF
+from vlp.tasks.regulation import SRCLRegulator
 from vlp.tasks.objectives import TokenInfo, enqueue, itc_step, itm_step, mlm_step
 
 
@@ -19,9 +20,13 @@ class PretrainTask(nn.Module):
     ``batch``: ``images`` [B, 3, H, W], ``input_ids``/``attention_mask`` [B, T], ``image_ids`` [B].
     """
 
-    def __init__(self, model: ALBEF, loss: LossConfig, tokens: TokenInfo, seed: int = 0) -> None:
+    def __init__(self, model: ALBEF, loss: LossConfig, tokens: TokenInfo, seed: int = 0,
+                 regulator: Optional[SRCLRegulator] = None) -> None:
         super().__init__()
+        if (loss.regulation != "none") != (regulator is not None):
+            raise ValueError(f"loss.regulation={loss.regulation!r} needs exactly one SRCLRegulator")
         self.model = model
+        self.regulator = regulator
         self.loss_cfg = loss
         self.tokens = tokens
         self.seed = seed
@@ -54,8 +59,16 @@ class PretrainTask(nn.Module):
             txt_m = m.encode_text(ids, mask, momentum=True)
 
         out: dict[str, torch.Tensor] = {}
-        itc = itc_step(m, img, txt, img_m.feat, txt_m.feat, image_ids, alpha, c.itc_positives)
-        kv = m.image_kv(img.tokens)  # cross-attention K/V once, shared by ITM and MLM passes
+        reg, helper, regulate = self.regulator, None, None
+        if reg is not None:
+            helper = reg.helper_features(batch, step)
+
+            def regulate(cos_i2t, cos_t2i, pos, same):
+                r = reg.regulate(cos_i2t, cos_t2i, pos, same, helper, step)
+                return r.log_w_i2t, r.log_w_t2i, r.stats
+
+        itc = itc_step(m, img, txt, img_m.feat, txt_m.feat, image_ids, alpha, c.itc_positives, regulate)
+        kv = m.image_kv(img.tokens) if c.itm or c.mlm else None  # cross-attention K/V once, for ITM and MLM
         out["itc"] = itc.loss
         out["itm"] = itm_step(m, kv, txt, itc.sim_i2t.detach(), itc.sim_t2i.detach(), image_ids, gen) if c.itm else None
         out["mlm"] = (
@@ -65,6 +78,9 @@ class PretrainTask(nn.Module):
         weights = dict(itc=c.itc, itm=c.itm, mlm=c.mlm)
         out["loss"] = sum(weights[k] * v for k, v in out.items())
         enqueue(m, image_ids, img_m.feat, txt_m.feat)
+        if reg is not None:
+            reg.enqueue(image_ids, helper)  # same step, same slots as the momentum queue
+        out.update(itc.stats)
         out["temp"] = m.temp.detach()
         out["alpha"] = torch.tensor(alpha)
         return out

@@ -78,6 +78,7 @@ def train(
     bar = progress(cfg.steps, "train", cfg.progress and acc.is_main_process)
     batches = _batches(loader)
     sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
     n_sum, pairs, t_window, data_time = 0, 0, time.perf_counter(), 0.0
     record: dict[str, float] = {}
     task.train()
@@ -98,18 +99,20 @@ def train(
             inner.after_optimizer_step(step + 1)
 
         for k, v in out.items():
-            sums[k] = sums.get(k, 0.0) + float(v.detach())
+            x = float(v.detach())
+            if x == x:  # NaN = "not measured this step" (e.g. no same-image negatives): not averaged
+                sums[k], counts[k] = sums.get(k, 0.0) + x, counts.get(k, 0) + 1
         n_sum += 1
         pairs += len(batch["input_ids"]) * acc.num_processes
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
             dt = time.perf_counter() - t_window
-            record = {"step": done, "lr": lr, **{k: v / n_sum for k, v in sums.items()},
+            record = {"step": done, "lr": lr, **{k: v / counts[k] for k, v in sums.items()},
                       "pairs_per_s": pairs / dt, "data_time": data_time / n_sum}
             if acc.is_main_process:
                 log.write(record)
             bar.set_postfix(loss=f"{record['loss']:.3f}", pairs_s=f"{record['pairs_per_s']:.0f}")
-            sums, n_sum, pairs, data_time, t_window = {}, 0, 0, 0.0, time.perf_counter()
+            sums, counts, n_sum, pairs, data_time, t_window = {}, {}, 0, 0, 0.0, time.perf_counter()
         bar.update(1)
         if cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != cfg.steps:
             checkpoint(done)
