@@ -134,3 +134,18 @@ def test_cache_missing_captions_names_them(world, cache, tmp_path, capsys):
                f"data.train=[{other}]", *TINY, "loss.regulation=srcl", f"loss.srcl.helper_features={cache}"])
     err = capsys.readouterr().err
     assert rc == 2 and "other.json entry 0" in err and "a caption the helper never saw" in err
+
+
+def test_plot_srcl_weights(world, cache, tmp_path):
+    run = tmp_path / "run"
+    assert main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={run}",
+                 f"data.train=[{world['pretrain']}]", *TINY, "loss.regulation=srcl",
+                 f"loss.srcl.helper_features={cache}"]) == 0
+    out = tmp_path / "plots"
+    assert main(["plot", "srcl-weights", str(run), "--out", str(out), "--batches", "2", "--heatmap-size", "5",
+                 "--alpha-h", "1.0"]) == 0
+    from PIL import Image
+
+    with Image.open(out / "srcl_weights_heatmap.png") as im:
+        assert im.size[0] > 300 and im.size[1] > 300
+    assert (out / "srcl_weights_hist.png").stat().st_size > 10_000

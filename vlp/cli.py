@@ -72,6 +72,14 @@ def _plot(a: argparse.Namespace) -> None:
     print(f"wrote {out}")
 
 
+def _plot_srcl(a: argparse.Namespace) -> None:
+    from vlp.jobs import run_srcl_weight_plots
+
+    paths = run_srcl_weight_plots(a.run, a.out, a.heatmap_size, a.batches, a.alpha_h, a.overrides)
+    for p in paths.values():
+        print(f"wrote {p}")
+
+
 def print_metrics(m: dict[str, float]) -> None:
     for k, v in m.items():
         print(f"  {k:18s} {v:8.2f}")
@@ -136,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run")
     c.add_argument("--out")
     c.set_defaults(func=_plot)
+    c = pl.add_parser("srcl-weights", help="heatmap of one batch's SRCL weights + histogram over many batches")
+    c.add_argument("run", help="run directory or checkpoint (its config names the helper features)")
+    c.add_argument("--out", help="output folder (default: RUN/srcl_plots)")
+    c.add_argument("--heatmap-size", type=int, default=10, help="batch size of the labelled heatmap")
+    c.add_argument("--batches", type=int, default=50, help="training batches in the histogram")
+    c.add_argument("--alpha-h", type=float, help="helper share (default: the schedule at the checkpoint's step)")
+    c.add_argument("overrides", nargs="*", help="e.g. loss.srcl.delta=2 loss.srcl.helper_features=DIR")
+    c.set_defaults(func=_plot_srcl)
     return p
 
 

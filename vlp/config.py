@@ -143,7 +143,7 @@ class SRCLConfig:
     # Norm over each anchor's negatives: softmax (scaled to mean 1; delta = sharpness) or mean.
     norm: str = "softmax"
     # Sharpness of the softmax norm, calibrated on the paper's statistics (docs/methods.md).
-    delta: float = 4.0
+    delta: float = 1.0
     tau_w: float = 1.0  # temperature inside s = exp(cos / tau_w); the paper has none (1.0)
     # alpha_h (helper share) falls linearly 1 -> 0 over these optimizer steps; None: the whole run.
     helper_span: Optional[int] = None

@@ -70,3 +70,63 @@ def plot_retrieval_examples(
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return Path(out)
+
+
+def plot_weight_heatmap(w: torch.Tensor, image_paths: Sequence[str], captions: Sequence[str], out: str | Path,
+                        title: str = "") -> Path:
+    """One batch's SRCL weight matrix (rows: image anchors, i2t; columns: captions). The
+    diagonal (positives, weight 1 by definition) is hatched; each row's negatives average 1."""
+    n = w.shape[0]
+    fig = plt.figure(figsize=(1.2 + 0.62 * n, 2.2 + 0.55 * n))
+    ax = fig.add_axes((0.14, 0.05, 0.72, 0.62))
+    vmax = max(2.0, float(w.max()))
+    im = ax.imshow(w.numpy(), cmap="viridis", vmin=0.0, vmax=vmax)
+    for i in range(n):
+        ax.add_patch(plt.Rectangle((i - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", edgecolor="white", lw=0))
+        for j in range(n):
+            if i != j:
+                ax.text(j, i, f"{float(w[i, j]):.2f}", ha="center", va="center", fontsize=6,
+                        color="white" if float(w[i, j]) < 0.6 * vmax else "black")
+    ax.set_xticks(range(n))
+    ax.set_xticklabels(["\n".join(textwrap.wrap(c, 24)[:6]) for c in captions], rotation=90, fontsize=6)
+    ax.xaxis.tick_top()
+    ax.set_yticks(range(n))
+    ax.set_yticklabels([f"image {i}" for i in range(n)], fontsize=6)
+    for i, path in enumerate(image_paths):  # thumbnails left of the rows
+        with Image.open(path) as img:
+            thumb = img.convert("RGB")
+        h = 0.62 / n
+        tax = fig.add_axes((0.02, 0.05 + 0.62 - (i + 1) * h, h * 0.9 * fig.get_figheight() / fig.get_figwidth(), h * 0.9))
+        tax.imshow(thumb)
+        tax.axis("off")
+    cax = fig.add_axes((0.88, 0.05, 0.02, 0.62))
+    fig.colorbar(im, cax=cax, label="weight")
+    fig.suptitle(title, fontsize=8, y=0.995)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
+def plot_weight_histogram(values: torch.Tensor, out: str | Path, title: str = "",
+                          marked: dict[str, torch.Tensor] | None = None) -> Path:
+    """Histogram of negative weights over many batches, with the paper's 0.2 and 0.7 levels.
+    ``marked``: optional named subsets (e.g. known false negatives) drawn on top."""
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    hi = min(5.0, max(2.5, float(values.quantile(0.99))))  # heavier tails land in the last bin
+    bins = torch.linspace(0, hi, 61).numpy()
+    ax.hist(values.clamp(max=hi).numpy(), bins=bins, density=True, alpha=0.6, label=f"all negatives ({len(values)})")
+    for name, v in (marked or {}).items():
+        if len(v):
+            ax.hist(v.clamp(max=hi).numpy(), bins=bins, density=True, histtype="step", lw=1.5, label=f"{name} ({len(v)})")
+    for row, level in enumerate((0.2, 0.7)):
+        frac = float((values < level).float().mean())
+        ax.axvline(level, color="gray", ls="--", lw=1)
+        ax.text(level, ax.get_ylim()[1] * (0.92 - 0.08 * row), f" below {level}: {100 * frac:.1f}%", fontsize=7)
+    ax.set_xlabel(f"SRCL weight (values above {hi:.1f} in the last bin)")
+    ax.set_ylabel("density")
+    ax.set_title(title, fontsize=8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)

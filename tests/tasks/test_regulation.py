@@ -111,7 +111,7 @@ def test_regulate_uses_helper_then_live_and_logs_statistics():
 
 
 def test_removal_task_drops_negatives_and_trains():
-    task, model, reg = srcl_task(queue_size=0, mode="removal", threshold=0.7)
+    task, model, reg = srcl_task(queue_size=0, mode="removal", threshold=0.7, delta=4.0)
     batch = make_batch([0, 1, 2, 3])
     batch["helper_image"], batch["helper_text"] = helper_feats([0, 1, 2, 3])
     out = task(batch, step=0)

@@ -13,6 +13,7 @@ All functions take ``[Q, C]`` tensors (rows = anchors, columns = candidates) and
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 
@@ -33,12 +34,17 @@ def mixed_similarity(cos_live: torch.Tensor, cos_helper: torch.Tensor | None, al
     """``s = alpha_h * exp(cos_helper / tau_w) + (1 - alpha_h) * exp(cos_live / tau_w)``, [Q, C].
 
     ``cos_helper`` may be None only when ``alpha_h == 0``."""
-    live = torch.exp(cos_live.detach().float() / tau_w)
+    def e(c: torch.Tensor) -> torch.Tensor:
+        c = c.detach().float()
+        return torch.exp(c if tau_w == 1.0 else c / tau_w)
+
+    live = e(cos_live)
     if alpha_h == 0.0:
         return live
     if cos_helper is None:
         raise ValueError("SRCL needs helper similarities while alpha_h > 0")
-    return alpha_h * torch.exp(cos_helper.detach().float() / tau_w) + (1.0 - alpha_h) * live
+    helper = e(cos_helper)
+    return live.lerp_(helper, alpha_h)  # (1 - a) * live + a * helper, in place
 
 
 @torch.no_grad()
@@ -48,19 +54,18 @@ def srcl_weights(s: torch.Tensor, positives: torch.Tensor, mode: str = "softmax"
     ``mean``: ``w = u / mean_neg(u)`` with ``u = 1 / s`` (delta cancels).
     ``softmax``: ``w = n_neg * softmax_neg(delta * u)``; delta -> 0 gives w = 1.
     Either way the mean of ``w`` over each row's negatives is 1 and ``w`` falls as ``s`` grows.
+    (Large queues make these [B, B + Q] passes the whole cost of SRCL: they are done in place.)
     """
-    neg = ~positives
-    n_neg = neg.sum(1, keepdim=True).clamp_min(1).float()
-    u = 1.0 / s.float()
+    n_neg = (s.shape[1] - torch.count_nonzero(positives, dim=1)[:, None]).clamp_min(1).float()
+    u = torch.reciprocal(s.float())
     if mode == "mean":
-        mean_u = (u * neg).sum(1, keepdim=True) / n_neg
-        w = u / mean_u
+        mean_u = u.masked_fill(positives, 0.0).sum(1, keepdim=True) / n_neg
+        w = u.div_(mean_u)
     elif mode == "softmax":
-        logits = (delta * u).masked_fill(~neg, float("-inf"))
-        w = n_neg * torch.softmax(logits, dim=1).nan_to_num(0.0)  # rows without negatives -> 0
+        w = torch.softmax(u.mul_(delta).masked_fill_(positives, float("-inf")), dim=1).mul_(n_neg)
     else:
         raise ValueError(f"SRCL weight mode must be 'softmax' or 'mean', got {mode!r}")
-    return torch.where(neg, w, torch.ones_like(w))
+    return w.masked_fill_(positives, 1.0)  # also clears the NaN of rows without any negative
 
 
 @torch.no_grad()
@@ -81,7 +86,7 @@ def removal_log_weights(w: torch.Tensor, positives: torch.Tensor, threshold: flo
 @torch.no_grad()
 def to_log_weights(w: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
     """``log(max(w, 1e-6))`` for negatives, exactly 0 for positives."""
-    return torch.where(positives, torch.zeros_like(w), torch.log(w.clamp_min(MIN_WEIGHT)))
+    return w.clamp_min(MIN_WEIGHT).log_().masked_fill_(positives, 0.0)
 
 
 LEVELS = (0.2, 0.7)  # the paper's false-negative level and its histogram threshold
@@ -92,15 +97,28 @@ def level_key(level: float, prefix: str = "srcl_w_") -> str:
 
 
 @torch.no_grad()
-def weight_stats(w: torch.Tensor, positives: torch.Tensor, levels: tuple[float, ...] = LEVELS,
+def weight_stats(w: torch.Tensor | Sequence[torch.Tensor], positives: torch.Tensor, levels: tuple[float, ...] = LEVELS,
                  prefix: str = "srcl_w_") -> dict[str, torch.Tensor]:
     """Statistics of the negatives' weights, as 0-d tensors (no device sync): ``{prefix}mean``,
-    ``{prefix}min`` and ``{prefix}below_<level>`` (fraction of negatives below each level)."""
-    vals = w[~positives].float()
-    if vals.numel() == 0:
-        vals = torch.ones(1, device=w.device)
-    out = {f"{prefix}mean": vals.mean(), f"{prefix}min": vals.min()}
-    out.update({level_key(lv, prefix): (vals < lv).float().mean() for lv in levels})
+    ``{prefix}min`` and ``{prefix}below_<level>`` (fraction of negatives below each level).
+
+    ``w`` is one or several matrices (both ITC directions) as :func:`srcl_weights` returns them:
+    positives carry weight exactly 1 and each row's negatives average 1. So the sums, the minimum
+    and the counts below a level <= 1 can run over whole matrices, without copying out the
+    negatives (at ``B + Q = 65k`` columns the copies would cost more than the weights)."""
+    if any(lv > 1.0 for lv in levels):
+        raise ValueError(f"levels must be <= 1 (positives have weight 1), got {levels}")
+    ws = [w] if isinstance(w, torch.Tensor) else list(w)
+    n_pos = torch.count_nonzero(positives) * len(ws)
+    n_neg = positives.numel() * len(ws) - n_pos
+    denom = n_neg.clamp_min(1).float()
+    has_neg = n_neg > 0
+    one = torch.ones((), device=positives.device)
+    total = sum(x.sum() for x in ws) - n_pos
+    low = torch.stack([x.min() for x in ws]).min()  # <= 1, so never a positive's weight unless equal
+    out = {f"{prefix}mean": torch.where(has_neg, total / denom, one), f"{prefix}min": torch.where(has_neg, low, one)}
+    for lv in levels:
+        out[level_key(lv, prefix)] = sum(torch.count_nonzero(x < lv) for x in ws) / denom
     return out
 
 

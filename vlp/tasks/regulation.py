@@ -109,14 +109,16 @@ class SRCLRegulator(nn.Module):
         same_image: torch.Tensor,
         helper: Optional[HelperFeatures],
         step: int,
+        alpha_h: Optional[float] = None,
     ) -> Regulation:
         """Log-weights for the ITC logits from the live cosines ``cos_*`` [B, B + Q] (online
         anchors vs momentum/queue columns), the helper features and ``alpha_h(step)``.
 
         ``same_image`` [B, B + Q] marks negatives that share the anchor's image id: known false
-        negatives, whose mean weight is logged as a diagnostic (NaN when there are none)."""
+        negatives, whose mean weight is logged as a diagnostic (NaN when there are none).
+        ``alpha_h`` overrides the schedule (plots, analysis)."""
         with torch.autocast(cos_i2t.device.type, enabled=False):
-            a = self.alpha_h(step)
+            a = self.alpha_h(step) if alpha_h is None else alpha_h
             h_i2t = h_t2i = None
             if a > 0:
                 if helper is None:
@@ -131,15 +133,15 @@ class SRCLRegulator(nn.Module):
                 lw_t2i = removal_log_weights(w_t2i, positives, c.threshold, c.removal_reweight)
             else:
                 lw_i2t, lw_t2i = to_log_weights(w_i2t, positives), to_log_weights(w_t2i, positives)
-            w = torch.cat([w_i2t, w_t2i], 0)
-            pos = torch.cat([positives, positives], 0)
-            stats = weight_stats(w, pos)
+            stats = weight_stats([w_i2t, w_t2i], positives)
             stats["srcl_alpha_h"] = torch.tensor(a)
-            same = torch.cat([same_image, same_image], 0) & ~pos
-            stats["srcl_w_same_image"] = (w * same).sum() / same.sum()  # NaN without such negatives
+            same = same_image & ~positives
+            same_w = torch.where(same, w_i2t, 0.0).sum() + torch.where(same, w_t2i, 0.0).sum()
+            stats["srcl_w_same_image"] = same_w / (2 * torch.count_nonzero(same))  # NaN without such negatives
             if self.mode == "removal":
-                removed = torch.isneginf(torch.cat([lw_i2t, lw_t2i], 0))
-                stats["srcl_removed"] = removed.sum() / (~pos).sum().clamp_min(1)
+                removed = torch.count_nonzero(torch.isneginf(lw_i2t)) + torch.count_nonzero(torch.isneginf(lw_t2i))
+                n_neg = 2 * (positives.numel() - torch.count_nonzero(positives))
+                stats["srcl_removed"] = removed / n_neg.clamp_min(1)
         return Regulation(lw_i2t, lw_t2i, stats, w_i2t, w_t2i)
 
     @torch.no_grad()
