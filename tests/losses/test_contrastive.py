@@ -61,7 +61,7 @@ def test_removed_candidates_leave_softmax_and_soft_targets():
     targets = itc_targets(pos, torch.randn(3, 6, generator=g), alpha=0.4)  # distillation mass everywhere
     lw = torch.zeros(3, 6)
     lw[0, 4] = float("-inf")  # row 0 drops column 4
-    loss = soft_infonce(logits, targets, lw)
+    loss = soft_infonce(logits, targets, lw, removal=True)
     assert torch.isfinite(loss)
     # reference: row 0 computed on the 5 surviving columns with its target renormalised
     keep = [0, 1, 2, 3, 5]

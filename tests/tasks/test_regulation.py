@@ -73,8 +73,7 @@ def test_regulated_itc_with_uniform_weights_is_the_plain_loss():
         reg = SRCLRegulator(SRCLConfig(**kw), mode, total_steps=10, queue_size=3, helper_dim=6)
 
         def regulate(ci, ct, pos, same):
-            r = reg.regulate(ci, ct, pos, same, h, step=3)
-            return r.log_w_i2t, r.log_w_t2i, r.stats
+            return reg.regulate(ci, ct, pos, same, h, step=3)
 
         out = itc_step(model, *feats, vm, tm, ids, alpha=0.4, regulate=regulate)
         assert out.loss.item() == pytest.approx(plain.item(), abs=1e-6)
@@ -114,7 +113,8 @@ def test_removal_task_drops_negatives_and_trains():
     task, model, reg = srcl_task(queue_size=0, mode="removal", threshold=0.7, delta=4.0)
     batch = make_batch([0, 1, 2, 3])
     batch["helper_image"], batch["helper_text"] = helper_feats([0, 1, 2, 3])
-    out = task(batch, step=0)
+    out = task(batch, step=2)  # distillation on (alpha 0.4): soft targets on removed columns are reassigned
+    assert float(out["alpha"]) == pytest.approx(0.4) and float(out["srcl_alpha_h"]) == pytest.approx(0.8)
     assert 0.0 < float(out["srcl_removed"]) < 1.0
     assert float(out["srcl_removed"]) == pytest.approx(float(out["srcl_w_below_0_7"]))  # exactly those below 0.7
     out["loss"].backward()

@@ -17,6 +17,7 @@ from vlp.losses.matching import itm_loss, sample_hard_negatives
 from vlp.losses.mlm import mask_tokens, mlm_loss
 from vlp.models.albef import ALBEF, ImageFeatures, TextFeatures
 from vlp.models.text import ImageKV, select_kv
+from vlp.tasks.regulation import Regulation
 
 
 @dataclass(frozen=True)
@@ -36,10 +37,9 @@ class ITCOutput:
     stats: dict[str, torch.Tensor] = field(default_factory=dict)  # regulation diagnostics
 
 
-#: ``regulate(cos_i2t, cos_t2i, positives, same_image) -> (log_w_i2t, log_w_t2i, stats)``: per-entry
-#: log-weights added to the ITC logits (SRCL; see :mod:`vlp.tasks.regulation`).
-Regulate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
-                    tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]
+#: ``regulate(cos_i2t, cos_t2i, positives, same_image) -> Regulation``: per-entry log-weights added
+#: to the ITC logits, with their statistics (SRCL; see :mod:`vlp.tasks.regulation`).
+Regulate = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Regulation]
 
 
 def itc_step(
@@ -77,15 +77,13 @@ def itc_step(
     with torch.no_grad():
         m_i2t = img_m @ bank_t.T / temp
         m_t2i = txt_m @ bank_i.T / temp
-    lw_i2t = lw_t2i = None
-    stats: dict[str, torch.Tensor] = {}
-    if regulate is not None:
-        lw_i2t, lw_t2i, stats = regulate(cos_i2t.detach(), cos_t2i.detach(), pos, same_image)
+    r = regulate(cos_i2t.detach(), cos_t2i.detach(), pos, same_image) if regulate is not None else None
+    lw_i2t, lw_t2i, removal = (r.log_w_i2t, r.log_w_t2i, r.removal) if r is not None else (None, None, False)
     loss = 0.5 * (
-        soft_infonce(sim_i2t, itc_targets(pos, m_i2t, alpha), lw_i2t)
-        + soft_infonce(sim_t2i, itc_targets(pos, m_t2i, alpha), lw_t2i)
+        soft_infonce(sim_i2t, itc_targets(pos, m_i2t, alpha), lw_i2t, removal)
+        + soft_infonce(sim_t2i, itc_targets(pos, m_t2i, alpha), lw_t2i, removal)
     )
-    return ITCOutput(loss, sim_i2t, sim_t2i, stats)
+    return ITCOutput(loss, sim_i2t, sim_t2i, r.stats if r is not None else {})
 
 
 def enqueue(model: ALBEF, image_ids: torch.Tensor, img_m: torch.Tensor, txt_m: torch.Tensor) -> None:

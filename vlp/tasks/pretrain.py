@@ -64,8 +64,7 @@ class PretrainTask(nn.Module):
             helper = reg.helper_features(batch, step)
 
             def regulate(cos_i2t, cos_t2i, pos, same):
-                r = reg.regulate(cos_i2t, cos_t2i, pos, same, helper, step)
-                return r.log_w_i2t, r.log_w_t2i, r.stats
+                return reg.regulate(cos_i2t, cos_t2i, pos, same, helper, step)
 
         itc = itc_step(m, img, txt, img_m.feat, txt_m.feat, image_ids, alpha, c.itc_positives, regulate)
         kv = m.image_kv(img.tokens) if c.itm or c.mlm else None  # cross-attention K/V once, for ITM and MLM

@@ -42,6 +42,7 @@ class Regulation:
     stats: dict[str, torch.Tensor]  # 0-d tensors for metrics.jsonl
     w_i2t: torch.Tensor  # the SRCL weights themselves (plots, tests)
     w_t2i: torch.Tensor
+    removal: bool = False  # log-weights may hold -inf (removed negatives)
 
 
 class SRCLRegulator(nn.Module):
@@ -142,7 +143,7 @@ class SRCLRegulator(nn.Module):
                 removed = torch.count_nonzero(torch.isneginf(lw_i2t)) + torch.count_nonzero(torch.isneginf(lw_t2i))
                 n_neg = 2 * (positives.numel() - torch.count_nonzero(positives))
                 stats["srcl_removed"] = removed / n_neg.clamp_min(1)
-        return Regulation(lw_i2t, lw_t2i, stats, w_i2t, w_t2i)
+        return Regulation(lw_i2t, lw_t2i, stats, w_i2t, w_t2i, self.mode == "removal")
 
     @torch.no_grad()
     def enqueue(self, image_ids: torch.Tensor, helper: Optional[HelperFeatures]) -> None:
