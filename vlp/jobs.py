@@ -24,7 +24,7 @@ from vlp.eval.retrieval import RetrievalResult, embed, evaluate_retrieval
 from vlp.models.albef import ALBEF, param_count
 from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.pretrain import PretrainTask
-from vlp.tasks.regulation import SRCLRegulator
+from vlp.tasks.regulation import SRCLRegulator, helper_span
 from vlp.train.checkpoint import find_checkpoint, load_weights, read_state
 from vlp.train.loop import train
 
@@ -94,9 +94,8 @@ def build_regulator(cfg: PretrainConfig, finetune: bool = False) -> tuple[Option
     mode, s = cfg.loss.regulation, cfg.loss.srcl
     if mode == "none":
         return None, None
-    span = 0 if finetune else (cfg.train.steps if s.helper_span is None else s.helper_span)
     cache, helper, dim = None, None, 1
-    if span > 0:
+    if helper_span(s, cfg.train.steps, finetune) > 0:
         if s.helper_features:
             cache = HelperCache.load(s.helper_features)
             dim = cache.dim

@@ -54,6 +54,19 @@ def slug(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
 
 
+def sample_batches(mix: Path, cache: HelperCache, batch: int, batches: int, seed: int):
+    """Random training batches of the pretraining file: (samples, drawn captions, helper
+    image features [B, E], helper text features [B, E])."""
+    samples = load_pairs([str(mix)])
+    rng = random.Random(seed)
+    for _ in range(batches):
+        picked = rng.sample(samples, batch)
+        caps = [rng.choice(s.captions) for s in picked]
+        img = torch.stack([cache.image[cache.image_index[s.image_key]] for s in picked])
+        txt = torch.stack([cache.text[cache.text_index[c]] for c in caps])
+        yield picked, caps, img, txt
+
+
 def diagnose_weights(root: Path, mix: Path, cache: HelperCache, batch: int, batches: int, delta: float,
                      plot: Path) -> dict:
     """Helper-only SRCL weights (alpha_h = 1) of true false negatives vs true negatives, using the
@@ -61,29 +74,18 @@ def diagnose_weights(root: Path, mix: Path, cache: HelperCache, batch: int, batc
     records = json.loads((root / "scenes.json").read_text())["splits"]["train"]
     preds = {c["text"]: c["predicate"] for r in records for c in r["captions"]}
     scenes = {Path(r["image"]).name: scene_from_dict(r) for r in records}
-    samples = load_pairs([str(mix)])
-    rng = random.Random(0)
-    fn_w, tn_w, fn_count, s_all, pos_all = [], [], 0, [], []
-    for _ in range(batches):
-        picked = rng.sample(samples, batch)
-        caps = [rng.choice(s.captions) for s in picked]
-        img = torch.stack([cache.image[cache.image_index[s.image_key]] for s in picked])
-        txt = torch.stack([cache.text[cache.text_index[c]] for c in caps])
-        s = torch.exp(img @ txt.T)
-        pos = torch.eye(batch, dtype=torch.bool)
-        w = srcl_weights(s, pos, "softmax", delta)
+    pos = torch.eye(batch, dtype=torch.bool)
+    fn_w, tn_w = [], []
+    for picked, caps, img, txt in sample_batches(mix, cache, batch, batches, seed=0):
+        w = srcl_weights(torch.exp(img @ txt.T), pos, "softmax", delta)
         truth = torch.tensor([[caption_matches(preds[c], scenes[Path(p.image).name]) for c in caps] for p in picked])
-        fn = truth & ~pos
-        fn_w.append(w[fn])
+        fn_w.append(w[truth & ~pos])
         tn_w.append(w[~truth])
-        fn_count += int(fn.sum())
-        s_all.append(s)
-        pos_all.append(pos)
     fn_w, tn_w = torch.cat(fn_w), torch.cat(tn_w)
     neg = batches * batch * (batch - 1)
     plot_weight_histogram(torch.cat([fn_w, tn_w]), plot, f"helper-only SRCL weights (alpha_h = 1, delta = {delta:.2f}), "
                           f"{batches} batches of {batch}", {"true false negatives": fn_w, "true negatives": tn_w})
-    return {"delta": delta, "false_negative_share": fn_count / neg,
+    return {"delta": delta, "false_negative_share": len(fn_w) / neg,
             "false_negative_weight_mean": fn_w.mean().item() if len(fn_w) else float("nan"),
             "false_negative_weight_median": fn_w.median().item() if len(fn_w) else float("nan"),
             "true_negative_weight_mean": tn_w.mean().item(),
@@ -93,16 +95,8 @@ def diagnose_weights(root: Path, mix: Path, cache: HelperCache, batch: int, batc
 
 
 def calibrate(mix: Path, cache: HelperCache, batch: int, batches: int) -> float:
-    samples = load_pairs([str(mix)])
-    rng = random.Random(1)
-    s, pos = [], []
-    for _ in range(batches):
-        picked = rng.sample(samples, batch)
-        img = torch.stack([cache.image[cache.image_index[p.image_key]] for p in picked])
-        txt = torch.stack([cache.text[cache.text_index[rng.choice(p.captions)]] for p in picked])
-        s.append(torch.exp(img @ txt.T))
-        pos.append(torch.eye(batch, dtype=torch.bool))
-    return calibrate_delta(torch.cat(s), torch.cat(pos))
+    s = [torch.exp(img @ txt.T) for _, _, img, txt in sample_batches(mix, cache, batch, batches, seed=1)]
+    return calibrate_delta(torch.cat(s), torch.eye(batch, dtype=torch.bool).repeat(len(s), 1))
 
 
 def summarise(results: dict[str, dict[str, dict]], seeds: list[int]) -> dict[str, dict[str, tuple[float, float]]]:

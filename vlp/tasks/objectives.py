@@ -64,11 +64,13 @@ def itc_step(
     bank_t = torch.cat([txt_m, q.get("text")], 0)
     bank_i = torch.cat([img_m, q.get("image")], 0)
     b = img.feat.shape[0]
-    same_image = image_ids[:, None] == torch.cat([image_ids, q.ids], 0)[None, :]
+    # same image id as the anchor: positives in "image" mode, a diagnostic for the regulator
+    need_ids = positives == "image" or regulate is not None
+    same_image = image_ids[:, None] == torch.cat([image_ids, q.ids], 0)[None, :] if need_ids else None
     if positives == "image":
         pos = same_image
     else:
-        pos = torch.zeros_like(same_image)
+        pos = torch.zeros(b, bank_t.shape[0], dtype=torch.bool, device=img.feat.device)
         pos[:, :b] = torch.eye(b, dtype=torch.bool, device=img.feat.device)
     temp = model.temp
     cos_i2t = img.feat @ bank_t.T

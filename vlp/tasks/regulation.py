@@ -27,6 +27,13 @@ from vlp.losses.srcl import (
 from vlp.models.momentum import FeatureQueue
 
 
+def helper_span(cfg: SRCLConfig, total_steps: int, finetune: bool = False) -> int:
+    """Optimizer steps over which alpha_h falls from 1 to 0 (0: the helper is never used)."""
+    if finetune:
+        return 0
+    return total_steps if cfg.helper_span is None else cfg.helper_span
+
+
 @dataclass
 class HelperFeatures:
     """L2-normalised helper features of one batch, [B, E_h] each (fp32)."""
@@ -67,14 +74,17 @@ class SRCLRegulator(nn.Module):
         if mode not in ("srcl", "removal"):
             raise ConfigError(f"config key 'loss.regulation': got {mode!r}, expected 'srcl' or 'removal'")
         self.cfg, self.mode = cfg, mode
-        self.span = 0 if finetune else (total_steps if cfg.helper_span is None else cfg.helper_span)
-        self.uses_helper = self.span > 0
+        self.span = helper_span(cfg, total_steps, finetune)
         self.queue = FeatureQueue(queue_size if self.uses_helper else 0, dict(image=helper_dim, text=helper_dim))
         self.helper = helper
         if helper is not None:
             helper.eval()
             for p in helper.parameters():
                 p.requires_grad_(False)
+
+    @property
+    def uses_helper(self) -> bool:
+        return self.span > 0
 
     def train(self, mode: bool = True) -> "SRCLRegulator":
         super().train(mode)
