@@ -1,5 +1,5 @@
-"""Command line: ``vlp pretrain | train-helper | cache-helper-features | evaluate retrieval | make-world |
-demo | plot``."""
+"""Command line: ``vlp pretrain | train-helper | cache-helper-features | make-targets | analyze cocos |
+evaluate retrieval | make-world | demo | plot``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from vlp.config import ConfigError, PretrainConfig, load_config
+from vlp.config import CONTRASTIVE_LOSSES, ConfigError, PretrainConfig, load_config
 from vlp.data.formats import DataError
 from vlp.models.loading import CheckpointError
 
@@ -41,7 +41,8 @@ def _cache_helper(a: argparse.Namespace) -> None:
 def _evaluate_retrieval(a: argparse.Namespace) -> None:
     from vlp.jobs import run_evaluate_retrieval
 
-    res = run_evaluate_retrieval(a.checkpoint, a.data, a.relevance, a.out, a.image_root, a.overrides)
+    res = run_evaluate_retrieval(a.checkpoint, a.data, a.relevance, a.out, a.image_root, a.overrides,
+                                 graded_relevance=a.graded_relevance)
     print_metrics(res.metrics)
     print(f"wrote {Path(a.out) / 'metrics.json'}")
 
@@ -56,7 +57,7 @@ def _make_world(a: argparse.Namespace) -> None:
 
         paths[f"generic_{share:g}"] = write_generic_mix(a.out, share, a.seed)
     for k, p in paths.items():
-        print(f"{k:16s} {p}")
+        print(f"{k:22s} {p}")
 
 
 def _demo(a: argparse.Namespace) -> None:
@@ -78,6 +79,21 @@ def _plot_srcl(a: argparse.Namespace) -> None:
     paths = run_srcl_weight_plots(a.run, a.out, a.heatmap_size, a.batches, a.alpha_h, a.overrides)
     for p in paths.values():
         print(f"wrote {p}")
+
+
+def _make_targets(a: argparse.Namespace) -> None:
+    from vlp.jobs import run_make_targets
+
+    print(f"wrote {run_make_targets(a.data, a.encoder, a.out, a.batch_size)}")
+
+
+def _cocos(a: argparse.Namespace) -> None:
+    from vlp.jobs import run_cocos
+
+    rec = run_cocos(a.checkpoint, a.data, a.loss, a.out, a.threshold, a.batches, a.overrides)
+    for k, v in rec["stats"].items():
+        print(f"  {k:24s} {v['mean']:10.3f} +- {v['std']:.3f}")
+    print(f"wrote {Path(a.out) / 'cocos.json'} and cocos.png")
 
 
 def print_metrics(m: dict[str, float]) -> None:
@@ -108,12 +124,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--num-workers", type=int, default=0)
     s.set_defaults(func=_cache_helper)
 
+    s = sub.add_parser("make-targets", help="embed every caption once with a sentence encoder (LTD targets)")
+    s.add_argument("--data", required=True, nargs="+", help="annotation file(s) (pretraining or retrieval-train)")
+    s.add_argument("--encoder", default="all-MiniLM-L6-v2",
+                   help="sentence-transformers name or local path (default: the offline all-MiniLM-L6-v2)")
+    s.add_argument("--out", required=True, help="targets file to create (loss.ltd.targets)")
+    s.add_argument("--batch-size", type=int, default=256)
+    s.set_defaults(func=_make_targets)
+
+    s = sub.add_parser("analyze", help="analyses of a trained model")
+    an = s.add_subparsers(dest="what", required=True)
+    c = an.add_parser("cocos", help="count candidates contributing to each query's gradient (COCOS)")
+    c.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory")
+    c.add_argument("--data", required=True, nargs="+", help="training annotation file(s)")
+    c.add_argument("--loss", required=True, choices=CONTRASTIVE_LOSSES)
+    c.add_argument("--out", required=True, help="output folder for cocos.json and cocos.png")
+    c.add_argument("--threshold", type=float, default=0.01, help="weight threshold for infonce and smoothap")
+    c.add_argument("--batches", type=int, help="stop after this many batches (default: one pass)")
+    c.add_argument("overrides", nargs="*", help="e.g. data.batch_size=128 data.captions_per_image=5 loss.contrastive.tau=0.1")
+    c.set_defaults(func=_cocos)
+
     s = sub.add_parser("evaluate", help="evaluate a checkpoint")
     ev = s.add_subparsers(dest="what", required=True)
     r = ev.add_parser("retrieval", help="zero-shot image-text retrieval (ITC + top-k ITM re-rank)")
     r.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory (newest checkpoint)")
     r.add_argument("--data", required=True, help="Karpathy-style val/test JSON (one entry per image)")
     r.add_argument("--relevance", help="vlp relevance JSON for relevance-aware metrics")
+    r.add_argument("--graded-relevance", help="graded relevance .npy [texts, images] for the text->image nDCG "
+                   "(needs --relevance)")
     r.add_argument("--image-root", help="folder for relative image paths (default: the JSON's folder)")
     r.add_argument("--out", required=True, help="output folder for metrics.json and plots")
     r.add_argument("overrides", nargs="*", help="e.g. eval.k_test=32 eval.score=itm+itc")

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence, TypeVar
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -91,9 +92,35 @@ TEXT_PRESETS: dict[str, dict[str, Any]] = {
 
 
 @dataclass
+class DualConfig:
+    """Resource-constrained dual encoder (``model.arch: dual``): a timm CNN/ViT image tower and a
+    GRU text tower, each with a bias-free 2-layer projection head, trained with the contrastive
+    loss only - the spirit of the LTD paper's ResNet-50 + bi-GRU (docs/methods.md)."""
+
+    image: str = "resnet18"  # any timm model name (random init unless image_pretrained)
+    # Extra timm constructor arguments, e.g. {channels: [32, 64, 128, 256]} for a slim ResNet.
+    image_kwargs: dict[str, Any] = field(default_factory=dict)
+    image_pretrained: Optional[str] = None  # local weights file or timm hub tag
+    img_size: int = 224
+    word_dim: int = 300  # word embeddings (random init; the vocabulary is the tokenizer's)
+    gru_hidden: int = 512  # per direction
+    gru_layers: int = 1
+    bidirectional: bool = True
+    proj_hidden: int = 1024  # projection heads: feature -> proj_hidden -> embed_dim, no biases
+
+    def __post_init__(self) -> None:
+        for key in ("img_size", "word_dim", "gru_hidden", "gru_layers", "proj_hidden"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"config key 'model.dual.{key}': got {getattr(self, key)}, expected >= 1")
+
+
+@dataclass
 class ModelConfig:
+    # albef: ViT + BERT + fusion (ITC/ITM/MLM). dual: contrastive dual encoder (model.dual).
+    arch: str = "albef"
     vision: VisionConfig = field(default_factory=VisionConfig)
     text: TextConfig = field(default_factory=TextConfig)
+    dual: DualConfig = field(default_factory=DualConfig)
     embed_dim: int = 256
     temp: float = 0.07
     queue_size: int = 65536
@@ -102,6 +129,9 @@ class ModelConfig:
     # (constant). From-scratch towers need it: a lagging twin of a random model gives collapsed
     # targets and queue entries, and ITC never starts (see docs/training.md).
     momentum_warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        _choice("model.arch", self.arch, ["albef", "dual"])
 
 
 # ----------------------------------------------------------------------------- data
@@ -130,6 +160,14 @@ class DataConfig:
     # Optional zero-shot retrieval evaluation after training (Karpathy val/test format).
     eval: Optional[str] = None
     relevance: Optional[str] = None
+    graded_relevance: Optional[str] = None  # captions x images .npy for nDCG (docs/data.md)
+    # Captions drawn per image and step. 1: caption-level batches. k > 1: image-level batches of
+    # B images x k captions (the ECIR SmoothAP protocol; model.arch=dual only).
+    captions_per_image: int = 1
+
+    def __post_init__(self) -> None:
+        if self.captions_per_image < 1:
+            raise ConfigError(f"config key 'data.captions_per_image': got {self.captions_per_image}, expected >= 1")
 
 
 # ----------------------------------------------------------------------------- losses, training, eval
@@ -165,6 +203,69 @@ class SRCLConfig:
             raise ConfigError(f"config key 'loss.srcl.helper_span': got {self.helper_span}, expected >= 0 or null")
 
 
+CONTRASTIVE_LOSSES = ("infonce", "triplet", "triplet_sh", "smoothap")
+
+
+@dataclass
+class ContrastiveConfig:
+    """The contrastive term (docs/methods.md, loss zoo). ALBEF's ITC is InfoNCE with momentum
+    distillation; the other losses take the same similarities and positives."""
+
+    name: str = "infonce"  # infonce | triplet | triplet_sh | smoothap
+    tau: Optional[float] = None  # InfoNCE temperature; None: the model's learned one (ALBEF)
+    margin: float = 0.2  # triplet, triplet_sh
+    smoothap_tau: float = 0.01  # sigmoid temperature of SmoothAP
+
+    def __post_init__(self) -> None:
+        _choice("loss.contrastive.name", self.name, CONTRASTIVE_LOSSES)
+        if self.tau is not None and self.tau <= 0 or self.smoothap_tau <= 0:
+            raise ConfigError(f"config keys 'loss.contrastive.tau'/'smoothap_tau': got {self.tau}/{self.smoothap_tau}, "
+                              "expected > 0")
+
+
+@dataclass
+class MultiplierConfig:
+    """The Lagrange multiplier of LTD's constraint: SGD ascent, projected into [0, max]."""
+
+    init: float = 1.0
+    lr: float = 5e-3
+    momentum: float = 0.9
+    dampening: float = 0.9
+    max: float = 100.0
+    # Reproduce the reference: clamp only the value used (straight-through), never the parameter.
+    straight_through: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.init <= self.max or self.lr <= 0:
+            raise ConfigError(f"config keys 'loss.ltd.multiplier.init'/'max'/'lr': got {self.init}/{self.max}/{self.lr}, "
+                              "expected 0 <= init <= max and lr > 0")
+
+
+@dataclass
+class LTDConfig:
+    """Latent target decoding (and its ITD baseline) on the text embedding (docs/methods.md)."""
+
+    mode: str = "off"  # off | constraint (L_con + lambda (L_rec / eta - 1)) | dual (L_con + beta L_rec)
+    decoder: str = "latent"  # latent: MLP -> sentence-encoder target (LTD); tokens: GRU -> caption (ITD)
+    eta: float = 0.2  # constraint bound on L_rec (LTD cosine scale; ITD uses 0.5-6)
+    beta: float = 1.0  # dual-mode weight
+    hidden: int = 1024  # LTD decoder hidden size
+    targets: Optional[str] = None  # file from `vlp make-targets` (decoder=latent)
+    encoder: Optional[str] = None  # if set, the targets file must come from this encoder
+    multiplier: MultiplierConfig = field(default_factory=MultiplierConfig)
+    itd_word_dim: int = 300
+    # Reproduce the reference ITD bug: log-softmax over the time axis (padding included).
+    itd_time_axis_bug: bool = False
+
+    def __post_init__(self) -> None:
+        _choice("loss.ltd.mode", self.mode, ["off", "constraint", "dual"])
+        _choice("loss.ltd.decoder", self.decoder, ["latent", "tokens"])
+        if self.eta <= 0:
+            raise ConfigError(f"config key 'loss.ltd.eta': got {self.eta}, expected > 0 (the bound divides L_rec)")
+        if self.beta < 0 or self.hidden < 1:
+            raise ConfigError(f"config keys 'loss.ltd.beta'/'hidden': got {self.beta}/{self.hidden}, expected >= 0 / >= 1")
+
+
 @dataclass
 class LossConfig:
     itc: float = 1.0
@@ -181,12 +282,31 @@ class LossConfig:
     # whose SRCL weight is below loss.srcl.threshold).
     regulation: str = "none"
     srcl: SRCLConfig = field(default_factory=SRCLConfig)
+    contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)
+    ltd: LTDConfig = field(default_factory=LTDConfig)
 
     def __post_init__(self) -> None:
         _choice("loss.itc_positives", self.itc_positives, ["pair", "image"])
         _choice("loss.regulation", self.regulation, ["none", "srcl", "removal"])
         if not 0.0 <= self.mlm_probability <= 1.0:
             raise ConfigError(f"config key 'loss.mlm_probability': got {self.mlm_probability}, expected [0, 1]")
+
+
+@dataclass
+class AverageConfig:
+    """Checkpoint averaging (SWA as in the LTD paper): equal-weight mean of ``snapshots`` copies
+    of the trainable weights taken evenly over the last ``fraction`` of the run (or of each epoch)."""
+
+    snapshots: int = 0  # 0: off
+    fraction: float = 0.1
+    # Per epoch (the LTD reference): average the last fraction of every epoch and continue
+    # training from the average. Otherwise once, at the end of the run.
+    per_epoch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.snapshots < 0 or not 0.0 < self.fraction <= 1.0:
+            raise ConfigError(f"config keys 'train.average.snapshots'/'fraction': got {self.snapshots}/{self.fraction}, "
+                              "expected >= 0 and (0, 1]")
 
 
 @dataclass
@@ -204,6 +324,7 @@ class TrainConfig:
     log_every: int = 10
     ckpt_every: int = 0  # 0: only at the end
     progress: bool = True
+    average: AverageConfig = field(default_factory=AverageConfig)
 
     def __post_init__(self) -> None:
         _choice("train.precision", self.precision, ["fp32", "bf16"])
@@ -233,6 +354,28 @@ class PretrainConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
+    def __post_init__(self) -> None:
+        """Cross-section rules; each names the keys to change."""
+        c, arch = self.loss, self.model.arch
+        wrong: list[str] = []
+        if arch == "dual":
+            wrong += [f"loss.{k}={getattr(c, k)} (the dual encoder has no fusion, ITM or MLM)" for k in ("itm", "mlm")
+                      if getattr(c, k) != 0]
+            wrong += ["loss.distill=true (the dual encoder has no momentum twin)"] if c.distill else []
+            wrong += [f"eval.score={self.eval.score} (no ITM head: use itc)"] if self.eval.score != "itc" else []
+            if c.contrastive.name == "infonce" and c.contrastive.tau is None:
+                wrong.append("loss.contrastive.tau unset (the dual encoder has no learned temperature; LTD uses 0.05)")
+        elif self.data.captions_per_image > 1:
+            wrong.append(f"data.captions_per_image={self.data.captions_per_image} (image-level batches need model.arch=dual)")
+        if c.regulation != "none" and (arch == "dual" or c.contrastive.name != "infonce"):
+            wrong.append(f"loss.regulation={c.regulation} (SRCL regulates ALBEF's InfoNCE ITC only)")
+        if arch == "albef" and c.contrastive.name != "infonce" and c.distill:
+            wrong.append(f"loss.distill=true (momentum distillation applies to InfoNCE, not {c.contrastive.name})")
+        if c.ltd.mode != "off" and c.ltd.decoder == "latent" and not c.ltd.targets:
+            wrong.append("loss.ltd.targets unset (LTD needs a file from `vlp make-targets`)")
+        if wrong:
+            raise ConfigError("config keys: " + "; ".join(wrong))
+
 
 # ----------------------------------------------------------------------------- loading
 
@@ -252,7 +395,7 @@ def _parse_overrides(overrides: Sequence[str]) -> Any:
             raise ConfigError(f"command-line override {item!r}: expected key=value, e.g. train.steps=50")
     try:
         return OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as e:
+    except (OmegaConfBaseException, yaml.YAMLError) as e:
         raise ConfigError(f"command-line overrides: {str(e).splitlines()[0]}") from None
 
 

@@ -59,7 +59,8 @@ def run_demo(out: str | Path, seed: int = 0, n_train: int = 4000, overrides: Seq
     run_pretrain(cfg)
     t_train = time.perf_counter() - t0
     print("[3/3] zero-shot retrieval on the 1,000-image test split")
-    res = run_evaluate_retrieval(run_dir, paths["retrieval_test"], paths["relevance_test"], out)
+    res = run_evaluate_retrieval(run_dir, paths["retrieval_test"], paths["relevance_test"], out,
+                                 graded_relevance=paths["relevance_graded_test"])
     plot_losses(run_dir / "metrics.jsonl", out / "loss_curves.png")
     n_img, n_txt = res.scores_i2t.shape
     chance = chance_table(n_img, n_txt)

@@ -27,3 +27,13 @@ def all_gather_nograd(x: torch.Tensor) -> torch.Tensor:
     dist.all_gather(out, x.contiguous())
     return torch.cat(out, 0)
 
+
+
+def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """Like :func:`all_gather_nograd`, but gradients flow back to every rank's ``x`` (in-batch
+    negatives from the whole global batch, as CLIP-style dual encoders use)."""
+    if not is_dist():
+        return x
+    from torch.distributed.nn.functional import all_gather
+
+    return torch.cat(all_gather(x.contiguous()), 0)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 from accelerate.utils import set_seed
@@ -18,12 +19,16 @@ from vlp import __version__
 from vlp.config import VISION_PRESETS, ConfigError, EvalConfig, PretrainConfig, apply_overrides, from_dict, resolved, to_dict, to_yaml
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.helper_cache import HelperCache, write_cache
+from vlp.data.targets import LatentTargets
 from vlp.data.formats import DataError, load_pairs, load_relevance, load_retrieval_split
 from vlp.data.transforms import load_tokenizer, test_transform, train_transform
 from vlp.eval.retrieval import RetrievalResult, embed, evaluate_retrieval
 from vlp.models.albef import ALBEF, param_count
+from vlp.models.dual import DualEncoder
 from vlp.tasks.objectives import TokenInfo
+from vlp.tasks.dual import DualTask
 from vlp.tasks.pretrain import PretrainTask
+from vlp.tasks.reconstruction import Reconstruction
 from vlp.tasks.regulation import SRCLRegulator, helper_span
 from vlp.train.checkpoint import find_checkpoint, load_weights, read_state
 from vlp.train.loop import train
@@ -34,7 +39,31 @@ def token_info(tokenizer) -> TokenInfo:
 
 
 def image_size(cfg: PretrainConfig) -> int:
+    if cfg.model.arch == "dual":
+        return cfg.model.dual.img_size
     return resolved(cfg.model.vision, VISION_PRESETS)["img_size"]
+
+
+def build_model(cfg: PretrainConfig, vocab_size: int) -> Union[ALBEF, DualEncoder]:
+    return DualEncoder(cfg.model, vocab_size) if cfg.model.arch == "dual" else ALBEF(cfg.model)
+
+
+def load_targets(cfg: PretrainConfig) -> Optional[LatentTargets]:
+    """The LTD latent targets of a run (None unless ``loss.ltd`` decodes latent targets)."""
+    ltd = cfg.loss.ltd
+    return LatentTargets.load(ltd.targets, ltd.encoder) if ltd.mode != "off" and ltd.decoder == "latent" else None
+
+
+def build_task(cfg: PretrainConfig, model: Union[ALBEF, DualEncoder], tokenizer, regulator: Optional[SRCLRegulator],
+               targets: Optional[LatentTargets]) -> torch.nn.Module:
+    """The training task for the config's architecture, with LTD / ITD attached if configured."""
+    ltd = cfg.loss.ltd
+    rec = None
+    if ltd.mode != "off":
+        rec = Reconstruction(ltd, cfg.model.embed_dim, targets.dim if targets is not None else None, len(tokenizer))
+    if cfg.model.arch == "dual":
+        return DualTask(model, cfg.loss, rec)
+    return PretrainTask(model, cfg.loss, token_info(tokenizer), cfg.train.seed, regulator, rec)
 
 
 def check_images(samples: Sequence, limit: int = 5) -> None:
@@ -66,8 +95,10 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
     run_dir = prepare_run_dir(cfg)
     tokenizer = load_tokenizer(cfg.model.text)
     regulator, cache = build_regulator(cfg)
-    model = ALBEF(cfg.model)
-    dataset = ImageTextDataset(samples, train_transform(image_size(cfg), cfg.data.image), cache)
+    targets = load_targets(cfg)
+    model = build_model(cfg, len(tokenizer))
+    dataset = ImageTextDataset(samples, train_transform(image_size(cfg), cfg.data.image), cache, targets,
+                               cfg.data.captions_per_image)
     loader = DataLoader(
         dataset,
         batch_size=cfg.data.batch_size,
@@ -80,11 +111,12 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
     )
     print(f"vlp pretrain: {len(dataset)} pairs, {len(dataset.key_to_id)} images, "
           f"{param_count(model) / 1e6:.1f}M trainable parameters -> {run_dir}")
-    task = PretrainTask(model, cfg.loss, token_info(tokenizer), cfg.train.seed, regulator)
+    task = build_task(cfg, model, tokenizer, regulator, targets)
     state = {"task": "pretrain", "vlp_version": __version__, "config": to_dict(cfg)}
     train(task, loader, cfg.train, run_dir, state)
     if cfg.data.eval:
-        run_evaluate_retrieval(run_dir, cfg.data.eval, cfg.data.relevance, run_dir / "eval", cfg.data.image_root)
+        run_evaluate_retrieval(run_dir, cfg.data.eval, cfg.data.relevance, run_dir / "eval", cfg.data.image_root,
+                               graded_relevance=cfg.data.graded_relevance)
     return run_dir
 
 
@@ -100,7 +132,7 @@ def build_regulator(cfg: PretrainConfig, finetune: bool = False) -> tuple[Option
             cache = HelperCache.load(s.helper_features)
             dim = cache.dim
         elif s.helper:
-            helper, hcfg, _ = load_albef(s.helper, torch.device("cpu"))
+            helper, hcfg, _ = load_model(s.helper, torch.device("cpu"))
             if image_size(hcfg) != image_size(cfg) or hcfg.model.text.tokenizer != cfg.model.text.tokenizer:
                 raise ConfigError(f"config key 'loss.srcl.helper': the live helper {s.helper} must take the same "
                                   f"images ({image_size(hcfg)} px vs {image_size(cfg)} px) and tokenizer as the model")
@@ -136,7 +168,7 @@ def run_cache_helper_features(helper: str | Path, data: Sequence[str], out: str 
     if Path(out).exists():
         raise DataError(f"{out} already exists; choose another --out or remove it")
     ckpt = find_checkpoint(helper)
-    model, hcfg, tokenizer = load_albef(ckpt)
+    model, hcfg, tokenizer = load_model(ckpt)
     device = next(model.parameters()).device
     samples = load_pairs(list(data), image_root)
     check_images(samples)
@@ -163,16 +195,33 @@ def run_cache_helper_features(helper: str | Path, data: Sequence[str], out: str 
     return write_cache(out, keys, torch.cat(image_feats), texts, torch.cat(text_feats), meta)
 
 
-def load_albef(checkpoint: str | Path, device: Optional[torch.device] = None):
-    """Model, config and tokenizer from a checkpoint folder or run directory (strict load)."""
+def run_make_targets(data: Sequence[str], encoder: str, out: str | Path, batch_size: int = 256,
+                     show_progress: bool = True) -> Path:
+    """Embed every distinct caption of the annotation files ``data`` once with a sentence encoder
+    and write the LTD targets file ``out`` (``loss.ltd.targets``)."""
+    from vlp.data.targets import encode_sentences, write_targets
+
+    if Path(out).exists():
+        raise DataError(f"{out} already exists; choose another --out or remove it")
+    captions = sorted({c for smp in load_pairs(list(data)) for c in smp.captions})
+    print(f"vlp make-targets: {len(captions)} distinct captions, encoder {encoder}")
+    vectors = encode_sentences(encoder, captions, batch_size, str(default_device()), show_progress)
+    return write_targets(out, captions, vectors, encoder, [str(Path(d).resolve()) for d in data])
+
+
+def load_model(checkpoint: str | Path, device: Optional[torch.device] = None):
+    """Model (ALBEF or dual encoder), config and tokenizer from a checkpoint folder or run
+    directory (strict load)."""
     ckpt = find_checkpoint(checkpoint)
     cfg = from_dict(PretrainConfig, read_state(ckpt)["config"])
     cfg.model.text.init = "random"  # the checkpoint holds every weight: skip initial-weight loading
     cfg.model.vision.pretrained = None
-    model = ALBEF(cfg.model)
+    cfg.model.dual.image_pretrained = None
+    tokenizer = load_tokenizer(cfg.model.text)
+    model = build_model(cfg, len(tokenizer))
     load_weights(model, ckpt)
     model.eval()
-    return model.to(device or default_device()), cfg, load_tokenizer(cfg.model.text)
+    return model.to(device or default_device()), cfg, tokenizer
 
 
 def default_device() -> torch.device:
@@ -187,23 +236,33 @@ def run_evaluate_retrieval(
     image_root: Optional[str] = None,
     overrides: Sequence[str] = (),
     show_progress: bool = True,
+    graded_relevance: Optional[str | Path] = None,
 ) -> RetrievalResult:
     """Zero-shot retrieval of a checkpoint on a Karpathy-style split; writes ``out/metrics.json``
-    and ``out/retrieval_examples.png``."""
+    and ``out/retrieval_examples.png``. ``graded_relevance`` (a ``.npy`` [texts, images] of gains,
+    needs ``relevance``) gives the text->image nDCG graded gains instead of binary ones."""
+    from vlp.data.formats import load_graded_relevance
+
+    if graded_relevance and not relevance:
+        raise DataError(f"graded relevance {graded_relevance} needs the relevance file as well (--relevance / "
+                        "data.relevance): R-precision, mAP and relevance-aware recall use its lists")
     ckpt = find_checkpoint(checkpoint)
-    model, cfg, tokenizer = load_albef(ckpt)
+    model, cfg, tokenizer = load_model(ckpt)
     cfg = apply_overrides(cfg, overrides)
     ecfg: EvalConfig = cfg.eval
     split = load_retrieval_split(data, image_root)
     rel = load_relevance(relevance, split) if relevance else None
+    graded = load_graded_relevance(graded_relevance, split) if graded_relevance else None
     device = next(model.parameters()).device
     emb = embed(model, split, tokenizer, test_transform(image_size(cfg), cfg.data.image), cfg.model.text.max_len,
                 ecfg.batch_size, device, show_progress)
-    result = evaluate_retrieval(model, emb, split, ecfg, rel, show_progress)
+    result = evaluate_retrieval(model, emb, split, ecfg, rel, show_progress, graded_relevance=graded)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     record = {**result.metrics, "score": ecfg.score, "k_test": ecfg.k_test, "n_images": len(split.images),
               "n_texts": len(split.texts), "checkpoint": str(ckpt)}
+    if rel is not None:
+        record["ndcg_gains"] = "graded" if graded is not None else "binary"
     (out / "metrics.json").write_text(json.dumps(record, indent=2))
     from vlp.viz import plot_retrieval_examples
 
@@ -224,7 +283,7 @@ def run_srcl_weight_plots(run: str | Path, out: Optional[str | Path] = None, hea
     from vlp.train.logging import progress
 
     ckpt = find_checkpoint(run)
-    model, cfg, tokenizer = load_albef(ckpt)
+    model, cfg, tokenizer = load_model(ckpt)
     cfg = apply_overrides(cfg, overrides)
     if cfg.loss.regulation == "none":
         cfg.loss.regulation = "srcl"
@@ -276,3 +335,60 @@ def run_srcl_weight_plots(run: str | Path, out: Optional[str | Path] = None, hea
                                  f"negatives' weights over {len(vals) // 2} batches of {cfg.data.batch_size}, "
                                  f"alpha_h={a:.2f}, step {step}")
     return {"heatmap": heat, "histogram": hist}
+
+
+@torch.no_grad()
+def run_cocos(checkpoint: str | Path, data: Sequence[str], loss: str, out: str | Path, threshold: float = 0.01,
+              batches: Optional[int] = None, overrides: Sequence[str] = (), show_progress: bool = True) -> dict:
+    """COCOS (docs/methods.md): how many candidates contribute to the gradient of each query under
+    ``loss``, over one pass of ``data`` (the training split) in eval mode with test transforms, at
+    the run's batch size (``data.batch_size``, ``data.captions_per_image``; override them). Writes
+    ``out/cocos.json`` (mean and std over batches of every statistic, per direction) and
+    ``out/cocos.png`` (per-query count histograms)."""
+    from vlp.losses.cocos import cocos
+    from vlp.train.logging import progress
+    from vlp.viz import plot_cocos
+
+    ckpt = find_checkpoint(checkpoint)
+    model, cfg, tokenizer = load_model(ckpt)
+    cfg = apply_overrides(cfg, overrides)
+    c = cfg.loss.contrastive
+    tau = c.tau if c.tau is not None else float(getattr(model, "temp", 0.05))
+    samples = load_pairs(list(data), cfg.data.image_root)
+    check_images(samples)
+    dataset = ImageTextDataset(samples, test_transform(image_size(cfg), cfg.data.image),
+                               captions_per_image=cfg.data.captions_per_image)
+    loader = DataLoader(dataset, batch_size=cfg.data.batch_size, shuffle=True, drop_last=len(dataset) >= cfg.data.batch_size,
+                        collate_fn=Collator(tokenizer, cfg.model.text.max_len), generator=torch.Generator().manual_seed(0))
+    device = next(model.parameters()).device
+    n = len(loader) if batches is None else min(batches, len(loader))
+    per_batch: dict[str, list[float]] = {}
+    counts: dict[str, list[torch.Tensor]] = {"i2t": [], "t2i": []}
+    bar = progress(n, f"cocos {loss}", show_progress)
+    random.seed(0)  # the caption drawn per image
+    for k, batch in enumerate(loader):
+        if k == n:
+            break
+        batch = {key: v.to(device) for key, v in batch.items()}
+        img = model.encode_image(batch["images"]).feat
+        txt = model.encode_text(batch["input_ids"], batch["attention_mask"]).feat
+        txt_ids = batch.get("text_image_ids", batch["image_ids"])
+        pos = batch["image_ids"][:, None] == txt_ids[None, :]
+        for direction, sim, p in (("i2t", img @ txt.T, pos), ("t2i", txt @ img.T, pos.T)):
+            stats = cocos(loss, sim, p, tau=tau, margin=c.margin, smoothap_tau=c.smoothap_tau, threshold=threshold)
+            counts[direction].append(stats.pop("counts").float().cpu())
+            for key, v in stats.items():
+                per_batch.setdefault(f"{direction}_{key}", []).append(float(v))
+        bar.update(1)
+    bar.close()
+    summary = {key: {"mean": float(torch.tensor(v).nanmean()), "std": float(torch.tensor(v).std()) if len(v) > 1 else 0.0}
+               for key, v in per_batch.items()}
+    record = {"loss": loss, "checkpoint": str(ckpt), "data": [str(d) for d in data], "batches": n,
+              "batch_size": cfg.data.batch_size, "captions_per_image": cfg.data.captions_per_image, "tau": tau,
+              "margin": c.margin, "smoothap_tau": c.smoothap_tau, "threshold": threshold, "stats": summary}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cocos.json").write_text(json.dumps(record, indent=2))
+    plot_cocos({d: torch.cat(v) for d, v in counts.items()}, out / "cocos.png",
+               f"COCOS {loss}: contributing candidates per query ({n} batches of {cfg.data.batch_size}, eval mode)")
+    return record

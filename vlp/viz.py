@@ -1,4 +1,5 @@
-"""Plots people would rather look at than numbers: loss curves and retrieval examples."""
+"""Plots people would rather look at than numbers: loss and lambda curves, retrieval examples, SRCL
+weights, COCOS counts."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ from vlp.data.formats import RetrievalSplit  # noqa: E402
 from vlp.train.logging import read_metrics  # noqa: E402
 
 
-def plot_losses(metrics_jsonl: str | Path, out: str | Path, keys: Sequence[str] = ("loss", "itc", "itm", "mlm")) -> Path:
+LOSS_KEYS = ("loss", "itc", "itm", "mlm", "contrastive", "ltd_rec", "ltd_lambda")
+
+
+def plot_losses(metrics_jsonl: str | Path, out: str | Path, keys: Sequence[str] = LOSS_KEYS) -> Path:
     """Training curves from ``metrics.jsonl`` (one panel per loss term)."""
     rows = read_metrics(metrics_jsonl)
     keys = [k for k in keys if any(k in r for r in rows)]
@@ -128,5 +132,43 @@ def plot_weight_histogram(values: torch.Tensor, out: str | Path, title: str = ""
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return Path(out)
+
+
+def plot_run_curves(runs: dict[str, str | Path], key: str, out: str | Path, title: str,
+                    hlines: Optional[dict[str, float]] = None) -> Path:
+    """One metric (e.g. ``ltd_lambda``) of several runs' ``metrics.jsonl`` on shared axes; ``hlines``
+    draws labelled reference levels (e.g. each run's eta)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, path in runs.items():
+        rows = [r for r in read_metrics(path) if r.get(key) is not None]
+        line, = ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=label)
+        if hlines and label in hlines:
+            ax.axhline(hlines[label], color=line.get_color(), ls=":", lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel(key)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return Path(out)
+
+
+def plot_cocos(counts: dict[str, torch.Tensor], out: str | Path, title: str) -> Path:
+    """Histograms of COCOS per-query contributing-candidate counts, one panel per direction."""
+    fig, axes = plt.subplots(1, len(counts), figsize=(5 * len(counts), 3.4), squeeze=False)
+    for ax, (direction, c) in zip(axes[0], counts.items()):
+        c = c.float()
+        ax.hist(c.numpy(), bins=min(40, max(5, int(c.max().item()) + 1)), color="tab:blue", alpha=0.8)
+        ax.set_title(f"{direction}: mean {c.mean():.2f}, zero-gradient queries {(c == 0).float().mean():.1%}", fontsize=9)
+        ax.set_xlabel("contributing candidates per query")
+        ax.set_ylabel("queries")
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
     plt.close(fig)
     return Path(out)

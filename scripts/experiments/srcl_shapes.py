@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch
 from vlp.config import PretrainConfig, load_config
 from vlp.data.formats import load_pairs
 from vlp.data.helper_cache import HelperCache
+from vlp.eval.report import markdown_table, summarise
 from vlp.data.synthetic import caption_matches, generate_world, scene_from_dict, write_generic_mix
 from vlp.jobs import run_cache_helper_features, run_evaluate_retrieval, run_pretrain, run_train_helper
 from vlp.losses.srcl import calibrate_delta, srcl_weights
@@ -99,19 +99,7 @@ def calibrate(mix: Path, cache: HelperCache, batch: int, batches: int) -> float:
     return calibrate_delta(torch.cat(s), torch.eye(batch, dtype=torch.bool).repeat(len(s), 1))
 
 
-def summarise(results: dict[str, dict[str, dict]], seeds: list[int]) -> dict[str, dict[str, tuple[float, float]]]:
-    out = {}
-    for name, per_seed in results.items():
-        vals = {m: [per_seed[str(s)][m] for s in seeds if str(s) in per_seed] for m in METRICS}
-        out[name] = {m: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0) for m, v in vals.items() if v}
-    return out
-
-
 def report(summary, diag, args, n_seeds: int, minutes: float) -> str:
-    cols = METRICS
-    lines = [f"| variant | {' | '.join(cols)} |", "|---|" + "---:|" * len(cols)]
-    for name, row in summary.items():
-        lines.append(f"| {name} | " + " | ".join(f"{row[m][0]:.2f} ± {row[m][1]:.2f}" for m in cols) + " |")
     d = diag
     return "\n".join([
         f"Shapes world: {args.images} training images, generic-caption share {args.generic_share}, "
@@ -127,7 +115,7 @@ def report(summary, diag, args, n_seeds: int, minutes: float) -> str:
         f"({100 * d['true_negatives_below_0.2']:.1f}% below 0.2); {100 * d['all_below_0.7']:.1f}% of all negatives "
         "fall below 0.7.",
         "",
-        *lines,
+        markdown_table(summary, METRICS),
     ])
 
 
@@ -202,7 +190,7 @@ def main(argv=None) -> int:
             print(f"[{time.time() - t0:6.0f}s] {name:18s} seed {seed}: IR@5 {res.metrics['img_r5']:.2f} "
                   f"IR@5_rel {res.metrics['img_r5_rel']:.2f} TR@5 {res.metrics['txt_r5']:.2f} "
                   f"({time.time() - t:.0f}s)", flush=True)
-    summary = summarise(results, a.seeds)
+    summary = summarise(results, a.seeds, METRICS)
     text = report(summary, diag, a, len(a.seeds), (time.time() - t0) / 60)
     (out / f"report{tag}.md").write_text(text + "\n")
     print(text)

@@ -1,10 +1,12 @@
 import json
 
+import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from vlp.data.datasets import ImageTextDataset
-from vlp.data.formats import DataError, load_pairs, load_relevance, load_retrieval_split
+from vlp.data.formats import DataError, load_graded_relevance, load_pairs, load_relevance, load_retrieval_split
 from vlp.data.transforms import pre_caption
 
 
@@ -77,3 +79,49 @@ def test_relevance_validation(tmp_path):
         load_relevance(write(tmp_path / "r3.json", dict(good, relevant_images=[[0], [0]])), sp)
     with pytest.raises(DataError, match="does not match the captions"):
         load_relevance(write(tmp_path / "r4.json", dict(good, texts=["x", "q", "z"])), sp)
+
+
+@pytest.fixture()
+def split3x2(tmp_path):
+    # 2 images, 3 texts: graded files must be [3, 2]
+    return load_retrieval_split(write(tmp_path / "t.json", [{"image": "a", "caption": ["x", "y"]}, {"image": "b", "caption": ["z"]}]))
+
+
+def test_graded_relevance_loads(tmp_path, split3x2):
+    arr = np.array([[1.0, 0.5], [1.0, 0.0], [0.25, 1.0]], dtype=np.float64)
+    np.save(tmp_path / "g.npy", arr)
+    g = load_graded_relevance(tmp_path / "g.npy", split3x2)
+    assert g.dtype == torch.float32 and g.shape == (3, 2)
+    assert torch.equal(g, torch.tensor(arr, dtype=torch.float32))
+    np.save(tmp_path / "i.npy", np.array([[3, 0], [2, 1], [0, 3]], dtype=np.int64))  # integer grades are fine
+    assert load_graded_relevance(tmp_path / "i.npy", split3x2)[0, 0] == 3.0
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (np.ones((2, 3), np.float32), r"shape \(2, 3\) does not match .*t\.json: expected \(3, 2\)"),
+        (np.ones(6, np.float32), r"expected a 2-D array \[texts, images\] of shape \(3, 2\), got a 1-D array of shape \(6,\)"),
+        (np.ones((3, 2, 1), np.float32), r"got a 3-D array"),
+        (np.array([[1, 0], [0, -0.5], [1, -1]], np.float32), r"negative value -0\.5 at row 1 \(text\), column 1 \(image\)"),
+        (np.array([[1, 0], [0, 1], [np.nan, 1]], np.float32), r"non-finite value nan at row 2 \(text\), column 0"),
+        (np.array([["a", "b"], ["c", "d"], ["e", "f"]]), r"expected numbers, got dtype <U1"),
+        (b"not numpy at all", r"cannot read a \.npy array"),
+        (None, r"graded relevance file not found"),
+    ],
+)
+def test_graded_relevance_errors_name_the_file(tmp_path, split3x2, content, message):
+    f = tmp_path / "graded_bad.npy"
+    if isinstance(content, bytes):
+        f.write_bytes(content)
+    elif content is not None:
+        np.save(f, content)
+    with pytest.raises(DataError, match=message) as e:
+        load_graded_relevance(f, split3x2)
+    assert "graded_bad.npy" in str(e.value)
+
+
+def test_graded_relevance_npz_is_refused(tmp_path, split3x2):
+    np.savez(tmp_path / "g.npz", g=np.ones((3, 2)))
+    with pytest.raises(DataError, match=r"g\.npz: expected a \.npy array"):
+        load_graded_relevance(tmp_path / "g.npz", split3x2)

@@ -27,8 +27,10 @@ from vlp.data.synthetic import (
     Scene,
     ScenePred,
     SceneTable,
+    caption_grade,
     caption_matches,
     caption_text,
+    compute_graded_relevance,
     compute_relevance,
     generate_world,
     make_captions,
@@ -224,6 +226,74 @@ def test_vectorised_table_agrees_with_reference() -> None:
         assert (table.matches(p) == expect).all(), p
 
 
+# ---------------------------------------------------------------- graded relevance
+
+
+def test_graded_scene_captions() -> None:
+    pred = ScenePred((RED_CIRCLE, BLUE_SQUARE)).to_dict()
+    assert caption_grade(pred, TWO) == 1.0  # true of the image
+    # the circle is green instead of red: facts = 4 per object + 1 object count = 9;
+    # circle 3/4 (shape, size, cell) + square 4/4 + count 1 -> 8/9
+    wrong_colour = Scene((Obj("circle", "green", "large", 1, 0), BLUE_SQUARE))
+    assert caption_grade(pred, wrong_colour) == pytest.approx(8 / 9)
+    # one extra object: every object fact holds, count credit min(3, 2)/max(3, 2) -> (8 + 2/3) / 9
+    extra = Scene((Obj("triangle", "green", "small", 0, 0), RED_CIRCLE, BLUE_SQUARE))
+    assert caption_grade(pred, extra) == pytest.approx((8 + 2 / 3) / 9)
+    # unrelated: a small yellow triangle at the top left pairs best with the small blue square
+    # (size only: 1 fact), the circle pairs with nothing; count 1 of 2 -> (1 + 1/2) / 9 = 1/6
+    unrelated = Scene((Obj("triangle", "yellow", "small", 0, 0),))
+    assert caption_grade(pred, unrelated) == pytest.approx(1 / 6)
+    assert caption_grade(pred, unrelated) < caption_grade(pred, wrong_colour)
+    # pairing is one-to-one: the image's one circle stands for one of the two caption circles
+    # (4 facts), not also for the other (3 facts): (4 + 0 + count 1/2) / 9 = 1/2
+    twice = ScenePred((RED_CIRCLE, Obj("circle", "red", "large", 0, 0))).to_dict()
+    assert caption_grade(twice, Scene((RED_CIRCLE,))) == pytest.approx(0.5)
+
+
+def test_graded_object_relation_count_captions() -> None:
+    red_circle = ObjectPred(Desc(color="red", shape="circle")).to_dict()
+    assert caption_grade(red_circle, TWO) == 1.0
+    assert caption_grade(red_circle, Scene((Obj("circle", "blue", "large", 0, 0),))) == 0.5  # colour wrong
+    assert caption_grade(red_circle, Scene((Obj("square", "blue", "large", 0, 0),))) == 0.0  # unrelated
+    # facts bind to one object: TWO has a red circle and a blue square, no red square -> 1/2
+    assert caption_grade(ObjectPred(Desc(color="red", shape="square")).to_dict(), TWO) == 0.5
+    # a cell phrase is one fact: "a small blue shape at the bottom right" on TWO -> 2 of 3
+    assert caption_grade(ObjectPred(Desc(size="small", color="blue", row=2, col=2)).to_dict(), TWO) == pytest.approx(2 / 3)
+
+    rc, bs = Desc(color="red", shape="circle"), Desc(color="blue", shape="square")
+    assert caption_grade(_rel(rc, "left_of", bs), TWO) == 1.0
+    assert caption_grade(_rel(rc, "right_of", bs), TWO) == pytest.approx(4 / 5)  # relation false
+    assert caption_grade(_rel(rc, "left_of", bs), Scene((RED_CIRCLE,))) == pytest.approx(2 / 5)  # no second object
+    assert caption_grade(_rel(Desc(shape="circle"), "left_of", Desc(shape="circle")), TWO) == pytest.approx(2 / 3)
+
+    circles = Desc(shape="circle")
+    assert caption_grade(CountPred(3, circles).to_dict(), THREE_CIRCLES) == 1.0
+    # "two circles" with 3 circles: shape fact 1 + count credit 2/3 over 2 facts -> 5/6
+    assert caption_grade(CountPred(2, circles).to_dict(), THREE_CIRCLES) == pytest.approx(5 / 6)
+    # "one red shape" with 2 red shapes -> (1 + 1/2) / 2
+    assert caption_grade(CountPred(1, Desc(color="red")).to_dict(), THREE_CIRCLES) == pytest.approx(0.75)
+    assert caption_grade(CountPred(2, Desc(shape="square")).to_dict(), THREE_CIRCLES) == 0.0
+    assert caption_grade(CountPred(4, Desc()).to_dict(), THREE_CIRCLES) == pytest.approx(3 / 4)  # "four shapes"
+    assert caption_grade(CountPred(0, Desc(color="red")).to_dict(), THREE_CIRCLES) == 0.0
+    assert caption_grade(CountPred(0, Desc(color="blue")).to_dict(), THREE_CIRCLES) == 1.0
+
+
+def test_graded_vectorised_agrees_with_reference_and_is_one_iff_true() -> None:
+    scenes = _sample_scenes(120, seed=21) + [Scene(())]
+    rng = random.Random(6)
+    preds = [p for s in _sample_scenes(40, seed=22) for _, p in make_captions(s, rng)]
+    preds += [CountPred(n, Desc(shape=sh)).to_dict() for n in range(5) for sh in SHAPES]
+    preds += [ObjectPred(Desc()).to_dict(), ScenePred(()).to_dict()]
+    graded = compute_graded_relevance(preds, scenes)
+    assert graded.dtype == np.float32 and graded.shape == (len(preds), len(scenes))
+    for k, p in enumerate(preds):
+        ref = np.array([caption_grade(p, s) for s in scenes])
+        assert np.allclose(graded[k], ref, atol=1e-6), p
+        true = np.array([caption_matches(p, s) for s in scenes])
+        assert ((graded[k] == 1.0) == true).all() and ((ref == 1.0) == true).all(), p
+    assert ((graded >= 0) & (graded <= 1)).all()
+
+
 # ---------------------------------------------------------------- rendering
 
 
@@ -268,7 +338,7 @@ def test_world_files_and_formats(world: dict[str, Path]) -> None:
     root = world["root"]
     assert set(world) == {
         "pretrain", "helper", "retrieval_train", "retrieval_val", "retrieval_test",
-        "relevance_val", "relevance_test", "scenes", "root",
+        "relevance_val", "relevance_test", "relevance_graded_val", "relevance_graded_test", "scenes", "root",
     }
     pre = _load(world["pretrain"])
     assert len(pre) == SMALL["n_train"]
@@ -326,6 +396,26 @@ def test_relevance_file(world: dict[str, Path]) -> None:
     val = _load(world["relevance_val"])
     assert val["annotation"] == "retrieval_val.json" and val["num_images"] == SMALL["n_val"]
     assert compute_relevance([], scenes) == []
+
+
+def test_graded_relevance_file(world: dict[str, Path]) -> None:
+    from vlp.data.formats import load_graded_relevance, load_retrieval_split
+
+    entries = _load(world["scenes"])["splits"]["test"]
+    scenes = [scene_from_dict(e) for e in entries]
+    preds = [c["predicate"] for e in entries for c in e["captions"]]
+    graded = np.load(world["relevance_graded_test"])
+    assert graded.dtype == np.float32 and graded.shape == (5 * SMALL["n_test"], SMALL["n_test"])
+    assert np.array_equal(graded, compute_graded_relevance(preds, scenes))
+    exact = np.zeros(graded.shape, dtype=bool)
+    for k, lst in enumerate(_load(world["relevance_test"])["relevant_images"]):
+        exact[k, lst] = True
+    assert np.array_equal(graded == 1.0, exact)
+    assert 0.0 < graded[~exact].mean() < 1.0  # partial credit for the other images
+    split = load_retrieval_split(world["retrieval_test"])
+    assert load_graded_relevance(world["relevance_graded_test"], split).shape == graded.shape
+    val = np.load(world["relevance_graded_val"])
+    assert val.shape == (5 * SMALL["n_val"], SMALL["n_val"])
 
 
 def test_determinism(world: dict[str, Path], tmp_path: Path) -> None:

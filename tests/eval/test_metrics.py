@@ -1,10 +1,15 @@
 import pytest
 import torch
 
+import math
+
 from vlp.eval.metrics import (
     best_positive_rank,
     chance_recall,
+    map_at,
+    ndcg_at,
     r_precision,
+    rank_order,
     relevance_metrics,
     retrieval_metrics,
 )
@@ -64,3 +69,81 @@ def test_chance_recall():
     assert chance_recall(1000, 1, 5) == pytest.approx(0.5)
     assert chance_recall(10, 10, 1) == pytest.approx(100.0)
     assert chance_recall(5000, 5, 1) == pytest.approx(0.1)
+
+
+def test_r_precision_hand_worked_with_three_relevant():
+    # 1 query, 6 candidates ranked in index order (scores descending); relevant {0, 2, 5}, R = 3.
+    # top 3 = {0, 1, 2}: 2 relevant -> 2/3.
+    scores = torch.tensor([[0.9, 0.8, 0.7, 0.6, 0.5, 0.4]])
+    rel = torch.tensor([[1, 0, 1, 0, 0, 1]], dtype=torch.bool)
+    assert r_precision(scores, rel) == pytest.approx(100 * 2 / 3)
+
+
+def test_rank_order_breaks_ties_against_the_query():
+    scores = torch.tensor([[0.5, 0.5, 0.9, 0.5]])
+    gains = torch.tensor([[2.0, 0.0, 1.0, 1.0]])
+    # 0.9 first; among the tied 0.5s the least relevant first: gain 0 (idx 1), 1 (idx 3), 2 (idx 0)
+    assert rank_order(scores, gains).tolist() == [[2, 1, 3, 0]]
+
+
+def test_ndcg_hand_worked():
+    # Query 0 ranks the candidates in index order, query 1 in reverse; both have gains [3, 2, 0, 1].
+    # Query 2 has no positive gain and is skipped.
+    scores = torch.tensor([[0.9, 0.8, 0.7, 0.6], [0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]])
+    gains = torch.tensor([[3.0, 2.0, 0.0, 1.0], [3.0, 2.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    # Discounts 1/log2(r + 1), r = 1..4: 1, 0.6309298, 0.5, 0.4306766.
+    # IDCG@4 (gains sorted 3, 2, 1, 0) = 3 + 2*0.6309298 + 1*0.5 + 0 = 4.7618595
+    # query 0: ranked gains 3, 2, 0, 1 -> DCG@4 = 3 + 1.2618595 + 0 + 0.4306766 = 4.6925361 -> 0.9854419
+    # query 1: ranked gains 1, 0, 2, 3 -> DCG@4 = 1 + 0 + 2*0.5 + 3*0.4306766 = 3.2920297 -> 0.6913328
+    assert ndcg_at(scores[:1], gains[:1], 4) == pytest.approx(98.54419, abs=1e-4)
+    assert ndcg_at(scores[1:2], gains[1:2], 4) == pytest.approx(69.13328, abs=1e-4)
+    assert ndcg_at(scores, gains, 4) == pytest.approx((98.54419 + 69.13328) / 2, abs=1e-4)
+    # k = 2: query 0 ranks 3, 2 = the ideal -> 1; query 1: DCG@2 = 1, IDCG@2 = 3 + 1.2618595 -> 0.2346395
+    assert ndcg_at(scores[:2], gains[:2], 2) == pytest.approx(100 * (1 + 1 / (3 + 2 / math.log2(3))) / 2, abs=1e-4)
+    # k larger than the number of candidates = k = C
+    assert ndcg_at(scores, gains, 25) == ndcg_at(scores, gains, 4)
+
+
+def test_ndcg_ties_count_against_the_query():
+    # constant scores: the irrelevant candidate ranks first -> DCG = 1/log2(3) = 0.6309298, IDCG = 1
+    assert ndcg_at(torch.zeros(1, 2), torch.tensor([[1.0, 0.0]]), 2) == pytest.approx(63.09298, abs=1e-4)
+    assert ndcg_at(torch.zeros(1, 2), torch.tensor([[0.0, 1.0]]), 2) == pytest.approx(63.09298, abs=1e-4)
+    assert r_precision(torch.zeros(1, 3), torch.tensor([[True, False, False]])) == 0.0
+
+
+def test_map_hand_worked():
+    # Query 0: candidates ranked in index order, relevant at ranks 1, 3 and 6 (R = 3).
+    # Query 1: relevant only at rank 2 (R = 1). Query 2: nothing relevant, skipped.
+    scores = torch.tensor([[0.9, 0.8, 0.7, 0.6, 0.5, 0.4]]).repeat(3, 1)
+    rel = torch.tensor([[1, 0, 1, 0, 0, 1], [0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    # k = 5, query 0: hits at ranks 1 and 3: P@1 = 1, P@3 = 2/3 -> (1 + 2/3) / min(3, 5) = 5/9
+    #   (the ECIR code divides by the 2 hits found instead: 5/6)
+    # k = 5, query 1: P@2 = 1/2 -> 1/2 / min(1, 5) = 1/2.   mean = (5/9 + 1/2) / 2 = 19/36
+    assert map_at(scores, rel, 5) == pytest.approx(100 * 19 / 36)
+    # k = 2, query 0: hit at rank 1 only: 1 / min(3, 2) = 1/2; query 1: (1/2) / 1 -> mean 1/2
+    assert map_at(scores, rel, 2) == pytest.approx(50.0)
+    # the top min(R, k) all relevant -> 100%
+    assert map_at(torch.tensor([[3.0, 2.0, 1.0]]), torch.tensor([[True, True, False]]), 1) == pytest.approx(100.0)
+    # ties against the query: the tied negative ranks first -> P@2 = 1/2
+    assert map_at(torch.zeros(1, 2), torch.tensor([[True, False]]), 5) == pytest.approx(50.0)
+
+
+def test_relevance_metrics_new_keys_binary_and_graded():
+    torch.manual_seed(0)
+    s_t2i = torch.randn(6, 4)
+    s_i2t = s_t2i.T.contiguous()
+    lists = [[0], [0, 1], [1], [2, 3], [2], [3]]
+    rel = torch.zeros(6, 4, dtype=torch.bool)
+    for t, lst in enumerate(lists):
+        rel[t, lst] = True
+    m = relevance_metrics(s_i2t, s_t2i, lists)
+    assert set(m) == {"img_r1_rel", "img_r5_rel", "img_r10_rel", "txt_r1_rel", "txt_r5_rel", "txt_r10_rel",
+                      "img_r_precision", "txt_r_precision", "img_ndcg10", "img_ndcg25", "txt_map5", "txt_map10"}
+    assert m["img_ndcg10"] == pytest.approx(ndcg_at(s_t2i, rel.float(), 10))  # binary gains from the lists
+    assert m["txt_map5"] == pytest.approx(map_at(s_i2t, rel.T, 5))
+    graded = rel.float() + 0.3 * (~rel).float()
+    mg = relevance_metrics(s_i2t, s_t2i, lists, graded=graded)
+    assert mg["img_ndcg25"] == pytest.approx(ndcg_at(s_t2i, graded, 25)) and mg["img_ndcg25"] != m["img_ndcg25"]
+    assert {k: v for k, v in mg.items() if "ndcg" not in k} == {k: v for k, v in m.items() if "ndcg" not in k}
+    with pytest.raises(ValueError, match=r"shape \(4, 6\), expected \(6, 4\)"):
+        relevance_metrics(s_i2t, s_t2i, lists, graded=graded.T)

@@ -1,10 +1,19 @@
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
 import torch
 
-from vlp.config import EvalConfig, ModelConfig, VisionConfig, TextConfig
+from vlp.cli import main
+from vlp.config import EvalConfig, ModelConfig, PretrainConfig, TextConfig, VisionConfig, load_config, to_dict
 from vlp.data.formats import RetrievalSplit
-from vlp.eval.metrics import retrieval_metrics
+from vlp.data.synthetic import generate_world
+from vlp.eval.metrics import map_at, ndcg_at, positives_mask, retrieval_metrics
 from vlp.eval.retrieval import RERANK_OFFSET, Embeddings, evaluate_retrieval
+from vlp.jobs import run_evaluate_retrieval
 from vlp.models.albef import ALBEF
+from vlp.train.checkpoint import save_checkpoint
 
 
 def setup():
@@ -62,3 +71,63 @@ def test_itc_score_is_plain_cosine():
     sim = emb.image_feat @ emb.text_feat.T
     assert torch.allclose(res.scores_i2t, sim)
     assert res.metrics == retrieval_metrics(sim, sim.T, split.img2txt, split.txt2img)
+
+
+# ---------------------------------------------------------------- run_evaluate_retrieval with relevance files
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "pretrain" / "shapes_tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def tiny_eval(tmp_path_factory):
+    """A 6-image test world and an untrained tiny checkpoint (evaluation only needs weights + config)."""
+    root = tmp_path_factory.mktemp("eval_world")
+    world = generate_world(root / "world", seed=1, n_train=0, n_val=2, n_test=6, progress=False)
+    cfg = load_config(PretrainConfig, CONFIG, ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=1"])
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(root / "ckpt", ALBEF(cfg.model), {"task": "pretrain", "config": to_dict(cfg), "step": 0})
+    return world, ckpt
+
+
+NEW_KEYS = ("img_ndcg10", "img_ndcg25", "txt_map5", "txt_map10", "img_r_precision", "txt_r_precision")
+
+
+def test_run_evaluate_retrieval_reports_graded_and_binary_relevance_metrics(tiny_eval, tmp_path):
+    world, ckpt = tiny_eval
+    res = run_evaluate_retrieval(ckpt, world["retrieval_test"], world["relevance_test"], tmp_path / "e", overrides=["eval.k_test=2"],
+                                 show_progress=False, graded_relevance=world["relevance_graded_test"])
+    m = json.loads((tmp_path / "e" / "metrics.json").read_text())
+    assert m["ndcg_gains"] == "graded" and m["n_texts"] == 30
+    assert all(0.0 <= m[k] <= 100.0 for k in NEW_KEYS)
+    graded = torch.from_numpy(np.load(world["relevance_graded_test"]))
+    rel = positives_mask(json.loads(world["relevance_test"].read_text())["relevant_images"], 6)
+    assert m["img_ndcg10"] == pytest.approx(ndcg_at(res.scores_t2i, graded, 10))
+    assert m["txt_map5"] == pytest.approx(map_at(res.scores_i2t, rel.T, 5))
+    # without the graded file: binary gains, and the other metrics are unchanged
+    res_b = run_evaluate_retrieval(ckpt, world["retrieval_test"], world["relevance_test"], tmp_path / "b", overrides=["eval.k_test=2"],
+                                   show_progress=False)
+    assert json.loads((tmp_path / "b" / "metrics.json").read_text())["ndcg_gains"] == "binary"
+    assert res_b.metrics["img_ndcg25"] == pytest.approx(ndcg_at(res_b.scores_t2i, rel.float(), 25))
+    assert {k: v for k, v in res_b.metrics.items() if "ndcg" not in k} == {k: v for k, v in res.metrics.items() if "ndcg" not in k}
+
+
+def test_evaluate_retrieval_cli_graded_relevance(tiny_eval, tmp_path, capsys):
+    world, ckpt = tiny_eval
+    base = ["evaluate", "retrieval", "--checkpoint", str(ckpt), "--data", str(world["retrieval_test"])]
+    assert main([*base, "--graded-relevance", str(world["relevance_graded_test"]), "--out", str(tmp_path / "x")]) == 2
+    assert "needs the relevance file" in capsys.readouterr().err
+    rc = main([*base, "--relevance", str(world["relevance_test"]), "--graded-relevance", str(world["relevance_graded_val"]),
+               "--out", str(tmp_path / "y")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "relevance_graded_val.npy: shape (10, 2) does not match" in err and "expected (30, 6)" in err
+    rc = main([*base, "--relevance", str(world["relevance_test"]), "--graded-relevance", str(world["relevance_graded_test"]),
+               "--out", str(tmp_path / "z"), "eval.k_test=2", "eval.score=itc"])
+    assert rc == 0
+    m = json.loads((tmp_path / "z" / "metrics.json").read_text())
+    assert m["ndcg_gains"] == "graded" and all(k in m for k in NEW_KEYS)
+
+
+def test_graded_relevance_needs_relevance_lists():
+    model, emb, split = setup()
+    with pytest.raises(ValueError, match="needs relevant_images"):
+        evaluate_retrieval(model, emb, split, EvalConfig(score="itc"), show_progress=False, graded_relevance=torch.ones(12, 6))

@@ -6,6 +6,8 @@ Formats (see ``docs/data.md``):
 - retrieval train: one entry per caption ``[{"image": path, "caption": str, "image_id": id}, ...]``
 - retrieval val/test: one entry per image ``[{"image": path, "caption": [str, ...]}, ...]``
 - relevance (vlp): ``{"format": "vlp-relevance-v1", "texts": [...], "relevant_images": [[int]]}``
+- graded relevance (vlp): a ``.npy`` array [N_texts, N_images] of gains >= 0 (rows: the split's
+  flattened captions, columns: its images)
 
 Relative image paths are resolved against ``image_root`` (default: the annotation file's folder).
 """
@@ -15,7 +17,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+if TYPE_CHECKING:
+    import torch
 
 
 class DataError(ValueError):
@@ -141,3 +146,42 @@ def load_relevance(path: str | Path, split: RetrievalSplit) -> list[list[int]]:
         if split.txt2img[k] not in r:
             raise DataError(f"{path}: relevant_images[{k}] does not contain the text's own image {split.txt2img[k]}")
     return rel
+
+
+def load_graded_relevance(path: str | Path, split: RetrievalSplit) -> "torch.Tensor":
+    """Read a graded relevance ``.npy`` file and check it against ``split`` -> float32 [N_txt, N_img].
+
+    Row ``t`` is text ``t`` of ``split.texts`` (the Karpathy entries' captions flattened in order),
+    column ``i`` is image ``i``; values are gains >= 0 (0 = irrelevant, higher = more relevant).
+    Each problem (missing or unreadable file, not numeric, not 2-D, wrong shape, a non-finite or
+    negative value) raises one :class:`DataError` naming the file.
+    """
+    import numpy as np
+    import torch
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"graded relevance file not found: {path}")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as e:
+        raise DataError(f"{path}: cannot read a .npy array ({e})") from None
+    if not isinstance(arr, np.ndarray):  # an .npz archive
+        arr.close()
+        raise DataError(f"{path}: expected a .npy array (numpy.save), got a .npz archive")
+    if arr.dtype.kind not in "biuf":
+        raise DataError(f"{path}: expected numbers, got dtype {arr.dtype}")
+    expected = (len(split.texts), len(split.images))
+    if arr.ndim != 2:
+        raise DataError(f"{path}: expected a 2-D array [texts, images] of shape {expected}, "
+                        f"got a {arr.ndim}-D array of shape {arr.shape}")
+    if arr.shape != expected:
+        raise DataError(f"{path}: shape {arr.shape} does not match {split.source}: expected {expected} "
+                        f"({expected[0]} texts x {expected[1]} images)")
+    arr = arr.astype(np.float32)
+    for bad, what in ((~np.isfinite(arr), "non-finite"), (arr < 0, "negative")):
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            raise DataError(f"{path}: {what} value {arr[r, c]} at row {r} (text), column {c} (image); "
+                            "gains must be finite and >= 0")
+    return torch.from_numpy(arr)

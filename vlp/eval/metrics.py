@@ -1,13 +1,15 @@
-"""Retrieval metrics: recall@k (ALBEF ``itm_eval`` semantics), relevance-aware recall, R-precision.
+"""Retrieval metrics: recall@k (ALBEF ``itm_eval`` semantics), relevance-aware recall, R-precision,
+nDCG@k (graded relevance) and mAP@k.
 
 Score matrices are ``[queries, candidates]``; higher is better. Ties are counted against the
-query (a positive tied with a negative ranks below it), so constant scores give chance-level
-recall, never a perfect one.
+query (a positive tied with a negative ranks below it; for graded relevance, a less relevant
+candidate ranks above a more relevant one with the same score), so constant scores never give a
+perfect result. Every ranking metric here uses the same tie rule (:func:`rank_order`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -50,33 +52,101 @@ def retrieval_metrics(
     return out
 
 
+def rank_order(scores: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
+    """Candidate indices of each query from best to worst score, ties broken against the query.
+
+    ``scores`` [Q, C] float, ``relevance`` [Q, C] (bool or float gains) -> [Q, C] long. Among
+    candidates with equal scores the less relevant come first (then lower index first): two
+    stable sorts, by relevance ascending and then by score descending.
+    """
+    by_rel = torch.sort(relevance.float(), dim=1, stable=True).indices
+    by_score = torch.sort(torch.gather(scores, 1, by_rel), dim=1, descending=True, stable=True).indices
+    return torch.gather(by_rel, 1, by_score)
+
+
 def r_precision(scores: torch.Tensor, relevant: torch.Tensor) -> float:
     """Mean over queries of precision at R, R = the query's number of relevant candidates (%).
-    Queries with no relevant candidate are skipped. ``scores``/``relevant`` [Q, C]."""
-    order = torch.sort(scores, dim=1, descending=True, stable=True).indices
-    hits = torch.gather(relevant, 1, order).float().cumsum(1)
+    Queries with no relevant candidate are skipped. ``scores``/``relevant`` [Q, C] (bool).
+    Ties against the query (:func:`rank_order`)."""
+    hits = torch.gather(relevant, 1, rank_order(scores, relevant)).float().cumsum(1)
     r = relevant.sum(1)
     keep = r > 0
     at_r = torch.gather(hits[keep], 1, (r[keep] - 1)[:, None]).squeeze(1)
     return 100.0 * (at_r / r[keep].float()).mean().item()
 
 
+def ndcg_at(scores: torch.Tensor, gains: torch.Tensor, k: int) -> float:
+    """Mean nDCG@k over the queries with any positive gain (%).
+
+    ``scores`` [Q, C] float; ``gains`` [Q, C] float >= 0 (0 = irrelevant), used linearly as in
+    TERN/LTD (no ``2^g - 1``): DCG@k = sum_{r=1..min(k, C)} gain_r / log2(r + 1) over the ranking by
+    score (ties against the query, :func:`rank_order`), IDCG@k the same over the query's gains sorted
+    descending. Queries whose gains are all 0 are skipped (NaN if every query is).
+    """
+    k = min(k, scores.shape[1])
+    g = gains.double()
+    ranked = torch.gather(g, 1, rank_order(scores, gains)[:, :k])  # [Q, k]
+    discount = 1.0 / torch.log2(torch.arange(2, k + 2, dtype=torch.float64))  # [k]
+    dcg = (ranked * discount).sum(1)
+    idcg = (g.topk(k, dim=1).values * discount).sum(1)
+    keep = idcg > 0
+    return 100.0 * (dcg[keep] / idcg[keep]).mean().item()
+
+
+def map_at(scores: torch.Tensor, relevant: torch.Tensor, k: int) -> float:
+    """Mean AP@k over the queries with at least one relevant candidate (%).
+
+    ``scores`` [Q, C] float, ``relevant`` [Q, C] bool. AP@k = (1 / min(R, k)) * sum_{r<=k} P@r * rel_r,
+    R = the query's number of relevant candidates, so 100% means the top min(R, k) are all
+    relevant. (The ECIR 2022 code divides by the number of relevant candidates found in the top k
+    instead, 0 if none: one hit at rank 1 scores 1 however many were missed. See docs/evaluation.md.)
+    Ties against the query (:func:`rank_order`).
+    """
+    k = min(k, scores.shape[1])
+    hits = torch.gather(relevant, 1, rank_order(scores, relevant)[:, :k]).double()  # [Q, k]
+    precision = hits.cumsum(1) / torch.arange(1, k + 1, dtype=torch.float64)
+    r = relevant.sum(1)
+    keep = r > 0
+    ap = (precision * hits).sum(1)[keep] / r[keep].clamp(max=k).double()
+    return 100.0 * ap.mean().item()
+
+
+NDCG_KS = (10, 25)
+MAP_KS = (5, 10)
+
+
 def relevance_metrics(
-    scores_i2t: torch.Tensor, scores_t2i: torch.Tensor, relevant_images: Sequence[Sequence[int]], ks: Sequence[int] = KS
+    scores_i2t: torch.Tensor,
+    scores_t2i: torch.Tensor,
+    relevant_images: Sequence[Sequence[int]],
+    ks: Sequence[int] = KS,
+    graded: Optional[torch.Tensor] = None,
+    ndcg_ks: Sequence[int] = NDCG_KS,
+    map_ks: Sequence[int] = MAP_KS,
 ) -> dict[str, float]:
     """Relevance-aware metrics from exact relevance lists (text -> every image that satisfies it).
 
+    ``scores_i2t`` [N_img, N_txt], ``scores_t2i`` [N_txt, N_img]; ``graded`` optional [N_txt, N_img]
+    float gains >= 0. All values in percent.
+
     ``img_r{k}_rel``: text->image, a hit if any relevant image is in the top k. ``txt_r{k}_rel``:
     image->text, a hit if any caption true of the image is in the top k. ``img_r_precision`` and
-    ``txt_r_precision``: R-precision in each direction.
+    ``txt_r_precision``: R-precision in each direction. ``img_ndcg{k}``: text->image nDCG@k with the
+    ``graded`` gains if given, else binary gains from the lists. ``txt_map{k}``: image->text mAP@k,
+    relevant = the captions true of the image.
     """
     n_img = scores_i2t.shape[0]
     rel_t2i = positives_mask(relevant_images, n_img)  # [N_txt, N_img]
     rel_i2t = rel_t2i.T.contiguous()
+    if graded is not None and graded.shape != rel_t2i.shape:
+        raise ValueError(f"graded relevance has shape {tuple(graded.shape)}, expected {tuple(rel_t2i.shape)} (texts, images)")
+    gains = graded if graded is not None else rel_t2i.float()
     out = {f"img_r{k}_rel": v for k, v in recall_at(best_positive_rank(scores_t2i, rel_t2i), ks).items()}
     out |= {f"txt_r{k}_rel": v for k, v in recall_at(best_positive_rank(scores_i2t, rel_i2t), ks).items()}
     out["img_r_precision"] = r_precision(scores_t2i, rel_t2i)
     out["txt_r_precision"] = r_precision(scores_i2t, rel_i2t)
+    out |= {f"img_ndcg{k}": ndcg_at(scores_t2i, gains, k) for k in ndcg_ks}
+    out |= {f"txt_map{k}": map_at(scores_i2t, rel_i2t, k) for k in map_ks}
     return out
 
 

@@ -104,8 +104,14 @@ def _rerank(model: ALBEF, emb: Embeddings, sim: torch.Tensor, cfg: EvalConfig, i
 
 @torch.no_grad()
 def evaluate_retrieval(model: ALBEF, emb: Embeddings, split: RetrievalSplit, cfg: EvalConfig,
-                       relevant_images: Optional[list[list[int]]] = None, show_progress: bool = True) -> RetrievalResult:
-    """Score all pairs and compute ALBEF retrieval metrics (+ relevance-aware ones if given)."""
+                       relevant_images: Optional[list[list[int]]] = None, show_progress: bool = True,
+                       graded_relevance: Optional[torch.Tensor] = None) -> RetrievalResult:
+    """Score all pairs and compute ALBEF retrieval metrics (+ relevance-aware ones if given).
+
+    ``graded_relevance`` [N_txt, N_img] float gains >= 0 (needs ``relevant_images``) replaces the
+    binary gains of the text->image nDCG (``img_ndcg{10,25}``)."""
+    if graded_relevance is not None and relevant_images is None:
+        raise ValueError("graded_relevance needs relevant_images (R-precision and mAP use the relevance lists)")
     sim = (emb.image_feat.float() @ emb.text_feat.float().T)  # cosine, not divided by temp
     if cfg.score == "itc":
         i2t, t2i = sim, sim.T.contiguous()
@@ -115,5 +121,5 @@ def evaluate_retrieval(model: ALBEF, emb: Embeddings, split: RetrievalSplit, cfg
     i2t, t2i = i2t.cpu(), t2i.cpu()
     metrics = retrieval_metrics(i2t, t2i, split.img2txt, split.txt2img)
     if relevant_images is not None:
-        metrics |= relevance_metrics(i2t, t2i, relevant_images)
+        metrics |= relevance_metrics(i2t, t2i, relevant_images, graded=graded_relevance)
     return RetrievalResult(metrics, i2t, t2i)

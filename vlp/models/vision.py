@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Optional
 
 import timm
 from torch import nn
@@ -28,9 +29,14 @@ def build_vision(cfg: VisionConfig) -> nn.Module:
         drop_path_rate=r["drop_path"],
         num_classes=0,
     )
-    src = r["pretrained"]
-    if src is None:
-        return timm.create_model(r["arch"], pretrained=False, **kwargs)
-    if Path(src).exists():
-        return timm.create_model(r["arch"], pretrained=True, pretrained_cfg_overlay=dict(file=str(src)), **kwargs)
-    return timm.create_model(src, pretrained=True, **kwargs)  # hub tag, needs network or HF cache
+    return create_timm(r["arch"], r["pretrained"], **kwargs)
+
+
+def create_timm(arch: str, pretrained: Optional[str] = None, **kwargs: Any) -> nn.Module:
+    """``timm.create_model(arch)`` with random weights (``pretrained=None``), weights from a local
+    file, or a timm hub tag (which replaces ``arch``; needs network or the HF cache)."""
+    if pretrained is None:
+        return timm.create_model(arch, pretrained=False, **kwargs)
+    if Path(pretrained).exists():
+        return timm.create_model(arch, pretrained=True, pretrained_cfg_overlay=dict(file=str(pretrained)), **kwargs)
+    return timm.create_model(pretrained, pretrained=True, **kwargs)

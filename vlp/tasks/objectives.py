@@ -12,7 +12,8 @@ from typing import Callable, Optional
 import torch
 
 from vlp.dist import all_gather_nograd
-from vlp.losses.contrastive import itc_targets, soft_infonce
+from vlp.config import ContrastiveConfig
+from vlp.losses.contrastive import contrastive_loss, itc_targets, soft_infonce
 from vlp.losses.matching import itm_loss, sample_hard_negatives
 from vlp.losses.mlm import mask_tokens, mlm_loss
 from vlp.models.albef import ALBEF, ImageFeatures, TextFeatures
@@ -52,13 +53,15 @@ def itc_step(
     alpha: float,
     positives: str = "pair",
     regulate: Optional[Regulate] = None,
+    contrastive: Optional[ContrastiveConfig] = None,
 ) -> ITCOutput:
     """ITC against momentum features + queues, with momentum distillation (ALBEF §2.1).
 
     ``img_m``/``txt_m`` [B, E] momentum features (no grad); ``image_ids`` [B]. ``positives``:
     ``pair`` = own pair only; ``image`` = every bank entry with the anchor's image id.
     ``regulate``: optional negative weighting (SRCL); it only changes the student's logits, the
-    distillation targets are ALBEF's.
+    distillation targets are ALBEF's. ``contrastive``: InfoNCE (default; a fixed ``tau`` replaces
+    the learned temperature) or a zoo loss on the same cosines and positives (no distillation).
     """
     q = model.queue
     bank_t = torch.cat([txt_m, q.get("text")], 0)
@@ -72,10 +75,14 @@ def itc_step(
     else:
         pos = torch.zeros(b, bank_t.shape[0], dtype=torch.bool, device=img.feat.device)
         pos[:, :b] = torch.eye(b, dtype=torch.bool, device=img.feat.device)
-    temp = model.temp
+    c = contrastive or ContrastiveConfig()
+    temp = model.temp if c.tau is None else c.tau
     cos_i2t = img.feat @ bank_t.T
     cos_t2i = txt.feat @ bank_i.T
     sim_i2t, sim_t2i = cos_i2t / temp, cos_t2i / temp
+    if c.name != "infonce":
+        loss = contrastive_loss(c.name, cos_i2t, pos, cos_t2i, pos, margin=c.margin, smoothap_tau=c.smoothap_tau)
+        return ITCOutput(loss, sim_i2t, sim_t2i)
     with torch.no_grad():
         m_i2t = img_m @ bank_t.T / temp
         m_t2i = txt_m @ bank_i.T / temp

@@ -10,7 +10,9 @@ from torch import nn
 from vlp.config import LossConfig
 from vlp.dist import rank
 from vlp.models.albef import ALBEF
+from vlp.tasks.reconstruction import Reconstruction
 from vlp.tasks.regulation import SRCLRegulator
+from vlp.train.checkpoint import load_module_states, module_states
 from vlp.tasks.objectives import TokenInfo, enqueue, itc_step, itm_step, mlm_step
 
 
@@ -21,12 +23,13 @@ class PretrainTask(nn.Module):
     """
 
     def __init__(self, model: ALBEF, loss: LossConfig, tokens: TokenInfo, seed: int = 0,
-                 regulator: Optional[SRCLRegulator] = None) -> None:
+                 regulator: Optional[SRCLRegulator] = None, reconstruction: Optional[Reconstruction] = None) -> None:
         super().__init__()
         if (loss.regulation != "none") != (regulator is not None):
             raise ValueError(f"loss.regulation={loss.regulation!r} needs exactly one SRCLRegulator")
         self.model = model
         self.regulator = regulator
+        self.reconstruction = reconstruction  # LTD / ITD on the ITC text embedding
         self.loss_cfg = loss
         self.tokens = tokens
         self.seed = seed
@@ -66,7 +69,7 @@ class PretrainTask(nn.Module):
             def regulate(cos_i2t, cos_t2i, pos, same):
                 return reg.regulate(cos_i2t, cos_t2i, pos, same, helper, step)
 
-        itc = itc_step(m, img, txt, img_m.feat, txt_m.feat, image_ids, alpha, c.itc_positives, regulate)
+        itc = itc_step(m, img, txt, img_m.feat, txt_m.feat, image_ids, alpha, c.itc_positives, regulate, c.contrastive)
         kv = m.image_kv(img.tokens) if c.itm or c.mlm else None  # cross-attention K/V once, for ITM and MLM
         out["itc"] = itc.loss
         out["itm"] = itm_step(m, kv, txt, itc.sim_i2t.detach(), itc.sim_t2i.detach(), image_ids, gen) if c.itm else None
@@ -76,6 +79,9 @@ class PretrainTask(nn.Module):
         out = {k: v for k, v in out.items() if v is not None}
         weights = dict(itc=c.itc, itm=c.itm, mlm=c.mlm)
         out["loss"] = sum(weights[k] * v for k, v in out.items())
+        if self.reconstruction is not None:
+            out["loss"], stats = self.reconstruction(out["loss"], txt.feat, batch)
+            out.update(stats)
         enqueue(m, image_ids, img_m.feat, txt_m.feat)
         if reg is not None:
             reg.enqueue(image_ids, helper)  # same step, same slots as the momentum queue
@@ -86,3 +92,11 @@ class PretrainTask(nn.Module):
 
     def after_optimizer_step(self, step: int) -> None:
         self.model.after_optimizer_step(step)
+        if self.reconstruction is not None:
+            self.reconstruction.after_optimizer_step()
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        return module_states(reconstruction=self.reconstruction)
+
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        load_module_states(state, reconstruction=self.reconstruction)

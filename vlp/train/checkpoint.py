@@ -1,4 +1,5 @@
-"""Checkpoints: ``model.safetensors`` (all weights incl. momentum twins and queues) + ``state.json``.
+"""Checkpoints: ``model.safetensors`` (all weights incl. momentum twins and queues) + ``state.json``,
+and ``task_state.safetensors`` for a task's non-model parts (the LTD decoder, lambda and its momentum).
 
 Saved atomically (written to a temporary folder, then renamed), loaded strictly.
 """
@@ -9,21 +10,29 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
-from safetensors.torch import load_file, save_model
+import torch
+from safetensors.torch import load_file, save_file, save_model
 from torch import nn
 
 from vlp.models.loading import CheckpointError, load_strict
 
 
-def save_checkpoint(directory: str | Path, model: nn.Module, state: dict[str, Any]) -> Path:
-    """Write ``directory/model.safetensors`` and ``directory/state.json`` atomically."""
+TASK_STATE = "task_state.safetensors"
+
+
+def save_checkpoint(directory: str | Path, model: nn.Module, state: dict[str, Any],
+                    task_state: Optional[dict[str, torch.Tensor]] = None) -> Path:
+    """Write ``directory/model.safetensors``, ``state.json`` and (if given and non-empty)
+    ``task_state.safetensors`` atomically."""
     directory = Path(directory)
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(model, str(tmp / "model.safetensors"))  # de-duplicates tied weights
+    if task_state:
+        save_file({k: v.detach().contiguous() for k, v in task_state.items()}, str(tmp / TASK_STATE))
     (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
     if directory.exists():
         shutil.rmtree(directory)
@@ -66,3 +75,22 @@ def load_weights(model: nn.Module, ckpt: str | Path, allow_missing: Iterable[str
     state = load_file(str(f))
     aliases = [n for g in tied_groups(model) if any(n in state for n in g) for n in g if n not in state]
     load_strict(model, state, source=str(f), allow_missing=[*aliases, *allow_missing], allow_unexpected=allow_unexpected)
+
+
+def load_task_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
+    """The task state saved with a checkpoint (empty if the task had none)."""
+    f = Path(ckpt) / TASK_STATE
+    return load_file(str(f)) if f.is_file() else {}
+
+
+def module_states(**modules: Optional[nn.Module]) -> dict[str, torch.Tensor]:
+    """Checkpointed state of a task's non-model parts, ``name.key`` -> tensor (``None`` skipped)."""
+    return {f"{n}.{k}": v for n, m in modules.items() if m is not None for k, v in m.state_dict().items()}
+
+
+def load_module_states(state: dict[str, torch.Tensor], **modules: Optional[nn.Module]) -> None:
+    """Inverse of :func:`module_states`; strict per module (names the checkpoint keys on mismatch)."""
+    for n, m in modules.items():
+        if m is not None:
+            part = {k[len(n) + 1:]: v for k, v in state.items() if k.startswith(n + ".")}
+            load_strict(m, part, source=f"task state '{n}'")

@@ -1,8 +1,9 @@
 """One accelerate-based training loop for every task.
 
 A task is an ``nn.Module`` whose ``forward(batch, step=...)`` returns a dict of scalar tensors with
-``loss``; it may define ``after_optimizer_step(step)`` (momentum updates; ``step`` counts
-optimizer steps). The loop knows nothing else.
+``loss``; it may define ``after_optimizer_step(step)`` (momentum updates, the LTD multiplier;
+``step`` counts optimizer steps) and ``extra_state()`` (tensors checkpointed next to the model).
+The loop knows nothing else.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from torch import nn
 from vlp.config import TrainConfig
 from vlp.train.checkpoint import save_checkpoint
 from vlp.train.logging import MetricsLog, progress
-from vlp.train.optim import build_optimizer, lr_at
+from vlp.train.optim import build_optimizer, lr_at, trainable
+from vlp.train.swa import WeightAverager
 
 
 def make_accelerator(cfg: TrainConfig) -> Accelerator:
@@ -68,12 +70,19 @@ def train(
     inner = acc.unwrap_model(task)
     to_save = (checkpoint_module or (lambda t: t.model))(inner)
     log = MetricsLog(run_dir / "metrics.jsonl")
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    params = [p for g in optimizer.param_groups for p in g["params"]]  # lambda is not among them
+    averager = None
+    if cfg.average.snapshots:
+        epoch_steps = len(loader) if hasattr(loader, "__len__") else None
+        averager = WeightAverager([p for _, p in trainable(inner)], cfg.average, cfg.steps, epoch_steps)
 
     def checkpoint(step: int) -> None:
         acc.wait_for_everyone()
         if acc.is_main_process:
-            save_checkpoint(run_dir / "checkpoints" / f"step_{step:07d}", to_save, {**(state or {}), "step": step})
+            extra = inner.extra_state() if hasattr(inner, "extra_state") else None
+            info = {"averaged": averager.history} if averager is not None and averager.history else {}
+            save_checkpoint(run_dir / "checkpoints" / f"step_{step:07d}", to_save,
+                            {**(state or {}), "step": step, **info}, extra)
 
     bar = progress(cfg.steps, "train", cfg.progress and acc.is_main_process)
     batches = _batches(loader)
@@ -97,6 +106,8 @@ def train(
         optimizer.zero_grad(set_to_none=True)
         if hasattr(inner, "after_optimizer_step"):
             inner.after_optimizer_step(step + 1)
+        if averager is not None:
+            averager.after_step(step + 1)
 
         for k, v in out.items():
             x = float(v.detach())

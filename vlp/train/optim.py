@@ -18,12 +18,22 @@ def no_weight_decay(name: str, p: torch.Tensor) -> bool:
     return p.ndim <= 1 or name.endswith(".bias") or name.rsplit(".", 1)[-1] in NO_DECAY_NAMES
 
 
+def self_optimized(module: nn.Module) -> set[int]:
+    """Ids of parameters that step themselves (submodules with ``self_optimized = True``, e.g. the
+    LTD multiplier): no model optimizer, weight decay, clipping or averaging."""
+    return {id(p) for m in module.modules() if getattr(m, "self_optimized", False) for p in m.parameters()}
+
+
+def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """Parameters the model optimizer trains: requiring grad, not self-optimized, ties once."""
+    own = self_optimized(module)
+    return [(n, p) for n, p in module.named_parameters() if p.requires_grad and id(p) not in own]
+
+
 def param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
     """Two AdamW groups over trainable parameters (frozen momentum twins are left out)."""
     decay, no_decay = [], []
-    for name, p in module.named_parameters():  # named_parameters() already skips tied duplicates
-        if not p.requires_grad:
-            continue
+    for name, p in trainable(module):
         (no_decay if no_weight_decay(name, p) else decay).append(p)
     return [
         {"params": decay, "weight_decay": weight_decay},

@@ -1,0 +1,95 @@
+"""Latent target decoding (Bleeker et al., TMLR 2023): reconstruction losses and the Lagrange multiplier.
+
+- ``cosine_reconstruction``: LTD's ``L_rec = mean_b (1 - cos(y_hat_b, y_b))``.
+- ``token_nll``: ITD's caption reconstruction, a masked token NLL with the log-softmax over the
+  **vocabulary** axis (the reference took it over time; ``time_axis_bug=True`` reproduces that).
+- ``constrained``: ``L_con + lambda * (L_rec / eta - 1)``; ``weighted``: ``L_con + beta * L_rec``.
+- :class:`LagrangeMultiplier`: lambda as an fp32 parameter with its own SGD *ascent* (momentum,
+  dampening), projected into ``[0, max]`` after every step, its state saved with checkpoints.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vlp.config import MultiplierConfig
+
+
+def cosine_reconstruction(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``pred``, ``target`` [B, D] -> scalar ``mean(1 - cos)`` (fp32; scale of either is irrelevant)."""
+    return (1.0 - F.cosine_similarity(pred.float(), target.float(), dim=-1)).mean()
+
+
+def token_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, time_axis_bug: bool = False) -> torch.Tensor:
+    """Masked token NLL, summed over tokens and divided by the batch size (the reference reduction,
+    which keeps ITD's eta on the reference scale).
+
+    ``logits`` [B, T, V] predictions for ``targets`` [B, T] (already shifted: position t predicts
+    token t), ``mask`` [B, T] 1 = real token. The log-softmax runs over the vocabulary axis;
+    ``time_axis_bug`` runs it over time (dim 1, padding included) as the reference code did.
+    """
+    logp = F.log_softmax(logits.float(), dim=1 if time_axis_bug else -1)
+    nll = -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return (nll * mask.float()).sum() / logits.shape[0]
+
+
+def constrained(l_con: torch.Tensor, l_rec: torch.Tensor, lam: torch.Tensor, eta: float) -> torch.Tensor:
+    """``L_con + lambda * (L_rec / eta - 1)``: the model sees the reconstruction gradient with weight
+    ``lambda / eta``; lambda receives ``L_rec / eta - 1`` (positive while the bound is violated)."""
+    if eta <= 0:
+        raise ValueError(f"eta must be > 0, got {eta}")
+    return l_con + lam.float() * (l_rec / eta - 1.0)
+
+
+def weighted(l_con: torch.Tensor, l_rec: torch.Tensor, beta: float) -> torch.Tensor:
+    """Dual objective ``L_con + beta * L_rec``."""
+    return l_con + beta * l_rec
+
+
+class LagrangeMultiplier(nn.Module):
+    """lambda >= 0 maximised by SGD ascent on its gradient ``L_rec / eta - 1``.
+
+    Kept out of the model optimizer, weight decay, gradient clipping and weight averaging
+    (``self_optimized``): the owner calls :meth:`step` after the model's optimizer step. The
+    update is torch SGD's with ``maximize``: ``buf = g`` at the first step, then
+    ``buf = momentum * buf + (1 - dampening) * g``; ``lambda += lr * buf``; then lambda is
+    clamped into ``[0, max]`` (projection). With ``straight_through`` the parameter is left
+    unprojected and only the value used is clamped (the reference; lambda then sticks at a
+    bound). Parameter and momentum buffer are fp32 and part of ``state_dict`` (exact resume).
+    Under DDP the gradient is averaged across ranks like any parameter's.
+    """
+
+    self_optimized = True
+
+    def __init__(self, cfg: MultiplierConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.lam = nn.Parameter(torch.tensor([float(cfg.init)], dtype=torch.float32))
+        self.register_buffer("momentum_buffer", torch.zeros(1, dtype=torch.float32))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def value(self) -> torch.Tensor:
+        """The lambda the loss uses (0-d, fp32, carries the gradient to the parameter)."""
+        lam = self.lam[0]
+        if self.cfg.straight_through:
+            return lam + (lam.clamp(0.0, self.cfg.max) - lam).detach()
+        return lam
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One ascent step on the accumulated gradient, then projection and ``grad = None``."""
+        g = self.lam.grad
+        if g is None:
+            return
+        c, buf = self.cfg, self.momentum_buffer
+        if int(self.steps) == 0:
+            buf.copy_(g)
+        else:
+            buf.mul_(c.momentum).add_(g, alpha=1.0 - c.dampening)
+        self.lam.add_(buf, alpha=c.lr)
+        if not c.straight_through:
+            self.lam.clamp_(0.0, c.max)
+        self.steps += 1
+        self.lam.grad = None
