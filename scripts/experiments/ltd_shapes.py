@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from vlp.config import PretrainConfig, load_config
-from vlp.eval.report import markdown_table, summarise
+from vlp.eval.report import markdown_table, slug, summarise
 from vlp.data.synthetic import generate_world
 from vlp.jobs import run_evaluate_retrieval, run_make_targets, run_pretrain
 from vlp.viz import plot_run_curves
@@ -41,10 +41,6 @@ VARIANTS: dict[str, list[str]] = {
 }
 METRICS = ["txt_r1", "txt_r5", "img_r1", "img_r5", "img_r10", "rsum", "img_r5_rel", "txt_r_precision",
            "img_r_precision", "img_ndcg10", "img_ndcg25", "txt_map5"]
-
-
-def slug(name: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
 
 
 def main(argv=None) -> int:

@@ -31,7 +31,7 @@ import torch
 from vlp.config import PretrainConfig, load_config
 from vlp.data.formats import load_pairs
 from vlp.data.helper_cache import HelperCache
-from vlp.eval.report import markdown_table, summarise
+from vlp.eval.report import markdown_table, slug, summarise
 from vlp.data.synthetic import caption_matches, generate_world, scene_from_dict, write_generic_mix
 from vlp.jobs import run_cache_helper_features, run_evaluate_retrieval, run_pretrain, run_train_helper
 from vlp.losses.srcl import calibrate_delta, srcl_weights
@@ -48,10 +48,6 @@ VARIANTS = {
 THRESHOLDS = {"removal 0.7": 0.7}
 METRICS = ["txt_r1", "txt_r5", "img_r1", "img_r5", "img_r10", "img_r1_rel", "img_r5_rel", "txt_r1_rel",
            "img_r_precision", "txt_r_precision"]
-
-
-def slug(name: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
 
 
 def sample_batches(mix: Path, cache: HelperCache, batch: int, batches: int, seed: int):

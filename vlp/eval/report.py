@@ -6,6 +6,11 @@ import statistics
 from typing import Sequence
 
 
+def slug(name: str) -> str:
+    """A variant name as a folder name: ``"LTD constraint eta 0.2"`` -> ``ltd_constraint_eta_0_2``."""
+    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
+
+
 def summarise(results: dict[str, dict[str, dict[str, float]]], seeds: Sequence[int],
               metrics: Sequence[str]) -> dict[str, dict[str, tuple[float, float, int]]]:
     """``results[variant][seed][metric]`` -> ``{variant: {metric: (mean, std, n)}}`` over the given

@@ -9,28 +9,25 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch import nn
 
 from vlp.config import LossConfig
 from vlp.dist import all_gather_nograd, all_gather_with_grad
 from vlp.losses.contrastive import contrastive_loss
 from vlp.models.dual import DualEncoder
+from vlp.tasks.base import Task
 from vlp.tasks.reconstruction import Reconstruction
-from vlp.train.checkpoint import load_module_states, module_states
 
 
-class DualTask(nn.Module):
+class DualTask(Task):
     """``forward(batch, step)``: ``images`` [B, 3, H, W], ``input_ids``/``attention_mask`` [M, T],
     ``image_ids`` [B], optional ``text_image_ids`` [M] (image-level batches, M = B x k; default:
     the caption of item b belongs to image b). Positives are all pairs with the same image id."""
 
     def __init__(self, model: DualEncoder, loss: LossConfig, reconstruction: Optional[Reconstruction] = None) -> None:
-        super().__init__()
+        super().__init__(model, reconstruction)
         if loss.contrastive.name == "infonce" and loss.contrastive.tau is None:
             raise ValueError("the dual encoder needs a fixed loss.contrastive.tau")
-        self.model = model
         self.loss_cfg = loss
-        self.reconstruction = reconstruction
 
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
         c = self.loss_cfg.contrastive
@@ -52,13 +49,3 @@ class DualTask(nn.Module):
             out.update(stats)
         out["loss"] = loss
         return out
-
-    def after_optimizer_step(self, step: int) -> None:
-        if self.reconstruction is not None:
-            self.reconstruction.after_optimizer_step()
-
-    def extra_state(self) -> dict[str, torch.Tensor]:
-        return module_states(reconstruction=self.reconstruction)
-
-    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
-        load_module_states(state, reconstruction=self.reconstruction)

@@ -5,18 +5,17 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch import nn
 
 from vlp.config import LossConfig
 from vlp.dist import rank
 from vlp.models.albef import ALBEF
+from vlp.tasks.base import Task
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.tasks.regulation import SRCLRegulator
-from vlp.train.checkpoint import load_module_states, module_states
 from vlp.tasks.objectives import TokenInfo, enqueue, itc_step, itm_step, mlm_step
 
 
-class PretrainTask(nn.Module):
+class PretrainTask(Task):
     """Model + losses in one module: ``forward(batch, step)`` returns a dict with ``loss``.
 
     ``batch``: ``images`` [B, 3, H, W], ``input_ids``/``attention_mask`` [B, T], ``image_ids`` [B].
@@ -24,12 +23,10 @@ class PretrainTask(nn.Module):
 
     def __init__(self, model: ALBEF, loss: LossConfig, tokens: TokenInfo, seed: int = 0,
                  regulator: Optional[SRCLRegulator] = None, reconstruction: Optional[Reconstruction] = None) -> None:
-        super().__init__()
+        super().__init__(model, reconstruction)
         if (loss.regulation != "none") != (regulator is not None):
             raise ValueError(f"loss.regulation={loss.regulation!r} needs exactly one SRCLRegulator")
-        self.model = model
         self.regulator = regulator
-        self.reconstruction = reconstruction  # LTD / ITD on the ITC text embedding
         self.loss_cfg = loss
         self.tokens = tokens
         self.seed = seed
@@ -89,14 +86,3 @@ class PretrainTask(nn.Module):
         out["temp"] = m.temp.detach()
         out["alpha"] = torch.tensor(alpha)
         return out
-
-    def after_optimizer_step(self, step: int) -> None:
-        self.model.after_optimizer_step(step)
-        if self.reconstruction is not None:
-            self.reconstruction.after_optimizer_step()
-
-    def extra_state(self) -> dict[str, torch.Tensor]:
-        return module_states(reconstruction=self.reconstruction)
-
-    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
-        load_module_states(state, reconstruction=self.reconstruction)
