@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -69,6 +70,8 @@ def main(argv=None) -> int:
             if str(seed) in results.get(name, {}):
                 continue
             run_dir = out / f"{slug(name)}_seed{seed}"
+            if run_dir.exists():  # an interrupted run without a result: start it again
+                shutil.rmtree(run_dir)
             cfg = load_config(PretrainConfig, "configs/ltd/shapes_dual.yaml", [
                 f"output_dir={run_dir}", f"data.train=[{root / 'pretrain.json'}]", f"train.steps={a.steps}",
                 f"train.seed={seed}", "train.progress=false", f"loss.ltd.targets={targets}", *VARIANTS[name]])

@@ -48,6 +48,31 @@ class RetrievalSplit:
     source: str
 
 
+@dataclass(frozen=True)
+class VQAQuestion:
+    """One VQA v2 / VG-QA question (``docs/data.md``)."""
+
+    question: str
+    image: str  # resolved path
+    answers: tuple[str, ...]  # distinct answers (empty for test questions)
+    weights: tuple[float, ...]  # one per distinct answer: VQA count / #annotators, VG-QA 0.5
+    raw_answers: tuple[str, ...]  # annotator answers as given (10 for VQA v2; empty for test)
+    question_id: Optional[int | str]
+    question_type: Optional[str]  # optional vlp key (e.g. "color", "count", "yes/no")
+    dataset: str  # "vqa" | "vg"
+    origin: str  # "file.json entry 12"
+
+
+@dataclass(frozen=True)
+class NLVRItem:
+    """One NLVR2 example: a sentence about an ordered pair of images."""
+
+    images: tuple[str, str]  # resolved paths (left, right)
+    sentence: str
+    label: int  # 1 = "True", 0 = "False"
+    origin: str
+
+
 def read_json(path: str | Path) -> Any:
     """Parse a JSON file; errors name the file (and line/column for syntax errors)."""
     path = Path(path)

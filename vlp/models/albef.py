@@ -7,7 +7,7 @@ The model computes features; it never tokenizes, reads files or computes losses 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,7 @@ TEMP_MIN, TEMP_MAX = 0.001, 0.5
 @dataclass
 class ImageFeatures:
     tokens: torch.Tensor  # [B, 1 + N, W] all tokens after the final norm
-    feat: torch.Tensor  # [B, E] L2-normalised projection of the CLS token
+    feat: Optional[torch.Tensor]  # [B, E] L2-normalised projection of the CLS token (None without ITC)
 
 
 @dataclass
@@ -36,28 +36,41 @@ class TextFeatures:
 
 
 class ALBEF(nn.Module):
-    """ALBEF-style dual encoder + fusion encoder with momentum twins and feature queues."""
+    """ALBEF-style dual encoder + fusion encoder with momentum twins and feature queues.
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    ``itc`` / ``itm`` / ``mlm`` choose the heads: projections + temperature + queues, the ITM head,
+    the MLM head (retrieval fine-tuning drops the MLM head; VQA and NLVR2 keep only the encoders).
+    Task models subclass it: :meth:`build_heads` adds their modules before the momentum twin is
+    made from :meth:`momentum_modules`.
+    """
+
+    def __init__(self, cfg: ModelConfig, itc: bool = True, itm: bool = True, mlm: bool = True) -> None:
         super().__init__()
         self.cfg = cfg
         self.vision = build_vision(cfg.vision)
         vision_width = resolved(cfg.vision, VISION_PRESETS)["width"]
         self.text, self.fusion = build_text(cfg.text, vision_width)
         hidden = self.text.config.hidden_size
-        self.vision_proj = nn.Linear(vision_width, cfg.embed_dim)
-        self.text_proj = nn.Linear(hidden, cfg.embed_dim)
-        self.itm_head = nn.Linear(hidden, 2)
-        self.mlm_head = MLMHead(hidden, self.text.config.vocab_size, self.text.config.layer_norm_eps)
-        self.mlm_head.tie(self.text.embeddings.word_embeddings)
-        self.temp = nn.Parameter(torch.tensor(float(cfg.temp)))
+        self.vision_proj = nn.Linear(vision_width, cfg.embed_dim) if itc else None
+        self.text_proj = nn.Linear(hidden, cfg.embed_dim) if itc else None
+        self.temp = nn.Parameter(torch.tensor(float(cfg.temp))) if itc else None
+        self.itm_head = nn.Linear(hidden, 2) if itm else None
+        self.mlm_head = None
+        if mlm:
+            self.mlm_head = MLMHead(hidden, self.text.config.vocab_size, self.text.config.layer_norm_eps)
+            self.mlm_head.tie(self.text.embeddings.word_embeddings)
+        self.build_heads()
         # ITM head and temperature have no momentum copy (ALBEF §1.3).
-        self.momentum = MomentumTwin(
-            dict(vision=self.vision, vision_proj=self.vision_proj, text=self.text, fusion=self.fusion,
-                 mlm_head=self.mlm_head, text_proj=self.text_proj),
-            cfg.momentum,
-        )
-        self.queue = FeatureQueue(cfg.queue_size, dict(image=cfg.embed_dim, text=cfg.embed_dim))
+        self.momentum = MomentumTwin(self.momentum_modules(), cfg.momentum)
+        self.queue = FeatureQueue(cfg.queue_size if itc else 0, dict(image=cfg.embed_dim, text=cfg.embed_dim))
+
+    def build_heads(self) -> None:
+        """Task models add their own modules here (called before the momentum twin is made)."""
+
+    def momentum_modules(self) -> dict[str, nn.Module]:
+        """The online modules that get a momentum twin (ALBEF: encoders, projections, MLM head)."""
+        names = ("vision", "vision_proj", "text", "fusion", "mlm_head", "text_proj")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -73,6 +86,8 @@ class ALBEF(nn.Module):
     def encode_image(self, images: torch.Tensor, momentum: bool = False) -> ImageFeatures:
         """``images`` [B, 3, H, W] -> tokens [B, 1+N, W] and normalised features [B, E]."""
         tokens = self._m("vision", momentum).forward_features(images)
+        if self.vision_proj is None:  # no ITC head (VQA, NLVR2): tokens only
+            return ImageFeatures(tokens, None)
         feat = F.normalize(self._m("vision_proj", momentum)(tokens[:, 0]).float(), dim=-1)
         return ImageFeatures(tokens, feat)
 
