@@ -1,9 +1,10 @@
-"""Command line: ``vlp pretrain | train-helper | cache-helper-features | make-targets | analyze cocos |
+"""Command line: ``vlp pretrain [nlvr-ta] | finetune retrieval|vqa|nlvr2 | train-helper | cache-helper-features | make-targets | analyze cocos |
 evaluate retrieval | make-world | demo | plot``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -22,6 +23,33 @@ def _pretrain(a: argparse.Namespace) -> None:
     cfg = load_config(PretrainConfig, a.config, a.overrides)
     run_dir = run_pretrain(cfg)
     print(f"done: {run_dir}")
+
+
+def load_finetune_config(task: str, path: str, overrides: Sequence[str]):
+    """A fine-tuning config for ``task``; the file's own ``task:`` key, if any, must agree."""
+    from omegaconf import OmegaConf
+
+    from vlp.config import FinetuneConfig
+
+    if Path(path).is_file():
+        declared = OmegaConf.load(path).get("task")
+        if declared is not None and declared != task:
+            raise ConfigError(f"{path}: config key 'task' is {declared!r}, but the command is for {task!r}")
+    return load_config(FinetuneConfig, path, [*overrides, f"task={task}"])
+
+
+def _finetune(a: argparse.Namespace) -> None:
+    from vlp.finetune import run_finetune
+
+    results = run_finetune(load_finetune_config(a.task, a.config, a.overrides))
+    print(json.dumps(results, indent=2))
+
+
+def _nlvr_ta(a: argparse.Namespace) -> None:
+    from vlp.finetune import run_finetune
+
+    results = run_finetune(load_finetune_config("nlvr-ta", a.config, a.overrides))
+    print(f"done: {results['checkpoint']}")
 
 
 def _train_helper(a: argparse.Namespace) -> None:
@@ -110,6 +138,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=50 model.vision.depth=2")
     s.set_defaults(func=_pretrain)
 
+    # `vlp pretrain nlvr-ta ...` is rewritten to this command in main()
+    s = sub.add_parser("pretrain-nlvr-ta", help="= `vlp pretrain nlvr-ta`: text-assignment pre-training of the "
+                       "doubled NLVR2 fusion layers")
+    s.add_argument("--config", required=True, help="YAML config (e.g. configs/finetune/shapes_nlvr_ta.yaml)")
+    s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epochs=1")
+    s.set_defaults(func=_nlvr_ta)
+
+    s = sub.add_parser("finetune", help="fine-tune a pretrained checkpoint on a downstream task")
+    ft = s.add_subparsers(dest="task", required=True)
+    for task, text in (("retrieval", "image-text retrieval (ITC by image id + ITM), COCO / Flickr30k Karpathy files"),
+                       ("vqa", "VQA v2 (+ VG-QA): answer decoder, ranked candidate answers"),
+                       ("nlvr2", "NLVR2: a sentence about two images, doubled fusion layers")):
+        c = ft.add_parser(task, help=text)
+        c.add_argument("--config", required=True, help=f"YAML config (e.g. configs/finetune/shapes_{task}.yaml)")
+        c.add_argument("overrides", nargs="*", help="dotted overrides, e.g. pretrained=runs/pretrain train.epochs=1")
+        c.set_defaults(func=_finetune)
+
     s = sub.add_parser("train-helper", help="train the frozen SRCL helper (ITC-only InfoNCE on clean captions)")
     s.add_argument("--config", required=True, help="YAML config (e.g. configs/helper/shapes_tiny.yaml)")
     s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=50")
@@ -195,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["pretrain", "nlvr-ta"]:
+        argv = ["pretrain-nlvr-ta", *argv[2:]]
     args = build_parser().parse_args(argv)
     try:
         args.func(args)

@@ -16,7 +16,7 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 
 from vlp import __version__
-from vlp.config import VISION_PRESETS, ConfigError, EvalConfig, PretrainConfig, apply_overrides, from_dict, resolved, to_dict, to_yaml
+from vlp.config import VISION_PRESETS, ConfigError, EvalConfig, LTDConfig, ModelConfig, PretrainConfig, apply_overrides, from_dict, resolved, to_dict, to_yaml
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.helper_cache import HelperCache, write_cache
 from vlp.data.targets import LatentTargets
@@ -44,23 +44,57 @@ def image_size(cfg: PretrainConfig) -> int:
     return resolved(cfg.model.vision, VISION_PRESETS)["img_size"]
 
 
+def build_task_model(kind: str, model: ModelConfig, vocab_size: int) -> torch.nn.Module:
+    """The model of a checkpoint kind (``state.json`` "task"): pretraining / helper ALBEF or dual
+    encoder, retrieval ALBEF (no MLM head), VQA (answer decoder), NLVR2 / NLVR TA (doubled fusion)."""
+    if model.arch == "dual":
+        return DualEncoder(model, vocab_size)
+    if kind == "retrieval":
+        return ALBEF(model, mlm=False)
+    if kind == "vqa":
+        from vlp.models.vqa import VQAModel
+
+        return VQAModel(model)
+    if kind in ("nlvr2", "nlvr-ta"):
+        from vlp.models.nlvr import NLVRModel
+
+        return NLVRModel(model, head="cls" if kind == "nlvr2" else "ta")
+    return ALBEF(model)
+
+
 def build_model(cfg: PretrainConfig, vocab_size: int) -> Union[ALBEF, DualEncoder]:
-    return DualEncoder(cfg.model, vocab_size) if cfg.model.arch == "dual" else ALBEF(cfg.model)
+    return build_task_model("pretrain", cfg.model, vocab_size)
+
+
+def checkpoint_model_config(state: dict) -> ModelConfig:
+    """The model config recorded in a checkpoint's ``state.json`` (fine-tuned checkpoints carry it
+    under "model"; pretraining ones inside their "config")."""
+    if "model" in state:
+        return from_dict(ModelConfig, state["model"])
+    return from_dict(PretrainConfig, state["config"]).model
+
+
+def load_targets_for(ltd: LTDConfig) -> Optional[LatentTargets]:
+    """The LTD latent targets (None unless ``loss.ltd`` decodes latent targets)."""
+    return LatentTargets.load(ltd.targets, ltd.encoder) if ltd.mode != "off" and ltd.decoder == "latent" else None
 
 
 def load_targets(cfg: PretrainConfig) -> Optional[LatentTargets]:
-    """The LTD latent targets of a run (None unless ``loss.ltd`` decodes latent targets)."""
-    ltd = cfg.loss.ltd
-    return LatentTargets.load(ltd.targets, ltd.encoder) if ltd.mode != "off" and ltd.decoder == "latent" else None
+    return load_targets_for(cfg.loss.ltd)
+
+
+def build_reconstruction(ltd: LTDConfig, embed_dim: int, targets: Optional[LatentTargets],
+                         vocab_size: int) -> Optional[Reconstruction]:
+    """The LTD / ITD head and multiplier of ``loss.ltd`` (None when off)."""
+    if ltd.mode == "off":
+        return None
+    return Reconstruction(ltd, embed_dim, targets.dim if targets is not None else None, vocab_size)
 
 
 def build_task(cfg: PretrainConfig, model: Union[ALBEF, DualEncoder], tokenizer, regulator: Optional[SRCLRegulator],
                targets: Optional[LatentTargets]) -> torch.nn.Module:
     """The training task for the config's architecture, with LTD / ITD attached if configured."""
-    ltd = cfg.loss.ltd
-    rec = None
-    if ltd.mode != "off":
-        rec = Reconstruction(ltd, cfg.model.embed_dim, targets.dim if targets is not None else None, len(tokenizer))
+    rec = build_reconstruction(cfg.loss.ltd, cfg.model.embed_dim, targets, len(tokenizer))
     if cfg.model.arch == "dual":
         return DualTask(model, cfg.loss, rec)
     return PretrainTask(model, cfg.loss, token_info(tokenizer), cfg.train.seed, regulator, rec)
@@ -112,7 +146,7 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
     print(f"vlp pretrain: {len(dataset)} pairs, {len(dataset.key_to_id)} images, "
           f"{param_count(model) / 1e6:.1f}M trainable parameters -> {run_dir}")
     task = build_task(cfg, model, tokenizer, regulator, targets)
-    state = {"task": "pretrain", "vlp_version": __version__, "config": to_dict(cfg)}
+    state = {"task": "pretrain", "vlp_version": __version__, "config": to_dict(cfg), "model": to_dict(cfg.model)}
     train(task, loader, cfg.train, run_dir, state)
     if cfg.data.eval:
         run_evaluate_retrieval(run_dir, cfg.data.eval, cfg.data.relevance, run_dir / "eval", cfg.data.image_root,
@@ -210,15 +244,25 @@ def run_make_targets(data: Sequence[str], encoder: str, out: str | Path, batch_s
 
 
 def load_model(checkpoint: str | Path, device: Optional[torch.device] = None):
-    """Model (ALBEF or dual encoder), config and tokenizer from a checkpoint folder or run
-    directory (strict load)."""
+    """Model, config and tokenizer from a checkpoint folder or run directory (strict load). The
+    model is the checkpoint's kind (pretraining ALBEF, dual encoder, retrieval, VQA, NLVR2); the
+    config is a :class:`PretrainConfig` (a fine-tuned checkpoint's model, image and eval settings)."""
+    from vlp.config import FINETUNE_TASKS, FinetuneConfig
+
     ckpt = find_checkpoint(checkpoint)
-    cfg = from_dict(PretrainConfig, read_state(ckpt)["config"])
+    state = read_state(ckpt)
+    kind = state.get("task", "pretrain")
+    if kind in FINETUNE_TASKS:
+        ft = from_dict(FinetuneConfig, state["config"])
+        cfg = PretrainConfig(model=checkpoint_model_config(state), eval=ft.eval)
+        cfg.data.image = ft.data.image
+    else:
+        cfg = from_dict(PretrainConfig, state["config"])
     cfg.model.text.init = "random"  # the checkpoint holds every weight: skip initial-weight loading
     cfg.model.vision.pretrained = None
     cfg.model.dual.image_pretrained = None
     tokenizer = load_tokenizer(cfg.model.text)
-    model = build_model(cfg, len(tokenizer))
+    model = build_task_model(kind, cfg.model, len(tokenizer))
     load_weights(model, ckpt)
     model.eval()
     return model.to(device or default_device()), cfg, tokenizer

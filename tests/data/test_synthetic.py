@@ -339,6 +339,7 @@ def test_world_files_and_formats(world: dict[str, Path]) -> None:
     assert set(world) == {
         "pretrain", "helper", "retrieval_train", "retrieval_val", "retrieval_test",
         "relevance_val", "relevance_test", "relevance_graded_val", "relevance_graded_test", "scenes", "root",
+        "vqa_train", "vqa_val", "vqa_test", "vqa_test_annotations", "answer_list", "nlvr_train", "nlvr_dev", "nlvr_test",
     }
     pre = _load(world["pretrain"])
     assert len(pre) == SMALL["n_train"]

@@ -8,13 +8,23 @@ Formats (see ``docs/data.md``):
 - relevance (vlp): ``{"format": "vlp-relevance-v1", "texts": [...], "relevant_images": [[int]]}``
 - graded relevance (vlp): a ``.npy`` array [N_texts, N_images] of gains >= 0 (rows: the split's
   flattened captions, columns: its images)
+- VQA v2 train/val: ``[{"question_id": id, "question": str, "answer": [str x 10], "image": path,
+  "dataset": "vqa", "question_type": str (optional, vlp)}, ...]``; VQA test: the same without
+  ``"answer"``; VG-QA: ``[{"question": str, "answer": str, "image": path, "dataset": "vg"}, ...]``
+- VQA answer list: ``[str, ...]`` (distinct candidate answers)
+- VQA predictions (written): ``[{"question_id": id, "answer": str}, ...]``
+- NLVR2: ``[{"images": [path, path], "sentence": str, "label": "True" | "False"}, ...]``
 
-Relative image paths are resolved against ``image_root`` (default: the annotation file's folder).
+Relative image paths are resolved against ``image_root`` (default: the annotation file's folder);
+VG-QA images against ``vg_root`` (default: like the VQA images).
 """
 
 from __future__ import annotations
 
 import json
+import numbers
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
@@ -210,3 +220,181 @@ def load_graded_relevance(path: str | Path, split: RetrievalSplit) -> "torch.Ten
             raise DataError(f"{path}: {what} value {arr[r, c]} at row {r} (text), column {c} (image); "
                             "gains must be finite and >= 0")
     return torch.from_numpy(arr)
+
+
+# --------------------------------------------------------------------------
+# VQA and NLVR2
+# --------------------------------------------------------------------------
+
+VQA_DATASETS: tuple[str, ...] = ("vqa", "vg")
+#: weight of the single answer of a VG-QA question (as in ALBEF)
+VG_ANSWER_WEIGHT = 0.5
+
+
+def _text(path: Path, i: int, e: dict, key: str, what: str) -> str:
+    """A string field that is not empty or blank."""
+    v = _field(path, i, e, key, (str,), what)
+    if not v.strip():
+        raise DataError(f"{path}: entry {i}: key '{key}' is an empty string, expected {what}")
+    return v
+
+
+def _question_id(path: Path, i: int, e: dict, required: bool) -> Optional[int | str]:
+    if "question_id" not in e and not required:
+        return None
+    return _field(path, i, e, "question_id", (int, str), "an int or string question id")
+
+
+def _dataset(path: Path, i: int, e: dict) -> str:
+    v = e.get("dataset", "vqa")
+    if v not in VQA_DATASETS:
+        raise DataError(f"{path}: entry {i}: key 'dataset' is {v!r}, expected \"vqa\" or \"vg\"")
+    return v
+
+
+def _vqa_weights(raw: Sequence[str]) -> tuple[tuple[str, ...], tuple[float, ...]]:
+    """Distinct answers in order of first appearance and count / number of answers for each."""
+    counts: dict[str, int] = {}
+    for a in raw:
+        counts[a] = counts.get(a, 0) + 1
+    return tuple(counts), tuple(c / len(raw) for c in counts.values())
+
+
+def _vqa_answers(path: Path, i: int, e: dict, dataset: str) -> tuple[tuple[str, ...], tuple[float, ...], tuple[str, ...]]:
+    """(answers, weights, raw answers) of a VQA v2 (list of annotator answers) or VG-QA (one string) entry."""
+    if dataset == "vg":
+        a = _field(path, i, e, "answer", (str,), "an answer string (VG-QA)")
+        return (a,), (VG_ANSWER_WEIGHT,), (a,)
+    what = "a non-empty list of annotator answer strings (VQA)"
+    raw = _field(path, i, e, "answer", (list,), what)
+    if not raw or not all(isinstance(a, str) for a in raw):
+        raise DataError(f"{path}: entry {i}: key 'answer' must be {what}")
+    answers, weights = _vqa_weights(raw)
+    return answers, weights, tuple(raw)
+
+
+def _vqa_question(path: Path, i: int, e: dict, roots: dict[str, Path], require_answers: bool) -> VQAQuestion:
+    dataset = _dataset(path, i, e)
+    question = _text(path, i, e, "question", "a non-empty question string")
+    image = _field(path, i, e, "image", (str,), "an image path string")
+    qid = _question_id(path, i, e, required=dataset == "vqa")
+    qtype = e.get("question_type")
+    if qtype is not None and not isinstance(qtype, str):
+        raise DataError(f"{path}: entry {i}: key 'question_type' is {type(qtype).__name__}, expected a string")
+    if "answer" in e or require_answers:
+        answers, weights, raw = _vqa_answers(path, i, e, dataset)
+    else:
+        answers, weights, raw = (), (), ()
+    return VQAQuestion(question, resolve_image(image, roots[dataset]), answers, weights, raw, qid, qtype,
+                       dataset, f"{path} entry {i}")
+
+
+def load_vqa(paths: Sequence[str | Path], image_root: Optional[str | Path] = None,
+             vg_root: Optional[str | Path] = None, require_answers: bool = True) -> list[VQAQuestion]:
+    """Load VQA v2 / VG-QA question files (ALBEF ``vqa_*.json``, ``vg_qa.json``).
+
+    VQA entries need a ``question_id`` and (unless ``require_answers=False``, for test files)
+    the annotator answers; their weights are count / number of answers. VG-QA entries have one
+    answer of weight 0.5. Images resolve against ``image_root`` (VQA) and ``vg_root`` (VG-QA),
+    by default the file's folder.
+    """
+    questions: list[VQAQuestion] = []
+    for path in map(Path, paths):
+        vqa_root = Path(image_root) if image_root else path.parent
+        roots = {"vqa": vqa_root, "vg": Path(vg_root) if vg_root else vqa_root}
+        for i, e in enumerate(_entries(path, read_json(path))):
+            questions.append(_vqa_question(path, i, e, roots, require_answers))
+    if not questions:
+        raise DataError(f"no VQA questions in {[str(p) for p in paths]}")
+    return questions
+
+
+def load_answer_list(path: str | Path) -> list[str]:
+    """Load a VQA answer list: a JSON list of distinct non-empty strings."""
+    path = Path(path)
+    data = read_json(path)
+    if not isinstance(data, list) or not data:
+        raise DataError(f"{path}: expected a non-empty JSON list of answer strings")
+    first: dict[str, int] = {}
+    for i, a in enumerate(data):
+        if not isinstance(a, str) or not a.strip():
+            raise DataError(f"{path}: entry {i}: {a!r} is not an answer (expected a non-empty string)")
+        if a in first:
+            raise DataError(f"{path}: entry {i}: duplicate answer {a!r} (first at entry {first[a]})")
+        first[a] = i
+    return data
+
+
+def _nlvr_label(path: Path, i: int, e: dict) -> int:
+    what = '"True", "False", true or false'
+    if "label" not in e:
+        raise DataError(f"{path}: entry {i}: missing key 'label' (expected {what})")
+    v = e["label"]
+    if v in ("True", "False") or isinstance(v, bool):
+        return int(v in ("True", True))
+    raise DataError(f"{path}: entry {i}: key 'label' is {v!r}, expected {what}")
+
+
+def _nlvr_images(path: Path, i: int, e: dict, root: Path) -> tuple[str, str]:
+    what = "a list of exactly 2 image path strings"
+    v = _field(path, i, e, "images", (list,), what)
+    if len(v) != 2 or not all(isinstance(x, str) for x in v):
+        raise DataError(f"{path}: entry {i}: key 'images' must be {what}, got {len(v)} items")
+    return resolve_image(v[0], root), resolve_image(v[1], root)
+
+
+def load_nlvr(path: str | Path, image_root: Optional[str | Path] = None) -> list[NLVRItem]:
+    """Load an NLVR2 file (ALBEF ``nlvr_{train,dev,test}.json``); ``identifier`` keys are ignored."""
+    path = Path(path)
+    root = Path(image_root) if image_root else path.parent
+    items = []
+    for i, e in enumerate(_entries(path, read_json(path))):
+        images = _nlvr_images(path, i, e, root)
+        sentence = _text(path, i, e, "sentence", "a non-empty sentence string")
+        items.append(NLVRItem(images, sentence, _nlvr_label(path, i, e), f"{path} entry {i}"))
+    if not items:
+        raise DataError(f"{path}: no entries")
+    return items
+
+
+def _prediction_id(qid: Any, k: int) -> int | str:
+    if isinstance(qid, numbers.Integral) and not isinstance(qid, bool):
+        return int(qid)
+    if isinstance(qid, str):
+        return qid
+    raise DataError(f"prediction {k}: question id {qid!r} is {type(qid).__name__}, expected an int or string")
+
+
+def write_vqa_predictions(path: str | Path, question_ids: Sequence[int | str], answers: Sequence[str]) -> Path:
+    """Write the official VQA result file ``[{"question_id": id, "answer": str}, ...]`` atomically.
+
+    Refuses (:class:`DataError`) to overwrite an existing file, and inputs of different lengths.
+    """
+    path = Path(path)
+    if path.exists():
+        raise DataError(f"{path}: refusing to overwrite an existing predictions file")
+    if len(question_ids) != len(answers):
+        raise DataError(f"{path}: {len(question_ids)} question ids but {len(answers)} answers")
+    results = []
+    for k, (qid, a) in enumerate(zip(question_ids, answers)):
+        if not isinstance(a, str):
+            raise DataError(f"{path}: prediction {k}: answer is {type(a).__name__}, expected a string")
+        results.append({"question_id": _prediction_id(qid, k), "answer": a})
+    _write_json_atomic(path, results)
+    return path
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to a temporary file in ``path``'s folder, then ``os.replace`` it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -910,19 +910,29 @@ def generate_world(
     n_test: int = 1000,
     image_size: int = 64,
     progress: bool = True,
+    vqa_per_image: int = 3,
+    nlvr_per_image: int = 2,
 ) -> dict[str, Path]:
     """Generate a shapes world under ``out`` and return the written paths.
 
     Writes ``images/{split}/{split}_{i:06d}.png``, ``pretrain.json``, ``helper.json`` (the scene
     captions only: the clean caption set of the SRCL helper),
     ``retrieval_{train,val,test}.json``, ``relevance_{val,test}.json``,
-    ``relevance_graded_{val,test}.npy`` (float32 [texts, images], :func:`caption_grade`) and
-    ``scenes.json`` (see ``docs/shapes_world.md``).  Deterministic: the same
-    arguments give byte-identical files and images.  Returns a dict with keys
-    ``pretrain, helper, retrieval_train, retrieval_val, retrieval_test, relevance_val,
-    relevance_test, relevance_graded_val, relevance_graded_test, scenes, root``.
+    ``relevance_graded_{val,test}.npy`` (float32 [texts, images], :func:`caption_grade`),
+    ``scenes.json``, and the downstream tasks of :mod:`vlp.data.synthetic_tasks`:
+    ``vqa_{train,val,test}.json`` (up to ``vqa_per_image`` questions per image; test without
+    answers), ``vqa_test_annotations.json``, ``answer_list.json`` and
+    ``nlvr_{train,dev,test}.json`` (``nlvr_per_image`` statements per image of the split) (see
+    ``docs/shapes_world.md``).  Deterministic: the same arguments give byte-identical files and
+    images; the task files draw from their own RNGs, so the other files do not depend on
+    ``vqa_per_image`` / ``nlvr_per_image``.  Returns a dict with keys ``pretrain, helper,
+    retrieval_train, retrieval_val, retrieval_test, relevance_val, relevance_test,
+    relevance_graded_val, relevance_graded_test, scenes, vqa_train, vqa_val, vqa_test,
+    vqa_test_annotations, answer_list, nlvr_train, nlvr_dev, nlvr_test, root``.
     """
     from tqdm.auto import tqdm
+
+    from vlp.data.synthetic_tasks import write_task_files
 
     root = Path(out)
     counts = {"train": n_train, "val": n_val, "test": n_test}
@@ -1015,6 +1025,8 @@ def generate_world(
             "splits": records,
         },
     )
+    images = {s: [r["image"] for r in records[s]] for s in SPLITS}
+    paths.update(write_task_files(root, seed, scenes, images, vqa_per_image, nlvr_per_image))
     return {**paths, "root": root}
 
 

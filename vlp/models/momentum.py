@@ -37,11 +37,15 @@ class MomentumTwin(nn.Module):
     @torch.no_grad()
     def copy_from_online(self) -> None:
         """Set every twin parameter to the online value (after loading online-only weights)."""
+        if not self._twin_params:  # a model without momentum twins (e.g. NLVR2 text assignment)
+            return
         torch._foreach_copy_(self._twin_params, [p.detach().float() for p in self._online_params])
 
     @torch.no_grad()
     def update(self, momentum: Optional[float] = None) -> None:
         """One EMA step with ``momentum`` (default: the constructor's)."""
+        if not self._twin_params:
+            return
         m = self.momentum if momentum is None else momentum
         src = [p.detach() if p.dtype == torch.float32 else p.detach().float() for p in self._online_params]
         torch._foreach_lerp_(self._twin_params, src, 1.0 - m)

@@ -89,10 +89,20 @@ class Attention(nn.Module):
 
 
 class FusionLayer(nn.Module):
-    """Bidirectional self-attention -> cross-attention to image tokens -> FFN (post-LN)."""
+    """Self-attention -> cross-attention to image tokens -> FFN (post-LN).
 
-    def __init__(self, hidden: int, heads: int, intermediate: int, image_width: int, dropout: float, eps: float) -> None:
+    Self-attention is bidirectional by default; ``causal=True`` (the VQA answer decoder) lets
+    position ``i`` attend only to valid positions ``j <= i``. The cross-attention context may be
+    any width (``image_width``): the ViT width, or the text hidden size for the answer decoder
+    attending to the multimodal question states.
+    """
+
+    def __init__(
+        self, hidden: int, heads: int, intermediate: int, image_width: int, dropout: float, eps: float,
+        causal: bool = False,
+    ) -> None:
         super().__init__()
+        self.causal = causal
         self.attention = Attention(hidden, heads, hidden, dropout, eps)
         self.crossattention = Attention(hidden, heads, image_width, dropout, eps)
         self.intermediate = nn.Module()
@@ -106,6 +116,10 @@ class FusionLayer(nn.Module):
         image_kv: tuple[torch.Tensor, torch.Tensor],
         image_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
+        """``x`` [B, T, H]; ``text_mask`` [B, 1, 1, T] bool (True = token); ``image_kv`` two
+        [B, heads, N, head_dim]; ``image_mask`` [B, 1, 1, N] bool or None. Returns [B, T, H]."""
+        if self.causal:
+            text_mask = causal_mask(text_mask)
         x = self.attention(x, self.attention.project_kv(x), text_mask)
         x = self.crossattention(x, image_kv, image_mask)
         return self.output(F.gelu(self.intermediate.dense(x)), x)
@@ -115,15 +129,17 @@ class FusionEncoder(nn.Module):
     """A stack of :class:`FusionLayer`; parameters ``layer.{i}.*`` in BERT naming.
 
     With a list of image inputs, layer ``i`` attends to element ``i mod len(list)`` (NLVR2).
+    ``causal=True`` makes every layer's self-attention causal (the VQA answer decoder).
     """
 
     def __init__(
         self, hidden: int, layers: int, heads: int, intermediate: int, image_width: int,
-        dropout: float = 0.1, eps: float = 1e-12,
+        dropout: float = 0.1, eps: float = 1e-12, causal: bool = False,
     ) -> None:
         super().__init__()
+        self.causal = causal
         self.layer = nn.ModuleList(
-            FusionLayer(hidden, heads, intermediate, image_width, dropout, eps) for _ in range(layers)
+            FusionLayer(hidden, heads, intermediate, image_width, dropout, eps, causal) for _ in range(layers)
         )
 
     def image_kv(self, image_tokens: Union[torch.Tensor, Sequence[torch.Tensor]]) -> ImageKV:
@@ -146,6 +162,14 @@ class FusionEncoder(nn.Module):
         for lay, layer_kv in zip(self.layer, kv):
             hidden = lay(hidden, tmask, layer_kv, imask)
         return hidden
+
+
+def causal_mask(text_mask: torch.Tensor) -> torch.Tensor:
+    """Padding mask [B, 1, 1, T] (or already [B, 1, T, T]) bool -> [B, 1, T, T]: query ``i`` may attend
+    key ``j`` iff ``j <= i`` and ``j`` is a token. Idempotent."""
+    t = text_mask.shape[-1]
+    tri = torch.ones(t, t, dtype=torch.bool, device=text_mask.device).tril()
+    return text_mask & tri
 
 
 def _is_kv(x: object) -> bool:

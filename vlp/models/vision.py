@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
+
 import timm
 from torch import nn
 
@@ -40,3 +42,20 @@ def create_timm(arch: str, pretrained: Optional[str] = None, **kwargs: Any) -> n
     if Path(pretrained).exists():
         return timm.create_model(arch, pretrained=True, pretrained_cfg_overlay=dict(file=str(pretrained)), **kwargs)
     return timm.create_model(pretrained, pretrained=True, **kwargs)
+
+
+def resize_pos_embed(pos_embed: torch.Tensor, num_tokens: int, num_prefix: int = 1) -> torch.Tensor:
+    """Interpolate a ViT position embedding [1, P + G*G, W] to [1, num_tokens, W] (square grids,
+    bicubic, prefix entries such as CLS kept). The same size returns the input unchanged."""
+    from timm.layers import resample_abs_pos_embed
+
+    if pos_embed.shape[1] == num_tokens:
+        return pos_embed
+    old, new = pos_embed.shape[1] - num_prefix, num_tokens - num_prefix
+    g_old, g_new = round(old ** 0.5), round(new ** 0.5)
+    if g_old * g_old != old or g_new * g_new != new:
+        raise ValueError(f"position embedding of {pos_embed.shape[1]} tokens -> {num_tokens}: "
+                         f"both must be {num_prefix} + a square grid")
+    out = resample_abs_pos_embed(pos_embed.float(), [g_new, g_new], [g_old, g_old], num_prefix_tokens=num_prefix,
+                                 interpolation="bicubic", antialias=False)
+    return out.to(pos_embed.dtype)

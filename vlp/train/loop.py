@@ -9,6 +9,7 @@ The loop knows nothing else.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
@@ -40,6 +41,20 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     )
 
 
+@dataclass
+class Validation:
+    """Periodic validation: ``evaluate(task, step) -> metrics`` (the unwrapped task, eval mode, no
+    grad) every ``every`` optimizer steps; the checkpoint with the highest ``metrics[select]`` is kept."""
+
+    evaluate: Callable[[nn.Module, int], dict[str, float]]
+    select: str
+    every: int
+
+    def __post_init__(self) -> None:
+        if self.every < 1:
+            raise ValueError(f"validation every {self.every} steps: expected >= 1")
+
+
 def _batches(loader: Iterable) -> Iterator[Any]:
     epoch = 0
     while True:
@@ -58,11 +73,14 @@ def train(
     state: Optional[dict[str, Any]] = None,
     accelerator: Optional[Accelerator] = None,
     checkpoint_module: Optional[Callable[[nn.Module], nn.Module]] = None,
+    validation: Optional[Validation] = None,
 ) -> dict[str, float]:
     """Train ``task`` for ``cfg.steps`` steps; log to ``run_dir/metrics.jsonl``; checkpoint to
     ``run_dir/checkpoints/step_N``. ``state`` is stored in every checkpoint's ``state.json``;
     ``checkpoint_module`` picks what is saved from the unwrapped task (default: ``task.model``).
-    Returns the last logged record."""
+    ``validation``: evaluate every ``validation.every`` steps and at the end (main process; the
+    others wait), log to ``run_dir/val_metrics.jsonl`` and keep the best checkpoint in
+    ``run_dir/checkpoints/best``. Returns the last logged record."""
     run_dir = Path(run_dir)
     acc = accelerator or make_accelerator(cfg)
     optimizer = build_optimizer(task, cfg)
@@ -76,13 +94,37 @@ def train(
         epoch_steps = len(loader) if hasattr(loader, "__len__") else None
         averager = WeightAverager([p for _, p in trainable(inner)], cfg.average, cfg.steps, epoch_steps)
 
+    def save(step: int, name: Optional[str] = None, info: Optional[dict] = None) -> None:  # main process only
+        extra = inner.extra_state() if hasattr(inner, "extra_state") else None
+        info = dict(info or {})
+        if averager is not None and averager.history:
+            info["averaged"] = averager.history
+        save_checkpoint(run_dir / "checkpoints" / (name or f"step_{step:07d}"), to_save,
+                        {**(state or {}), "step": step, **info}, extra)
+
     def checkpoint(step: int) -> None:
         acc.wait_for_everyone()
         if acc.is_main_process:
-            extra = inner.extra_state() if hasattr(inner, "extra_state") else None
-            info = {"averaged": averager.history} if averager is not None and averager.history else {}
-            save_checkpoint(run_dir / "checkpoints" / f"step_{step:07d}", to_save,
-                            {**(state or {}), "step": step, **info}, extra)
+            save(step)
+
+    best: dict[str, Any] = {}
+
+    def validate(step: int) -> None:
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            task.eval()
+            with torch.no_grad():
+                metrics = validation.evaluate(inner, step)
+            task.train()
+            value = metrics[validation.select]
+            improved = not best or value > best["value"]
+            MetricsLog(run_dir / "val_metrics.jsonl").write({"step": step, **metrics, "best": improved})
+            print(f"validation at step {step}: {validation.select} {value:.2f}"
+                  + (" (best so far)" if improved else f" (best {best['value']:.2f} at step {best['step']})"))
+            if improved:
+                best.update(metric=validation.select, value=value, step=step)
+                save(step, "best", {"best": dict(best), "val": metrics})
+        acc.wait_for_everyone()
 
     bar = progress(cfg.steps, "train", cfg.progress and acc.is_main_process)
     batches = _batches(loader)
@@ -127,6 +169,8 @@ def train(
         bar.update(1)
         if cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != cfg.steps:
             checkpoint(done)
+        if validation is not None and (done % validation.every == 0 or done == cfg.steps):
+            validate(done)
     bar.close()
     checkpoint(cfg.steps)
     return record

@@ -1,0 +1,85 @@
+"""NLVR2 data: dataset of (image pair, sentence, label) with left/right flip, and its collator."""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Callable, Optional, Sequence
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from vlp.data.datasets import load_image
+from vlp.data.formats import NLVRItem
+from vlp.data.transforms import tokenize
+
+_LEFT_RIGHT = re.compile(r"\b(left|right)\b", re.IGNORECASE)
+
+
+def _swap_word(word: str) -> str:
+    """``left`` <-> ``right`` keeping the case pattern (lower, Title or UPPER)."""
+    other = "right" if word.lower() == "left" else "left"
+    if word.isupper():
+        return other.upper()
+    if word[0].isupper():
+        return other.capitalize()
+    return other
+
+
+def swap_left_right(sentence: str) -> str:
+    """Swap the whole words "left" and "right" (also before punctuation such as "left's" or
+    "right,"), preserving case; words that merely contain them ("leftover", "bright") are kept."""
+    return _LEFT_RIGHT.sub(lambda m: _swap_word(m.group(0)), sentence)
+
+
+class NLVRDataset(Dataset):
+    """Items ``{"image0", "image1", "sentence", "label"}`` from :class:`NLVRItem` s.
+
+    With ``flip``, each load swaps the two images AND the words left/right with probability 0.5
+    (the label is unchanged: the swapped sentence describes the swapped pair). Randomness comes
+    from ``rng`` if given, else Python's ``random`` (seeded per DataLoader worker).
+    """
+
+    def __init__(self, items: Sequence[NLVRItem], transform: Callable[[Image.Image], torch.Tensor],
+                 flip: bool = False, rng: Optional[random.Random] = None) -> None:
+        self.items = list(items)
+        self.transform = transform
+        self.flip = flip
+        self.rng = rng
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def _coin(self) -> bool:
+        return (self.rng or random).random() < 0.5
+
+    def __getitem__(self, i: int) -> dict:
+        it = self.items[i]
+        left, right = it.images
+        sentence = it.sentence
+        if self.flip and self._coin():
+            left, right = right, left
+            sentence = swap_left_right(sentence)
+        return {
+            "image0": self.transform(load_image(left, it.origin)),
+            "image1": self.transform(load_image(right, it.origin)),
+            "sentence": sentence,
+            "label": int(it.label),
+        }
+
+
+class NLVRCollator:
+    """Stack both images, tokenize sentences (padded to the longest, truncated at ``max_len``),
+    labels to a long tensor -> ``images0``/``images1`` [B, 3, H, W], ``input_ids``/
+    ``attention_mask`` [B, T], ``labels`` [B]."""
+
+    def __init__(self, tokenizer, max_len: int = 40) -> None:
+        self.tokenizer, self.max_len = tokenizer, max_len
+
+    def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
+        batch = tokenize(self.tokenizer, [it["sentence"] for it in items], self.max_len)
+        batch["images0"] = torch.stack([it["image0"] for it in items])
+        batch["images1"] = torch.stack([it["image1"] for it in items])
+        batch["labels"] = torch.tensor([it["label"] for it in items], dtype=torch.long)
+        return batch

@@ -1,0 +1,97 @@
+"""VQA data: question dataset, ALBEF question cleaning, and the collator producing the VQA task's batch."""
+
+from __future__ import annotations
+
+import re
+from typing import Callable, Optional, Sequence
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from vlp.data.datasets import load_image
+from vlp.data.formats import DataError, VQAQuestion
+
+_DELETE = re.compile(r"[,.'!?\"()*#:;~]")
+TRAIN_MAX_WORDS, TEST_MAX_WORDS = 30, 50  # ALBEF pre_question word limits
+
+
+def pre_question(question: str, max_words: int = TRAIN_MAX_WORDS) -> str:
+    """ALBEF ``pre_question``: lower-case, delete ``, . ' ! ? " ( ) * # : ; ~``, strip, keep the
+    first ``max_words`` space-separated words (whitespace is not collapsed). Idempotent."""
+    q = _DELETE.sub("", question.lower()).strip()
+    return " ".join(q.split(" ")[:max_words])
+
+
+class VQADataset(Dataset):
+    """Items ``{"image" [3, H, W], "question" (cleaned), "answers", "weights", "question_id", "index"}``.
+
+    ``train=True`` needs every question to have answers (one weight each) and keeps 30 question
+    words; evaluation (``train=False``) keeps 50 and accepts test questions without answers.
+    """
+
+    def __init__(self, questions: Sequence[VQAQuestion], transform: Callable[[Image.Image], torch.Tensor],
+                 train: bool) -> None:
+        self.questions, self.transform, self.train = list(questions), transform, train
+        for q in self.questions:
+            if len(q.answers) != len(q.weights):
+                raise DataError(f"{q.origin}: {len(q.answers)} answers but {len(q.weights)} weights")
+            if train and not q.answers:
+                raise DataError(f"{q.origin}: a training question needs at least one answer")
+        self.max_words = TRAIN_MAX_WORDS if train else TEST_MAX_WORDS
+
+    def __len__(self) -> int:
+        return len(self.questions)
+
+    def __getitem__(self, i: int) -> dict:
+        q = self.questions[i]
+        return {
+            "image": self.transform(load_image(q.image, q.origin)),
+            "question": pre_question(q.question, self.max_words),
+            "answers": list(q.answers),
+            "weights": [float(w) for w in q.weights],
+            "question_id": q.question_id,
+            "index": i,
+        }
+
+
+def tokenize_answers(tokenizer, answers: Sequence[str], max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[CLS] answer [SEP]`` token ids and mask [C, L], padded to the longest, truncated at
+    ``max_len`` tokens (the tokenizer keeps [SEP] when truncating). [SEP] is ALBEF's answer eos."""
+    if not answers:
+        return torch.zeros(0, 0, dtype=torch.long), torch.zeros(0, 0, dtype=torch.long)
+    enc = tokenizer(list(answers), padding="longest", truncation=True, max_length=max_len, return_tensors="pt")
+    return enc["input_ids"], enc["attention_mask"]
+
+
+class VQACollator:
+    """Items of :class:`VQADataset` -> the :class:`vlp.tasks.vqa.VQATask` batch.
+
+    Keys: ``images`` [B, 3, H, W]; ``input_ids``/``attention_mask`` [B, T] (questions cleaned by
+    :func:`pre_question`, truncated at ``question_max_len`` tokens, None = untruncated);
+    ``answer_ids``/``answer_mask`` [A, L] the answers of all questions in item order;
+    ``answer_weights`` [A] float; ``answer_question`` [A] long (batch row of each answer's
+    question); ``question_index`` [B] long (dataset index, for evaluation).
+    """
+
+    def __init__(self, tokenizer, question_max_len: Optional[int] = 25, answer_max_len: int = 10) -> None:
+        self.tokenizer, self.question_max_len, self.answer_max_len = tokenizer, question_max_len, answer_max_len
+
+    def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
+        questions = [pre_question(it["question"], TEST_MAX_WORDS) for it in items]
+        trunc = self.question_max_len is not None
+        enc = self.tokenizer(questions, padding="longest", truncation=trunc, max_length=self.question_max_len,
+                             return_tensors="pt")
+        answers = [a for it in items for a in it["answers"]]
+        ids, mask = tokenize_answers(self.tokenizer, answers, self.answer_max_len)
+        counts = torch.tensor([len(it["answers"]) for it in items], dtype=torch.long)
+        return {
+            "images": torch.stack([it["image"] for it in items]),
+            "input_ids": enc["input_ids"],
+            "attention_mask": enc["attention_mask"],
+            "answer_ids": ids,
+            "answer_mask": mask,
+            "answer_weights": torch.tensor([w for it in items for w in it["weights"]], dtype=torch.float32),
+            "answer_question": torch.arange(len(items)).repeat_interleave(counts),
+            "question_index": torch.tensor([it["index"] for it in items], dtype=torch.long),
+        }

@@ -1,0 +1,79 @@
+"""VQA accuracy (min(#annotators who gave the answer / 3, 1)), per-question-type breakdown and the
+most-frequent-answer baseline."""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import defaultdict
+from typing import Mapping, Sequence
+
+from vlp.data.formats import VQAQuestion
+
+ALL = "all"  # key of the overall entry in the per-type dictionaries
+
+
+def normalize_answer(s: str) -> str:
+    """Lower-case, strip, collapse whitespace runs to one space, drop trailing punctuation."""
+    s = re.sub(r"\s+", " ", s.lower()).strip()
+    return s.rstrip(string.punctuation).rstrip()
+
+
+def vqa_accuracy(pred: str, raw_answers: Sequence[str]) -> float:
+    """``min(#annotators whose answer equals pred / 3, 1)`` after :func:`normalize_answer`."""
+    p = normalize_answer(pred)
+    return min(sum(normalize_answer(a) == p for a in raw_answers) / 3.0, 1.0)
+
+
+def mean_vqa_accuracy(preds: Sequence[str], raw_answers_list: Sequence[Sequence[str]]) -> float:
+    """Mean :func:`vqa_accuracy` in percent. Every question needs annotator answers."""
+    if len(preds) != len(raw_answers_list):
+        raise ValueError(f"{len(preds)} predictions for {len(raw_answers_list)} questions")
+    if not preds:
+        raise ValueError("no questions to score")
+    for i, raw in enumerate(raw_answers_list):
+        if not raw:
+            raise ValueError(f"question {i} has no annotator answers (a test question?) and cannot be scored")
+    return 100.0 * sum(vqa_accuracy(p, r) for p, r in zip(preds, raw_answers_list)) / len(preds)
+
+
+def per_type_accuracy(preds: Sequence[str], questions: Sequence[VQAQuestion]) -> dict[str, float]:
+    """Mean accuracy (percent) per ``question_type``, plus ``"all"`` over every question.
+
+    Questions without a type count in ``"all"`` only.
+    """
+    if len(preds) != len(questions):
+        raise ValueError(f"{len(preds)} predictions for {len(questions)} questions")
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, q in enumerate(questions):
+        if q.question_type is not None:
+            groups[q.question_type].append(i)
+    out = {t: mean_vqa_accuracy([preds[i] for i in idx], [questions[i].raw_answers for i in idx])
+           for t, idx in sorted(groups.items())}
+    out[ALL] = mean_vqa_accuracy(preds, [q.raw_answers for q in questions])
+    return out
+
+
+def _argmax_answer(totals: Mapping[str, float]) -> str:
+    # largest summed weight; ties -> the answer seen first (dicts keep insertion order)
+    return max(totals.items(), key=lambda kv: kv[1])[0]
+
+
+def most_frequent_answers(train: Sequence[VQAQuestion]) -> dict[str, str]:
+    """Per ``question_type``: the (normalised) answer with the largest summed weight over the
+    training questions; ``"all"``: the same over every question. Ties go to the answer seen first."""
+    totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for q in train:
+        for a, w in zip(q.answers, q.weights):
+            a = normalize_answer(a)
+            totals[ALL][a] += w
+            if q.question_type is not None:
+                totals[q.question_type][a] += w
+    if not totals[ALL]:
+        raise ValueError("no training answers")
+    return {t: _argmax_answer(tot) for t, tot in totals.items()}
+
+
+def baseline_predictions(answers_by_type: Mapping[str, str], questions: Sequence[VQAQuestion]) -> list[str]:
+    """The baseline answer of each question: its type's most frequent answer, else ``"all"``'s."""
+    return [answers_by_type.get(q.question_type or ALL, answers_by_type[ALL]) for q in questions]

@@ -1,0 +1,308 @@
+"""Fine-tuning jobs: ``vlp finetune retrieval|vqa|nlvr2`` and ``vlp pretrain nlvr-ta``.
+
+Every job: read the pretrained checkpoint's model config, change the resolution (position
+embedding interpolated) and any ``model_overrides``, build the task model, load the weights
+(:func:`vlp.models.transfer.load_pretrained`), train with the shared loop, validate every epoch
+keeping the best checkpoint, and evaluate the best checkpoint on the test split at the end. Like
+:mod:`vlp.jobs`, this is glue: it reads files, the tasks and models never do.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+from accelerate.utils import set_seed
+from torch import nn
+from torch.utils.data import DataLoader
+
+from vlp import __version__
+from vlp.config import (
+    VISION_PRESETS, ConfigError, FinetuneConfig, ModelConfig, apply_overrides, resolved, to_dict,
+)
+from vlp.data.datasets import Collator, ImageTextDataset
+from vlp.data.formats import DataError, load_pairs, load_retrieval_split
+from vlp.data.transforms import load_tokenizer, test_transform, train_transform
+from vlp.models.transfer import load_pretrained
+from vlp.train.checkpoint import find_checkpoint, load_weights, read_state
+from vlp.train.loop import Validation, train
+
+
+def finetune_model_config(cfg: FinetuneConfig, source_state: dict[str, Any]) -> ModelConfig:
+    """The pretrained checkpoint's model config with ``image_size`` and ``model_overrides`` applied."""
+    from vlp.jobs import checkpoint_model_config
+
+    model = checkpoint_model_config(source_state)
+    if model.arch != "albef":
+        raise ConfigError(f"config key 'pretrained': {cfg.pretrained} is a model.arch={model.arch} checkpoint; "
+                          "fine-tuning needs an ALBEF checkpoint (fusion encoder)")
+    if cfg.image_size is not None:
+        model.vision.img_size = cfg.image_size
+    model = apply_overrides(model, cfg.model_overrides)
+    model.text.init, model.vision.pretrained = "random", None  # every weight comes from the checkpoint
+    return model
+
+
+class Job:
+    """What every fine-tuning job shares: model from the pretrained checkpoint, run directory,
+    loaders, the train call with validation, and the final test with the best checkpoint."""
+
+    def __init__(self, cfg: FinetuneConfig) -> None:
+        from vlp.jobs import build_task_model, prepare_run_dir
+
+        if not cfg.pretrained:
+            raise ConfigError("config key 'pretrained': fine-tuning starts from a vlp checkpoint (run directory or "
+                              "checkpoint folder); none given")
+        if not cfg.data.train:
+            raise DataError("config key 'data.train': no annotation files given")
+        set_seed(cfg.train.seed)
+        self.cfg = cfg
+        self.source = find_checkpoint(cfg.pretrained)
+        self.model_cfg = finetune_model_config(cfg, read_state(self.source))
+        self.tokenizer = load_tokenizer(self.model_cfg.text)
+        self.model = build_task_model(cfg.task, self.model_cfg, len(self.tokenizer))
+        self.report = load_pretrained(self.model, self.source)
+        self.res = resolved(self.model_cfg.vision, VISION_PRESETS)["img_size"]
+        self.run_dir: Optional[Path] = None
+        self._prepare_run_dir = prepare_run_dir
+
+    def start(self, n_train: int) -> Path:
+        self.run_dir = self._prepare_run_dir(self.cfg)
+        print(f"vlp {self.cfg.task}: {n_train} training items, from {self.source} "
+              f"({len(self.report['new'])} new tensors, {len(self.report['dropped'])} checkpoint tensors unused"
+              f"{', momentum twins copied from the loaded weights' if self.report['momentum_copied'] else ''}), "
+              f"{self.res} px -> {self.run_dir}")
+        return self.run_dir
+
+    def train_transform(self):
+        return train_transform(self.res, self.cfg.data.image)
+
+    def test_transform(self):
+        return test_transform(self.res, self.cfg.data.image)
+
+    def loader(self, dataset, collate: Callable, train: bool) -> DataLoader:
+        d = self.cfg.data
+        bs = d.batch_size if train else d.eval_batch_size
+        return DataLoader(dataset, batch_size=bs, shuffle=train, drop_last=train and len(dataset) >= bs,
+                          num_workers=d.num_workers, persistent_workers=train and d.num_workers > 0,
+                          collate_fn=collate, generator=torch.Generator().manual_seed(self.cfg.train.seed))
+
+    def fit(self, task: nn.Module, loader: DataLoader, evaluate: Optional[Callable[[nn.Module, int], dict]],
+            select: str) -> None:
+        t = self.cfg.train
+        if t.epochs is not None:
+            t.steps = t.epochs * len(loader)
+        every = self.cfg.eval_every or len(loader)
+        validation = Validation(evaluate, select, every) if evaluate is not None else None
+        state = {"task": self.cfg.task, "vlp_version": __version__, "config": to_dict(self.cfg),
+                 "model": to_dict(self.model_cfg), "pretrained": str(self.source)}
+        train(task, loader, t, self.run_dir, state, validation=validation)
+
+    def load_best(self) -> Optional[Path]:
+        """Put the best validated weights into the model (if validation ran); returns that checkpoint."""
+        best = self.run_dir / "checkpoints" / "best"
+        if (best / "model.safetensors").is_file():
+            load_weights(self.model, best)
+            return best
+        return None
+
+    def write_results(self, results: dict) -> dict:
+        (self.run_dir / "results.json").write_text(json.dumps(results, indent=2))
+        return results
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+# ----------------------------------------------------------------------------- retrieval
+
+
+def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
+    """ITC (positives by image id, id queue, optional SRCL on the live model) + ITM (same-image
+    negatives excluded); validation = ITC top-k + ITM re-rank, best by r_mean; test at the end."""
+    from vlp.eval.retrieval import embed, evaluate_retrieval
+    from vlp.jobs import build_reconstruction, load_targets_for, token_info
+    from vlp.tasks.pretrain import PretrainTask
+    from vlp.tasks.regulation import SRCLRegulator
+    from vlp.viz import plot_retrieval_examples
+
+    job = Job(cfg)
+    samples = load_pairs(cfg.data.train, cfg.data.image_root)
+    targets = load_targets_for(cfg.loss.ltd)
+    dataset = ImageTextDataset(samples, job.train_transform(), targets=targets)
+    loader = job.loader(dataset, Collator(job.tokenizer, cfg.data.max_len), train=True)
+    splits = {s: load_retrieval_split(getattr(cfg.data, s), cfg.data.image_root)
+              for s in ("val", "test") if getattr(cfg.data, s)}
+    run_dir = job.start(len(dataset))
+    steps = cfg.train.epochs * len(loader) if cfg.train.epochs is not None else cfg.train.steps
+    regulator = None
+    if cfg.loss.regulation != "none":  # fine-tuning: the live model's similarities only (no helper)
+        regulator = SRCLRegulator(cfg.loss.srcl, cfg.loss.regulation, steps, job.model_cfg.queue_size, 1, finetune=True)
+    rec = build_reconstruction(cfg.loss.ltd, job.model_cfg.embed_dim, targets, len(job.tokenizer))
+    task = PretrainTask(job.model, cfg.loss, token_info(job.tokenizer), cfg.train.seed, regulator, rec)
+
+    def evaluate(split_name: str, show: bool = False):
+        split = splits[split_name]
+        emb = embed(job.model, split, job.tokenizer, job.test_transform(), cfg.data.max_len, cfg.data.eval_batch_size,
+                    job.device, show)
+        return split, evaluate_retrieval(job.model, emb, split, cfg.eval, show_progress=show)
+
+    validate = (lambda _task, _step: evaluate("val")[1].metrics) if "val" in splits else None
+    job.fit(task, loader, validate, "r_mean")
+    results: dict[str, Any] = {"task": "retrieval", "score": cfg.eval.score, "k_test": cfg.eval.k_test,
+                               "best": str(job.load_best())}
+    for name in splits:
+        split, res = evaluate(name, show=cfg.train.progress)
+        results[name] = res.metrics
+        out = run_dir / name
+        out.mkdir(exist_ok=True)
+        (out / "metrics.json").write_text(json.dumps(res.metrics, indent=2))
+        plot_retrieval_examples(split, res.scores_t2i, out / "retrieval_examples.png")
+    return job.write_results(results)
+
+
+# ----------------------------------------------------------------------------- VQA
+
+
+def run_finetune_vqa(cfg: FinetuneConfig) -> dict:
+    """Answer decoder from the pretrained fusion layers; weighted answer NLL (+ distillation);
+    validation = VQA accuracy of the ranked candidate answers; test predictions in the official
+    ``[{"question_id", "answer"}]`` format; the most-frequent-answer-per-type baseline for reference."""
+    from vlp.data.formats import load_answer_list, load_vqa, write_vqa_predictions
+    from vlp.data.vqa import VQACollator, VQADataset, tokenize_answers
+    from vlp.eval.vqa import (baseline_predictions, mean_vqa_accuracy, most_frequent_answers, per_type_accuracy)
+    from vlp.tasks.vqa import VQATask
+
+    if not cfg.data.answer_list:
+        raise ConfigError("config key 'data.answer_list': VQA ranks a fixed list of candidate answers; none given")
+    job = Job(cfg)
+    d = cfg.data
+    train_q = load_vqa(d.train, d.image_root, d.vg_root)
+    val_q = load_vqa([d.val], d.image_root, d.vg_root) if d.val else []
+    test_q = load_vqa([d.test], d.image_root, d.vg_root, require_answers=False) if d.test else []
+    answers = load_answer_list(d.answer_list)
+    collate = VQACollator(job.tokenizer, d.max_len, cfg.vqa.answer_max_len)
+    loader = job.loader(VQADataset(train_q, job.train_transform(), train=True), collate, train=True)
+    run_dir = job.start(len(train_q))
+    task = VQATask(job.model, cfg.loss.alpha, cfg.loss.alpha_ramp_steps, cfg.loss.distill)
+    cand_ids, cand_mask = tokenize_answers(job.tokenizer, answers, cfg.vqa.answer_max_len)
+
+    def predict(questions) -> list[str]:
+        loader = job.loader(VQADataset(questions, job.test_transform(), train=False), collate, train=False)
+        return predict_answers(job.model, loader, cand_ids, cand_mask, answers, cfg.vqa.k_test, job.device)
+
+    def val_metrics(preds: list[str]) -> dict[str, float]:
+        acc = mean_vqa_accuracy(preds, [q.raw_answers for q in val_q])
+        return {"acc": acc, **{f"acc_{k}": v for k, v in per_type_accuracy(preds, val_q).items()}}
+
+    validate = (lambda _task, _step: val_metrics(predict(val_q))) if val_q else None
+    job.fit(task, loader, validate, "acc")
+    results: dict[str, Any] = {"task": "vqa", "k_test": cfg.vqa.k_test, "answers": len(answers),
+                               "best": str(job.load_best())}
+    if val_q:
+        results["val"] = val_metrics(predict(val_q))
+        base = baseline_predictions(most_frequent_answers(train_q), val_q)
+        results["val_baseline_most_frequent_per_type"] = val_metrics(base)
+    if test_q:
+        preds = predict(test_q)
+        path = write_vqa_predictions(run_dir / "vqa_test_predictions.json", [q.question_id for q in test_q], preds)
+        results["test_predictions"] = str(path)
+    return job.write_results(results)
+
+
+@torch.no_grad()
+def predict_answers(model, loader: DataLoader, cand_ids: torch.Tensor, cand_mask: torch.Tensor, answers: list[str],
+                    k: int, device: torch.device) -> list[str]:
+    """The ranked answer (a string of ``answers``) for every question of ``loader``, in order."""
+    model.eval()
+    cand_ids, cand_mask = cand_ids.to(device), cand_mask.to(device)
+    out: list[str] = []
+    for batch in loader:
+        states = model.encode_question(batch["images"].to(device), batch["input_ids"].to(device),
+                                       batch["attention_mask"].to(device))
+        pred, _ = model.rank_answers(states, batch["attention_mask"].to(device), cand_ids, cand_mask, k)
+        out += [answers[i] for i in pred.tolist()]
+    return out
+
+
+# ----------------------------------------------------------------------------- NLVR2
+
+
+class ConstantImage:
+    """The text-only baseline's transform: every image becomes the same zero tensor."""
+
+    def __init__(self, res: int) -> None:
+        self.res = res
+
+    def __call__(self, _image) -> torch.Tensor:
+        return torch.zeros(3, self.res, self.res)
+
+
+def run_finetune_nlvr(cfg: FinetuneConfig) -> dict:
+    """Doubled fusion layers alternating between the two images (K/V shared per pair), a classifier
+    on [CLS] (+ distillation); validation = dev accuracy, best checkpoint; test accuracy at the end."""
+    from vlp.data.formats import load_nlvr
+    from vlp.data.nlvr import NLVRCollator, NLVRDataset
+    from vlp.tasks.nlvr import NLVRTask
+
+    job = Job(cfg)
+    d = cfg.data
+    train_items = [it for path in d.train for it in load_nlvr(path, d.image_root)]
+    evals = {name: load_nlvr(getattr(d, name), d.image_root) for name in ("val", "test") if getattr(d, name)}
+    blank = cfg.nlvr.text_only
+    collate = NLVRCollator(job.tokenizer, d.max_len)
+    train_tf = ConstantImage(job.res) if blank else job.train_transform()
+    test_tf = ConstantImage(job.res) if blank else job.test_transform()
+    loader = job.loader(NLVRDataset(train_items, train_tf, flip=cfg.nlvr.flip), collate, train=True)
+    job.start(len(train_items))
+    task = NLVRTask(job.model, cfg.loss.alpha, cfg.loss.alpha_ramp_steps, cfg.loss.distill)
+
+    def accuracy(items) -> float:
+        return nlvr_accuracy(job.model, job.loader(NLVRDataset(items, test_tf), collate, train=False), job.device)
+
+    validate = (lambda _task, _step: {"acc": accuracy(evals["val"])}) if "val" in evals else None
+    job.fit(task, loader, validate, "acc")
+    results: dict[str, Any] = {"task": "nlvr2", "text_only": blank, "flip": cfg.nlvr.flip, "best": str(job.load_best())}
+    for name, items in evals.items():
+        results[name] = {"acc": accuracy(items), "n": len(items)}
+    return job.write_results(results)
+
+
+@torch.no_grad()
+def nlvr_accuracy(model, loader: DataLoader, device: torch.device) -> float:
+    """Accuracy in percent over every example of ``loader`` (not a mean of batch means)."""
+    model.eval()
+    right = total = 0
+    for batch in loader:
+        logits = model.classify(batch["images0"].to(device), batch["images1"].to(device),
+                                batch["input_ids"].to(device), batch["attention_mask"].to(device))
+        right += int((logits.argmax(-1).cpu() == batch["labels"]).sum())
+        total += len(batch["labels"])
+    return 100.0 * right / max(total, 1)
+
+
+def run_nlvr_ta(cfg: FinetuneConfig) -> dict:
+    """Text-assignment pre-training of the doubled fusion layers on pretraining data (one epoch in
+    ALBEF): which of two images (or neither) a caption describes."""
+    from vlp.tasks.nlvr import TextAssignmentTask
+
+    job = Job(cfg)
+    samples = load_pairs(cfg.data.train, cfg.data.image_root)
+    dataset = ImageTextDataset(samples, job.train_transform())
+    loader = job.loader(dataset, Collator(job.tokenizer, cfg.data.max_len), train=True)
+    job.start(len(dataset))
+    task = TextAssignmentTask(job.model, cfg.train.seed)
+    job.fit(task, loader, None, "acc")
+    return job.write_results({"task": "nlvr-ta", "checkpoint": str(find_checkpoint(job.run_dir))})
+
+
+RUNNERS: dict[str, Callable[[FinetuneConfig], dict]] = {
+    "retrieval": run_finetune_retrieval, "vqa": run_finetune_vqa, "nlvr2": run_finetune_nlvr, "nlvr-ta": run_nlvr_ta,
+}
+
+
+def run_finetune(cfg: FinetuneConfig) -> dict:
+    return RUNNERS[cfg.task](cfg)
