@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test clean
+.PHONY: setup demo demo-full test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,11 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VENV)/bin/vlp demo --out demo_out
 
+demo-full: setup
+	$(VENV)/bin/vlp demo --full --out demo_full
+
 test: setup
 	$(PY) -m pytest
 
 clean:
-	rm -rf demo_out .pytest_cache
+	rm -rf demo_out demo_full .pytest_cache

@@ -89,9 +89,18 @@ def _make_world(a: argparse.Namespace) -> None:
 
 
 def _demo(a: argparse.Namespace) -> None:
-    from vlp.demo import run_demo
+    from vlp.demo import run_demo, run_demo_full
 
-    run_demo(a.out, seed=a.seed, n_train=a.images, overrides=a.overrides)
+    if a.full:
+        stages: dict[str, list[str]] = {}
+        for item in a.overrides:
+            name, _, override = item.partition(":")
+            if not override:
+                raise ConfigError(f"vlp demo --full override {item!r}: expected STAGE:key=value, e.g. vqa:train.epochs=1")
+            stages.setdefault(name, []).append(override)
+        run_demo_full(a.out, seed=a.seed, n_train=a.images, stage_overrides=stages, nlvr_ta=a.nlvr_ta)
+    else:
+        run_demo(a.out, seed=a.seed, n_train=a.images, overrides=a.overrides)
 
 
 def _plot(a: argparse.Namespace) -> None:
@@ -218,7 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="demo_out")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--images", type=int, default=4000, help="training images")
-    s.add_argument("overrides", nargs="*", help="config overrides, e.g. train.steps=100")
+    s.add_argument("--full", action="store_true", help="pretrain -> fine-tune retrieval, VQA, NLVR2 -> one table "
+                   "(`make demo-full`)")
+    s.add_argument("--nlvr-ta", action="store_true", help="with --full: run NLVR2 text-assignment pre-training first")
+    s.add_argument("overrides", nargs="*", help="config overrides, e.g. train.steps=100; with --full prefixed by the "
+                   "stage: pretrain:train.steps=100 vqa:train.epochs=1 (stages: pretrain retrieval vqa nlvr_ta nlvr2 "
+                   "nlvr2_text_only)")
     s.set_defaults(func=_demo)
 
     s = sub.add_parser("plot", help="plots of a run")

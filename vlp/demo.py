@@ -6,7 +6,7 @@ import json
 import shutil
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from vlp.config import PretrainConfig, load_config
 from vlp.eval.metrics import chance_recall
@@ -74,3 +74,83 @@ def run_demo(out: str | Path, seed: int = 0, n_train: int = 4000, overrides: Seq
     print(f"\ntrain {t_train / 60:.1f} min, total {(time.perf_counter() - t0) / 60:.1f} min. "
           f"Outputs: {out}/metrics.json, loss_curves.png, retrieval_examples.png")
     return res.metrics
+
+
+FINETUNE_CONFIGS = Path(__file__).parent / "configs" / "finetune"
+
+
+def run_demo_full(out: str | Path, seed: int = 0, n_train: int = 4000, pretrain_steps: Optional[int] = None,
+                  stage_overrides: Optional[dict[str, Sequence[str]]] = None, nlvr_ta: bool = False) -> dict:
+    """World -> pretrain -> zero-shot retrieval -> fine-tune retrieval, VQA, NLVR2 (and the NLVR2
+    text-only baseline) -> one table (``out/results.md``, ``out/results.json``).
+
+    ``stage_overrides`` maps a stage (pretrain, retrieval, vqa, nlvr2, nlvr2_text_only, nlvr_ta) to
+    dotted overrides. ``nlvr_ta``: run the optional text-assignment stage before NLVR2.
+    """
+    from vlp.cli import load_finetune_config
+    from vlp.data.synthetic import generate_world
+    from vlp.finetune import run_finetune
+    from vlp.jobs import run_evaluate_retrieval, run_pretrain
+
+    out, extra = Path(out), stage_overrides or {}
+    t0 = time.perf_counter()
+    times: dict[str, float] = {}
+
+    def stage(name: str) -> None:
+        times[name] = time.perf_counter()
+        print(f"\n== [{len(times)}/8] {name} ({(times[name] - t0) / 60:.1f} min) ==", flush=True)
+
+    stage("shapes world")
+    w = generate_world(out / "world", seed=seed, n_train=n_train, n_val=200, n_test=1000)
+    for d in ("pretrain", "zero_shot", "retrieval", "vqa", "nlvr_ta", "nlvr2", "nlvr2_text_only"):
+        shutil.rmtree(out / d, ignore_errors=True)
+    stage("pretrain")
+    cfg = load_config(PretrainConfig, DEMO_CONFIG, [
+        f"output_dir={out / 'pretrain'}", f"data.train=[{w['pretrain']}]", f"train.seed={seed}",
+        *([f"train.steps={pretrain_steps}"] if pretrain_steps else []), *extra.get("pretrain", [])])
+    run_pretrain(cfg)
+    stage("zero-shot retrieval (pretrained checkpoint, pretraining resolution)")
+    zs = run_evaluate_retrieval(out / "pretrain", w["retrieval_test"], None, out / "zero_shot").metrics
+
+    def finetune(task: str, name: str, pretrained: Path, files: list[str]) -> dict:
+        stage(name)
+        c = load_finetune_config(task, str(FINETUNE_CONFIGS / f"shapes_{task.replace('-', '_')}.yaml"),
+                                 [f"output_dir={out / name}", f"pretrained={pretrained}", f"train.seed={seed}",
+                                  *files, *extra.get(name, [])])
+        return run_finetune(c)
+
+    ret = finetune("retrieval", "retrieval", out / "pretrain", [
+        f"data.train=[{w['retrieval_train']}]", f"data.val={w['retrieval_val']}", f"data.test={w['retrieval_test']}"])
+    vqa = finetune("vqa", "vqa", out / "pretrain", [
+        f"data.train=[{w['vqa_train']}]", f"data.val={w['vqa_val']}", f"data.test={w['vqa_test']}",
+        f"data.answer_list={w['answer_list']}"])
+    nlvr_src = out / "pretrain"
+    if nlvr_ta:
+        finetune("nlvr-ta", "nlvr_ta", out / "pretrain", [f"data.train=[{w['pretrain']}]"])
+        nlvr_src = out / "nlvr_ta"
+    nlvr_files = [f"data.train=[{w['nlvr_train']}]", f"data.val={w['nlvr_dev']}", f"data.test={w['nlvr_test']}"]
+    nlvr = finetune("nlvr2", "nlvr2", nlvr_src, nlvr_files)
+    text_only = finetune("nlvr2", "nlvr2_text_only", nlvr_src, [*nlvr_files, "nlvr.text_only=true"])
+
+    rows = [
+        ("retrieval (test, 1,000 images)", "r_mean", ret["test"]["r_mean"], "zero-shot, same checkpoint", zs["r_mean"]),
+        ("retrieval (test)", "txt_r1", ret["test"]["txt_r1"], "zero-shot, same checkpoint", zs["txt_r1"]),
+        ("retrieval (test)", "img_r1", ret["test"]["img_r1"], "zero-shot, same checkpoint", zs["img_r1"]),
+        ("VQA (val, 600 questions)", "VQA accuracy", vqa["val"]["acc"], "most frequent answer per question type",
+         vqa["val_baseline_most_frequent_per_type"]["acc"]),
+        ("NLVR2 (test, 2,000 statements)", "accuracy", nlvr["test"]["acc"], "text-only model (images blanked)",
+         text_only["test"]["acc"]),
+        ("NLVR2 (dev, 400 statements)", "accuracy", nlvr["val"]["acc"], "text-only model (images blanked)",
+         text_only["val"]["acc"]),
+    ]
+    lines = ["| task | metric | vlp tiny | baseline | baseline value | margin |", "|---|---|---:|---|---:|---:|"]
+    lines += [f"| {t} | {m} | {v:.2f} | {b} | {bv:.2f} | {v - bv:+.2f} |" for t, m, v, b, bv in rows]
+    table = "\n".join(lines)
+    minutes = (time.perf_counter() - t0) / 60
+    results = {"rows": [dict(task=t, metric=m, value=v, baseline=b, baseline_value=bv) for t, m, v, b, bv in rows],
+               "zero_shot": zs, "retrieval": ret, "vqa": vqa, "nlvr2": nlvr, "nlvr2_text_only": text_only,
+               "minutes": minutes, "stage_start_minutes": {k: (v - t0) / 60 for k, v in times.items()}}
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    (out / "results.md").write_text(table + "\n")
+    print(f"\n{table}\n\ntotal {minutes:.1f} min. Outputs under {out}/ (results.md, results.json, one folder per stage)")
+    return results

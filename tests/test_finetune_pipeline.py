@@ -1,0 +1,105 @@
+"""A few steps of every downstream task through the command line, from a tiny pretrained checkpoint."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vlp.cli import main
+from vlp.data.synthetic import generate_world
+from vlp.jobs import load_model
+from vlp.models.albef import ALBEF
+from vlp.models.nlvr import NLVRModel
+from vlp.models.vqa import VQAModel
+
+TINY = ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=1", "model.queue_size=32",
+        "model.embed_dim=32", "data.batch_size=8", "data.num_workers=0", "train.steps=2", "train.progress=false"]
+FT = ["data.batch_size=8", "data.eval_batch_size=16", "data.num_workers=0", "train.epochs=null", "train.steps=4",
+      "eval_every=2", "train.progress=false", "train.log_every=2"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return generate_world(tmp_path_factory.mktemp("world"), seed=5, n_train=32, n_val=6, n_test=8, progress=False)
+
+
+@pytest.fixture(scope="module")
+def pretrained(world, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pre")
+    assert main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={out}",
+                 f"data.train=[{world['pretrain']}]", *TINY]) == 0
+    return out
+
+
+def _ft(task, world, pretrained, out, *extra):
+    cfg = f"configs/finetune/shapes_{task.replace('-', '_')}.yaml"
+    head = ["pretrain", "nlvr-ta"] if task == "nlvr-ta" else ["finetune", task]
+    return main([*head, "--config", cfg, f"output_dir={out}", f"pretrained={pretrained}", *FT, *extra])
+
+
+def test_retrieval_finetune_runs_validates_and_keeps_best(world, pretrained, tmp_path):
+    out = tmp_path / "ret"
+    assert _ft("retrieval", world, pretrained, out, f"data.train=[{world['retrieval_train']}]",
+               f"data.val={world['retrieval_val']}", f"data.test={world['retrieval_test']}", "eval.k_test=4") == 0
+    val = [json.loads(line) for line in (out / "val_metrics.jsonl").read_text().splitlines()]
+    assert [v["step"] for v in val] == [2, 4]
+    best = max(val, key=lambda v: v["r_mean"])  # ties keep the first
+    state = json.loads((out / "checkpoints" / "best" / "state.json").read_text())
+    assert state["best"]["step"] == best["step"] and state["best"]["value"] == pytest.approx(best["r_mean"])
+    assert state["task"] == "retrieval" and state["model"]["vision"]["img_size"] == 80
+    res = json.loads((out / "results.json").read_text())
+    assert set(res) >= {"val", "test"} and 0 <= res["test"]["r_mean"] <= 100
+    assert (out / "test" / "retrieval_examples.png").is_file()
+    # the fine-tuned checkpoint is a retrieval ALBEF (no MLM head) at 80 px: pos_embed 1 + 10x10
+    sd = load_file(str(out / "checkpoints" / "step_0000004" / "model.safetensors"))
+    assert sd["vision.pos_embed"].shape[1] == 101 and not any(k.startswith("mlm_head") for k in sd)
+    assert (sd["queue.ids"] >= -100).all() and (sd["queue.ids"] != -100).sum() == 4 * 8  # 4 steps x batch 8
+    model, cfg, _ = load_model(out / "checkpoints" / "best", torch.device("cpu"))
+    assert isinstance(model, ALBEF) and model.mlm_head is None and cfg.model.vision.img_size == 80
+    # and it evaluates like any checkpoint
+    assert main(["evaluate", "retrieval", "--checkpoint", str(out / "checkpoints" / "best"), "--data",
+                 str(world["retrieval_test"]), "--out", str(tmp_path / "ev"), "eval.k_test=4"]) == 0
+
+
+def test_vqa_finetune_writes_official_predictions(world, pretrained, tmp_path):
+    out = tmp_path / "vqa"
+    assert _ft("vqa", world, pretrained, out, f"data.train=[{world['vqa_train']}]", f"data.val={world['vqa_val']}",
+               f"data.test={world['vqa_test']}", f"data.answer_list={world['answer_list']}") == 0
+    res = json.loads((out / "results.json").read_text())
+    assert 0 <= res["val"]["acc"] <= 100 and "acc" in res["val_baseline_most_frequent_per_type"]
+    preds = json.loads((out / "vqa_test_predictions.json").read_text())
+    test_q = json.loads(world["vqa_test"].read_text())
+    answers = set(json.loads(world["answer_list"].read_text()))
+    assert [p["question_id"] for p in preds] == [q["question_id"] for q in test_q]
+    assert all(set(p) == {"question_id", "answer"} and p["answer"] in answers for p in preds)
+    model, _, _ = load_model(out, torch.device("cpu"))
+    assert isinstance(model, VQAModel)
+
+
+def test_nlvr_text_assignment_then_finetune(world, pretrained, tmp_path):
+    ta = tmp_path / "ta"
+    assert _ft("nlvr-ta", world, pretrained, ta, f"data.train=[{world['pretrain']}]") == 0
+    ta_state = load_file(str(ta / "checkpoints" / "step_0000004" / "model.safetensors"))
+    assert not any(k.startswith("momentum.twin.") for k in ta_state) and "ta_head.weight" in ta_state
+    out = tmp_path / "nlvr"
+    assert _ft("nlvr2", world, ta, out, f"data.train=[{world['nlvr_train']}]", f"data.val={world['nlvr_dev']}",
+               f"data.test={world['nlvr_test']}") == 0
+    res = json.loads((out / "results.json").read_text())
+    assert res["test"]["n"] == len(json.loads(world["nlvr_test"].read_text())) and 0 <= res["test"]["acc"] <= 100
+    model, _, _ = load_model(out, torch.device("cpu"))
+    assert isinstance(model, NLVRModel) and len(model.fusion.layer) == 2
+    # momentum twins exist in the fine-tuned checkpoint (created after loading the TA weights)
+    sd = load_file(str(out / "checkpoints" / "step_0000004" / "model.safetensors"))
+    assert any(k.startswith("momentum.twin.fusion.layer.1.") for k in sd)
+
+
+def test_finetune_errors_name_the_key(world, pretrained, tmp_path, capsys):
+    assert main(["finetune", "retrieval", "--config", "configs/finetune/shapes_retrieval.yaml",
+                 f"data.train=[{world['retrieval_train']}]"]) == 2
+    assert "'pretrained'" in capsys.readouterr().err
+    assert main(["finetune", "vqa", "--config", "configs/finetune/shapes_retrieval.yaml"]) == 2
+    assert "config key 'task' is 'retrieval'" in capsys.readouterr().err
+    assert main(["finetune", "vqa", "--config", "configs/finetune/shapes_vqa.yaml", f"pretrained={pretrained}",
+                 f"output_dir={tmp_path / 'v'}", f"data.train=[{world['vqa_train']}]"]) == 2
+    assert "data.answer_list" in capsys.readouterr().err
