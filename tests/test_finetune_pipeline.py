@@ -57,9 +57,17 @@ def test_retrieval_finetune_runs_validates_and_keeps_best(world, pretrained, tmp
     assert (sd["queue.ids"] >= -100).all() and (sd["queue.ids"] != -100).sum() == 4 * 8  # 4 steps x batch 8
     model, cfg, _ = load_model(out / "checkpoints" / "best", torch.device("cpu"))
     assert isinstance(model, ALBEF) and model.mlm_head is None and cfg.model.vision.img_size == 80
-    # and it evaluates like any checkpoint
-    assert main(["evaluate", "retrieval", "--checkpoint", str(out / "checkpoints" / "best"), "--data",
-                 str(world["retrieval_test"]), "--out", str(tmp_path / "ev"), "eval.k_test=4"]) == 0
+    # and it evaluates like any checkpoint; the ALBEF protocol preset takes exactly this kind
+    ev = ["evaluate", "retrieval", "--data", str(world["retrieval_test"])]
+    assert main([*ev, "--checkpoint", str(out / "checkpoints" / "best"), "--out", str(tmp_path / "ev"),
+                 "--preset", "albef-flickr"]) == 0
+    m = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    assert (m["k_test"], m["score"], m["image_size"], m["checkpoint_kind"]) == (128, "itm", 80, "retrieval")
+    assert main([*ev, "--checkpoint", str(out), "--out", str(tmp_path / "x"), "--preset", "zero-shot"]) == 2
+    assert main([*ev, "--checkpoint", str(pretrained), "--out", str(tmp_path / "zs"), "--preset", "zero-shot",
+                 "eval.k_test=4"]) == 0
+    m = json.loads((tmp_path / "zs" / "metrics.json").read_text())
+    assert (m["image_size"], m["score"], m["checkpoint_kind"]) == (64, "itm", "pretrain")
 
 
 def test_vqa_finetune_writes_official_predictions(world, pretrained, tmp_path):

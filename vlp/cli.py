@@ -70,7 +70,7 @@ def _evaluate_retrieval(a: argparse.Namespace) -> None:
     from vlp.jobs import run_evaluate_retrieval
 
     res = run_evaluate_retrieval(a.checkpoint, a.data, a.relevance, a.out, a.image_root, a.overrides,
-                                 graded_relevance=a.graded_relevance)
+                                 graded_relevance=a.graded_relevance, preset=a.preset)
     print_metrics(res.metrics)
     print(f"wrote {Path(a.out) / 'metrics.json'}")
 
@@ -208,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(needs --relevance)")
     r.add_argument("--image-root", help="folder for relative image paths (default: the JSON's folder)")
     r.add_argument("--out", required=True, help="output folder for metrics.json and plots")
+    r.add_argument("--preset", choices=["zero-shot", "albef-flickr"],
+                   help="zero-shot: a raw pretrained checkpoint at its pretraining resolution; albef-flickr: the ALBEF "
+                        "protocol (COCO-fine-tuned checkpoint on Flickr30k, k_test 128). Both re-rank with ITM")
     r.add_argument("overrides", nargs="*", help="e.g. eval.k_test=32 eval.score=itm+itc")
     r.set_defaults(func=_evaluate_retrieval)
 

@@ -30,6 +30,7 @@ from vlp.tasks.dual import DualTask
 from vlp.tasks.pretrain import PretrainTask
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.tasks.regulation import SRCLRegulator, helper_span
+from vlp.models.loading import CheckpointError
 from vlp.train.checkpoint import find_checkpoint, load_weights, read_state
 from vlp.train.loop import train
 
@@ -272,6 +273,18 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+# Zero-shot protocols (docs/evaluation.md): which checkpoint kind each takes and the eval settings.
+EVAL_PRESETS: dict[str, dict] = {
+    # A raw pretrained checkpoint at its pretraining resolution (ALBEF#25), ITM re-ranking.
+    "zero-shot": {"kinds": ("pretrain", "helper"), "overrides": ["eval.score=itm"],
+                  "about": "raw pretrained checkpoint at its pretraining resolution, ITC top-k + ITM re-rank"},
+    # ALBEF/BLIP "zero-shot Flickr30k": the COCO-fine-tuned retrieval checkpoint evaluated on Flickr30k
+    # at its fine-tuning resolution, k_test 128 (ALBEF#29, #74, #89).
+    "albef-flickr": {"kinds": ("retrieval",), "overrides": ["eval.score=itm", "eval.k_test=128"],
+                     "about": "ALBEF protocol: COCO-fine-tuned retrieval checkpoint on Flickr30k, k_test 128, ITM"},
+}
+
+
 def run_evaluate_retrieval(
     checkpoint: str | Path,
     data: str | Path,
@@ -281,6 +294,7 @@ def run_evaluate_retrieval(
     overrides: Sequence[str] = (),
     show_progress: bool = True,
     graded_relevance: Optional[str | Path] = None,
+    preset: Optional[str] = None,
 ) -> RetrievalResult:
     """Zero-shot retrieval of a checkpoint on a Karpathy-style split; writes ``out/metrics.json``
     and ``out/retrieval_examples.png``. ``graded_relevance`` (a ``.npy`` [texts, images] of gains,
@@ -291,6 +305,16 @@ def run_evaluate_retrieval(
         raise DataError(f"graded relevance {graded_relevance} needs the relevance file as well (--relevance / "
                         "data.relevance): R-precision, mAP and relevance-aware recall use its lists")
     ckpt = find_checkpoint(checkpoint)
+    kind = read_state(ckpt).get("task", "pretrain")
+    if preset is not None:
+        p = EVAL_PRESETS[preset]
+        if kind not in p["kinds"]:
+            raise CheckpointError(f"{ckpt}: --preset {preset} takes a {' or '.join(p['kinds'])} checkpoint "
+                                  f"({p['about']}); this one is a {kind} checkpoint")
+        overrides = [*p["overrides"], *overrides]
+        print(f"protocol {preset}: {p['about']}")
+    elif kind not in ("pretrain", "helper", "retrieval"):
+        raise CheckpointError(f"{ckpt}: a {kind} checkpoint has no retrieval heads (ITC/ITM)")
     model, cfg, tokenizer = load_model(ckpt)
     cfg = apply_overrides(cfg, overrides)
     ecfg: EvalConfig = cfg.eval
@@ -303,7 +327,8 @@ def run_evaluate_retrieval(
     result = evaluate_retrieval(model, emb, split, ecfg, rel, show_progress, graded_relevance=graded)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    record = {**result.metrics, "score": ecfg.score, "k_test": ecfg.k_test, "n_images": len(split.images),
+    record = {**result.metrics, "score": ecfg.score, "k_test": ecfg.k_test, "preset": preset, "checkpoint_kind": kind,
+              "image_size": image_size(cfg), "n_images": len(split.images),
               "n_texts": len(split.texts), "checkpoint": str(ckpt)}
     if rel is not None:
         record["ndcg_gains"] = "graded" if graded is not None else "binary"
