@@ -380,17 +380,18 @@ def write_vqa_predictions(path: str | Path, question_ids: Sequence[int | str], a
         if not isinstance(a, str):
             raise DataError(f"{path}: prediction {k}: answer is {type(a).__name__}, expected a string")
         results.append({"question_id": _prediction_id(qid, k), "answer": a})
-    _write_json_atomic(path, results)
+    write_json_atomic(path, results)
     return path
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON to a temporary file in ``path``'s folder, then ``os.replace`` it into place."""
+def write_json_atomic(path: Path, obj: Any, **dump_kwargs: Any) -> None:
+    """Write JSON to a temporary file in ``path``'s folder, then ``os.replace`` it into place
+    (a reader never sees a half-written file; ``dump_kwargs`` go to ``json.dump``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f)
+            json.dump(obj, f, **dump_kwargs)
             f.write("\n")
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)

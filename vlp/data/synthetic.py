@@ -869,19 +869,10 @@ def _rng(seed: int, split: str, index: int, purpose: str) -> random.Random:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    """Write JSON atomically (temp file in the same directory, then ``os.replace``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, separators=(",", ":"), ensure_ascii=True)
-            f.write("\n")
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600 files
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write compact ASCII JSON atomically (temp file in the same directory, then ``os.replace``)."""
+    from vlp.data.formats import write_json_atomic
+
+    write_json_atomic(path, obj, separators=(",", ":"), ensure_ascii=True)
 
 
 def _write_npy(path: Path, arr: np.ndarray) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import torch
-import torch.nn.functional as F
+
+from vlp.losses.distill import distilled_ce
 
 
 @torch.no_grad()
@@ -50,9 +51,4 @@ def mlm_loss(
     """
     if logits.shape[0] == 0:  # nothing selected in this batch
         return logits.sum() * 0.0
-    logp = F.log_softmax(logits.float(), dim=-1)
-    ce = F.nll_loss(logp, labels)
-    if momentum_logits is None or alpha == 0.0:
-        return ce
-    distill = -(F.softmax(momentum_logits.float(), dim=-1) * logp).sum(-1).mean()
-    return (1.0 - alpha) * ce + alpha * distill
+    return distilled_ce(logits, labels, momentum_logits, alpha)

@@ -16,7 +16,6 @@ import re
 from typing import Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vlp.config import TEXT_PRESETS, ModelConfig, resolved
