@@ -111,3 +111,19 @@ def test_finetune_errors_name_the_key(world, pretrained, tmp_path, capsys):
     assert main(["finetune", "vqa", "--config", "configs/finetune/shapes_vqa.yaml", f"pretrained={pretrained}",
                  f"output_dir={tmp_path / 'v'}", f"data.train=[{world['vqa_train']}]"]) == 2
     assert "data.answer_list" in capsys.readouterr().err
+
+
+def test_retrieval_finetune_with_ltd_and_srcl(world, pretrained, tmp_path):
+    targets = tmp_path / "targets.safetensors"
+    assert main(["make-targets", "--data", str(world["retrieval_train"]), "--out", str(targets)]) == 0
+    out = tmp_path / "ret_ltd"
+    assert _ft("retrieval", world, pretrained, out, f"data.train=[{world['retrieval_train']}]",
+               "loss.ltd.mode=constraint", f"loss.ltd.targets={targets}", "loss.regulation=srcl",
+               "loss.ltd.hidden=32") == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all("ltd_rec" in r and "ltd_lambda" in r for r in rows), rows[0].keys()
+    assert all(r["srcl_alpha_h"] == 0.0 for r in rows)  # fine-tuning regulates with the live model only
+    assert all(0.0 <= r["ltd_rec"] <= 2.0 for r in rows)
+    task_state = load_file(str(out / "checkpoints" / "step_0000004" / "task_state.safetensors"))
+    assert any(k.startswith("reconstruction.") for k in task_state)
+    assert not (out / "val_metrics.jsonl").exists()  # no data.val: no validation, no best checkpoint

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 
-from vlp.dist import rank
 from vlp.losses.nlvr import accuracy, assign_pairs, distilled_ce
 from vlp.models.nlvr import NLVRModel
 from vlp.tasks.base import Task
@@ -26,18 +23,8 @@ class NLVRTask(Task):
     """
 
     def __init__(self, model: NLVRModel, alpha: float = 0.4, alpha_ramp_steps: int = 0, distill: bool = True) -> None:
-        super().__init__(model)
+        super().__init__(model, alpha=alpha, alpha_ramp_steps=alpha_ramp_steps, distill=distill)
         _require_head(model, "cls", "NLVRTask")
-        if not 0.0 <= alpha <= 1.0 or alpha_ramp_steps < 0:
-            raise ValueError(f"alpha must be in [0, 1] and alpha_ramp_steps >= 0, got {alpha}, {alpha_ramp_steps}")
-        self.alpha_max, self.alpha_ramp_steps, self.distill = alpha, alpha_ramp_steps, distill
-
-    def alpha(self, step: int) -> float:
-        """Distillation weight at ``step``: ``alpha * min(1, step / alpha_ramp_steps)`` (0 without distill)."""
-        if not self.distill:
-            return 0.0
-        r = self.alpha_ramp_steps
-        return self.alpha_max * min(1.0, step / r) if r > 0 else self.alpha_max
 
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
         m = self.model
@@ -62,18 +49,11 @@ class TextAssignmentTask(Task):
     """
 
     def __init__(self, model: NLVRModel, seed: int = 0, temp: float = 0.07) -> None:
-        super().__init__(model)
+        super().__init__(model, seed=seed)
         _require_head(model, "ta", "TextAssignmentTask")
         if temp <= 0:
             raise ValueError(f"temp must be > 0, got {temp}")
-        self.seed, self.temp = seed, temp
-        self._gen: Optional[torch.Generator] = None
-
-    def generator(self, device: torch.device) -> torch.Generator:
-        """The task's own RNG (pair sampling), seeded with ``seed + 1000 * rank``."""
-        if self._gen is None or self._gen.device != device:
-            self._gen = torch.Generator(device=device).manual_seed(self.seed + 1000 * rank())
-        return self._gen
+        self.temp = temp
 
     @torch.no_grad()
     def image_similarity(self, cls_tokens: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,6 @@ from typing import Optional
 import torch
 
 from vlp.config import LossConfig
-from vlp.dist import rank
 from vlp.models.albef import ALBEF
 from vlp.tasks.base import Task
 from vlp.tasks.reconstruction import Reconstruction
@@ -23,27 +22,13 @@ class PretrainTask(Task):
 
     def __init__(self, model: ALBEF, loss: LossConfig, tokens: TokenInfo, seed: int = 0,
                  regulator: Optional[SRCLRegulator] = None, reconstruction: Optional[Reconstruction] = None) -> None:
-        super().__init__(model, reconstruction)
+        super().__init__(model, reconstruction, alpha=loss.alpha, alpha_ramp_steps=loss.alpha_ramp_steps,
+                         distill=loss.distill, seed=seed)
         if (loss.regulation != "none") != (regulator is not None):
             raise ValueError(f"loss.regulation={loss.regulation!r} needs exactly one SRCLRegulator")
         self.regulator = regulator
         self.loss_cfg = loss
         self.tokens = tokens
-        self.seed = seed
-        self._gen: Optional[torch.Generator] = None
-
-    def generator(self, device: torch.device) -> torch.Generator:
-        """The task's own RNG (negative sampling, MLM masking), seeded per rank."""
-        if self._gen is None or self._gen.device != device:
-            self._gen = torch.Generator(device=device).manual_seed(self.seed + 1000 * rank())
-        return self._gen
-
-    def alpha(self, step: int) -> float:
-        """Distillation weight: linear ramp ``alpha * min(1, step / alpha_ramp_steps)``."""
-        c = self.loss_cfg
-        if not c.distill:
-            return 0.0
-        return c.alpha * min(1.0, step / c.alpha_ramp_steps) if c.alpha_ramp_steps > 0 else c.alpha
 
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
         m, c = self.model, self.loss_cfg

@@ -21,16 +21,7 @@ class VQATask(Task):
     """
 
     def __init__(self, model: VQAModel, alpha: float = 0.4, alpha_ramp_steps: int = 0, distill: bool = True) -> None:
-        super().__init__(model)
-        self.alpha_max, self.alpha_ramp_steps, self.distill = alpha, alpha_ramp_steps, distill
-
-    def alpha(self, step: int) -> float:
-        """Distillation weight at ``step``: ``alpha * min(1, step / alpha_ramp_steps)`` (constant without a ramp)."""
-        if not self.distill:
-            return 0.0
-        if self.alpha_ramp_steps > 0:
-            return self.alpha_max * min(1.0, step / self.alpha_ramp_steps)
-        return self.alpha_max
+        super().__init__(model, alpha=alpha, alpha_ramp_steps=alpha_ramp_steps, distill=distill)
 
     def _answer_logits(self, batch: dict[str, torch.Tensor], momentum: bool) -> torch.Tensor:
         """Encode the B questions, repeat their decoder K/V per answer, decode -> logits [A, L, V].
