@@ -15,13 +15,14 @@ from torchvision.transforms import functional as TF
 
 from vlp.config import ImageConfig, TextConfig
 
-_DELETE = re.compile(r"[,.'!?\"()*#:;~]")
+#: characters ALBEF's pre_caption / pre_question delete
+DELETE_CHARS = re.compile(r"[,.'!?\"()*#:;~]")
 
 
 def pre_caption(caption: str, max_words: int = 30) -> str:
     """ALBEF ``pre_caption``: lower-case, delete ``, . ' ! ? " ( ) * # : ; ~``, ``-``/``/`` -> space,
     ``<person>`` -> ``person``, collapse whitespace, strip, keep the first ``max_words`` words."""
-    c = _DELETE.sub("", caption.lower())
+    c = DELETE_CHARS.sub("", caption.lower())
     c = c.replace("-", " ").replace("/", " ").replace("<person>", "person")
     c = re.sub(r"\s{2,}", " ", c).rstrip("\n").strip(" ")
     return " ".join(c.split(" ")[:max_words])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -11,15 +10,15 @@ from torch.utils.data import Dataset
 
 from vlp.data.datasets import load_image
 from vlp.data.formats import DataError, VQAQuestion
+from vlp.data.transforms import DELETE_CHARS
 
-_DELETE = re.compile(r"[,.'!?\"()*#:;~]")
 TRAIN_MAX_WORDS, TEST_MAX_WORDS = 30, 50  # ALBEF pre_question word limits
 
 
 def pre_question(question: str, max_words: int = TRAIN_MAX_WORDS) -> str:
     """ALBEF ``pre_question``: lower-case, delete ``, . ' ! ? " ( ) * # : ; ~``, strip, keep the
     first ``max_words`` space-separated words (whitespace is not collapsed). Idempotent."""
-    q = _DELETE.sub("", question.lower()).strip()
+    q = DELETE_CHARS.sub("", question.lower()).strip()
     return " ".join(q.split(" ")[:max_words])
 
 
