@@ -98,7 +98,7 @@ def _demo(a: argparse.Namespace) -> None:
             if not override:
                 raise ConfigError(f"vlp demo --full override {item!r}: expected STAGE:key=value, e.g. vqa:train.epochs=1")
             stages.setdefault(name, []).append(override)
-        run_demo_full(a.out, seed=a.seed, n_train=a.images, stage_overrides=stages, nlvr_ta=a.nlvr_ta)
+        run_demo_full(a.out, seed=a.seed, n_train=a.images, stage_overrides=stages, nlvr_ta=a.nlvr_ta, reuse=a.reuse)
     else:
         run_demo(a.out, seed=a.seed, n_train=a.images, overrides=a.overrides)
 
@@ -233,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--full", action="store_true", help="pretrain -> fine-tune retrieval, VQA, NLVR2 -> one table "
                    "(`make demo-full`)")
     s.add_argument("--nlvr-ta", action="store_true", help="with --full: run NLVR2 text-assignment pre-training first")
+    s.add_argument("--reuse", action="store_true", help="with --full: keep the stages an interrupted run finished")
     s.add_argument("overrides", nargs="*", help="config overrides, e.g. train.steps=100; with --full prefixed by the "
                    "stage: pretrain:train.steps=100 vqa:train.epochs=1 (stages: pretrain retrieval vqa nlvr_ta nlvr2 "
                    "nlvr2_text_only)")

@@ -80,12 +80,14 @@ FINETUNE_CONFIGS = Path(__file__).parent / "configs" / "finetune"
 
 
 def run_demo_full(out: str | Path, seed: int = 0, n_train: int = 4000, pretrain_steps: Optional[int] = None,
-                  stage_overrides: Optional[dict[str, Sequence[str]]] = None, nlvr_ta: bool = False) -> dict:
+                  stage_overrides: Optional[dict[str, Sequence[str]]] = None, nlvr_ta: bool = False,
+                  reuse: bool = False) -> dict:
     """World -> pretrain -> zero-shot retrieval -> fine-tune retrieval, VQA, NLVR2 (and the NLVR2
     text-only baseline) -> one table (``out/results.md``, ``out/results.json``).
 
     ``stage_overrides`` maps a stage (pretrain, retrieval, vqa, nlvr2, nlvr2_text_only, nlvr_ta) to
-    dotted overrides. ``nlvr_ta``: run the optional text-assignment stage before NLVR2.
+    dotted overrides. ``nlvr_ta``: run the optional text-assignment stage before NLVR2. ``reuse``:
+    keep the stages an earlier (interrupted) run of the same command finished.
     """
     from vlp.cli import load_finetune_config
     from vlp.data.synthetic import generate_world
@@ -102,18 +104,32 @@ def run_demo_full(out: str | Path, seed: int = 0, n_train: int = 4000, pretrain_
 
     stage("shapes world")
     w = generate_world(out / "world", seed=seed, n_train=n_train, n_val=200, n_test=1000)
-    for d in ("pretrain", "zero_shot", "retrieval", "vqa", "nlvr_ta", "nlvr2", "nlvr2_text_only"):
-        shutil.rmtree(out / d, ignore_errors=True)
+    stages = ("pretrain", "zero_shot", "retrieval", "vqa", "nlvr_ta", "nlvr2", "nlvr2_text_only")
+
+    def finished(name: str) -> bool:  # a stage's last output, written after everything else
+        done = {"pretrain": out / "pretrain" / "checkpoints", "zero_shot": out / "zero_shot" / "metrics.json"}
+        path = done.get(name, out / name / "results.json")
+        return path.is_file() or (path.is_dir() and any(path.glob("step_*/model.safetensors")))
+
+    for d in stages:
+        if not (reuse and finished(d)):
+            shutil.rmtree(out / d, ignore_errors=True)
     stage("pretrain")
-    cfg = load_config(PretrainConfig, DEMO_CONFIG, [
-        f"output_dir={out / 'pretrain'}", f"data.train=[{w['pretrain']}]", f"train.seed={seed}",
-        *([f"train.steps={pretrain_steps}"] if pretrain_steps else []), *extra.get("pretrain", [])])
-    run_pretrain(cfg)
+    if not finished("pretrain"):
+        cfg = load_config(PretrainConfig, DEMO_CONFIG, [
+            f"output_dir={out / 'pretrain'}", f"data.train=[{w['pretrain']}]", f"train.seed={seed}",
+            *([f"train.steps={pretrain_steps}"] if pretrain_steps else []), *extra.get("pretrain", [])])
+        run_pretrain(cfg)
     stage("zero-shot retrieval (pretrained checkpoint, pretraining resolution)")
-    zs = run_evaluate_retrieval(out / "pretrain", w["retrieval_test"], None, out / "zero_shot").metrics
+    if not finished("zero_shot"):
+        run_evaluate_retrieval(out / "pretrain", w["retrieval_test"], None, out / "zero_shot")
+    zs = json.loads((out / "zero_shot" / "metrics.json").read_text())
 
     def finetune(task: str, name: str, pretrained: Path, files: list[str]) -> dict:
         stage(name)
+        if finished(name):
+            print(f"reusing {out / name} (finished earlier)")
+            return json.loads((out / name / "results.json").read_text())
         c = load_finetune_config(task, str(FINETUNE_CONFIGS / f"shapes_{task.replace('-', '_')}.yaml"),
                                  [f"output_dir={out / name}", f"pretrained={pretrained}", f"train.seed={seed}",
                                   *files, *extra.get(name, [])])

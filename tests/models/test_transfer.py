@@ -59,3 +59,23 @@ def test_load_pretrained_refuses_other_architecture(tmp_path):
     wide.text.hidden = 256
     with pytest.raises(CheckpointError, match="shape mismatches"):
         load_pretrained(ALBEF(wide, mlm=False), ckpt)
+
+
+def test_load_pretrained_into_vqa_and_nlvr_models_maps_every_part(tmp_path):
+    from vlp.models.nlvr import NLVRModel
+    from vlp.models.vqa import VQAModel
+
+    src = ALBEF(_cfg())
+    ckpt = save_checkpoint(tmp_path / "c", src, {})
+    vqa = VQAModel(_cfg())
+    report = load_pretrained(vqa, ckpt)
+    assert not [k for k in report["new"] if k.startswith(("decoder.", "momentum.twin.decoder."))], report["new"]
+    assert torch.equal(vqa.decoder.lm_head.transform.dense.weight, src.mlm_head.transform.dense.weight)
+    assert torch.equal(vqa.decoder.lm_head.bias, src.mlm_head.bias)
+    assert torch.equal(vqa.decoder.encoder.layer[0].attention.self.query.weight, src.fusion.layer[0].attention.self.query.weight)
+    assert torch.equal(vqa.momentum["decoder"].lm_head.bias, src.momentum["mlm_head"].bias)
+    nlvr = NLVRModel(_cfg())
+    report = load_pretrained(nlvr, ckpt)
+    assert {k.split(".")[0] for k in report["new"]} <= {"cls_head", "momentum"}
+    for i in (0, 1):
+        assert torch.equal(nlvr.fusion.layer[i].intermediate.dense.weight, src.fusion.layer[0].intermediate.dense.weight)

@@ -10,7 +10,7 @@ the checkpoint has none (after loading: ALBEF's NLVR2 code copied them before, a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from safetensors.torch import load_file
@@ -85,8 +85,11 @@ def load_pretrained(model: nn.Module, ckpt: str | Path) -> dict[str, list[str]]:
         raise CheckpointError(f"{ckpt}: missing model.safetensors")
     source = restore_ties(load_file(str(f)))
     own = model.state_dict()
-    adapt: Callable = getattr(type(model), "adapt_pretrained", None) or (lambda s, m: (s, []))
-    state, allow_missing = adapt(drop_absent_heads(resize_pos_embeds(source, own), model), model)
+    state = resize_pos_embeds(source, own)
+    adapt: Optional[Callable] = getattr(type(model), "adapt_pretrained", None)
+    # a task model maps the whole checkpoint itself (e.g. the MLM head becomes the VQA decoder's
+    # LM head); plain ALBEF task models (retrieval) only lose the heads they lack
+    state, allow_missing = adapt(state, model) if adapt is not None else (drop_absent_heads(state, model), [])
     twin_missing = not any(k.startswith(TWIN) for k in state)
     allow = [*allow_missing, *tied_aliases(model, state), "queue.*", "*position_ids"]
     allow += [TWIN + "*"] if twin_missing else []
