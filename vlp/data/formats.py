@@ -27,7 +27,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -384,18 +384,27 @@ def write_vqa_predictions(path: str | Path, question_ids: Sequence[int | str], a
     return path
 
 
-def write_json_atomic(path: Path, obj: Any, **dump_kwargs: Any) -> None:
-    """Write JSON to a temporary file in ``path``'s folder, then ``os.replace`` it into place
-    (a reader never sees a half-written file; ``dump_kwargs`` go to ``json.dump``)."""
+def write_atomic(path: Path, write: Callable[[IO], Any], binary: bool = False) -> None:
+    """Call ``write(file)`` on a temporary file in ``path``'s folder, then ``os.replace`` it into
+    place (mode 0644): a reader never sees a half-written file, a failure leaves nothing behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, **dump_kwargs)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            write(f)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600 files
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: Path, obj: Any, **dump_kwargs: Any) -> None:
+    """Write JSON (plus a newline) atomically; ``dump_kwargs`` go to ``json.dump``."""
+
+    def write(f: IO) -> None:
+        json.dump(obj, f, **dump_kwargs)
+        f.write("\n")
+
+    write_atomic(path, write)

@@ -39,10 +39,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
-import tempfile
 from collections import Counter
 from itertools import permutations
 from dataclasses import asdict, dataclass, field
@@ -877,17 +875,9 @@ def _write_json(path: Path, obj: Any) -> None:
 
 def _write_npy(path: Path, arr: np.ndarray) -> None:
     """Write a ``.npy`` array atomically (like :func:`_write_json`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.save(f, arr, allow_pickle=False)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from vlp.data.formats import write_atomic
+
+    write_atomic(path, lambda f: np.save(f, arr, allow_pickle=False), binary=True)
 
 
 _IMAGE_NAME = re.compile(r"^(train|val|test)_\d{6}\.png$")
