@@ -25,6 +25,9 @@ from vlp.config import (
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import DataError, load_pairs, load_retrieval_split
 from vlp.data.transforms import load_tokenizer, test_transform, train_transform
+from vlp.jobs import (
+    build_reconstruction, build_task_model, checkpoint_model_config, load_targets_for, prepare_run_dir, token_info,
+)
 from vlp.models.transfer import load_pretrained
 from vlp.train.checkpoint import find_checkpoint, load_weights, read_state
 from vlp.train.loop import Validation, train
@@ -32,8 +35,6 @@ from vlp.train.loop import Validation, train
 
 def finetune_model_config(cfg: FinetuneConfig, source_state: dict[str, Any]) -> ModelConfig:
     """The pretrained checkpoint's model config with ``image_size`` and ``model_overrides`` applied."""
-    from vlp.jobs import checkpoint_model_config
-
     model = checkpoint_model_config(source_state)
     if model.arch != "albef":
         raise ConfigError(f"config key 'pretrained': {cfg.pretrained} is a model.arch={model.arch} checkpoint; "
@@ -50,8 +51,6 @@ class Job:
     loaders, the train call with validation, and the final test with the best checkpoint."""
 
     def __init__(self, cfg: FinetuneConfig) -> None:
-        from vlp.jobs import build_task_model, prepare_run_dir
-
         if not cfg.pretrained:
             raise ConfigError("config key 'pretrained': fine-tuning starts from a vlp checkpoint (run directory or "
                               "checkpoint folder); none given")
@@ -66,10 +65,9 @@ class Job:
         self.report = load_pretrained(self.model, self.source)
         self.res = resolved(self.model_cfg.vision, VISION_PRESETS)["img_size"]
         self.run_dir: Optional[Path] = None
-        self._prepare_run_dir = prepare_run_dir
 
     def start(self, n_train: int) -> Path:
-        self.run_dir = self._prepare_run_dir(self.cfg)
+        self.run_dir = prepare_run_dir(self.cfg)
         print(f"vlp {self.cfg.task}: {n_train} training items, from {self.source} "
               f"({len(self.report['new'])} new tensors, {len(self.report['dropped'])} checkpoint tensors unused"
               f"{', momentum twins copied from the loaded weights' if self.report['momentum_copied'] else ''}), "
@@ -89,11 +87,15 @@ class Job:
                           num_workers=d.num_workers, persistent_workers=train and d.num_workers > 0,
                           collate_fn=collate, generator=torch.Generator().manual_seed(self.cfg.train.seed))
 
+    def steps(self, loader: DataLoader) -> int:
+        """Optimizer steps of the run: ``train.epochs`` passes over ``loader``, else ``train.steps``."""
+        t = self.cfg.train
+        return t.epochs * len(loader) if t.epochs is not None else t.steps
+
     def fit(self, task: nn.Module, loader: DataLoader, evaluate: Optional[Callable[[nn.Module, int], dict]],
             select: str) -> None:
         t = self.cfg.train
-        if t.epochs is not None:
-            t.steps = t.epochs * len(loader)
+        t.steps = self.steps(loader)
         every = self.cfg.eval_every or len(loader)
         validation = Validation(evaluate, select, every) if evaluate is not None else None
         state = {"task": self.cfg.task, "vlp_version": __version__, "config": to_dict(self.cfg),
@@ -124,7 +126,6 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
     """ITC (positives by image id, id queue, optional SRCL on the live model) + ITM (same-image
     negatives excluded); validation = ITC top-k + ITM re-rank, best by r_mean; test at the end."""
     from vlp.eval.retrieval import embed, evaluate_retrieval
-    from vlp.jobs import build_reconstruction, load_targets_for, token_info
     from vlp.tasks.pretrain import PretrainTask
     from vlp.tasks.regulation import SRCLRegulator
     from vlp.viz import plot_retrieval_examples
@@ -137,10 +138,10 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
     splits = {s: load_retrieval_split(getattr(cfg.data, s), cfg.data.image_root)
               for s in ("val", "test") if getattr(cfg.data, s)}
     run_dir = job.start(len(dataset))
-    steps = cfg.train.epochs * len(loader) if cfg.train.epochs is not None else cfg.train.steps
     regulator = None
     if cfg.loss.regulation != "none":  # fine-tuning: the live model's similarities only (no helper)
-        regulator = SRCLRegulator(cfg.loss.srcl, cfg.loss.regulation, steps, job.model_cfg.queue_size, 1, finetune=True)
+        regulator = SRCLRegulator(cfg.loss.srcl, cfg.loss.regulation, job.steps(loader), job.model_cfg.queue_size, 1,
+                                  finetune=True)
     rec = build_reconstruction(cfg.loss.ltd, job.model_cfg.embed_dim, targets, len(job.tokenizer))
     task = PretrainTask(job.model, cfg.loss, token_info(job.tokenizer), cfg.train.seed, regulator, rec)
 

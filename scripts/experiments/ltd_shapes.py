@@ -17,14 +17,12 @@ Every run is skipped when its result already exists, so an interrupted run resum
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
 import time
 from pathlib import Path
 
 from vlp.config import PretrainConfig, load_config
-from vlp.eval.report import markdown_table, slug, summarise
+from vlp.eval.report import SeedResults, markdown_table, slug, summarise
 from vlp.data.synthetic import generate_world
 from vlp.jobs import run_evaluate_retrieval, run_make_targets, run_pretrain
 from vlp.viz import plot_run_curves
@@ -63,15 +61,12 @@ def main(argv=None) -> int:
     if not targets.exists():
         run_make_targets([str(root / "pretrain.json")], "all-MiniLM-L6-v2", targets)
 
-    results_file = out / "results.json"
-    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    results = SeedResults(out / "results.json")
     for seed in a.seeds:
         for name in a.variants:
-            if str(seed) in results.get(name, {}):
+            if results.has(name, seed):
                 continue
-            run_dir = out / f"{slug(name)}_seed{seed}"
-            if run_dir.exists():  # an interrupted run without a result: start it again
-                shutil.rmtree(run_dir)
+            run_dir = results.fresh(out / f"{slug(name)}_seed{seed}")
             cfg = load_config(PretrainConfig, "configs/ltd/shapes_dual.yaml", [
                 f"output_dir={run_dir}", f"data.train=[{root / 'pretrain.json'}]", f"train.steps={a.steps}",
                 f"train.seed={seed}", "train.progress=false", f"loss.ltd.targets={targets}", *VARIANTS[name]])
@@ -80,8 +75,7 @@ def main(argv=None) -> int:
             res = run_evaluate_retrieval(run_dir, root / "retrieval_test.json", root / "relevance_test.json",
                                          run_dir / "eval", graded_relevance=root / "relevance_graded_test.npy",
                                          show_progress=False)
-            results.setdefault(name, {})[str(seed)] = {**res.metrics, "seconds": time.time() - t}
-            results_file.write_text(json.dumps(results, indent=1))
+            results.add(name, seed, {**res.metrics, "seconds": time.time() - t})
             print(f"[{time.time() - t0:6.0f}s] {name:28s} seed {seed}: rsum {res.metrics['rsum']:.1f} "
                   f"R-prec(t2i) {res.metrics['img_r_precision']:.2f} nDCG@25 {res.metrics['img_ndcg25']:.2f} "
                   f"({time.time() - t:.0f}s)", flush=True)
@@ -92,7 +86,7 @@ def main(argv=None) -> int:
         plot_run_curves(lam_runs, "ltd_lambda", out / "lambda.png", f"lambda, LTD constraint, seed {a.seeds[0]}")
         plot_run_curves(lam_runs, "ltd_rec", out / "ltd_rec.png", f"L_rec (dotted: eta), seed {a.seeds[0]}",
                         hlines={f"eta {e:g}": e for e in ETAS})
-    summary = summarise(results, a.seeds, METRICS)
+    summary = summarise(results.data, a.seeds, METRICS)
     text = "\n".join([
         f"Shapes world: {a.images} training images (5 captions each), `configs/ltd/shapes_dual.yaml` from scratch, "
         f"{a.steps} steps, {len(a.seeds)} seeds, {(time.time() - t0) / 60:.0f} min on this machine. Zero-shot retrieval on "

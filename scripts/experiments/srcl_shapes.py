@@ -31,7 +31,7 @@ import torch
 from vlp.config import PretrainConfig, load_config
 from vlp.data.formats import load_pairs
 from vlp.data.helper_cache import HelperCache
-from vlp.eval.report import markdown_table, slug, summarise
+from vlp.eval.report import SeedResults, markdown_table, slug, summarise
 from vlp.data.synthetic import caption_matches, generate_world, scene_from_dict, write_generic_mix
 from vlp.jobs import run_cache_helper_features, run_evaluate_retrieval, run_pretrain, run_train_helper
 from vlp.losses.srcl import calibrate_delta, srcl_weights
@@ -166,13 +166,12 @@ def main(argv=None) -> int:
         return 0
 
     objectives = ["loss.itm=0", "loss.mlm=0", "eval.score=itc"] if a.objectives == "itc" else []
-    results_file = out / f"results{tag}.json"
-    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    results = SeedResults(out / f"results{tag}.json")
     for seed in a.seeds:
         for name in a.variants:
-            run_dir = out / f"g{a.generic_share:g}{tag}_{slug(name)}_seed{seed}"
-            if str(seed) in results.get(name, {}):
+            if results.has(name, seed):
                 continue
+            run_dir = results.fresh(out / f"g{a.generic_share:g}{tag}_{slug(name)}_seed{seed}")
             cfg = load_config(PretrainConfig, "configs/pretrain/shapes_tiny.yaml", [
                 f"output_dir={run_dir}", f"data.train=[{mix}]", f"train.steps={a.steps}", f"train.seed={seed}",
                 *base, *objectives, f"loss.srcl.helper_features={cache_dir}", f"loss.srcl.delta={delta}",
@@ -181,12 +180,11 @@ def main(argv=None) -> int:
             run_pretrain(cfg)
             res = run_evaluate_retrieval(run_dir, root / "retrieval_test.json", root / "relevance_test.json",
                                          run_dir / "eval", show_progress=False)
-            results.setdefault(name, {})[str(seed)] = res.metrics
-            results_file.write_text(json.dumps(results, indent=1))
+            results.add(name, seed, res.metrics)
             print(f"[{time.time() - t0:6.0f}s] {name:18s} seed {seed}: IR@5 {res.metrics['img_r5']:.2f} "
                   f"IR@5_rel {res.metrics['img_r5_rel']:.2f} TR@5 {res.metrics['txt_r5']:.2f} "
                   f"({time.time() - t:.0f}s)", flush=True)
-    summary = summarise(results, a.seeds, METRICS)
+    summary = summarise(results.data, a.seeds, METRICS)
     text = report(summary, diag, a, len(a.seeds), (time.time() - t0) / 60)
     (out / f"report{tag}.md").write_text(text + "\n")
     print(text)

@@ -1,8 +1,11 @@
-"""Experiment summaries: mean ± sample std over seeds, as a Markdown table."""
+"""Experiment summaries: resumable per-seed results, mean ± sample std over seeds, Markdown tables."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import statistics
+from pathlib import Path
 from typing import Sequence
 
 
@@ -30,3 +33,27 @@ def markdown_table(summary: dict[str, dict[str, tuple[float, float, int]]], metr
         lines.append(f"| {name} | {n} | " + " | ".join(f"{row[m][0]:.2f} ± {row[m][1]:.2f}" if m in row else "-"
                                                       for m in metrics) + " |")
     return "\n".join(lines)
+
+
+class SeedResults:
+    """``results[variant][seed] -> metrics`` kept in a JSON file, rewritten after every run, so an
+    experiment script resumes where it stopped."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.data: dict[str, dict[str, dict[str, float]]] = (
+            json.loads(self.path.read_text()) if self.path.exists() else {})
+
+    def has(self, variant: str, seed: int) -> bool:
+        return str(seed) in self.data.get(variant, {})
+
+    @staticmethod
+    def fresh(run_dir: Path) -> Path:
+        """``run_dir`` emptied of an interrupted run (one without a recorded result)."""
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        return run_dir
+
+    def add(self, variant: str, seed: int, metrics: dict[str, float]) -> None:
+        self.data.setdefault(variant, {})[str(seed)] = metrics
+        self.path.write_text(json.dumps(self.data, indent=1))
