@@ -21,6 +21,8 @@ def test_defaults_yaml_and_overrides(tmp_path):
         (["train.steps=many"], "train.steps"),
         (["train.precision=fp8"], "train.precision"),
         (["eval.score=bm25"], "eval.score"),
+        (["loss.itc_bank=world"], "loss.itc_bank"),
+        (["loss.itc_bank=global", "loss.regulation=srcl"], "loss.itc_bank'/'loss.regulation"),
     ],
 )
 def test_bad_overrides_name_the_key(overrides, key):

@@ -77,6 +77,9 @@ def test_cli_user_errors_are_one_clear_line(world, tmp_path, capsys):
     assert "ann.json entry 0" in err and "nope.png" in err
     rc = main(["evaluate", "retrieval", "--checkpoint", str(tmp_path), "--data", "x.json", "--out", str(tmp_path)])
     assert rc == 2 and "no checkpoint here" in capsys.readouterr().err
+    rc = main(["make-world", "--out", str(tmp_path / "w"), "--images", "2", "--nlvr-templates", "both,fewer"])
+    assert rc == 2 and "--nlvr-templates 'both,fewer': NLVR templates ['fewer']" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()  # refused before any file is written
 
 
 def test_existing_run_is_never_overwritten(run, world, capsys):

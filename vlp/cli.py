@@ -22,7 +22,10 @@ def _pretrain(a: argparse.Namespace) -> None:
 
     cfg = load_config(PretrainConfig, a.config, a.overrides)
     run_dir = run_pretrain(cfg)
-    print(f"done: {run_dir}")
+    from vlp.dist import rank
+
+    if rank() == 0:
+        print(f"done: {run_dir}")
 
 
 def load_finetune_config(task: str, path: str, overrides: Sequence[str]):
@@ -78,8 +81,16 @@ def _evaluate_retrieval(a: argparse.Namespace) -> None:
 def _make_world(a: argparse.Namespace) -> None:
     from vlp.data.synthetic import generate_world
 
+    templates = None
+    if a.nlvr_templates:
+        from vlp.data.synthetic_tasks import check_templates
+
+        try:
+            templates = check_templates([t.strip() for t in a.nlvr_templates.split(",") if t.strip()])
+        except ValueError as e:
+            raise ConfigError(f"--nlvr-templates {a.nlvr_templates!r}: {e}") from None
     paths = generate_world(a.out, seed=a.seed, n_train=a.images, n_val=a.val_images, n_test=a.test_images,
-                           image_size=a.image_size)
+                           image_size=a.image_size, nlvr_templates=templates)
     for share in a.generic_share or []:
         from vlp.data.synthetic import write_generic_mix
 
@@ -221,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--val-images", type=int, default=200)
     s.add_argument("--test-images", type=int, default=1000)
     s.add_argument("--image-size", type=int, default=64)
+    s.add_argument("--nlvr-templates", default=None,
+                   help="comma-separated NLVR statement templates (default: all of more, contains, exactly, both, "
+                        "one_image, neither, total, same)")
     s.add_argument("--generic-share", type=float, action="append",
                    help="also write pretrain_generic_<share>.json: this share of images captioned only generically "
                         "(repeatable)")

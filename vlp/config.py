@@ -277,6 +277,9 @@ class LossConfig:
     # Which bank columns are ITC positives: the own pair (ALBEF pretraining) or every entry with
     # the same image id (ALBEF retrieval fine-tuning).
     itc_positives: str = "pair"
+    # The in-batch part of the ITC bank: this rank's momentum features (ALBEF) or every rank's
+    # ("global": the loss no longer depends on how the global batch is split across processes).
+    itc_bank: str = "local"
     mlm_probability: float = 0.15
     # ITC regulation: none (ALBEF), srcl (weighted negatives) or removal (ALBEF++: drop negatives
     # whose SRCL weight is below loss.srcl.threshold).
@@ -288,6 +291,10 @@ class LossConfig:
     def __post_init__(self) -> None:
         _choice("loss.itc_positives", self.itc_positives, ["pair", "image"])
         _choice("loss.regulation", self.regulation, ["none", "srcl", "removal"])
+        _choice("loss.itc_bank", self.itc_bank, ["local", "global"])
+        if self.itc_bank == "global" and self.regulation != "none":
+            raise ConfigError(f"config keys 'loss.itc_bank'/'loss.regulation': itc_bank=global with regulation="
+                              f"{self.regulation} is not supported (SRCL weights a per-rank bank); use itc_bank=local")
         if not 0.0 <= self.mlm_probability <= 1.0:
             raise ConfigError(f"config key 'loss.mlm_probability': got {self.mlm_probability}, expected [0, 1]")
 

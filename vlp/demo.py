@@ -12,6 +12,10 @@ from vlp.config import PretrainConfig, load_config
 from vlp.eval.metrics import chance_recall
 
 DEMO_CONFIG = Path(__file__).parent / "configs" / "pretrain" / "shapes_tiny.yaml"
+# NLVR2 statements of the full demo: the existence templates. A from-scratch tiny model learns them
+# within the CPU budget; the counting comparisons ("more", "same", "total", "exactly") stay at
+# chance in 750 steps and, mixed in, keep it from learning anything (docs/shapes_world.md).
+DEMO_NLVR_TEMPLATES = ("both", "contains")
 
 
 def chance_table(n_images: int, n_texts: int) -> dict[str, float]:
@@ -103,7 +107,8 @@ def run_demo_full(out: str | Path, seed: int = 0, n_train: int = 4000, pretrain_
         print(f"\n== [{len(times)}/8] {name} ({(times[name] - t0) / 60:.1f} min) ==", flush=True)
 
     stage("shapes world")
-    w = generate_world(out / "world", seed=seed, n_train=n_train, n_val=200, n_test=1000)
+    w = generate_world(out / "world", seed=seed, n_train=n_train, n_val=200, n_test=1000,
+                       nlvr_templates=DEMO_NLVR_TEMPLATES)
     stages = ("pretrain", "zero_shot", "retrieval", "vqa", "nlvr_ta", "nlvr2", "nlvr2_text_only")
 
     def finished(name: str) -> bool:  # a stage's last output, written after everything else
@@ -154,9 +159,9 @@ def run_demo_full(out: str | Path, seed: int = 0, n_train: int = 4000, pretrain_
         ("retrieval (test)", "img_r1", ret["test"]["img_r1"], "zero-shot, same checkpoint", zs["img_r1"]),
         ("VQA (val, 600 questions)", "VQA accuracy", vqa["val"]["acc"], "most frequent answer per question type",
          vqa["val_baseline_most_frequent_per_type"]["acc"]),
-        ("NLVR2 (test, 2,000 statements)", "accuracy", nlvr["test"]["acc"], "text-only model (images blanked)",
+        ("NLVR2 (test, 2,000 statements: both, contains)", "accuracy", nlvr["test"]["acc"], "text-only model (images blanked)",
          text_only["test"]["acc"]),
-        ("NLVR2 (dev, 400 statements)", "accuracy", nlvr["val"]["acc"], "text-only model (images blanked)",
+        ("NLVR2 (dev, 400 statements: both, contains)", "accuracy", nlvr["val"]["acc"], "text-only model (images blanked)",
          text_only["val"]["acc"]),
     ]
     lines = ["| task | metric | vlp tiny | baseline | baseline value | margin |", "|---|---|---:|---|---:|---:|"]

@@ -28,7 +28,6 @@ def all_gather_nograd(x: torch.Tensor) -> torch.Tensor:
     return torch.cat(out, 0)
 
 
-
 def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     """Like :func:`all_gather_nograd`, but gradients flow back to every rank's ``x`` (in-batch
     negatives from the whole global batch, as CLIP-style dual encoders use)."""
@@ -37,3 +36,18 @@ def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     from torch.distributed.nn.functional import all_gather
 
     return torch.cat(all_gather(x.contiguous()), 0)
+
+
+def mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
+    """Mean of each value over the ranks that measured it (NaN = not measured); every rank must
+    call it with the same keys. Identity on one process. Logged losses are then those of the
+    global batch, not of rank 0's share."""
+    if not is_dist():
+        return dict(values)
+    keys = sorted(values)
+    x = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    seen = ~torch.isnan(x)
+    t = torch.cat([torch.where(seen, x, torch.zeros_like(x)), seen.double()])
+    dist.all_reduce(t)
+    total, n = t[: len(keys)], t[len(keys):]
+    return {k: (float(s) / float(c) if c else float("nan")) for k, s, c in zip(keys, total, n)}

@@ -32,7 +32,7 @@ from vlp.tasks.reconstruction import Reconstruction
 from vlp.tasks.regulation import SRCLRegulator, helper_span
 from vlp.models.loading import CheckpointError
 from vlp.train.checkpoint import find_checkpoint, load_weights, read_state
-from vlp.train.loop import train
+from vlp.train.loop import make_accelerator, train
 
 
 def token_info(tokenizer) -> TokenInfo:
@@ -148,7 +148,9 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
           f"{param_count(model) / 1e6:.1f}M trainable parameters -> {run_dir}")
     task = build_task(cfg, model, tokenizer, regulator, targets)
     state = {"task": "pretrain", "vlp_version": __version__, "config": to_dict(cfg), "model": to_dict(cfg.model)}
-    train(task, loader, cfg.train, run_dir, state)
+    c = cfg.loss
+    unused = cfg.model.arch == "albef" and 0 in (c.itc, c.itm, c.mlm)  # heads (or fusion) the loss never reaches
+    train(task, loader, cfg.train, run_dir, state, accelerator=make_accelerator(cfg.train, unused))
     if cfg.data.eval:
         run_evaluate_retrieval(run_dir, cfg.data.eval, cfg.data.relevance, run_dir / "eval", cfg.data.image_root,
                                graded_relevance=cfg.data.graded_relevance)

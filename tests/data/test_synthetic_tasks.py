@@ -269,6 +269,21 @@ def test_nlvr_text_only_majority_is_near_chance(world: dict[str, Path]) -> None:
     assert right / len(records) <= 0.6
 
 
+def test_nlvr_template_subset(scenes: dict[str, Scene]) -> None:
+    train = list(scenes.values())[:300]
+    images = [f"i{k}.png" for k in range(len(train))]
+    recs = make_nlvr_records(train, images, "train", seed=0, per_image=2, templates=("both", "contains"))
+    cells: Counter = Counter()
+    for r in recs:
+        name, truth = _nlvr_truth(r["sentence"], *(train[images.index(p)] for p in r["images"]))
+        assert truth == (r["label"] == "True"), r
+        cells[name, r["label"]] += 1
+    assert cells == {("both", "True"): 150, ("both", "False"): 150, ("contains", "True"): 150, ("contains", "False"): 150}
+    for bad in ((), ("both", "fewer")):
+        with pytest.raises(ValueError, match="expected a non-empty subset of more, contains"):
+            make_nlvr_records(train, images, "train", seed=0, templates=bad)
+
+
 def test_nlvr_degenerate_splits(scenes: dict[str, Scene]) -> None:
     one = [next(iter(scenes.values()))]
     recs = make_nlvr_records(one, ["a.png"], "val", seed=0, per_image=3)

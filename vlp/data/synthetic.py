@@ -893,6 +893,7 @@ def generate_world(
     progress: bool = True,
     vqa_per_image: int = 3,
     nlvr_per_image: int = 2,
+    nlvr_templates: Sequence[str] | None = None,
 ) -> dict[str, Path]:
     """Generate a shapes world under ``out`` and return the written paths.
 
@@ -903,7 +904,8 @@ def generate_world(
     ``scenes.json``, and the downstream tasks of :mod:`vlp.data.synthetic_tasks`:
     ``vqa_{train,val,test}.json`` (up to ``vqa_per_image`` questions per image; test without
     answers), ``vqa_test_annotations.json``, ``answer_list.json`` and
-    ``nlvr_{train,dev,test}.json`` (``nlvr_per_image`` statements per image of the split) (see
+    ``nlvr_{train,dev,test}.json`` (``nlvr_per_image`` statements per image of the split, the
+    ``nlvr_templates`` (default: all of ``NLVR_TEMPLATES``) in equal shares) (see
     ``docs/shapes_world.md``).  Deterministic: the same arguments give byte-identical files and
     images; the task files draw from their own RNGs, so the other files do not depend on
     ``vqa_per_image`` / ``nlvr_per_image``.  Returns a dict with keys ``pretrain, helper,
@@ -913,8 +915,9 @@ def generate_world(
     """
     from tqdm.auto import tqdm
 
-    from vlp.data.synthetic_tasks import write_task_files
+    from vlp.data.synthetic_tasks import NLVR_TEMPLATES, check_templates, write_task_files
 
+    templates = check_templates(nlvr_templates if nlvr_templates is not None else NLVR_TEMPLATES)
     root = Path(out)
     counts = {"train": n_train, "val": n_val, "test": n_test}
     for split, n in counts.items():
@@ -1007,7 +1010,7 @@ def generate_world(
         },
     )
     images = {s: [r["image"] for r in records[s]] for s in SPLITS}
-    paths.update(write_task_files(root, seed, scenes, images, vqa_per_image, nlvr_per_image))
+    paths.update(write_task_files(root, seed, scenes, images, vqa_per_image, nlvr_per_image, templates))
     return {**paths, "root": root}
 
 

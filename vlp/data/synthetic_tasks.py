@@ -59,6 +59,7 @@ __all__ = [
     "N_ANNOTATORS",
     "ANNOTATOR_ACCURACY",
     "NLVR_TEMPLATES",
+    "check_templates",
     "question_text",
     "parse_question",
     "answer_question",
@@ -533,10 +534,19 @@ class _CountIndex:
 _MAX_DRAWS = 200
 
 
-def _nlvr_plan(n: int, rng: random.Random) -> list[tuple[str, bool]]:
+def check_templates(templates: Sequence[str]) -> tuple[str, ...]:
+    """``templates`` as a tuple, or ``ValueError`` naming the unknown ones and the known set."""
+    unknown = [t for t in templates if t not in _TEMPLATES]
+    if unknown or not templates:
+        raise ValueError(f"NLVR templates {list(unknown) or '(none)'}: expected a non-empty subset of "
+                         f"{', '.join(NLVR_TEMPLATES)}")
+    return tuple(dict.fromkeys(templates))
+
+
+def _nlvr_plan(n: int, rng: random.Random, templates: Sequence[str] = NLVR_TEMPLATES) -> list[tuple[str, bool]]:
     """``n`` (template, label) slots: templates in turn, each alternating True/False, shuffled."""
-    k = len(NLVR_TEMPLATES)
-    plan = [(NLVR_TEMPLATES[s % k], (s // k) % 2 == 0) for s in range(n)]
+    k = len(templates)
+    plan = [(templates[s % k], (s // k) % 2 == 0) for s in range(n)]
     rng.shuffle(plan)
     return plan
 
@@ -557,15 +567,18 @@ def _draw(index: _CountIndex, template: str, label: bool, rng: random.Random) ->
 
 
 def make_nlvr_records(scenes: Sequence[Scene], images: Sequence[str], split: str, seed: int,
-                      per_image: int = 2) -> list[dict[str, Any]]:
-    """``per_image * len(scenes)`` NLVR2 records ``{"images", "sentence", "label"}`` for one split."""
+                      per_image: int = 2, templates: Sequence[str] = NLVR_TEMPLATES) -> list[dict[str, Any]]:
+    """``per_image * len(scenes)`` NLVR2 records ``{"images", "sentence", "label"}`` for one split,
+    the ``templates`` in equal shares, each half True, half False."""
     if per_image < 0:
         raise ValueError(f"nlvr_per_image must be >= 0, got {per_image}")
+    templates = check_templates(templates)
     if not scenes:
         return []
     index = _CountIndex(scenes)
     records = []
-    for s, (template, label) in enumerate(_nlvr_plan(per_image * len(scenes), _rng(seed, split, 0, "nlvr-plan"))):
+    plan = _nlvr_plan(per_image * len(scenes), _rng(seed, split, 0, "nlvr-plan"), templates)
+    for s, (template, label) in enumerate(plan):
         st, i, j, label = _draw(index, template, label, _rng(seed, split, s, "nlvr"))
         text = statement_text(st)
         if parse_statement(text) != st or statement_label(text, scenes[i], scenes[j]) != label:
@@ -580,10 +593,12 @@ def make_nlvr_records(scenes: Sequence[Scene], images: Sequence[str], split: str
 
 
 def write_task_files(root: Path, seed: int, scenes: dict[str, list[Scene]], images: dict[str, list[str]],
-                     vqa_per_image: int = 3, nlvr_per_image: int = 2) -> dict[str, Path]:
+                     vqa_per_image: int = 3, nlvr_per_image: int = 2,
+                     nlvr_templates: Sequence[str] = NLVR_TEMPLATES) -> dict[str, Path]:
     """Write the VQA and NLVR2 files of a world under ``root``; returns their paths by key."""
     vqa = {s: make_vqa_records(scenes[s], images[s], s, seed, vqa_per_image) for s in ("train", "val", "test")}
-    nlvr = {s: make_nlvr_records(scenes[s], images[s], s, seed, nlvr_per_image) for s in ("train", "val", "test")}
+    nlvr = {s: make_nlvr_records(scenes[s], images[s], s, seed, nlvr_per_image, nlvr_templates)
+            for s in ("train", "val", "test")}
     files: dict[str, tuple[str, Any]] = {
         "vqa_train": ("vqa_train.json", vqa["train"]),
         "vqa_val": ("vqa_val.json", vqa["val"]),

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 import torch
 
-from vlp.dist import all_gather_nograd
+from vlp.dist import all_gather_nograd, rank
 from vlp.config import ContrastiveConfig
 from vlp.losses.contrastive import contrastive_loss, itc_targets, soft_infonce
 from vlp.losses.matching import itm_loss, sample_hard_negatives
@@ -34,7 +34,8 @@ class TokenInfo:
 class ITCOutput:
     loss: torch.Tensor
     sim_i2t: torch.Tensor  # [B, B + Q] online image x (momentum texts | text queue), / temp
-    sim_t2i: torch.Tensor  # [B, B + Q]
+    sim_t2i: torch.Tensor  # [B, B + Q] (global bank: [B, world * B + Q])
+    batch_cols: slice  # the columns of this rank's own batch (ITM mines its negatives there)
     stats: dict[str, torch.Tensor] = field(default_factory=dict)  # regulation diagnostics
 
 
@@ -54,6 +55,7 @@ def itc_step(
     positives: str = "pair",
     regulate: Optional[Regulate] = None,
     contrastive: Optional[ContrastiveConfig] = None,
+    global_bank: bool = False,
 ) -> ITCOutput:
     """ITC against momentum features + queues, with momentum distillation (ALBEF §2.1).
 
@@ -62,19 +64,27 @@ def itc_step(
     ``regulate``: optional negative weighting (SRCL); it only changes the student's logits, the
     distillation targets are ALBEF's. ``contrastive``: InfoNCE (default; a fixed ``tau`` replaces
     the learned temperature) or a zoo loss on the same cosines and positives (no distillation).
+    ``global_bank``: the in-batch columns hold every rank's momentum features (rank order), so
+    each rank's rows see the whole global batch, as one process with that batch would.
     """
     q = model.queue
+    b = img.feat.shape[0]
+    if global_bank:
+        txt_m, img_m, batch_ids = all_gather_nograd(txt_m), all_gather_nograd(img_m), all_gather_nograd(image_ids)
+    else:
+        batch_ids = image_ids
+    own = slice(rank() * b, rank() * b + b) if global_bank else slice(0, b)
     bank_t = torch.cat([txt_m, q.get("text")], 0)
     bank_i = torch.cat([img_m, q.get("image")], 0)
-    b = img.feat.shape[0]
     # same image id as the anchor: positives in "image" mode, a diagnostic for the regulator
     need_ids = positives == "image" or regulate is not None
-    same_image = image_ids[:, None] == torch.cat([image_ids, q.ids], 0)[None, :] if need_ids else None
+    same_image = image_ids[:, None] == torch.cat([batch_ids, q.ids], 0)[None, :] if need_ids else None
     if positives == "image":
         pos = same_image
     else:
         pos = torch.zeros(b, bank_t.shape[0], dtype=torch.bool, device=img.feat.device)
-        pos[:, :b] = torch.eye(b, dtype=torch.bool, device=img.feat.device)
+        pos[:, own] = torch.eye(b, dtype=torch.bool, device=img.feat.device)
+    img_m, txt_m = img_m[own], txt_m[own]  # this rank's rows, for the distillation targets
     c = contrastive or ContrastiveConfig()
     temp = model.temp if c.tau is None else c.tau
     cos_i2t = img.feat @ bank_t.T
@@ -82,7 +92,7 @@ def itc_step(
     sim_i2t, sim_t2i = cos_i2t / temp, cos_t2i / temp
     if c.name != "infonce":
         loss = contrastive_loss(c.name, cos_i2t, pos, cos_t2i, pos, margin=c.margin, smoothap_tau=c.smoothap_tau)
-        return ITCOutput(loss, sim_i2t, sim_t2i)
+        return ITCOutput(loss, sim_i2t, sim_t2i, own)
     with torch.no_grad():
         m_i2t = img_m @ bank_t.T / temp
         m_t2i = txt_m @ bank_i.T / temp
@@ -92,7 +102,7 @@ def itc_step(
         soft_infonce(sim_i2t, itc_targets(pos, m_i2t, alpha), lw_i2t, removal)
         + soft_infonce(sim_t2i, itc_targets(pos, m_t2i, alpha), lw_t2i, removal)
     )
-    return ITCOutput(loss, sim_i2t, sim_t2i, r.stats if r is not None else {})
+    return ITCOutput(loss, sim_i2t, sim_t2i, own, r.stats if r is not None else {})
 
 
 def enqueue(model: ALBEF, image_ids: torch.Tensor, img_m: torch.Tensor, txt_m: torch.Tensor) -> None:
@@ -111,12 +121,12 @@ def itm_step(
 ) -> torch.Tensor:
     """ITM on B positives + B (text, hard image) + B (hard text, image) pairs in one fusion pass.
 
-    Negatives are drawn from the in-batch ITC similarities (first B columns). The image K/V are
-    projected once and indexed for the negatives.
+    Negatives are drawn from the in-batch ITC similarities ``sim_*`` [B, B] (the batch columns of
+    :class:`ITCOutput`). The image K/V are projected once and indexed for the negatives.
     """
+    neg_img, ok_img = sample_hard_negatives(sim_t2i, image_ids, generator)  # per text
+    neg_txt, ok_txt = sample_hard_negatives(sim_i2t, image_ids, generator)  # per image
     b = txt.hidden.shape[0]
-    neg_img, ok_img = sample_hard_negatives(sim_t2i[:, :b], image_ids, generator)  # per text
-    neg_txt, ok_txt = sample_hard_negatives(sim_i2t[:, :b], image_ids, generator)  # per image
     hidden = torch.cat([txt.hidden, txt.hidden, txt.hidden[neg_txt]], 0)
     mask = torch.cat([txt.mask, txt.mask, txt.mask[neg_txt]], 0)
     idx = torch.cat([torch.arange(b, device=neg_img.device), neg_img, torch.arange(b, device=neg_img.device)])

@@ -51,10 +51,15 @@ class PretrainTask(Task):
             def regulate(cos_i2t, cos_t2i, pos, same):
                 return reg.regulate(cos_i2t, cos_t2i, pos, same, helper, step)
 
-        itc = itc_step(m, img, txt, img_m.feat, txt_m.feat, image_ids, alpha, c.itc_positives, regulate, c.contrastive)
+        itc = itc_step(m, img, txt, img_m.feat, txt_m.feat, image_ids, alpha, c.itc_positives, regulate, c.contrastive,
+                       global_bank=c.itc_bank == "global")
         kv = m.image_kv(img.tokens) if c.itm or c.mlm else None  # cross-attention K/V once, for ITM and MLM
         out["itc"] = itc.loss
-        out["itm"] = itm_step(m, kv, txt, itc.sim_i2t.detach(), itc.sim_t2i.detach(), image_ids, gen) if c.itm else None
+        cols = itc.batch_cols
+        out["itm"] = (
+            itm_step(m, kv, txt, itc.sim_i2t[:, cols].detach(), itc.sim_t2i[:, cols].detach(), image_ids, gen)
+            if c.itm else None
+        )
         out["mlm"] = (
             mlm_step(m, ids, mask, kv, img_m.tokens, self.tokens, c.mlm_probability, alpha, gen) if c.mlm else None
         )

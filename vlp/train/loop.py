@@ -20,14 +20,17 @@ from accelerate.utils import DistributedDataParallelKwargs
 from torch import nn
 
 from vlp.config import TrainConfig
+from vlp.dist import mean_over_ranks
 from vlp.train.checkpoint import save_checkpoint
 from vlp.train.logging import MetricsLog, progress
 from vlp.train.optim import build_optimizer, lr_at, trainable
 from vlp.train.swa import WeightAverager
 
 
-def make_accelerator(cfg: TrainConfig) -> Accelerator:
+def make_accelerator(cfg: TrainConfig, find_unused_parameters: bool = False) -> Accelerator:
     """Single process on CPU, or whatever ``accelerate launch`` set up. Queues are not re-broadcast.
+    ``find_unused_parameters``: DDP tolerates parameters the loss does not reach (a head whose loss
+    weight is 0).
 
     accelerate keeps its precision settings in a process-wide singleton; it is cleared here (the
     process-group state is kept) so that jobs run one after another in one process - demo, tests,
@@ -37,7 +40,8 @@ def make_accelerator(cfg: TrainConfig) -> Accelerator:
     return Accelerator(
         mixed_precision="bf16" if cfg.precision == "bf16" else "no",
         cpu=not torch.cuda.is_available(),
-        kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
+        kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False,
+                                                       find_unused_parameters=find_unused_parameters)],
     )
 
 
@@ -153,15 +157,17 @@ def train(
 
         for k, v in out.items():
             x = float(v.detach())
+            sums.setdefault(k, 0.0), counts.setdefault(k, 0)
             if x == x:  # NaN = "not measured this step" (e.g. no same-image negatives): not averaged
-                sums[k], counts[k] = sums.get(k, 0.0) + x, counts.get(k, 0) + 1
+                sums[k], counts[k] = sums[k] + x, counts[k] + 1
         n_sum += 1
         pairs += len(batch["input_ids"]) * acc.num_processes
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
             dt = time.perf_counter() - t_window
-            record = {"step": done, "lr": lr, **{k: v / counts[k] for k, v in sums.items()},
-                      "pairs_per_s": pairs / dt, "data_time": data_time / n_sum}
+            means = mean_over_ranks({k: v / counts[k] if counts[k] else float("nan") for k, v in sums.items()})
+            means = {k: v for k, v in means.items() if v == v}  # measured by no rank in the window: not logged
+            record = {"step": done, "lr": lr, **means, "pairs_per_s": pairs / dt, "data_time": data_time / n_sum}
             if acc.is_main_process:
                 log.write(record)
             bar.set_postfix(loss=f"{record['loss']:.3f}", pairs_s=f"{record['pairs_per_s']:.0f}")
