@@ -41,6 +41,18 @@ def load_finetune_config(task: str, path: str, overrides: Sequence[str]):
     return load_config(FinetuneConfig, path, [*overrides, f"task={task}"])
 
 
+def _bench(a: argparse.Namespace) -> None:
+    from vlp.bench import format_bench, run_bench
+    from vlp.dist import rank
+
+    cfg = load_config(PretrainConfig, a.config, a.overrides)
+    result = run_bench(cfg, a.steps, a.warmup, a.peak_tflops, a.out)
+    if rank() == 0:
+        print(format_bench(result))
+        if a.out:
+            print(f"wrote {a.out}")
+
+
 def _finetune(a: argparse.Namespace) -> None:
     from vlp.finetune import run_finetune
 
@@ -239,6 +251,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write pretrain_generic_<share>.json: this share of images captioned only generically "
                         "(repeatable)")
     s.set_defaults(func=_make_world)
+
+    s = sub.add_parser("bench", help="time pretraining steps of a config: pairs/s, ms per phase, peak memory, "
+                                     "FLOP per pair, MFU")
+    s.add_argument("--config", required=True, help="pretraining YAML (its data.train is read)")
+    s.add_argument("--steps", type=int, default=20, help="timed steps")
+    s.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    s.add_argument("--peak-tflops", type=float, default=None,
+                   help="device peak per process for MFU, e.g. 989 (H100 SXM dense bf16)")
+    s.add_argument("--out", default=None, help="also write the result as JSON here")
+    s.add_argument("overrides", nargs="*", help="config overrides, e.g. data.batch_size=64")
+    s.set_defaults(func=_bench)
 
     s = sub.add_parser("demo", help="world -> pretrain tiny model -> zero-shot retrieval, on CPU")
     s.add_argument("--out", default="demo_out")

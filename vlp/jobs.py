@@ -5,6 +5,7 @@ This is the only layer (with ``cli``) that touches the filesystem for runs.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import json
 import os
 import random
@@ -120,14 +121,29 @@ def prepare_run_dir(cfg: PretrainConfig) -> Path:
     return run_dir
 
 
-def run_pretrain(cfg: PretrainConfig) -> Path:
-    """Pretrain per ``cfg``; returns the run directory (config.yaml, metrics.jsonl, checkpoints/)."""
+@dataclass
+class Pretraining:
+    """What a pretraining run is made of (shared by ``vlp pretrain`` and ``vlp bench``)."""
+
+    model: torch.nn.Module
+    task: torch.nn.Module
+    loader: DataLoader
+    pairs: int
+    images: int
+
+    def accelerator(self, cfg: PretrainConfig):
+        """The run's accelerator: DDP tolerates the heads (or fusion) a zero loss weight leaves unused."""
+        c = cfg.loss
+        return make_accelerator(cfg.train, cfg.model.arch == "albef" and 0 in (c.itc, c.itm, c.mlm))
+
+
+def build_pretraining(cfg: PretrainConfig) -> Pretraining:
+    """Seeded model, task and shuffled fixed-size-batch loader of a pretraining config."""
     if not cfg.data.train:
         raise DataError("config key 'data.train': no annotation files given")
     set_seed(cfg.train.seed)
     samples = load_pairs(cfg.data.train, cfg.data.image_root)
     check_images(samples)
-    run_dir = prepare_run_dir(cfg)
     tokenizer = load_tokenizer(cfg.model.text)
     regulator, cache = build_regulator(cfg)
     targets = load_targets(cfg)
@@ -144,13 +160,18 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
         collate_fn=Collator(tokenizer, cfg.model.text.max_len),
         generator=torch.Generator().manual_seed(cfg.train.seed),
     )
-    print(f"vlp pretrain: {len(dataset)} pairs, {len(dataset.key_to_id)} images, "
-          f"{param_count(model) / 1e6:.1f}M trainable parameters -> {run_dir}")
     task = build_task(cfg, model, tokenizer, regulator, targets)
+    return Pretraining(model, task, loader, len(dataset), len(dataset.key_to_id))
+
+
+def run_pretrain(cfg: PretrainConfig) -> Path:
+    """Pretrain per ``cfg``; returns the run directory (config.yaml, metrics.jsonl, checkpoints/)."""
+    run = build_pretraining(cfg)
+    run_dir = prepare_run_dir(cfg)
+    print(f"vlp pretrain: {run.pairs} pairs, {run.images} images, "
+          f"{param_count(run.model) / 1e6:.1f}M trainable parameters -> {run_dir}")
     state = {"task": "pretrain", "vlp_version": __version__, "config": to_dict(cfg), "model": to_dict(cfg.model)}
-    c = cfg.loss
-    unused = cfg.model.arch == "albef" and 0 in (c.itc, c.itm, c.mlm)  # heads (or fusion) the loss never reaches
-    train(task, loader, cfg.train, run_dir, state, accelerator=make_accelerator(cfg.train, unused))
+    train(run.task, run.loader, cfg.train, run_dir, state, accelerator=run.accelerator(cfg))
     if cfg.data.eval:
         run_evaluate_retrieval(run_dir, cfg.data.eval, cfg.data.relevance, run_dir / "eval", cfg.data.image_root,
                                graded_relevance=cfg.data.graded_relevance)

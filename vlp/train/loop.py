@@ -59,7 +59,7 @@ class Validation:
             raise ValueError(f"validation every {self.every} steps: expected >= 1")
 
 
-def _batches(loader: Iterable) -> Iterator[Any]:
+def endless_batches(loader: Iterable) -> Iterator[Any]:
     epoch = 0
     while True:
         if hasattr(loader, "set_epoch"):
@@ -131,7 +131,7 @@ def train(
         acc.wait_for_everyone()
 
     bar = progress(cfg.steps, "train", cfg.progress and acc.is_main_process)
-    batches = _batches(loader)
+    batches = endless_batches(loader)
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     n_sum, pairs, t_window, data_time = 0, 0, time.perf_counter(), 0.0

@@ -1,0 +1,45 @@
+"""``vlp bench`` on a small world: phases, FLOP and MFU bookkeeping, JSON output, CLI."""
+
+import json
+
+import pytest
+
+from vlp.bench import PHASES, run_bench
+from vlp.cli import main
+from vlp.config import ConfigError, PretrainConfig, load_config
+from vlp.data.synthetic import generate_world
+from vlp.flops import step_flops
+
+SMALL = ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=1", "data.batch_size=8",
+         "data.num_workers=0", "train.progress=false"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return generate_world(tmp_path_factory.mktemp("w"), seed=0, n_train=24, n_val=0, n_test=0, progress=False,
+                          vqa_per_image=0, nlvr_per_image=0)
+
+
+def test_bench_reports_phases_flops_and_mfu(world, tmp_path):
+    cfg = load_config(PretrainConfig, "configs/pretrain/shapes_tiny.yaml", [f"data.train=[{world['pretrain']}]", *SMALL])
+    out = tmp_path / "b.json"
+    r = run_bench(cfg, steps=3, warmup=1, peak_tflops=0.5, out=out)
+    assert json.loads(out.read_text())["pairs_per_s"] == r["pairs_per_s"]
+    ms = r["ms_per_step"]
+    assert all(ms[p] > 0 for p in PHASES) and ms["step"] == pytest.approx(sum(ms[p] for p in PHASES))
+    assert r["pairs_per_s"] == pytest.approx(8 / (ms["step"] / 1000), rel=1e-6)  # 3 steps of 8 pairs
+    lo, hi = (step_flops(cfg, t) / 1e9 for t in (3, cfg.model.text.max_len))  # padded length varies by batch
+    assert lo < r["gflop_per_pair"] < hi
+    assert r["achieved_tflops"] == pytest.approx(r["gflop_per_pair"] * r["pairs_per_s"] / 1e3, rel=1e-6)
+    assert r["mfu"] == pytest.approx(r["achieved_tflops"] / 0.5, rel=1e-6)
+    assert r["peak_memory_mb"] > 100 and r["processes"] == 1 and r["steps"] == 3
+
+
+def test_bench_cli_prints_the_table_and_refuses_bad_counts(world, tmp_path, capsys):
+    args = ["bench", "--config", "configs/pretrain/shapes_tiny.yaml", "--steps", "2", "--warmup", "0",
+            f"data.train=[{world['pretrain']}]", *SMALL]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "pairs/s" in printed and "GFLOP per pair" in printed and "MFU n/a" in printed
+    with pytest.raises(ConfigError, match="--steps must be >= 1"):
+        run_bench(load_config(PretrainConfig, "configs/pretrain/shapes_tiny.yaml", SMALL), steps=0)

@@ -1,0 +1,134 @@
+"""``vlp bench``: time pretraining steps of a config, phase by phase, with the analytic FLOP count.
+
+The model, task and loader are those of ``vlp pretrain`` (:func:`vlp.jobs.build_pretraining`), on
+the config's real data. After ``warmup`` untimed steps, each of ``steps`` steps is timed in four
+phases, with a device synchronisation between them: data (next batch, on the device), forward
+(every loss), backward, optimizer (step, zero_grad, momentum update). FLOP per pair come from
+:mod:`vlp.flops` at each batch's padded text length; MFU = achieved FLOP/s / (peak x processes).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import statistics
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from vlp import __version__
+from vlp.config import ConfigError, PretrainConfig, to_dict
+from vlp.flops import step_flops
+from vlp.jobs import build_pretraining, param_count
+from vlp.train.loop import endless_batches
+from vlp.train.optim import build_optimizer, lr_at
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def _peak_memory_mb(device: torch.device) -> tuple[float, str]:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "max CUDA memory allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peak process RSS"
+
+
+def run_bench(cfg: PretrainConfig, steps: int = 20, warmup: int = 3, peak_tflops: Optional[float] = None,
+              out: Optional[str | Path] = None) -> dict[str, Any]:
+    if steps < 1 or warmup < 0:
+        raise ConfigError(f"vlp bench: --steps must be >= 1 and --warmup >= 0, got {steps} / {warmup}")
+    cfg.train.steps = max(cfg.train.steps, warmup + steps)  # the lr schedule spans the benchmark
+    run = build_pretraining(cfg)
+    acc = run.accelerator(cfg)
+    optimizer = build_optimizer(run.task, cfg.train)
+    task, optimizer, loader = acc.prepare(run.task, optimizer, run.loader)
+    inner = acc.unwrap_model(task)
+    device = acc.device
+
+    def sync() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times: dict[str, list[float]] = {p: [] for p in PHASES}
+    flops, pairs = 0.0, 0
+    batches = endless_batches(loader)
+    task.train()
+    for step in range(warmup + steps):
+        t0 = sync()
+        batch = next(batches)
+        t1 = sync()
+        for g in optimizer.param_groups:
+            g["lr"] = lr_at(step, cfg.train)
+        loss = task(batch, step=step)["loss"]
+        t2 = sync()
+        acc.backward(loss)
+        t3 = sync()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if hasattr(inner, "after_optimizer_step"):
+            inner.after_optimizer_step(step + 1)
+        t4 = sync()
+        if step >= warmup:
+            for p, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                times[p].append(dt)
+            b = len(batch["input_ids"]) * acc.num_processes
+            flops += step_flops(cfg, batch["input_ids"].shape[1]) * b
+            pairs += b
+    total = sum(sum(v) for v in times.values())
+    ms = {p: 1000 * statistics.mean(v) for p, v in times.items()}
+    ms["step"] = sum(ms.values())
+    memory, memory_kind = _peak_memory_mb(device)
+    achieved = flops / total
+    result: dict[str, Any] = {
+        "date": date.today().isoformat(),
+        "device": _device_name(device),
+        "processes": acc.num_processes,
+        "precision": cfg.train.precision,
+        "batch_per_process": cfg.data.batch_size,
+        "steps": steps,
+        "warmup": warmup,
+        "pairs_per_s": pairs / total,
+        "ms_per_step": ms,
+        "ms_per_step_median": 1000 * statistics.median(sum(x) for x in zip(*times.values())),
+        "peak_memory_mb": memory,
+        "peak_memory_kind": memory_kind,
+        "gflop_per_pair": flops / pairs / 1e9,
+        "achieved_tflops": achieved / 1e12,
+        "peak_tflops_per_process": peak_tflops,
+        "mfu": achieved / (peak_tflops * 1e12 * acc.num_processes) if peak_tflops else None,
+        "trainable_params_m": param_count(run.model) / 1e6,
+        "vlp_version": __version__,
+        "torch": torch.__version__,
+        "config": to_dict(cfg),
+    }
+    if out is not None and acc.is_main_process:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def format_bench(r: dict[str, Any]) -> str:
+    ms = r["ms_per_step"]
+    mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a (give --peak-tflops)"
+    return "\n".join([
+        f"device              {r['device']} x {r['processes']} ({r['precision']})",
+        f"pairs/s             {r['pairs_per_s']:.1f}  (batch {r['batch_per_process']} per process, "
+        f"{r['steps']} timed steps after {r['warmup']})",
+        "ms per step         " + ", ".join(f"{p} {ms[p]:.1f}" for p in PHASES) + f" = {ms['step']:.1f}"
+        f" (median step {r['ms_per_step_median']:.1f})",
+        f"peak memory         {r['peak_memory_mb']:.0f} MiB ({r['peak_memory_kind']})",
+        f"GFLOP per pair      {r['gflop_per_pair']:.2f} (analytic, vlp.flops)",
+        f"achieved            {r['achieved_tflops']:.3f} TFLOP/s, MFU {mfu}",
+    ])
