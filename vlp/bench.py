@@ -24,7 +24,7 @@ from vlp import __version__
 from vlp.config import ConfigError, PretrainConfig, to_dict
 from vlp.flops import step_flops
 from vlp.jobs import build_pretraining, param_count
-from vlp.train.loop import endless_batches
+from vlp.train.loop import apply_train_options, endless_batches
 from vlp.train.optim import build_optimizer, lr_at
 
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -49,6 +49,7 @@ def run_bench(cfg: PretrainConfig, steps: int = 20, warmup: int = 3, peak_tflops
     cfg.train.steps = max(cfg.train.steps, warmup + steps)  # the lr schedule spans the benchmark
     run = build_pretraining(cfg)
     acc = run.accelerator(cfg)
+    apply_train_options(run.task, cfg.train)
     optimizer = build_optimizer(run.task, cfg.train)
     task, optimizer, loader = acc.prepare(run.task, optimizer, run.loader)
     inner = acc.unwrap_model(task)
@@ -96,6 +97,7 @@ def run_bench(cfg: PretrainConfig, steps: int = 20, warmup: int = 3, peak_tflops
         "device": _device_name(device),
         "processes": acc.num_processes,
         "precision": cfg.train.precision,
+        "grad_checkpointing": cfg.train.grad_checkpointing,
         "batch_per_process": cfg.data.batch_size,
         "steps": steps,
         "warmup": warmup,
@@ -123,7 +125,8 @@ def format_bench(r: dict[str, Any]) -> str:
     ms = r["ms_per_step"]
     mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a (give --peak-tflops)"
     return "\n".join([
-        f"device              {r['device']} x {r['processes']} ({r['precision']})",
+        f"device              {r['device']} x {r['processes']} ({r['precision']}"
+        f"{', activation checkpointing' if r['grad_checkpointing'] else ''})",
         f"pairs/s             {r['pairs_per_s']:.1f}  (batch {r['batch_per_process']} per process, "
         f"{r['steps']} timed steps after {r['warmup']})",
         "ms per step         " + ", ".join(f"{p} {ms[p]:.1f}" for p in PHASES) + f" = {ms['step']:.1f}"

@@ -333,6 +333,9 @@ class TrainConfig:
     seed: int = 42
     log_every: int = 10
     ckpt_every: int = 0  # 0: only at the end
+    # Recompute the activations of the ViT blocks, text layers and fusion layers in the backward
+    # pass instead of keeping them (non-reentrant checkpointing): less memory, one more forward.
+    grad_checkpointing: bool = False
     progress: bool = True
     average: AverageConfig = field(default_factory=AverageConfig)
 

@@ -82,3 +82,30 @@ def test_pretrain_step_is_finite_for_degenerate_batches(image_ids):
         task.after_optimizer_step(1)
         if q:
             assert model.queue.ptr.item() == len(image_ids) % q
+
+
+def test_grad_checkpointing_gives_the_same_loss_and_gradients_and_recomputes_the_layers():
+    def run(enable: bool):
+        model = tiny()
+        if enable:
+            model.set_grad_checkpointing(True)
+        calls = {"fusion": 0, "vit": 0}
+        # pre-hooks: a non-reentrant recomputation stops as soon as it has what backward needs,
+        # before the module's forward hooks would run
+        model.fusion.layer[0].register_forward_pre_hook(lambda *_: calls.__setitem__("fusion", calls["fusion"] + 1))
+        model.vision.blocks[0].register_forward_pre_hook(lambda *_: calls.__setitem__("vit", calls["vit"] + 1))
+        task = PretrainTask(model, LossConfig(alpha_ramp_steps=1), TokenInfo(30522, 103, (0, 101, 102)))
+        torch.manual_seed(1)
+        out = task(make_batch([0, 1, 2, 3]), step=5)
+        forward_calls = dict(calls)
+        out["loss"].backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        return out["loss"].item(), grads, forward_calls, calls
+
+    loss0, grads0, fwd0, all0 = run(False)
+    loss1, grads1, fwd1, all1 = run(True)
+    assert loss1 == loss0 and grads1.keys() == grads0.keys() and len(grads0) > 50
+    for name, g in grads0.items():
+        assert torch.allclose(grads1[name], g, atol=1e-6, rtol=1e-5), name
+    assert fwd1 == fwd0 and all0 == fwd0  # without checkpointing, backward runs no forward
+    assert all1 == {k: 2 * v for k, v in fwd1.items()}  # each online pass recomputed once in backward

@@ -16,7 +16,7 @@ from torch import nn
 from vlp.config import ModelConfig, VISION_PRESETS, resolved
 from vlp.models.heads import MLMHead
 from vlp.models.momentum import FeatureQueue, MomentumTwin
-from vlp.models.text import ImageKV, build_text
+from vlp.models.text import FusionEncoder, ImageKV, build_text
 from vlp.models.vision import build_vision
 
 TEMP_MIN, TEMP_MAX = 0.001, 0.5
@@ -121,6 +121,22 @@ class ALBEF(nn.Module):
     def mlm_logits(self, fused_at_masked: torch.Tensor, momentum: bool = False) -> torch.Tensor:
         """[M, H] fused states at masked positions -> [M, V] vocabulary logits."""
         return self._m("mlm_head", momentum)(fused_at_masked)
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Non-reentrant activation checkpointing in the online ViT blocks, text layers and every
+        fusion block (task models' too); the momentum twins run without gradient and are untouched."""
+        self.vision.set_grad_checkpointing(enable)
+        t, kwargs = self.text, {"use_reentrant": False}
+        new_api = hasattr(t, "activation_checkpointing_enable")  # transformers >= 5 naming
+        if not enable:
+            (t.activation_checkpointing_disable if new_api else t.gradient_checkpointing_disable)()
+        elif new_api:
+            t.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            t.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        for name, module in self.named_modules():
+            if isinstance(module, FusionEncoder) and not name.startswith("momentum."):
+                module.grad_checkpointing = enable
 
     # -- state ---------------------------------------------------------------------------------
 

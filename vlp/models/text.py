@@ -13,6 +13,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import BertConfig, BertModel
 
 from vlp.config import TEXT_PRESETS, TextConfig, resolved
@@ -138,6 +139,7 @@ class FusionEncoder(nn.Module):
     ) -> None:
         super().__init__()
         self.causal = causal
+        self.grad_checkpointing = False  # recompute each layer in the backward pass (training only)
         self.layer = nn.ModuleList(
             FusionLayer(hidden, heads, intermediate, image_width, dropout, eps, causal) for _ in range(layers)
         )
@@ -159,8 +161,12 @@ class FusionEncoder(nn.Module):
         kv = image if _is_kv(image) else self.image_kv(image)
         tmask = text_mask.bool()[:, None, None, :]
         imask = None if image_mask is None else image_mask.bool()[:, None, None, :]
+        recompute = self.grad_checkpointing and self.training and torch.is_grad_enabled()
         for lay, layer_kv in zip(self.layer, kv):
-            hidden = lay(hidden, tmask, layer_kv, imask)
+            if recompute:
+                hidden = checkpoint(lay, hidden, tmask, layer_kv, imask, use_reentrant=False)
+            else:
+                hidden = lay(hidden, tmask, layer_kv, imask)
         return hidden
 
 

@@ -19,7 +19,7 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedDataParallelKwargs
 from torch import nn
 
-from vlp.config import TrainConfig
+from vlp.config import ConfigError, TrainConfig
 from vlp.dist import mean_over_ranks
 from vlp.train.checkpoint import save_checkpoint
 from vlp.train.logging import MetricsLog, progress
@@ -43,6 +43,16 @@ def make_accelerator(cfg: TrainConfig, find_unused_parameters: bool = False) -> 
         kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False,
                                                        find_unused_parameters=find_unused_parameters)],
     )
+
+
+def apply_train_options(task: nn.Module, cfg: TrainConfig) -> None:
+    """Model-side switches of the train config (before ``prepare``): activation checkpointing."""
+    if cfg.grad_checkpointing:
+        model = getattr(task, "model", None)
+        if not hasattr(model, "set_grad_checkpointing"):
+            raise ConfigError(f"config key 'train.grad_checkpointing': not available for {type(model).__name__} "
+                              "(ALBEF-family models only)")
+        model.set_grad_checkpointing(True)
 
 
 @dataclass
@@ -87,6 +97,7 @@ def train(
     ``run_dir/checkpoints/best``. Returns the last logged record."""
     run_dir = Path(run_dir)
     acc = accelerator or make_accelerator(cfg)
+    apply_train_options(task, cfg)
     optimizer = build_optimizer(task, cfg)
     task, optimizer, loader = acc.prepare(task, optimizer, loader)
     inner = acc.unwrap_model(task)
