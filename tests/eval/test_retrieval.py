@@ -49,6 +49,7 @@ def test_full_rerank_equals_brute_force_itm_for_every_pair():
             ref = brute_itm(model, emb, i, t)
             assert abs(res.scores_i2t[i, t].item() - RERANK_OFFSET - ref) < 1e-3
             assert abs(res.scores_t2i[t, i].item() - RERANK_OFFSET - ref) < 1e-3
+    assert res.metrics["itm_pairs"] == 6 * 12  # every pair is a candidate both ways: scored once
 
 
 def test_topk_rerank_keeps_itc_order_below_and_adds_itc_in_itm_plus_itc():
@@ -63,6 +64,9 @@ def test_topk_rerank_keeps_itc_order_below_and_adds_itc_in_itm_plus_itc():
                 assert abs(got - RERANK_OFFSET - (brute_itm(model, emb, i, t) + sim[i, t].item())) < 1e-3
             else:
                 assert abs(got - sim[i, t].item()) < 1e-6
+    union = {(i, t) for i in range(6) for t in sim[i].topk(2).indices.tolist()}
+    union |= {(i, t) for t in range(12) for i in sim[:, t].topk(2).indices.tolist()}
+    assert res.metrics["itm_pairs"] == len(union) < 6 * 2 + 12 * 2
 
 
 def test_itc_score_is_plain_cosine():
@@ -70,7 +74,7 @@ def test_itc_score_is_plain_cosine():
     res = evaluate_retrieval(model, emb, split, EvalConfig(score="itc"), show_progress=False)
     sim = emb.image_feat @ emb.text_feat.T
     assert torch.allclose(res.scores_i2t, sim)
-    assert res.metrics == retrieval_metrics(sim, sim.T, split.img2txt, split.txt2img)
+    assert res.metrics == {**retrieval_metrics(sim, sim.T, split.img2txt, split.txt2img), "itm_pairs": 0}
 
 
 # ---------------------------------------------------------------- run_evaluate_retrieval with relevance files

@@ -80,26 +80,43 @@ def itm_scores(model: ALBEF, emb: Embeddings, img_idx: torch.Tensor, txt_idx: to
     return torch.cat(out) if out else torch.zeros(0)
 
 
-def _rerank(model: ALBEF, emb: Embeddings, sim: torch.Tensor, cfg: EvalConfig, image_queries: bool,
-            show_progress: bool) -> torch.Tensor:
-    k = min(cfg.k_test, sim.shape[1])
-    top = sim.topk(k, dim=1).indices  # [Q, k]
-    q_idx = torch.arange(sim.shape[0], device=sim.device)[:, None].expand(-1, k).reshape(-1)
-    c_idx = top.reshape(-1)
-    img_idx, txt_idx = (q_idx, c_idx) if image_queries else (c_idx, q_idx)
-    scores = []
-    bar = progress(len(q_idx), "re-rank i2t" if image_queries else "re-rank t2i", show_progress)
-    chunk = cfg.batch_size * 16
-    for s in range(0, len(q_idx), chunk):
-        scores.append(itm_scores(model, emb, img_idx[s : s + chunk], txt_idx[s : s + chunk], cfg.batch_size))
-        bar.update(min(chunk, len(q_idx) - s))
-    bar.close()
-    rerank = torch.cat(scores).view(-1, k)
-    if cfg.score == "itm+itc":
-        rerank = rerank + torch.gather(sim, 1, top)
+def _reranked(sim: torch.Tensor, top: torch.Tensor, itm: torch.Tensor, score: str) -> torch.Tensor:
+    """``sim`` [Q, C] with each query's top-k columns ``top`` [Q, k] replaced by their ITM logits
+    ``itm`` [Q, k] (+ the cosine for ``itm+itc``), lifted above every other candidate."""
+    rerank = itm + torch.gather(sim, 1, top) if score == "itm+itc" else itm
     final = sim.clone()
     final.scatter_(1, top, rerank + RERANK_OFFSET)
     return final
+
+
+def rerank_both(model: ALBEF, emb: Embeddings, sim: torch.Tensor, cfg: EvalConfig,
+                show_progress: bool = True) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """ITM re-ranking of each image's and each caption's top ``k_test`` ITC candidates.
+
+    A pair in both candidate sets is scored once. The distinct pairs are ordered by image, so that
+    consecutive pairs share an image and its cross-attention K/V are projected once per batch.
+    ``sim`` [N_img, N_txt] cosines -> (i2t [N_img, N_txt], t2i [N_txt, N_img], pairs scored).
+    """
+    n_img, n_txt = sim.shape
+    k_i, k_t = min(cfg.k_test, n_txt), min(cfg.k_test, n_img)
+    top_i2t = sim.topk(k_i, dim=1).indices  # [N_img, k_i] captions per image
+    top_t2i = sim.T.topk(k_t, dim=1).indices  # [N_txt, k_t] images per caption
+    dev = sim.device
+    img = torch.cat([torch.arange(n_img, device=dev).repeat_interleave(k_i), top_t2i.reshape(-1)])
+    txt = torch.cat([top_i2t.reshape(-1), torch.arange(n_txt, device=dev).repeat_interleave(k_t)])
+    pairs, where = torch.unique(img * n_txt + txt, return_inverse=True)  # sorted: by image, then caption
+    p_img, p_txt = pairs // n_txt, pairs % n_txt
+    scores = []
+    bar = progress(len(pairs), "ITM re-rank (distinct pairs)", show_progress)
+    chunk = cfg.batch_size * 16
+    for s in range(0, len(pairs), chunk):
+        scores.append(itm_scores(model, emb, p_img[s : s + chunk], p_txt[s : s + chunk], cfg.batch_size))
+        bar.update(min(chunk, len(pairs) - s))
+    bar.close()
+    itm = torch.cat(scores)[where].to(sim.dtype)
+    i2t = _reranked(sim, top_i2t, itm[: n_img * k_i].view(n_img, k_i), cfg.score)
+    t2i = _reranked(sim.T.contiguous(), top_t2i, itm[n_img * k_i :].view(n_txt, k_t), cfg.score)
+    return i2t, t2i, len(pairs)
 
 
 @torch.no_grad()
@@ -114,12 +131,12 @@ def evaluate_retrieval(model: ALBEF, emb: Embeddings, split: RetrievalSplit, cfg
         raise ValueError("graded_relevance needs relevant_images (R-precision and mAP use the relevance lists)")
     sim = (emb.image_feat.float() @ emb.text_feat.float().T)  # cosine, not divided by temp
     if cfg.score == "itc":
-        i2t, t2i = sim, sim.T.contiguous()
+        i2t, t2i, scored = sim, sim.T.contiguous(), 0
     else:
-        i2t = _rerank(model, emb, sim, cfg, True, show_progress)
-        t2i = _rerank(model, emb, sim.T.contiguous(), cfg, False, show_progress)
+        i2t, t2i, scored = rerank_both(model, emb, sim, cfg, show_progress)
     i2t, t2i = i2t.cpu(), t2i.cpu()
     metrics = retrieval_metrics(i2t, t2i, split.img2txt, split.txt2img)
+    metrics["itm_pairs"] = scored
     if relevant_images is not None:
         metrics |= relevance_metrics(i2t, t2i, relevant_images, graded=graded_relevance)
     return RetrievalResult(metrics, i2t, t2i)
