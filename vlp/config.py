@@ -336,6 +336,10 @@ class TrainConfig:
     # Recompute the activations of the ViT blocks, text layers and fusion layers in the backward
     # pass instead of keeping them (non-reentrant checkpointing): less memory, one more forward.
     grad_checkpointing: bool = False
+    # Batches whose gradients are summed (each loss / this) before one optimizer step. Each
+    # micro-batch draws its ITC in-batch negatives and ITM hard negatives from itself; the queue
+    # receives every micro-batch (docs/training.md, "Gradient accumulation").
+    grad_accum_steps: int = 1
     progress: bool = True
     average: AverageConfig = field(default_factory=AverageConfig)
 
@@ -343,6 +347,8 @@ class TrainConfig:
         _choice("train.precision", self.precision, ["fp32", "bf16"])
         if self.steps < 1:
             raise ConfigError(f"config key 'train.steps': got {self.steps}, expected >= 1")
+        if self.grad_accum_steps < 1:
+            raise ConfigError(f"config key 'train.grad_accum_steps': got {self.grad_accum_steps}, expected >= 1")
         if self.epochs is not None and self.epochs < 1:
             raise ConfigError(f"config key 'train.epochs': got {self.epochs}, expected >= 1 or null")
 

@@ -88,15 +88,16 @@ class Job:
                           collate_fn=collate, generator=torch.Generator().manual_seed(self.cfg.train.seed))
 
     def steps(self, loader: DataLoader) -> int:
-        """Optimizer steps of the run: ``train.epochs`` passes over ``loader``, else ``train.steps``."""
+        """Optimizer steps of the run: ``train.epochs`` passes over ``loader`` (``grad_accum_steps``
+        batches per step), else ``train.steps``."""
         t = self.cfg.train
-        return t.epochs * len(loader) if t.epochs is not None else t.steps
+        return max(1, t.epochs * len(loader) // t.grad_accum_steps) if t.epochs is not None else t.steps
 
     def fit(self, task: nn.Module, loader: DataLoader, evaluate: Optional[Callable[[nn.Module, int], dict]],
             select: str) -> None:
         t = self.cfg.train
         t.steps = self.steps(loader)
-        every = self.cfg.eval_every or len(loader)
+        every = self.cfg.eval_every or max(1, len(loader) // t.grad_accum_steps)  # default: once per epoch
         validation = Validation(evaluate, select, every) if evaluate is not None else None
         state = {"task": self.cfg.task, "vlp_version": __version__, "config": to_dict(self.cfg),
                  "model": to_dict(self.model_cfg), "pretrained": str(self.source)}

@@ -49,3 +49,27 @@ def test_loop_schedule_hooks_logs_and_checkpoints(tmp_path, precision):
     ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert ckpts == ["step_0000005", "step_0000010", "step_0000012"]
     assert read_state(find_checkpoint(tmp_path)) == {"task": "toy", "step": 12}
+
+
+def test_gradient_accumulation_equals_the_big_batch_for_a_per_sample_loss(tmp_path):
+    small = loader()  # 4 batches of 8
+    big = [{k: torch.cat([a[k], b[k]]) for k in a} for a, b in zip(small[::2], small[1::2])]  # 2 batches of 16
+    common = dict(steps=2, lr=0.05, warmup_steps=0, log_every=1, progress=False, weight_decay=0.0)
+    one, two = ToyTask(), ToyTask()
+    two.load_state_dict(one.state_dict())
+    grads = {"big": [], "accum": []}  # .grad after each accumulation into it
+    for name, task in (("big", one), ("accum", two)):
+        task.model.weight.register_post_accumulate_grad_hook(lambda p, n=name: grads[n].append(p.grad.clone()))
+    train(one, big, TrainConfig(**common), tmp_path / "big")
+    train(two, small, TrainConfig(**common, grad_accum_steps=2), tmp_path / "accum")
+    # the gradient the optimizer sees (after the 2nd micro-batch) is the big batch's, not twice it
+    assert len(grads["accum"]) == 4
+    for g_big, g_acc in zip(grads["big"], grads["accum"][1::2]):
+        assert torch.allclose(g_acc, g_big, atol=1e-6)
+    assert len(two.autocast) == 4 and len(one.autocast) == 2  # forwards: 2 micro-batches per step
+    assert one.hook_steps == two.hook_steps == [1, 2]  # one optimizer step (and EMA update) per step
+    for p, q in zip(one.parameters(), two.parameters()):
+        assert torch.allclose(p, q, atol=1e-6)
+    a, b = read_metrics(tmp_path / "big" / "metrics.jsonl"), read_metrics(tmp_path / "accum" / "metrics.jsonl")
+    assert [r["loss"] for r in b] == pytest.approx([r["loss"] for r in a], rel=1e-6)
+    assert b[0]["pairs_per_s"] > 0 and [r["step"] for r in b] == [1, 2]

@@ -8,6 +8,7 @@ The loop knows nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,15 +149,20 @@ def train(
     n_sum, pairs, t_window, data_time = 0, 0, time.perf_counter(), 0.0
     record: dict[str, float] = {}
     task.train()
+    micro = cfg.grad_accum_steps
     for step in range(cfg.steps):
-        t0 = time.perf_counter()
-        batch = next(batches)
-        data_time += time.perf_counter() - t0
         lr = lr_at(step, cfg)
         for g in optimizer.param_groups:
             g["lr"] = lr
-        out = task(batch, step=step)
-        acc.backward(out["loss"])
+        outs = []
+        for m in range(micro):  # gradients of `micro` batches, one optimizer step (docs/training.md)
+            t0 = time.perf_counter()
+            batch = next(batches)
+            data_time += time.perf_counter() - t0
+            with acc.no_sync(task) if m < micro - 1 else contextlib.nullcontext():
+                out = task(batch, step=step)
+                acc.backward(out["loss"] / micro)
+            outs.append(out)
         if cfg.grad_clip:
             acc.clip_grad_norm_(params, cfg.grad_clip)
         optimizer.step()
@@ -166,13 +172,14 @@ def train(
         if averager is not None:
             averager.after_step(step + 1)
 
-        for k, v in out.items():
-            x = float(v.detach())
-            sums.setdefault(k, 0.0), counts.setdefault(k, 0)
-            if x == x:  # NaN = "not measured this step" (e.g. no same-image negatives): not averaged
-                sums[k], counts[k] = sums[k] + x, counts[k] + 1
-        n_sum += 1
-        pairs += len(batch["input_ids"]) * acc.num_processes
+        for out in outs:
+            for k, v in out.items():
+                x = float(v.detach())
+                sums.setdefault(k, 0.0), counts.setdefault(k, 0)
+                if x == x:  # NaN = "not measured this step" (e.g. no same-image negatives): not averaged
+                    sums[k], counts[k] = sums[k] + x, counts[k] + 1
+        n_sum += micro
+        pairs += micro * len(batch["input_ids"]) * acc.num_processes
         done = step + 1
         if done % cfg.log_every == 0 or done == cfg.steps:
             dt = time.perf_counter() - t_window
