@@ -3,7 +3,8 @@
 The model, task and loader are those of ``vlp pretrain`` (:func:`vlp.jobs.build_pretraining`), on
 the config's real data. After ``warmup`` untimed steps, each of ``steps`` steps is timed in four
 phases, with a device synchronisation between them: data (next batch, on the device), forward
-(every loss), backward, optimizer (step, zero_grad, momentum update). FLOP per pair come from
+(every loss), backward, optimizer (clipping, step, zero_grad, momentum update: the loop's own
+:func:`vlp.train.loop.optimizer_step`). FLOP per pair come from
 :mod:`vlp.flops` at each batch's padded text length; MFU = achieved FLOP/s / (peak x processes).
 """
 
@@ -24,8 +25,8 @@ from vlp import __version__
 from vlp.config import ConfigError, PretrainConfig, to_dict
 from vlp.flops import step_flops
 from vlp.jobs import build_pretraining, param_count
-from vlp.train.loop import apply_train_options, endless_batches
-from vlp.train.optim import build_optimizer, lr_at
+from vlp.train.loop import apply_train_options, endless_batches, optimizer_step, set_lr
+from vlp.train.optim import build_optimizer
 
 PHASES = ("data", "forward", "backward", "optimizer")
 
@@ -53,6 +54,7 @@ def run_bench(cfg: PretrainConfig, steps: int = 20, warmup: int = 3, peak_tflops
     optimizer = build_optimizer(run.task, cfg.train)
     task, optimizer, loader = acc.prepare(run.task, optimizer, run.loader)
     inner = acc.unwrap_model(task)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
     device = acc.device
 
     def sync() -> float:
@@ -70,16 +72,12 @@ def run_bench(cfg: PretrainConfig, steps: int = 20, warmup: int = 3, peak_tflops
         t0 = sync()
         batch = next(batches)
         t1 = sync()
-        for g in optimizer.param_groups:
-            g["lr"] = lr_at(step, cfg.train)
+        set_lr(optimizer, step, cfg.train)
         loss = task(batch, step=step)["loss"]
         t2 = sync()
         acc.backward(loss)
         t3 = sync()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if hasattr(inner, "after_optimizer_step"):
-            inner.after_optimizer_step(step + 1)
+        optimizer_step(acc, optimizer, inner, params, step, cfg.train)
         t4 = sync()
         if step >= warmup:
             for p, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):

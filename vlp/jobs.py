@@ -5,10 +5,10 @@ This is the only layer (with ``cli``) that touches the filesystem for runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import json
 import os
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Union
 

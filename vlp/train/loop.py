@@ -56,6 +56,25 @@ def apply_train_options(task: nn.Module, cfg: TrainConfig) -> None:
         model.set_grad_checkpointing(True)
 
 
+def set_lr(optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> float:
+    """The scheduled learning rate of ``step`` (0-based) into every parameter group."""
+    lr = lr_at(step, cfg)
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+    return lr
+
+
+def optimizer_step(acc: Accelerator, optimizer: torch.optim.Optimizer, inner: nn.Module,
+                   params: list[torch.Tensor], step: int, cfg: TrainConfig) -> None:
+    """Clip, step, clear gradients, then the task's post-step hook (momentum EMA, LTD multiplier)."""
+    if cfg.grad_clip:
+        acc.clip_grad_norm_(params, cfg.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if hasattr(inner, "after_optimizer_step"):
+        inner.after_optimizer_step(step + 1)
+
+
 @dataclass
 class Validation:
     """Periodic validation: ``evaluate(task, step) -> metrics`` (the unwrapped task, eval mode, no
@@ -151,9 +170,7 @@ def train(
     task.train()
     micro = cfg.grad_accum_steps
     for step in range(cfg.steps):
-        lr = lr_at(step, cfg)
-        for g in optimizer.param_groups:
-            g["lr"] = lr
+        lr = set_lr(optimizer, step, cfg)
         outs = []
         for m in range(micro):  # gradients of `micro` batches, one optimizer step (docs/training.md)
             t0 = time.perf_counter()
@@ -163,12 +180,7 @@ def train(
                 out = task(batch, step=step)
                 acc.backward(out["loss"] / micro)
             outs.append(out)
-        if cfg.grad_clip:
-            acc.clip_grad_norm_(params, cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if hasattr(inner, "after_optimizer_step"):
-            inner.after_optimizer_step(step + 1)
+        optimizer_step(acc, optimizer, inner, params, step, cfg)
         if averager is not None:
             averager.after_step(step + 1)
 
