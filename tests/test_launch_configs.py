@@ -6,11 +6,14 @@ from pathlib import Path
 import pytest
 from accelerate.commands.config.config_args import load_config_from_file
 
+from vlp.config import ConfigError
+
 ROOT = Path(__file__).parents[1]
 EXPECTED = {  # file -> (distributed_type, machines, processes)
     "single_gpu.yaml": ("NO", 1, 1),
     "multi_gpu.yaml": ("MULTI_GPU", 1, 8),
     "multi_node.yaml": ("MULTI_GPU", 2, 16),
+    "deepspeed_zero2.yaml": ("DEEPSPEED", 1, 8),
 }
 
 
@@ -24,7 +27,26 @@ def test_launch_config_loads_with_accelerate(name):
     kind, machines, processes = EXPECTED[name]
     assert str(cfg.distributed_type).split(".")[-1] == kind
     assert (cfg.num_machines, cfg.num_processes) == (machines, processes)
-    assert str(cfg.mixed_precision).split(".")[-1].lower() == "bf16" and not cfg.use_cpu
+    # DeepSpeed: precision comes from train.precision (accelerate refuses mixed_precision next to a JSON)
+    precision = "none" if kind == "DEEPSPEED" else "bf16"
+    assert str(cfg.mixed_precision).split(".")[-1].lower() == precision and not cfg.use_cpu
+
+
+def test_deepspeed_launch_config_points_at_a_zero2_json_vlp_accepts():
+    import json
+
+    from vlp.config import TrainConfig
+    from vlp.train.loop import configure_deepspeed
+
+    cfg = load_config_from_file(str(ROOT / "configs" / "accelerate" / "deepspeed_zero2.yaml"))
+    ds = json.loads((ROOT / cfg.deepspeed_config["deepspeed_config_file"]).read_text())
+    assert ds["zero_optimization"]["stage"] == 2
+    configure_deepspeed(ds, TrainConfig(precision="bf16", grad_clip=1.0, grad_accum_steps=2), micro_batch=64)
+    assert ds["bf16"] == {"enabled": False} and ds["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
+    assert (ds["gradient_clipping"], ds["gradient_accumulation_steps"], ds["train_micro_batch_size_per_gpu"]) == (1.0, 2, 64)
+    for bad in ({"zero_optimization": {"stage": 3}}, {"bf16": {"enabled": True}}):
+        with pytest.raises(ConfigError, match="stage 3|bf16.enabled"):
+            configure_deepspeed(bad, TrainConfig(), None)
 
 
 def test_slurm_script_is_valid_bash_and_uses_the_multi_node_config():

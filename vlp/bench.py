@@ -25,8 +25,7 @@ from vlp import __version__
 from vlp.config import ConfigError, PretrainConfig, to_dict
 from vlp.flops import step_flops
 from vlp.jobs import build_pretraining, param_count
-from vlp.train.loop import apply_train_options, endless_batches, optimizer_step, set_lr
-from vlp.train.optim import build_optimizer
+from vlp.train.loop import endless_batches, optimizer_step, prepare_training, set_lr
 
 PHASES = ("data", "forward", "backward", "optimizer")
 
@@ -50,11 +49,8 @@ def run_bench(cfg: PretrainConfig, steps: int = 20, warmup: int = 3, peak_tflops
     cfg.train.steps = max(cfg.train.steps, warmup + steps)  # the lr schedule spans the benchmark
     run = build_pretraining(cfg)
     acc = run.accelerator(cfg)
-    apply_train_options(run.task, cfg.train)
-    optimizer = build_optimizer(run.task, cfg.train)
-    task, optimizer, loader = acc.prepare(run.task, optimizer, run.loader)
-    inner = acc.unwrap_model(task)
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    prep = prepare_training(acc, run.task, run.loader, cfg.train)
+    task, optimizer, loader, inner, params = prep.task, prep.optimizer, prep.loader, prep.inner, prep.params
     device = acc.device
 
     def sync() -> float:

@@ -1,4 +1,4 @@
-"""Command line: ``vlp pretrain [nlvr-ta] | finetune retrieval|vqa|nlvr2 | train-helper | cache-helper-features | make-targets | analyze cocos |
+"""Command line: ``vlp pretrain [nlvr-ta] | finetune retrieval|vqa|nlvr2 | train-helper | cache-helper-features | make-targets | make-shards | analyze cocos |
 evaluate retrieval | make-world | demo | plot``."""
 
 from __future__ import annotations
@@ -84,10 +84,13 @@ def _cache_helper(a: argparse.Namespace) -> None:
 def _evaluate_retrieval(a: argparse.Namespace) -> None:
     from vlp.jobs import run_evaluate_retrieval
 
+    from vlp.dist import rank
+
     res = run_evaluate_retrieval(a.checkpoint, a.data, a.relevance, a.out, a.image_root, a.overrides,
                                  graded_relevance=a.graded_relevance, preset=a.preset)
-    print_metrics(res.metrics)
-    print(f"wrote {Path(a.out) / 'metrics.json'}")
+    if rank() == 0:  # launched as several processes (docs/evaluation.md): every rank has the same metrics
+        print_metrics(res.metrics)
+        print(f"wrote {Path(a.out) / 'metrics.json'}")
 
 
 def _make_world(a: argparse.Namespace) -> None:
@@ -145,6 +148,12 @@ def _make_targets(a: argparse.Namespace) -> None:
     from vlp.jobs import run_make_targets
 
     print(f"wrote {run_make_targets(a.data, a.encoder, a.out, a.batch_size)}")
+
+
+def _make_shards(a: argparse.Namespace) -> None:
+    from vlp.data.shards import write_shards
+
+    print(f"wrote {write_shards(a.data, a.out, a.image_root, a.size, a.max_per_shard, a.seed, a.quality, workers=a.workers)}")
 
 
 def _cocos(a: argparse.Namespace) -> None:
@@ -209,6 +218,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=int, default=256)
     s.set_defaults(func=_make_targets)
 
+    s = sub.add_parser("make-shards", help="write annotation files + images as webdataset tar shards "
+                                           "(data.format=webdataset)")
+    s.add_argument("--data", required=True, nargs="+", help="pretraining / retrieval-train annotation file(s)")
+    s.add_argument("--out", required=True, help="shard folder to create (shard-NNNNN.tar + sizes.json)")
+    s.add_argument("--image-root", help="folder for relative image paths (default: each file's folder)")
+    s.add_argument("--size", type=int, default=256, help="shorter image side after resizing (never upscaled)")
+    s.add_argument("--max-per-shard", type=int, default=5000, help="images per shard")
+    s.add_argument("--seed", type=int, default=0, help="seed of the global shuffle before writing")
+    s.add_argument("--quality", type=int, default=90, help="JPEG quality")
+    s.add_argument("--workers", type=int, default=0, help="processes that resize and encode (0: this one)")
+    s.set_defaults(func=_make_shards)
+
     s = sub.add_parser("analyze", help="analyses of a trained model")
     an = s.add_subparsers(dest="what", required=True)
     c = an.add_parser("cocos", help="count candidates contributing to each query's gradient (COCOS)")
@@ -234,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--preset", choices=["zero-shot", "albef-flickr"],
                    help="zero-shot: a raw pretrained checkpoint at its pretraining resolution; albef-flickr: the ALBEF "
                         "protocol (COCO-fine-tuned checkpoint on Flickr30k, k_test 128). Both re-rank with ITM")
-    r.add_argument("overrides", nargs="*", help="e.g. eval.k_test=32 eval.score=itm+itc")
+    r.add_argument("overrides", nargs="*", help="e.g. eval.k_test=32 eval.score=itm+itc eval.precision=bf16 "
+                   "eval.itm_batch_size=256")
     r.set_defaults(func=_evaluate_retrieval)
 
     s = sub.add_parser("make-world", help="write the synthetic shapes world")

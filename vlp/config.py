@@ -146,6 +146,9 @@ class ImageConfig:
     randaugment: bool = True
     mean: list[float] = field(default_factory=lambda: [0.48145466, 0.4578275, 0.40821073])
     std: list[float] = field(default_factory=lambda: [0.26862954, 0.26130258, 0.27577711])
+    # Training loader ships uint8 images, normalised on the device (pretraining; evaluation
+    # transforms always normalise in the loader).
+    uint8: bool = False
 
 
 @dataclass
@@ -164,10 +167,30 @@ class DataConfig:
     # Captions drawn per image and step. 1: caption-level batches. k > 1: image-level batches of
     # B images x k captions (the ECIR SmoothAP protocol; model.arch=dual only).
     captions_per_image: int = 1
+    # Text padding: to each batch's longest caption, or every batch to model.text.max_len (needed
+    # across processes by loss.itm_negatives=global / loss.mlm_masking=global: a gather of text
+    # needs the same shape on every rank). The losses are the same either way.
+    text_padding: str = "longest"
+    # json: data.train holds annotation files (map-style dataset). webdataset: data.train holds
+    # shard folders written by `vlp make-shards` (streamed; docs/data.md, "Streaming shards").
+    format: str = "json"  # json | webdataset
+    # webdataset only: per-worker sample shuffle buffer, in items (held as undecoded bytes).
+    shuffle_buffer: int = 1000
+    # webdataset only: expand = one pair per caption (ALBEF's pair-level epoch); sample = one
+    # random caption (or captions_per_image of them) per image and epoch.
+    caption_mode: str = "expand"  # expand | sample
 
     def __post_init__(self) -> None:
         if self.captions_per_image < 1:
             raise ConfigError(f"config key 'data.captions_per_image': got {self.captions_per_image}, expected >= 1")
+        _choice("data.text_padding", self.text_padding, ["longest", "max_len"])
+        _choice("data.format", self.format, ["json", "webdataset"])
+        _choice("data.caption_mode", self.caption_mode, ["expand", "sample"])
+        if self.shuffle_buffer < 1:
+            raise ConfigError(f"config key 'data.shuffle_buffer': got {self.shuffle_buffer}, expected >= 1")
+        if self.format == "webdataset" and self.captions_per_image > 1 and self.caption_mode != "sample":
+            raise ConfigError(f"config key 'data.caption_mode': data.captions_per_image={self.captions_per_image} "
+                              "needs image-level items; with data.format=webdataset set data.caption_mode=sample")
 
 
 # ----------------------------------------------------------------------------- losses, training, eval
@@ -280,6 +303,15 @@ class LossConfig:
     # The in-batch part of the ITC bank: this rank's momentum features (ALBEF) or every rank's
     # ("global": the loss no longer depends on how the global batch is split across processes).
     itc_bank: str = "local"
+    # Where ITM hard negatives come from: this rank's batch (ALBEF) or the global batch ("global":
+    # text states and image tokens gathered with gradient, negatives drawn identically on every rank,
+    # the loss normalised by the global pair count). Across processes it needs data.text_padding=max_len.
+    itm_negatives: str = "local"
+    # MLM masks: drawn per rank and averaged per rank (ALBEF), or "global": drawn for the global batch
+    # identically on every rank and normalised by the global masked-token count. Needs
+    # data.text_padding=max_len across processes. Both global modes: the run equals one process
+    # with the global batch (docs/training.md, Multi-process).
+    mlm_masking: str = "local"
     mlm_probability: float = 0.15
     # ITC regulation: none (ALBEF), srcl (weighted negatives) or removal (ALBEF++: drop negatives
     # whose SRCL weight is below loss.srcl.threshold).
@@ -292,6 +324,8 @@ class LossConfig:
         _choice("loss.itc_positives", self.itc_positives, ["pair", "image"])
         _choice("loss.regulation", self.regulation, ["none", "srcl", "removal"])
         _choice("loss.itc_bank", self.itc_bank, ["local", "global"])
+        _choice("loss.itm_negatives", self.itm_negatives, ["local", "global"])
+        _choice("loss.mlm_masking", self.mlm_masking, ["local", "global"])
         if self.itc_bank == "global" and self.regulation != "none":
             raise ConfigError(f"config keys 'loss.itc_bank'/'loss.regulation': itc_bank=global with regulation="
                               f"{self.regulation} is not supported (SRCL weights a per-rank bank); use itc_bank=local")
@@ -340,6 +374,14 @@ class TrainConfig:
     # micro-batch draws its ITC in-batch negatives and ITM hard negatives from itself; the queue
     # receives every micro-batch (docs/training.md, "Gradient accumulation").
     grad_accum_steps: int = 1
+    # torch.compile each transformer block (ViT blocks, text layers, fusion layers; the momentum
+    # twins' too) - regional compilation: one compiled graph per block type, reused by every layer.
+    compile: bool = False
+    compile_backend: str = "inductor"  # any torch.compile backend ("eager": capture only, no codegen)
+    # With every checkpoint, accelerate's save_state (optimizer, DeepSpeed engine, RNG states) in
+    # checkpoints/step_N/train_state/, which train.resume continues from.
+    save_state: bool = True
+    resume: Optional[str] = None  # a checkpoint folder or run directory, or "auto": this run's newest
     progress: bool = True
     average: AverageConfig = field(default_factory=AverageConfig)
 
@@ -351,6 +393,9 @@ class TrainConfig:
             raise ConfigError(f"config key 'train.grad_accum_steps': got {self.grad_accum_steps}, expected >= 1")
         if self.epochs is not None and self.epochs < 1:
             raise ConfigError(f"config key 'train.epochs': got {self.epochs}, expected >= 1 or null")
+        if self.resume and self.average.snapshots:
+            raise ConfigError("config keys 'train.resume'/'train.average.snapshots': resuming a run that averages "
+                              "weights is not supported (the snapshots taken before the checkpoint are not saved)")
 
 
 @dataclass
@@ -358,12 +403,24 @@ class EvalConfig:
     k_test: int = 128  # candidates re-ranked by the ITM head per query
     # itm: ITM match logit only (ALBEF). itm+itc: ITM logit + ITC cosine (LAVIS/BLIP). itc: no re-rank.
     score: str = "itm"
-    batch_size: int = 128
+    batch_size: int = 128  # images / captions per encoder batch
+    itm_batch_size: Optional[int] = None  # (image, caption) pairs per fusion batch; None: eval.batch_size
+    precision: str = "fp32"  # fp32 | bf16: autocast for encoders and ITM; similarities and metrics in fp32
 
     def __post_init__(self) -> None:
         _choice("eval.score", self.score, ["itm", "itm+itc", "itc"])
+        _choice("eval.precision", self.precision, ["fp32", "bf16"])
         if self.k_test < 1:
             raise ConfigError(f"config key 'eval.k_test': got {self.k_test}, expected >= 1")
+        for key in ("batch_size", "itm_batch_size"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"config key 'eval.{key}': got {value}, expected >= 1")
+
+    @property
+    def pair_batch(self) -> int:
+        """Pairs per fusion batch: ``itm_batch_size``, or ``batch_size`` when it is unset."""
+        return self.itm_batch_size or self.batch_size
 
 
 @dataclass
@@ -420,6 +477,11 @@ class FinetuneDataConfig:
     num_workers: int = 0
     image: ImageConfig = field(default_factory=lambda: ImageConfig(crop_scale=[0.5, 1.0]))
     max_len: int = 30  # text tokens (retrieval 30, VQA questions 25, NLVR2 sentences 40)
+    # Retrieval / NLVR2-TA captions: pad to each batch's longest or to max_len (see DataConfig).
+    text_padding: str = "longest"
+
+    def __post_init__(self) -> None:
+        _choice("data.text_padding", self.text_padding, ["longest", "max_len"])
 
 
 @dataclass
@@ -474,6 +536,8 @@ class FinetuneConfig:
             wrong.append(f"image_size={self.image_size} (expected >= 1 or null)")
         if self.eval_every < 0:
             wrong.append(f"eval_every={self.eval_every} (expected >= 0)")
+        if self.data.image.uint8:
+            wrong.append("data.image.uint8=true (uint8 images normalised on the device: pretraining only)")
         if wrong:
             raise ConfigError("config keys: " + "; ".join(wrong))
 

@@ -18,6 +18,12 @@ def rank() -> int:
     return dist.get_rank() if is_dist() else 0
 
 
+def own_rows(b: int) -> slice:
+    """This rank's rows of a tensor gathered from ``b`` rows per rank (rank order)."""
+    r = rank()
+    return slice(r * b, r * b + b)
+
+
 @torch.no_grad()
 def all_gather_nograd(x: torch.Tensor) -> torch.Tensor:
     """Concatenate ``x`` [B, ...] from every rank along dim 0 -> [world*B, ...]; no gradient."""
@@ -30,7 +36,9 @@ def all_gather_nograd(x: torch.Tensor) -> torch.Tensor:
 
 def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     """Like :func:`all_gather_nograd`, but gradients flow back to every rank's ``x`` (in-batch
-    negatives from the whole global batch, as CLIP-style dual encoders use)."""
+    negatives from the whole global batch, as CLIP-style dual encoders use). The backward sums
+    every rank's gradient for ``x`` into its owner, so use it with a *local* loss (this rank's rows
+    against gathered candidates): DDP's gradient mean then gives the global loss's gradient."""
     if not is_dist():
         return x
     from torch.distributed.nn.functional import all_gather

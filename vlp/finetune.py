@@ -135,7 +135,7 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
     samples = load_pairs(cfg.data.train, cfg.data.image_root)
     targets = load_targets_for(cfg.loss.ltd)
     dataset = ImageTextDataset(samples, job.train_transform(), targets=targets)
-    loader = job.loader(dataset, Collator(job.tokenizer, cfg.data.max_len), train=True)
+    loader = job.loader(dataset, Collator(job.tokenizer, cfg.data.max_len, cfg.data.text_padding), train=True)
     splits = {s: load_retrieval_split(getattr(cfg.data, s), cfg.data.image_root)
               for s in ("val", "test") if getattr(cfg.data, s)}
     run_dir = job.start(len(dataset))
@@ -144,7 +144,8 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
         regulator = SRCLRegulator(cfg.loss.srcl, cfg.loss.regulation, job.steps(loader), job.model_cfg.queue_size, 1,
                                   finetune=True)
     rec = build_reconstruction(cfg.loss.ltd, job.model_cfg.embed_dim, targets, len(job.tokenizer))
-    task = PretrainTask(job.model, cfg.loss, token_info(job.tokenizer), cfg.train.seed, regulator, rec)
+    task = PretrainTask(job.model, cfg.loss, token_info(job.tokenizer), cfg.train.seed, regulator, rec,
+                        max_len=cfg.data.max_len, text_padding=cfg.data.text_padding)
 
     def evaluate(split_name: str, show: bool = False):
         split = splits[split_name]
@@ -294,7 +295,7 @@ def run_nlvr_ta(cfg: FinetuneConfig) -> dict:
     job = Job(cfg)
     samples = load_pairs(cfg.data.train, cfg.data.image_root)
     dataset = ImageTextDataset(samples, job.train_transform())
-    loader = job.loader(dataset, Collator(job.tokenizer, cfg.data.max_len), train=True)
+    loader = job.loader(dataset, Collator(job.tokenizer, cfg.data.max_len, cfg.data.text_padding), train=True)
     job.start(len(dataset))
     task = TextAssignmentTask(job.model, cfg.train.seed)
     job.fit(task, loader, None, "acc")

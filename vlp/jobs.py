@@ -22,7 +22,8 @@ from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.helper_cache import HelperCache, write_cache
 from vlp.data.targets import LatentTargets
 from vlp.data.formats import DataError, load_pairs, load_relevance, load_retrieval_split
-from vlp.data.transforms import load_tokenizer, test_transform, train_transform
+from vlp.data.transforms import PixelNorm, load_tokenizer, test_transform, train_transform
+from vlp.dist import is_dist, rank, world_size
 from vlp.eval.retrieval import RetrievalResult, embed, evaluate_retrieval
 from vlp.models.albef import ALBEF, param_count
 from vlp.models.dual import DualEncoder
@@ -98,8 +99,13 @@ def build_task(cfg: PretrainConfig, model: Union[ALBEF, DualEncoder], tokenizer,
     """The training task for the config's architecture, with LTD / ITD attached if configured."""
     rec = build_reconstruction(cfg.loss.ltd, cfg.model.embed_dim, targets, len(tokenizer))
     if cfg.model.arch == "dual":
-        return DualTask(model, cfg.loss, rec)
-    return PretrainTask(model, cfg.loss, token_info(tokenizer), cfg.train.seed, regulator, rec)
+        task = DualTask(model, cfg.loss, rec)
+    else:
+        task = PretrainTask(model, cfg.loss, token_info(tokenizer), cfg.train.seed, regulator, rec,
+                            max_len=cfg.model.text.max_len, text_padding=cfg.data.text_padding)
+    if cfg.data.image.uint8:
+        task.pixel_norm = PixelNorm(cfg.data.image)
+    return task
 
 
 def check_images(samples: Sequence, limit: int = 5) -> None:
@@ -111,9 +117,14 @@ def check_images(samples: Sequence, limit: int = 5) -> None:
 
 
 def prepare_run_dir(cfg: PretrainConfig) -> Path:
-    """Create the run directory; refuse one that already holds a run (nothing written is lost)."""
+    """Create the run directory; refuse one that already holds a run (nothing written is lost)
+    unless the run resumes (``train.resume``)."""
     run_dir = Path(cfg.output_dir)
-    if (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("step_*")):
+    if cfg.train.resume:
+        if not run_dir.is_dir():
+            raise DataError(f"config key 'train.resume': output_dir {run_dir} does not exist; resume into the "
+                            "directory of the run that wrote the checkpoint")
+    elif (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("step_*")):
         raise DataError(f"config key 'output_dir': {run_dir} already holds a run (metrics.jsonl or "
                         "checkpoints/); choose another output_dir or move that run away")
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -134,7 +145,8 @@ class Pretraining:
     def accelerator(self, cfg: PretrainConfig):
         """The run's accelerator: DDP tolerates the heads (or fusion) a zero loss weight leaves unused."""
         c = cfg.loss
-        return make_accelerator(cfg.train, cfg.model.arch == "albef" and 0 in (c.itc, c.itm, c.mlm))
+        return make_accelerator(cfg.train, cfg.model.arch == "albef" and 0 in (c.itc, c.itm, c.mlm),
+                                micro_batch=cfg.data.batch_size)
 
 
 def build_pretraining(cfg: PretrainConfig) -> Pretraining:
@@ -142,12 +154,25 @@ def build_pretraining(cfg: PretrainConfig) -> Pretraining:
     if not cfg.data.train:
         raise DataError("config key 'data.train': no annotation files given")
     set_seed(cfg.train.seed)
-    samples = load_pairs(cfg.data.train, cfg.data.image_root)
-    check_images(samples)
+    streamed = cfg.data.format == "webdataset"  # data.train: shard folders (vlp.data.shards)
+    if not streamed:
+        samples = load_pairs(cfg.data.train, cfg.data.image_root)
+        check_images(samples)
     tokenizer = load_tokenizer(cfg.model.text)
     regulator, cache = build_regulator(cfg)
     targets = load_targets(cfg)
     model = build_model(cfg, len(tokenizer))
+    if streamed:
+        from vlp.data.shards import ShardLoader, launch_rank
+
+        d = cfg.data
+        shard_loader = ShardLoader(d.train, train_transform(image_size(cfg), d.image),
+                                   Collator(tokenizer, cfg.model.text.max_len, d.text_padding), d.batch_size,
+                                   *launch_rank(), num_workers=d.num_workers, seed=cfg.train.seed,
+                                   shuffle_buffer=d.shuffle_buffer, caption_mode=d.caption_mode,
+                                   captions_per_image=d.captions_per_image, helper_cache=cache, targets=targets)
+        task = build_task(cfg, model, tokenizer, regulator, targets)
+        return Pretraining(model, task, shard_loader, shard_loader.pairs, shard_loader.images)
     dataset = ImageTextDataset(samples, train_transform(image_size(cfg), cfg.data.image), cache, targets,
                                cfg.data.captions_per_image)
     loader = DataLoader(
@@ -157,7 +182,7 @@ def build_pretraining(cfg: PretrainConfig) -> Pretraining:
         drop_last=len(dataset) >= cfg.data.batch_size,  # fixed-size batches
         num_workers=cfg.data.num_workers,
         persistent_workers=cfg.data.num_workers > 0,
-        collate_fn=Collator(tokenizer, cfg.model.text.max_len),
+        collate_fn=Collator(tokenizer, cfg.model.text.max_len, cfg.data.text_padding),
         generator=torch.Generator().manual_seed(cfg.train.seed),
     )
     task = build_task(cfg, model, tokenizer, regulator, targets)
@@ -308,6 +333,18 @@ EVAL_PRESETS: dict[str, dict] = {
 }
 
 
+def launcher_device() -> torch.device:
+    """This process's device. Launched as several processes (torchrun, accelerate launch: the
+    launcher sets WORLD_SIZE > 1), it joins the launcher's process group, starting it if no group
+    exists yet (accelerate: NCCL on GPUs, gloo on CPU), and takes its own GPU. One process: the
+    default device, no group."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from accelerate import PartialState
+
+        return PartialState(cpu=not torch.cuda.is_available()).device
+    return default_device()
+
+
 def run_evaluate_retrieval(
     checkpoint: str | Path,
     data: str | Path,
@@ -321,12 +358,20 @@ def run_evaluate_retrieval(
 ) -> RetrievalResult:
     """Zero-shot retrieval of a checkpoint on a Karpathy-style split; writes ``out/metrics.json``
     and ``out/retrieval_examples.png``. ``graded_relevance`` (a ``.npy`` [texts, images] of gains,
-    needs ``relevance``) gives the text->image nDCG graded gains instead of binary ones."""
+    needs ``relevance``) gives the text->image nDCG graded gains instead of binary ones.
+
+    Launched as several processes, every process must call it: encoding and ITM scoring are split
+    over the ranks (:mod:`vlp.eval.retrieval`), every rank returns the same result and rank 0
+    alone prints and writes files."""
     from vlp.data.formats import load_graded_relevance
 
     if graded_relevance and not relevance:
         raise DataError(f"graded relevance {graded_relevance} needs the relevance file as well (--relevance / "
                         "data.relevance): R-precision, mAP and relevance-aware recall use its lists")
+    device = launcher_device()
+    main, sharded = rank() == 0, is_dist()
+    if sharded:  # after a multi-process run (vlp pretrain), rank 0 has written the newest checkpoint
+        torch.distributed.barrier()
     ckpt = find_checkpoint(checkpoint)
     kind = read_state(ckpt).get("task", "pretrain")
     if preset is not None:
@@ -335,22 +380,26 @@ def run_evaluate_retrieval(
             raise CheckpointError(f"{ckpt}: --preset {preset} takes a {' or '.join(p['kinds'])} checkpoint "
                                   f"({p['about']}); this one is a {kind} checkpoint")
         overrides = [*p["overrides"], *overrides]
-        print(f"protocol {preset}: {p['about']}")
     elif kind not in ("pretrain", "helper", "retrieval"):
         raise CheckpointError(f"{ckpt}: a {kind} checkpoint has no retrieval heads (ITC/ITM)")
-    model, cfg, tokenizer = load_model(ckpt)
+    if preset is not None and main:
+        print(f"protocol {preset}: {EVAL_PRESETS[preset]['about']}")
+    show_progress = show_progress and main
+    model, cfg, tokenizer = load_model(ckpt, device)
     cfg = apply_overrides(cfg, overrides)
     ecfg: EvalConfig = cfg.eval
     split = load_retrieval_split(data, image_root)
     rel = load_relevance(relevance, split) if relevance else None
     graded = load_graded_relevance(graded_relevance, split) if graded_relevance else None
-    device = next(model.parameters()).device
     emb = embed(model, split, tokenizer, test_transform(image_size(cfg), cfg.data.image), cfg.model.text.max_len,
-                ecfg.batch_size, device, show_progress)
-    result = evaluate_retrieval(model, emb, split, ecfg, rel, show_progress, graded_relevance=graded)
+                ecfg.batch_size, device, show_progress, precision=ecfg.precision, distributed=sharded)
+    result = evaluate_retrieval(model, emb, split, ecfg, rel, show_progress, graded_relevance=graded, distributed=sharded)
+    if not main:
+        return result
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    record = {**result.metrics, "score": ecfg.score, "k_test": ecfg.k_test, "preset": preset, "checkpoint_kind": kind,
+    record = {**result.metrics, "score": ecfg.score, "k_test": ecfg.k_test, "precision": ecfg.precision,
+              "processes": world_size(), "preset": preset, "checkpoint_kind": kind,
               "image_size": image_size(cfg), "n_images": len(split.images),
               "n_texts": len(split.texts), "checkpoint": str(ckpt)}
     if rel is not None:
@@ -386,7 +435,7 @@ def run_srcl_weight_plots(run: str | Path, out: Optional[str | Path] = None, hea
     a = regulator.alpha_h(step) if alpha_h is None else alpha_h
     samples = load_pairs(cfg.data.train, cfg.data.image_root)
     dataset = ImageTextDataset(samples, test_transform(image_size(cfg), cfg.data.image), cache)
-    collate = Collator(tokenizer, cfg.model.text.max_len)
+    collate = Collator(tokenizer, cfg.model.text.max_len, cfg.data.text_padding)
 
     def weights(batch: dict) -> tuple:
         batch = {k: v.to(device) for k, v in batch.items()}
@@ -451,7 +500,8 @@ def run_cocos(checkpoint: str | Path, data: Sequence[str], loss: str, out: str |
     dataset = ImageTextDataset(samples, test_transform(image_size(cfg), cfg.data.image),
                                captions_per_image=cfg.data.captions_per_image)
     loader = DataLoader(dataset, batch_size=cfg.data.batch_size, shuffle=True, drop_last=len(dataset) >= cfg.data.batch_size,
-                        collate_fn=Collator(tokenizer, cfg.model.text.max_len), generator=torch.Generator().manual_seed(0))
+                        collate_fn=Collator(tokenizer, cfg.model.text.max_len, cfg.data.text_padding),
+                        generator=torch.Generator().manual_seed(0))
     device = next(model.parameters()).device
     n = len(loader) if batches is None else min(batches, len(loader))
     per_batch: dict[str, list[float]] = {}

@@ -109,3 +109,62 @@ def test_grad_checkpointing_gives_the_same_loss_and_gradients_and_recomputes_the
         assert torch.allclose(grads1[name], g, atol=1e-6, rtol=1e-5), name
     assert fwd1 == fwd0 and all0 == fwd0  # without checkpointing, backward runs no forward
     assert all1 == {k: 2 * v for k, v in fwd1.items()}  # each online pass recomputed once in backward
+
+
+def test_compiled_blocks_give_the_same_loss_and_gradients():
+    """Regional compilation (``train.compile``): dynamo captures every block (the "eager" backend:
+    capture without code generation, so the numbers must be identical) and nothing else changes."""
+    from torch._dynamo.utils import counters
+
+    def run(compiled: bool):
+        model = tiny()
+        n = model.compile_blocks("eager") if compiled else 0
+        task = PretrainTask(model, LossConfig(alpha_ramp_steps=1), TokenInfo(30522, 103, (0, 101, 102)))
+        torch.manual_seed(1)
+        out = task(make_batch([0, 1, 2, 3]), step=5)
+        out["loss"].backward()
+        return n, out["loss"].item(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    torch._dynamo.reset()
+    counters.clear()
+    _, loss0, grads0 = run(False)
+    n, loss1, grads1 = run(True)
+    # online + momentum: 1 ViT block, 1 text layer, 1 fusion layer each
+    assert n == 6
+    assert counters["stats"]["unique_graphs"] >= 3  # a graph per block type at least
+    assert loss1 == pytest.approx(loss0, rel=1e-6) and grads1.keys() == grads0.keys()
+    for name, g in grads0.items():
+        assert torch.allclose(grads1[name], g, atol=1e-6, rtol=1e-5), name
+    torch._dynamo.reset()
+
+
+def test_uint8_images_normalised_on_the_device_equal_the_loader_normalisation():
+    """``data.image.uint8``: the loader ships uint8, PixelNorm normalises where the model runs; the
+    pixels and the pretraining loss are those of the float pipeline."""
+    from PIL import Image
+
+    from vlp.config import ImageConfig
+    from vlp.data.transforms import PixelNorm, train_transform
+
+    rng = torch.Generator().manual_seed(0)
+    pics = [Image.fromarray(torch.randint(0, 256, (40, 48, 3), generator=rng, dtype=torch.uint8).numpy())
+            for _ in range(4)]
+    plain = dict(crop_scale=None, hflip=False, randaugment=False)  # deterministic: the same pixels both ways
+    as_float = train_transform(64, ImageConfig(**plain))
+    as_uint8 = train_transform(64, ImageConfig(**plain, uint8=True))
+    floats = torch.stack([as_float(p) for p in pics])
+    bytes_ = torch.stack([as_uint8(p) for p in pics])
+    assert bytes_.dtype == torch.uint8 and floats.dtype == torch.float32
+    norm = PixelNorm(ImageConfig())
+    assert torch.allclose(norm(bytes_), floats, atol=1e-5)
+    assert norm(floats) is floats  # float images were normalised by the loader: untouched
+
+    losses = []
+    for images, pixel_norm in ((floats, None), (bytes_, norm)):
+        task = PretrainTask(tiny(), LossConfig(alpha_ramp_steps=1), TokenInfo(30522, 103, (0, 101, 102)))
+        task.pixel_norm = pixel_norm
+        losses.append(task({**make_batch([0, 1, 2, 3]), "images": images}, step=5)["loss"].item())
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    task.pixel_norm = None
+    with pytest.raises(ValueError, match="uint8"):
+        task({**make_batch([0, 1, 2, 3]), "images": bytes_}, step=5)

@@ -26,6 +26,31 @@ def load_image(path: str, origin: str) -> Image.Image:
         raise DataError(f"{origin}: cannot read image {path}: {e}") from None
 
 
+def pick_captions(captions: Sequence[str], k: int = 1, rng: random.Random | None = None) -> list[str]:
+    """The captions of one item: k = 1 draws one at random; k > 1 gives k distinct ones while the
+    image has enough (random order), cycled otherwise. ``rng`` defaults to the global ``random``."""
+    r = rng or random
+    if k == 1:
+        return [r.choice(captions) if len(captions) > 1 else captions[0]]
+    order = r.sample(list(captions), len(captions))
+    return [order[i % len(order)] for i in range(k)]
+
+
+def make_item(image: torch.Tensor, image_id: int, image_key: str, captions: Sequence[str], grouped: bool,
+              helper_cache: Optional[HelperCache] = None, targets: Optional[LatentTargets] = None) -> dict:
+    """One training item: ``image`` [3, H, W], ``image_id``, ``caption`` (a string, or the list of
+    captions when ``grouped``), and the helper features / LTD targets of the image and caption(s)
+    when a cache / targets are given (looked up by ``image_key`` and caption text)."""
+    caps = list(captions)
+    item = {"image": image, "image_id": image_id, "caption": caps if grouped else caps[0]}
+    if helper_cache is not None:
+        item["helper_image"], item["helper_text"] = helper_cache.lookup(image_key, caps[0])
+    if targets is not None:
+        t = torch.stack([targets.lookup(c) for c in caps])
+        item["ltd_target"] = t if grouped else t[0]
+    return item
+
+
 class ImageTextDataset(Dataset):
     """(image, caption, image id) items; a list of captions yields a random one per load.
 
@@ -52,24 +77,11 @@ class ImageTextDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def _captions(self, caps: Sequence[str]) -> list[str]:
-        k = self.captions_per_image
-        if k == 1:
-            return [random.choice(caps) if len(caps) > 1 else caps[0]]
-        order = random.sample(list(caps), len(caps))
-        return [order[i % len(order)] for i in range(k)]
-
     def __getitem__(self, i: int) -> dict:
         s = self.samples[i]
-        caps = self._captions(s.captions)
-        item = {"image": self.transform(load_image(s.image, s.origin)), "image_id": self.key_to_id[s.image_key],
-                "caption": caps[0] if self.captions_per_image == 1 else caps}
-        if self.helper_cache is not None:
-            item["helper_image"], item["helper_text"] = self.helper_cache.lookup(s.image_key, caps[0])
-        if self.targets is not None:
-            t = torch.stack([self.targets.lookup(c) for c in caps])
-            item["ltd_target"] = t[0] if self.captions_per_image == 1 else t
-        return item
+        caps = pick_captions(s.captions, self.captions_per_image)
+        return make_item(self.transform(load_image(s.image, s.origin)), self.key_to_id[s.image_key], s.image_key,
+                         caps, self.captions_per_image > 1, self.helper_cache, self.targets)
 
 
 class ImageDataset(Dataset):
@@ -86,18 +98,19 @@ class ImageDataset(Dataset):
 
 
 class Collator:
-    """Stack images, tokenize captions (padded to the longest, truncated at ``max_len``), ids to tensors.
+    """Stack images, tokenize captions (truncated at ``max_len``; ``padding``: to the batch's longest
+    or always to ``max_len``, see :func:`tokenize`), ids to tensors.
 
     Image-level items (a list of k captions each) give ``input_ids`` [B*k, T] in item order and
     ``text_image_ids`` [B*k], the image id of every caption."""
 
-    def __init__(self, tokenizer, max_len: int) -> None:
-        self.tokenizer, self.max_len = tokenizer, max_len
+    def __init__(self, tokenizer, max_len: int, padding: str = "longest") -> None:
+        self.tokenizer, self.max_len, self.padding = tokenizer, max_len, padding
 
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
         grouped = isinstance(items[0]["caption"], list)
         captions = [c for it in items for c in it["caption"]] if grouped else [it["caption"] for it in items]
-        batch = tokenize(self.tokenizer, captions, self.max_len)
+        batch = tokenize(self.tokenizer, captions, self.max_len, self.padding)
         batch["images"] = torch.stack([it["image"] for it in items])
         batch["image_ids"] = torch.tensor([it["image_id"] for it in items], dtype=torch.long)
         if grouped:

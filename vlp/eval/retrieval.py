@@ -4,20 +4,35 @@ Final scores: the top-``k_test`` candidates of each query get the re-rank score 
 logit, ALBEF's default; ``itm+itc``: ITM logit + ITC cosine, LAVIS/BLIP) and are placed above all
 other candidates, which keep their ITC order. Recall@K is therefore exact ALBEF protocol for
 K <= k_test and ITC-ordered beyond. ``itc`` skips re-ranking (CLIP_benchmark-compatible).
+
+Several processes (``distributed=True`` under a process group, docs/evaluation.md):
+
+1. each rank encodes a contiguous shard of the images and of the captions (:func:`shard_bounds`);
+   the normalised ITC features are gathered to every rank, which computes the same cosine matrix
+   and the same candidate pairs;
+2. the distinct pairs, sorted by image, are cut into one contiguous share per rank balanced by pair
+   count, an image's pairs never split (:func:`split_pairs`);
+3. image tokens and text hidden states never leave their encoding rank except to the one rank (per
+   image) or the ranks (per caption) that score them (:func:`fetch_rows`, point-to-point);
+4. the ITM scores are gathered back, and every rank computes identical metrics.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
-from torch.utils.data import DataLoader
+import torch.distributed as dist
+from torch.utils.data import DataLoader, Subset
 
 from vlp.config import EvalConfig
 from vlp.data.datasets import ImageDataset
 from vlp.data.formats import RetrievalSplit
 from vlp.data.transforms import tokenize
+from vlp.dist import all_gather_nograd, rank, world_size
 from vlp.eval.metrics import relevance_metrics, retrieval_metrics
 from vlp.models.albef import ALBEF
 from vlp.models.text import select_kv
@@ -28,11 +43,17 @@ RERANK_OFFSET = 1e4  # lifts re-ranked candidates above every ITC-only candidate
 
 @dataclass
 class Embeddings:
-    image_tokens: torch.Tensor  # [N_img, 1+N, W]
+    """Unimodal outputs of a split. ITC features cover every image / caption; the ITM inputs
+    (tokens, hidden states) cover the rows ``image_ids`` / ``text_ids`` (``None``: all, in order;
+    several processes: this rank's shard)."""
+
+    image_tokens: torch.Tensor  # [n_img, 1+N, W]
     image_feat: torch.Tensor  # [N_img, E]
-    text_hidden: torch.Tensor  # [N_txt, T, H]
-    text_mask: torch.Tensor  # [N_txt, T]
+    text_hidden: torch.Tensor  # [n_txt, T, H]
+    text_mask: torch.Tensor  # [n_txt, T]
     text_feat: torch.Tensor  # [N_txt, E]
+    image_ids: Optional[torch.Tensor] = None  # [n_img] sorted global image indices of image_tokens
+    text_ids: Optional[torch.Tensor] = None  # [n_txt] sorted global caption indices of text_hidden
 
 
 @dataclass
@@ -42,34 +63,173 @@ class RetrievalResult:
     scores_t2i: torch.Tensor  # [N_txt, N_img]
 
 
-@torch.no_grad()
-def embed(model: ALBEF, split: RetrievalSplit, tokenizer, transform, max_len: int, batch_size: int,
-          device: torch.device, show_progress: bool = True, num_workers: int = 0) -> Embeddings:
-    """Unimodal features of every image and text of ``split`` (texts in one padded tensor)."""
-    tok = tokenize(tokenizer, split.texts, max_len)
-    ids, mask = tok["input_ids"].to(device), tok["attention_mask"].to(device)
-    hidden, tfeat = [], []
-    bar = progress(len(split.texts) + len(split.images), "embed", show_progress)
+def autocast(precision: str, device: torch.device) -> AbstractContextManager:
+    """bf16 autocast on ``device`` for ``precision == "bf16"``, a no-op for ``fp32``."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
+# ----------------------------------------------------------------------------- rows over ranks
+
+
+def shard_bounds(n: int, world: int) -> list[int]:
+    """Contiguous shards of ``n`` rows, sizes differing by at most one: rank r holds rows
+    ``b[r]:b[r+1]`` of the returned ``b`` [world + 1]."""
+    return [r * n // world for r in range(world + 1)]
+
+
+def gather_rows(local: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+    """Rows of every rank in rank order -> [bounds[-1], ...]; rank r holds ``local`` =
+    rows ``bounds[r]:bounds[r+1]``. Shards are padded to the largest so that every rank sends the
+    same shape, then trimmed. Identity on one process."""
+    counts = [b - a for a, b in zip(bounds, bounds[1:])]
+    if len(counts) == 1:
+        return local
+    pad = local.new_zeros((max(counts) - len(local), *local.shape[1:]))
+    every = all_gather_nograd(torch.cat([local, pad])).unflatten(0, (len(counts), max(counts)))
+    return torch.cat([every[r, :c] for r, c in enumerate(counts)])
+
+
+def fetch_rows(local: torch.Tensor, bounds: list[int], need: list[torch.Tensor]) -> torch.Tensor:
+    """Rows ``need[rank()]`` (global indices) of a tensor whose rows are sharded over the ranks:
+    rank q holds rows ``bounds[q]:bounds[q+1]`` (here: ``local``) and sends each other rank the
+    rows of its shard that rank needs, point-to-point. Every rank passes the same ``need`` (one
+    index tensor per rank), so both ends of a transfer know its shape. -> [len(need[rank()]), ...]"""
+    me = rank()
+    wanted = need[me]
+    out = local.new_empty((len(wanted), *local.shape[1:]))
+    ops, arriving = [], []
+    for q in range(len(bounds) - 1):
+        at = ((wanted >= bounds[q]) & (wanted < bounds[q + 1])).nonzero().flatten()
+        if q == me:
+            out[at] = local[wanted[at] - bounds[me]]
+            continue
+        theirs = need[q]
+        send = theirs[(theirs >= bounds[me]) & (theirs < bounds[me + 1])] - bounds[me]
+        if len(send):
+            ops.append(dist.P2POp(dist.isend, local[send].contiguous(), q))
+        if len(at):
+            arriving.append((at, local.new_empty((len(at), *local.shape[1:]))))
+            ops.append(dist.P2POp(dist.irecv, arriving[-1][1], q))
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        work.wait()
+    for at, rows in arriving:
+        out[at] = rows
+    return out
+
+
+def split_pairs(pair_img: torch.Tensor, world: int) -> list[int]:
+    """Cut ``pair_img`` [P] (the image of each pair, sorted) into ``world`` contiguous shares that
+    never split an image's pairs: rank r scores pairs ``b[r]:b[r+1]`` of the returned ``b``.
+
+    Balanced by pair count: every share holds between m and m + c pairs, c = the most pairs of one
+    image, m as large as possible, so the largest and smallest shares differ by at most c. Such a
+    cut always exists: the largest m whose greedy cut (each share the fewest images reaching m
+    pairs) leaves >= m pairs for the last share also admits shares of at most m + c.
+    """
+    n = len(pair_img)
+    if world == 1 or n == 0:
+        return [0] + [n] * world
+    img = pair_img.cpu()
+    cuts = [0, *((img[1:] != img[:-1]).nonzero().flatten() + 1).tolist(), n]  # image boundaries
+    c = max(b - a for a, b in zip(cuts, cuts[1:]))
+    for m in range(n // world, -1, -1):
+        bounds = _window_cut(cuts, world, m, c)
+        if bounds is not None:
+            return bounds
+    raise AssertionError("unreachable: see the docstring")
+
+
+def _window_cut(cuts: list[int], world: int, m: int, c: int) -> Optional[list[int]]:
+    """Boundaries (values of ``cuts``) with every share in [m, m + c] pairs, or None if there are none.
+
+    Positions reachable after r shares form all cuts in [lo_r, hi_r] (cuts are at most c apart,
+    the window is c wide), so a forward pass finds them and a backward pass picks one per rank."""
+    total = cuts[-1]
+    lo, hi = [0], [0]
+    for _ in range(world - 1):
+        if lo[-1] + m > total:
+            return None
+        lo.append(cuts[bisect_left(cuts, lo[-1] + m)])
+        hi.append(cuts[bisect_right(cuts, min(hi[-1] + m + c, total)) - 1])
+    if not lo[-1] + m <= total <= hi[-1] + m + c:
+        return None
+    back = [total]
+    for r in range(world - 1, 0, -1):
+        back.append(cuts[bisect_right(cuts, min(hi[r], back[-1] - m)) - 1])
+    return [0, *reversed(back)]
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+def _encode_texts(model: ALBEF, ids: torch.Tensor, mask: torch.Tensor, batch_size: int, dtype: torch.dtype,
+                  bar) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ids``, ``mask`` [n, T] -> hidden states [n, T, H] in ``dtype``, normalised features [n, E]."""
+    hidden, feat = [], []
     for s in range(0, len(ids), batch_size):
         t = model.encode_text(ids[s : s + batch_size], mask[s : s + batch_size])
-        hidden.append(t.hidden)
-        tfeat.append(t.feat)
+        hidden.append(t.hidden.to(dtype))
+        feat.append(t.feat)
         bar.update(len(t.feat))
-    loader = DataLoader(ImageDataset(split.images, transform, split.source), batch_size=batch_size, num_workers=num_workers)
-    tokens, ifeat = [], []
-    for images in loader:
+    return torch.cat(hidden), torch.cat(feat)
+
+
+def _encode_images(model: ALBEF, dataset, batch_size: int, device: torch.device, num_workers: int, dtype: torch.dtype,
+                   bar) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images of ``dataset`` -> tokens [n, 1+N, W] in ``dtype``, normalised features [n, E]."""
+    tokens, feat = [], []
+    for images in DataLoader(dataset, batch_size=batch_size, num_workers=num_workers):
         im = model.encode_image(images.to(device))
-        tokens.append(im.tokens)
-        ifeat.append(im.feat)
+        tokens.append(im.tokens.to(dtype))
+        feat.append(im.feat)
         bar.update(len(im.feat))
+    return torch.cat(tokens), torch.cat(feat)
+
+
+@torch.no_grad()
+def embed(model: ALBEF, split: RetrievalSplit, tokenizer, transform, max_len: int, batch_size: int,
+          device: torch.device, show_progress: bool = True, num_workers: int = 0, precision: str = "fp32",
+          distributed: bool = False) -> Embeddings:
+    """Unimodal features of every image and text of ``split`` (texts in one padded tensor).
+
+    ``precision``: ``bf16`` encodes under bf16 autocast and keeps the ITM inputs (tokens, hidden
+    states) in bf16, half the memory (ITC features stay fp32). ``distributed``:
+    every rank of the process group must call it; each encodes its :func:`shard_bounds` shard of the
+    images and of the texts, gathers the ITC features and keeps its own tokens and hidden states."""
+    world, me = (world_size(), rank()) if distributed else (1, 0)
+    tok = tokenize(tokenizer, split.texts, max_len)
+    t_bounds, i_bounds = shard_bounds(len(split.texts), world), shard_bounds(len(split.images), world)
+    t_rows = _rows_or_first(t_bounds[me], t_bounds[me + 1])
+    i_rows = _rows_or_first(i_bounds[me], i_bounds[me + 1])
+    ids, mask = tok["input_ids"][t_rows].to(device), tok["attention_mask"][t_rows].to(device)
+    images = Subset(ImageDataset(split.images, transform, split.source), i_rows)
+    bar = progress(len(t_rows) + len(i_rows), "embed", show_progress)
+    keep = torch.bfloat16 if precision == "bf16" else torch.float32
+    with autocast(precision, device):
+        hidden, tfeat = _encode_texts(model, ids, mask, batch_size, keep, bar)
+        tokens, ifeat = _encode_images(model, images, batch_size, device, num_workers, keep, bar)
     bar.close()
-    return Embeddings(torch.cat(tokens), torch.cat(ifeat), torch.cat(hidden), mask, torch.cat(tfeat))
+    if world == 1:
+        return Embeddings(tokens, ifeat, hidden, mask, tfeat)
+    nt, ni = t_bounds[me + 1] - t_bounds[me], i_bounds[me + 1] - i_bounds[me]  # a first row stood in for an empty shard
+    return Embeddings(tokens[:ni], gather_rows(ifeat[:ni], i_bounds), hidden[:nt], mask[:nt],
+                      gather_rows(tfeat[:nt], t_bounds), torch.arange(i_bounds[me], i_bounds[me + 1], device=device),
+                      torch.arange(t_bounds[me], t_bounds[me + 1], device=device))
+
+
+def _rows_or_first(start: int, end: int) -> range:
+    """Rows ``start:end``; an empty shard encodes row 0 instead, to learn the output shapes."""
+    return range(start, end) if end > start else range(0, 1)
+
+
+# ----------------------------------------------------------------------------- ITM re-ranking
 
 
 @torch.no_grad()
 def itm_scores(model: ALBEF, emb: Embeddings, img_idx: torch.Tensor, txt_idx: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """ITM match logits for pairs (img_idx[p], txt_idx[p]) -> [P]. Each distinct image's
-    cross-attention K/V is projected once per batch."""
+    """ITM match logits for pairs (img_idx[p], txt_idx[p]) -> [P]; indices are rows of
+    ``emb.image_tokens`` / ``emb.text_hidden``. Each distinct image's cross-attention K/V is
+    projected once per batch of ``batch_size`` pairs."""
     out = []
     for s in range(0, len(img_idx), batch_size):
         ii, tt = img_idx[s : s + batch_size], txt_idx[s : s + batch_size]
@@ -77,7 +237,51 @@ def itm_scores(model: ALBEF, emb: Embeddings, img_idx: torch.Tensor, txt_idx: to
         kv = select_kv(model.image_kv(emb.image_tokens[uniq]), inverse)
         fused = model.fuse(emb.text_hidden[tt], emb.text_mask[tt], kv)
         out.append(model.itm_logits(fused)[:, 1].float())
-    return torch.cat(out) if out else torch.zeros(0)
+    return torch.cat(out) if out else torch.zeros(0, device=img_idx.device)
+
+
+def _local(ids: Optional[torch.Tensor], idx: torch.Tensor) -> torch.Tensor:
+    """Global indices ``idx`` -> rows of a tensor holding the sorted global rows ``ids`` (None: all)."""
+    return idx if ids is None else torch.searchsorted(ids, idx)
+
+
+def _scoring_inputs(emb: Embeddings, p_img: torch.Tensor, p_txt: torch.Tensor, shares: list[int]) -> Embeddings:
+    """This rank's ITM inputs: the tokens of the images and the hidden states of the captions of
+    its share of pairs (``p_img[shares[r]:shares[r+1]]``), fetched from the ranks that encoded them."""
+    world = len(shares) - 1
+    need_img = [torch.unique(p_img[shares[q] : shares[q + 1]]) for q in range(world)]
+    need_txt = [torch.unique(p_txt[shares[q] : shares[q + 1]]) for q in range(world)]
+    i_bounds = shard_bounds(len(emb.image_feat), world)
+    t_bounds = shard_bounds(len(emb.text_feat), world)
+    return Embeddings(fetch_rows(emb.image_tokens, i_bounds, need_img), emb.image_feat,
+                      fetch_rows(emb.text_hidden, t_bounds, need_txt), fetch_rows(emb.text_mask, t_bounds, need_txt),
+                      emb.text_feat, need_img[rank()], need_txt[rank()])
+
+
+def score_pairs(model: ALBEF, emb: Embeddings, p_img: torch.Tensor, p_txt: torch.Tensor, cfg: EvalConfig,
+                show_progress: bool = True, distributed: bool = False) -> torch.Tensor:
+    """ITM match logits [P] of the pairs (p_img[p], p_txt[p]), sorted by image, under
+    ``cfg.precision``, ``cfg.pair_batch`` pairs per fusion batch.
+
+    ``distributed``: rank r scores the pairs ``split_pairs(...)[r]:[r+1]`` (its images' K/V
+    projected on that rank only) and every rank receives all scores."""
+    world, me = (world_size(), rank()) if distributed else (1, 0)
+    shares = split_pairs(p_img, world)
+    if world > 1:
+        if emb.image_ids is None:
+            raise ValueError("distributed scoring takes the sharded Embeddings of embed(..., distributed=True)")
+        emb = _scoring_inputs(emb, p_img, p_txt, shares)
+    mine = slice(shares[me], shares[me + 1])
+    img, txt = _local(emb.image_ids, p_img[mine]), _local(emb.text_ids, p_txt[mine])
+    scores = []
+    bar = progress(len(img), "ITM re-rank (distinct pairs)", show_progress)
+    chunk = cfg.pair_batch * 16
+    with autocast(cfg.precision, emb.image_feat.device):
+        for s in range(0, len(img), chunk):
+            scores.append(itm_scores(model, emb, img[s : s + chunk], txt[s : s + chunk], cfg.pair_batch))
+            bar.update(min(chunk, len(img) - s))
+    bar.close()
+    return gather_rows(torch.cat(scores) if scores else torch.zeros(0, device=p_img.device), shares)
 
 
 def _reranked(sim: torch.Tensor, top: torch.Tensor, itm: torch.Tensor, score: str) -> torch.Tensor:
@@ -90,12 +294,13 @@ def _reranked(sim: torch.Tensor, top: torch.Tensor, itm: torch.Tensor, score: st
 
 
 def rerank_both(model: ALBEF, emb: Embeddings, sim: torch.Tensor, cfg: EvalConfig,
-                show_progress: bool = True) -> tuple[torch.Tensor, torch.Tensor, int]:
+                show_progress: bool = True, distributed: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
     """ITM re-ranking of each image's and each caption's top ``k_test`` ITC candidates.
 
     A pair in both candidate sets is scored once. The distinct pairs are ordered by image, so that
     consecutive pairs share an image and its cross-attention K/V are projected once per batch.
     ``sim`` [N_img, N_txt] cosines -> (i2t [N_img, N_txt], t2i [N_txt, N_img], pairs scored).
+    ``distributed``: the pairs are split over the ranks (:func:`score_pairs`).
     """
     n_img, n_txt = sim.shape
     k_i, k_t = min(cfg.k_test, n_txt), min(cfg.k_test, n_img)
@@ -105,15 +310,8 @@ def rerank_both(model: ALBEF, emb: Embeddings, sim: torch.Tensor, cfg: EvalConfi
     img = torch.cat([torch.arange(n_img, device=dev).repeat_interleave(k_i), top_t2i.reshape(-1)])
     txt = torch.cat([top_i2t.reshape(-1), torch.arange(n_txt, device=dev).repeat_interleave(k_t)])
     pairs, where = torch.unique(img * n_txt + txt, return_inverse=True)  # sorted: by image, then caption
-    p_img, p_txt = pairs // n_txt, pairs % n_txt
-    scores = []
-    bar = progress(len(pairs), "ITM re-rank (distinct pairs)", show_progress)
-    chunk = cfg.batch_size * 16
-    for s in range(0, len(pairs), chunk):
-        scores.append(itm_scores(model, emb, p_img[s : s + chunk], p_txt[s : s + chunk], cfg.batch_size))
-        bar.update(min(chunk, len(pairs) - s))
-    bar.close()
-    itm = torch.cat(scores)[where].to(sim.dtype)
+    scores = score_pairs(model, emb, pairs // n_txt, pairs % n_txt, cfg, show_progress, distributed)
+    itm = scores[where].to(sim.dtype)
     i2t = _reranked(sim, top_i2t, itm[: n_img * k_i].view(n_img, k_i), cfg.score)
     t2i = _reranked(sim.T.contiguous(), top_t2i, itm[n_img * k_i :].view(n_txt, k_t), cfg.score)
     return i2t, t2i, len(pairs)
@@ -122,18 +320,20 @@ def rerank_both(model: ALBEF, emb: Embeddings, sim: torch.Tensor, cfg: EvalConfi
 @torch.no_grad()
 def evaluate_retrieval(model: ALBEF, emb: Embeddings, split: RetrievalSplit, cfg: EvalConfig,
                        relevant_images: Optional[list[list[int]]] = None, show_progress: bool = True,
-                       graded_relevance: Optional[torch.Tensor] = None) -> RetrievalResult:
+                       graded_relevance: Optional[torch.Tensor] = None, distributed: bool = False) -> RetrievalResult:
     """Score all pairs and compute ALBEF retrieval metrics (+ relevance-aware ones if given).
 
     ``graded_relevance`` [N_txt, N_img] float gains >= 0 (needs ``relevant_images``) replaces the
-    binary gains of the text->image nDCG (``img_ndcg{10,25}``)."""
+    binary gains of the text->image nDCG (``img_ndcg{10,25}``). ``distributed``: ``emb`` from
+    :func:`embed` with ``distributed=True``; every rank calls it and gets the same result.
+    Similarities and metrics are fp32 whatever ``cfg.precision``."""
     if graded_relevance is not None and relevant_images is None:
         raise ValueError("graded_relevance needs relevant_images (R-precision and mAP use the relevance lists)")
     sim = (emb.image_feat.float() @ emb.text_feat.float().T)  # cosine, not divided by temp
     if cfg.score == "itc":
         i2t, t2i, scored = sim, sim.T.contiguous(), 0
     else:
-        i2t, t2i, scored = rerank_both(model, emb, sim, cfg, show_progress)
+        i2t, t2i, scored = rerank_both(model, emb, sim, cfg, show_progress, distributed)
     i2t, t2i = i2t.cpu(), t2i.cpu()
     metrics = retrieval_metrics(i2t, t2i, split.img2txt, split.txt2img)
     metrics["itm_pairs"] = scored

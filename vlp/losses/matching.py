@@ -41,10 +41,20 @@ def sample_hard_negatives(
     return idx, has_valid
 
 
-def itm_loss(logits: torch.Tensor, labels: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Mean cross-entropy of ``logits`` [N, 2] against ``labels`` [N] over rows with ``valid`` [N]."""
+def itm_loss(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    valid: Optional[torch.Tensor] = None,
+    total: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Mean cross-entropy of ``logits`` [N, 2] against ``labels`` [N] over rows with ``valid`` [N].
+
+    ``total`` (scalar): divide the sum over the valid rows by ``total`` instead of their count (the
+    global normalisation of :func:`vlp.tasks.objectives.itm_step`)."""
     ce = F.cross_entropy(logits.float(), labels, reduction="none")
+    w = torch.ones_like(ce) if valid is None else valid.float()
+    if total is not None:
+        return (ce * w).sum() / total
     if valid is None:
         return ce.mean()
-    w = valid.float()
     return (ce * w).sum() / w.sum().clamp_min(1.0)

@@ -138,6 +138,20 @@ class ALBEF(nn.Module):
             if isinstance(module, FusionEncoder) and not name.startswith("momentum."):
                 module.grad_checkpointing = enable
 
+    def compile_blocks(self, backend: str = "inductor") -> int:
+        """Regional ``torch.compile``: every ViT block, text layer and fusion layer (the momentum
+        twins' too) is compiled in place; identical blocks share one compiled graph, the code
+        between blocks (losses, sampling, queues) stays eager. Returns the number of blocks."""
+        from timm.models.vision_transformer import Block
+        from transformers.models.bert.modeling_bert import BertLayer
+
+        from vlp.models.text import FusionLayer
+
+        blocks = [m for m in self.modules() if isinstance(m, (Block, BertLayer, FusionLayer))]
+        for block in blocks:
+            block.compile(backend=backend)
+        return len(blocks)
+
     # -- state ---------------------------------------------------------------------------------
 
     def momentum_at(self, step: int) -> float:

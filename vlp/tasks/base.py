@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 from torch import nn
 
+from vlp.data.transforms import PixelNorm
 from vlp.dist import rank
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.train.checkpoint import load_module_states, module_states
@@ -16,7 +17,7 @@ class Task(nn.Module):
     """Base of the tasks: ``model`` (with ``after_optimizer_step``), an optional
     :class:`Reconstruction` whose multiplier steps after the model's optimizer and whose state
     (head, lambda) is checkpointed next to the model, the distillation weight schedule and the
-    task's random generator."""
+    task's random generators (per rank, and shared by the ranks for draws over the global batch)."""
 
     def __init__(self, model: nn.Module, reconstruction: Optional[Reconstruction] = None, *, alpha: float = 0.0,
                  alpha_ramp_steps: int = 0, distill: bool = False, seed: int = 0) -> None:
@@ -28,6 +29,20 @@ class Task(nn.Module):
         self.alpha_max, self.alpha_ramp_steps, self.distill = alpha, alpha_ramp_steps, distill
         self.seed = seed
         self._gen: Optional[torch.Generator] = None
+        # uint8 images from the loader (data.image.uint8) are normalised here, on the device
+        self.pixel_norm: Optional[PixelNorm] = None
+        self._shared_gen: Optional[torch.Generator] = None
+        self._gen_key: Optional[tuple] = None  # (device, step) the generator was seeded for
+        self._shared_key: Optional[tuple] = None
+
+    def on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The batch as the model takes it: uint8 ``images`` normalised (:class:`PixelNorm`)."""
+        images = batch["images"]
+        if images.dtype != torch.uint8:
+            return batch
+        if self.pixel_norm is None:
+            raise ValueError("uint8 images but no PixelNorm: build the task with data.image.uint8=true")
+        return {**batch, "images": self.pixel_norm(images)}
 
     def alpha(self, step: int) -> float:
         """Momentum-distillation weight: ``alpha * min(1, step / alpha_ramp_steps)`` (ALBEF's
@@ -37,11 +52,32 @@ class Task(nn.Module):
         r = self.alpha_ramp_steps
         return self.alpha_max * min(1.0, step / r) if r > 0 else self.alpha_max
 
-    def generator(self, device: torch.device) -> torch.Generator:
-        """The task's own RNG (negative sampling, masking, pair sampling), seeded ``seed + 1000 * rank``."""
-        if self._gen is None or self._gen.device != device:
-            self._gen = torch.Generator(device=device).manual_seed(self.seed + 1000 * rank())
+    def generator(self, device: torch.device, step: Optional[int] = None) -> torch.Generator:
+        """This rank's RNG for the task's draws (negative sampling, masking, pair sampling).
+
+        With ``step`` (the optimizer step): reseeded from (seed, rank, step) at the first call of
+        every step, so a resumed run draws what an uninterrupted one draws without storing any
+        generator state; micro-batches of one step continue the stream. Without: seeded once,
+        ``seed + 1000 * rank``."""
+        self._gen, self._gen_key = self._draws(self._gen, self._gen_key, device, rank(), step)
         return self._gen
+
+    def shared_generator(self, device: torch.device, step: Optional[int] = None) -> torch.Generator:
+        """The RNG of draws made for the *global* batch: :meth:`generator` of rank 0, on every
+        rank. Every rank makes the same calls on the same (gathered) tensors and keeps its own
+        rows, so a run on n processes draws what one process with the global batch draws. On one
+        process it is the same stream as :meth:`generator`."""
+        self._shared_gen, self._shared_key = self._draws(self._shared_gen, self._shared_key, device, 0, step)
+        return self._shared_gen
+
+    def _draws(self, gen: Optional[torch.Generator], key: Optional[tuple], device: torch.device, r: int,
+               step: Optional[int]) -> tuple[torch.Generator, tuple]:
+        """``gen`` while ``(device, step)`` is unchanged, else a new generator seeded for (seed, r, step)."""
+        new_key = (torch.device(device), step)
+        if gen is not None and key == new_key:
+            return gen, key
+        seed = self.seed + 1000 * r if step is None else ((self.seed * 1_000_003 + r) * 1_000_000_007 + step) % 2**63
+        return torch.Generator(device=device).manual_seed(seed), new_key
 
     def after_optimizer_step(self, step: int) -> None:
         self.model.after_optimizer_step(step)

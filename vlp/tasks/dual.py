@@ -31,6 +31,7 @@ class DualTask(Task):
 
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
         c = self.loss_cfg.contrastive
+        batch = self.on_device(batch)
         img = self.model.encode_image(batch["images"]).feat
         txt = self.model.encode_text(batch["input_ids"], batch["attention_mask"]).feat
         img_ids = batch["image_ids"]

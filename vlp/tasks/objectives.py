@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 import torch
 
-from vlp.dist import all_gather_nograd, rank
+from vlp.dist import all_gather_nograd, all_gather_with_grad, own_rows, world_size
 from vlp.config import ContrastiveConfig
 from vlp.losses.contrastive import contrastive_loss, itc_targets, soft_infonce
 from vlp.losses.matching import itm_loss, sample_hard_negatives
@@ -36,6 +36,7 @@ class ITCOutput:
     sim_i2t: torch.Tensor  # [B, B + Q] online image x (momentum texts | text queue), / temp
     sim_t2i: torch.Tensor  # [B, B + Q] (global bank: [B, world * B + Q])
     batch_cols: slice  # the columns of this rank's own batch (ITM mines its negatives there)
+    temp: torch.Tensor | float  # the temperature dividing the cosines (learned, or a fixed tau)
     stats: dict[str, torch.Tensor] = field(default_factory=dict)  # regulation diagnostics
 
 
@@ -73,7 +74,7 @@ def itc_step(
         txt_m, img_m, batch_ids = all_gather_nograd(txt_m), all_gather_nograd(img_m), all_gather_nograd(image_ids)
     else:
         batch_ids = image_ids
-    own = slice(rank() * b, rank() * b + b) if global_bank else slice(0, b)
+    own = own_rows(b) if global_bank else slice(0, b)
     bank_t = torch.cat([txt_m, q.get("text")], 0)
     bank_i = torch.cat([img_m, q.get("image")], 0)
     # same image id as the anchor: positives in "image" mode, a diagnostic for the regulator
@@ -92,7 +93,7 @@ def itc_step(
     sim_i2t, sim_t2i = cos_i2t / temp, cos_t2i / temp
     if c.name != "infonce":
         loss = contrastive_loss(c.name, cos_i2t, pos, cos_t2i, pos, margin=c.margin, smoothap_tau=c.smoothap_tau)
-        return ITCOutput(loss, sim_i2t, sim_t2i, own)
+        return ITCOutput(loss, sim_i2t, sim_t2i, own, temp)
     with torch.no_grad():
         m_i2t = img_m @ bank_t.T / temp
         m_t2i = txt_m @ bank_i.T / temp
@@ -102,12 +103,33 @@ def itc_step(
         soft_infonce(sim_i2t, itc_targets(pos, m_i2t, alpha), lw_i2t, removal)
         + soft_infonce(sim_t2i, itc_targets(pos, m_t2i, alpha), lw_t2i, removal)
     )
-    return ITCOutput(loss, sim_i2t, sim_t2i, own, r.stats if r is not None else {})
+    return ITCOutput(loss, sim_i2t, sim_t2i, own, temp, r.stats if r is not None else {})
 
 
 def enqueue(model: ALBEF, image_ids: torch.Tensor, img_m: torch.Tensor, txt_m: torch.Tensor) -> None:
     """Write the global batch's momentum features into the queues (after the loss)."""
     model.queue.enqueue(all_gather_nograd(image_ids), image=all_gather_nograd(img_m), text=all_gather_nograd(txt_m))
+
+
+@torch.no_grad()
+def global_batch_sims(
+    img_feat: torch.Tensor,
+    txt_feat: torch.Tensor,
+    img_m: torch.Tensor,
+    txt_m: torch.Tensor,
+    temp: torch.Tensor | float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ITM's sampling similarities over the global batch, identical on every rank (no gradient).
+
+    ``img_feat``/``txt_feat`` [B, E] online and ``img_m``/``txt_m`` [B, E] momentum features of
+    this rank. Returns ``(sim_i2t, sim_t2i)`` [world*B, world*B]: every rank's online anchors
+    (rows, rank order) against every rank's momentum features / ``temp`` - the in-batch columns of
+    the ITC bank of one process holding the global batch. One all-gather of [B, 4E].
+    """
+    e = img_feat.shape[1]
+    feats = torch.cat([img_feat, txt_feat, img_m, txt_m], 1).float()
+    i, t, i_m, t_m = all_gather_nograd(feats).split(e, 1)
+    return i @ t_m.T / temp, t @ i_m.T / temp
 
 
 def itm_step(
@@ -118,22 +140,47 @@ def itm_step(
     sim_t2i: torch.Tensor,
     image_ids: Optional[torch.Tensor],
     generator: Optional[torch.Generator] = None,
+    image_tokens: Optional[torch.Tensor] = None,
+    global_batch: bool = False,
 ) -> torch.Tensor:
     """ITM on B positives + B (text, hard image) + B (hard text, image) pairs in one fusion pass.
 
-    Negatives are drawn from the in-batch ITC similarities ``sim_*`` [B, B] (the batch columns of
-    :class:`ITCOutput`). The image K/V are projected once and indexed for the negatives.
+    Local (ALBEF): negatives are drawn from this rank's batch, with the in-batch ITC similarities
+    ``sim_*`` [B, B] (the batch columns of :class:`ITCOutput`) and ``image_ids`` [B]; the image
+    K/V are projected once and indexed for the negatives.
+
+    ``global_batch``: negatives come from the whole global batch. ``sim_*`` [world*B, world*B] and
+    ``image_ids`` [world*B] cover the global batch (:func:`global_batch_sims`, gathered ids), and
+    ``generator`` must be seeded identically on every rank: every rank draws the global batch's
+    negatives and keeps its own rows. The text states [B, T, H] and ``image_tokens`` [B, 1+N, W]
+    are gathered with gradient (T must be the same on every rank), the negatives' K/V projected
+    from the gathered tokens. The loss is this rank's sum over valid pairs divided by
+    (global valid count / world): the mean over ranks is the global batch's loss and DDP's
+    gradient mean its gradient. On one process both modes compute the same loss.
     """
     neg_img, ok_img = sample_hard_negatives(sim_t2i, image_ids, generator)  # per text
     neg_txt, ok_txt = sample_hard_negatives(sim_i2t, image_ids, generator)  # per image
     b = txt.hidden.shape[0]
-    hidden = torch.cat([txt.hidden, txt.hidden, txt.hidden[neg_txt]], 0)
-    mask = torch.cat([txt.mask, txt.mask, txt.mask[neg_txt]], 0)
-    idx = torch.cat([torch.arange(b, device=neg_img.device), neg_img, torch.arange(b, device=neg_img.device)])
-    logits = model.itm_logits(model.fuse(hidden, mask, select_kv(image_kv, idx)))
+    if not global_batch:
+        hidden = torch.cat([txt.hidden, txt.hidden, txt.hidden[neg_txt]], 0)
+        mask = torch.cat([txt.mask, txt.mask, txt.mask[neg_txt]], 0)
+        idx = torch.cat([torch.arange(b, device=neg_img.device), neg_img, torch.arange(b, device=neg_img.device)])
+        kv, total = select_kv(image_kv, idx), None
+    else:
+        if image_tokens is None:
+            raise ValueError("itm_step(global_batch=True) needs the image tokens")
+        total = (ok_img.sum() + ok_txt.sum() + ok_img.numel()) / world_size()  # global valid pairs / world
+        own = own_rows(b)
+        neg_img, ok_img, neg_txt, ok_txt = neg_img[own], ok_img[own], neg_txt[own], ok_txt[own]
+        hidden_all, mask_all = all_gather_with_grad(txt.hidden), all_gather_nograd(txt.mask)
+        hidden = torch.cat([txt.hidden, txt.hidden, hidden_all[neg_txt]], 0)
+        mask = torch.cat([txt.mask, txt.mask, mask_all[neg_txt]], 0)
+        kv_neg = model.image_kv(all_gather_with_grad(image_tokens)[neg_img])
+        kv = [(torch.cat([k, k_n, k]), torch.cat([v, v_n, v])) for (k, v), (k_n, v_n) in zip(image_kv, kv_neg)]
+    logits = model.itm_logits(model.fuse(hidden, mask, kv))
     labels = (torch.arange(3 * b, device=logits.device) < b).long()  # B positives, then 2B negatives
     valid = torch.cat([torch.ones(b, dtype=torch.bool, device=ok_img.device), ok_img, ok_txt])
-    return itm_loss(logits, labels, valid)
+    return itm_loss(logits, labels, valid, total)
 
 
 def mlm_step(
@@ -146,11 +193,28 @@ def mlm_step(
     probability: float,
     alpha: float,
     generator: Optional[torch.Generator] = None,
+    length: Optional[int] = None,
+    global_batch: bool = False,
 ) -> torch.Tensor:
-    """Masked LM through all layers with cross-attention; the head runs only at masked positions."""
-    masked, labels = mask_tokens(
-        input_ids, attention_mask, tokens.special_ids, tokens.mask_id, tokens.vocab_size, probability, generator
-    )
+    """Masked LM through all layers with cross-attention; the head runs only at masked positions.
+
+    ``input_ids``/``attention_mask`` [B, T]; ``length``: the tokenizer's max_len, so the masks do not
+    depend on the padding (:func:`mask_tokens`). ``global_batch``: the masks are drawn for the
+    gathered [world*B, T] batch with ``generator`` seeded identically on every rank (each rank keeps
+    its rows; T must be the same on every rank) and the loss is this rank's sum over its masked
+    tokens divided by (global masked count / world), as :func:`itm_step` does for its pairs.
+    """
+    total = None
+    if global_batch:
+        ids_all, mask_all = all_gather_nograd(input_ids), all_gather_nograd(attention_mask)
+        masked, labels = mask_tokens(ids_all, mask_all, tokens.special_ids, tokens.mask_id, tokens.vocab_size,
+                                     probability, generator, length)
+        total = (labels != -100).sum().clamp_min(1) / world_size()
+        own = own_rows(input_ids.shape[0])
+        masked, labels = masked[own], labels[own]
+    else:
+        masked, labels = mask_tokens(input_ids, attention_mask, tokens.special_ids, tokens.mask_id,
+                                     tokens.vocab_size, probability, generator, length)
     sel = labels != -100
     fused = model.fuse(model.text_states(masked, attention_mask), attention_mask, image_kv)
     logits = model.mlm_logits(fused[sel])
@@ -160,4 +224,4 @@ def mlm_step(
             h_m = model.text_states(masked, attention_mask, momentum=True)
             fused_m = model.fuse(h_m, attention_mask, image_tokens_m, momentum=True)
             logits_m = model.mlm_logits(fused_m[sel], momentum=True)
-    return mlm_loss(logits, labels[sel], logits_m, alpha)
+    return mlm_loss(logits, labels[sel], logits_m, alpha, total)

@@ -6,22 +6,27 @@ from typing import Optional
 
 import torch
 
-from vlp.config import LossConfig
+from vlp.config import ConfigError, LossConfig
+from vlp.dist import all_gather_nograd, world_size
 from vlp.models.albef import ALBEF
 from vlp.tasks.base import Task
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.tasks.regulation import SRCLRegulator
-from vlp.tasks.objectives import TokenInfo, enqueue, itc_step, itm_step, mlm_step
+from vlp.tasks.objectives import TokenInfo, enqueue, global_batch_sims, itc_step, itm_step, mlm_step
 
 
 class PretrainTask(Task):
     """Model + losses in one module: ``forward(batch, step)`` returns a dict with ``loss``.
 
     ``batch``: ``images`` [B, 3, H, W], ``input_ids``/``attention_mask`` [B, T], ``image_ids`` [B].
+    ``max_len``: the tokenizer's truncation length (MLM masks are drawn for [B, max_len], so they do
+    not depend on the padding); ``text_padding``: the loader's ``data.text_padding`` (the global
+    ITM/MLM modes need ``max_len`` across processes).
     """
 
     def __init__(self, model: ALBEF, loss: LossConfig, tokens: TokenInfo, seed: int = 0,
-                 regulator: Optional[SRCLRegulator] = None, reconstruction: Optional[Reconstruction] = None) -> None:
+                 regulator: Optional[SRCLRegulator] = None, reconstruction: Optional[Reconstruction] = None,
+                 max_len: Optional[int] = None, text_padding: str = "longest") -> None:
         super().__init__(model, reconstruction, alpha=loss.alpha, alpha_ramp_steps=loss.alpha_ramp_steps,
                          distill=loss.distill, seed=seed)
         if (loss.regulation != "none") != (regulator is not None):
@@ -29,11 +34,26 @@ class PretrainTask(Task):
         self.regulator = regulator
         self.loss_cfg = loss
         self.tokens = tokens
+        self.max_len, self.text_padding = max_len, text_padding
+
+    def _check_text_gathers(self) -> None:
+        """Global ITM/MLM gather text: refuse rank-dependent lengths before the first collective
+        (every rank raises the same error, no hang)."""
+        keys = [f"loss.{k}" for k in ("itm_negatives", "mlm_masking") if getattr(self.loss_cfg, k) == "global"]
+        if keys and world_size() > 1 and self.text_padding != "max_len":
+            modes = " and ".join(f"{k}=global" for k in keys)
+            verb = "gathers" if len(keys) == 1 else "gather"
+            raise ConfigError(f"config keys {'/'.join(repr(k) for k in keys)}/'data.text_padding': {modes} {verb} "
+                              f"text from every rank, so on {world_size()} processes every rank's text must have "
+                              f"the same length: set data.text_padding=max_len (got {self.text_padding})")
 
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
         m, c = self.model, self.loss_cfg
+        batch = self.on_device(batch)
         images, ids, mask, image_ids = batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"]
-        gen = self.generator(images.device)
+        self._check_text_gathers()
+        gen, shared = self.generator(images.device, step), self.shared_generator(images.device, step)
+        global_itm, global_mlm = c.itm_negatives == "global", c.mlm_masking == "global"
         alpha = self.alpha(step)
         m.clamp_temp()
 
@@ -55,15 +75,16 @@ class PretrainTask(Task):
                        global_bank=c.itc_bank == "global")
         kv = m.image_kv(img.tokens) if c.itm or c.mlm else None  # cross-attention K/V once, for ITM and MLM
         out["itc"] = itc.loss
-        cols = itc.batch_cols
-        out["itm"] = (
-            itm_step(m, kv, txt, itc.sim_i2t[:, cols].detach(), itc.sim_t2i[:, cols].detach(), image_ids, gen)
-            if c.itm else None
-        )
-        out["mlm"] = (
-            mlm_step(m, ids, mask, kv, img_m.tokens, self.tokens, c.mlm_probability, alpha, gen) if c.mlm else None
-        )
-        out = {k: v for k, v in out.items() if v is not None}
+        if c.itm and global_itm:  # negatives from the global batch, drawn alike on every rank
+            sims = global_batch_sims(img.feat, txt.feat, img_m.feat, txt_m.feat, itc.temp)
+            ids_all = all_gather_nograd(image_ids)
+            out["itm"] = itm_step(m, kv, txt, *sims, ids_all, shared, img.tokens, global_batch=True)
+        elif c.itm:
+            sims = itc.sim_i2t[:, itc.batch_cols].detach(), itc.sim_t2i[:, itc.batch_cols].detach()
+            out["itm"] = itm_step(m, kv, txt, *sims, image_ids, gen)
+        if c.mlm:
+            out["mlm"] = mlm_step(m, ids, mask, kv, img_m.tokens, self.tokens, c.mlm_probability, alpha,
+                                  shared if global_mlm else gen, self.max_len, global_batch=global_mlm)
         weights = dict(itc=c.itc, itm=c.itm, mlm=c.mlm)
         out["loss"] = sum(weights[k] * v for k, v in out.items())
         if self.reconstruction is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import torch
-from safetensors.torch import load_file, save_file, save_model
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vlp.models.loading import CheckpointError, load_strict
@@ -30,7 +30,7 @@ def save_checkpoint(directory: str | Path, model: nn.Module, state: dict[str, An
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_model(model, str(tmp / "model.safetensors"))  # de-duplicates tied weights
+    save_file(weights_to_save(model), str(tmp / "model.safetensors"))
     if task_state:
         save_file({k: v.detach().contiguous() for k, v in task_state.items()}, str(tmp / TASK_STATE))
     (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
@@ -38,6 +38,17 @@ def save_checkpoint(directory: str | Path, model: nn.Module, state: dict[str, An
         shutil.rmtree(directory)
     os.replace(tmp, directory)
     return directory
+
+
+def weights_to_save(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict as CPU copies, one name per tied group (the alphabetically first, as
+    safetensors' ``save_model`` keeps). Copies, because an engine may keep parameters as views
+    into one flat buffer (DeepSpeed ZeRO), which safetensors refuses to write."""
+    state = model.state_dict(keep_vars=True)
+    names: dict[int, list[str]] = {}
+    for k, v in state.items():
+        names.setdefault(id(v), []).append(k)
+    return {min(group): state[group[0]].detach().to("cpu", copy=True).contiguous() for group in names.values()}
 
 
 def find_checkpoint(path: str | Path) -> Path:

@@ -22,6 +22,12 @@ class MetricsLog:
         with open(self.path, "a") as f:
             f.write(json.dumps(clean) + "\n")
 
+    def truncate_after(self, step: int) -> None:
+        """Drop the records of steps after ``step`` (a resumed run logs them again)."""
+        if self.path.is_file():
+            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     with open(path) as f:

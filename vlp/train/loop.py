@@ -9,51 +9,101 @@ The loop knows nothing else.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
-from accelerate import Accelerator
+from accelerate import Accelerator, skip_first_batches
 from accelerate.state import AcceleratorState
-from accelerate.utils import DistributedDataParallelKwargs
+from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs
 from torch import nn
 
 from vlp.config import ConfigError, TrainConfig
 from vlp.dist import mean_over_ranks
-from vlp.train.checkpoint import save_checkpoint
+from vlp.train.checkpoint import find_checkpoint, read_state, save_checkpoint
 from vlp.train.logging import MetricsLog, progress
 from vlp.train.optim import build_optimizer, lr_at, trainable
 from vlp.train.swa import WeightAverager
 
 
-def make_accelerator(cfg: TrainConfig, find_unused_parameters: bool = False) -> Accelerator:
-    """Single process on CPU, or whatever ``accelerate launch`` set up. Queues are not re-broadcast.
-    ``find_unused_parameters``: DDP tolerates parameters the loss does not reach (a head whose loss
-    weight is 0).
+def launched_with_deepspeed() -> bool:
+    """``accelerate launch`` with a DeepSpeed config (it exports ``ACCELERATE_USE_DEEPSPEED``)."""
+    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
+def make_accelerator(cfg: TrainConfig, find_unused_parameters: bool = False,
+                     micro_batch: Optional[int] = None) -> Accelerator:
+    """Single process on CPU, or whatever ``accelerate launch`` set up (DDP, or DeepSpeed ZeRO-1/2:
+    see :func:`configure_deepspeed`). Queues are not re-broadcast. ``find_unused_parameters``: DDP
+    tolerates parameters the loss does not reach (a head whose loss weight is 0). ``micro_batch``:
+    pairs per process per forward, for DeepSpeed's config.
 
     accelerate keeps its precision settings in a process-wide singleton; it is cleared here (the
     process-group state is kept) so that jobs run one after another in one process - demo, tests,
     notebooks - may each choose their own ``train.precision``.
     """
     AcceleratorState._reset_state()
-    return Accelerator(
-        mixed_precision="bf16" if cfg.precision == "bf16" else "no",
-        cpu=not torch.cuda.is_available(),
+    deepspeed = launched_with_deepspeed()
+    acc = Accelerator(
+        # under DeepSpeed, bf16 is DeepSpeed's torch autocast (parameters stay fp32), set below
+        mixed_precision="bf16" if cfg.precision == "bf16" and not deepspeed else "no",
+        cpu=not torch.cuda.is_available() and not deepspeed,
+        gradient_accumulation_steps=cfg.grad_accum_steps if deepspeed else 1,
         kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False,
-                                                       find_unused_parameters=find_unused_parameters)],
+                                                       find_unused_parameters=find_unused_parameters),
+                         # DeepSpeed on CPU (tests): accelerate would otherwise count one process
+                         *([InitProcessGroupKwargs(backend="gloo")] if deepspeed and not torch.cuda.is_available() else [])],
     )
+    if uses_deepspeed(acc):
+        configure_deepspeed(acc.state.deepspeed_plugin.deepspeed_config, cfg, micro_batch)
+    return acc
+
+
+def uses_deepspeed(acc: Accelerator) -> bool:
+    return acc.distributed_type == DistributedType.DEEPSPEED
+
+
+def configure_deepspeed(ds: dict[str, Any], cfg: TrainConfig, micro_batch: Optional[int]) -> None:
+    """Fill the DeepSpeed config from vlp's train config (in place, before ``prepare``).
+
+    Parameters stay fp32 in the engine: ``train.precision=bf16`` becomes DeepSpeed's
+    ``torch_autocast`` (the same autocast DDP runs under), never its ``bf16`` mode, which casts
+    every parameter of the wrapped module - the momentum twins included, whose EMA would then stall
+    in bf16. Clipping and micro-batches are vlp's keys; the learning rate stays vlp's schedule.
+    """
+    zero = ds.get("zero_optimization", {}).get("stage", 0)
+    if zero not in (0, 1, 2):
+        raise ConfigError(f"DeepSpeed config: zero_optimization.stage={zero}; vlp supports ZeRO stages 0-2 "
+                          "(stage 3 shards the parameters the momentum update and the 4 fusion passes read)")
+    for key in ("bf16", "fp16"):
+        if ds.get(key, {}).get("enabled") is True:
+            raise ConfigError(f"DeepSpeed config: {key}.enabled=true would cast the momentum twins to {key}; set it "
+                              "to \"auto\" or false and choose the precision with train.precision (bf16 autocast)")
+        ds[key] = {"enabled": False}
+    ds["torch_autocast"] = {"enabled": cfg.precision == "bf16", "dtype": "bfloat16"}
+    ds["gradient_clipping"] = float(cfg.grad_clip or 0.0)
+    ds["gradient_accumulation_steps"] = cfg.grad_accum_steps
+    if micro_batch is not None and ds.get("train_micro_batch_size_per_gpu", "auto") == "auto":
+        ds["train_micro_batch_size_per_gpu"] = micro_batch
+    ds.pop("train_batch_size", None)  # derived by DeepSpeed from the two above and the world size
 
 
 def apply_train_options(task: nn.Module, cfg: TrainConfig) -> None:
-    """Model-side switches of the train config (before ``prepare``): activation checkpointing."""
-    if cfg.grad_checkpointing:
-        model = getattr(task, "model", None)
-        if not hasattr(model, "set_grad_checkpointing"):
-            raise ConfigError(f"config key 'train.grad_checkpointing': not available for {type(model).__name__} "
+    """Model-side switches of the train config (before ``prepare``): activation checkpointing,
+    regional compilation."""
+    model = getattr(task, "model", None)
+    for key, on, method in (("grad_checkpointing", cfg.grad_checkpointing, "set_grad_checkpointing"),
+                            ("compile", cfg.compile, "compile_blocks")):
+        if on and not hasattr(model, method):
+            raise ConfigError(f"config key 'train.{key}': not available for {type(model).__name__} "
                               "(ALBEF-family models only)")
+    if cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
+    if cfg.compile:
+        model.compile_blocks(cfg.compile_backend)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> float:
@@ -89,14 +139,109 @@ class Validation:
             raise ValueError(f"validation every {self.every} steps: expected >= 1")
 
 
-def endless_batches(loader: Iterable) -> Iterator[Any]:
-    epoch = 0
+class DeviceLoader:
+    """A loader that splits the data by rank itself (``splits_by_rank``, e.g. the webdataset
+    stream) is not handed to accelerate; this moves its batches to the device instead."""
+
+    def __init__(self, loader: Any, device: torch.device) -> None:
+        self.loader, self.device = loader, device
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def set_position(self, epoch: int, batches: int) -> None:
+        self.loader.set_position(epoch, batches)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for batch in self.loader:
+            yield {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+@dataclass
+class Prepared:
+    """What :func:`prepare_training` returns: the wrapped task, optimizer and loader, the unwrapped
+    task and the parameters to clip."""
+
+    task: nn.Module
+    optimizer: torch.optim.Optimizer
+    loader: Iterable
+    inner: nn.Module
+    params: list[torch.Tensor]
+
+
+def prepare_training(acc: Accelerator, task: nn.Module, loader: Iterable, cfg: TrainConfig) -> Prepared:
+    """Train options, optimizer and ``accelerate.prepare`` (shared by the loop and ``vlp bench``).
+
+    A loader with ``splits_by_rank`` is left alone (accelerate would re-shard or broadcast it) and
+    wrapped in a :class:`DeviceLoader`. After preparing, the non-trained state (momentum twins,
+    feature queues) is checked to be fp32, whatever the engine."""
+    apply_train_options(task, cfg)
+    optimizer = build_optimizer(task, cfg)
+    with scalars_as_vectors(task) if uses_deepspeed(acc) else contextlib.nullcontext():
+        if getattr(loader, "splits_by_rank", False):
+            task, optimizer = acc.prepare(task, optimizer)
+            loader = DeviceLoader(loader, acc.device)
+        else:
+            task, optimizer, loader = acc.prepare(task, optimizer, loader)
+    inner = acc.unwrap_model(task)
+    check_fp32_state(inner)
+    params = [p for g in optimizer.param_groups for p in g["params"]]  # lambda is not among them
+    return Prepared(task, optimizer, loader, inner, params)
+
+
+@contextlib.contextmanager
+def scalars_as_vectors(module: nn.Module) -> Iterator[None]:
+    """0-d parameters (the ITC temperature) viewed as [1] while DeepSpeed sets up: its initial
+    broadcast views every parameter as bytes, which a 0-d tensor cannot be. The [1] storage the
+    engine keeps (possibly a view into its flat buffer) is viewed as 0-d again afterwards."""
+    scalars = [p for p in module.parameters() if p.dim() == 0]
+    for p in scalars:
+        p.data = p.data.reshape(1)
+    try:
+        yield
+    finally:
+        for p in scalars:
+            p.data = p.data.reshape(())
+
+
+def check_fp32_state(task: nn.Module) -> None:
+    """Momentum twins and queues must be fp32 after ``prepare`` (an engine that casts them breaks the EMA)."""
+    for name, t in [*task.named_parameters(), *task.named_buffers()]:
+        if (".momentum." in f".{name}" or ".queue." in f".{name}") and t.is_floating_point() and t.dtype != torch.float32:
+            raise RuntimeError(f"{name} is {t.dtype} after accelerate.prepare: momentum twins and queues must stay fp32")
+
+
+def endless_batches(loader: Iterable, start: int = 0) -> Iterator[Any]:
+    """Batches over epochs without end, from batch ``start`` of the whole sequence (resume): a
+    loader with ``set_position`` seeks there itself, others skip the first batches of the epoch."""
+    epoch, skip = divmod(start, len(loader)) if start else (0, 0)
     while True:
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
-        for batch in loader:
+        source = loader
+        if skip and hasattr(loader, "set_position"):
+            loader.set_position(epoch, skip)
+        elif skip:
+            source = skip_first_batches(loader, skip)
+        skip = 0
+        for batch in source:
             yield batch
         epoch += 1
+
+
+def resume_checkpoint(resume: str, run_dir: Path) -> Path:
+    """The checkpoint ``train.resume`` names: ``auto`` = the run directory's newest one."""
+    ckpt = find_checkpoint(run_dir if resume == "auto" else resume)
+    if not (ckpt / TRAIN_STATE).is_dir():
+        raise ConfigError(f"config key 'train.resume': {ckpt} has no {TRAIN_STATE}/ (optimizer and engine state); "
+                          "it was saved with train.save_state=false or by an older vlp")
+    return ckpt
+
+
+TRAIN_STATE = "train_state"
 
 
 def train(
@@ -117,13 +262,10 @@ def train(
     ``run_dir/checkpoints/best``. Returns the last logged record."""
     run_dir = Path(run_dir)
     acc = accelerator or make_accelerator(cfg)
-    apply_train_options(task, cfg)
-    optimizer = build_optimizer(task, cfg)
-    task, optimizer, loader = acc.prepare(task, optimizer, loader)
-    inner = acc.unwrap_model(task)
+    prep = prepare_training(acc, task, loader, cfg)
+    task, optimizer, loader, inner, params = prep.task, prep.optimizer, prep.loader, prep.inner, prep.params
     to_save = (checkpoint_module or (lambda t: t.model))(inner)
     log = MetricsLog(run_dir / "metrics.jsonl")
-    params = [p for g in optimizer.param_groups for p in g["params"]]  # lambda is not among them
     averager = None
     if cfg.average.snapshots:
         epoch_steps = len(loader) if hasattr(loader, "__len__") else None
@@ -141,6 +283,9 @@ def train(
         acc.wait_for_everyone()
         if acc.is_main_process:
             save(step)
+        acc.wait_for_everyone()
+        if cfg.save_state:  # optimizer, engine, RNG states: every rank writes its part (DeepSpeed too)
+            acc.save_state(str(run_dir / "checkpoints" / f"step_{step:07d}" / TRAIN_STATE))
 
     best: dict[str, Any] = {}
 
@@ -161,24 +306,34 @@ def train(
                 save(step, "best", {"best": dict(best), "val": metrics})
         acc.wait_for_everyone()
 
+    start = 0
+    if cfg.resume:
+        ckpt = resume_checkpoint(cfg.resume, run_dir)
+        acc.load_state(str(ckpt / TRAIN_STATE))
+        start = int(read_state(ckpt)["step"])
+        if acc.is_main_process:
+            log.truncate_after(start)  # steps logged after that checkpoint are run again
+            print(f"resumed from {ckpt} at step {start} of {cfg.steps}")
     bar = progress(cfg.steps, "train", cfg.progress and acc.is_main_process)
-    batches = endless_batches(loader)
+    bar.update(start)
+    micro = cfg.grad_accum_steps
+    batches = endless_batches(loader, start * micro)
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     n_sum, pairs, t_window, data_time = 0, 0, time.perf_counter(), 0.0
     record: dict[str, float] = {}
     task.train()
-    micro = cfg.grad_accum_steps
-    for step in range(cfg.steps):
+    deepspeed = uses_deepspeed(acc)  # DeepSpeed accumulates (and scales by 1/micro) itself; no no_sync under ZeRO-2
+    for step in range(start, cfg.steps):
         lr = set_lr(optimizer, step, cfg)
         outs = []
         for m in range(micro):  # gradients of `micro` batches, one optimizer step (docs/training.md)
             t0 = time.perf_counter()
             batch = next(batches)
             data_time += time.perf_counter() - t0
-            with acc.no_sync(task) if m < micro - 1 else contextlib.nullcontext():
+            with acc.no_sync(task) if m < micro - 1 and not deepspeed else contextlib.nullcontext():
                 out = task(batch, step=step)
-                acc.backward(out["loss"] / micro)
+                acc.backward(out["loss"] if deepspeed else out["loss"] / micro)
             outs.append(out)
         optimizer_step(acc, optimizer, inner, params, step, cfg)
         if averager is not None:

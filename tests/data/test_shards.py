@@ -1,0 +1,264 @@
+"""Webdataset shards: the writer, and the stream's splitting, reshuffling, equal batch counts and resume."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from torchvision import transforms as T
+
+from vlp.config import ConfigError, DataConfig
+from vlp.data.formats import DataError, load_pairs
+from vlp.data.helper_cache import HelperCache
+from vlp.data.shards import SIZES_FILE, ShardLoader, ShardStream, iter_shard, write_shards
+from vlp.data.synthetic import generate_world
+from vlp.data.targets import LatentTargets, caption_key
+
+IMAGES, CAPTIONS = 24, 5  # the world: 24 images x 5 captions = 120 pairs
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("shards")
+    paths = generate_world(tmp / "world", seed=0, n_train=IMAGES, n_val=0, n_test=0, image_size=32, progress=False,
+                           vqa_per_image=0, nlvr_per_image=0)
+    return paths["pretrain"]
+
+
+@pytest.fixture(scope="module")
+def shards(world: Path) -> Path:
+    """8 shards of 3 images (15 pairs) each, images resized 32 -> 16 px."""
+    return write_shards([world], world.parent.parent / "sh", size=16, max_per_shard=3, show_progress=False)
+
+
+def collect(items: list[dict]) -> dict:
+    """A test collator that keeps what we compare: ids, captions, images."""
+    return {"ids": [it["image_id"] for it in items], "caps": [it["caption"] for it in items],
+            "images": torch.stack([it["image"] for it in items])}
+
+
+def loader(dirs: list[Path], **kw) -> ShardLoader:
+    # a random transform: resume must reproduce even the augmentations
+    args = dict(transform=T.Compose([T.RandomResizedCrop(8, scale=(0.5, 1.0)), T.ToTensor()]), collator=collect,
+                batch_size=4, shuffle_buffer=8, seed=3, verbose=False)
+    return ShardLoader(dirs, **{**args, **kw})
+
+
+def pairs_of(batches: list[dict]) -> list[tuple[int, str]]:
+    return [(i, c) for b in batches for i, c in zip(b["ids"], b["caps"])]
+
+
+def source_pairs(world: Path) -> Counter:
+    samples = load_pairs([world])
+    keys = sorted({s.image_key for s in samples})
+    return Counter((keys.index(s.image_key), c) for s in samples for c in s.captions)
+
+
+# ----------------------------------------------------------------------------- writer
+
+
+def test_writer_counts_captions_ids_and_sizes(world: Path, shards: Path) -> None:
+    sizes = json.loads((shards / SIZES_FILE).read_text())
+    assert sorted(sizes) == [f"shard-{i:05d}.tar" for i in range(math.ceil(IMAGES / 3))]
+    assert sum(v["images"] for v in sizes.values()) == IMAGES
+    assert sum(v["pairs"] for v in sizes.values()) == IMAGES * CAPTIONS
+    written: Counter = Counter()
+    for name, v in sizes.items():
+        raws = list(iter_shard(shards / name, v["images"]))
+        assert sum(len(r.meta["captions"]) for r in raws) == v["pairs"]
+        for r in raws:
+            written.update((r.meta["image_id"], c) for c in r.meta["captions"])
+            assert r.meta["source"] == str(world)
+            with Image.open(io.BytesIO(r.jpg)) as im:
+                assert im.format == "JPEG" and im.size == (16, 16)  # 32 px squares, shorter side -> 16
+    assert written == source_pairs(world)  # every caption exactly once, ids = sorted image keys
+    first = [r.meta["image_id"] for r in iter_shard(shards / "shard-00000.tar")]
+    assert first != sorted(first) or first[0] != 0  # globally shuffled before writing
+
+
+def test_writer_resizes_the_shorter_side_and_never_upscales(tmp_path: Path) -> None:
+    Image.new("RGB", (40, 20), (200, 10, 10)).save(tmp_path / "wide.png")
+    Image.new("RGB", (6, 12), (10, 200, 10)).save(tmp_path / "small.png")
+    ann = tmp_path / "a.json"
+    ann.write_text(json.dumps([{"image": "wide.png", "caption": "red"}, {"image": "small.png", "caption": ["g", "h"]}]))
+    out = write_shards([ann], tmp_path / "out", size=10, show_progress=False)
+    got = {}
+    for r in iter_shard(out / "shard-00000.tar"):
+        with Image.open(io.BytesIO(r.jpg)) as im:
+            got[tuple(r.meta["captions"])] = im.size
+    assert got == {("red",): (20, 10), ("g", "h"): (6, 12)}
+    assert json.loads((out / SIZES_FILE).read_text()) == {"shard-00000.tar": {"images": 2, "pairs": 3}}
+
+
+def test_writer_refuses_a_folder_with_shards(world: Path, shards: Path, capsys: pytest.CaptureFixture) -> None:
+    from vlp.cli import main
+
+    before = {p.name: p.read_bytes() for p in shards.iterdir()}
+    with pytest.raises(DataError, match="already holds shards"):
+        write_shards([world], shards, size=16, show_progress=False)
+    assert main(["make-shards", "--data", str(world), "--out", str(shards)]) == 2
+    assert f"vlp: error: {shards} already holds shards" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in shards.iterdir()} == before
+
+
+@pytest.mark.parametrize("bad", ["missing", "corrupt"])
+def test_writer_bad_image_names_entry_and_path_and_leaves_nothing(tmp_path: Path, bad: str) -> None:
+    Image.new("RGB", (8, 8)).save(tmp_path / "ok.png")
+    if bad == "corrupt":
+        (tmp_path / "nope.png").write_bytes(b"not an image")
+    ann = tmp_path / "ann.json"
+    ann.write_text(json.dumps([{"image": "ok.png", "caption": "a"}, {"image": "nope.png", "caption": "b"}] * 2))
+    with pytest.raises(DataError) as e:
+        write_shards([ann], tmp_path / "out", size=4, max_per_shard=1, show_progress=False)
+    assert f"{ann} entry 1" in str(e.value) and str(tmp_path / "nope.png") in str(e.value)
+    assert not (tmp_path / "out").exists()  # no shard, no sizes.json
+
+
+# ----------------------------------------------------------------------------- stream
+
+
+def test_two_ranks_two_workers_split_the_epoch(shards: Path) -> None:
+    # 8 shards -> 4 readers x 2 shards (30 pairs); 120 // (4 x 2) = 15 batches per rank: worker 0 of
+    # each rank yields 8 batches (32 pairs: 30 + 2 of the cycling fill), worker 1 7 (28 of its 30).
+    ranks = [loader([shards], rank=r, world_size=2, num_workers=2) for r in (0, 1)]
+    assert [len(x) for x in ranks] == [15, 15]
+    per_rank = [list(ranks[0]), [b for b in ranks[1]]]  # rank 0 through real DataLoader workers
+    for r, batches in enumerate(per_rank):
+        assert len(batches) == 15 and all(len(b["ids"]) == 4 for b in batches)
+        for w in (0, 1):
+            mine = pairs_of(batches[w::2])
+            shards_of = ranks[r].stream.reader_shards(0, w)
+            expected = {(r_.meta["image_id"], c) for s in shards_of for r_ in iter_shard(s.path)
+                        for c in r_.meta["captions"]}
+            assert len(expected) == 30 and set(mine) <= expected
+            assert len(mine) == (32 if w == 0 else 28)
+            assert len(set(mine)) == (30 if w == 0 else 28)  # duplicates: the 2-pair cycling fill only
+    everyone = [set(pairs_of(b[w::2])) for b in per_rank for w in (0, 1)]
+    assert sum(len(s) for s in everyone) == len(set().union(*everyone)) == 116  # readers are disjoint
+
+
+def test_epochs_reshuffle_and_an_epoch_repeats_exactly(shards: Path) -> None:
+    ld = loader([shards])
+    py_state, torch_state = random.getstate(), torch.get_rng_state()
+    e0 = list(ld)
+    assert random.getstate() == py_state  # the caller's RNG streams are untouched
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    ld.set_epoch(1)
+    e1 = list(ld)
+    ld.set_epoch(0)
+    again = list(ld)
+    assert len(e0) == len(e1) == 30
+    assert pairs_of(e0) != pairs_of(e1) and sorted(pairs_of(e0)) == sorted(pairs_of(e1))  # all 120, reordered
+    assert pairs_of(again) == pairs_of(e0)
+    assert all(torch.equal(a["images"], b["images"]) for a, b in zip(again, e0))
+
+
+@pytest.mark.parametrize("start", [3, 8])
+def test_resume_reproduces_the_rest_of_the_epoch(shards: Path, start: int) -> None:
+    ld = loader([shards], rank=1, world_size=2, num_workers=2)
+    ld.set_epoch(1)
+    full = list(ld)
+    resumed = loader([shards], rank=1, world_size=2, num_workers=2)
+    resumed.load_state_dict({**ld.state_dict(), "epoch": 1, "batches_done": start})
+    resumed.set_epoch(1)  # what the training loop calls: keeps the position within the epoch
+    rest = list(resumed)
+    assert len(rest) == len(full) - start
+    for a, b in zip(rest, full[start:]):
+        assert a["ids"] == b["ids"] and a["caps"] == b["caps"] and torch.equal(a["images"], b["images"])
+
+
+def test_resume_skips_without_decoding(shards: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ld = loader([shards])
+    full = list(ld)
+    decoded = []
+    real = ShardStream._item
+    monkeypatch.setattr(ShardStream, "_item", lambda self, u: decoded.append(u) or real(self, u))
+    ld.set_position(0, 26)
+    rest = list(ld)
+    assert len(decoded) == 4 * 4 and pairs_of(rest) == pairs_of(full[26:])
+    assert ld.state_dict()["batches_done"] == 0  # the epoch is complete
+
+
+def test_sample_mode_draws_one_caption_per_image_and_epoch(world: Path, shards: Path) -> None:
+    ld = loader([shards], caption_mode="sample")
+    assert len(ld) == IMAGES // 4
+    e0 = pairs_of(list(ld))
+    ld.set_epoch(1)
+    e1 = pairs_of(list(ld))
+    src = source_pairs(world)
+    for e in (e0, e1):
+        assert sorted(i for i, _ in e) == list(range(IMAGES)) and all(p in src for p in e)
+    assert dict(e0) != dict(e1)  # other captions drawn in another epoch
+
+
+def test_several_folders_continue_the_image_ids(shards: Path) -> None:
+    ld = loader([shards, shards], caption_mode="sample")  # the same folder twice: 48 distinct images
+    assert (ld.images, ld.pairs, len(ld)) == (2 * IMAGES, 2 * IMAGES * CAPTIONS, 12)
+    assert sorted(i for i, _ in pairs_of(list(ld))) == list(range(2 * IMAGES))
+
+
+def test_items_carry_helper_features_and_ltd_targets_by_key_and_caption(world: Path, shards: Path) -> None:
+    samples = load_pairs([world])
+    keys = sorted({s.image_key for s in samples})
+    texts = sorted({c for s in samples for c in s.captions})
+    rows = lambda n: torch.arange(n, dtype=torch.float)[:, None]  # noqa: E731  feature = row number
+    cache = HelperCache(rows(len(keys)), rows(len(texts)), {k: i for i, k in enumerate(keys)},
+                        {t: i for i, t in enumerate(texts)}, {}, Path("cache"))
+    targets = LatentTargets(-rows(len(texts)), {caption_key(t): i for i, t in enumerate(texts)}, {}, Path("targets"))
+    ld = loader([shards], helper_cache=cache, targets=targets, collator=lambda items: items)
+    items = [it for batch in ld for it in batch]
+    assert len(items) == IMAGES * CAPTIONS
+    for it in items:
+        assert it["helper_image"].item() == it["image_id"]  # the cache row of the image's key (sorted keys)
+        assert it["helper_text"].item() == texts.index(it["caption"]) == -it["ltd_target"].item()
+    del cache.image_index[keys[5]]
+    with pytest.raises(DataError, match="helper feature cache cache lacks 1 images"):
+        loader([shards], helper_cache=cache)
+
+
+def test_errors_too_few_shards_missing_sizes_and_bad_config(shards: Path, tmp_path: Path) -> None:
+    with pytest.raises(DataError) as e:
+        loader([shards], rank=0, world_size=4, num_workers=3)
+    msg = str(e.value)
+    assert "8 shards" in msg and "world_size 4 x 3" in msg and "12 readers" in msg and "--max-per-shard 2" in msg
+    with pytest.raises(DataError, match="no sizes.json.*vlp make-shards"):
+        loader([tmp_path])
+    with pytest.raises(ConfigError, match="'data.format'"):
+        DataConfig(format="tar")
+    with pytest.raises(ConfigError, match="'data.caption_mode'"):
+        DataConfig(format="webdataset", captions_per_image=2)
+
+
+def test_stale_sizes_json_is_reported(shards: Path, tmp_path: Path) -> None:
+    d = tmp_path / "stale"
+    d.mkdir()
+    for p in shards.iterdir():
+        (d / p.name).write_bytes(p.read_bytes())
+    sizes = json.loads((d / SIZES_FILE).read_text())
+    sizes["shard-00000.tar"]["images"] = 4
+    (d / SIZES_FILE).write_text(json.dumps(sizes))
+    with pytest.raises(DataError, match="3 samples, but .*sizes.json says 4"):
+        list(iter_shard(d / "shard-00000.tar", 4))
+
+
+def test_pretrain_from_shards_end_to_end(shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from vlp.cli import main
+
+    run = tmp_path / "run"
+    rc = main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={run}",
+               "data.format=webdataset", f"data.train=[{shards}]", "data.batch_size=4", "data.num_workers=0",
+               "data.shuffle_buffer=16", "train.steps=3", "train.log_every=1", "train.ckpt_every=0",
+               "train.warmup_steps=0", "train.progress=false", "model.vision.depth=1", "model.vision.img_size=32",
+               "model.text.layers=1", "model.text.fusion_layers=1", "model.queue_size=16"])
+    assert rc == 0
+    assert f"vlp pretrain: {IMAGES * CAPTIONS} pairs, {IMAGES} images" in capsys.readouterr().out
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(math.isfinite(r[k]) for r in records for k in ("loss", "itc", "itm", "mlm"))

@@ -1,0 +1,556 @@
+"""Webdataset tar shards: written once from ALBEF JSON, streamed as fixed-size batches.
+
+**Format** (``docs/data.md``, "Streaming shards"). A shard folder holds ``shard-00000.tar``, ...
+and ``sizes.json`` = ``{"shard-00000.tar": {"images": n, "pairs": m}, ...}``. Each tar holds one
+sample per image: ``{key}.jpg`` (shorter side resized to ``size``, JPEG) and ``{key}.json`` =
+``{"captions": [...], "image_key": ..., "image_id": ..., "source": ...}``; ``image_id`` is the
+image's index in the sorted image keys of the whole folder (as :class:`ImageTextDataset` numbers
+them) and ``image_key`` is the key of :func:`vlp.data.formats.load_pairs` (helper caches are
+indexed by it). Shards are written with webdataset's ``TarWriter`` and read back with the
+standard :mod:`tarfile` module (no webdataset pipeline at read time: the splitting, shuffling and
+resume rules below are ours and fit in this file).
+
+**Stream.** :class:`ShardLoader` yields collated batches; collation runs in the loader workers.
+An epoch has ``N = floor(units / (batch_size * world_size))`` full batches on every rank, where a
+unit is a pair (``caption_mode="expand"``) or an image (``"sample"``). Per epoch the shard list
+is shuffled with (seed, epoch) and dealt to the ``world_size * workers`` readers; reader
+(rank, worker) reads its shards through a shuffle buffer of raw bytes seeded with (seed, epoch,
+rank, worker) and yields its quota of batches (batch ``i`` of a rank comes from worker
+``i % workers``, the DataLoader's round-robin); a reader whose shards run out reads them again.
+The batches of an epoch are a function of (seed, epoch, rank, world_size, workers) only, and
+:meth:`ShardLoader.set_position` restarts an epoch at any batch without decoding the skipped ones.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import tarfile
+from dataclasses import dataclass
+from multiprocessing import Pool
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+
+import torch
+from PIL import Image, UnidentifiedImageError
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from vlp.data.datasets import make_item, pick_captions
+from vlp.data.formats import DataError, Sample, load_pairs, write_atomic
+from vlp.data.helper_cache import HelperCache
+from vlp.data.targets import LatentTargets
+
+SIZES_FILE = "sizes.json"
+SHARD_NAME = "shard-{:05d}.tar"
+CAPTION_MODES = ("expand", "sample")
+_MAKE_HINT = "write shards with `vlp make-shards --data ANNOTATIONS.json --out DIR` (or scripts/make_shards.py)"
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def resize_shorter(im: Image.Image, size: int) -> Image.Image:
+    """Resize so the shorter side is ``size`` (bicubic, aspect kept); smaller images are kept as they are."""
+    w, h = im.size
+    if min(w, h) <= size:
+        return im
+    tw, th = (size, max(1, round(h * size / w))) if w <= h else (max(1, round(w * size / h)), size)
+    return im.resize((tw, th), Image.BICUBIC)
+
+
+def encode_image(path: str, origin: str, size: int, quality: int) -> bytes:
+    """Read an image, resize its shorter side to ``size`` (never up) and re-encode it as RGB JPEG.
+
+    JPEG sources are decoded in draft mode (DCT scaling) when much larger than ``size``. A missing or
+    unreadable file raises one :class:`DataError` naming ``origin`` and the path."""
+    try:
+        with Image.open(path) as im:
+            w, h = im.size
+            if min(w, h) > size and im.format == "JPEG":
+                im.draft("RGB", (w * size // min(w, h), h * size // min(w, h)))
+            rgb = im.convert("RGB")
+    except FileNotFoundError:
+        raise DataError(f"{origin}: image file not found: {path}") from None
+    except (UnidentifiedImageError, OSError) as e:
+        raise DataError(f"{origin}: cannot read image {path}: {e}") from None
+    if rgb.size != (w, h):  # draft mode decoded at a reduced scale: resize from the original geometry
+        scale = size / min(w, h)
+        rgb = rgb.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BICUBIC)
+    out = io.BytesIO()
+    resize_shorter(rgb, size).save(out, format="JPEG", quality=quality)
+    return out.getvalue()
+
+
+def _encode_task(task: tuple[str, str, int, int]) -> bytes:
+    return encode_image(*task)
+
+
+@dataclass
+class ImageRecord:
+    """One image of the source data with all its captions (one shard sample)."""
+
+    image: str  # resolved path
+    captions: list[str]
+    image_key: str
+    image_id: int
+    source: str  # annotation file
+    origin: str  # first entry, for error messages
+
+
+def group_images(files: Sequence[str | Path], image_root: Optional[str | Path] = None) -> list[ImageRecord]:
+    """Read pretraining / retrieval-train files and group their entries by image key; ``image_id`` is
+    the index in the sorted keys (the numbering of :class:`ImageTextDataset`)."""
+    by_key: dict[str, ImageRecord] = {}
+    for f in files:
+        for s in load_pairs([f], image_root):
+            rec = by_key.get(s.image_key)
+            if rec is None:
+                by_key[s.image_key] = ImageRecord(s.image, list(s.captions), s.image_key, -1, str(f), s.origin)
+            else:
+                rec.captions.extend(s.captions)
+    records = [by_key[k] for k in sorted(by_key)]
+    for i, r in enumerate(records):
+        r.image_id = i
+    return records
+
+
+def write_shards(files: Sequence[str | Path], out_dir: str | Path, image_root: Optional[str | Path] = None,
+                 size: int = 256, max_per_shard: int = 5000, seed: int = 0, quality: int = 90,
+                 show_progress: bool = True, workers: int = 0) -> Path:
+    """Write ALBEF-format annotation ``files`` (and their images) as webdataset shards in ``out_dir``.
+
+    One sample per image with all its captions, shuffled globally with ``seed``, at most
+    ``max_per_shard`` per shard; images are resized so the shorter side is ``size`` and re-encoded
+    as JPEG ``quality``; ``workers`` > 0 encodes in that many processes. ``sizes.json`` is written
+    last: a folder without it is incomplete. Refuses a folder that already holds shards; a
+    missing or unreadable image raises one :class:`DataError` (naming the entry and path) and
+    removes the shards this call wrote. Returns ``out_dir``."""
+    from vlp.train.logging import progress
+
+    out = Path(out_dir)
+    if size < 1 or max_per_shard < 1 or not 1 <= quality <= 100:
+        raise DataError(f"make-shards: expected --size >= 1, --max-per-shard >= 1 and 1 <= --quality <= 100, "
+                        f"got {size}, {max_per_shard}, {quality}")
+    if out.exists() and (any(out.glob("shard-*.tar")) or (out / SIZES_FILE).exists()):
+        raise DataError(f"{out} already holds shards (shard-*.tar or {SIZES_FILE}); choose another --out or "
+                        "remove them")
+    records = group_images(files, image_root)
+    missing = [r for r in records if not Path(r.image).is_file()]
+    if missing:
+        listed = "; ".join(f"{r.origin}: {r.image}" for r in missing[:5])
+        raise DataError(f"{len(missing)} of {len(records)} image files not found, e.g. {listed}")
+    random.Random(seed).shuffle(records)
+    chunks = [records[i:i + max_per_shard] for i in range(0, len(records), max_per_shard)]
+    created_dir = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    sizes: dict[str, dict[str, int]] = {}
+    tasks = ((r.image, r.origin, size, quality) for r in records)
+    pool = Pool(workers) if workers > 0 else None
+    bar = progress(len(records), "make-shards", show_progress)
+    try:
+        jpegs = pool.imap(_encode_task, tasks, chunksize=8) if pool else map(_encode_task, tasks)
+        for n, chunk in enumerate(chunks):
+            path = out / SHARD_NAME.format(n)
+            written.append(path)
+            _write_tar(path, chunk, jpegs, bar)
+            sizes[path.name] = {"images": len(chunk), "pairs": sum(len(r.captions) for r in chunk)}
+        write_atomic(out / SIZES_FILE, lambda f: f.write(_sizes_json(sizes)))
+    except BaseException:
+        for p in written:
+            p.unlink(missing_ok=True)
+        if created_dir and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.terminate()
+    return out
+
+
+def _sizes_json(sizes: dict[str, dict[str, int]]) -> str:
+    """``sizes.json`` text: one line per shard."""
+    return "{\n" + ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in sizes.items()) + "\n}\n"
+
+
+def _write_tar(path: Path, records: Sequence[ImageRecord], jpegs: Iterator[bytes], bar: Any) -> None:
+    from webdataset import TarWriter
+
+    with open(path, "wb") as f:
+        writer = TarWriter(f, encoder=False, mtime=0)  # mtime 0: byte-identical shards for the same inputs
+        for r in records:
+            meta = {"captions": r.captions, "image_key": r.image_key, "image_id": r.image_id, "source": r.source}
+            writer.write({"__key__": f"{r.image_id:09d}", "jpg": next(jpegs), "json": json.dumps(meta).encode()})
+            bar.update(1)
+        writer.close()
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard of a folder, with its counts from ``sizes.json``."""
+
+    path: Path
+    images: int
+    pairs: int
+    id_offset: int  # added to the shard's image ids (folders after the first continue the numbering)
+
+
+def read_sizes(dirs: Sequence[str | Path]) -> list[ShardInfo]:
+    """The shards of ``dirs`` in order (folder, then name). Image ids of folder k are offset by the
+    images of folders 0..k-1, so they stay contiguous and distinct over all folders."""
+    shards: list[ShardInfo] = []
+    offset = 0
+    for d in map(Path, dirs):
+        f = d / SIZES_FILE
+        if d.is_file():
+            raise DataError(f"{d} is a file; data.format=webdataset expects shard folders in data.train ({_MAKE_HINT})")
+        if not f.is_file():
+            raise DataError(f"{d}: no {SIZES_FILE} (not a complete shard folder); {_MAKE_HINT}")
+        try:
+            sizes = json.loads(f.read_text())
+        except json.JSONDecodeError as e:
+            raise DataError(f"{f}: line {e.lineno} column {e.colno}: invalid JSON ({e.msg})") from None
+        if not isinstance(sizes, dict) or not sizes:
+            raise DataError(f"{f}: expected an object {{shard name: {{\"images\": n, \"pairs\": m}}}}")
+        images = 0
+        for name in sorted(sizes):
+            v = sizes[name]
+            ok = isinstance(v, dict) and all(isinstance(v.get(k), int) and v[k] > 0 for k in ("images", "pairs"))
+            if not ok or v["pairs"] < v["images"]:
+                raise DataError(f"{f}: entry {name!r} is {v!r}, expected "
+                                f"{{\"images\": n, \"pairs\": m}} with 0 < n <= m")
+            if not (d / name).is_file():
+                raise DataError(f"{f}: shard {name} is listed but {d / name} does not exist")
+            shards.append(ShardInfo(d / name, v["images"], v["pairs"], offset))
+            images += v["images"]
+        offset += images
+    if not shards:
+        raise DataError(f"data.train: no shard folders given ({_MAKE_HINT})")
+    return shards
+
+
+@dataclass(frozen=True)
+class RawSample:
+    """One undecoded shard sample."""
+
+    key: str
+    meta: dict[str, Any]
+    jpg: bytes
+    shard: Path
+
+
+def iter_shard(path: Path, expected: Optional[int] = None, images: bool = True) -> Iterator[RawSample]:
+    """Stream the samples of one tar (``{key}.jpg`` + ``{key}.json``, members of a key adjacent).
+
+    ``images=False`` skips the JPEG bytes (seeks over them; ``jpg`` is empty). ``expected``: the
+    sample count from ``sizes.json``; a different count raises :class:`DataError`."""
+    n = 0
+    try:
+        with tarfile.open(path, mode="r|" if images else "r:") as tf:
+            key, parts = None, {}
+            for m in tf:
+                if not m.isfile():
+                    continue
+                k, _, ext = m.name.rpartition("/")[2].partition(".")
+                if k != key and key is not None:
+                    yield _raw(path, key, parts)
+                    n, parts = n + 1, {}
+                key = k
+                if ext == "json" or (ext == "jpg" and images):
+                    parts[ext] = tf.extractfile(m).read()
+                elif ext == "jpg":
+                    parts[ext] = b""
+            if key is not None:
+                yield _raw(path, key, parts)
+                n += 1
+    except (tarfile.TarError, OSError) as e:
+        raise DataError(f"{path}: cannot read shard: {e}") from None
+    if expected is not None and n != expected:
+        raise DataError(f"{path}: {n} samples, but {path.parent / SIZES_FILE} says {expected}; the folder is stale "
+                        f"or damaged ({_MAKE_HINT})")
+
+
+def _raw(path: Path, key: str, parts: dict[str, bytes]) -> RawSample:
+    if "jpg" not in parts or "json" not in parts:
+        raise DataError(f"{path}: sample {key!r} has {sorted(parts)}, expected both 'jpg' and 'json'")
+    try:
+        meta = json.loads(parts["json"])
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: sample {key!r}: invalid {key}.json ({e.msg})") from None
+    caps = meta.get("captions") if isinstance(meta, dict) else None
+    if not isinstance(caps, list) or not caps or not isinstance(meta.get("image_id"), int) \
+            or not isinstance(meta.get("image_key"), str):
+        raise DataError(f"{path}: sample {key!r}: {key}.json needs 'captions' (non-empty list), 'image_id' (int) "
+                        "and 'image_key' (string)")
+    return RawSample(key, meta, parts["jpg"], path)
+
+
+def seed_of(*parts: Any) -> int:
+    """A 64-bit seed from a tuple of ints/strings, the same in every process (no ``hash()``)."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
+
+
+def shuffle_buffer(items: Iterable[Any], size: int, rng: random.Random) -> Iterator[Any]:
+    """Approximate shuffle with a buffer of ``size`` items: yields every item once."""
+    buf: list[Any] = []
+    for x in items:
+        if len(buf) < size:
+            buf.append(x)
+            continue
+        i = rng.randrange(size)
+        yield buf[i]
+        buf[i] = x
+    rng.shuffle(buf)
+    yield from buf
+
+
+def batches_per_rank(units: int, batch_size: int, world_size: int) -> int:
+    """Full batches every rank yields per epoch: floor(units / (batch_size * world_size))."""
+    return units // (batch_size * world_size)
+
+
+def worker_batches(n_batches: int, workers: int, worker: int) -> int:
+    """Batches of an epoch that come from ``worker`` (batch i from worker i % workers)."""
+    return len(range(worker, n_batches, workers))
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """A shuffle-buffer entry: one pair (expand) or one image with its drawn caption(s) (sample)."""
+
+    image_id: int
+    image_key: str
+    captions: tuple[str, ...]
+    jpg: bytes
+    where: str  # "shard.tar sample KEY", for errors
+
+
+class ShardStream(IterableDataset):
+    """Collated batches of one rank; the worker that runs it picks its shards (see the module doc).
+
+    The epoch and the first batch to yield (``start``) are set by :class:`ShardLoader` before each
+    pass; with W workers, DataLoader worker d plays reader ``(d + start) % W`` so the loader's
+    round-robin continues the uninterrupted order from batch ``start``."""
+
+    def __init__(self, shards: Sequence[ShardInfo], transform: Callable[[Image.Image], torch.Tensor],
+                 collator: Callable[[list[dict]], Any], batch_size: int, rank: int, world_size: int, workers: int,
+                 seed: int, buffer: int, caption_mode: str, captions_per_image: int,
+                 helper_cache: Optional[HelperCache], targets: Optional[LatentTargets]) -> None:
+        self.shards = list(shards)
+        self.transform, self.collator = transform, collator
+        self.batch_size, self.rank, self.world_size, self.workers = batch_size, rank, world_size, workers
+        self.seed, self.buffer, self.caption_mode, self.k = seed, buffer, caption_mode, captions_per_image
+        self.helper_cache, self.targets = helper_cache, targets
+        units = sum(s.pairs if caption_mode == "expand" else s.images for s in self.shards)
+        self.n_batches = batches_per_rank(units, batch_size, world_size)
+        self.epoch, self.start = 0, 0
+
+    # -- plan (cheap, no I/O)
+
+    def reader_shards(self, epoch: int, worker: int) -> list[ShardInfo]:
+        """The shards reader (rank, worker) reads in ``epoch``, in order."""
+        order = list(self.shards)
+        random.Random(seed_of("shards", self.seed, epoch)).shuffle(order)
+        readers = self.world_size * self.workers
+        return order[self.rank * self.workers + worker::readers]
+
+    # -- the stream of one reader
+
+    def units(self, epoch: int, worker: int) -> Iterator[_Unit]:
+        """Endless shuffled units of reader (rank, worker) in ``epoch``: passes over its shards,
+        each through the shuffle buffer (a pass after the first is the documented cycling fill)."""
+        shards = self.reader_shards(epoch, worker)
+        rng = random.Random(seed_of("reader", self.seed, epoch, self.rank, worker))
+        while True:
+            n = 0
+            for u in shuffle_buffer(self._expand(shards, rng), self.buffer, rng):
+                n += 1
+                yield u
+            if n == 0:
+                raise DataError(f"shards {[str(s.path) for s in shards]} hold no samples")
+
+    def _expand(self, shards: Sequence[ShardInfo], rng: random.Random) -> Iterator[_Unit]:
+        for info in shards:
+            for raw in iter_shard(info.path, info.images):
+                caps, iid, key = raw.meta["captions"], raw.meta["image_id"] + info.id_offset, raw.meta["image_key"]
+                where = f"{info.path} sample {raw.key}"
+                if self.caption_mode == "expand":
+                    for c in caps:
+                        yield _Unit(iid, key, (c,), raw.jpg, where)
+                else:
+                    yield _Unit(iid, key, tuple(pick_captions(caps, self.k, rng)), raw.jpg, where)
+
+    def reader_batches(self, epoch: int, worker: int, start: int = 0) -> Iterator[tuple[int, list[_Unit]]]:
+        """(batch index in the rank's epoch, units) of reader ``worker``, from global batch ``start`` on;
+        the skipped units are read but not decoded."""
+        W, B = self.workers, self.batch_size
+        skip, quota = worker_batches(start, W, worker), worker_batches(self.n_batches, W, worker)
+        units = self.units(epoch, worker)
+        for j in range(quota):
+            batch = [next(units) for _ in range(B)]
+            if j >= skip:
+                yield j * W + worker, batch
+
+    def decode(self, epoch: int, index: int, units: Sequence[_Unit]) -> Any:
+        """Decode, transform and collate one batch. The global ``random`` and torch CPU RNGs are seeded
+        with (seed, epoch, rank, batch index) for the transforms and restored afterwards, so
+        augmentations too are the same after a resume (and the caller's random streams untouched)."""
+        py_state, torch_state = random.getstate(), torch.get_rng_state()
+        s = seed_of("augment", self.seed, epoch, self.rank, index)
+        random.seed(s)
+        torch.default_generator.manual_seed(s)  # CPU only: CUDA generators stay as they are
+        try:
+            items = [self._item(u) for u in units]
+        finally:
+            random.setstate(py_state)
+            torch.set_rng_state(torch_state)
+        return self.collator(items)
+
+    def _item(self, u: _Unit) -> dict:
+        try:
+            with Image.open(io.BytesIO(u.jpg)) as im:
+                image = im.convert("RGB")
+        except (UnidentifiedImageError, OSError) as e:
+            raise DataError(f"{u.where}: cannot decode the JPEG: {e}") from None
+        try:
+            return make_item(self.transform(image), u.image_id, u.image_key, u.captions, self.k > 1,
+                             self.helper_cache, self.targets)
+        except KeyError as e:
+            raise DataError(f"{u.where}: no helper feature / latent target for {e} (image {u.image_key!r}); "
+                            "rebuild the cache or targets from the annotation files the shards were written "
+                            "from") from None
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        d, n = (info.id, info.num_workers) if info is not None else (0, 1)
+        if n != self.workers:
+            raise RuntimeError(f"ShardStream planned for {self.workers} workers but runs in {n}")
+        worker = (d + self.start) % self.workers
+        for index, units in self.reader_batches(self.epoch, worker, self.start):
+            yield self.decode(self.epoch, index, units)
+
+
+def launch_rank() -> tuple[int, int]:
+    """(rank, world size) of this process: the process group's, or before it exists (the data is built
+    before the accelerator) the launcher's ``RANK`` / ``WORLD_SIZE`` (torchrun, accelerate, deepspeed)."""
+    from vlp.dist import is_dist, rank, world_size
+
+    if is_dist():
+        return rank(), world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def scan_samples(shards: Sequence[ShardInfo]) -> list[Sample]:
+    """Every shard sample as a :class:`Sample` (no image path), reading only the JSON members."""
+    out = []
+    for info in shards:
+        for raw in iter_shard(info.path, info.images, images=False):
+            out.append(Sample("", tuple(raw.meta["captions"]), raw.meta["image_key"], f"{info.path} sample {raw.key}"))
+    return out
+
+
+class ShardLoader:
+    """Batches of one rank streamed from shard folders (each with ``sizes.json``); see the module doc.
+
+    ``len(loader)`` is the number of full batches per epoch, the same on every rank. Iterating
+    yields the batches of the current epoch from the current position; :meth:`set_epoch` moves
+    to another epoch (from its first batch), :meth:`set_position` to any batch of any epoch.
+    Because every epoch has ``len(loader)`` batches, the position after ``b`` consumed batches is
+    ``divmod(b, len(loader))``. Not to be passed to ``accelerate.prepare`` (``splits_by_rank``):
+    it splits the data by rank itself and yields CPU tensors.
+    """
+
+    splits_by_rank = True
+
+    def __init__(self, dirs: Sequence[str | Path], transform: Callable[[Image.Image], torch.Tensor],
+                 collator: Callable[[list[dict]], Any], batch_size: int, rank: int = 0, world_size: int = 1,
+                 num_workers: int = 0, seed: int = 0, shuffle_buffer: int = 1000, caption_mode: str = "expand",
+                 captions_per_image: int = 1, helper_cache: Optional[HelperCache] = None,
+                 targets: Optional[LatentTargets] = None, verbose: bool = True) -> None:
+        if caption_mode not in CAPTION_MODES:
+            raise DataError(f"caption mode {caption_mode!r}: expected one of {list(CAPTION_MODES)}")
+        if captions_per_image > 1 and caption_mode != "sample":
+            raise DataError(f"captions_per_image={captions_per_image} needs caption_mode='sample' (image-level items)")
+        if batch_size < 1 or shuffle_buffer < 1 or not 0 <= rank < world_size:
+            raise DataError(f"expected batch_size >= 1, shuffle_buffer >= 1 and 0 <= rank < world_size, got "
+                            f"{batch_size}, {shuffle_buffer}, rank {rank} of {world_size}")
+        self.dirs = [str(d) for d in dirs]
+        shards = read_sizes(dirs)
+        self.images = sum(s.images for s in shards)
+        self.pairs = sum(s.pairs for s in shards)
+        self.num_workers = num_workers
+        workers = max(1, num_workers)
+        readers = world_size * workers
+        if len(shards) < readers:
+            per = -(-self.images // readers)
+            raise DataError(f"{len(shards)} shards in {self.dirs} for world_size {world_size} x {workers} loader "
+                            f"workers = {readers} readers: every reader needs a shard of its own. Rewrite with "
+                            f"`vlp make-shards --max-per-shard {per}` or smaller, or use fewer data.num_workers")
+        for store in (helper_cache, targets):
+            if store is not None:
+                store.check_covers(scan_samples(shards))
+        self.stream = ShardStream(shards, transform, collator, batch_size, rank, world_size, workers, seed,
+                                  shuffle_buffer, caption_mode, captions_per_image, helper_cache, targets)
+        self.units = self.pairs if caption_mode == "expand" else self.images
+        n = self.stream.n_batches
+        if n == 0:
+            raise DataError(f"{self.dirs}: {self.units} {'pairs' if caption_mode == 'expand' else 'images'} make no "
+                            f"full batch of {batch_size} per rank x {world_size} ranks")
+        self.epoch, self.batches_done = 0, 0
+        if verbose and rank == 0:
+            what = ("expand: one pair per caption" if caption_mode == "expand"
+                    else f"sample: {captions_per_image} random caption(s) per image and epoch")
+            print(f"vlp data: webdataset, {len(shards)} shards, {self.images} images, {self.pairs} pairs; caption "
+                  f"mode {what}; {n} batches of {batch_size} per rank per epoch x {world_size} ranks "
+                  f"({self.units - n * batch_size * world_size} of {self.units} units left out per epoch)")
+
+    def __len__(self) -> int:
+        return self.stream.n_batches
+
+    def set_epoch(self, epoch: int) -> None:
+        """Move to ``epoch``; a different epoch starts at its first batch, the current one keeps its position
+        (so ``set_position(e, n)`` then ``set_epoch(e)`` resumes at batch n)."""
+        if epoch != self.epoch:
+            self.epoch, self.batches_done = epoch, 0
+
+    def set_position(self, epoch: int, batches_done: int) -> None:
+        """The next iteration yields batches ``batches_done``, ``batches_done + 1``, ... of ``epoch``."""
+        if not 0 <= batches_done <= len(self):
+            raise DataError(f"resume position: batch {batches_done} of epoch {epoch}, expected 0..{len(self)}")
+        self.epoch, self.batches_done = epoch, batches_done
+
+    def state_dict(self) -> dict[str, int]:
+        s = self.stream
+        return {"epoch": self.epoch, "batches_done": self.batches_done, "batches_per_epoch": len(self),
+                "seed": s.seed, "world_size": s.world_size, "num_workers": s.workers, "batch_size": s.batch_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Resume at a saved position; the plan (seed, world size, workers, batch size, data) must match."""
+        mine = self.state_dict()
+        keys = ("batches_per_epoch", "seed", "world_size", "num_workers", "batch_size")
+        diff = [k for k in keys if state.get(k) != mine[k]]
+        if diff:
+            raise DataError("cannot resume the shard stream exactly: " + ", ".join(
+                f"{k} was {state.get(k)} and is {mine[k]}" for k in diff))
+        self.set_position(state["epoch"], state["batches_done"])
+
+    def __iter__(self) -> Iterator[Any]:
+        self.stream.epoch, self.stream.start = self.epoch, self.batches_done
+        nw = self.num_workers
+        # A private generator for the workers' base seed: the caller's torch RNG is not drawn from.
+        gen = torch.Generator().manual_seed(seed_of("loader", self.stream.seed, self.epoch) % 2**63)
+        loader = DataLoader(self.stream, batch_size=None, num_workers=nw, pin_memory=torch.cuda.is_available(),
+                            prefetch_factor=2 if nw else None, persistent_workers=False, generator=gen)
+        for batch in loader:
+            self.batches_done += 1
+            yield batch
+        if self.batches_done != len(self):
+            raise RuntimeError(f"shard stream ended after {self.batches_done} of {len(self)} batches")
+        self.batches_done = 0
