@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -22,6 +24,15 @@ def own_rows(b: int) -> slice:
     """This rank's rows of a tensor gathered from ``b`` rows per rank (rank order)."""
     r = rank()
     return slice(r * b, r * b + b)
+
+
+def launch_rank() -> tuple[int, int]:
+    """(rank, world size) of this process: the process group's, or before it exists (the data is
+    built before the accelerator) the launcher's ``RANK`` / ``WORLD_SIZE`` (torchrun, accelerate,
+    deepspeed)."""
+    if is_dist():
+        return rank(), world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 @torch.no_grad()

@@ -150,7 +150,7 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
     def evaluate(split_name: str, show: bool = False):
         split = splits[split_name]
         emb = embed(job.model, split, job.tokenizer, job.test_transform(), cfg.data.max_len, cfg.data.eval_batch_size,
-                    job.device, show)
+                    job.device, show, precision=cfg.eval.precision)
         return split, evaluate_retrieval(job.model, emb, split, cfg.eval, show_progress=show)
 
     validate = (lambda _task, _step: evaluate("val")[1].metrics) if "val" in splits else None

@@ -10,7 +10,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Iterable, Optional, Sequence, Union
 
 import torch
 from accelerate.utils import set_seed
@@ -138,7 +138,7 @@ class Pretraining:
 
     model: torch.nn.Module
     task: torch.nn.Module
-    loader: DataLoader
+    loader: Iterable  # a DataLoader, or the webdataset ShardLoader
     pairs: int
     images: int
 
@@ -163,7 +163,8 @@ def build_pretraining(cfg: PretrainConfig) -> Pretraining:
     targets = load_targets(cfg)
     model = build_model(cfg, len(tokenizer))
     if streamed:
-        from vlp.data.shards import ShardLoader, launch_rank
+        from vlp.data.shards import ShardLoader
+        from vlp.dist import launch_rank
 
         d = cfg.data
         shard_loader = ShardLoader(d.train, train_transform(image_size(cfg), d.image),

@@ -26,7 +26,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import random
 import tarfile
 from dataclasses import dataclass
@@ -435,16 +434,6 @@ class ShardStream(IterableDataset):
         worker = (d + self.start) % self.workers
         for index, units in self.reader_batches(self.epoch, worker, self.start):
             yield self.decode(self.epoch, index, units)
-
-
-def launch_rank() -> tuple[int, int]:
-    """(rank, world size) of this process: the process group's, or before it exists (the data is built
-    before the accelerator) the launcher's ``RANK`` / ``WORLD_SIZE`` (torchrun, accelerate, deepspeed)."""
-    from vlp.dist import is_dist, rank, world_size
-
-    if is_dist():
-        return rank(), world_size()
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 def scan_samples(shards: Sequence[ShardInfo]) -> list[Sample]:

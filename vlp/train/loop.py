@@ -23,7 +23,7 @@ from torch import nn
 
 from vlp.config import ConfigError, TrainConfig
 from vlp.dist import mean_over_ranks
-from vlp.train.checkpoint import find_checkpoint, read_state, save_checkpoint
+from vlp.train.checkpoint import find_checkpoint, read_state, save_checkpoint, tied_groups as tied_names
 from vlp.train.logging import MetricsLog, progress
 from vlp.train.optim import build_optimizer, lr_at, trainable
 from vlp.train.swa import WeightAverager
@@ -244,6 +244,27 @@ def resume_checkpoint(resume: str, run_dir: Path) -> Path:
 TRAIN_STATE = "train_state"
 
 
+def load_train_state(acc: Accelerator, task: nn.Module, directory: Path) -> None:
+    """``accelerate.load_state``, strict except for what safetensors cannot store: zero-size
+    tensors (a disabled queue: ``model.queue_size=0``) share a null pointer, so ``save_state``
+    drops them as "shared". Any other tensor missing from the file is an error."""
+    weights, inner = directory / "model.safetensors", acc.unwrap_model(task)
+    state = inner.state_dict()
+    empty = {k for k, v in state.items() if v.numel() == 0}
+    if not empty or not weights.is_file():  # DeepSpeed writes its own engine checkpoint (torch.save)
+        acc.load_state(str(directory))
+        return
+    from safetensors import safe_open
+
+    with safe_open(str(weights), "pt") as f:
+        saved = set(f.keys())
+    tied = {n for g in tied_names(inner) for n in g if saved & set(g)}
+    missing = [k for k in state if k not in saved | tied | empty]
+    if missing:
+        raise ConfigError(f"config key 'train.resume': {weights} lacks {len(missing)} tensors, e.g. {missing[:3]}")
+    acc.load_state(str(directory), strict=False)
+
+
 def train(
     task: nn.Module,
     loader: Iterable,
@@ -309,7 +330,7 @@ def train(
     start = 0
     if cfg.resume:
         ckpt = resume_checkpoint(cfg.resume, run_dir)
-        acc.load_state(str(ckpt / TRAIN_STATE))
+        load_train_state(acc, task, ckpt / TRAIN_STATE)
         start = int(read_state(ckpt)["step"])
         if acc.is_main_process:
             log.truncate_after(start)  # steps logged after that checkpoint are run again
