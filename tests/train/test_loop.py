@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from vlp.config import TrainConfig
+from vlp.config import ConfigError, TrainConfig
 from vlp.train.checkpoint import find_checkpoint, read_state
 from vlp.train.logging import read_metrics
 from vlp.train.loop import train
@@ -73,3 +73,40 @@ def test_gradient_accumulation_equals_the_big_batch_for_a_per_sample_loss(tmp_pa
     a, b = read_metrics(tmp_path / "big" / "metrics.jsonl"), read_metrics(tmp_path / "accum" / "metrics.jsonl")
     assert [r["loss"] for r in b] == pytest.approx([r["loss"] for r in a], rel=1e-6)
     assert b[0]["pairs_per_s"] > 0 and [r["step"] for r in b] == [1, 2]
+
+
+def test_resume_from_a_checkpoint_continues_exactly(tmp_path):
+    """``train.resume``: optimizer, task state (zero-size buffers included: a disabled queue, which
+    safetensors cannot store) and the data position come back; the resumed steps equal the
+    uninterrupted run's."""
+    import shutil
+
+    common = dict(steps=6, lr=0.05, warmup_steps=0, log_every=1, ckpt_every=3, progress=False)
+
+    class QueueLess(ToyTask):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("queue", torch.zeros(0, 3))  # model.queue_size=0
+
+    torch.manual_seed(0)
+    full = QueueLess()
+    train(full, loader(), TrainConfig(**common), tmp_path / "full")
+    rows = read_metrics(tmp_path / "full" / "metrics.jsonl")
+
+    run = tmp_path / "resumed"  # the run as if killed after its step-3 checkpoint
+    shutil.copytree(tmp_path / "full", run)
+    shutil.rmtree(run / "checkpoints" / "step_0000006")
+    torch.manual_seed(123)  # another fresh model: everything must come from the checkpoint
+    resumed = QueueLess()
+    train(resumed, loader(), TrainConfig(**common, resume="auto"), run)
+    again = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in again] == list(range(1, 7))
+    assert [r["loss"] for r in again] == pytest.approx([r["loss"] for r in rows], rel=1e-6)
+    assert resumed.hook_steps == [4, 5, 6]
+    assert torch.allclose(resumed.model.weight, full.model.weight, atol=1e-7)
+
+
+def test_resume_needs_the_train_state(tmp_path):
+    train(ToyTask(), loader(), TrainConfig(steps=2, warmup_steps=0, progress=False, save_state=False), tmp_path)
+    with pytest.raises(ConfigError, match="train_state"):
+        train(ToyTask(), loader(), TrainConfig(steps=4, warmup_steps=0, progress=False, resume="auto"), tmp_path)

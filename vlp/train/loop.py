@@ -9,6 +9,7 @@ The loop knows nothing else.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import time
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from accelerate import Accelerator, skip_first_batches
 from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs
 from torch import nn
+from torch.utils.data import DataLoader
 
 from vlp.config import ConfigError, TrainConfig
 from vlp.dist import mean_over_ranks
@@ -225,7 +227,7 @@ def endless_batches(loader: Iterable, start: int = 0) -> Iterator[Any]:
         if skip and hasattr(loader, "set_position"):
             loader.set_position(epoch, skip)
         elif skip:
-            source = skip_first_batches(loader, skip)
+            source = skip_first_batches(loader, skip) if isinstance(loader, DataLoader) else itertools.islice(loader, skip, None)
         skip = 0
         for batch in source:
             yield batch
