@@ -1,6 +1,6 @@
-"""Cost of SRCL per pretraining step: plain ITC vs SRCL (cached helper features) vs removal vs
-SRCL with a live helper, on the full ALBEF step (ITC + ITM + MLM forward, backward, AdamW,
-momentum update, queue writes).
+"""Cost of SRCL and LTD per pretraining step: plain ITC vs SRCL (cached helper features) vs removal
+vs SRCL with a live helper vs LTD (cached latent targets), on the full ALBEF step (ITC + ITM + MLM
+forward, backward, AdamW, momentum update, queue writes).
 
     python scripts/bench/srcl_overhead.py --preset tiny --batch 64 --queue 4096        # CPU
     python scripts/bench/srcl_overhead.py --preset base --batch 64 --queue 65536 --precision bf16  # GPU
@@ -8,6 +8,11 @@ momentum update, queue writes).
 Variants run interleaved (round-robin, ``--steps`` steps each per round) on the same random
 batch, so drifts in machine speed hit all of them alike; the figure is the median over rounds.
 Writes JSON with ``--out``.
+
+The LTD variant is ``loss.ltd.mode=constraint`` with a targets file of random unit vectors
+(``--ltd-dim``, 384 = all-MiniLM-L6-v2) written for the batch's captions with
+``vlp.data.targets.write_targets`` and looked up per caption as the dataset does; it adds the
+decoder MLP, the cosine reconstruction loss and the Lagrange multiplier's ascent step.
 """
 
 from __future__ import annotations
@@ -17,41 +22,63 @@ import json
 import platform
 import statistics
 import sys
+import tempfile
 import time
+from pathlib import Path
+from typing import Optional
 
 import torch
 
 from vlp.config import PretrainConfig, load_config
+from vlp.data.targets import LatentTargets, write_targets
+from vlp.jobs import build_reconstruction
 from vlp.models.albef import ALBEF
 from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.pretrain import PretrainTask
 from vlp.tasks.regulation import SRCLRegulator
 from vlp.train.optim import build_optimizer
 
+# name -> (loss.regulation, live helper, LTD with cached targets)
 VARIANTS = {
-    "plain": ("none", False),
-    "srcl (cache)": ("srcl", False),
-    "removal (cache)": ("removal", False),
-    "srcl (live helper)": ("srcl", True),
+    "plain": ("none", False, False),
+    "srcl (cache)": ("srcl", False, False),
+    "removal (cache)": ("removal", False, False),
+    "srcl (live helper)": ("srcl", True, False),
+    "ltd (cached targets)": ("none", False, True),
 }
 
 
-def build(a, regulation: str, live: bool, device: torch.device):
+def captions(a) -> list[str]:
+    """The benchmark batch's captions (its token ids are random; these name its rows)."""
+    return [f"benchmark caption {i}" for i in range(a.batch)]
+
+
+def write_random_targets(a, folder: Path) -> Path:
+    """A ``vlp make-targets`` file of random unit vectors [batch, ltd_dim] for :func:`captions`."""
+    g = torch.Generator().manual_seed(3)
+    vectors = torch.nn.functional.normalize(torch.randn(a.batch, a.ltd_dim, generator=g), dim=1)
+    return write_targets(folder / "targets.safetensors", captions(a), vectors, "benchmark-random", ["benchmark"])
+
+
+def build(a, regulation: str, live: bool, device: torch.device, targets: Optional[LatentTargets] = None):
+    ltd = ["loss.ltd.mode=constraint", f"loss.ltd.targets={targets.path}"] if targets is not None else []
     cfg = load_config(PretrainConfig, None, [
         f"model.vision.preset={a.preset}", f"model.text.preset={a.preset}", "model.text.init=random",
         "model.vision.pretrained=null", f"model.queue_size={a.queue}", f"loss.regulation={regulation}",
-        f"train.steps={10 ** 6}"])
+        f"train.steps={10 ** 6}", *ltd])
     torch.manual_seed(0)
     model = ALBEF(cfg.model)
     reg = None
     if regulation != "none":
         helper = ALBEF(cfg.model) if live else None
         reg = SRCLRegulator(cfg.loss.srcl, regulation, cfg.train.steps, a.queue, cfg.model.embed_dim, helper=helper)
-    task = PretrainTask(model, cfg.loss, TokenInfo(30522, 103, (0, 101, 102)), regulator=reg).to(device)
+    rec = build_reconstruction(cfg.loss.ltd, cfg.model.embed_dim, targets, 30522) if targets is not None else None
+    task = PretrainTask(model, cfg.loss, TokenInfo(30522, 103, (0, 101, 102)), regulator=reg,
+                        reconstruction=rec).to(device)
     return task, build_optimizer(task, cfg.train), cfg
 
 
-def make_batch(a, cfg, device, with_helper: bool):
+def make_batch(a, cfg, device, with_helper: bool, targets: Optional[LatentTargets] = None):
     g = torch.Generator().manual_seed(1)
     res = {"tiny": 64, "small": 224, "base": 256}.get(a.preset, 256) if a.image_size is None else a.image_size
     ids = torch.randint(1000, 30000, (a.batch, a.text_len), generator=g)
@@ -63,6 +90,8 @@ def make_batch(a, cfg, device, with_helper: bool):
         e = cfg.model.embed_dim
         b["helper_image"] = torch.nn.functional.normalize(torch.randn(a.batch, e, generator=g), dim=1)
         b["helper_text"] = torch.nn.functional.normalize(torch.randn(a.batch, e, generator=g), dim=1)
+    if targets is not None:  # what the dataset does per caption
+        b["ltd_target"] = torch.stack([targets.lookup(c) for c in captions(a)])
     return {k: v.to(device) for k, v in b.items()}
 
 
@@ -79,7 +108,7 @@ def run_steps(task, opt, batch, step0: int, n: int, device, dtype) -> float:
         task.after_optimizer_step(s + 1)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n
+    return (time.perf_counter() - t) / max(n, 1)
 
 
 def main(argv=None) -> int:
@@ -93,17 +122,27 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=5, help="steps per variant per round")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice); 1 is steadier on a "
+                   "shared machine")
+    p.add_argument("--ltd-dim", type=int, default=384, help="LTD target dimension (all-MiniLM-L6-v2: 384)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--out")
     a = p.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if a.precision == "bf16" else None
     runs = {}
+    tmp = tempfile.TemporaryDirectory()
+    targets = None
+    if any(VARIANTS[n][2] for n in a.variants):
+        targets = LatentTargets.load(write_random_targets(a, Path(tmp.name)))
     for name in a.variants:
-        regulation, live = VARIANTS[name]
-        task, opt, cfg = build(a, regulation, live, device)
+        regulation, live, ltd = VARIANTS[name]
+        task, opt, cfg = build(a, regulation, live, device, targets if ltd else None)
         task.train()
-        batch = make_batch(a, cfg, device, with_helper=regulation != "none" and not live)
+        batch = make_batch(a, cfg, device, with_helper=regulation != "none" and not live,
+                           targets=targets if ltd else None)
         run_steps(task, opt, batch, 0, a.warmup, device, dtype)
         runs[name] = [task, opt, batch, a.warmup, []]
     for r in range(a.rounds):
@@ -122,9 +161,17 @@ def main(argv=None) -> int:
         result["ms_per_step_rounds"][name] = [1000 * t for t in times]
         if base:
             result["overhead_pct"][name] = 100 * (med / base - 1)
-        print(f"{name:20s} {1000 * med:9.1f} ms/step" + (f"  {100 * (med / base - 1):+6.1f}%" if base else ""))
+            # each round's variants run back to back: per-round ratios show the spread of the overhead
+            result.setdefault("overhead_pct_per_round", {})[name] = [
+                100 * (t / tb - 1) for t, tb in zip(times, runs["plain"][4])]
+        spread = ""
+        if base and name != "plain":
+            pr = result["overhead_pct_per_round"][name]
+            spread = f", per round {min(pr):+.1f}% to {max(pr):+.1f}%"
+        print(f"{name:20s} {1000 * med:9.1f} ms/step" + (f"  {100 * (med / base - 1):+6.1f}%" if base else "")
+              + f"  (rounds {1000 * min(times):.0f}-{1000 * max(times):.0f} ms{spread})")
     # The added work alone (no model), timed over many calls: the noise-free part of the overhead.
-    reg_task = next((runs[n][0] for n in runs if VARIANTS[n] == ("srcl", False)), None)
+    reg_task = next((runs[n][0] for n in runs if VARIANTS[n] == ("srcl", False, False)), None)
     if reg_task is not None:
         reg, e, c = reg_task.regulator, cfg.model.embed_dim, a.batch + a.queue
         g = torch.Generator().manual_seed(2)
@@ -148,6 +195,36 @@ def main(argv=None) -> int:
         if base:
             result["regulation_pct_of_plain_step"] = 100 * ms / (1000 * base)
         print(f"{'regulation alone':20s} {ms:9.2f} ms/step" + (f"  {100 * ms / (1000 * base):+6.2f}% of a plain step" if base else ""))
+    ltd_name = next((n for n in runs if VARIANTS[n][2]), None)
+    if ltd_name is not None:  # LTD's work alone: decoder fwd + cosine loss + bwd, AdamW on the head, lambda ascent
+        rec, e = runs[ltd_name][0].reconstruction, cfg.model.embed_dim
+        g = torch.Generator().manual_seed(4)
+        emb = torch.nn.functional.normalize(torch.randn(a.batch, e, generator=g), dim=1).to(device).requires_grad_()
+        l_con = torch.zeros((), device=device, requires_grad=True)
+        lb = {"ltd_target": runs[ltd_name][2]["ltd_target"]}
+        head_opt = torch.optim.AdamW(rec.decoder.parameters(), lr=1e-4)
+        calls = []
+        for i in range(60):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss, stats = rec(l_con, emb, lb)
+            loss.backward()
+            head_opt.step()
+            head_opt.zero_grad(set_to_none=True)
+            rec.after_optimizer_step()
+            float(stats["ltd_rec"])  # the loop reads the statistics once per step
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            calls.append(time.perf_counter() - t)
+        ms = 1000 * statistics.median(calls[10:])
+        result["ltd_ms_per_step"] = ms
+        result["ltd_head_params"] = sum(q.numel() for q in rec.decoder.parameters())
+        if base:
+            result["ltd_pct_of_plain_step"] = 100 * ms / (1000 * base)
+        print(f"{'ltd alone':20s} {ms:9.2f} ms/step" + (f"  {100 * ms / (1000 * base):+6.2f}% of a plain step" if base else ""))
+    tmp.cleanup()
     if a.out:
         with open(a.out, "w") as f:
             json.dump(result, f, indent=1)
