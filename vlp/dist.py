@@ -45,6 +45,52 @@ def all_gather_nograd(x: torch.Tensor) -> torch.Tensor:
     return torch.cat(out, 0)
 
 
+def shard_bounds(n: int, world: int) -> list[int]:
+    """Contiguous shards of ``n`` rows, sizes differing by at most one: rank r holds rows
+    ``b[r]:b[r+1]`` of the returned ``b`` [world + 1]."""
+    return [r * n // world for r in range(world + 1)]
+
+
+def gather_rows(local: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+    """Rows of every rank in rank order -> [bounds[-1], ...]; rank r holds ``local`` =
+    rows ``bounds[r]:bounds[r+1]``. Shards are padded to the largest so that every rank sends the
+    same shape, then trimmed. Identity on one process."""
+    counts = [b - a for a, b in zip(bounds, bounds[1:])]
+    if len(counts) == 1:
+        return local
+    pad = local.new_zeros((max(counts) - len(local), *local.shape[1:]))
+    every = all_gather_nograd(torch.cat([local, pad])).unflatten(0, (len(counts), max(counts)))
+    return torch.cat([every[r, :c] for r, c in enumerate(counts)])
+
+
+def fetch_rows(local: torch.Tensor, bounds: list[int], need: list[torch.Tensor]) -> torch.Tensor:
+    """Rows ``need[rank()]`` (global indices) of a tensor whose rows are sharded over the ranks:
+    rank q holds rows ``bounds[q]:bounds[q+1]`` (here: ``local``) and sends each other rank the
+    rows of its shard that rank needs, point-to-point. Every rank passes the same ``need`` (one
+    index tensor per rank), so both ends of a transfer know its shape. -> [len(need[rank()]), ...]"""
+    me = rank()
+    wanted = need[me]
+    out = local.new_empty((len(wanted), *local.shape[1:]))
+    ops, arriving = [], []
+    for q in range(len(bounds) - 1):
+        at = ((wanted >= bounds[q]) & (wanted < bounds[q + 1])).nonzero().flatten()
+        if q == me:
+            out[at] = local[wanted[at] - bounds[me]]
+            continue
+        theirs = need[q]
+        send = theirs[(theirs >= bounds[me]) & (theirs < bounds[me + 1])] - bounds[me]
+        if len(send):
+            ops.append(dist.P2POp(dist.isend, local[send].contiguous(), q))
+        if len(at):
+            arriving.append((at, local.new_empty((len(at), *local.shape[1:]))))
+            ops.append(dist.P2POp(dist.irecv, arriving[-1][1], q))
+    for work in dist.batch_isend_irecv(ops) if ops else []:
+        work.wait()
+    for at, rows in arriving:
+        out[at] = rows
+    return out
+
+
 def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     """Like :func:`all_gather_nograd`, but gradients flow back to every rank's ``x`` (in-batch
     negatives from the whole global batch, as CLIP-style dual encoders use). The backward sums

@@ -154,40 +154,45 @@ def build_pretraining(cfg: PretrainConfig) -> Pretraining:
     if not cfg.data.train:
         raise DataError("config key 'data.train': no annotation files given")
     set_seed(cfg.train.seed)
-    streamed = cfg.data.format == "webdataset"  # data.train: shard folders (vlp.data.shards)
-    if not streamed:
-        samples = load_pairs(cfg.data.train, cfg.data.image_root)
-        check_images(samples)
     tokenizer = load_tokenizer(cfg.model.text)
     regulator, cache = build_regulator(cfg)
     targets = load_targets(cfg)
+    loader, pairs, images = build_train_loader(cfg, tokenizer, cache, targets)  # data errors before the model
     model = build_model(cfg, len(tokenizer))
-    if streamed:
+    task = build_task(cfg, model, tokenizer, regulator, targets)
+    return Pretraining(model, task, loader, pairs, images)
+
+
+def build_train_loader(cfg: PretrainConfig, tokenizer, cache: Optional[HelperCache],
+                       targets: Optional[LatentTargets]) -> tuple[Iterable, int, int]:
+    """(loader, pairs, images) of ``data.train``: ALBEF JSON files (map-style, shuffled, fixed-size
+    batches; accelerate shards it over the ranks) or webdataset shard folders (``data.format``;
+    the stream splits itself by rank and worker, :mod:`vlp.data.shards`)."""
+    d = cfg.data
+    transform = train_transform(image_size(cfg), d.image)
+    collate = Collator(tokenizer, cfg.model.text.max_len, d.text_padding)
+    if d.format == "webdataset":
         from vlp.data.shards import ShardLoader
         from vlp.dist import launch_rank
 
-        d = cfg.data
-        shard_loader = ShardLoader(d.train, train_transform(image_size(cfg), d.image),
-                                   Collator(tokenizer, cfg.model.text.max_len, d.text_padding), d.batch_size,
-                                   *launch_rank(), num_workers=d.num_workers, seed=cfg.train.seed,
-                                   shuffle_buffer=d.shuffle_buffer, caption_mode=d.caption_mode,
-                                   captions_per_image=d.captions_per_image, helper_cache=cache, targets=targets)
-        task = build_task(cfg, model, tokenizer, regulator, targets)
-        return Pretraining(model, task, shard_loader, shard_loader.pairs, shard_loader.images)
-    dataset = ImageTextDataset(samples, train_transform(image_size(cfg), cfg.data.image), cache, targets,
-                               cfg.data.captions_per_image)
+        stream = ShardLoader(d.train, transform, collate, d.batch_size, *launch_rank(), num_workers=d.num_workers,
+                             seed=cfg.train.seed, shuffle_buffer=d.shuffle_buffer, caption_mode=d.caption_mode,
+                             captions_per_image=d.captions_per_image, helper_cache=cache, targets=targets)
+        return stream, stream.pairs, stream.images
+    samples = load_pairs(d.train, d.image_root)
+    check_images(samples)
+    dataset = ImageTextDataset(samples, transform, cache, targets, d.captions_per_image)
     loader = DataLoader(
         dataset,
-        batch_size=cfg.data.batch_size,
+        batch_size=d.batch_size,
         shuffle=True,
-        drop_last=len(dataset) >= cfg.data.batch_size,  # fixed-size batches
-        num_workers=cfg.data.num_workers,
-        persistent_workers=cfg.data.num_workers > 0,
-        collate_fn=Collator(tokenizer, cfg.model.text.max_len, cfg.data.text_padding),
+        drop_last=len(dataset) >= d.batch_size,  # fixed-size batches
+        num_workers=d.num_workers,
+        persistent_workers=d.num_workers > 0,
+        collate_fn=collate,
         generator=torch.Generator().manual_seed(cfg.train.seed),
     )
-    task = build_task(cfg, model, tokenizer, regulator, targets)
-    return Pretraining(model, task, loader, len(dataset), len(dataset.key_to_id))
+    return loader, len(dataset), len(dataset.key_to_id)
 
 
 def run_pretrain(cfg: PretrainConfig) -> Path:

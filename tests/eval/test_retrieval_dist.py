@@ -19,7 +19,8 @@ import torch
 
 from vlp.config import PretrainConfig, load_config, to_dict
 from vlp.data.synthetic import generate_world
-from vlp.eval.retrieval import fetch_rows, gather_rows, shard_bounds, split_pairs
+from vlp.dist import fetch_rows, gather_rows, shard_bounds
+from vlp.eval.retrieval import split_pairs
 from vlp.jobs import run_evaluate_retrieval
 from vlp.models.albef import ALBEF
 from vlp.train.checkpoint import save_checkpoint

@@ -7,13 +7,13 @@ K <= k_test and ITC-ordered beyond. ``itc`` skips re-ranking (CLIP_benchmark-com
 
 Several processes (``distributed=True`` under a process group, docs/evaluation.md):
 
-1. each rank encodes a contiguous shard of the images and of the captions (:func:`shard_bounds`);
+1. each rank encodes a contiguous shard of the images and of the captions (:func:`vlp.dist.shard_bounds`);
    the normalised ITC features are gathered to every rank, which computes the same cosine matrix
    and the same candidate pairs;
 2. the distinct pairs, sorted by image, are cut into one contiguous share per rank balanced by pair
    count, an image's pairs never split (:func:`split_pairs`);
 3. image tokens and text hidden states never leave their encoding rank except to the one rank (per
-   image) or the ranks (per caption) that score them (:func:`fetch_rows`, point-to-point);
+   image) or the ranks (per caption) that score them (:func:`vlp.dist.fetch_rows`, point-to-point);
 4. the ITM scores are gathered back, and every rank computes identical metrics.
 """
 
@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
 from vlp.config import EvalConfig
 from vlp.data.datasets import ImageDataset
 from vlp.data.formats import RetrievalSplit
 from vlp.data.transforms import tokenize
-from vlp.dist import all_gather_nograd, rank, world_size
+from vlp.dist import fetch_rows, gather_rows, rank, shard_bounds, world_size
 from vlp.eval.metrics import relevance_metrics, retrieval_metrics
 from vlp.models.albef import ALBEF
 from vlp.models.text import select_kv
@@ -69,52 +68,6 @@ def autocast(precision: str, device: torch.device) -> AbstractContextManager:
 
 
 # ----------------------------------------------------------------------------- rows over ranks
-
-
-def shard_bounds(n: int, world: int) -> list[int]:
-    """Contiguous shards of ``n`` rows, sizes differing by at most one: rank r holds rows
-    ``b[r]:b[r+1]`` of the returned ``b`` [world + 1]."""
-    return [r * n // world for r in range(world + 1)]
-
-
-def gather_rows(local: torch.Tensor, bounds: list[int]) -> torch.Tensor:
-    """Rows of every rank in rank order -> [bounds[-1], ...]; rank r holds ``local`` =
-    rows ``bounds[r]:bounds[r+1]``. Shards are padded to the largest so that every rank sends the
-    same shape, then trimmed. Identity on one process."""
-    counts = [b - a for a, b in zip(bounds, bounds[1:])]
-    if len(counts) == 1:
-        return local
-    pad = local.new_zeros((max(counts) - len(local), *local.shape[1:]))
-    every = all_gather_nograd(torch.cat([local, pad])).unflatten(0, (len(counts), max(counts)))
-    return torch.cat([every[r, :c] for r, c in enumerate(counts)])
-
-
-def fetch_rows(local: torch.Tensor, bounds: list[int], need: list[torch.Tensor]) -> torch.Tensor:
-    """Rows ``need[rank()]`` (global indices) of a tensor whose rows are sharded over the ranks:
-    rank q holds rows ``bounds[q]:bounds[q+1]`` (here: ``local``) and sends each other rank the
-    rows of its shard that rank needs, point-to-point. Every rank passes the same ``need`` (one
-    index tensor per rank), so both ends of a transfer know its shape. -> [len(need[rank()]), ...]"""
-    me = rank()
-    wanted = need[me]
-    out = local.new_empty((len(wanted), *local.shape[1:]))
-    ops, arriving = [], []
-    for q in range(len(bounds) - 1):
-        at = ((wanted >= bounds[q]) & (wanted < bounds[q + 1])).nonzero().flatten()
-        if q == me:
-            out[at] = local[wanted[at] - bounds[me]]
-            continue
-        theirs = need[q]
-        send = theirs[(theirs >= bounds[me]) & (theirs < bounds[me + 1])] - bounds[me]
-        if len(send):
-            ops.append(dist.P2POp(dist.isend, local[send].contiguous(), q))
-        if len(at):
-            arriving.append((at, local.new_empty((len(at), *local.shape[1:]))))
-            ops.append(dist.P2POp(dist.irecv, arriving[-1][1], q))
-    for work in dist.batch_isend_irecv(ops) if ops else []:
-        work.wait()
-    for at, rows in arriving:
-        out[at] = rows
-    return out
 
 
 def split_pairs(pair_img: torch.Tensor, world: int) -> list[int]:
