@@ -54,3 +54,16 @@ def test_slurm_script_is_valid_bash_and_uses_the_multi_node_config():
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     text = script.read_text()
     assert "configs/accelerate/multi_node.yaml" in text and "--machine_rank" in text
+
+
+def test_file_making_commands_run_on_rank_zero_only(tmp_path, monkeypatch):
+    """Under a multi-process launch, commands that only write files run on rank 0; the others exit 0."""
+    from vlp.cli import MULTI_PROCESS, main
+
+    args = ["make-world", "--out", str(tmp_path / "w"), "--images", "8", "--seed", "0"]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert main(args) == 0 and not (tmp_path / "w").exists()
+    monkeypatch.setenv("RANK", "0")
+    assert main(args) == 0 and (tmp_path / "w" / "pretrain.json").is_file()
+    assert {"pretrain", "finetune", "evaluate", "bench"} <= MULTI_PROCESS and "make-world" not in MULTI_PROCESS

@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 from vlp.config import CONTRASTIVE_LOSSES, ConfigError, PretrainConfig, load_config
 from vlp.data.formats import DataError
 from vlp.models.loading import CheckpointError
+from vlp.dist import OtherRankDone, launch_rank
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError)
 
@@ -321,12 +322,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[:2] == ["pretrain", "nlvr-ta"]:
         argv = ["pretrain-nlvr-ta", *argv[2:]]
     args = build_parser().parse_args(argv)
+    if args.command not in MULTI_PROCESS and launch_rank()[0] != 0:
+        return 0  # launched as several processes: this command's files are made by rank 0 alone
     try:
         args.func(args)
+    except OtherRankDone:
+        return 0
     except USER_ERRORS as e:
         print(f"vlp: error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+#: Commands that split their work over the processes of a launch (torchrun, accelerate launch);
+#: the others (make-world, make-shards, make-targets, cache-helper-features, analyze, plot, demo)
+#: run on rank 0 only.
+MULTI_PROCESS = frozenset({"pretrain", "pretrain-nlvr-ta", "train-helper", "finetune", "evaluate", "bench"})
 
 
 if __name__ == "__main__":

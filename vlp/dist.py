@@ -8,6 +8,11 @@ import torch
 import torch.distributed as dist
 
 
+class OtherRankDone(Exception):
+    """Raised on ranks > 0 once the multi-process part of a job is over (fine-tuning: after
+    training, rank 0 alone evaluates and writes the results); ``vlp`` then exits with status 0."""
+
+
 def is_dist() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 

@@ -25,6 +25,7 @@ from vlp.config import (
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import DataError, load_pairs, load_retrieval_split
 from vlp.data.transforms import load_tokenizer, test_transform, train_transform
+from vlp.dist import OtherRankDone, rank
 from vlp.jobs import (
     build_reconstruction, build_task_model, checkpoint_model_config, load_targets_for, prepare_run_dir, token_info,
 )
@@ -102,6 +103,8 @@ class Job:
         state = {"task": self.cfg.task, "vlp_version": __version__, "config": to_dict(self.cfg),
                  "model": to_dict(self.model_cfg), "pretrained": str(self.source)}
         train(task, loader, t, self.run_dir, state, validation=validation)
+        if rank() != 0:  # several processes: rank 0 alone evaluates the test splits and writes results
+            raise OtherRankDone
 
     def load_best(self) -> Optional[Path]:
         """Put the best validated weights into the model (if validation ran); returns that checkpoint."""
