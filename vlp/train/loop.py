@@ -246,6 +246,18 @@ def resume_checkpoint(resume: str, run_dir: Path) -> Path:
 TRAIN_STATE = "train_state"
 
 
+def resume(acc: Accelerator, task: nn.Module, cfg: TrainConfig, run_dir: Path, log: MetricsLog) -> int:
+    """Load the state of ``train.resume``'s checkpoint into the prepared task, optimizer and RNGs;
+    returns its step. Records of later steps are dropped from the log (they are run again)."""
+    ckpt = resume_checkpoint(cfg.resume, run_dir)
+    load_train_state(acc, task, ckpt / TRAIN_STATE)
+    step = int(read_state(ckpt)["step"])
+    if acc.is_main_process:
+        log.truncate_after(step)
+        print(f"resumed from {ckpt} at step {step} of {cfg.steps}")
+    return step
+
+
 def load_train_state(acc: Accelerator, task: nn.Module, directory: Path) -> None:
     """``accelerate.load_state``, strict except for what safetensors cannot store: zero-size
     tensors (a disabled queue: ``model.queue_size=0``) share a null pointer, so ``save_state``
@@ -329,14 +341,7 @@ def train(
                 save(step, "best", {"best": dict(best), "val": metrics})
         acc.wait_for_everyone()
 
-    start = 0
-    if cfg.resume:
-        ckpt = resume_checkpoint(cfg.resume, run_dir)
-        load_train_state(acc, task, ckpt / TRAIN_STATE)
-        start = int(read_state(ckpt)["step"])
-        if acc.is_main_process:
-            log.truncate_after(start)  # steps logged after that checkpoint are run again
-            print(f"resumed from {ckpt} at step {start} of {cfg.steps}")
+    start = resume(acc, task, cfg, run_dir, log) if cfg.resume else 0
     bar = progress(cfg.steps, "train", cfg.progress and acc.is_main_process)
     bar.update(start)
     micro = cfg.grad_accum_steps
