@@ -14,6 +14,7 @@ from vlp.config import CONTRASTIVE_LOSSES, ConfigError, PretrainConfig, load_con
 from vlp.data.formats import DataError
 from vlp.models.loading import CheckpointError
 from vlp.dist import OtherRankDone, launch_rank
+from vlp.train.loop import Preempted
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError)
 
@@ -327,6 +328,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         args.func(args)
     except OtherRankDone:
+        return 0
+    except Preempted as e:
+        if launch_rank()[0] == 0:
+            print(f"vlp: {e}", file=sys.stderr)
         return 0
     except USER_ERRORS as e:
         print(f"vlp: error: {e}", file=sys.stderr)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,6 +246,40 @@ def resume_checkpoint(resume: str, run_dir: Path) -> Path:
 
 
 TRAIN_STATE = "train_state"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(Exception):
+    """The run was asked to stop (SIGTERM / SIGUSR1) and saved a checkpoint at a step boundary;
+    the message says how to resume. ``vlp`` prints it and exits with status 0."""
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[list[int]]:
+    """While training, SIGTERM and SIGUSR1 are recorded (in the returned list) instead of killing
+    the process; the loop checkpoints at the next step boundary. Main thread only (elsewhere
+    Python cannot install handlers, and the signals keep their default action)."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+    old = {s: signal.signal(s, lambda signum, _frame: got.append(signum)) for s in STOP_SIGNALS}
+    try:
+        yield got
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def stop_requested(got: list[int], device: torch.device) -> bool:
+    """Whether any rank received a stop signal (every rank must call it each step: ranks stop together)."""
+    from vlp.dist import is_dist
+
+    if not is_dist():
+        return bool(got)
+    flag = torch.tensor([float(bool(got))], device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def resume(acc: Accelerator, task: nn.Module, cfg: TrainConfig, run_dir: Path, log: MetricsLog) -> int:
@@ -352,6 +388,8 @@ def train(
     record: dict[str, float] = {}
     task.train()
     deepspeed = uses_deepspeed(acc)  # DeepSpeed accumulates (and scales by 1/micro) itself; no no_sync under ZeRO-2
+    signals = contextlib.ExitStack()
+    stop = signals.enter_context(stop_signals())
     for step in range(start, cfg.steps):
         lr = set_lr(optimizer, step, cfg)
         outs = []
@@ -386,10 +424,21 @@ def train(
             bar.set_postfix(loss=f"{record['loss']:.3f}", pairs_s=f"{record['pairs_per_s']:.0f}")
             sums, counts, n_sum, pairs, data_time, t_window = {}, {}, 0, 0, 0.0, time.perf_counter()
         bar.update(1)
-        if cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != cfg.steps:
+        saved = bool(cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != cfg.steps)
+        if saved:
             checkpoint(done)
         if validation is not None and (done % validation.every == 0 or done == cfg.steps):
             validate(done)
+        if done != cfg.steps and stop_requested(stop, acc.device):
+            if not saved:
+                checkpoint(done)
+            bar.close()
+            signals.close()
+            names = ", ".join(sorted({signal.Signals(s).name for s in stop})) or "a stop signal on another rank"
+            raise Preempted(f"stopped by {names} after step {done} of {cfg.steps}; checkpoint "
+                            f"{run_dir / 'checkpoints' / f'step_{done:07d}'}. Resume: run the same command with "
+                            f"train.resume=auto (the run's config: {run_dir / 'config.yaml'})")
+    signals.close()
     bar.close()
     checkpoint(cfg.steps)
     return record
