@@ -388,57 +388,54 @@ def train(
     record: dict[str, float] = {}
     task.train()
     deepspeed = uses_deepspeed(acc)  # DeepSpeed accumulates (and scales by 1/micro) itself; no no_sync under ZeRO-2
-    signals = contextlib.ExitStack()
-    stop = signals.enter_context(stop_signals())
-    for step in range(start, cfg.steps):
-        lr = set_lr(optimizer, step, cfg)
-        outs = []
-        for m in range(micro):  # gradients of `micro` batches, one optimizer step (docs/training.md)
-            t0 = time.perf_counter()
-            batch = next(batches)
-            data_time += time.perf_counter() - t0
-            with acc.no_sync(task) if m < micro - 1 and not deepspeed else contextlib.nullcontext():
-                out = task(batch, step=step)
-                acc.backward(out["loss"] if deepspeed else out["loss"] / micro)
-            outs.append(out)
-        optimizer_step(acc, optimizer, inner, params, step, cfg)
-        if averager is not None:
-            averager.after_step(step + 1)
+    with stop_signals() as stop:  # SIGTERM / SIGUSR1: checkpoint at the next step boundary
+        for step in range(start, cfg.steps):
+            lr = set_lr(optimizer, step, cfg)
+            outs = []
+            for m in range(micro):  # gradients of `micro` batches, one optimizer step (docs/training.md)
+                t0 = time.perf_counter()
+                batch = next(batches)
+                data_time += time.perf_counter() - t0
+                with acc.no_sync(task) if m < micro - 1 and not deepspeed else contextlib.nullcontext():
+                    out = task(batch, step=step)
+                    acc.backward(out["loss"] if deepspeed else out["loss"] / micro)
+                outs.append(out)
+            optimizer_step(acc, optimizer, inner, params, step, cfg)
+            if averager is not None:
+                averager.after_step(step + 1)
 
-        for out in outs:
-            for k, v in out.items():
-                x = float(v.detach())
-                sums.setdefault(k, 0.0), counts.setdefault(k, 0)
-                if x == x:  # NaN = "not measured this step" (e.g. no same-image negatives): not averaged
-                    sums[k], counts[k] = sums[k] + x, counts[k] + 1
-        n_sum += micro
-        pairs += micro * len(batch["input_ids"]) * acc.num_processes
-        done = step + 1
-        if done % cfg.log_every == 0 or done == cfg.steps:
-            dt = time.perf_counter() - t_window
-            means = mean_over_ranks({k: v / counts[k] if counts[k] else float("nan") for k, v in sums.items()})
-            means = {k: v for k, v in means.items() if v == v}  # measured by no rank in the window: not logged
-            record = {"step": done, "lr": lr, **means, "pairs_per_s": pairs / dt, "data_time": data_time / n_sum}
-            if acc.is_main_process:
-                log.write(record)
-            bar.set_postfix(loss=f"{record['loss']:.3f}", pairs_s=f"{record['pairs_per_s']:.0f}")
-            sums, counts, n_sum, pairs, data_time, t_window = {}, {}, 0, 0, 0.0, time.perf_counter()
-        bar.update(1)
-        saved = bool(cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != cfg.steps)
-        if saved:
-            checkpoint(done)
-        if validation is not None and (done % validation.every == 0 or done == cfg.steps):
-            validate(done)
-        if done != cfg.steps and stop_requested(stop, acc.device):
-            if not saved:
+            for out in outs:
+                for k, v in out.items():
+                    x = float(v.detach())
+                    sums.setdefault(k, 0.0), counts.setdefault(k, 0)
+                    if x == x:  # NaN = "not measured this step" (e.g. no same-image negatives): not averaged
+                        sums[k], counts[k] = sums[k] + x, counts[k] + 1
+            n_sum += micro
+            pairs += micro * len(batch["input_ids"]) * acc.num_processes
+            done = step + 1
+            if done % cfg.log_every == 0 or done == cfg.steps:
+                dt = time.perf_counter() - t_window
+                means = mean_over_ranks({k: v / counts[k] if counts[k] else float("nan") for k, v in sums.items()})
+                means = {k: v for k, v in means.items() if v == v}  # measured by no rank in the window: not logged
+                record = {"step": done, "lr": lr, **means, "pairs_per_s": pairs / dt, "data_time": data_time / n_sum}
+                if acc.is_main_process:
+                    log.write(record)
+                bar.set_postfix(loss=f"{record['loss']:.3f}", pairs_s=f"{record['pairs_per_s']:.0f}")
+                sums, counts, n_sum, pairs, data_time, t_window = {}, {}, 0, 0, 0.0, time.perf_counter()
+            bar.update(1)
+            saved = bool(cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != cfg.steps)
+            if saved:
                 checkpoint(done)
-            bar.close()
-            signals.close()
-            names = ", ".join(sorted({signal.Signals(s).name for s in stop})) or "a stop signal on another rank"
-            raise Preempted(f"stopped by {names} after step {done} of {cfg.steps}; checkpoint "
-                            f"{run_dir / 'checkpoints' / f'step_{done:07d}'}. Resume: run the same command with "
-                            f"train.resume=auto (the run's config: {run_dir / 'config.yaml'})")
-    signals.close()
+            if validation is not None and (done % validation.every == 0 or done == cfg.steps):
+                validate(done)
+            if done != cfg.steps and stop_requested(stop, acc.device):
+                if not saved:
+                    checkpoint(done)
+                bar.close()
+                names = ", ".join(sorted({signal.Signals(s).name for s in stop})) or "a stop signal on another rank"
+                raise Preempted(f"stopped by {names} after step {done} of {cfg.steps}; checkpoint "
+                                f"{run_dir / 'checkpoints' / f'step_{done:07d}'}. Resume: run the same command with "
+                                f"train.resume=auto (the run's config: {run_dir / 'config.yaml'})")
     bar.close()
     checkpoint(cfg.steps)
     return record
