@@ -6,24 +6,19 @@ import random
 from typing import Callable, Optional, Sequence
 
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from torch.utils.data import Dataset
 
 from vlp.data.formats import DataError, Sample
 from vlp.data.helper_cache import HelperCache
+from vlp.data.images import open_image
 from vlp.data.targets import LatentTargets
 from vlp.data.transforms import tokenize
 
 
 def load_image(path: str, origin: str) -> Image.Image:
-    """Open an image as RGB; a missing or unreadable file raises one :class:`DataError`."""
-    try:
-        with Image.open(path) as im:
-            return im.convert("RGB")
-    except FileNotFoundError:
-        raise DataError(f"{origin}: image file not found: {path}") from None
-    except (UnidentifiedImageError, OSError) as e:
-        raise DataError(f"{origin}: cannot read image {path}: {e}") from None
+    """Open an image as RGB (:func:`vlp.data.images.open_image`); problems raise one :class:`BadImage`."""
+    return open_image(path, origin)
 
 
 def pick_captions(captions: Sequence[str], k: int = 1, rng: random.Random | None = None) -> list[str]:

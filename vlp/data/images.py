@@ -1,0 +1,67 @@
+"""Opening images the way training needs them: any mode to RGB, tiny images upscaled, truncated
+files and decompression bombs refused, each problem one :class:`BadImage` naming the file."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from vlp.data.formats import DataError
+
+#: pixel count above which an image is refused (Pillow's own decompression-bomb threshold)
+MAX_PIXELS = 89_478_485
+#: images whose shorter side is below this are upscaled (bicubic, aspect kept) before any transform
+MIN_SIDE = 16
+#: what transparent pixels are composited onto
+BACKGROUND = (255, 255, 255)
+
+
+class BadImage(DataError):
+    """An image that cannot be used: missing, unreadable, truncated or too large."""
+
+
+def to_rgb(im: Image.Image) -> Image.Image:
+    """Grayscale, 16-bit, CMYK, palette and alpha images as 8-bit RGB; transparency is composited
+    onto :data:`BACKGROUND` (dropping alpha would expose whatever colour transparent pixels hold)."""
+    if im.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
+        a = np.asarray(im, dtype=np.float64)
+        scale = 255.0 / 65535.0 if a.max(initial=0.0) > 255 else 1.0
+        im = Image.fromarray(np.clip(a * scale, 0, 255).astype(np.uint8), "L")
+    if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+        rgba = im.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, BACKGROUND + (255,))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return im.convert("RGB")
+
+
+def open_image(path: str, origin: str, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> Image.Image:
+    """Open ``path`` fully decoded as RGB. ``origin`` (e.g. ``ann.json entry 12``) starts every
+    error message. Images over ``max_pixels`` (0: no limit) are refused before decoding; those with
+    a side below ``min_side`` are upscaled so that it reaches ``min_side``."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the limit is checked here
+            with Image.open(path) as im:
+                w, h = im.size
+                if max_pixels and w * h > max_pixels:
+                    raise BadImage(f"{origin}: image {path} is {w}x{h} = {w * h} pixels, more than the limit of "
+                                   f"{max_pixels} (decompression-bomb guard, data.max_image_pixels)")
+                im.load()
+                rgb = to_rgb(im)
+    except BadImage:
+        raise
+    except FileNotFoundError:
+        raise BadImage(f"{origin}: image file not found: {path}") from None
+    except Image.DecompressionBombError as e:
+        raise BadImage(f"{origin}: image {path} refused as a decompression bomb: {e}") from None
+    except UnidentifiedImageError:
+        raise BadImage(f"{origin}: cannot read image {path}: not an image file Pillow can identify") from None
+    except (OSError, SyntaxError, ValueError) as e:  # truncated or corrupt data (Pillow raises all three)
+        raise BadImage(f"{origin}: cannot read image {path}: truncated or corrupt ({e})") from None
+    if min(rgb.size) < min_side:
+        s = min_side / min(rgb.size)
+        rgb = rgb.resize((max(min_side, round(rgb.width * s)), max(min_side, round(rgb.height * s))),
+                         Image.Resampling.BICUBIC)
+    return rgb
