@@ -59,10 +59,10 @@ def test_malformed_annotation_names_file_and_entry(tmp_path, content, message):
 
 
 def test_missing_image_names_annotation_entry_and_path(tmp_path):
-    Image.new("RGB", (4, 4)).save(tmp_path / "ok.png")
+    Image.new("RGB", (20, 16)).save(tmp_path / "ok.png")
     f = write(tmp_path / "ann.json", [{"image": "ok.png", "caption": "a"}, {"image": "gone.png", "caption": "b"}])
     ds = ImageTextDataset(load_pairs([f]), transform=lambda im: im.size)
-    assert ds[0]["image"] == (4, 4)
+    assert ds[0]["image"] == (20, 16)
     with pytest.raises(DataError, match=r"ann\.json entry 1: image file not found: .*gone\.png"):
         ds[1]
 
