@@ -1,5 +1,5 @@
 """Command line: ``vlp pretrain [nlvr-ta] | finetune retrieval|vqa|nlvr2 | train-helper | cache-helper-features | make-targets | make-shards | analyze cocos |
-evaluate retrieval | make-world | demo | plot``."""
+evaluate retrieval | make-world | data check | demo | plot``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from vlp.config import CONTRASTIVE_LOSSES, ConfigError, PretrainConfig, load_config
-from vlp.data.formats import DataError
+from vlp.data.check import CHECK_KINDS, check_annotations, default_workers
+from vlp.data.formats import DataError, write_json_atomic
+from vlp.data.images import MAX_PIXELS
 from vlp.models.loading import CheckpointError
 from vlp.dist import OtherRankDone, launch_rank
 from vlp.train.loop import Preempted
@@ -167,6 +169,21 @@ def _cocos(a: argparse.Namespace) -> None:
     print(f"wrote {Path(a.out) / 'cocos.json'} and cocos.png")
 
 
+def _data_check(a: argparse.Namespace) -> int:
+    """``vlp data check``: print every problem and a summary; exit status 1 when there are errors."""
+    if a.max_pixels < 0:
+        raise ConfigError(f"--max-pixels must be >= 0 (0: no limit), got {a.max_pixels}")
+    if a.workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {a.workers}")
+    report = check_annotations(a.files, image_root=a.images, images=not a.no_images, max_pixels=a.max_pixels,
+                               kind=a.kind, workers=a.workers, show_progress=True)
+    print("\n".join(report.lines()))
+    if a.json:
+        write_json_atomic(Path(a.json), report.to_json(), indent=2)
+        print(f"wrote {a.json}")
+    return 0 if report.ok else 1
+
+
 def print_metrics(m: dict[str, float]) -> None:
     for k, v in m.items():
         print(f"  {k:18s} {v:8.2f}")
@@ -231,6 +248,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--quality", type=int, default=90, help="JPEG quality")
     s.add_argument("--workers", type=int, default=0, help="processes that resize and encode (0: this one)")
     s.set_defaults(func=_make_shards)
+
+    s = sub.add_parser("data", help="annotation data tools")
+    dt = s.add_subparsers(dest="what", required=True)
+    c = dt.add_parser("check", help="check annotation files and their images, reporting every problem "
+                                    "(exit status 1 when there are errors)")
+    c.add_argument("files", nargs="+", metavar="ANN_JSON", help="annotation file(s)")
+    g = c.add_mutually_exclusive_group()
+    g.add_argument("--images", metavar="ROOT", help="folder for relative image paths (default: each file's folder)")
+    g.add_argument("--no-images", action="store_true", help="check the annotations only, open no image")
+    c.add_argument("--kind", default="auto", choices=CHECK_KINDS,
+                   help="annotation format (default auto: nlvr / vqa / pairs from the entries' keys)")
+    c.add_argument("--max-pixels", type=int, default=MAX_PIXELS, metavar="N",
+                   help="refuse images with more pixels (data.max_image_pixels; 0: no limit)")
+    c.add_argument("--workers", type=int, default=default_workers(), metavar="N", help="threads opening images")
+    c.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
+    c.set_defaults(func=_data_check)
 
     s = sub.add_parser("analyze", help="analyses of a trained model")
     an = s.add_subparsers(dest="what", required=True)
@@ -326,7 +359,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command not in MULTI_PROCESS and launch_rank()[0] != 0:
         return 0  # launched as several processes: this command's files are made by rank 0 alone
     try:
-        args.func(args)
+        status = args.func(args)  # None, or an exit status (data check: 1 when it found errors)
     except OtherRankDone:
         return 0
     except Preempted as e:
@@ -336,7 +369,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except USER_ERRORS as e:
         print(f"vlp: error: {e}", file=sys.stderr)
         return 2
-    return 0
+    return status or 0
 
 
 #: Commands that split their work over the processes of a launch (torchrun, accelerate launch);

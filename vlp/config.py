@@ -152,7 +152,37 @@ class ImageConfig:
 
 
 @dataclass
-class DataConfig:
+class BadSampleConfig:
+    """Samples whose image cannot be used at training time (docs/data.md, "Bad samples at training
+    time"); the keys of both ``data`` sections (pretraining and fine-tuning). Evaluation data is
+    never skipped: every image must load."""
+
+    # skip: a bad sample (missing, unreadable, truncated or over max_image_pixels) is replaced by
+    # another one drawn with the item's seed and counted (metrics.jsonl "bad_samples"); raise: the
+    # first one stops the run, naming the entry, the file and the reason.
+    on_bad_sample: str = "skip"  # skip | raise
+    # skip only: a run stops (or is refused up front, for missing image files) when more than this
+    # share of its samples is bad.
+    max_bad_fraction: float = 0.05
+    # Images with more pixels are bad samples (decompression-bomb guard, Pillow's limit); 0: no limit.
+    max_image_pixels: int = 89_478_485
+    # Images whose shorter side is below this are upscaled to it (bicubic, aspect kept) before the transforms.
+    min_image_side: int = 16
+
+    def check_bad_sample_keys(self) -> None:
+        """Validate the keys above (called by the subclasses' ``__post_init__``)."""
+        _choice("data.on_bad_sample", self.on_bad_sample, ["skip", "raise"])
+        if not 0.0 <= self.max_bad_fraction <= 1.0:
+            raise ConfigError(f"config key 'data.max_bad_fraction': got {self.max_bad_fraction}, expected 0 <= x <= 1")
+        if self.max_image_pixels < 0:
+            raise ConfigError(f"config key 'data.max_image_pixels': got {self.max_image_pixels}, expected >= 0 "
+                              "(0: no limit)")
+        if self.min_image_side < 1:
+            raise ConfigError(f"config key 'data.min_image_side': got {self.min_image_side}, expected >= 1")
+
+
+@dataclass
+class DataConfig(BadSampleConfig):
     # Annotation files (ALBEF pretraining format, or Karpathy retrieval-train format).
     train: list[str] = field(default_factory=list)
     # Directory that relative image paths are resolved against; None: each file's directory.
@@ -181,6 +211,7 @@ class DataConfig:
     caption_mode: str = "expand"  # expand | sample
 
     def __post_init__(self) -> None:
+        self.check_bad_sample_keys()
         if self.captions_per_image < 1:
             raise ConfigError(f"config key 'data.captions_per_image': got {self.captions_per_image}, expected >= 1")
         _choice("data.text_padding", self.text_padding, ["longest", "max_len"])
@@ -378,9 +409,16 @@ class TrainConfig:
     # twins' too) - regional compilation: one compiled graph per block type, reused by every layer.
     compile: bool = False
     compile_backend: str = "inductor"  # any torch.compile backend ("eager": capture only, no codegen)
-    # With every checkpoint, accelerate's save_state (optimizer, DeepSpeed engine, RNG states) in
-    # checkpoints/step_N/train_state/, which train.resume continues from.
+    # With every checkpoint, the training state (optimizer, task tensors outside the model, RNG
+    # states of every rank; JSON + safetensors, no pickle) in checkpoints/step_N/train_state/,
+    # which train.resume continues from.
     save_state: bool = True
+    # Keep only the newest N step checkpoints (0: keep all; `best` is never deleted). Keep >= 2 so
+    # that train.resume=auto can fall back past a corrupted newest one.
+    keep_last: int = 0
+    # A step whose loss or gradient is not finite is skipped (no update; logged with its step);
+    # this many consecutive ones save a checkpoint and stop the run with an error.
+    max_nonfinite_steps: int = 5
     resume: Optional[str] = None  # a checkpoint folder or run directory, or "auto": this run's newest
     progress: bool = True
     average: AverageConfig = field(default_factory=AverageConfig)
@@ -393,6 +431,9 @@ class TrainConfig:
             raise ConfigError(f"config key 'train.grad_accum_steps': got {self.grad_accum_steps}, expected >= 1")
         if self.epochs is not None and self.epochs < 1:
             raise ConfigError(f"config key 'train.epochs': got {self.epochs}, expected >= 1 or null")
+        if self.keep_last < 0 or self.max_nonfinite_steps < 1:
+            raise ConfigError(f"config keys 'train.keep_last'/'train.max_nonfinite_steps': got {self.keep_last}/"
+                              f"{self.max_nonfinite_steps}, expected >= 0 / >= 1")
         if self.resume and self.average.snapshots:
             raise ConfigError("config keys 'train.resume'/'train.average.snapshots': resuming a run that averages "
                               "weights is not supported (the snapshots taken before the checkpoint are not saved)")
@@ -461,8 +502,9 @@ FINETUNE_TASKS = ("retrieval", "vqa", "nlvr2", "nlvr-ta")
 
 
 @dataclass
-class FinetuneDataConfig:
-    """Downstream data (docs/data.md): annotation files in the ALBEF formats."""
+class FinetuneDataConfig(BadSampleConfig):
+    """Downstream data (docs/data.md): annotation files in the ALBEF formats; the bad-sample keys
+    (:class:`BadSampleConfig`) apply to the training split."""
 
     # retrieval: Karpathy train files (one entry per caption, with image_id); vqa: VQA v2 / VG-QA
     # question files; nlvr2: nlvr_train.json; nlvr-ta: pretraining files.
@@ -481,6 +523,7 @@ class FinetuneDataConfig:
     text_padding: str = "longest"
 
     def __post_init__(self) -> None:
+        self.check_bad_sample_keys()
         _choice("data.text_padding", self.text_padding, ["longest", "max_len"])
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Optional
+from types import SimpleNamespace
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from accelerate.utils import set_seed
@@ -22,12 +23,13 @@ from vlp import __version__
 from vlp.config import (
     VISION_PRESETS, ConfigError, FinetuneConfig, ModelConfig, apply_overrides, resolved, to_dict,
 )
-from vlp.data.datasets import Collator, ImageTextDataset
+from vlp.data.datasets import Collator, ImageTextDataset, train_loader
 from vlp.data.formats import DataError, load_pairs, load_retrieval_split
 from vlp.data.transforms import load_tokenizer, test_transform, train_transform
 from vlp.dist import OtherRankDone, rank
 from vlp.jobs import (
-    build_reconstruction, build_task_model, checkpoint_model_config, load_targets_for, prepare_run_dir, token_info,
+    bad_sample_args, build_reconstruction, build_task_model, checkpoint_model_config, check_images, load_targets_for,
+    prepare_run_dir, token_info,
 )
 from vlp.models.transfer import load_pretrained
 from vlp.train.checkpoint import find_checkpoint, load_weights, read_state
@@ -81,12 +83,19 @@ class Job:
     def test_transform(self):
         return test_transform(self.res, self.cfg.data.image)
 
+    def bad_samples(self, images: Sequence) -> dict:
+        """Check the training split's image files (``images``: each with ``image`` and ``origin``;
+        :func:`vlp.jobs.check_images`) and return the training datasets' bad-sample keywords."""
+        check_images(images, self.cfg.data)
+        return bad_sample_args(self.cfg.data)
+
     def loader(self, dataset, collate: Callable, train: bool) -> DataLoader:
+        """Training: :func:`vlp.data.datasets.train_loader` (shuffled per epoch, items seeded); else in order."""
         d = self.cfg.data
-        bs = d.batch_size if train else d.eval_batch_size
-        return DataLoader(dataset, batch_size=bs, shuffle=train, drop_last=train and len(dataset) >= bs,
-                          num_workers=d.num_workers, persistent_workers=train and d.num_workers > 0,
-                          collate_fn=collate, generator=torch.Generator().manual_seed(self.cfg.train.seed))
+        if train:
+            return train_loader(dataset, d.batch_size, collate, d.num_workers, self.cfg.train.seed)
+        return DataLoader(dataset, batch_size=d.eval_batch_size, num_workers=d.num_workers, collate_fn=collate,
+                          generator=torch.Generator().manual_seed(self.cfg.train.seed))
 
     def steps(self, loader: DataLoader) -> int:
         """Optimizer steps of the run: ``train.epochs`` passes over ``loader`` (``grad_accum_steps``
@@ -135,9 +144,9 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
     from vlp.viz import plot_retrieval_examples
 
     job = Job(cfg)
-    samples = load_pairs(cfg.data.train, cfg.data.image_root)
+    samples = load_pairs(cfg.data.train, cfg.data.image_root, on_bad=cfg.data.on_bad_sample)
     targets = load_targets_for(cfg.loss.ltd)
-    dataset = ImageTextDataset(samples, job.train_transform(), targets=targets)
+    dataset = ImageTextDataset(samples, job.train_transform(), targets=targets, **job.bad_samples(samples))
     loader = job.loader(dataset, Collator(job.tokenizer, cfg.data.max_len, cfg.data.text_padding), train=True)
     splits = {s: load_retrieval_split(getattr(cfg.data, s), cfg.data.image_root)
               for s in ("val", "test") if getattr(cfg.data, s)}
@@ -191,7 +200,8 @@ def run_finetune_vqa(cfg: FinetuneConfig) -> dict:
     test_q = load_vqa([d.test], d.image_root, d.vg_root, require_answers=False) if d.test else []
     answers = load_answer_list(d.answer_list)
     collate = VQACollator(job.tokenizer, d.max_len, cfg.vqa.answer_max_len)
-    loader = job.loader(VQADataset(train_q, job.train_transform(), train=True), collate, train=True)
+    loader = job.loader(VQADataset(train_q, job.train_transform(), train=True, **job.bad_samples(train_q)), collate,
+                        train=True)
     run_dir = job.start(len(train_q))
     task = VQATask(job.model, cfg.loss.alpha, cfg.loss.alpha_ramp_steps, cfg.loss.distill)
     cand_ids, cand_mask = tokenize_answers(job.tokenizer, answers, cfg.vqa.answer_max_len)
@@ -262,7 +272,9 @@ def run_finetune_nlvr(cfg: FinetuneConfig) -> dict:
     collate = NLVRCollator(job.tokenizer, d.max_len)
     train_tf = ConstantImage(job.res) if blank else job.train_transform()
     test_tf = ConstantImage(job.res) if blank else job.test_transform()
-    loader = job.loader(NLVRDataset(train_items, train_tf, flip=cfg.nlvr.flip), collate, train=True)
+    images = [SimpleNamespace(image=path, origin=it.origin) for it in train_items for path in it.images]
+    loader = job.loader(NLVRDataset(train_items, train_tf, flip=cfg.nlvr.flip, **job.bad_samples(images)), collate,
+                        train=True)
     job.start(len(train_items))
     task = NLVRTask(job.model, cfg.loss.alpha, cfg.loss.alpha_ramp_steps, cfg.loss.distill)
 
@@ -296,8 +308,8 @@ def run_nlvr_ta(cfg: FinetuneConfig) -> dict:
     from vlp.tasks.nlvr import TextAssignmentTask
 
     job = Job(cfg)
-    samples = load_pairs(cfg.data.train, cfg.data.image_root)
-    dataset = ImageTextDataset(samples, job.train_transform())
+    samples = load_pairs(cfg.data.train, cfg.data.image_root, on_bad=cfg.data.on_bad_sample)
+    dataset = ImageTextDataset(samples, job.train_transform(), **job.bad_samples(samples))
     loader = job.loader(dataset, Collator(job.tokenizer, cfg.data.max_len, cfg.data.text_padding), train=True)
     job.start(len(dataset))
     task = TextAssignmentTask(job.model, cfg.train.seed)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
@@ -17,13 +18,13 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 
 from vlp import __version__
-from vlp.config import VISION_PRESETS, ConfigError, EvalConfig, LTDConfig, ModelConfig, PretrainConfig, apply_overrides, from_dict, resolved, to_dict, to_yaml
-from vlp.data.datasets import Collator, ImageTextDataset
+from vlp.config import VISION_PRESETS, BadSampleConfig, ConfigError, EvalConfig, LTDConfig, ModelConfig, PretrainConfig, apply_overrides, from_dict, resolved, to_dict, to_yaml
+from vlp.data.datasets import BAD_SAMPLE_HINT, Collator, ImageTextDataset, train_loader
 from vlp.data.helper_cache import HelperCache, write_cache
 from vlp.data.targets import LatentTargets
 from vlp.data.formats import DataError, load_pairs, load_relevance, load_retrieval_split
 from vlp.data.transforms import PixelNorm, load_tokenizer, test_transform, train_transform
-from vlp.dist import is_dist, rank, world_size
+from vlp.dist import is_dist, launch_rank, rank, world_size
 from vlp.eval.retrieval import RetrievalResult, embed, evaluate_retrieval
 from vlp.models.albef import ALBEF, param_count
 from vlp.models.dual import DualEncoder
@@ -108,12 +109,31 @@ def build_task(cfg: PretrainConfig, model: Union[ALBEF, DualEncoder], tokenizer,
     return task
 
 
-def check_images(samples: Sequence, limit: int = 5) -> None:
-    """Fail before training if image files are missing, naming the first few."""
+def check_images(samples: Sequence, data: Optional[BadSampleConfig] = None, limit: int = 5) -> None:
+    """Before training or a pass over ``samples`` (each with ``image`` and ``origin``): image files
+    that do not exist. Without ``data`` or with ``data.on_bad_sample=raise``, any fails, naming the
+    first few; with ``skip`` they are counted in one warning line (stderr, rank 0) and fail only when
+    their share exceeds ``data.max_bad_fraction`` (training replaces them)."""
     missing = [s for s in samples if not os.path.isfile(s.image)]
-    if missing:
-        listed = "; ".join(f"{s.origin}: {s.image}" for s in missing[:limit])
-        raise DataError(f"{len(missing)} of {len(samples)} image files not found, e.g. {listed}")
+    if not missing:
+        return
+    n, total = len(missing), len(samples)
+    listed = "; ".join(f"{s.origin}: {s.image}" for s in missing[:limit])
+    if data is None:
+        raise DataError(f"{n} of {total} image files not found, e.g. {listed}")
+    if data.on_bad_sample == "raise":
+        raise DataError(f"{n} of {total} image files not found, e.g. {listed}; {BAD_SAMPLE_HINT}")
+    if n / total > data.max_bad_fraction:
+        raise DataError(f"{n} of {total} image files not found ({n / total:.2%}), more than "
+                        f"data.max_bad_fraction={data.max_bad_fraction:g}, e.g. {listed}")
+    if launch_rank()[0] == 0:
+        print(f"vlp data: warning: {n} of {total} image files not found ({n / total:.2%}); data.on_bad_sample=skip "
+              f"replaces them at training time, e.g. {listed}", file=sys.stderr)
+
+
+def bad_sample_args(data: BadSampleConfig) -> dict:
+    """The bad-sample keywords of the training datasets and the shard loader (``data.*`` keys)."""
+    return {"on_bad": data.on_bad_sample, "max_pixels": data.max_image_pixels, "min_side": data.min_image_side}
 
 
 def prepare_run_dir(cfg: PretrainConfig) -> Path:
@@ -165,33 +185,26 @@ def build_pretraining(cfg: PretrainConfig) -> Pretraining:
 
 def build_train_loader(cfg: PretrainConfig, tokenizer, cache: Optional[HelperCache],
                        targets: Optional[LatentTargets]) -> tuple[Iterable, int, int]:
-    """(loader, pairs, images) of ``data.train``: ALBEF JSON files (map-style, shuffled, fixed-size
-    batches; accelerate shards it over the ranks) or webdataset shard folders (``data.format``;
-    the stream splits itself by rank and worker, :mod:`vlp.data.shards`)."""
+    """(loader, pairs, images) of ``data.train``: ALBEF JSON files (map-style, shuffled per (seed,
+    epoch), items seeded per (seed, epoch, index), fixed-size batches; accelerate shards it over the
+    ranks: :func:`vlp.data.datasets.train_loader`) or webdataset shard folders (``data.format``;
+    the stream splits itself by rank and worker, :mod:`vlp.data.shards`). Bad samples follow
+    ``data.on_bad_sample`` (missing files are checked first: :func:`check_images`)."""
     d = cfg.data
     transform = train_transform(image_size(cfg), d.image)
     collate = Collator(tokenizer, cfg.model.text.max_len, d.text_padding)
     if d.format == "webdataset":
         from vlp.data.shards import ShardLoader
-        from vlp.dist import launch_rank
 
         stream = ShardLoader(d.train, transform, collate, d.batch_size, *launch_rank(), num_workers=d.num_workers,
                              seed=cfg.train.seed, shuffle_buffer=d.shuffle_buffer, caption_mode=d.caption_mode,
-                             captions_per_image=d.captions_per_image, helper_cache=cache, targets=targets)
+                             captions_per_image=d.captions_per_image, helper_cache=cache, targets=targets,
+                             **bad_sample_args(d))
         return stream, stream.pairs, stream.images
-    samples = load_pairs(d.train, d.image_root)
-    check_images(samples)
-    dataset = ImageTextDataset(samples, transform, cache, targets, d.captions_per_image)
-    loader = DataLoader(
-        dataset,
-        batch_size=d.batch_size,
-        shuffle=True,
-        drop_last=len(dataset) >= d.batch_size,  # fixed-size batches
-        num_workers=d.num_workers,
-        persistent_workers=d.num_workers > 0,
-        collate_fn=collate,
-        generator=torch.Generator().manual_seed(cfg.train.seed),
-    )
+    samples = load_pairs(d.train, d.image_root, on_bad=d.on_bad_sample)
+    check_images(samples, d)
+    dataset = ImageTextDataset(samples, transform, cache, targets, d.captions_per_image, **bad_sample_args(d))
+    loader = train_loader(dataset, d.batch_size, collate, d.num_workers, cfg.train.seed)
     return loader, len(dataset), len(dataset.key_to_id)
 
 

@@ -1,4 +1,5 @@
-"""Webdataset shards: the writer, and the stream's splitting, reshuffling, equal batch counts and resume."""
+"""Webdataset shards: the writer, and the stream's splitting, reshuffling, equal batch counts, resume and
+corrupt members (bad samples)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import io
 import json
 import math
 import random
+import re
+import shutil
+import tarfile
 from collections import Counter
 from pathlib import Path
 
@@ -39,9 +43,9 @@ def shards(world: Path) -> Path:
 
 
 def collect(items: list[dict]) -> dict:
-    """A test collator that keeps what we compare: ids, captions, images."""
+    """A test collator that keeps what we compare: ids, captions, images, replaced bad samples."""
     return {"ids": [it["image_id"] for it in items], "caps": [it["caption"] for it in items],
-            "images": torch.stack([it["image"] for it in items])}
+            "images": torch.stack([it["image"] for it in items]), "bad": sum(it["bad_samples"] for it in items)}
 
 
 def loader(dirs: list[Path], **kw) -> ShardLoader:
@@ -262,3 +266,51 @@ def test_pretrain_from_shards_end_to_end(shards: Path, tmp_path: Path, capsys: p
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(math.isfinite(r[k]) for r in records for k in ("loss", "itc", "itm", "mlm"))
+
+
+# ----------------------------------------------------------------------------- bad samples
+
+
+def corrupt_first_jpeg(shard: Path) -> tuple[str, int]:
+    """Rewrite ``shard`` with its first JPEG member cut to half its bytes; returns (key, image id)."""
+    with tarfile.open(shard) as tf:
+        members = [(m, tf.extractfile(m).read()) for m in tf.getmembers() if m.isfile()]
+    jpg = next(m for m, _ in members if m.name.endswith(".jpg"))
+    key = jpg.name.rpartition("/")[2].partition(".")[0]
+    meta = json.loads(next(data for m, data in members if m.name == jpg.name[: -len("jpg")] + "json"))
+    with tarfile.open(shard, "w") as tf:
+        for m, data in members:
+            if m is jpg:
+                data = data[: len(data) // 2]
+                m.size = len(data)
+            tf.addfile(m, io.BytesIO(data))
+    return key, meta["image_id"]
+
+
+def test_a_corrupt_member_raises_or_is_replaced_within_its_batch(shards: Path, tmp_path: Path) -> None:
+    bad_dir = tmp_path / "bad"
+    shutil.copytree(shards, bad_dir)
+    shard = bad_dir / "shard-00000.tar"
+    key, bad_id = corrupt_first_jpeg(shard)
+    with pytest.raises(DataError) as e:
+        list(loader([bad_dir], caption_mode="sample", on_bad="raise"))
+    assert re.fullmatch(re.escape(f"{shard} sample {key}: cannot read image {key}.jpg: truncated or corrupt (")
+                        + r"[^;]+\)"  # Pillow's own words
+                        + re.escape("; set data.on_bad_sample=skip to replace bad samples"), str(e.value)), str(e.value)
+
+    intact = list(loader([shards], caption_mode="sample"))
+    ld = loader([bad_dir], caption_mode="sample", on_bad="skip")
+    batches = list(ld)
+    assert len(batches) == len(intact) == IMAGES // 4
+    assert all(b["images"].shape == (4, 3, 8, 8) for b in batches)  # the batch keeps its size
+    assert [b["bad"] for b in batches] == [int(bad_id in b["ids"]) for b in intact]  # counted once, where it was
+    ids = [i for b in batches for i in b["ids"]]
+    assert bad_id not in ids and len(set(ids)) == IMAGES - 1  # replaced by another image of its batch
+    (k,) = [j for j, b in enumerate(intact) if bad_id in b["ids"]]
+    slot = intact[k]["ids"].index(bad_id)
+    assert batches[k]["ids"][slot] in intact[k]["ids"]
+    assert [b["ids"] for j, b in enumerate(batches) if j != k] == [b["ids"] for j, b in enumerate(intact) if j != k]
+    ld.set_position(0, k)  # a resume at the batch with the corrupt member replays it, replacement included
+    rest = list(ld)
+    assert all(a["ids"] == b["ids"] and a["bad"] == b["bad"] and torch.equal(a["images"], b["images"])
+               for a, b in zip(rest, batches[k:], strict=True))

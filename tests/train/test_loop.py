@@ -1,6 +1,8 @@
 """The generic loop on a toy task: schedule, EMA hook, clipping, bf16 autocast, logs, checkpoints."""
 
 import pytest
+
+from vlp.models.loading import CheckpointError
 import torch
 from torch import nn
 
@@ -48,7 +50,8 @@ def test_loop_schedule_hooks_logs_and_checkpoints(tmp_path, precision):
     assert last == rows[-1]
     ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert ckpts == ["step_0000005", "step_0000010", "step_0000012"]
-    assert read_state(find_checkpoint(tmp_path)) == {"task": "toy", "step": 12}
+    assert read_state(find_checkpoint(tmp_path)) == {"task": "toy", "step": 12, "world_size": 1,
+                                                     "data_position": {"batches": 12}}
 
 
 def test_gradient_accumulation_equals_the_big_batch_for_a_per_sample_loss(tmp_path):
@@ -108,5 +111,5 @@ def test_resume_from_a_checkpoint_continues_exactly(tmp_path):
 
 def test_resume_needs_the_train_state(tmp_path):
     train(ToyTask(), loader(), TrainConfig(steps=2, warmup_steps=0, progress=False, save_state=False), tmp_path)
-    with pytest.raises(ConfigError, match="train_state"):
+    with pytest.raises(CheckpointError, match=r"no valid checkpoint .*step_0000002: missing train_state/rng_rank0\.json"):
         train(ToyTask(), loader(), TrainConfig(steps=4, warmup_steps=0, progress=False, resume="auto"), tmp_path)

@@ -1,24 +1,222 @@
-"""Map-style datasets and the batch collator (tokenisation happens here, in loader workers)."""
+"""Map-style datasets, the training sampler and the batch collator (tokenisation happens here, in
+loader workers).
+
+**Per-item seeds.** A training loader (:func:`train_loader`) samples with :class:`EpochSampler`:
+per epoch a permutation of the dataset that depends on (seed, epoch) only, every index tagged with
+its item seed ``seed_of("item", seed, epoch, index)`` (:class:`SeededIndex`). A dataset loads a
+tagged index with Python's ``random`` and torch's CPU generator seeded from it
+(:func:`seeded_rng`, which restores both afterwards), so the caption drawn, RandAugment, the crop
+and flip and any bad-sample replacement of an item are the same whichever worker loads it and
+whatever it loaded before: epoch ``e`` replays identically after a resume, with or without loader
+workers. A plain int index loads with the global random streams, as any map-style dataset.
+
+**Bad samples.** :func:`replace_bad` is the one policy for an item that raises a
+:class:`DataError` (an image that is missing, unreadable, truncated or too large:
+:class:`vlp.data.images.BadImage`): propagate it (evaluation), raise it with a hint
+(``data.on_bad_sample=raise``) or replace the item by another one drawn with the item's seed
+(``skip``). Every item says how many bad loads it replaced (``bad_samples``) and the collators sum
+them into ``batch["bad_samples"]``.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import random
-from typing import Callable, Optional, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from vlp.data.formats import DataError, Sample
 from vlp.data.helper_cache import HelperCache
-from vlp.data.images import open_image
+from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
 from vlp.data.targets import LatentTargets
 from vlp.data.transforms import tokenize
 
+#: bad-sample policies of training data (``data.on_bad_sample``); None: evaluation, every item must load
+BAD_SAMPLE_POLICIES = ("skip", "raise")
+#: replacements tried for one bad sample before ``skip`` gives up
+MAX_REPLACEMENTS = 100
+BAD_SAMPLE_HINT = "set data.on_bad_sample=skip to replace bad samples"
 
-def load_image(path: str, origin: str) -> Image.Image:
+
+def seed_of(*parts: Any) -> int:
+    """A 64-bit seed from a tuple of ints/strings, the same in every process (no ``hash()``)."""
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
+
+
+# ----------------------------------------------------------------------------- per-item seeds
+
+
+class SeededIndex(NamedTuple):
+    """A dataset index with the seed of its item's randomness (what :class:`EpochSampler` yields)."""
+
+    index: int
+    seed: int
+
+
+@contextmanager
+def seeded_rng(seed: Optional[int]) -> Iterator[None]:
+    """Python's ``random`` and torch's CPU generator seeded with ``seed`` inside the block, both
+    restored afterwards (the caller's streams are untouched); ``None``: the global streams as they are.
+    CUDA generators are neither seeded nor touched."""
+    if seed is None:
+        yield
+        return
+    state = random.getstate()
+    with torch.random.fork_rng(devices=[]):
+        random.seed(seed)
+        torch.default_generator.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(state)
+
+
+def attempt_seed(seed: int, attempt: int) -> int:
+    """The seed of load ``attempt`` of an item (0: the item itself; k > 0: its k-th replacement)."""
+    return seed if attempt == 0 else seed_of("attempt", seed, attempt)
+
+
+class EpochSampler(Sampler[SeededIndex]):
+    """Indices of ``range(n)`` for one epoch, each tagged with its item seed (:class:`SeededIndex`).
+
+    ``shuffle``: a permutation drawn with (seed, epoch); else in order. Order and seeds are
+    functions of (seed, epoch) alone: :meth:`set_epoch` (the training loop calls it every epoch,
+    through accelerate's prepared loader too) selects the epoch, and any epoch can be replayed in
+    any order of calls. The sampler runs in the main process, so it works with persistent workers."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True) -> None:
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[SeededIndex]:
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(seed_of("order", self.seed, self.epoch))
+            order = torch.randperm(self.n, generator=gen).tolist()
+        else:
+            order = range(self.n)
+        for i in order:
+            yield SeededIndex(i, seed_of("item", self.seed, self.epoch, i))
+
+
+class EpochLoader(DataLoader):
+    """A DataLoader over an :class:`EpochSampler`; :meth:`set_epoch` selects the epoch (as accelerate's
+    prepared loader does, which forwards its ``set_epoch`` to the sampler)."""
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+
+def train_loader(dataset: Dataset, batch_size: int, collate: Callable[[list], Any], num_workers: int,
+                 seed: int) -> EpochLoader:
+    """The training loader of a map-style dataset: shuffled with (seed, epoch), items seeded per
+    (seed, epoch, index), fixed-size batches (the last partial one dropped when there is a full one),
+    persistent workers."""
+    return EpochLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=EpochSampler(len(dataset), seed),
+        drop_last=len(dataset) >= batch_size,  # fixed-size batches
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(seed),  # workers' base seed: the caller's RNG is not drawn from
+    )
+
+
+# ----------------------------------------------------------------------------- bad samples
+
+
+def draw_other(rng: random.Random, index: int, population: int) -> int:
+    """An index of ``range(population)`` other than ``index``, uniformly (needs population >= 2)."""
+    j = rng.randrange(population - 1)
+    return j + (j >= index)
+
+
+def replace_bad(load: Callable[[int, int], dict], index: int, population: int, on_bad: Optional[str],
+                seed: int) -> dict:
+    """``load(index, 0)`` under the bad-sample policy ``on_bad`` when it raises a :class:`DataError`:
+
+    - ``None`` (evaluation): the error propagates as it is;
+    - ``"raise"``: it propagates with :data:`BAD_SAMPLE_HINT` appended;
+    - ``"skip"``: ``load(j, attempt)`` for attempt = 1, 2, ... with ``j`` drawn from the other
+      indices of ``range(population)`` by ``random.Random(seed_of("replace", seed))`` (a function of
+      ``seed`` alone, so a resumed run replaces identically), until one loads; after
+      :data:`MAX_REPLACEMENTS` bad ones, a :class:`DataError`.
+
+    The item gets ``bad_samples``: the number of bad loads it replaced (0: the first load was good)."""
+    try:
+        item = load(index, 0)
+        item["bad_samples"] = 0
+        return item
+    except DataError as e:
+        if on_bad is None:
+            raise
+        if on_bad == "raise":
+            raise DataError(f"{e}; {BAD_SAMPLE_HINT}") from None
+        if on_bad != "skip":
+            raise ValueError(f"bad-sample policy {on_bad!r}: expected one of {list(BAD_SAMPLE_POLICIES)} or None")
+        first = e
+    if population < 2:
+        raise DataError(f"{first}; no other sample to replace it with (data.on_bad_sample=skip)")
+    rng = random.Random(seed_of("replace", seed))
+    for attempt in range(1, MAX_REPLACEMENTS + 1):
+        try:
+            item = load(draw_other(rng, index, population), attempt)
+        except DataError:
+            continue
+        item["bad_samples"] = attempt
+        return item
+    raise DataError(f"{first}; and the {MAX_REPLACEMENTS} replacement samples drawn for it were bad too "
+                    "(data.on_bad_sample=skip): check that the data's images are readable")
+
+
+def count_bad(items: Sequence[dict]) -> torch.Tensor:
+    """``batch["bad_samples"]``: the bad loads the items replaced, a 0-d long tensor (0 when none)."""
+    return torch.tensor(sum(int(it.get("bad_samples", 0)) for it in items), dtype=torch.long)
+
+
+def load_image(path: str, origin: str, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> Image.Image:
     """Open an image as RGB (:func:`vlp.data.images.open_image`); problems raise one :class:`BadImage`."""
-    return open_image(path, origin)
+    return open_image(path, origin, max_pixels, min_side)
+
+
+class ItemDataset(Dataset):
+    """A map-style dataset of image items under the bad-sample policy and per-item seeds (module doc).
+
+    Subclasses implement :meth:`load` (one item, reading images with :meth:`image`) and ``__len__``.
+    ``on_bad``: None (evaluation: every item must load), ``"raise"`` or ``"skip"``
+    (``data.on_bad_sample``); ``max_pixels`` / ``min_side``: :func:`vlp.data.images.open_image`."""
+
+    def __init__(self, on_bad: Optional[str] = None, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> None:
+        if on_bad is not None and on_bad not in BAD_SAMPLE_POLICIES:
+            raise ValueError(f"bad-sample policy {on_bad!r}: expected one of {list(BAD_SAMPLE_POLICIES)} or None")
+        self.on_bad, self.max_pixels, self.min_side = on_bad, max_pixels, min_side
+
+    def image(self, path: str, origin: str) -> Image.Image:
+        return load_image(path, origin, self.max_pixels, self.min_side)
+
+    def load(self, i: int) -> dict:
+        raise NotImplementedError
+
+    def __getitem__(self, key: int | SeededIndex) -> dict:
+        """The item of ``key``: a :class:`SeededIndex` loads under its seed, an int with the global
+        random streams; a bad sample follows :func:`replace_bad`."""
+        index, seed = (key.index, key.seed) if isinstance(key, SeededIndex) else (int(key), None)
+
+        def load(i: int, attempt: int) -> dict:
+            with seeded_rng(None if seed is None else attempt_seed(seed, attempt)):
+                return self.load(i)
+
+        return replace_bad(load, index, len(self), self.on_bad, seed_of("index", index) if seed is None else seed)
 
 
 def pick_captions(captions: Sequence[str], k: int = 1, rng: random.Random | None = None) -> list[str]:
@@ -46,18 +244,20 @@ def make_item(image: torch.Tensor, image_id: int, image_key: str, captions: Sequ
     return item
 
 
-class ImageTextDataset(Dataset):
+class ImageTextDataset(ItemDataset):
     """(image, caption, image id) items; a list of captions yields a random one per load.
 
     ``captions_per_image`` k > 1 gives image-level items with k of the image's captions (distinct
     while it has enough, cycled otherwise). With a :class:`HelperCache`, items also carry the
     frozen SRCL helper's cached features of the image and of the chosen caption
     (``helper_image``/``helper_text``); with :class:`LatentTargets`, each caption's LTD target
-    (``ltd_target``)."""
+    (``ltd_target``). Bad samples and seeds: :class:`ItemDataset`."""
 
     def __init__(self, samples: Sequence[Sample], transform: Callable[[Image.Image], torch.Tensor],
                  helper_cache: Optional[HelperCache] = None, targets: Optional[LatentTargets] = None,
-                 captions_per_image: int = 1) -> None:
+                 captions_per_image: int = 1, on_bad: Optional[str] = None, max_pixels: int = MAX_PIXELS,
+                 min_side: int = MIN_SIDE) -> None:
+        super().__init__(on_bad, max_pixels, min_side)
         self.samples = list(samples)
         self.transform = transform
         self.helper_cache = helper_cache
@@ -72,10 +272,10 @@ class ImageTextDataset(Dataset):
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, i: int) -> dict:
+    def load(self, i: int) -> dict:
         s = self.samples[i]
         caps = pick_captions(s.captions, self.captions_per_image)
-        return make_item(self.transform(load_image(s.image, s.origin)), self.key_to_id[s.image_key], s.image_key,
+        return make_item(self.transform(self.image(s.image, s.origin)), self.key_to_id[s.image_key], s.image_key,
                          caps, self.captions_per_image > 1, self.helper_cache, self.targets)
 
 
@@ -94,7 +294,8 @@ class ImageDataset(Dataset):
 
 class Collator:
     """Stack images, tokenize captions (truncated at ``max_len``; ``padding``: to the batch's longest
-    or always to ``max_len``, see :func:`tokenize`), ids to tensors.
+    or always to ``max_len``, see :func:`tokenize`), ids to tensors; ``bad_samples`` (0-d long): the
+    bad loads the items replaced (:func:`replace_bad`), always present.
 
     Image-level items (a list of k captions each) give ``input_ids`` [B*k, T] in item order and
     ``text_image_ids`` [B*k], the image id of every caption."""
@@ -108,6 +309,7 @@ class Collator:
         batch = tokenize(self.tokenizer, captions, self.max_len, self.padding)
         batch["images"] = torch.stack([it["image"] for it in items])
         batch["image_ids"] = torch.tensor([it["image_id"] for it in items], dtype=torch.long)
+        batch["bad_samples"] = count_bad(items)
         if grouped:
             batch["text_image_ids"] = batch["image_ids"].repeat_interleave(len(items[0]["caption"]))
         for key in ("helper_image", "helper_text"):

@@ -8,10 +8,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
-
-from vlp.data.datasets import load_image
+from vlp.data.datasets import ItemDataset, count_bad
 from vlp.data.formats import NLVRItem
+from vlp.data.images import MAX_PIXELS, MIN_SIDE
 from vlp.data.transforms import tokenize
 
 _LEFT_RIGHT = re.compile(r"\b(left|right)\b", re.IGNORECASE)
@@ -33,16 +32,20 @@ def swap_left_right(sentence: str) -> str:
     return _LEFT_RIGHT.sub(lambda m: _swap_word(m.group(0)), sentence)
 
 
-class NLVRDataset(Dataset):
+class NLVRDataset(ItemDataset):
     """Items ``{"image0", "image1", "sentence", "label"}`` from :class:`NLVRItem` s.
 
     With ``flip``, each load swaps the two images AND the words left/right with probability 0.5
     (the label is unchanged: the swapped sentence describes the swapped pair). Randomness comes
-    from ``rng`` if given, else Python's ``random`` (seeded per DataLoader worker).
+    from ``rng`` if given, else Python's ``random`` (seeded per item by a training loader's
+    :class:`vlp.data.datasets.EpochSampler`). A bad image (either one) makes the item a bad sample
+    (``on_bad``, training only; :class:`ItemDataset`).
     """
 
     def __init__(self, items: Sequence[NLVRItem], transform: Callable[[Image.Image], torch.Tensor],
-                 flip: bool = False, rng: Optional[random.Random] = None) -> None:
+                 flip: bool = False, rng: Optional[random.Random] = None, on_bad: Optional[str] = None,
+                 max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> None:
+        super().__init__(on_bad, max_pixels, min_side)
         self.items = list(items)
         self.transform = transform
         self.flip = flip
@@ -54,7 +57,7 @@ class NLVRDataset(Dataset):
     def _coin(self) -> bool:
         return (self.rng or random).random() < 0.5
 
-    def __getitem__(self, i: int) -> dict:
+    def load(self, i: int) -> dict:
         it = self.items[i]
         left, right = it.images
         sentence = it.sentence
@@ -62,8 +65,8 @@ class NLVRDataset(Dataset):
             left, right = right, left
             sentence = swap_left_right(sentence)
         return {
-            "image0": self.transform(load_image(left, it.origin)),
-            "image1": self.transform(load_image(right, it.origin)),
+            "image0": self.transform(self.image(left, it.origin)),
+            "image1": self.transform(self.image(right, it.origin)),
             "sentence": sentence,
             "label": int(it.label),
         }
@@ -72,7 +75,7 @@ class NLVRDataset(Dataset):
 class NLVRCollator:
     """Stack both images, tokenize sentences (padded to the longest, truncated at ``max_len``),
     labels to a long tensor -> ``images0``/``images1`` [B, 3, H, W], ``input_ids``/
-    ``attention_mask`` [B, T], ``labels`` [B]."""
+    ``attention_mask`` [B, T], ``labels`` [B], ``bad_samples`` (0-d long, the bad loads the items replaced)."""
 
     def __init__(self, tokenizer, max_len: int = 40) -> None:
         self.tokenizer, self.max_len = tokenizer, max_len
@@ -82,4 +85,5 @@ class NLVRCollator:
         batch["images0"] = torch.stack([it["image0"] for it in items])
         batch["images1"] = torch.stack([it["image1"] for it in items])
         batch["labels"] = torch.tensor([it["label"] for it in items], dtype=torch.long)
+        batch["bad_samples"] = count_bad(items)
         return batch

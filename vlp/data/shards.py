@@ -19,11 +19,16 @@ rank, worker) and yields its quota of batches (batch ``i`` of a rank comes from 
 ``i % workers``, the DataLoader's round-robin); a reader whose shards run out reads them again.
 The batches of an epoch are a function of (seed, epoch, rank, world_size, workers) only, and
 :meth:`ShardLoader.set_position` restarts an epoch at any batch without decoding the skipped ones.
+
+**Bad samples.** A sample whose image does not decode (a corrupt member) follows
+``data.on_bad_sample`` (:func:`vlp.data.datasets.replace_bad`): ``raise`` names the shard and the
+sample key; ``skip`` replaces it by another sample of the same batch drawn with (seed, epoch, rank,
+batch index, position), so the batch keeps its size, no later batch moves (a resume, which skips
+without decoding, stays exact) and ``batch["bad_samples"]`` counts it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import random
@@ -37,9 +42,10 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from vlp.data.datasets import make_item, pick_captions
+from vlp.data.datasets import make_item, pick_captions, replace_bad, seed_of, seeded_rng
 from vlp.data.formats import DataError, Sample, load_pairs, write_atomic
 from vlp.data.helper_cache import HelperCache
+from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
 from vlp.data.targets import LatentTargets
 
 SIZES_FILE = "sizes.json"
@@ -291,11 +297,6 @@ def _raw(path: Path, key: str, parts: dict[str, bytes]) -> RawSample:
     return RawSample(key, meta, parts["jpg"], path)
 
 
-def seed_of(*parts: Any) -> int:
-    """A 64-bit seed from a tuple of ints/strings, the same in every process (no ``hash()``)."""
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "little")
-
-
 def shuffle_buffer(items: Iterable[Any], size: int, rng: random.Random) -> Iterator[Any]:
     """Approximate shuffle with a buffer of ``size`` items: yields every item once."""
     buf: list[Any] = []
@@ -329,6 +330,18 @@ class _Unit:
     captions: tuple[str, ...]
     jpg: bytes
     where: str  # "shard.tar sample KEY", for errors
+    member: str  # "KEY.jpg", the image's name in the tar
+
+
+class _Member(io.BytesIO):
+    """The bytes of a shard member, named (``KEY.jpg``) for :func:`open_image`'s messages."""
+
+    def __init__(self, data: bytes, name: str) -> None:
+        super().__init__(data)
+        self.name = name
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class ShardStream(IterableDataset):
@@ -341,8 +354,10 @@ class ShardStream(IterableDataset):
     def __init__(self, shards: Sequence[ShardInfo], transform: Callable[[Image.Image], torch.Tensor],
                  collator: Callable[[list[dict]], Any], batch_size: int, rank: int, world_size: int, workers: int,
                  seed: int, buffer: int, caption_mode: str, captions_per_image: int,
-                 helper_cache: Optional[HelperCache], targets: Optional[LatentTargets]) -> None:
+                 helper_cache: Optional[HelperCache], targets: Optional[LatentTargets], on_bad: str = "raise",
+                 max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> None:
         self.shards = list(shards)
+        self.on_bad, self.max_pixels, self.min_side = on_bad, max_pixels, min_side
         self.transform, self.collator = transform, collator
         self.batch_size, self.rank, self.world_size, self.workers = batch_size, rank, world_size, workers
         self.seed, self.buffer, self.caption_mode, self.k = seed, buffer, caption_mode, captions_per_image
@@ -379,12 +394,12 @@ class ShardStream(IterableDataset):
         for info in shards:
             for raw in iter_shard(info.path, info.images):
                 caps, iid, key = raw.meta["captions"], raw.meta["image_id"] + info.id_offset, raw.meta["image_key"]
-                where = f"{info.path} sample {raw.key}"
+                where, member = f"{info.path} sample {raw.key}", f"{raw.key}.jpg"
                 if self.caption_mode == "expand":
                     for c in caps:
-                        yield _Unit(iid, key, (c,), raw.jpg, where)
+                        yield _Unit(iid, key, (c,), raw.jpg, where, member)
                 else:
-                    yield _Unit(iid, key, tuple(pick_captions(caps, self.k, rng)), raw.jpg, where)
+                    yield _Unit(iid, key, tuple(pick_captions(caps, self.k, rng)), raw.jpg, where, member)
 
     def reader_batches(self, epoch: int, worker: int, start: int = 0) -> Iterator[tuple[int, list[_Unit]]]:
         """(batch index in the rank's epoch, units) of reader ``worker``, from global batch ``start`` on;
@@ -400,24 +415,16 @@ class ShardStream(IterableDataset):
     def decode(self, epoch: int, index: int, units: Sequence[_Unit]) -> Any:
         """Decode, transform and collate one batch. The global ``random`` and torch CPU RNGs are seeded
         with (seed, epoch, rank, batch index) for the transforms and restored afterwards, so
-        augmentations too are the same after a resume (and the caller's random streams untouched)."""
-        py_state, torch_state = random.getstate(), torch.get_rng_state()
-        s = seed_of("augment", self.seed, epoch, self.rank, index)
-        random.seed(s)
-        torch.default_generator.manual_seed(s)  # CPU only: CUDA generators stay as they are
-        try:
-            items = [self._item(u) for u in units]
-        finally:
-            random.setstate(py_state)
-            torch.set_rng_state(torch_state)
+        augmentations too are the same after a resume (and the caller's random streams untouched).
+        A unit that does not decode follows the bad-sample policy (module doc)."""
+        with seeded_rng(seed_of("augment", self.seed, epoch, self.rank, index)):
+            items = [replace_bad(lambda k, _attempt: self._item(units[k]), j, len(units), self.on_bad,
+                                 seed_of("replace", self.seed, epoch, self.rank, index, j))
+                     for j in range(len(units))]
         return self.collator(items)
 
     def _item(self, u: _Unit) -> dict:
-        try:
-            with Image.open(io.BytesIO(u.jpg)) as im:
-                image = im.convert("RGB")
-        except (UnidentifiedImageError, OSError) as e:
-            raise DataError(f"{u.where}: cannot decode the JPEG: {e}") from None
+        image = open_image(_Member(u.jpg, u.member), u.where, self.max_pixels, self.min_side)  # type: ignore[arg-type]
         try:
             return make_item(self.transform(image), u.image_id, u.image_key, u.captions, self.k > 1,
                              self.helper_cache, self.targets)
@@ -453,7 +460,9 @@ class ShardLoader:
     to another epoch (from its first batch), :meth:`set_position` to any batch of any epoch.
     Because every epoch has ``len(loader)`` batches, the position after ``b`` consumed batches is
     ``divmod(b, len(loader))``. Not to be passed to ``accelerate.prepare`` (``splits_by_rank``):
-    it splits the data by rank itself and yields CPU tensors.
+    it splits the data by rank itself and yields CPU tensors. ``on_bad`` (``raise`` | ``skip``),
+    ``max_pixels``, ``min_side``: images that do not decode (module doc, "Bad samples") and
+    :func:`vlp.data.images.open_image`'s limits.
     """
 
     splits_by_rank = True
@@ -462,7 +471,8 @@ class ShardLoader:
                  collator: Callable[[list[dict]], Any], batch_size: int, rank: int = 0, world_size: int = 1,
                  num_workers: int = 0, seed: int = 0, shuffle_buffer: int = 1000, caption_mode: str = "expand",
                  captions_per_image: int = 1, helper_cache: Optional[HelperCache] = None,
-                 targets: Optional[LatentTargets] = None, verbose: bool = True) -> None:
+                 targets: Optional[LatentTargets] = None, verbose: bool = True, on_bad: str = "raise",
+                 max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> None:
         if caption_mode not in CAPTION_MODES:
             raise DataError(f"caption mode {caption_mode!r}: expected one of {list(CAPTION_MODES)}")
         if captions_per_image > 1 and caption_mode != "sample":
@@ -486,7 +496,8 @@ class ShardLoader:
             if store is not None:
                 store.check_covers(scan_samples(shards))
         self.stream = ShardStream(shards, transform, collator, batch_size, rank, world_size, workers, seed,
-                                  shuffle_buffer, caption_mode, captions_per_image, helper_cache, targets)
+                                  shuffle_buffer, caption_mode, captions_per_image, helper_cache, targets,
+                                  on_bad, max_pixels, min_side)
         self.units = self.pairs if caption_mode == "expand" else self.images
         n = self.stream.n_batches
         if n == 0:

@@ -21,11 +21,16 @@ DELETE_CHARS = re.compile(r"[,.'!?\"()*#:;~]")
 
 def pre_caption(caption: str, max_words: int = 30) -> str:
     """ALBEF ``pre_caption``: lower-case, delete ``, . ' ! ? " ( ) * # : ; ~``, ``-``/``/`` -> space,
-    ``<person>`` -> ``person``, collapse whitespace, strip, keep the first ``max_words`` words."""
+    ``<person>`` -> ``person``, collapse whitespace, strip, keep the first ``max_words`` words.
+
+    Unlike ALBEF, every whitespace run (a lone tab or newline, Unicode spaces) becomes one space
+    and ``<person>`` is replaced until none is left (``<<person>>``), so the result is idempotent;
+    ordinary captions come out as in ALBEF (``tests/data/test_properties.py``)."""
     c = DELETE_CHARS.sub("", caption.lower())
-    c = c.replace("-", " ").replace("/", " ").replace("<person>", "person")
-    c = re.sub(r"\s{2,}", " ", c).rstrip("\n").strip(" ")
-    return " ".join(c.split(" ")[:max_words])
+    c = c.replace("-", " ").replace("/", " ")
+    while "<person>" in c:
+        c = c.replace("<person>", "person")
+    return " ".join(c.split()[:max_words])
 
 
 class AlbefRandAugment:

@@ -6,10 +6,10 @@ from typing import Callable, Optional, Sequence
 
 import torch
 from PIL import Image
-from torch.utils.data import Dataset
 
-from vlp.data.datasets import load_image
+from vlp.data.datasets import ItemDataset, count_bad
 from vlp.data.formats import DataError, VQAQuestion
+from vlp.data.images import MAX_PIXELS, MIN_SIDE
 from vlp.data.transforms import DELETE_CHARS
 
 TRAIN_MAX_WORDS, TEST_MAX_WORDS = 30, 50  # ALBEF pre_question word limits
@@ -22,15 +22,18 @@ def pre_question(question: str, max_words: int = TRAIN_MAX_WORDS) -> str:
     return " ".join(q.split(" ")[:max_words])
 
 
-class VQADataset(Dataset):
+class VQADataset(ItemDataset):
     """Items ``{"image" [3, H, W], "question" (cleaned), "answers", "weights", "question_id", "index"}``.
 
     ``train=True`` needs every question to have answers (one weight each) and keeps 30 question
     words; evaluation (``train=False``) keeps 50 and accepts test questions without answers.
+    Bad samples (``on_bad``, training only) and per-item seeds: :class:`ItemDataset`.
     """
 
     def __init__(self, questions: Sequence[VQAQuestion], transform: Callable[[Image.Image], torch.Tensor],
-                 train: bool) -> None:
+                 train: bool, on_bad: Optional[str] = None, max_pixels: int = MAX_PIXELS,
+                 min_side: int = MIN_SIDE) -> None:
+        super().__init__(on_bad, max_pixels, min_side)
         self.questions, self.transform, self.train = list(questions), transform, train
         for q in self.questions:
             if len(q.answers) != len(q.weights):
@@ -42,10 +45,10 @@ class VQADataset(Dataset):
     def __len__(self) -> int:
         return len(self.questions)
 
-    def __getitem__(self, i: int) -> dict:
+    def load(self, i: int) -> dict:
         q = self.questions[i]
         return {
-            "image": self.transform(load_image(q.image, q.origin)),
+            "image": self.transform(self.image(q.image, q.origin)),
             "question": pre_question(q.question, self.max_words),
             "answers": list(q.answers),
             "weights": [float(w) for w in q.weights],
@@ -70,7 +73,8 @@ class VQACollator:
     :func:`pre_question`, truncated at ``question_max_len`` tokens, None = untruncated);
     ``answer_ids``/``answer_mask`` [A, L] the answers of all questions in item order;
     ``answer_weights`` [A] float; ``answer_question`` [A] long (batch row of each answer's
-    question); ``question_index`` [B] long (dataset index, for evaluation).
+    question); ``question_index`` [B] long (dataset index, for evaluation); ``bad_samples`` (0-d
+    long): the bad loads the items replaced.
     """
 
     def __init__(self, tokenizer, question_max_len: Optional[int] = 25, answer_max_len: int = 10) -> None:
@@ -93,4 +97,5 @@ class VQACollator:
             "answer_weights": torch.tensor([w for it in items for w in it["weights"]], dtype=torch.float32),
             "answer_question": torch.arange(len(items)).repeat_interleave(counts),
             "question_index": torch.tensor([it["index"] for it in items], dtype=torch.long),
+            "bad_samples": count_bad(items),
         }

@@ -1,14 +1,20 @@
 """Checkpoints: ``model.safetensors`` (all weights incl. momentum twins and queues) + ``state.json``,
 and ``task_state.safetensors`` for a task's non-model parts (the LTD decoder, lambda and its momentum).
 
-Saved atomically (written to a temporary folder, then renamed), loaded strictly.
+Written into ``NAME.tmp/``, every file flushed to disk, a ``manifest.json`` with each file's size
+and SHA-256 written last, then renamed to ``NAME``: a folder under its final name is complete.
+Reading verifies the manifest; a run directory's newest *valid* checkpoint is used, falling back
+past corrupted or truncated ones (each reported by name).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -20,24 +26,107 @@ from vlp.models.loading import CheckpointError, load_strict
 
 
 TASK_STATE = "task_state.safetensors"
+MANIFEST = "manifest.json"
+STEP_DIR = re.compile(r"step_\d+")  # checkpoints/step_0001000 (not the .tmp staging folders)
 
 
 def save_checkpoint(directory: str | Path, model: nn.Module, state: dict[str, Any],
                     task_state: Optional[dict[str, torch.Tensor]] = None) -> Path:
     """Write ``directory/model.safetensors``, ``state.json`` and (if given and non-empty)
-    ``task_state.safetensors`` atomically."""
+    ``task_state.safetensors`` atomically, with a manifest."""
     directory = Path(directory)
+    tmp = staging(directory)
+    write_parts(tmp, model, state, task_state)
+    return publish(tmp, directory)
+
+
+def staging(directory: Path) -> Path:
+    """A fresh, empty ``directory.tmp/`` to write a checkpoint into."""
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    return tmp
+
+
+def write_parts(tmp: Path, model: nn.Module, state: dict[str, Any],
+                task_state: Optional[dict[str, torch.Tensor]] = None) -> None:
+    """The main process's files of a checkpoint, into the staging folder."""
     save_file(weights_to_save(model), str(tmp / "model.safetensors"))
     if task_state:
         save_file({k: v.detach().contiguous() for k, v in task_state.items()}, str(tmp / TASK_STATE))
     (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(tmp: Path, directory: Path) -> Path:
+    """Flush every file of ``tmp``, write its manifest, and rename it to ``directory`` (replacing
+    an older folder of that name only after the new one is complete)."""
+    files = sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST)
+    manifest = {"format": 1, "files": {}}
+    for p in files:
+        _fsync(p)
+        manifest["files"][p.relative_to(tmp).as_posix()] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    _fsync(tmp / MANIFEST)
+    old = directory.with_name(directory.name + ".old")
     if directory.exists():
-        shutil.rmtree(directory)
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(directory, old)
     os.replace(tmp, directory)
+    _fsync(directory.parent)
+    shutil.rmtree(old, ignore_errors=True)
     return directory
+
+
+def verify_checkpoint(ckpt: Path, require: Iterable[str] = ()) -> None:
+    """Check every file of ``ckpt``'s manifest (present, same size, same SHA-256) and that the
+    ``require``d relative paths exist; raises :class:`CheckpointError` naming the first problem.
+    A folder without a manifest (an older vlp, or copied by hand) is only checked for files."""
+    for rel in ("model.safetensors", *require):
+        if not (ckpt / rel).exists():
+            raise CheckpointError(f"checkpoint {ckpt}: missing {rel}")
+    mf = ckpt / MANIFEST
+    if not mf.is_file():
+        return
+    try:
+        files = json.loads(mf.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {ckpt}: unreadable {MANIFEST} ({e})") from None
+    for rel, meta in files.items():
+        p = ckpt / rel
+        if not p.is_file():
+            raise CheckpointError(f"checkpoint {ckpt}: {rel} is missing")
+        if p.stat().st_size != meta["bytes"]:
+            raise CheckpointError(f"checkpoint {ckpt}: {rel} is {p.stat().st_size} bytes, the manifest says "
+                                  f"{meta['bytes']} (truncated)")
+        if _sha256(p) != meta["sha256"]:
+            raise CheckpointError(f"checkpoint {ckpt}: {rel} does not match its SHA-256 in {MANIFEST} (corrupted)")
+
+
+def step_checkpoints(run_dir: Path) -> list[Path]:
+    """``run_dir/checkpoints/step_N`` folders, oldest first."""
+    root = run_dir / "checkpoints"
+    return sorted(p for p in root.iterdir() if p.is_dir() and STEP_DIR.fullmatch(p.name)) if root.is_dir() else []
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` step checkpoints (``best`` is never touched)."""
+    old = step_checkpoints(run_dir)[:-keep] if keep > 0 else []
+    for p in old:
+        shutil.rmtree(p)
+    return old
 
 
 def weights_to_save(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -51,16 +140,26 @@ def weights_to_save(model: nn.Module) -> dict[str, torch.Tensor]:
     return {min(group): state[group[0]].detach().to("cpu", copy=True).contiguous() for group in names.values()}
 
 
-def find_checkpoint(path: str | Path) -> Path:
-    """A checkpoint folder, or the newest ``checkpoints/step_*`` of a run directory."""
+def find_checkpoint(path: str | Path, require: Iterable[str] = ()) -> Path:
+    """A checkpoint folder (verified), or the newest valid ``checkpoints/step_*`` of a run directory:
+    a corrupted or truncated one is reported on stderr and the previous one is tried."""
     path = Path(path)
-    if (path / "model.safetensors").is_file():
+    if (path / "model.safetensors").is_file() or (path / MANIFEST).is_file():
+        verify_checkpoint(path, require)
         return path
-    ckpts = sorted((path / "checkpoints").glob("step_*")) if (path / "checkpoints").is_dir() else []
-    ckpts = [c for c in ckpts if (c / "model.safetensors").is_file()]
-    if not ckpts:
+    candidates = step_checkpoints(path)
+    if not candidates:
         raise CheckpointError(f"{path}: no checkpoint here (expected model.safetensors or checkpoints/step_*/)")
-    return ckpts[-1]
+    problems = []
+    for ckpt in reversed(candidates):
+        try:
+            verify_checkpoint(ckpt, require)
+        except CheckpointError as e:
+            problems.append(str(e))
+            print(f"warning: {e}; trying the previous checkpoint", file=sys.stderr)
+            continue
+        return ckpt
+    raise CheckpointError(f"{path}: no valid checkpoint ({'; '.join(problems)})")
 
 
 def read_state(ckpt: str | Path) -> dict[str, Any]:

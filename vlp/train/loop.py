@@ -27,10 +27,13 @@ from torch.utils.data import DataLoader
 
 from vlp.config import ConfigError, TrainConfig
 from vlp.dist import mean_over_ranks
-from vlp.train.checkpoint import find_checkpoint, read_state, save_checkpoint, tied_groups as tied_names
+from vlp.models.loading import CheckpointError
+from vlp.train.checkpoint import (find_checkpoint, prune_checkpoints, publish, read_state, save_checkpoint, staging,
+                                  write_parts)
 from vlp.train.logging import MetricsLog, progress
 from vlp.train.optim import build_optimizer, lr_at, trainable
 from vlp.train.swa import WeightAverager
+from vlp.train.train_state import TRAIN_STATE, load_train_state, save_train_state
 
 
 def launched_with_deepspeed() -> bool:
@@ -167,13 +170,14 @@ class DeviceLoader:
 @dataclass
 class Prepared:
     """What :func:`prepare_training` returns: the wrapped task, optimizer and loader, the unwrapped
-    task and the parameters to clip."""
+    task, the parameters to clip and the 0-d parameters."""
 
     task: nn.Module
     optimizer: torch.optim.Optimizer
     loader: Iterable
     inner: nn.Module
     params: list[torch.Tensor]
+    scalars: list[torch.Tensor]  # 0-d parameters an engine may view as [1] (see viewed_as)
 
 
 def prepare_training(acc: Accelerator, task: nn.Module, loader: Iterable, cfg: TrainConfig) -> Prepared:
@@ -184,7 +188,8 @@ def prepare_training(acc: Accelerator, task: nn.Module, loader: Iterable, cfg: T
     feature queues) is checked to be fp32, whatever the engine."""
     apply_train_options(task, cfg)
     optimizer = build_optimizer(task, cfg)
-    with scalars_as_vectors(task) if uses_deepspeed(acc) else contextlib.nullcontext():
+    scalars = [p for p in task.parameters() if p.dim() == 0] if uses_deepspeed(acc) else []
+    with viewed_as(scalars, (1,)):
         if getattr(loader, "splits_by_rank", False):
             task, optimizer = acc.prepare(task, optimizer)
             loader = DeviceLoader(loader, acc.device)
@@ -193,22 +198,26 @@ def prepare_training(acc: Accelerator, task: nn.Module, loader: Iterable, cfg: T
     inner = acc.unwrap_model(task)
     check_fp32_state(inner)
     params = [p for g in optimizer.param_groups for p in g["params"]]  # lambda is not among them
-    return Prepared(task, optimizer, loader, inner, params)
+    return Prepared(task, optimizer, loader, inner, params, scalars)
 
 
 @contextlib.contextmanager
-def scalars_as_vectors(module: nn.Module) -> Iterator[None]:
-    """0-d parameters (the ITC temperature) viewed as [1] while DeepSpeed sets up: its initial
-    broadcast views every parameter as bytes, which a 0-d tensor cannot be. The [1] storage the
-    engine keeps (possibly a view into its flat buffer) is viewed as 0-d again afterwards."""
-    scalars = [p for p in module.parameters() if p.dim() == 0]
-    for p in scalars:
-        p.data = p.data.reshape(1)
+def viewed_as(params: list[torch.Tensor], shape: tuple[int, ...]) -> Iterator[None]:
+    """View ``params`` with ``shape`` inside the block, and with their former shapes after it (over
+    whatever storage they hold then).
+
+    DeepSpeed needs it for 0-d parameters (the ITC temperature): its initial broadcast views every
+    parameter as bytes, which a 0-d tensor cannot be, so they are [1] while it sets up; and after
+    each step ZeRO re-points them to [1] views of its flat buffer, so checkpoints are written and
+    read with the declared 0-d shape."""
+    shapes = [p.shape for p in params]
+    for p in params:
+        p.data = p.data.reshape(shape)
     try:
         yield
     finally:
-        for p in scalars:
-            p.data = p.data.reshape(())
+        for p, s in zip(params, shapes):
+            p.data = p.data.reshape(s)
 
 
 def check_fp32_state(task: nn.Module) -> None:
@@ -236,16 +245,6 @@ def endless_batches(loader: Iterable, start: int = 0) -> Iterator[Any]:
         epoch += 1
 
 
-def resume_checkpoint(resume: str, run_dir: Path) -> Path:
-    """The checkpoint ``train.resume`` names: ``auto`` = the run directory's newest one."""
-    ckpt = find_checkpoint(run_dir if resume == "auto" else resume)
-    if not (ckpt / TRAIN_STATE).is_dir():
-        raise ConfigError(f"config key 'train.resume': {ckpt} has no {TRAIN_STATE}/ (optimizer and engine state); "
-                          "it was saved with train.save_state=false or by an older vlp")
-    return ckpt
-
-
-TRAIN_STATE = "train_state"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
@@ -282,37 +281,22 @@ def stop_requested(got: list[int], device: torch.device) -> bool:
     return bool(flag.item())
 
 
-def resume(acc: Accelerator, task: nn.Module, cfg: TrainConfig, run_dir: Path, log: MetricsLog) -> int:
-    """Load the state of ``train.resume``'s checkpoint into the prepared task, optimizer and RNGs;
-    returns its step. Records of later steps are dropped from the log (they are run again)."""
-    ckpt = resume_checkpoint(cfg.resume, run_dir)
-    load_train_state(acc, task, ckpt / TRAIN_STATE)
-    step = int(read_state(ckpt)["step"])
+def resume(acc: Accelerator, optimizer: Any, task: nn.Module, model: nn.Module, cfg: TrainConfig, run_dir: Path,
+           log: MetricsLog) -> int:
+    """Load ``train.resume``'s checkpoint (``auto``: the run directory's newest valid one) into the
+    prepared task, optimizer and RNGs; returns its step. Records of later steps are dropped from
+    the log (they are run again)."""
+    ckpt = find_checkpoint(run_dir if cfg.resume == "auto" else cfg.resume, require=[f"{TRAIN_STATE}/rng_rank0.json"])
+    saved = read_state(ckpt)
+    if saved.get("world_size", acc.num_processes) != acc.num_processes:
+        raise CheckpointError(f"config key 'train.resume': {ckpt} was written by {saved['world_size']} processes, this "
+                              f"run has {acc.num_processes}; resume with the same number of processes")
+    load_train_state(ckpt, optimizer, task, model, acc.process_index, acc.num_processes)
+    step = int(saved["step"])
     if acc.is_main_process:
         log.truncate_after(step)
         print(f"resumed from {ckpt} at step {step} of {cfg.steps}")
     return step
-
-
-def load_train_state(acc: Accelerator, task: nn.Module, directory: Path) -> None:
-    """``accelerate.load_state``, strict except for what safetensors cannot store: zero-size
-    tensors (a disabled queue: ``model.queue_size=0``) share a null pointer, so ``save_state``
-    drops them as "shared". Any other tensor missing from the file is an error."""
-    weights, inner = directory / "model.safetensors", acc.unwrap_model(task)
-    state = inner.state_dict()
-    empty = {k for k, v in state.items() if v.numel() == 0}
-    if not empty or not weights.is_file():  # DeepSpeed writes its own engine checkpoint (torch.save)
-        acc.load_state(str(directory))
-        return
-    from safetensors import safe_open
-
-    with safe_open(str(weights), "pt") as f:
-        saved = set(f.keys())
-    tied = {n for g in tied_names(inner) for n in g if saved & set(g)}
-    missing = [k for k in state if k not in saved | tied | empty]
-    if missing:
-        raise ConfigError(f"config key 'train.resume': {weights} lacks {len(missing)} tensors, e.g. {missing[:3]}")
-    acc.load_state(str(directory), strict=False)
 
 
 def train(
@@ -342,21 +326,32 @@ def train(
         epoch_steps = len(loader) if hasattr(loader, "__len__") else None
         averager = WeightAverager([p for _, p in trainable(inner)], cfg.average, cfg.steps, epoch_steps)
 
-    def save(step: int, name: Optional[str] = None, info: Optional[dict] = None) -> None:  # main process only
-        extra = inner.extra_state() if hasattr(inner, "extra_state") else None
-        info = dict(info or {})
-        if averager is not None and averager.history:
-            info["averaged"] = averager.history
-        save_checkpoint(run_dir / "checkpoints" / (name or f"step_{step:07d}"), to_save,
-                        {**(state or {}), "step": step, **info}, extra)
+    def extra_state() -> Optional[dict[str, torch.Tensor]]:
+        return inner.extra_state() if hasattr(inner, "extra_state") else None
+
+    def saved_state(step: int, **info: Any) -> dict[str, Any]:
+        averaged = {"averaged": averager.history} if averager is not None and averager.history else {}
+        return {**(state or {}), "step": step, "world_size": acc.num_processes, **averaged, **info}
 
     def checkpoint(step: int) -> None:
+        """Staged in step_N.tmp/ (main process: model, state; every rank: its train state), then
+        published with a manifest by the main process, and old checkpoints pruned."""
+        final = run_dir / "checkpoints" / f"step_{step:07d}"
+        tmp = final.with_name(final.name + ".tmp")
         acc.wait_for_everyone()
         if acc.is_main_process:
-            save(step)
+            tmp = staging(final)
+            with viewed_as(prep.scalars, ()):
+                    write_parts(tmp, to_save, saved_state(step, data_position={"batches": step * micro}), extra_state())
         acc.wait_for_everyone()
-        if cfg.save_state:  # optimizer, engine, RNG states: every rank writes its part (DeepSpeed too)
-            acc.save_state(str(run_dir / "checkpoints" / f"step_{step:07d}" / TRAIN_STATE))
+        if cfg.save_state:  # optimizer, task state, RNG states: every rank writes its part
+            with viewed_as(prep.scalars, ()):
+                save_train_state(tmp / TRAIN_STATE, optimizer, inner, to_save, acc.process_index)
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            publish(tmp, final)
+            prune_checkpoints(run_dir, cfg.keep_last)
+        acc.wait_for_everyone()
 
     best: dict[str, Any] = {}
 
@@ -374,13 +369,16 @@ def train(
                   + (" (best so far)" if improved else f" (best {best['value']:.2f} at step {best['step']})"))
             if improved:
                 best.update(metric=validation.select, value=value, step=step)
-                save(step, "best", {"best": dict(best), "val": metrics})
+                with viewed_as(prep.scalars, ()):
+                    save_checkpoint(run_dir / "checkpoints" / "best", to_save,
+                                    saved_state(step, best=dict(best), val=metrics), extra_state())
         acc.wait_for_everyone()
 
-    start = resume(acc, task, cfg, run_dir, log) if cfg.resume else 0
+    micro = cfg.grad_accum_steps
+    with viewed_as(prep.scalars, ()):
+        start = resume(acc, optimizer, inner, to_save, cfg, run_dir, log) if cfg.resume else 0
     bar = progress(cfg.steps, "train", cfg.progress and acc.is_main_process)
     bar.update(start)
-    micro = cfg.grad_accum_steps
     batches = endless_batches(loader, start * micro)
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}

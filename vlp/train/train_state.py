@@ -1,0 +1,98 @@
+"""What the next training step depends on beyond the weights, saved without pickle
+(:mod:`vlp.train.state_io`) in a checkpoint's ``train_state/``:
+
+- ``task.*``: every tensor of the task outside the checkpointed model (the SRCL helper-feature
+  queue, the LTD decoder, lambda and its momentum, ...); the model itself is ``model.safetensors``;
+- ``optimizer.*`` (one file: the state is the same on every rank), or ``optimizer_rank{r}.*`` under
+  DeepSpeed ZeRO, where each rank holds the optimizer state of its partition;
+- ``rng_rank{r}.*``: the ``random``, numpy, torch CPU and CUDA generator states of rank ``r``.
+
+Step, learning-rate position (a function of the step), alpha schedules (functions of the step) and
+the data position are in ``state.json``.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from vlp.models.loading import CheckpointError, load_strict
+from vlp.train.checkpoint import load_weights
+from vlp.train.state_io import load_tree, save_tree
+
+TRAIN_STATE = "train_state"
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's generator states: Python, numpy, torch CPU, every CUDA device."""
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"]:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def zero_optimizer(optimizer: Any) -> Optional[Any]:
+    """DeepSpeed's ZeRO-1/2 optimizer behind accelerate's wrapper (its state is partitioned), else None."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    return inner if hasattr(inner, "single_partition_of_fp32_groups") else None
+
+
+def model_prefix(task: nn.Module, model: nn.Module) -> Optional[str]:
+    """The name of ``model`` inside ``task`` ("" when it is the task), or None when it is not a submodule."""
+    return next((name for name, m in task.named_modules() if m is model), None)
+
+
+def _outside(key: str, prefix: Optional[str]) -> bool:
+    return prefix is None or (prefix != "" and not key.startswith(prefix + "."))
+
+
+def save_train_state(directory: Path, optimizer: Any, task: nn.Module, model: nn.Module, rank: int) -> None:
+    """Every rank calls this (into the staging folder of the checkpoint being written)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    zero = zero_optimizer(optimizer)
+    if rank == 0:
+        prefix = model_prefix(task, model)
+        rest = {k: v for k, v in task.state_dict().items() if _outside(k, prefix) and v.numel() > 0}
+        save_tree(directory / "task", rest)
+    if zero is not None:
+        save_tree(directory / f"optimizer_rank{rank}", zero.optimizer.state_dict())
+    elif rank == 0:
+        save_tree(directory / "optimizer", optimizer.state_dict())
+    save_tree(directory / f"rng_rank{rank}", rng_state())
+
+
+def load_train_state(ckpt: Path, optimizer: Any, task: nn.Module, model: nn.Module, rank: int, world: int) -> None:
+    """Inverse of :func:`save_train_state` plus the model weights of ``ckpt``, strictly: every
+    tensor of the task comes from the checkpoint (zero-size buffers - a disabled queue - excepted)."""
+    directory = ckpt / TRAIN_STATE
+    load_weights(model, ckpt)
+    prefix = model_prefix(task, model)
+    own = task.state_dict()
+    keep = [k for k, v in own.items() if not _outside(k, prefix) or v.numel() == 0]
+    load_strict(task, load_tree(directory / "task"), source=str(directory / "task.safetensors"), allow_missing=keep)
+    zero = zero_optimizer(optimizer)
+    if zero is not None:
+        from deepspeed.checkpoint.constants import BASE_OPTIMIZER_STATE
+
+        # the engine's own state dict, with this rank's saved optimizer state; the fp32 master
+        # partition is rebuilt from the (already loaded, fp32) module weights
+        sd = zero.state_dict()
+        sd[BASE_OPTIMIZER_STATE] = load_tree(directory / f"optimizer_rank{rank}")
+        zero.load_state_dict([sd] * world, load_optimizer_states=True, load_from_fp32_weights=False)
+    else:
+        optimizer.load_state_dict(load_tree(directory / "optimizer"))
+    rng = directory / f"rng_rank{rank}"
+    if not rng.with_suffix(".json").is_file():
+        raise CheckpointError(f"{directory}: no {rng.name}.json for rank {rank}")
+    set_rng_state(load_tree(rng))
