@@ -38,7 +38,7 @@ def _ft(task, world, pretrained, out, *extra):
     return main([*head, "--config", cfg, f"output_dir={out}", f"pretrained={pretrained}", *FT, *extra])
 
 
-def test_retrieval_finetune_runs_validates_and_keeps_best(world, pretrained, tmp_path):
+def test_retrieval_finetune_runs_validates_and_keeps_best(world, pretrained, tmp_path, capsys):
     out = tmp_path / "ret"
     assert _ft("retrieval", world, pretrained, out, f"data.train=[{world['retrieval_train']}]",
                f"data.val={world['retrieval_val']}", f"data.test={world['retrieval_test']}", "eval.k_test=4") == 0
@@ -59,10 +59,13 @@ def test_retrieval_finetune_runs_validates_and_keeps_best(world, pretrained, tmp
     assert isinstance(model, ALBEF) and model.mlm_head is None and cfg.model.vision.img_size == 80
     # and it evaluates like any checkpoint; the ALBEF protocol preset takes exactly this kind
     ev = ["evaluate", "retrieval", "--data", str(world["retrieval_test"])]
-    assert main([*ev, "--checkpoint", str(out / "checkpoints" / "best"), "--out", str(tmp_path / "ev"),
-                 "--preset", "albef-flickr"]) == 0
+    best = ["--checkpoint", str(out / "checkpoints" / "best"), "--preset", "albef-flickr"]
+    assert main([*ev, *best, "--out", str(tmp_path / "ev")]) == 2  # k_test 128 > the 8 test images: refused up front
+    assert "config key 'eval.k_test': 128 candidates per query" in capsys.readouterr().err
+    assert not (tmp_path / "ev").exists()
+    assert main([*ev, *best, "--out", str(tmp_path / "ev"), "eval.k_test=8"]) == 0
     m = json.loads((tmp_path / "ev" / "metrics.json").read_text())
-    assert (m["k_test"], m["score"], m["image_size"], m["checkpoint_kind"]) == (128, "itm", 80, "retrieval")
+    assert (m["k_test"], m["score"], m["image_size"], m["checkpoint_kind"]) == (8, "itm", 80, "retrieval")
     assert main([*ev, "--checkpoint", str(out), "--out", str(tmp_path / "x"), "--preset", "zero-shot"]) == 2
     assert main([*ev, "--checkpoint", str(pretrained), "--out", str(tmp_path / "zs"), "--preset", "zero-shot",
                  "eval.k_test=4"]) == 0

@@ -28,7 +28,8 @@ from vlp.data.formats import DataError, load_pairs, load_retrieval_split
 from vlp.data.transforms import load_tokenizer, test_transform, train_transform
 from vlp.dist import OtherRankDone, rank
 from vlp.jobs import (
-    bad_sample_args, build_reconstruction, build_task_model, checkpoint_model_config, check_images, load_targets_for,
+    bad_sample_args, build_reconstruction, build_task_model, checkpoint_model_config, check_images, check_queue,
+    load_targets_for,
     prepare_run_dir, token_info,
 )
 from vlp.models.transfer import load_pretrained
@@ -111,7 +112,7 @@ class Job:
         validation = Validation(evaluate, select, every) if evaluate is not None else None
         state = {"task": self.cfg.task, "vlp_version": __version__, "config": to_dict(self.cfg),
                  "model": to_dict(self.model_cfg), "pretrained": str(self.source)}
-        train(task, loader, t, self.run_dir, state, validation=validation)
+        train(task, loader, t, self.run_dir, state, validation=validation, max_bad_fraction=self.cfg.data.max_bad_fraction)
         if rank() != 0:  # several processes: rank 0 alone evaluates the test splits and writes results
             raise OtherRankDone
 
@@ -138,18 +139,21 @@ class Job:
 def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
     """ITC (positives by image id, id queue, optional SRCL on the live model) + ITM (same-image
     negatives excluded); validation = ITC top-k + ITM re-rank, best by r_mean; test at the end."""
-    from vlp.eval.retrieval import embed, evaluate_retrieval
+    from vlp.eval.retrieval import check_k_test, embed, evaluate_retrieval
     from vlp.tasks.pretrain import PretrainTask
     from vlp.tasks.regulation import SRCLRegulator
     from vlp.viz import plot_retrieval_examples
 
+    splits = {s: load_retrieval_split(getattr(cfg.data, s), cfg.data.image_root)
+              for s in ("val", "test") if getattr(cfg.data, s)}
+    for name, split in splits.items():  # before any work
+        check_k_test(cfg.eval, len(split.images), len(split.texts), f"data.{name} ({split.source})")
     job = Job(cfg)
     samples = load_pairs(cfg.data.train, cfg.data.image_root, on_bad=cfg.data.on_bad_sample)
     targets = load_targets_for(cfg.loss.ltd)
     dataset = ImageTextDataset(samples, job.train_transform(), targets=targets, **job.bad_samples(samples))
     loader = job.loader(dataset, Collator(job.tokenizer, cfg.data.max_len, cfg.data.text_padding), train=True)
-    splits = {s: load_retrieval_split(getattr(cfg.data, s), cfg.data.image_root)
-              for s in ("val", "test") if getattr(cfg.data, s)}
+    check_queue(job.model_cfg.queue_size, cfg.data.batch_size)
     run_dir = job.start(len(dataset))
     regulator = None
     if cfg.loss.regulation != "none":  # fine-tuning: the live model's similarities only (no helper)
@@ -193,12 +197,15 @@ def run_finetune_vqa(cfg: FinetuneConfig) -> dict:
 
     if not cfg.data.answer_list:
         raise ConfigError("config key 'data.answer_list': VQA ranks a fixed list of candidate answers; none given")
-    job = Job(cfg)
     d = cfg.data
+    answers = load_answer_list(d.answer_list)
+    if cfg.vqa.k_test > len(answers):  # before any work
+        raise ConfigError(f"config key 'vqa.k_test': {cfg.vqa.k_test} candidates per question, but the answer list "
+                          f"{d.answer_list} has {len(answers)}; set vqa.k_test <= {len(answers)}")
+    job = Job(cfg)
     train_q = load_vqa(d.train, d.image_root, d.vg_root)
     val_q = load_vqa([d.val], d.image_root, d.vg_root) if d.val else []
     test_q = load_vqa([d.test], d.image_root, d.vg_root, require_answers=False) if d.test else []
-    answers = load_answer_list(d.answer_list)
     collate = VQACollator(job.tokenizer, d.max_len, cfg.vqa.answer_max_len)
     loader = job.loader(VQADataset(train_q, job.train_transform(), train=True, **job.bad_samples(train_q)), collate,
                         train=True)

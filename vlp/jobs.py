@@ -25,7 +25,7 @@ from vlp.data.targets import LatentTargets
 from vlp.data.formats import DataError, load_pairs, load_relevance, load_retrieval_split
 from vlp.data.transforms import PixelNorm, load_tokenizer, test_transform, train_transform
 from vlp.dist import is_dist, launch_rank, rank, world_size
-from vlp.eval.retrieval import RetrievalResult, embed, evaluate_retrieval
+from vlp.eval.retrieval import RetrievalResult, check_k_test, embed, evaluate_retrieval
 from vlp.models.albef import ALBEF, param_count
 from vlp.models.dual import DualEncoder
 from vlp.tasks.objectives import TokenInfo
@@ -173,6 +173,7 @@ def build_pretraining(cfg: PretrainConfig) -> Pretraining:
     """Seeded model, task and shuffled fixed-size-batch loader of a pretraining config."""
     if not cfg.data.train:
         raise DataError("config key 'data.train': no annotation files given")
+    check_run(cfg)
     set_seed(cfg.train.seed)
     tokenizer = load_tokenizer(cfg.model.text)
     regulator, cache = build_regulator(cfg)
@@ -181,6 +182,25 @@ def build_pretraining(cfg: PretrainConfig) -> Pretraining:
     model = build_model(cfg, len(tokenizer))
     task = build_task(cfg, model, tokenizer, regulator, targets)
     return Pretraining(model, task, loader, pairs, images)
+
+
+def check_queue(queue_size: int, batch_size: int, key: str = "data.batch_size") -> None:
+    """A feature queue receives every rank's batch each step (ALBEF): a smaller one would drop
+    features of the batch it is given (0 disables the queue)."""
+    world = launch_rank()[1]
+    if 0 < queue_size < batch_size * world:
+        raise ConfigError(f"config keys 'model.queue_size'/'{key}': a queue of {queue_size} is smaller than the global "
+                          f"batch ({batch_size} x {world} processes = {batch_size * world}) it receives each step; "
+                          "raise model.queue_size (ALBEF: 65536) or set it to 0 (in-batch negatives only)")
+
+
+def check_run(cfg: PretrainConfig) -> None:
+    """Combinations that need the launch or the evaluation data, checked before any work starts."""
+    if cfg.model.arch == "albef":
+        check_queue(cfg.model.queue_size, cfg.data.batch_size)
+    if cfg.data.eval:
+        split = load_retrieval_split(cfg.data.eval, cfg.data.image_root)
+        check_k_test(cfg.eval, len(split.images), len(split.texts), f"data.eval ({split.source})")
 
 
 def build_train_loader(cfg: PretrainConfig, tokenizer, cache: Optional[HelperCache],
@@ -215,7 +235,8 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
     print(f"vlp pretrain: {run.pairs} pairs, {run.images} images, "
           f"{param_count(run.model) / 1e6:.1f}M trainable parameters -> {run_dir}")
     state = {"task": "pretrain", "vlp_version": __version__, "config": to_dict(cfg), "model": to_dict(cfg.model)}
-    train(run.task, run.loader, cfg.train, run_dir, state, accelerator=run.accelerator(cfg))
+    train(run.task, run.loader, cfg.train, run_dir, state, accelerator=run.accelerator(cfg),
+          max_bad_fraction=cfg.data.max_bad_fraction)
     if cfg.data.eval:
         run_evaluate_retrieval(run_dir, cfg.data.eval, cfg.data.relevance, run_dir / "eval", cfg.data.image_root,
                                graded_relevance=cfg.data.graded_relevance)
@@ -410,6 +431,7 @@ def run_evaluate_retrieval(
     split = load_retrieval_split(data, image_root)
     rel = load_relevance(relevance, split) if relevance else None
     graded = load_graded_relevance(graded_relevance, split) if graded_relevance else None
+    check_k_test(ecfg, len(split.images), len(split.texts), split.source)  # before any encoding
     emb = embed(model, split, tokenizer, test_transform(image_size(cfg), cfg.data.image), cfg.model.text.max_len,
                 ecfg.batch_size, device, show_progress, precision=ecfg.precision, distributed=sharded)
     result = evaluate_retrieval(model, emb, split, ecfg, rel, show_progress, graded_relevance=graded, distributed=sharded)

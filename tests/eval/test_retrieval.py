@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vlp.cli import main
-from vlp.config import EvalConfig, ModelConfig, PretrainConfig, TextConfig, VisionConfig, load_config, to_dict
+from vlp.config import ConfigError, EvalConfig, ModelConfig, PretrainConfig, TextConfig, VisionConfig, load_config, to_dict
 from vlp.data.formats import RetrievalSplit
 from vlp.data.synthetic import generate_world
 from vlp.eval.metrics import map_at, ndcg_at, positives_mask, retrieval_metrics
@@ -43,13 +43,26 @@ def brute_itm(model, emb, i, t):
 
 def test_full_rerank_equals_brute_force_itm_for_every_pair():
     model, emb, split = setup()
-    res = evaluate_retrieval(model, emb, split, EvalConfig(k_test=100, score="itm", batch_size=5), show_progress=False)
+    # k_test = 6 = every image: each caption re-ranks all images, each image its top 6 of 12 captions
+    res = evaluate_retrieval(model, emb, split, EvalConfig(k_test=6, score="itm", batch_size=5), show_progress=False)
+    top_i2t = (emb.image_feat @ emb.text_feat.T).topk(6, dim=1).indices
     for i in range(6):
         for t in range(12):
             ref = brute_itm(model, emb, i, t)
-            assert abs(res.scores_i2t[i, t].item() - RERANK_OFFSET - ref) < 1e-3
             assert abs(res.scores_t2i[t, i].item() - RERANK_OFFSET - ref) < 1e-3
-    assert res.metrics["itm_pairs"] == 6 * 12  # every pair is a candidate both ways: scored once
+            if t in top_i2t[i].tolist():
+                assert abs(res.scores_i2t[i, t].item() - RERANK_OFFSET - ref) < 1e-3
+            else:
+                assert res.scores_i2t[i, t].item() < RERANK_OFFSET / 2  # ITC-ordered below the re-ranked
+    assert res.metrics["itm_pairs"] == 6 * 12  # every pair is a candidate of some query: scored once
+
+
+def test_k_test_larger_than_the_candidate_set_is_refused():
+    model, emb, split = setup()
+    with pytest.raises(ConfigError, match=r"config key 'eval.k_test': 7 candidates per query, but the evaluation "
+                                          r"split has 6 images and 12 captions; set eval.k_test <= 6"):
+        evaluate_retrieval(model, emb, split, EvalConfig(k_test=7, score="itm"), show_progress=False)
+    assert evaluate_retrieval(model, emb, split, EvalConfig(k_test=7, score="itc"), show_progress=False).metrics
 
 
 def test_topk_rerank_keeps_itc_order_below_and_adds_itc_in_itm_plus_itc():

@@ -18,13 +18,32 @@ ROOT = Path(__file__).parents[2]
 STEPS = 40
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGKILL])
-def test_stopped_or_killed_run_resumes_exactly(sig, tmp_path, tiny_model, pairs_file,
-                                                                  launch_pretrain, runs_io) -> None:
+@pytest.fixture(scope="module")
+def srcl_ltd(tmp_path_factory, tiny_model, pairs_file, launch_pretrain) -> list[str]:
+    """Overrides that turn on SRCL (a live frozen helper: a tiny 2-step run) and LTD (constraint
+    mode, MiniLM targets of the captions): their state - the helper-feature queue, the decoder,
+    lambda and its momentum - must survive the resume too."""
+    from vlp.cli import main
+
+    tmp = tmp_path_factory.mktemp("srcl_ltd")
+    launch_pretrain(["--config", "configs/pretrain/shapes_tiny.yaml", f"data.train=[{pairs_file}]", "data.batch_size=4",
+                     "train.steps=2", "train.progress=false", f"output_dir={tmp / 'helper'}", *tiny_model])
+    assert main(["make-targets", "--data", str(pairs_file), "--out", str(tmp / "targets.safetensors")]) == 0
+    return ["loss.regulation=srcl", f"loss.srcl.helper={tmp / 'helper'}", "loss.ltd.mode=constraint",
+            "loss.ltd.eta=0.1", "loss.ltd.hidden=16", f"loss.ltd.targets={tmp / 'targets.safetensors'}"]
+
+
+@pytest.mark.parametrize("sig, objective", [(signal.SIGTERM, "albef"), (signal.SIGUSR1, "albef"),
+                                            (signal.SIGKILL, "albef"), (signal.SIGTERM, "srcl+ltd"),
+                                            (signal.SIGKILL, "srcl+ltd")])
+def test_stopped_or_killed_run_resumes_exactly(sig, objective, tmp_path, tiny_model, pairs_file, launch_pretrain,
+                                               runs_io, request) -> None:
     read = runs_io[0]
+    extra = request.getfixturevalue("srcl_ltd") if objective == "srcl+ltd" else []
+    workers = 2 if objective == "srcl+ltd" else 0  # per-item seeds: exact with loader workers too
     args = ["--config", "configs/pretrain/shapes_tiny.yaml", f"data.train=[{pairs_file}]", "data.batch_size=4",
-            "data.num_workers=0", f"train.steps={STEPS}", "train.log_every=1", "train.warmup_steps=0",
-            "train.progress=false", "train.ckpt_every=5", *tiny_model]
+            f"data.num_workers={workers}", f"train.steps={STEPS}", "train.log_every=1", "train.warmup_steps=0",
+            "train.progress=false", "train.ckpt_every=5", *tiny_model, *extra]
     run = tmp_path / "stopped"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "vlp.cli", "pretrain", *args, f"output_dir={run}"], cwd=ROOT,
@@ -51,8 +70,14 @@ def test_stopped_or_killed_run_resumes_exactly(sig, tmp_path, tiny_model, pairs_
     launch_pretrain([*args, f"output_dir={tmp_path / 'full'}"])
     full, resumed = read(tmp_path / "full"), read(run)
     assert [r["step"] for r in resumed] == list(range(1, STEPS + 1))
+    keys = ("loss", "itc", "itm", "mlm", "lr", "temp") + (("srcl_w_min", "ltd_rec", "ltd_lambda") if extra else ())
     for a, b in zip(full, resumed):
-        for key in ("loss", "itc", "itm", "mlm", "lr"):
-            assert b[key] == pytest.approx(a[key], rel=1e-6, abs=1e-7), (key, a, b)
+        assert {k: b[k] for k in keys} == {k: a[k] for k in keys}  # to the last digit
     end_full, end_resumed = read(tmp_path / "full", STEPS), read(run, STEPS)
-    assert all(torch.allclose(v, end_resumed[k], rtol=1e-5, atol=1e-7) for k, v in end_full.items())
+    assert end_full.keys() == end_resumed.keys() and all(torch.equal(v, end_resumed[k]) for k, v in end_full.items())
+    if extra:
+        from safetensors.torch import load_file
+
+        task = [load_file(str(r / "checkpoints" / f"step_{STEPS:07d}" / "train_state" / "task.safetensors"))
+                for r in (tmp_path / "full", run)]
+        assert task[0].keys() == task[1].keys() and all(torch.equal(v, task[1][k]) for k, v in task[0].items())

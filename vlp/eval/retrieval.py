@@ -27,7 +27,7 @@ from typing import Optional
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from vlp.config import EvalConfig
+from vlp.config import ConfigError, EvalConfig
 from vlp.data.datasets import ImageDataset
 from vlp.data.formats import RetrievalSplit
 from vlp.data.transforms import tokenize
@@ -246,6 +246,14 @@ def _reranked(sim: torch.Tensor, top: torch.Tensor, itm: torch.Tensor, score: st
     return final
 
 
+def check_k_test(cfg: EvalConfig, n_images: int, n_texts: int, source: str = "the evaluation split") -> None:
+    """ITM re-ranking scores the top ``eval.k_test`` images of each caption and captions of each
+    image: it cannot exceed the candidate set (fails before any encoding; ``itc`` does not re-rank)."""
+    if cfg.score != "itc" and cfg.k_test > min(n_images, n_texts):
+        raise ConfigError(f"config key 'eval.k_test': {cfg.k_test} candidates per query, but {source} has "
+                          f"{n_images} images and {n_texts} captions; set eval.k_test <= {min(n_images, n_texts)}")
+
+
 def rerank_both(model: ALBEF, emb: Embeddings, sim: torch.Tensor, cfg: EvalConfig,
                 show_progress: bool = True, distributed: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
     """ITM re-ranking of each image's and each caption's top ``k_test`` ITC candidates.
@@ -256,7 +264,8 @@ def rerank_both(model: ALBEF, emb: Embeddings, sim: torch.Tensor, cfg: EvalConfi
     ``distributed``: the pairs are split over the ranks (:func:`score_pairs`).
     """
     n_img, n_txt = sim.shape
-    k_i, k_t = min(cfg.k_test, n_txt), min(cfg.k_test, n_img)
+    check_k_test(cfg, n_img, n_txt)
+    k_i, k_t = cfg.k_test, cfg.k_test
     top_i2t = sim.topk(k_i, dim=1).indices  # [N_img, k_i] captions per image
     top_t2i = sim.T.topk(k_t, dim=1).indices  # [N_txt, k_t] images per caption
     dev = sim.device

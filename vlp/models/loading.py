@@ -84,7 +84,18 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return load_file(str(path))
-    obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    import pickle
+
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # weights_only refuses anything but tensors and plain containers
+        found = re.search(r"GLOBAL (\S+)", str(e))
+        what = f"it references {found.group(1)}" if found else "it holds objects other than tensors"
+        raise CheckpointError(f"{path}: refused: loading it would need arbitrary unpickling ({what}), which can run "
+                              "code from the file. vlp reads .pth/.bin files only as tensors and plain containers "
+                              "(torch.load weights_only=True); convert a file you trust to safetensors") from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(f"{path}: not a readable PyTorch weights file ({str(e).splitlines()[0][:300]})") from None
     if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
         obj = obj["model"]
     if not isinstance(obj, dict):

@@ -71,6 +71,20 @@ class FeatureQueue(nn.Module):
             self.register_buffer(name, init)
         self.register_buffer("ids", torch.full((size,), -100, dtype=torch.long))
         self.register_buffer("ptr", torch.zeros(1, dtype=torch.long))
+        self._undo: Optional[list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]] = None
+
+    def begin_step(self) -> None:
+        """Start recording what this training step overwrites (see :meth:`discard_step`)."""
+        self._undo = []
+
+    @torch.no_grad()
+    def discard_step(self) -> None:
+        """Undo the writes since :meth:`begin_step` (a skipped step: non-finite loss or gradient)."""
+        for ptr, idx, old in reversed(self._undo or []):
+            for name, rows in old.items():
+                self.get(name)[idx] = rows
+            self.ptr.copy_(ptr)
+        self._undo = []
 
     def get(self, name: str) -> torch.Tensor:
         """Queue contents ``[size, dim]`` (slot order, which does not matter to the losses)."""
@@ -89,6 +103,8 @@ class FeatureQueue(nn.Module):
             feats = {k: v[-self.size :] for k, v in feats.items()}
             n = self.size
         idx = (self.ptr + torch.arange(n, device=self.ptr.device)) % self.size
+        if self._undo is not None:
+            self._undo.append((self.ptr.clone(), idx, {k: self.get(k)[idx].clone() for k in [*self.names, "ids"]}))
         for name, v in feats.items():
             self.get(name)[idx] = v.detach().to(self.get(name).dtype)
         self.ids[idx] = ids.to(self.ids.dtype)

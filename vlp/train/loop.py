@@ -12,11 +12,12 @@ import contextlib
 import itertools
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional
 
 import torch
 from accelerate import Accelerator, skip_first_batches
@@ -26,6 +27,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from vlp.config import ConfigError, TrainConfig
+from vlp.data.formats import DataError
 from vlp.dist import mean_over_ranks
 from vlp.models.loading import CheckpointError
 from vlp.train.checkpoint import (find_checkpoint, prune_checkpoints, publish, read_state, save_checkpoint, staging,
@@ -121,11 +123,23 @@ def set_lr(optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> flo
     return lr
 
 
-def optimizer_step(acc: Accelerator, optimizer: torch.optim.Optimizer, inner: nn.Module,
-                   params: list[torch.Tensor], step: int, cfg: TrainConfig) -> None:
-    """Clip, step, clear gradients, then the task's post-step hook (momentum EMA, LTD multiplier)."""
+def clip_gradients(acc: Accelerator, params: list[torch.Tensor], cfg: TrainConfig) -> Optional[torch.Tensor]:
+    """Clip to ``train.grad_clip``; returns the total gradient norm before clipping, or None under
+    DeepSpeed (whose engine clips its own gradient partitions, inside ``acc.backward``)."""
+    if uses_deepspeed(acc):
+        return None
     if cfg.grad_clip:
-        acc.clip_grad_norm_(params, cfg.grad_clip)
+        return acc.clip_grad_norm_(params, cfg.grad_clip)
+    grads = [p.grad for p in params if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads) if grads else None
+
+
+def optimizer_step(acc: Accelerator, optimizer: torch.optim.Optimizer, inner: nn.Module,
+                   params: list[torch.Tensor], step: int, cfg: TrainConfig, clipped: bool = False) -> None:
+    """Clip (unless ``clipped``), step, clear gradients, then the task's post-step hook (momentum
+    EMA, LTD multiplier)."""
+    if not clipped:
+        clip_gradients(acc, params, cfg)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     if hasattr(inner, "after_optimizer_step"):
@@ -246,6 +260,9 @@ def endless_batches(loader: Iterable, start: int = 0) -> Iterator[Any]:
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+#: the bad-sample share is judged once this many samples were loaded (a few bad ones in the first
+#: batches are not a trend)
+BAD_SHARE_AFTER = 100
 
 
 class Preempted(Exception):
@@ -270,15 +287,26 @@ def stop_signals() -> Iterator[list[int]]:
             signal.signal(s, handler)
 
 
-def stop_requested(got: list[int], device: torch.device) -> bool:
-    """Whether any rank received a stop signal (every rank must call it each step: ranks stop together)."""
+def on_any_rank(flags: list[Any], device: torch.device) -> list[bool]:
+    """Each flag (bool or 0-d tensor) OR-ed over the ranks in one all-reduce: every rank must call
+    it at the same point (ranks skip a step or stop together)."""
     from vlp.dist import is_dist
 
-    if not is_dist():
-        return bool(got)
-    flag = torch.tensor([float(bool(got))], device=device)
-    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
-    return bool(flag.item())
+    t = torch.stack([torch.as_tensor(f, dtype=torch.float32, device=device).reshape(()) for f in flags])
+    if is_dist():
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return [bool(x) for x in t.tolist()]
+
+
+class NonFiniteError(RuntimeError):
+    """``train.max_nonfinite_steps`` consecutive steps had a non-finite loss or gradient (or one did,
+    under DeepSpeed, which cannot skip a step); a checkpoint of the last good state was saved."""
+
+
+def non_finite(outs: list[dict[str, torch.Tensor]], norm: Optional[torch.Tensor]) -> torch.Tensor:
+    """Whether a step's losses or its gradient norm are not finite (a 0-d bool tensor, no sync)."""
+    vals = [o["loss"].detach().float().reshape(()) for o in outs] + ([norm.float().reshape(())] if norm is not None else [])
+    return ~torch.isfinite(torch.stack(vals)).all()
 
 
 def resume(acc: Accelerator, optimizer: Any, task: nn.Module, model: nn.Module, cfg: TrainConfig, run_dir: Path,
@@ -308,6 +336,7 @@ def train(
     accelerator: Optional[Accelerator] = None,
     checkpoint_module: Optional[Callable[[nn.Module], nn.Module]] = None,
     validation: Optional[Validation] = None,
+    max_bad_fraction: Optional[float] = None,
 ) -> dict[str, float]:
     """Train ``task`` for ``cfg.steps`` steps; log to ``run_dir/metrics.jsonl``; checkpoint to
     ``run_dir/checkpoints/step_N``. ``state`` is stored in every checkpoint's ``state.json``;
@@ -382,13 +411,26 @@ def train(
     batches = endless_batches(loader, start * micro)
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
-    n_sum, pairs, t_window, data_time = 0, 0, time.perf_counter(), 0.0
+    n_sum, pairs, t_window, data_time, bad, skipped = 0, 0, time.perf_counter(), 0.0, 0, 0
+    seen_total = bad_total = 0  # samples (all ranks) since the start of this process, bad ones among them
+    nonfinite_run = 0  # consecutive skipped steps
+    undo = [m for m in inner.modules() if hasattr(m, "discard_step")]  # feature queues: a skipped step leaves no trace
     record: dict[str, float] = {}
     task.train()
     deepspeed = uses_deepspeed(acc)  # DeepSpeed accumulates (and scales by 1/micro) itself; no no_sync under ZeRO-2
+
+    def fail_nonfinite(at: int, what: str) -> NoReturn:
+        checkpoint(at)
+        bar.close()
+        raise NonFiniteError(f"{what}; checkpoint {run_dir / 'checkpoints' / f'step_{at:07d}'} holds the last good "
+                             "state (lower train.lr, set train.grad_clip or train.precision=fp32, then resume with "
+                             "train.resume=auto)")
+
     with stop_signals() as stop:  # SIGTERM / SIGUSR1: checkpoint at the next step boundary
         for step in range(start, cfg.steps):
             lr = set_lr(optimizer, step, cfg)
+            for m in undo:
+                m.begin_step()
             outs = []
             for m in range(micro):  # gradients of `micro` batches, one optimizer step (docs/training.md)
                 t0 = time.perf_counter()
@@ -396,37 +438,67 @@ def train(
                 data_time += time.perf_counter() - t0
                 with acc.no_sync(task) if m < micro - 1 and not deepspeed else contextlib.nullcontext():
                     out = task(batch, step=step)
+                    if deepspeed and on_any_rank([non_finite([out], None)], acc.device)[0]:
+                        # acc.backward also steps the engine: stop before it, with the state of the last step
+                        fail_nonfinite(step, f"step {step + 1}: non-finite loss under DeepSpeed (which cannot skip a step)")
                     acc.backward(out["loss"] if deepspeed else out["loss"] / micro)
                 outs.append(out)
-            optimizer_step(acc, optimizer, inner, params, step, cfg)
-            if averager is not None:
-                averager.after_step(step + 1)
-
-            for out in outs:
-                for k, v in out.items():
-                    x = float(v.detach())
-                    sums.setdefault(k, 0.0), counts.setdefault(k, 0)
-                    if x == x:  # NaN = "not measured this step" (e.g. no same-image negatives): not averaged
-                        sums[k], counts[k] = sums[k] + x, counts[k] + 1
+                bad += int(batch.get("bad_samples", 0))
+            norm = clip_gradients(acc, params, cfg)
+            stopping, nonfinite = on_any_rank([bool(stop), non_finite(outs, norm)], acc.device)
+            done = step + 1
+            if nonfinite:  # no update: weights, optimizer, momentum twins, queues, LTD multiplier stay as they were
+                optimizer.zero_grad(set_to_none=True)
+                for m in undo:
+                    m.discard_step()
+                nonfinite_run, skipped = nonfinite_run + 1, skipped + 1
+                what = (f"step {done}: non-finite loss or gradient (loss {[float(o['loss'].detach()) for o in outs]}, gradient "
+                        f"norm {float(norm) if norm is not None else 'n/a'}); step skipped")
+                if nonfinite_run >= cfg.max_nonfinite_steps:
+                    fail_nonfinite(done, f"{what}, {nonfinite_run} in a row (train.max_nonfinite_steps)")
+                if acc.is_main_process:
+                    print(f"warning: {what} ({nonfinite_run} in a row; the run stops at {cfg.max_nonfinite_steps})",
+                          file=sys.stderr)
+            else:
+                nonfinite_run = 0
+                optimizer_step(acc, optimizer, inner, params, step, cfg, clipped=True)
+                if averager is not None:
+                    averager.after_step(step + 1)
+                for out in outs:
+                    for k, v in out.items():
+                        x = float(v.detach())
+                        sums.setdefault(k, 0.0), counts.setdefault(k, 0)
+                        if x == x:  # NaN = "not measured this step" (e.g. no same-image negatives): not averaged
+                            sums[k], counts[k] = sums[k] + x, counts[k] + 1
             n_sum += micro
             pairs += micro * len(batch["input_ids"]) * acc.num_processes
-            done = step + 1
             if done % cfg.log_every == 0 or done == cfg.steps:
                 dt = time.perf_counter() - t_window
-                means = mean_over_ranks({k: v / counts[k] if counts[k] else float("nan") for k, v in sums.items()})
+                means = mean_over_ranks({**{k: v / counts[k] if counts[k] else float("nan") for k, v in sums.items()},
+                                         "bad_samples": float(bad)})
+                bad = round(means.pop("bad_samples") * acc.num_processes)  # summed over ranks
                 means = {k: v for k, v in means.items() if v == v}  # measured by no rank in the window: not logged
-                record = {"step": done, "lr": lr, **means, "pairs_per_s": pairs / dt, "data_time": data_time / n_sum}
+                record = {"step": done, "lr": lr, **means, "pairs_per_s": pairs / dt, "data_time": data_time / n_sum,
+                          "bad_samples": bad, **({"skipped_steps": skipped} if skipped else {})}
                 if acc.is_main_process:
                     log.write(record)
-                bar.set_postfix(loss=f"{record['loss']:.3f}", pairs_s=f"{record['pairs_per_s']:.0f}")
-                sums, counts, n_sum, pairs, data_time, t_window = {}, {}, 0, 0, 0.0, time.perf_counter()
+                if "loss" in record:
+                    bar.set_postfix(loss=f"{record['loss']:.3f}", pairs_s=f"{record['pairs_per_s']:.0f}")
+                seen_total, bad_total = seen_total + pairs, bad_total + bad
+                if max_bad_fraction is not None and seen_total >= BAD_SHARE_AFTER and bad_total > max_bad_fraction * seen_total:
+                    checkpoint(done)
+                    bar.close()
+                    raise DataError(f"{bad_total} of the {seen_total} samples loaded so far were bad ({bad_total / seen_total:.1%}), "
+                                    f"more than data.max_bad_fraction={max_bad_fraction:g}; `vlp data check` lists them")
+                sums, counts, n_sum, pairs, data_time, bad, skipped = {}, {}, 0, 0, 0.0, 0, 0
+                t_window = time.perf_counter()
             bar.update(1)
             saved = bool(cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != cfg.steps)
             if saved:
                 checkpoint(done)
             if validation is not None and (done % validation.every == 0 or done == cfg.steps):
                 validate(done)
-            if done != cfg.steps and stop_requested(stop, acc.device):
+            if done != cfg.steps and stopping:
                 if not saved:
                     checkpoint(done)
                 bar.close()

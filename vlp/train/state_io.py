@@ -22,14 +22,12 @@ _TENSOR, _TUPLE, _ITEMS, _ARRAY = "__tensor__", "__tuple__", "__items__", "__nda
 
 
 def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        key = f"t{len(tensors)}"
-        tensors[key] = obj.detach().to("cpu", copy=True).contiguous()  # copies: no shared storage in the file
-        return {_TENSOR: key}
+    if isinstance(obj, torch.Tensor):  # named by its path in the structure (unique)
+        tensors[path] = obj.detach().to("cpu", copy=True).contiguous()  # copies: no shared storage in the file
+        return {_TENSOR: path}
     if isinstance(obj, np.ndarray):
-        key = f"t{len(tensors)}"
-        tensors[key] = torch.from_numpy(np.ascontiguousarray(obj).copy())
-        return {_ARRAY: key}
+        tensors[path] = torch.from_numpy(np.ascontiguousarray(obj).copy())
+        return {_ARRAY: path}
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj  # NaN and infinities as JSON's NaN / Infinity (read back by json.loads)
     if isinstance(obj, (np.integer, np.floating)):
