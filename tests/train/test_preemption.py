@@ -47,13 +47,13 @@ def test_stopped_or_killed_run_resumes_exactly(sig, objective, tmp_path, tiny_mo
     run = tmp_path / "stopped"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "vlp.cli", "pretrain", *args, f"output_dir={run}"], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     log = run / "metrics.jsonl"
     deadline = time.time() + 300
     while not (log.is_file() and len(log.read_text().splitlines()) >= 7):
         assert proc.poll() is None and time.time() < deadline, "the run ended before it could be signalled"
         time.sleep(0.05)
-    proc.send_signal(sig)
+    os.killpg(proc.pid, sig)  # to every process of the run, loader workers included, as a scheduler does
     _, err = proc.communicate(timeout=300)
     if sig == signal.SIGKILL:
         assert proc.returncode == -signal.SIGKILL

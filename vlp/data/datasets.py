@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import signal
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
@@ -115,6 +116,15 @@ class EpochLoader(DataLoader):
         self.sampler.set_epoch(epoch)
 
 
+def ignore_stop_signals(_worker_id: int = 0) -> None:
+    """``worker_init_fn`` of training loaders: a scheduler's SIGTERM / SIGUSR1 reaches every process
+    of the job, loader workers included; the training process handles it (checkpoint at the next
+    step boundary) and shuts its workers down itself, so they must not die first. A worker still
+    exits when its parent dies."""
+    for s in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(s, signal.SIG_IGN)
+
+
 def train_loader(dataset: Dataset, batch_size: int, collate: Callable[[list], Any], num_workers: int,
                  seed: int) -> EpochLoader:
     """The training loader of a map-style dataset: shuffled with (seed, epoch), items seeded per
@@ -129,6 +139,7 @@ def train_loader(dataset: Dataset, batch_size: int, collate: Callable[[list], An
         persistent_workers=num_workers > 0,
         collate_fn=collate,
         generator=torch.Generator().manual_seed(seed),  # workers' base seed: the caller's RNG is not drawn from
+        worker_init_fn=ignore_stop_signals,
     )
 
 
