@@ -195,6 +195,9 @@ def test_a_truncated_train_state_falls_back_and_resume_continues_exactly(base_ru
     train(resumed, loader(), cfg(ckpt_every=2, resume="auto"), run_copy)
     out = capsys.readouterr()
     assert f"resumed from {step_dir(run_copy, 4)} at step 4 of 6\n" in out.out
+    aside = run_copy / "checkpoints" / "superseded"
+    assert f"moved 1 checkpoint(s) of the steps run again (or corrupted) to {aside}: step_0000006" in out.out
+    assert (aside / "step_0000006" / TRAIN_STATE / "optimizer.safetensors").stat().st_size == new  # kept, not deleted
     assert out.err.count("warning:") == 1 and problem in out.err
     assert resumed.hook_steps == [5, 6]
     end = resumed.snapshot()

@@ -121,6 +121,26 @@ def step_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and STEP_DIR.fullmatch(p.name)) if root.is_dir() else []
 
 
+SUPERSEDED = "superseded"
+
+
+def set_aside_checkpoints_after(run_dir: Path, step: int) -> list[Path]:
+    """Move the step checkpoints after ``step`` to ``checkpoints/superseded/`` (a resumed run redoes
+    those steps; they are kept, not deleted, and no longer count for resume or ``keep_last``)."""
+    later = [p for p in step_checkpoints(run_dir) if int(p.name.split("_")[1]) > step]
+    if not later:
+        return []
+    aside = run_dir / "checkpoints" / SUPERSEDED
+    aside.mkdir(exist_ok=True)
+    moved = []
+    for p in later:
+        target = aside / p.name
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(p, target)
+        moved.append(target)
+    return moved
+
+
 def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
     """Delete all but the newest ``keep`` step checkpoints (``best`` is never touched)."""
     old = step_checkpoints(run_dir)[:-keep] if keep > 0 else []

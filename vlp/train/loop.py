@@ -30,8 +30,8 @@ from vlp.config import ConfigError, TrainConfig
 from vlp.data.formats import DataError
 from vlp.dist import mean_over_ranks
 from vlp.models.loading import CheckpointError
-from vlp.train.checkpoint import (find_checkpoint, prune_checkpoints, publish, read_state, save_checkpoint, staging,
-                                  write_parts)
+from vlp.train.checkpoint import (find_checkpoint, prune_checkpoints, publish, read_state, save_checkpoint,
+                                  set_aside_checkpoints_after, staging, write_parts)
 from vlp.train.logging import MetricsLog, progress
 from vlp.train.optim import build_optimizer, lr_at, trainable
 from vlp.train.swa import WeightAverager
@@ -324,6 +324,11 @@ def resume(acc: Accelerator, optimizer: Any, task: nn.Module, model: nn.Module, 
     if acc.is_main_process:
         log.truncate_after(step)
         print(f"resumed from {ckpt} at step {step} of {cfg.steps}")
+        moved = set_aside_checkpoints_after(run_dir, step)
+        if moved:
+            print(f"moved {len(moved)} checkpoint(s) of the steps run again (or corrupted) to {moved[0].parent}: "
+                  + ", ".join(p.name for p in moved))
+    acc.wait_for_everyone()
     return step
 
 
