@@ -16,7 +16,7 @@ from vlp.data.formats import DataError, write_json_atomic
 from vlp.data.images import MAX_PIXELS
 from vlp.models.loading import CheckpointError
 from vlp.dist import OtherRankDone, launch_rank
-from vlp.train.loop import Preempted
+from vlp.train.loop import NonFiniteError, Preempted
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError)
 
@@ -369,6 +369,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except USER_ERRORS as e:
         print(f"vlp: error: {e}", file=sys.stderr)
         return 2
+    except NonFiniteError as e:  # the run's own numbers, not its input: status 1
+        print(f"vlp: error: {e}", file=sys.stderr)
+        return 1
     return status or 0
 
 
