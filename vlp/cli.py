@@ -189,6 +189,13 @@ def print_metrics(m: dict[str, float]) -> None:
         print(f"  {k:18s} {v:8.2f}")
 
 
+def add_resume(s: argparse.ArgumentParser) -> None:
+    """``--resume auto|CHECKPOINT`` of the training commands: the same as the override ``train.resume=...``."""
+    s.add_argument("--resume", metavar="auto|CHECKPOINT",
+                   help="continue a run: 'auto' = the newest valid checkpoint of its output_dir, or a checkpoint folder "
+                        "(= train.resume=...; docs/training.md, Runs that survive)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vlp", description="ALBEF-style vision-language pretraining.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -196,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("pretrain", help="pretrain ITC + ITM + MLM")
     s.add_argument("--config", required=True, help="YAML config (e.g. configs/pretrain/shapes_tiny.yaml)")
     s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=50 model.vision.depth=2")
+    add_resume(s)
     s.set_defaults(func=_pretrain)
 
     # `vlp pretrain nlvr-ta ...` is rewritten to this command in main()
@@ -203,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "doubled NLVR2 fusion layers")
     s.add_argument("--config", required=True, help="YAML config (e.g. configs/finetune/shapes_nlvr_ta.yaml)")
     s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epochs=1")
+    add_resume(s)
     s.set_defaults(func=_nlvr_ta)
 
     s = sub.add_parser("finetune", help="fine-tune a pretrained checkpoint on a downstream task")
@@ -213,11 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
         c = ft.add_parser(task, help=text)
         c.add_argument("--config", required=True, help=f"YAML config (e.g. configs/finetune/shapes_{task}.yaml)")
         c.add_argument("overrides", nargs="*", help="dotted overrides, e.g. pretrained=runs/pretrain train.epochs=1")
+        add_resume(c)
         c.set_defaults(func=_finetune)
 
     s = sub.add_parser("train-helper", help="train the frozen SRCL helper (ITC-only InfoNCE on clean captions)")
     s.add_argument("--config", required=True, help="YAML config (e.g. configs/helper/shapes_tiny.yaml)")
     s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=50")
+    add_resume(s)
     s.set_defaults(func=_train_helper)
 
     s = sub.add_parser("cache-helper-features", help="compute the SRCL helper's features of a dataset once")
@@ -356,6 +367,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[:2] == ["pretrain", "nlvr-ta"]:
         argv = ["pretrain-nlvr-ta", *argv[2:]]
     args = build_parser().parse_args(argv)
+    if getattr(args, "resume", None):
+        args.overrides = [*args.overrides, f"train.resume={args.resume}"]
     if args.command not in MULTI_PROCESS and launch_rank()[0] != 0:
         return 0  # launched as several processes: this command's files are made by rank 0 alone
     try:

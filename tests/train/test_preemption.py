@@ -66,7 +66,8 @@ def test_stopped_or_killed_run_resumes_exactly(sig, objective, tmp_path, tiny_mo
         assert (ckpt / "model.safetensors").is_file() and (ckpt / "train_state").is_dir()
         assert f"stopped by {sig.name} after step {stopped}" in err and "train.resume=auto" in err
 
-    launch_pretrain([*args, f"output_dir={run}", "train.resume=auto"])
+    resume = ["--resume", "auto"] if sig == signal.SIGUSR1 else ["train.resume=auto"]  # the flag = the override
+    launch_pretrain([*args, f"output_dir={run}", *resume])
     launch_pretrain([*args, f"output_dir={tmp_path / 'full'}"])
     full, resumed = read(tmp_path / "full"), read(run)
     assert [r["step"] for r in resumed] == list(range(1, STEPS + 1))

@@ -510,7 +510,7 @@ def train(
                 names = ", ".join(sorted({signal.Signals(s).name for s in stop})) or "a stop signal on another rank"
                 raise Preempted(f"stopped by {names} after step {done} of {cfg.steps}; checkpoint "
                                 f"{run_dir / 'checkpoints' / f'step_{done:07d}'}. Resume: run the same command with "
-                                f"train.resume=auto (the run's config: {run_dir / 'config.yaml'})")
+                                f"--resume auto (or train.resume=auto; the run's config: {run_dir / 'config.yaml'})")
     bar.close()
     checkpoint(cfg.steps)
     return record
