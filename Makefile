@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[dev,deepspeed]'
+	$(PY) -m pip install -e '.[dev,deepspeed,logging]'
 	touch $@
 
 setup: $(VENV)/.installed

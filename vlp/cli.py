@@ -133,11 +133,30 @@ def _demo(a: argparse.Namespace) -> None:
         run_demo(a.out, seed=a.seed, n_train=a.images, overrides=a.overrides)
 
 
+def _run_metrics(run: str) -> Path:
+    path = Path(run) / "metrics.jsonl"
+    if not path.is_file():
+        raise DataError(f"{run}: no metrics.jsonl (expected a run directory)")
+    return path
+
+
 def _plot(a: argparse.Namespace) -> None:
     from vlp.viz import plot_losses
 
-    out = plot_losses(Path(a.run) / "metrics.jsonl", a.out or Path(a.run) / "loss_curves.png")
+    out = plot_losses(_run_metrics(a.run), a.out or Path(a.run) / "loss_curves.png")
     print(f"wrote {out}")
+
+
+def _plot_trajectories(a: argparse.Namespace) -> None:
+    from vlp.viz import plot_trajectories
+
+    print(f"wrote {plot_trajectories(_run_metrics(a.run), a.out or Path(a.run) / 'trajectories.png')}")
+
+
+def _plot_retrieval(a: argparse.Namespace) -> None:
+    from vlp.viz import replot_retrieval
+
+    print(f"wrote {replot_retrieval(a.dir, a.out)}")
 
 
 def _plot_srcl(a: argparse.Namespace) -> None:
@@ -167,6 +186,21 @@ def _cocos(a: argparse.Namespace) -> None:
     for k, v in rec["stats"].items():
         print(f"  {k:24s} {v['mean']:10.3f} +- {v['std']:.3f}")
     print(f"wrote {Path(a.out) / 'cocos.json'} and cocos.png")
+
+
+def _convert_albef(a: argparse.Namespace) -> None:
+    from vlp.interop.albef import convert_albef_file
+
+    report = convert_albef_file(a.src, a.out, a.kind, a.image_size, a.allow_unexpected or (), a.config)
+    print(report.summary())
+    print(f"wrote {a.out} (key report: {Path(a.out) / 'key_report.json'})")
+
+
+def _convert_to_albef(a: argparse.Namespace) -> None:
+    from vlp.interop.albef import export_albef_checkpoint
+
+    print(export_albef_checkpoint(a.checkpoint, a.out).summary())
+    print(f"wrote {a.out}")
 
 
 def _data_check(a: argparse.Namespace) -> int:
@@ -344,12 +378,36 @@ def build_parser() -> argparse.ArgumentParser:
                    "nlvr2_text_only)")
     s.set_defaults(func=_demo)
 
+    s = sub.add_parser("convert", help="official ALBEF checkpoints <-> vlp checkpoint folders")
+    cv = s.add_subparsers(dest="what", required=True)
+    c = cv.add_parser("albef", help="an ALBEF .pth (pretrain, retrieval, VQA or NLVR2 format) -> a vlp checkpoint folder")
+    c.add_argument("src", help="ALBEF weights ({model: state_dict} or a bare state dict; read as tensors only)")
+    c.add_argument("out", help="checkpoint folder to write (model.safetensors, state.json, key_report.json)")
+    c.add_argument("--kind", default="auto", choices=["auto", "pretrain", "retrieval", "vqa", "nlvr"])
+    c.add_argument("--image-size", type=int, help="interpolate the position embedding to this resolution")
+    c.add_argument("--allow-unexpected", nargs="+", metavar="PATTERN", help="fnmatch patterns of ALBEF keys to drop")
+    c.add_argument("--config", help="model YAML (ModelConfig keys, e.g. text.heads) for what shapes do not tell")
+    c.set_defaults(func=_convert_albef)
+    c = cv.add_parser("to-albef", help="a vlp checkpoint -> an ALBEF .pth ({model: state_dict}) of its task's format")
+    c.add_argument("checkpoint", help="vlp checkpoint folder or run directory")
+    c.add_argument("out", help="the .pth file to write")
+    c.set_defaults(func=_convert_to_albef)
+
     s = sub.add_parser("plot", help="plots of a run")
     pl = s.add_subparsers(dest="what", required=True)
     c = pl.add_parser("losses", help="loss curves from RUN/metrics.jsonl")
     c.add_argument("run")
     c.add_argument("--out")
     c.set_defaults(func=_plot)
+    c = pl.add_parser("trajectories", help="alpha, temp (and ltd_lambda, ltd_violation, srcl_alpha_h when logged) "
+                      "from RUN/metrics.jsonl")
+    c.add_argument("run")
+    c.add_argument("--out", help="default: RUN/trajectories.png")
+    c.set_defaults(func=_plot_trajectories)
+    c = pl.add_parser("retrieval", help="the text->image example grid again, from an evaluation's retrieval_examples.json")
+    c.add_argument("dir", help="evaluation folder (--out of vlp evaluate retrieval) or run directory (its eval/)")
+    c.add_argument("--out", help="default: retrieval_examples.png next to the JSON")
+    c.set_defaults(func=_plot_retrieval)
     c = pl.add_parser("srcl-weights", help="heatmap of one batch's SRCL weights + histogram over many batches")
     c.add_argument("run", help="run directory or checkpoint (its config names the helper features)")
     c.add_argument("--out", help="output folder (default: RUN/srcl_plots)")

@@ -43,12 +43,25 @@ class VisionConfig:
     heads: Optional[int] = None
     mlp_ratio: float = 4.0
     drop_path: float = 0.0
-    # None: random init. Otherwise a local weights file (.safetensors/.pth/.bin) or a timm hub tag
-    # such as "deit_base_patch16_224.fb_in1k"; the position embedding is resized to img_size.
+    # None: random init. Otherwise a local weights file (.safetensors/.pth/.bin, open_clip .pt state
+    # dict) or a timm hub tag such as "deit_base_patch16_224.fb_in1k" (needs network); the position
+    # embedding is resized to img_size.
     pretrained: Optional[str] = None
+    # What `pretrained` holds (docs/training.md, "Initialising the image tower"): none | timm | deit |
+    # clip | open_clip. None: "timm" when pretrained is set, else "none". clip / open_clip build the
+    # CLIP ViT layout (arch vit_base_patch16_clip_quickgelu_224 / vit_base_patch16_clip_224: pre-norm,
+    # LayerNorm eps 1e-5, QuickGELU for clip); preset base matches ViT-B/16.
+    init: Optional[str] = None
+    # Tower keys the weights may lack (fnmatch patterns); any other missing key is an error.
+    init_allow_missing: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _choice("model.vision.preset", self.preset, VISION_PRESETS)
+        if self.init is not None:
+            _choice("model.vision.init", self.init, ["none", "timm", "deit", "clip", "open_clip"])
+        if self.init == "none" and self.pretrained is not None:
+            raise ConfigError(f"config keys 'model.vision.init'/'model.vision.pretrained': init=none loads no weights, "
+                              f"got pretrained={self.pretrained!r}")
 
 
 @dataclass
@@ -69,6 +82,9 @@ class TextConfig:
     tokenizer: Optional[str] = None
     max_len: int = 30
     dropout: float = 0.1
+    # ALBEF's forked tokenizer: a single text is encoded "[CLS] text" with NO trailing [SEP] (ALBEF#91,
+    # albef.md §9). Set by `vlp convert albef`; the official checkpoints need it.
+    albef_compat: bool = False
 
     def __post_init__(self) -> None:
         _choice("model.text.preset", self.preset, TEXT_PRESETS)
@@ -422,9 +438,14 @@ class TrainConfig:
     resume: Optional[str] = None  # a checkpoint folder or run directory, or "auto": this run's newest
     progress: bool = True
     average: AverageConfig = field(default_factory=AverageConfig)
+    # Extra metric sinks next to metrics.jsonl (always written): tensorboard (RUN/tb/), wandb.
+    loggers: list[str] = field(default_factory=list)
+    wandb_project: Optional[str] = None  # None: "vlp"
 
     def __post_init__(self) -> None:
         _choice("train.precision", self.precision, ["fp32", "bf16"])
+        for name in self.loggers:
+            _choice("train.loggers", name, ["tensorboard", "wandb"])
         if self.steps < 1:
             raise ConfigError(f"config key 'train.steps': got {self.steps}, expected >= 1")
         if self.grad_accum_steps < 1:

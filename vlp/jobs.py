@@ -18,7 +18,7 @@ from accelerate.utils import set_seed
 from torch.utils.data import DataLoader
 
 from vlp import __version__
-from vlp.config import VISION_PRESETS, BadSampleConfig, ConfigError, EvalConfig, LTDConfig, ModelConfig, PretrainConfig, apply_overrides, from_dict, resolved, to_dict, to_yaml
+from vlp.config import BadSampleConfig, ConfigError, EvalConfig, LTDConfig, ModelConfig, PretrainConfig, apply_overrides, from_dict, to_dict, to_yaml
 from vlp.data.datasets import BAD_SAMPLE_HINT, Collator, ImageTextDataset, train_loader
 from vlp.data.helper_cache import HelperCache, write_cache
 from vlp.data.targets import LatentTargets
@@ -27,6 +27,7 @@ from vlp.data.transforms import PixelNorm, load_tokenizer, test_transform, train
 from vlp.dist import is_dist, launch_rank, rank, world_size
 from vlp.eval.retrieval import RetrievalResult, check_k_test, embed, evaluate_retrieval
 from vlp.models.albef import ALBEF, param_count
+from vlp.models.build import build_task_model, model_image_size
 from vlp.models.dual import DualEncoder
 from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.dual import DualTask
@@ -34,6 +35,7 @@ from vlp.tasks.pretrain import PretrainTask
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.tasks.regulation import SRCLRegulator, helper_span
 from vlp.models.loading import CheckpointError
+from vlp.models.vision import check_vision_init, write_init_report
 from vlp.train.checkpoint import find_checkpoint, load_weights, read_state
 from vlp.train.loop import make_accelerator, train
 
@@ -43,27 +45,7 @@ def token_info(tokenizer) -> TokenInfo:
 
 
 def image_size(cfg: PretrainConfig) -> int:
-    if cfg.model.arch == "dual":
-        return cfg.model.dual.img_size
-    return resolved(cfg.model.vision, VISION_PRESETS)["img_size"]
-
-
-def build_task_model(kind: str, model: ModelConfig, vocab_size: int) -> torch.nn.Module:
-    """The model of a checkpoint kind (``state.json`` "task"): pretraining / helper ALBEF or dual
-    encoder, retrieval ALBEF (no MLM head), VQA (answer decoder), NLVR2 / NLVR TA (doubled fusion)."""
-    if model.arch == "dual":
-        return DualEncoder(model, vocab_size)
-    if kind == "retrieval":
-        return ALBEF(model, mlm=False)
-    if kind == "vqa":
-        from vlp.models.vqa import VQAModel
-
-        return VQAModel(model)
-    if kind in ("nlvr2", "nlvr-ta"):
-        from vlp.models.nlvr import NLVRModel
-
-        return NLVRModel(model, head="cls" if kind == "nlvr2" else "ta")
-    return ALBEF(model)
+    return model_image_size(cfg.model)
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int) -> Union[ALBEF, DualEncoder]:
@@ -138,7 +120,7 @@ def bad_sample_args(data: BadSampleConfig) -> dict:
 
 def prepare_run_dir(cfg: PretrainConfig) -> Path:
     """Create the run directory; refuse one that already holds a run (nothing written is lost)
-    unless the run resumes (``train.resume``)."""
+    unless the run resumes (``train.resume``). Writes ``config.yaml`` and ``run_info.json``."""
     run_dir = Path(cfg.output_dir)
     if cfg.train.resume:
         if not run_dir.is_dir():
@@ -149,6 +131,10 @@ def prepare_run_dir(cfg: PretrainConfig) -> Path:
                         "checkpoints/); choose another output_dir or move that run away")
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    if launch_rank()[0] == 0:  # versions, revision, devices, command line; a resume appends to "resumes"
+        from vlp.train.logging import write_run_info
+
+        write_run_info(run_dir, resumed=bool(cfg.train.resume))
     return run_dir
 
 
@@ -198,6 +184,7 @@ def check_run(cfg: PretrainConfig) -> None:
     """Combinations that need the launch or the evaluation data, checked before any work starts."""
     if cfg.model.arch == "albef":
         check_queue(cfg.model.queue_size, cfg.data.batch_size)
+        check_vision_init(cfg.model.vision)
     if cfg.data.eval:
         split = load_retrieval_split(cfg.data.eval, cfg.data.image_root)
         check_k_test(cfg.eval, len(split.images), len(split.texts), f"data.eval ({split.source})")
@@ -234,6 +221,7 @@ def run_pretrain(cfg: PretrainConfig) -> Path:
     run_dir = prepare_run_dir(cfg)
     print(f"vlp pretrain: {run.pairs} pairs, {run.images} images, "
           f"{param_count(run.model) / 1e6:.1f}M trainable parameters -> {run_dir}")
+    write_init_report(run.model, run_dir)  # vision_init_report.json + one line
     state = {"task": "pretrain", "vlp_version": __version__, "config": to_dict(cfg), "model": to_dict(cfg.model)}
     train(run.task, run.loader, cfg.train, run_dir, state, accelerator=run.accelerator(cfg),
           max_bad_fraction=cfg.data.max_bad_fraction)

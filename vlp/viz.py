@@ -3,6 +3,7 @@ weights, COCOS counts."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 from typing import Optional, Sequence
@@ -14,24 +15,85 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from vlp.data.formats import RetrievalSplit  # noqa: E402
+from vlp.data.formats import DataError, RetrievalSplit  # noqa: E402
 from vlp.train.logging import read_metrics  # noqa: E402
 
 
 LOSS_KEYS = ("loss", "itc", "itm", "mlm", "contrastive", "ltd_rec", "ltd_lambda")
+#: schedules and learned scalars: ITC distillation weight, temperature, LTD multiplier and bound
+#: violation, SRCL helper share
+TRAJECTORY_KEYS = ("alpha", "temp", "ltd_lambda", "ltd_violation", "srcl_alpha_h")
+
+
+def plot_metric_panels(metrics_jsonl: str | Path, out: str | Path, keys: Sequence[str], what: str) -> Path:
+    """One panel per key of ``keys`` that some record of ``metrics.jsonl`` holds (value against
+    step), side by side, 400 x 320 pixels each. Records without a key (a log window of skipped
+    steps has no losses) or with null are left out of its panel."""
+    rows = read_metrics(metrics_jsonl)
+    wanted, keys = list(keys), [k for k in keys if any(r.get(k) is not None for r in rows)]
+    if not keys:
+        raise DataError(f"{metrics_jsonl}: no {what} to plot (none of {', '.join(wanted)} in its {len(rows)} records)")
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
+    for ax, k in zip(axes[0], keys):
+        pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None)
+        ax.set_title(k)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return Path(out)
 
 
 def plot_losses(metrics_jsonl: str | Path, out: str | Path, keys: Sequence[str] = LOSS_KEYS) -> Path:
     """Training curves from ``metrics.jsonl`` (one panel per loss term)."""
-    rows = read_metrics(metrics_jsonl)
-    keys = [k for k in keys if any(k in r for r in rows)]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
-    for ax, k in zip(axes[0], keys):
-        pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts])
-        ax.set_title(k)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
+    return plot_metric_panels(metrics_jsonl, out, keys, "losses")
+
+
+def plot_trajectories(metrics_jsonl: str | Path, out: str | Path, keys: Sequence[str] = TRAJECTORY_KEYS) -> Path:
+    """alpha, temp and, when logged, ltd_lambda, ltd_violation, srcl_alpha_h against step."""
+    return plot_metric_panels(metrics_jsonl, out, keys, "trajectories")
+
+
+def retrieval_rows(split: RetrievalSplit, scores_t2i: torch.Tensor, relevant_images: Optional[list[list[int]]] = None,
+                   n_queries: int = 6, k: int = 5) -> list[dict]:
+    """What the text->image grid shows: ``n_queries`` evenly spaced captions, each with its top-k
+    images (``path``, ``index``, ``mark``: ``truth`` for its own image, ``relevant`` for another
+    image the relevance file lists, else null). JSON-ready."""
+    step = max(1, len(split.texts) // n_queries)
+    rows = []
+    for q in list(range(0, len(split.texts), step))[:n_queries]:
+        top = scores_t2i[q].topk(min(k, scores_t2i.shape[1])).indices.tolist()
+        marks = ["truth" if j == split.txt2img[q] else
+                 "relevant" if relevant_images is not None and j in relevant_images[q] else None for j in top]
+        rows.append({"query": q, "text": split.texts[q],
+                     "top": [{"index": j, "path": str(Path(split.images[j]).resolve()), "mark": m}
+                             for j, m in zip(top, marks)]})
+    return rows
+
+
+def plot_retrieval_grid(rows: list[dict], out: str | Path) -> Path:
+    """The grid of :func:`retrieval_rows`: a caption, then its top-k images (green frame: the
+    caption's own image, orange: another image it is true of), 180 x 190 pixels per cell."""
+    k = max(len(r["top"]) for r in rows)
+    fig, axes = plt.subplots(len(rows), k + 1, figsize=(1.8 * (k + 1), 1.9 * len(rows)), squeeze=False)
+    for row, info in zip(axes, rows):
+        row[0].axis("off")
+        row[0].text(0, 0.5, "\n".join(textwrap.wrap(info["text"], 24)), fontsize=7, va="center")
+        for ax in row[1 + len(info["top"]):]:
+            ax.axis("off")
+        for r, (ax, item) in enumerate(zip(row[1:], info["top"])):
+            with Image.open(item["path"]) as im:
+                ax.imshow(im.convert("RGB"))
+            ax.set_xticks([])
+            ax.set_yticks([])
+            color = {"truth": "limegreen", "relevant": "orange"}.get(item["mark"])
+            for s in ax.spines.values():
+                s.set_edgecolor(color or "lightgray")
+                s.set_linewidth(4 if color else 1)
+            ax.set_title(f"#{r + 1}", fontsize=7)
+    fig.suptitle("text -> image: green = ground truth, orange = also true of the caption", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -47,33 +109,24 @@ def plot_retrieval_examples(
     k: int = 5,
 ) -> Path:
     """Text->image examples: each row a caption and its top-k images. Green frame: the caption's
-    own image; orange: another image the caption is true of (relevance file)."""
-    step = max(1, len(split.texts) // n_queries)
-    queries = list(range(0, len(split.texts), step))[:n_queries]
-    fig, axes = plt.subplots(len(queries), k + 1, figsize=(1.8 * (k + 1), 1.9 * len(queries)), squeeze=False)
-    for row, q in zip(axes, queries):
-        row[0].axis("off")
-        row[0].text(0, 0.5, "\n".join(textwrap.wrap(split.texts[q], 24)), fontsize=7, va="center")
-        top = scores_t2i[q].topk(min(k, scores_t2i.shape[1])).indices.tolist()
-        for r, (ax, j) in enumerate(zip(row[1:], top)):
-            with Image.open(split.images[j]) as im:
-                ax.imshow(im.convert("RGB"))
-            ax.set_xticks([])
-            ax.set_yticks([])
-            color = None
-            if j == split.txt2img[q]:
-                color = "limegreen"
-            elif relevant_images is not None and j in relevant_images[q]:
-                color = "orange"
-            for s in ax.spines.values():
-                s.set_edgecolor(color or "lightgray")
-                s.set_linewidth(4 if color else 1)
-            ax.set_title(f"#{r + 1}", fontsize=7)
-    fig.suptitle("text -> image: green = ground truth, orange = also true of the caption", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return Path(out)
+    own image; orange: another image the caption is true of (relevance file). The rows shown are
+    saved next to the PNG (``retrieval_examples.json`` for ``retrieval_examples.png``), from which
+    ``vlp plot retrieval`` draws the grid again."""
+    rows = retrieval_rows(split, scores_t2i, relevant_images, n_queries, k)
+    Path(out).with_suffix(".json").write_text(json.dumps({"direction": "t2i", "k": k, "rows": rows}, indent=1))
+    return plot_retrieval_grid(rows, out)
+
+
+def replot_retrieval(run_or_eval_dir: str | Path, out: Optional[str | Path] = None) -> Path:
+    """The retrieval grid again from the ``retrieval_examples.json`` an evaluation saved (in the
+    folder given or its ``eval/``); default output: the PNG next to it."""
+    d = Path(run_or_eval_dir)
+    found = [p for p in (d / "retrieval_examples.json", d / "eval" / "retrieval_examples.json") if p.is_file()]
+    if not found:
+        raise DataError(f"{d}: no retrieval_examples.json here or in {d / 'eval'}; `vlp evaluate retrieval` "
+                                "(or pretraining with data.eval) writes it next to retrieval_examples.png")
+    rows = json.loads(found[0].read_text())["rows"]
+    return plot_retrieval_grid(rows, out or found[0].with_suffix(".png"))
 
 
 def plot_weight_heatmap(w: torch.Tensor, image_paths: Sequence[str], captions: Sequence[str], out: str | Path,

@@ -60,8 +60,13 @@ def open_image(path: str, origin: str, max_pixels: int = MAX_PIXELS, min_side: i
         raise BadImage(f"{origin}: cannot read image {path}: not an image file Pillow can identify") from None
     except (OSError, SyntaxError, ValueError) as e:  # truncated or corrupt data (Pillow raises all three)
         raise BadImage(f"{origin}: cannot read image {path}: truncated or corrupt ({e})") from None
-    if min(rgb.size) < min_side:
-        s = min_side / min(rgb.size)
-        rgb = rgb.resize((max(min_side, round(rgb.width * s)), max(min_side, round(rgb.height * s))),
-                         Image.Resampling.BICUBIC)
-    return rgb
+    return upscale_tiny(rgb, min_side)
+
+
+def upscale_tiny(im: Image.Image, min_side: int = MIN_SIDE) -> Image.Image:
+    """``im`` upscaled (bicubic, aspect kept) so that its shorter side is ``min_side``, if it is shorter."""
+    if min(im.size) >= min_side:
+        return im
+    s = min_side / min(im.size)
+    return im.resize((max(min_side, round(im.width * s)), max(min_side, round(im.height * s))),
+                     Image.Resampling.BICUBIC)

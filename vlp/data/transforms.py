@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from PIL import Image
@@ -118,21 +118,47 @@ def load_tokenizer(cfg: TextConfig):
     from vlp.models.text import minilm_path, resolve_source
 
     src = resolve_source(cfg.tokenizer) if cfg.tokenizer else str(minilm_path())
-    return BertTokenizerFast.from_pretrained(src)
+    tokenizer = BertTokenizerFast.from_pretrained(src)
+    # the config reaches every tokenize() call site through the tokenizer (collators, eval embedding)
+    setattr(tokenizer, ALBEF_COMPAT_ATTR, bool(cfg.albef_compat))
+    return tokenizer
+
+
+#: Tokenizer attribute set by :func:`load_tokenizer` from ``model.text.albef_compat``.
+ALBEF_COMPAT_ATTR = "vlp_albef_compat"
 
 
 #: ``data.text_padding``: pad each batch to its longest text, or every batch to ``max_len``.
 TEXT_PADDING = ("longest", "max_len")
 
 
-def tokenize(tokenizer, texts: Sequence[str], max_len: int, padding: str = "longest") -> dict[str, torch.Tensor]:
+def tokenize(tokenizer, texts: Sequence[str], max_len: int, padding: str = "longest",
+             albef_compat: Optional[bool] = None) -> dict[str, torch.Tensor]:
     """Clean (``pre_caption``) and tokenize -> ``input_ids``/``attention_mask`` [B, T], truncated to
     ``max_len`` tokens. ``padding``: ``longest`` (T = the longest text in the batch) or ``max_len``
-    (T = ``max_len`` for every batch: the shape a cross-rank gather of text needs)."""
+    (T = ``max_len`` for every batch: the shape a cross-rank gather of text needs).
+
+    ``albef_compat`` (default: the tokenizer's ``model.text.albef_compat``, see :func:`load_tokenizer`):
+    ALBEF's ``[CLS] text`` without the trailing ``[SEP]`` (so ``max_len - 1`` word pieces), padded after."""
     if padding not in TEXT_PADDING:
         raise ValueError(f"padding must be one of {list(TEXT_PADDING)}, got {padding!r}")
+    if albef_compat if albef_compat is not None else getattr(tokenizer, ALBEF_COMPAT_ATTR, False):
+        return _tokenize_albef(tokenizer, [pre_caption(t) for t in texts], max_len, padding)
     enc = tokenizer(
         [pre_caption(t) for t in texts], padding="longest" if padding == "longest" else "max_length",
         truncation=True, max_length=max_len, return_tensors="pt",
     )
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+
+def _tokenize_albef(tokenizer, texts: Sequence[str], max_len: int, padding: str) -> dict[str, torch.Tensor]:
+    """ALBEF's forked BERT tokenizer on single texts: ``[CLS] w_1 .. w_k`` (k <= max_len - 1), no [SEP]."""
+    pieces = tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_len - 1)["input_ids"]
+    rows = [[tokenizer.cls_token_id, *p] for p in pieces]
+    width = max_len if padding == "max_len" else max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        input_ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        attention_mask[i, : len(r)] = 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask}

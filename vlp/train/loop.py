@@ -32,6 +32,7 @@ from vlp.dist import mean_over_ranks
 from vlp.models.loading import CheckpointError
 from vlp.train.checkpoint import (find_checkpoint, prune_checkpoints, publish, read_state, save_checkpoint,
                                   set_aside_checkpoints_after, staging, write_parts)
+from vlp.train.loggers import open_loggers
 from vlp.train.logging import MetricsLog, progress
 from vlp.train.optim import build_optimizer, lr_at, trainable
 from vlp.train.swa import WeightAverager
@@ -354,7 +355,8 @@ def train(
     prep = prepare_training(acc, task, loader, cfg)
     task, optimizer, loader, inner, params = prep.task, prep.optimizer, prep.loader, prep.inner, prep.params
     to_save = (checkpoint_module or (lambda t: t.model))(inner)
-    log = MetricsLog(run_dir / "metrics.jsonl")
+    log = MetricsLog(run_dir / "metrics.jsonl", open_loggers(cfg.loggers, run_dir, acc.is_main_process, cfg.wandb_project,
+                                                             (state or {}).get("config")))  # + TensorBoard / W&B
     averager = None
     if cfg.average.snapshots:
         epoch_steps = len(loader) if hasattr(loader, "__len__") else None
@@ -399,6 +401,7 @@ def train(
             value = metrics[validation.select]
             improved = not best or value > best["value"]
             MetricsLog(run_dir / "val_metrics.jsonl").write({"step": step, **metrics, "best": improved})
+            log.sinks.log(metrics, step, prefix="val/")
             print(f"validation at step {step}: {validation.select} {value:.2f}"
                   + (" (best so far)" if improved else f" (best {best['value']:.2f} at step {best['step']})"))
             if improved:
@@ -431,7 +434,7 @@ def train(
                              "state (lower train.lr, set train.grad_clip or train.precision=fp32, then resume with "
                              "train.resume=auto)")
 
-    with stop_signals() as stop:  # SIGTERM / SIGUSR1: checkpoint at the next step boundary
+    with stop_signals() as stop, log:  # SIGTERM / SIGUSR1: checkpoint at the next step boundary; log closes its sinks
         for step in range(start, cfg.steps):
             lr = set_lr(optimizer, step, cfg)
             for m in undo:

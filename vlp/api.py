@@ -1,0 +1,387 @@
+"""Inference API: :class:`VLPModel` loads any vlp checkpoint (or a :meth:`VLPModel.save_pretrained`
+directory) and encodes, scores and answers with it, batched and without gradients.
+
+    from vlp import VLPModel
+    m = VLPModel.from_pretrained("runs/x")
+    m.similarity(["a.jpg"], ["a caption"])
+
+A ``save_pretrained`` directory (docs/api.md) holds exactly:
+
+* ``config.json``: format marker, vlp version, checkpoint kind, the model config, where the weights
+  came from, and for VQA the candidate answers and ``k_test``;
+* ``model.safetensors``: the inference weights. **Momentum twins and feature queues are dropped**
+  (they only serve training; a pretraining file shrinks to about half). Loading builds the model of
+  the kind with an empty queue and allows exactly the ``momentum.twin.*`` and ``queue.*`` keys to be
+  missing (every other key is loaded strictly), then sets the twin to a copy of the online weights;
+* the tokenizer files of ``tokenizer.save_pretrained`` (``tokenizer.json``, ``tokenizer_config.json``
+  with transformers 5);
+* ``preprocessor.json``: image size, resize mode, mean/std, minimum image side, caption cleaning,
+  ``max_len`` and padding.
+
+Loading such a directory goes through no training code (no :mod:`vlp.jobs`, no loaders); a
+checkpoint folder or run directory is read with :func:`vlp.jobs.load_model` (manifest verified).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Sequence, Union
+
+import torch
+from PIL import Image
+from torch import nn
+
+from vlp import __version__
+from vlp.config import ImageConfig, ModelConfig, from_dict, to_dict
+from vlp.data.images import MIN_SIDE, open_image, to_rgb, upscale_tiny
+from vlp.data.transforms import test_transform, tokenize
+from vlp.models.build import build_task_model, model_image_size
+from vlp.models.loading import CheckpointError
+
+#: what an image argument may be: a path, a PIL image, or a preprocessed tensor [3, H, W]
+ImageLike = Union[str, os.PathLike, Image.Image, torch.Tensor]
+Images = Union[ImageLike, Sequence[ImageLike]]
+Texts = Union[str, Sequence[str]]
+
+FORMAT, FORMAT_VERSION = "vlp-pretrained", 1
+CONFIG, WEIGHTS, PREPROCESSOR = "config.json", "model.safetensors", "preprocessor.json"
+#: state-dict prefixes save_pretrained leaves out (training-only state)
+DROPPED = ("momentum.", "queue.")
+RETRIEVAL_KINDS = ("pretrain", "helper", "retrieval")
+KINDS = (*RETRIEVAL_KINDS, "vqa", "nlvr2", "nlvr-ta")
+
+
+class UnsupportedKind(ValueError):
+    """A method the loaded checkpoint kind cannot run (e.g. ``answer`` on a pretraining checkpoint)."""
+
+
+@dataclass
+class Preprocessor:
+    """How inputs become model inputs (``preprocessor.json``): evaluation images are
+    ``Resize((image_size, image_size), bicubic)`` without crop, then normalised with ``mean``/``std``
+    (images whose shorter side is below ``min_side`` are first upscaled to it, as
+    :func:`vlp.data.images.open_image` does); texts are cleaned (``pre_caption``, or ALBEF's
+    ``pre_question`` for VQA questions), tokenized, truncated at ``max_len`` tokens and padded to the
+    longest text of a call. ``answer_max_len``: VQA candidate answers' token limit (VQA only)."""
+
+    image_size: int
+    mean: list[float]
+    std: list[float]
+    max_len: int
+    resize: str = "bicubic, no crop"
+    min_side: int = MIN_SIDE
+    caption_cleaning: str = "pre_caption"
+    padding: str = "longest"
+    answer_max_len: Optional[int] = None
+
+    def image_transform(self):
+        """The evaluation transform (:func:`vlp.data.transforms.test_transform`)."""
+        return test_transform(self.image_size, ImageConfig(mean=list(self.mean), std=list(self.std)))
+
+
+def build_inference_model(kind: str, model: ModelConfig, vocab_size: int) -> nn.Module:
+    """The model of a checkpoint kind (:func:`vlp.models.build.build_task_model`) with every
+    initialisation source off (the weights come from the file) and an empty feature queue."""
+    cfg = copy.deepcopy(model)
+    cfg.text.init, cfg.vision.pretrained, cfg.dual.image_pretrained = "random", None, None
+    cfg.queue_size = 0
+    return build_task_model(kind, cfg, vocab_size)
+
+
+def inference_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What ``model.safetensors`` holds: the checkpoint tensors (one name per tied group) without
+    momentum twins and queues."""
+    from vlp.train.checkpoint import weights_to_save
+
+    return {k: v for k, v in weights_to_save(model).items() if not k.startswith(DROPPED)}
+
+
+def load_inference_weights(model: nn.Module, path: Path) -> None:
+    """Strictly load an inference ``model.safetensors``: only tied aliases and the dropped
+    ``momentum.twin.*`` / ``queue.*`` keys may be missing; the twin becomes a copy of the online weights."""
+    from safetensors.torch import load_file
+
+    from vlp.models.loading import load_strict
+    from vlp.train.checkpoint import tied_groups
+
+    if not path.is_file():
+        raise CheckpointError(f"{path.parent}: missing {path.name}")
+    state = load_file(str(path))
+    aliases = [n for g in tied_groups(model) if any(n in state for n in g) for n in g if n not in state]
+    load_strict(model, state, source=str(path), allow_missing=[*aliases, "momentum.twin.*", "queue.*"])
+    twin = getattr(model, "momentum", None)
+    if twin is not None:
+        twin.copy_from_online()
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _as_list(x, single: tuple) -> list:
+    """A single item (of the ``single`` types, or a 3-d tensor) as a one-element list."""
+    if isinstance(x, single) or (isinstance(x, torch.Tensor) and x.dim() == 3):
+        return [x]
+    return list(x)
+
+
+class VLPModel:
+    """A loaded vlp model with its config, tokenizer and evaluation preprocessing.
+
+    Methods take one or several images (paths, PIL images, or tensors [3, H, W] / [N, 3, H, W]
+    already preprocessed like :meth:`pixel_values`) and one or several strings; they run under
+    ``torch.no_grad()`` in batches of ``batch_size`` and return CPU tensors. What a kind can do:
+    ``encode_image`` / ``encode_text`` / ``similarity``: pretrain, helper, retrieval (ALBEF or dual
+    encoder); ``itm_score``: the same kinds with an ALBEF fusion encoder; ``answer``: vqa;
+    ``nlvr``: nlvr2. Anything else raises :class:`UnsupportedKind`.
+    """
+
+    def __init__(self, model: nn.Module, kind: str, model_config: ModelConfig, tokenizer, preprocessor: Preprocessor,
+                 answers: Optional[list[str]] = None, vqa_k_test: int = 128, source: Optional[dict] = None,
+                 batch_size: int = 64) -> None:
+        if kind not in KINDS:
+            raise CheckpointError(f"unknown checkpoint kind {kind!r}; expected one of {list(KINDS)}")
+        self.model, self.kind, self.model_config = model.eval(), kind, model_config
+        self.tokenizer, self.preprocessor = tokenizer, preprocessor
+        self.answers, self.vqa_k_test, self.source = answers, vqa_k_test, source or {}
+        self.batch_size = batch_size
+        self.transform = preprocessor.image_transform()
+
+    # -- loading and saving --------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, device: Optional[str | torch.device] = None,
+                        batch_size: int = 64) -> "VLPModel":
+        """Load a :meth:`save_pretrained` directory, a checkpoint folder or a run directory (its
+        newest valid checkpoint). ``device``: default CUDA if available, else CPU."""
+        path = Path(path)
+        device = torch.device(device) if device is not None else default_device()
+        if (path / CONFIG).is_file():
+            return cls._from_directory(path, device, batch_size)
+        return cls._from_checkpoint(path, device, batch_size)
+
+    @classmethod
+    def _from_directory(cls, path: Path, device: torch.device, batch_size: int) -> "VLPModel":
+        from transformers import BertTokenizerFast
+
+        config = json.loads((path / CONFIG).read_text())
+        if config.get("format") != FORMAT:
+            raise CheckpointError(f"{path / CONFIG}: not a vlp save_pretrained config "
+                                  f"(format {config.get('format')!r})")
+        if config.get("format_version", 0) > FORMAT_VERSION:
+            raise CheckpointError(f"{path}: format version {config['format_version']} is newer than this vlp reads "
+                                  f"({FORMAT_VERSION}); upgrade vlp")
+        kind, mcfg = config["kind"], from_dict(ModelConfig, config["model"])
+        pre = Preprocessor(**json.loads((path / PREPROCESSOR).read_text()))
+        tokenizer = BertTokenizerFast.from_pretrained(str(path))
+        model = build_inference_model(kind, mcfg, len(tokenizer))
+        load_inference_weights(model, path / WEIGHTS)
+        vqa = config.get("vqa") or {}
+        return cls(model.to(device), kind, mcfg, tokenizer, pre, vqa.get("answers"), vqa.get("k_test", 128),
+                   config.get("source"), batch_size)
+
+    @classmethod
+    def _from_checkpoint(cls, path: Path, device: torch.device, batch_size: int) -> "VLPModel":
+        from vlp.config import FINETUNE_TASKS, FinetuneConfig
+        from vlp.data.formats import load_answer_list
+        from vlp.jobs import load_model
+        from vlp.train.checkpoint import find_checkpoint, read_state
+
+        ckpt = find_checkpoint(path)
+        state = read_state(ckpt)
+        kind = state.get("task", "pretrain")
+        model, cfg, tokenizer = load_model(ckpt, device)
+        max_len, answers, k_test, answer_max_len = cfg.model.text.max_len, None, 128, None
+        if kind in FINETUNE_TASKS:  # the fine-tuning run's text settings
+            ft = from_dict(FinetuneConfig, state["config"])
+            max_len, k_test = ft.data.max_len, ft.vqa.k_test
+            if kind == "vqa":
+                answer_max_len = ft.vqa.answer_max_len
+                if ft.data.answer_list and Path(ft.data.answer_list).is_file():
+                    answers = load_answer_list(ft.data.answer_list)
+        pre = Preprocessor(model_image_size(cfg.model), list(cfg.data.image.mean), list(cfg.data.image.std), max_len,
+                           caption_cleaning="pre_question" if kind == "vqa" else "pre_caption",
+                           answer_max_len=answer_max_len)
+        source = {"checkpoint": str(ckpt.resolve()), "step": state.get("step"), "vlp_version": state.get("vlp_version")}
+        return cls(model, kind, cfg.model, tokenizer, pre, answers, k_test, source, batch_size)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> Path:
+        """Write ``config.json``, ``model.safetensors`` (no momentum twins or queues), the tokenizer
+        files and ``preprocessor.json`` into ``directory`` (written next to it, then renamed). An
+        existing directory is replaced only if it is empty or an earlier ``save_pretrained`` output."""
+        from safetensors.torch import save_file
+
+        out = Path(directory)
+        if out.exists() and any(out.iterdir()) and not (out / CONFIG).is_file():
+            raise FileExistsError(f"{out} exists and is not a vlp save_pretrained directory; choose another")
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_file(inference_weights(self.model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / CONFIG).write_text(json.dumps(self.config_dict(), indent=2) + "\n")
+        (tmp / PREPROCESSOR).write_text(json.dumps(asdict(self.preprocessor), indent=2) + "\n")
+        self.tokenizer.save_pretrained(str(tmp))
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        return out
+
+    def config_dict(self) -> dict:
+        """The content of ``config.json``."""
+        model = to_dict(self.model_config)
+        model["text"]["init"], model["vision"]["pretrained"], model["dual"]["image_pretrained"] = "random", None, None
+        out = {"format": FORMAT, "format_version": FORMAT_VERSION, "vlp_version": __version__, "kind": self.kind,
+               "architecture": type(self.model).__name__, "model": model,
+               "weights": {"file": WEIGHTS, "momentum_twins": "dropped", "queues": "dropped"},
+               "source": self.source}
+        if self.kind == "vqa":
+            out["vqa"] = {"k_test": self.vqa_k_test, "answers": self.answers}
+        return out
+
+    # -- preprocessing -------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _image_tensor(self, image: ImageLike, i: int) -> torch.Tensor:
+        if isinstance(image, torch.Tensor):
+            return image
+        if isinstance(image, Image.Image):
+            im = upscale_tiny(to_rgb(image), self.preprocessor.min_side)  # as open_image does for files
+        else:
+            im = open_image(str(image), f"image {i}", min_side=self.preprocessor.min_side)
+        return self.transform(im)
+
+    def _image_list(self, images: Images) -> list:
+        if isinstance(images, torch.Tensor) and images.dim() == 4:
+            return list(images.unbind(0))
+        return _as_list(images, (str, os.PathLike, Image.Image))
+
+    def pixel_values(self, images: Images) -> torch.Tensor:
+        """Preprocessed images [N, 3, S, S] (the evaluation transform; tensors pass unchanged)."""
+        return torch.stack([self._image_tensor(im, i) for i, im in enumerate(self._image_list(images))])
+
+    def _image_batches(self, images: Images, batch_size: Optional[int]) -> Iterator[torch.Tensor]:
+        items, bs = self._image_list(images), batch_size or self.batch_size
+        for s in range(0, len(items), bs):
+            yield torch.stack([self._image_tensor(im, s + j) for j, im in enumerate(items[s : s + bs])]).to(self.device)
+
+    def tokenize(self, texts: Texts) -> dict[str, torch.Tensor]:
+        """``input_ids`` / ``attention_mask`` [N, T] of captions (:func:`vlp.data.transforms.tokenize`:
+        ``pre_caption``, ``max_len`` tokens, padded to the longest)."""
+        return tokenize(self.tokenizer, _as_list(texts, (str,)), self.preprocessor.max_len)
+
+    # -- capabilities --------------------------------------------------------------------------
+
+    def _require(self, method: str, kinds: Sequence[str], what: str, fusion: bool = False) -> None:
+        dual = self.model_config.arch == "dual"
+        if self.kind not in kinds or (fusion and dual):
+            arch = " with model.arch=dual (no fusion encoder)" if dual else ""
+            raise UnsupportedKind(f"VLPModel.{method} needs {what} ({' or '.join(kinds)} checkpoint"
+                                  f"{', model.arch=albef' if fusion else ''}); this is a {self.kind} checkpoint{arch}")
+
+    # -- retrieval -----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def encode_image(self, images: Images, batch_size: Optional[int] = None) -> torch.Tensor:
+        """L2-normalised ITC image features [N, D] (D = ``model.embed_dim``)."""
+        self._require("encode_image", RETRIEVAL_KINDS, "ITC projections")
+        return torch.cat([self.model.encode_image(b).feat.cpu() for b in self._image_batches(images, batch_size)])
+
+    @torch.no_grad()
+    def encode_text(self, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
+        """L2-normalised ITC text features [N, D]."""
+        self._require("encode_text", RETRIEVAL_KINDS, "ITC projections")
+        tok, bs = self.tokenize(texts), batch_size or self.batch_size
+        ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
+        return torch.cat([self.model.encode_text(ids[s : s + bs], mask[s : s + bs]).feat.cpu()
+                          for s in range(0, len(ids), bs)])
+
+    @torch.no_grad()
+    def similarity(self, images: Images, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
+        """ITC cosine similarities [N_img, N_txt] (not divided by the temperature)."""
+        return self.encode_image(images, batch_size) @ self.encode_text(texts, batch_size).T
+
+    @torch.no_grad()
+    def itm_score(self, images: Images, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
+        """Match probability [N] of aligned pairs (``images[i]``, ``texts[i]``): the ITM head's
+        softmax class 1 on the fused [CLS] state."""
+        self._require("itm_score", RETRIEVAL_KINDS, "the ITM head", fusion=True)
+        tok, bs = self.tokenize(texts), batch_size or self.batch_size
+        n_img = len(self._image_list(images))
+        if n_img != len(tok["input_ids"]):
+            raise ValueError(f"itm_score scores aligned pairs: got {n_img} images and {len(tok['input_ids'])} texts")
+        ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
+        out = []
+        for k, pixels in enumerate(self._image_batches(images, bs)):
+            rows = slice(k * bs, k * bs + len(pixels))
+            tokens = self.model.encode_image(pixels).tokens
+            fused = self.model.fuse(self.model.text_states(ids[rows], mask[rows]), mask[rows], tokens)
+            out.append(self.model.itm_logits(fused).float().softmax(-1)[:, 1].cpu())
+        return torch.cat(out)
+
+    # -- VQA -----------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def answer(self, images: Images, questions: Texts, candidates: Optional[Sequence[str]] = None,
+               k: Optional[int] = None, batch_size: Optional[int] = None) -> list[str]:
+        """The answer to each (image, question) pair, ranked over ``candidates`` (default: the
+        checkpoint's answer list) with ALBEF's two-step ranking: the ``k`` candidates (default the
+        fine-tuning run's ``vqa.k_test``) with the most probable first token, re-scored by their
+        full-sequence likelihood (:meth:`vlp.models.vqa.VQAModel.rank_answers`)."""
+        from vlp.data.vqa import VQACollator, tokenize_answers
+
+        self._require("answer", ("vqa",), "the VQA answer decoder")
+        answers = list(candidates) if candidates is not None else self.answers
+        if not answers:
+            raise ValueError("VLPModel.answer: this checkpoint stores no answer list (its data.answer_list file was "
+                             "not found when it was loaded); pass candidates=[...]")
+        questions = _as_list(questions, (str,))
+        if len(self._image_list(images)) != len(questions):
+            raise ValueError(f"answer takes one image per question: got {len(self._image_list(images))} images "
+                             f"and {len(questions)} questions")
+        pre, bs = self.preprocessor, batch_size or self.batch_size
+        cand_ids, cand_mask = tokenize_answers(self.tokenizer, answers, pre.answer_max_len or 10)
+        cand_ids, cand_mask = cand_ids.to(self.device), cand_mask.to(self.device)
+        collate = VQACollator(self.tokenizer, pre.max_len, pre.answer_max_len or 10)  # pre_question, as evaluation
+        out: list[str] = []
+        for b, pixels in enumerate(self._image_batches(images, bs)):
+            qs = questions[b * bs : b * bs + len(pixels)]
+            batch = collate([{"image": p, "question": q, "answers": [], "weights": [], "index": 0}
+                             for p, q in zip(pixels, qs)])
+            ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
+            states = self.model.encode_question(pixels, ids, mask)
+            pred, _ = self.model.rank_answers(states, mask, cand_ids, cand_mask, k or self.vqa_k_test)
+            out += [answers[i] for i in pred.tolist()]
+        return out
+
+    # -- NLVR2 ---------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def nlvr(self, images0: Images, images1: Images, sentences: Texts,
+             batch_size: Optional[int] = None) -> Union[float, torch.Tensor]:
+        """Probability that each sentence is true of its image pair: a float for one sentence
+        (a ``str``), else a tensor [N]; ``> 0.5`` is the model's True."""
+        self._require("nlvr", ("nlvr2",), "the NLVR2 classifier")
+        single = isinstance(sentences, str)
+        tok, bs = self.tokenize(sentences), batch_size or self.batch_size
+        n0, n1, n = len(self._image_list(images0)), len(self._image_list(images1)), len(tok["input_ids"])
+        if not n0 == n1 == n:
+            raise ValueError(f"nlvr takes one image pair per sentence: got {n0} + {n1} images and {n} sentences")
+        ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
+        out = []
+        for k, (p0, p1) in enumerate(zip(self._image_batches(images0, bs), self._image_batches(images1, bs))):
+            rows = slice(k * bs, k * bs + len(p0))
+            out.append(self.model.classify(p0, p1, ids[rows], mask[rows]).float().softmax(-1)[:, 1].cpu())
+        prob = torch.cat(out)
+        return float(prob[0]) if single else prob
+
+    def __repr__(self) -> str:
+        return (f"VLPModel(kind={self.kind!r}, model={type(self.model).__name__}, image_size="
+                f"{self.preprocessor.image_size}, device={self.device})")

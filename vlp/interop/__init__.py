@@ -1,0 +1,1 @@
+"""Checkpoint interoperability with other code bases (official ALBEF: :mod:`vlp.interop.albef`)."""
