@@ -221,6 +221,19 @@ def test_albef_compat_tokenization():
     assert tokenize(tok, texts, 8, albef_compat=False)["input_ids"].tolist() == default["input_ids"].tolist()
 
 
+def test_albef_compat_vqa_questions():
+    """VQA questions follow the same rule (ALBEF: [CLS] q, no [SEP]; untruncated at test time)."""
+    from vlp.data.vqa import VQACollator
+
+    items = [{"image": torch.zeros(3, 4, 4), "question": "What colour is the cat?", "answers": ["red"], "index": 0,
+              "weights": [1.0]}]
+    q = load_tokenizer(TextConfig())("what colour is the cat", add_special_tokens=False)["input_ids"]
+    for compat in (False, True):
+        tok = load_tokenizer(TextConfig(albef_compat=compat))
+        ids = VQACollator(tok, question_max_len=None)(items)["input_ids"][0].tolist()
+        assert ids == [tok.cls_token_id, *q] + ([] if compat else [tok.sep_token_id])
+
+
 # ----------------------------------------------------------------------------- CLI and independent forward
 
 

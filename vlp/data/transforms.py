@@ -132,28 +132,32 @@ ALBEF_COMPAT_ATTR = "vlp_albef_compat"
 TEXT_PADDING = ("longest", "max_len")
 
 
-def tokenize(tokenizer, texts: Sequence[str], max_len: int, padding: str = "longest",
-             albef_compat: Optional[bool] = None) -> dict[str, torch.Tensor]:
-    """Clean (``pre_caption``) and tokenize -> ``input_ids``/``attention_mask`` [B, T], truncated to
-    ``max_len`` tokens. ``padding``: ``longest`` (T = the longest text in the batch) or ``max_len``
-    (T = ``max_len`` for every batch: the shape a cross-rank gather of text needs).
+def tokenize(tokenizer, texts: Sequence[str], max_len: Optional[int], padding: str = "longest",
+             albef_compat: Optional[bool] = None,
+             clean: Callable[[str], str] = pre_caption) -> dict[str, torch.Tensor]:
+    """Clean (``clean``: ALBEF's ``pre_caption``) and tokenize -> ``input_ids``/``attention_mask``
+    [B, T], truncated to ``max_len`` tokens (None: not truncated; ALBEF's VQA test questions).
+    ``padding``: ``longest`` (T = the longest text in the batch) or ``max_len`` (T = ``max_len`` for
+    every batch: the shape a cross-rank gather of text needs).
 
     ``albef_compat`` (default: the tokenizer's ``model.text.albef_compat``, see :func:`load_tokenizer`):
     ALBEF's ``[CLS] text`` without the trailing ``[SEP]`` (so ``max_len - 1`` word pieces), padded after."""
     if padding not in TEXT_PADDING:
         raise ValueError(f"padding must be one of {list(TEXT_PADDING)}, got {padding!r}")
+    if padding == "max_len" and max_len is None:
+        raise ValueError("padding='max_len' needs a max_len")
+    cleaned = [clean(t) for t in texts]
     if albef_compat if albef_compat is not None else getattr(tokenizer, ALBEF_COMPAT_ATTR, False):
-        return _tokenize_albef(tokenizer, [pre_caption(t) for t in texts], max_len, padding)
-    enc = tokenizer(
-        [pre_caption(t) for t in texts], padding="longest" if padding == "longest" else "max_length",
-        truncation=True, max_length=max_len, return_tensors="pt",
-    )
+        return _tokenize_albef(tokenizer, cleaned, max_len, padding)
+    enc = tokenizer(cleaned, padding="longest" if padding == "longest" else "max_length",
+                    truncation=max_len is not None, max_length=max_len, return_tensors="pt")
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
 
-def _tokenize_albef(tokenizer, texts: Sequence[str], max_len: int, padding: str) -> dict[str, torch.Tensor]:
+def _tokenize_albef(tokenizer, texts: Sequence[str], max_len: Optional[int], padding: str) -> dict[str, torch.Tensor]:
     """ALBEF's forked BERT tokenizer on single texts: ``[CLS] w_1 .. w_k`` (k <= max_len - 1), no [SEP]."""
-    pieces = tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_len - 1)["input_ids"]
+    cut = {"truncation": True, "max_length": max_len - 1} if max_len is not None else {"truncation": False}
+    pieces = tokenizer(list(texts), add_special_tokens=False, **cut)["input_ids"]
     rows = [[tokenizer.cls_token_id, *p] for p in pieces]
     width = max_len if padding == "max_len" else max(len(r) for r in rows)
     input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -10,7 +11,7 @@ from PIL import Image
 from vlp.data.datasets import ItemDataset, count_bad
 from vlp.data.formats import DataError, VQAQuestion
 from vlp.data.images import MAX_PIXELS, MIN_SIDE
-from vlp.data.transforms import DELETE_CHARS
+from vlp.data.transforms import DELETE_CHARS, tokenize
 
 TRAIN_MAX_WORDS, TEST_MAX_WORDS = 30, 50  # ALBEF pre_question word limits
 
@@ -81,10 +82,8 @@ class VQACollator:
         self.tokenizer, self.question_max_len, self.answer_max_len = tokenizer, question_max_len, answer_max_len
 
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
-        questions = [pre_question(it["question"], TEST_MAX_WORDS) for it in items]
-        trunc = self.question_max_len is not None
-        enc = self.tokenizer(questions, padding="longest", truncation=trunc, max_length=self.question_max_len,
-                             return_tensors="pt")
+        enc = tokenize(self.tokenizer, [it["question"] for it in items], self.question_max_len,
+                       clean=partial(pre_question, max_words=TEST_MAX_WORDS))  # [CLS] q [SEP]; [CLS] q in albef_compat
         answers = [a for it in items for a in it["answers"]]
         ids, mask = tokenize_answers(self.tokenizer, answers, self.answer_max_len)
         counts = torch.tensor([len(it["answers"]) for it in items], dtype=torch.long)
