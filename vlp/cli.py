@@ -310,6 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
     c.set_defaults(func=_data_check)
 
+    from vlp.data.prepare import add_prepare_parser  # vlp prepare coco|flickr30k|cc3m|sbu|vg|vqa|vqa-answers|nlvr2
+
+    add_prepare_parser(sub)
+
     s = sub.add_parser("analyze", help="analyses of a trained model")
     an = s.add_subparsers(dest="what", required=True)
     c = an.add_parser("cocos", help="count candidates contributing to each query's gradient (COCOS)")
