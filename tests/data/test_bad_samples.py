@@ -73,6 +73,7 @@ BAD_KINDS: dict[str, tuple[str, Callable[[Path], None] | None, str]] = {
                       "cannot read image {path}: truncated or corrupt (image file is truncated"),
     "text_as_jpg": ("notes.jpg", lambda p: p.write_text("not an image, just text\n"),
                     "cannot read image {path}: not an image file Pillow can identify"),
+    "directory": ("folder.jpg", lambda p: p.mkdir(), "{path} is a directory, not an image file"),
     "too_many_pixels": ("huge.png", lambda p: Image.new("RGB", (80, 70), (1, 2, 3)).save(p),
                         "image {path} is 80x70 = 5600 pixels, more than the limit of 5000 (decompression-bomb guard, "
                         "data.max_image_pixels)"),

@@ -54,6 +54,8 @@ def open_image(path: str, origin: str, max_pixels: int = MAX_PIXELS, min_side: i
         raise
     except FileNotFoundError:
         raise BadImage(f"{origin}: image file not found: {path}") from None
+    except IsADirectoryError:
+        raise BadImage(f"{origin}: {path} is a directory, not an image file") from None
     except Image.DecompressionBombError as e:
         raise BadImage(f"{origin}: image {path} refused as a decompression bomb: {e}") from None
     except UnidentifiedImageError:
