@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from vlp.config import ConfigError, VisionConfig
-from vlp.interop.clip import CLIP_DROPPED, CLIP_TRANSFORMS
+from vlp.interop.clip import CLIP_DROPPED, CLIP_TRANSFORMS, synthetic_clip_state
 from vlp.models.loading import CheckpointError
 from vlp.models.vision import TIMM_DROPPED, build_vision, check_vision_init, report_line, resize_pos_embed, write_init_report
 
@@ -21,30 +21,7 @@ TIMM_REASON = dict(TIMM_DROPPED)
 
 def clip_state(grid: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
     """An OpenAI/open_clip ``model.state_dict()`` at tiny size: image tower + text tower keys."""
-    g = torch.Generator().manual_seed(seed)
-
-    def r(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g) * 0.2
-
-    sd = {"visual.conv1.weight": r(W, 3, PATCH, PATCH), "visual.class_embedding": r(W),
-          "visual.positional_embedding": r(1 + grid * grid, W),
-          "visual.ln_pre.weight": 1 + r(W), "visual.ln_pre.bias": r(W)}
-    for i in range(DEPTH):
-        b = f"visual.transformer.resblocks.{i}."
-        sd.update({b + "ln_1.weight": 1 + r(W), b + "ln_1.bias": r(W),
-                   b + "attn.in_proj_weight": r(3 * W, W), b + "attn.in_proj_bias": r(3 * W),
-                   b + "attn.out_proj.weight": r(W, W), b + "attn.out_proj.bias": r(W),
-                   b + "ln_2.weight": 1 + r(W), b + "ln_2.bias": r(W),
-                   b + "mlp.c_fc.weight": r(4 * W, W), b + "mlp.c_fc.bias": r(4 * W),
-                   b + "mlp.c_proj.weight": r(W, 4 * W), b + "mlp.c_proj.bias": r(W)})
-    sd.update({"visual.ln_post.weight": 1 + r(W), "visual.ln_post.bias": r(W), "visual.proj": r(W, EMBED)})
-    # text tower, temperature and OpenAI's hyper-parameter tensors: dropped on purpose
-    sd.update({"token_embedding.weight": r(50, EMBED), "positional_embedding": r(8, EMBED),
-               "transformer.resblocks.0.ln_1.weight": r(EMBED), "transformer.resblocks.0.attn.in_proj_weight": r(3 * EMBED, EMBED),
-               "ln_final.weight": r(EMBED), "ln_final.bias": r(EMBED), "text_projection": r(EMBED, EMBED),
-               "logit_scale": torch.tensor(4.6), "input_resolution": torch.tensor(32), "context_length": torch.tensor(8),
-               "vocab_size": torch.tensor(50)})
-    return sd
+    return synthetic_clip_state(W, DEPTH, PATCH, grid, EMBED, seed)
 
 
 def clip_cfg(path, kind: str = "clip", img_size: int = 32, **kw) -> VisionConfig:
