@@ -21,6 +21,7 @@ them into ``batch["bad_samples"]``.
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 import random
 import signal
 from contextlib import contextmanager
@@ -200,7 +201,7 @@ def load_image(path: str, origin: str, max_pixels: int = MAX_PIXELS, min_side: i
     return open_image(path, origin, max_pixels, min_side)
 
 
-class ItemDataset(Dataset):
+class ItemDataset(Dataset, ABC):
     """A map-style dataset of image items under the bad-sample policy and per-item seeds (module doc).
 
     Subclasses implement :meth:`load` (one item, reading images with :meth:`image`) and ``__len__``.
@@ -215,8 +216,9 @@ class ItemDataset(Dataset):
     def image(self, path: str, origin: str) -> Image.Image:
         return load_image(path, origin, self.max_pixels, self.min_side)
 
+    @abstractmethod
     def load(self, i: int) -> dict:
-        raise NotImplementedError
+        """Item ``i`` (images read with :meth:`image`), under the random streams the caller set."""
 
     def __getitem__(self, key: int | SeededIndex) -> dict:
         """The item of ``key``: a :class:`SeededIndex` loads under its seed, an int with the global

@@ -9,6 +9,7 @@ past corrupted or truncated ones (each reported by name).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -58,6 +59,14 @@ def write_parts(tmp: Path, model: nn.Module, state: dict[str, Any],
 
 
 def _sha256(path: Path) -> str:
+    """SHA-256 of a file, computed once per file version: a checkpoint read by several steps of one
+    job (find, then load) is hashed once; a rewritten file (new size, mtime or inode) again."""
+    st = path.stat()
+    return _sha256_of(str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256_of(path: str, _size: int, _mtime_ns: int, _inode: int) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
