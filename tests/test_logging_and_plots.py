@@ -294,3 +294,21 @@ def test_srcl_weight_heatmap_size(tmp_path):
     w = torch.rand(n, n, generator=torch.Generator().manual_seed(0)) * 2
     out = plot_weight_heatmap(w, paths, [f"caption {i}" for i in range(n)], tmp_path / "h.png", "title")
     assert png_size(out) == (814, 847)  # (1.2 + 0.62 n) x (2.2 + 0.55 n) in at 110 dpi
+
+
+def test_metrics_log_survives_a_kill_mid_line(tmp_path) -> None:
+    """SIGKILL can cut the last record of metrics.jsonl short; reading (and a resume's truncation)
+    drops that line, while a bad line elsewhere is an error naming it."""
+    from vlp.data.formats import DataError
+    from vlp.train.logging import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.25}\n{"step": 3, "lo')
+    assert read_metrics(path) == [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.25}]
+    log = MetricsLog(path)
+    log.truncate_after(1)
+    log.write({"step": 2, "loss": 2.0})
+    assert read_metrics(path) == [{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.0}]
+    path.write_text('{"step": 1}\n{"step": 2,,}\n{"step": 3}\n')
+    with pytest.raises(DataError, match=r"metrics.jsonl, line 2: not a JSON record"):
+        read_metrics(path)

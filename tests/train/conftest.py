@@ -47,7 +47,11 @@ def launch_pretrain() -> Launch:
         else:
             cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
                    f"--master_port={_free_port()}", "-m", "vlp.cli", "pretrain", *args]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+        except subprocess.TimeoutExpired as e:  # what it printed, whole, not the exception's abridged repr
+            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
+            pytest.fail(f"{' '.join(cmd)} timed out after 600 s; its stderr ended with:\n{err[-6000:]}")
         if check:
             assert res.returncode == 0, res.stderr[-4000:]
         return res

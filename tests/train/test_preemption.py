@@ -43,7 +43,7 @@ def test_stopped_or_killed_run_resumes_exactly(sig, objective, tmp_path, tiny_mo
     workers = 2 if objective == "srcl+ltd" else 0  # per-item seeds: exact with loader workers too
     args = ["--config", "configs/pretrain/shapes_tiny.yaml", f"data.train=[{pairs_file}]", "data.batch_size=4",
             f"data.num_workers={workers}", f"train.steps={STEPS}", "train.log_every=1", "train.warmup_steps=0",
-            "train.progress=false", "train.ckpt_every=5", *tiny_model, *extra]
+            "train.progress=false", "train.ckpt_every=5", "train.keep_last=2", *tiny_model, *extra]
     run = tmp_path / "stopped"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "vlp.cli", "pretrain", *args, f"output_dir={run}"], cwd=ROOT,
@@ -82,3 +82,27 @@ def test_stopped_or_killed_run_resumes_exactly(sig, objective, tmp_path, tiny_mo
         task = [load_file(str(r / "checkpoints" / f"step_{STEPS:07d}" / "train_state" / "task.safetensors"))
                 for r in (tmp_path / "full", run)]
         assert task[0].keys() == task[1].keys() and all(torch.equal(v, task[1][k]) for k, v in task[0].items())
+
+
+def test_a_run_failing_with_loader_workers_exits_instead_of_hanging(tmp_path, tiny_model, pairs_file) -> None:
+    """Workers ignore SIGTERM (above); multiprocessing's exit handler SIGTERMs them and waits. A run
+    that raises mid-training, before its loader shut the workers down, must still exit (status 1,
+    its traceback printed) rather than wait forever."""
+    script = tmp_path / "fail_at_step_3.py"
+    script.write_text("import sys\nimport vlp.train.logging as L\nwrite = L.MetricsLog.write\n"
+                      "def failing(self, record):\n"
+                      "    if record.get('step') == 3:\n        raise RuntimeError('failed at step 3 on purpose')\n"
+                      "    return write(self, record)\n"
+                      "L.MetricsLog.write = failing\nfrom vlp.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
+    args = ["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"data.train=[{pairs_file}]",
+            "data.batch_size=4", "data.num_workers=2", "train.steps=20", "train.log_every=1", "train.progress=false",
+            *tiny_model, f"output_dir={tmp_path / 'run'}"]
+    try:
+        res = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the failed run hung at exit (its loader workers were never stopped)")
+    assert res.returncode == 1 and "RuntimeError: failed at step 3 on purpose" in res.stderr, res.stderr[-3000:]
+    assert "Exception ignored in atexit" not in res.stderr
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2

@@ -20,7 +20,10 @@ them into ``batch["bad_samples"]``.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
+import multiprocessing
 from abc import ABC, abstractmethod
 import random
 import signal
@@ -121,9 +124,35 @@ def ignore_stop_signals(_worker_id: int = 0) -> None:
     """``worker_init_fn`` of training loaders: a scheduler's SIGTERM / SIGUSR1 reaches every process
     of the job, loader workers included; the training process handles it (checkpoint at the next
     step boundary) and shuts its workers down itself, so they must not die first. A worker still
-    exits when its parent dies."""
+    exits when its parent dies. Use it through :func:`stop_proof_workers`."""
     for s in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(s, signal.SIG_IGN)
+
+
+@functools.cache
+def _kill_workers_at_exit() -> None:
+    import multiprocessing.util  # noqa: F401  (its exit handler is registered on import: ours must come later)
+
+    def kill() -> None:
+        workers = [p for p in multiprocessing.active_children() if p.daemon]
+        if workers:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler raises when a worker dies
+            for p in workers:
+                p.kill()
+            for p in workers:
+                p.join(timeout=10)
+
+    atexit.register(kill)  # exit handlers run last-registered first: before multiprocessing's
+
+
+def stop_proof_workers() -> Callable[[int], None]:
+    """The ``worker_init_fn`` of a training loader (:func:`ignore_stop_signals`), set up in the
+    training process. Workers that ignore SIGTERM need one more thing there: when the process ends
+    with an exception before its loader shut them down, multiprocessing's exit handler sends its
+    daemonic children SIGTERM and waits for them, forever. An exit handler that runs first kills
+    them (SIGKILL) instead, so a failing run exits with its traceback."""
+    _kill_workers_at_exit()
+    return ignore_stop_signals
 
 
 def train_loader(dataset: Dataset, batch_size: int, collate: Callable[[list], Any], num_workers: int,
@@ -140,7 +169,7 @@ def train_loader(dataset: Dataset, batch_size: int, collate: Callable[[list], An
         persistent_workers=num_workers > 0,
         collate_fn=collate,
         generator=torch.Generator().manual_seed(seed),  # workers' base seed: the caller's RNG is not drawn from
-        worker_init_fn=ignore_stop_signals,
+        worker_init_fn=stop_proof_workers(),
     )
 
 

@@ -42,7 +42,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from vlp.data.datasets import ignore_stop_signals, make_item, pick_captions, replace_bad, seed_of, seeded_rng
+from vlp.data.datasets import make_item, pick_captions, replace_bad, seed_of, seeded_rng, stop_proof_workers
 from vlp.data.formats import DataError, Sample, load_pairs, write_atomic
 from vlp.data.helper_cache import HelperCache
 from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
@@ -548,7 +548,7 @@ class ShardLoader:
         gen = torch.Generator().manual_seed(seed_of("loader", self.stream.seed, self.epoch) % 2**63)
         loader = DataLoader(self.stream, batch_size=None, num_workers=nw, pin_memory=torch.cuda.is_available(),
                             prefetch_factor=2 if nw else None, persistent_workers=False, generator=gen,
-                            worker_init_fn=ignore_stop_signals)
+                            worker_init_fn=stop_proof_workers())
         for batch in loader:
             self.batches_done += 1
             yield batch

@@ -16,6 +16,8 @@ from typing import Any, Optional
 
 from tqdm.auto import tqdm
 
+from vlp.data.formats import DataError
+
 
 class MetricsLog:
     """Append-only JSON-lines log; every line is flushed so nothing is lost on a crash. ``sinks``
@@ -53,8 +55,21 @@ class MetricsLog:
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The records of a ``metrics.jsonl``. A last line without its newline that does not parse was
+    cut short by a killed run and is dropped; any other bad line is an error naming it."""
+    text = Path(path).read_text()
+    lines = text.split("\n")
+    records = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if n == len(lines):  # the unterminated last line
+                break
+            raise DataError(f"{path}, line {n}: not a JSON record ({e.msg}, column {e.colno})") from None
+    return records
 
 
 def progress(total: int, desc: str, enabled: bool = True) -> tqdm:
