@@ -312,17 +312,25 @@ def ref_attention(s, p: str, x: torch.Tensor, ctx: torch.Tensor, ctx_mask: torch
     lin = lambda t, n: F.linear(t, s[f"{p}.{n}.weight"], s[f"{p}.{n}.bias"])  # noqa: E731
     split = lambda t: t.view(*t.shape[:2], T_HEADS, H // T_HEADS).transpose(1, 2)  # noqa: E731
     q, k, v = split(lin(x, "self.query")), split(lin(ctx, "self.key")), split(lin(ctx, "self.value"))
-    scores = q @ k.transpose(-1, -2) / math.sqrt(H // T_HEADS) + (1.0 - ctx_mask[:, None, None, :].float()) * -10000.0
+    m = ctx_mask[:, None, None, :] if ctx_mask.dim() == 2 else ctx_mask[:, None]  # [B, Tk] or [B, Tq, Tk]
+    scores = q @ k.transpose(-1, -2) / math.sqrt(H // T_HEADS) + (1.0 - m.float()) * -10000.0
     a = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(x.shape)
     return F.layer_norm(lin(a, "output.dense") + x, (H,), s[f"{p}.output.LayerNorm.weight"], s[f"{p}.output.LayerNorm.bias"], eps=1e-12)
 
 
-def ref_bert_layers(s, p: str, x, mask, layers, image=None) -> torch.Tensor:
+def ref_bert_layers(s, p: str, x, mask, layers, image=None, image_mask=None, causal=False) -> torch.Tensor:
+    """BERT layers ``layers``; with ``image`` (a tensor, or a list that layer i attends to element
+    (i - first) mod len: ALBEF's NLVR) each has cross-attention; ``causal``: ALBEF's decoder mask
+    (causal x padding)."""
+    layers = list(layers)
+    images = image if isinstance(image, list) else [image]
+    self_mask = mask[:, None, :] * torch.tril(torch.ones(x.shape[1], x.shape[1]))[None] if causal else mask
     for i in layers:
         b = f"{p}.encoder.layer.{i}"
-        x = ref_attention(s, f"{b}.attention", x, x, mask)
+        x = ref_attention(s, f"{b}.attention", x, x, self_mask)
         if image is not None:
-            x = ref_attention(s, f"{b}.crossattention", x, image, torch.ones(image.shape[:2]))
+            ctx = images[(i - layers[0]) % len(images)]
+            x = ref_attention(s, f"{b}.crossattention", x, ctx, torch.ones(ctx.shape[:2]) if image_mask is None else image_mask)
         h = F.gelu(F.linear(x, s[f"{b}.intermediate.dense.weight"], s[f"{b}.intermediate.dense.bias"]))
         x = F.layer_norm(F.linear(h, s[f"{b}.output.dense.weight"], s[f"{b}.output.dense.bias"]) + x, (H,),
                          s[f"{b}.output.LayerNorm.weight"], s[f"{b}.output.LayerNorm.bias"], eps=1e-12)
@@ -368,3 +376,99 @@ def test_converted_model_matches_independent_albef_forward(converted):
     torch.testing.assert_close(txt.feat, r_txt_feat, **tol)
     torch.testing.assert_close(fused[:, 0], r_fused[:, 0], **tol)
     torch.testing.assert_close(itm, r_itm, **tol)
+
+
+# ----------------------------------------------------------------------------- VQA and NLVR2 layouts
+
+
+def albef_nlvr_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    """ALBEF's fine-tuned NLVR2 layout (albef.md §6, §12): plain BERT (no ``bert.``) of L + 2*NF
+    layers, cross-attention in L.., K/V shared by the pairs (L+2i, L+2i+1); ``cls_head`` =
+    Linear(H,H), ReLU, Linear(H,2); momentum twins."""
+    g = torch.Generator().manual_seed(seed)
+    s: dict[str, torch.Tensor] = {}
+    for m in ("", "_m"):
+        s |= albef_vit(g, f"visual_encoder{m}") | albef_bert(g, f"text_encoder{m}", L + 2 * NF, L)
+        for i in range(NF):
+            for t in ("key", "value"):
+                for w in ("weight", "bias"):
+                    pair = [f"text_encoder{m}.encoder.layer.{L + 2 * i + j}.crossattention.self.{t}.{w}" for j in (0, 1)]
+                    s[pair[1]] = s[pair[0]]
+        s |= _lin(H, H, g, f"cls_head{m}.0") | _lin(2, H, g, f"cls_head{m}.2")
+    return s
+
+
+def albef_vqa_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    """ALBEF's VQA layout (albef.md §5, §12): plain-BERT encoder, ``text_decoder.bert`` of NF layers
+    all with cross-attention (to the question states), ``text_decoder.cls.predictions`` LM head
+    tied to the decoder's word embeddings; momentum twins."""
+    g = torch.Generator().manual_seed(seed)
+    s: dict[str, torch.Tensor] = {}
+    for m in ("", "_m"):
+        s |= albef_vit(g, f"visual_encoder{m}") | albef_bert(g, f"text_encoder{m}", L + NF, L)
+        s |= albef_bert(g, f"text_decoder{m}.bert", NF, 0)
+        s |= albef_lm_head(g, f"text_decoder{m}.cls.predictions", s[f"text_decoder{m}.bert.embeddings.word_embeddings.weight"])
+    return s
+
+
+def convert_file(tmp_path, state: dict[str, torch.Tensor], kind: str):
+    torch.save({"model": state}, tmp_path / f"{kind}.pth")
+    (tmp_path / "model.yaml").write_text(f"text:\n  heads: {T_HEADS}\n")
+    out = tmp_path / kind
+    assert main(["convert", "albef", str(tmp_path / f"{kind}.pth"), str(out), "--config", str(tmp_path / "model.yaml")]) == 0
+    assert json.loads((out / "key_report.json").read_text())["kind"] == kind  # detected from the keys
+    return load_model(out, torch.device("cpu"))
+
+
+def test_converted_nlvr_model_matches_independent_albef_forward(tmp_path):
+    s = albef_nlvr_state(seed=2)
+    model, cfg, tok = convert_file(tmp_path, s, "nlvr")
+    batch = tokenize(tok, ["the left image has two dogs", "there is a bus in both images"], cfg.model.text.max_len)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    g = torch.Generator().manual_seed(3)
+    im0, im1 = torch.randn(2, 3, IMG, IMG, generator=g), torch.randn(2, 3, IMG, IMG, generator=g)
+    with torch.no_grad():
+        for m in ("", "_m"):
+            logits = model.classify(im0, im1, ids, mask, momentum=bool(m))
+            p = f"text_encoder{m}"
+            text = ref_bert_layers(s, p, ref_embeddings(s, p, ids), mask, range(L))
+            images = [ref_vit(s, im0, f"visual_encoder{m}"), ref_vit(s, im1, f"visual_encoder{m}")]
+            fused = ref_bert_layers(s, p, text, mask, range(L, L + 2 * NF), image=images)  # even: image 0, odd: image 1
+            ref = F.linear(F.relu(F.linear(fused[:, 0], s[f"cls_head{m}.0.weight"], s[f"cls_head{m}.0.bias"])),
+                           s[f"cls_head{m}.2.weight"], s[f"cls_head{m}.2.bias"])
+            torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(model.classify(im1, im0, ids, mask), logits)  # the image order matters
+
+
+def test_converted_vqa_model_matches_independent_albef_forward(tmp_path):
+    s = albef_vqa_state(seed=4)
+    model, cfg, tok = convert_file(tmp_path, s, "vqa")
+    q = tokenize(tok, ["what colour is the bus?", "how many dogs"], cfg.model.text.max_len)
+    qids, qmask = q["input_ids"], q["attention_mask"]
+    images = torch.randn(2, 3, IMG, IMG, generator=torch.Generator().manual_seed(5))
+    a = tokenize(tok, ["red", "two small dogs"], 10)  # [CLS] answer, then [SEP] by hand as ALBEF's eos
+    lengths = a["attention_mask"].sum(1)
+    aids = torch.cat([a["input_ids"], torch.zeros(2, 1, dtype=torch.long)], 1)
+    aids[torch.arange(2), lengths] = tok.sep_token_id
+    amask = (torch.arange(aids.shape[1])[None] <= lengths[:, None]).long()
+    with torch.no_grad():
+        states = model.encode_question(images, qids, qmask)
+        logits = model.answer_logits(states, qmask, aids, amask)
+        p = "text_encoder"
+        text = ref_bert_layers(s, p, ref_embeddings(s, p, qids), qmask, range(L))
+        r_states = ref_bert_layers(s, p, text, qmask, range(L, L + NF), image=ref_vit(s, images))  # multi_modal mode
+        d = "text_decoder.bert"
+        dec = ref_bert_layers(s, d, ref_embeddings(s, d, aids), amask, range(NF), image=r_states, image_mask=qmask,
+                              causal=True)
+        c = "text_decoder.cls.predictions"
+        h = F.layer_norm(F.gelu(F.linear(dec, s[f"{c}.transform.dense.weight"], s[f"{c}.transform.dense.bias"])), (H,),
+                         s[f"{c}.transform.LayerNorm.weight"], s[f"{c}.transform.LayerNorm.bias"], eps=1e-12)
+        r_logits = F.linear(h, s[f"{c}.decoder.weight"], s[f"{c}.decoder.bias"])
+    qv, av = qmask.bool(), amask.bool()
+    torch.testing.assert_close(states[qv], r_states[qv], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits[av], r_logits[av], atol=1e-4, rtol=1e-5)
+    # causal: an answer's logits at position t do not depend on later tokens
+    cut = aids.clone()
+    cut[:, 2:] = tok.mask_token_id
+    with torch.no_grad():
+        torch.testing.assert_close(model.answer_logits(states, qmask, cut, amask)[:, :2], logits[:, :2])
