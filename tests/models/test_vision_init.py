@@ -266,3 +266,79 @@ def test_init_config_checks():
     # a checkpoint reload clears `pretrained`: the CLIP layout is built with random weights
     vit = build_vision(VisionConfig(preset="tiny", width=W, depth=1, heads=HEADS, init="clip"))
     assert isinstance(vit.norm_pre, nn.LayerNorm) and vit.init_report["source"] is None
+
+
+def hf_clip_model(vision_only: bool = False, seed: int = 0):
+    """A tiny transformers CLIPModel (or CLIPVisionModel) with random, non-default weights: the
+    real Hugging Face layout (keys ``vision_model.*``), made by transformers itself."""
+    from transformers import CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel
+
+    torch.manual_seed(seed)
+    vc = dict(hidden_size=W, intermediate_size=4 * W, num_hidden_layers=DEPTH, num_attention_heads=HEADS, image_size=32,
+              patch_size=PATCH, projection_dim=EMBED)
+    if vision_only:
+        model = CLIPVisionModel(CLIPVisionConfig(**vc))
+    else:
+        tc = dict(hidden_size=EMBED, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=50,
+                  max_position_embeddings=8, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+        model = CLIPModel(CLIPConfig(text_config=tc, vision_config=vc, projection_dim=EMBED))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)  # LayerNorms and biases away from 1 / 0
+    return model.eval()
+
+
+@pytest.mark.parametrize("vision_only", [False, True])
+def test_hf_clip_file_gives_the_hf_vision_tower_outputs(tmp_path, vision_only):
+    model = hf_clip_model(vision_only)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(sd, str(tmp_path / "model.safetensors"))  # what openai/clip-vit-base-patch16 holds
+    vit = build_vision(clip_cfg(tmp_path, "clip")).eval()  # the repository folder
+    rep = vit.init_report
+    img = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours = vit.forward_features(img)
+        tower = getattr(model, "vision_model", model)  # recent transformers: CLIPVisionModel is the tower itself
+        hf = tower(pixel_values=img)
+        gelu = build_vision(clip_cfg(tmp_path, "open_clip")).eval().forward_features(img)
+    torch.testing.assert_close(ours[:, 0], hf.pooler_output, atol=1e-5, rtol=1e-5)  # post-LN CLS
+    torch.testing.assert_close(ours, tower.post_layernorm(hf.last_hidden_state), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(gelu, ours, atol=1e-3)  # HF's OpenAI CLIP is QuickGELU: init=clip, not open_clip
+    assert rep["format"] == "hf_clip" and rep["missing"] == []
+    v = "vision_model." if "vision_model.pre_layrnorm.weight" in sd else ""  # recent CLIPVisionModel: no prefix
+    p = f"{v}encoder.layers.1."
+    assert {rep["mapped"][p + f"self_attn.{x}_proj.weight"] for x in "qkv"} == {"blocks.1.attn.qkv.weight"}
+    assert rep["mapped"][f"{v}pre_layrnorm.weight"] == "norm_pre.weight"
+    assert rep["mapped"][f"{v}embeddings.patch_embedding.weight"] == "patch_embed.proj.weight"
+    assert set(rep["mapped"].values()) == set(vit.state_dict())  # every tower tensor from the file
+    position_ids = {k for k in sd if k.endswith("embeddings.position_ids")}
+    vision_keys = {k for k in sd if k.startswith(v) and not k.startswith("text_model.")} - position_ids
+    assert set(rep["mapped"]) == vision_keys
+    assert set(rep["dropped"]) == (set(sd) - vision_keys)
+    if not vision_only:
+        assert rep["dropped"]["visual_projection.weight"].startswith("CLIP image projection")
+        assert rep["dropped"]["text_model.encoder.layers.0.mlp.fc1.weight"].startswith("CLIP text tower")
+    assert torch.equal(vit.blocks[0].attn.qkv.bias, torch.cat([sd[f"{v}encoder.layers.0.self_attn.{x}_proj.bias"]
+                                                               for x in "qkv"]))
+
+
+def test_hf_clip_pos_embed_is_interpolated_and_bad_keys_fail(tmp_path):
+    sd = {k: v.contiguous() for k, v in hf_clip_model(vision_only=True).state_dict().items()}
+    save_file(sd, str(tmp_path / "clip.safetensors"))
+    vit = build_vision(clip_cfg(tmp_path / "clip.safetensors", "clip", img_size=48))
+    assert vit.pos_embed.shape == (1, 1 + 6 * 6, W) and "pos_embed" in vit.init_report["transforms"]
+    (pos,) = (t for k, t in sd.items() if k.endswith("embeddings.position_embedding.weight"))
+    torch.testing.assert_close(vit.pos_embed[0, 0], pos[0])
+    (v_proj,) = (k for k in sd if k.endswith("encoder.layers.1.self_attn.v_proj.weight"))
+    del sd[v_proj]
+    save_file(sd, str(tmp_path / "broken.safetensors"))
+    with pytest.raises(CheckpointError, match="self_attn.q_proj.weight"):  # left unconverted: named by the strict load
+        build_vision(clip_cfg(tmp_path / "broken.safetensors", "clip"))
+
+
+def test_hf_repository_name_offline_asks_for_a_local_file(monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(CheckpointError, match="'openai/clip-vit-base-patch16' is a hub name.*HF_HUB_OFFLINE=1"):
+        build_vision(VisionConfig(preset="tiny", init="clip", pretrained="openai/clip-vit-base-patch16"))

@@ -2,7 +2,7 @@
 
 Initialisation (``model.vision.init``, docs/training.md "Initialising the image tower"): random,
 timm / DeiT weights (timm names) or CLIP / open_clip weights (``visual.*`` names, converted with
-timm's own converter). Every init leaves a key report on the tower (``tower.init_report``): which
+timm's own converter; Hugging Face ``vision_model.*`` CLIP files via OpenAI's names). Every init leaves a key report on the tower (``tower.init_report``): which
 source keys were mapped to which tower keys, which were dropped and why, which tower keys were
 left at their random value (only where allowed), and the tensor transformations applied.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,7 +21,8 @@ import timm
 from torch import nn
 
 from vlp.config import VISION_PRESETS, ConfigError, VisionConfig, resolved
-from vlp.interop.clip import CLIP_ARCHS, CLIP_TRANSFORMS, clip_prefix, convert_clip, refuse_torchscript
+from vlp.interop.clip import (CLIP_ARCHS, CLIP_TRANSFORMS, HF_CLIP_TRANSFORMS, clip_prefix, convert_clip, convert_hf_clip,
+                              is_hf_clip, refuse_torchscript)
 from vlp.models.loading import CheckpointError, load_strict, read_state_dict
 
 INIT_KINDS = ("none", "timm", "deit", "clip", "open_clip")
@@ -119,6 +121,9 @@ def load_vision_weights(vit: nn.Module, pretrained: str, allow_missing: list[str
     if prefix is not None:
         state, mapped, dropped = convert_clip(state, vit, prefix)
         fmt, transforms = "clip", dict(CLIP_TRANSFORMS)
+    elif is_hf_clip(state):
+        state, mapped, dropped = convert_hf_clip(state, vit)
+        fmt, transforms = "hf_clip", dict(HF_CLIP_TRANSFORMS)
     else:
         state, mapped, dropped = drop_timm_keys(state)
         fmt, transforms = "timm", {}
@@ -142,21 +147,32 @@ def read_weights(path: str) -> dict[str, torch.Tensor]:
 
 
 def hub_state_dict(name: str) -> dict[str, torch.Tensor]:
-    """The weights of the timm pretrained tag ``name`` (timm names), fetched through timm.
+    """The weights of the timm pretrained tag ``name`` (timm names, fetched through timm), or of
+    the Hugging Face repository ``org/name`` (a transformers CLIP model's weights file).
 
     Offline, or when the hub cannot be reached, fails with a message asking for a local file.
     """
     from huggingface_hub import constants
 
-    if not (timm.list_pretrained(name) or timm.list_pretrained(name + ".*")):
+    hf_repo = re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None  # e.g. openai/clip-vit-base-patch16
+    if not (hf_repo or timm.list_pretrained(name) or timm.list_pretrained(name + ".*")):
         raise CheckpointError(f"model.vision.pretrained={name!r}: no such file, and not a timm pretrained tag "
-                              "(e.g. deit_base_patch16_224.fb_in1k, vit_base_patch16_clip_224.openai)")
+                              "(e.g. deit_base_patch16_224.fb_in1k, vit_base_patch16_clip_224.openai) or a Hugging "
+                              "Face repository (e.g. openai/clip-vit-base-patch16)")
     hint = (f"model.vision.pretrained={name!r} is a hub name, and the hub cannot be reached{{why}}. Download the "
             "weights where there is network and pass the local file: model.vision.pretrained=/path/to/weights "
             "(.safetensors, .pth, .bin, or an open_clip .pt state dict; OpenAI's TorchScript .pt is not read)")
     if constants.is_offline_mode():
         raise CheckpointError(hint.format(why=" (offline mode: HF_HUB_OFFLINE=1)"))
     try:
+        if hf_repo:  # a transformers CLIP repository: its weights file, converted by load_vision_weights
+            from huggingface_hub import hf_hub_download
+            from huggingface_hub.utils import EntryNotFoundError
+
+            try:
+                return read_weights(hf_hub_download(name, "model.safetensors"))
+            except EntryNotFoundError:
+                return read_weights(hf_hub_download(name, "pytorch_model.bin"))
         return timm.create_model(name, pretrained=True, num_classes=0).state_dict()
     except OSError as e:  # LocalEntryNotFoundError, connection errors
         raise CheckpointError(hint.format(why=f" ({type(e).__name__})")) from e
