@@ -306,3 +306,39 @@ def test_cli(tmp_path, capsys):
     train = nlvr_lines(tmp_path / "train.json", [{"identifier": "train-1-0-0", "sentence": "s", "label": "True"}])
     assert main(["prepare", "nlvr2", str(train), "--split", "train", "--out", str(tmp_path / "n.json")]) == 2
     assert "missing key 'directory'" in capsys.readouterr().err
+
+
+def test_visual_genome_qa(tmp_path):
+    from vlp.data.formats import load_vqa
+
+    qa = lambda qid, iid, q, a: {"qa_id": qid, "image_id": iid, "question": q, "answer": a, "a_objects": [], "q_objects": []}
+    qas = dump(tmp_path / "question_answers.json", [
+        {"id": 1, "qas": [qa(10, 1, "What color is the clock? ", "White."), qa(11, 1, "Where is the tower?", "Behind trees."),
+                          qa(12, 1, "   ", "yes")]},
+        {"id": 2, "qas": [qa(20, 2, "How many dogs?", "2")]},
+        {"id": 3, "qas": []}])
+    data = dump(tmp_path / "image_data.json", [
+        {"image_id": 1, "url": "https://cs.stanford.edu/people/rak248/VG_100K_2/1.jpg"},
+        {"image_id": 2, "url": "https://cs.stanford.edu/people/rak248/VG_100K/2.jpg"}])
+    counts = prepare.visual_genome_qa(qas, data, tmp_path / "vg", tmp_path / "vg_qa.json")
+    assert counts == {"questions": 3, "images": 2, "qas": 4, "empty": 1}
+    entries = json.loads((tmp_path / "vg_qa.json").read_text())
+    assert entries[0] == {"question": "What color is the clock?", "answer": "white", "dataset": "vg", "question_id": "vg_10",
+                          "image": str((tmp_path / "vg/VG_100K_2/1.jpg").resolve())}
+    questions = load_vqa([tmp_path / "vg_qa.json"])  # ALBEF's VG-QA format: one answer, weight 0.5
+    assert [(q.answers, q.weights, q.dataset) for q in questions] == [
+        (("white",), (0.5,), "vg"), (("behind trees",), (0.5,), "vg"), (("2",), (0.5,), "vg")]
+    answers = dump(tmp_path / "answer_list.json", ["yes", "White", "2"])
+    counts = prepare.visual_genome_qa(qas, data, tmp_path / "vg", tmp_path / "vg_qa2.json", answers)
+    assert counts == {"questions": 2, "images": 2, "qas": 4, "empty": 1, "not_in_answer_list": 1}
+    dump(qas, [{"id": 1, "qas": [{"qa_id": 1, "image_id": 1, "question": "q?"}]}])
+    with pytest.raises(DataError, match=r"question_answers.json: entry 0 qas\[0\]: missing key 'answer'"):
+        prepare.visual_genome_qa(qas, data, tmp_path / "vg", tmp_path / "vg_qa3.json")
+    dump(qas, [{"id": 1, "qas": [qa(1, 7, "q?", "a")]}])
+    with pytest.raises(DataError, match=r"image_id 7 is not in .*image_data.json"):
+        prepare.visual_genome_qa(qas, data, tmp_path / "vg", tmp_path / "vg_qa3.json")
+    assert not (tmp_path / "vg_qa3.json").exists()  # nothing written on bad input
+    dump(qas, [{"id": 1, "qas": [qa(1, 1, "q?", "a")]}])
+    assert main(["prepare", "vg-qa", str(qas), str(data), "--image-root", str(tmp_path / "vg"),
+                 "--out", str(tmp_path / "cli.json")]) == 0
+    assert json.loads((tmp_path / "cli.json").read_text())[0]["answer"] == "a"

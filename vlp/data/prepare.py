@@ -14,6 +14,8 @@ One function per source; each reads the official release files, writes our JSON 
   sidecars, so the row order, a header line or img2dataset's shard size do not matter.
 - :func:`visual_genome`: ``region_descriptions.json`` + ``image_data.json`` -> one pretraining entry
   per image with its region phrases as a caption list.
+- :func:`visual_genome_qa`: ``question_answers.json`` + ``image_data.json`` -> VG-QA entries
+  (ALBEF's ``vg_qa.json``), answers normalised, optionally only those in the VQA answer list.
 - :func:`vqa_v2`, :func:`answer_list`: official VQA v2 questions / annotations -> ``vqa_*.json``
   entries and the most frequent answers (``answer_list.json``).
 - :func:`nlvr2`: official NLVR2 JSON-lines files -> ``nlvr_*.json``.
@@ -277,15 +279,8 @@ def sbu(captions_txt: str | Path, urls_txt: str | Path, image_dir: str | Path, o
 VG_FOLDERS = ("VG_100K", "VG_100K_2")
 
 
-def visual_genome(region_descriptions_json: str | Path, image_data_json: str | Path, image_root: str | Path,
-                  out: str | Path) -> dict[str, int]:
-    """VG ``region_descriptions.json`` + ``image_data.json`` -> one pretraining entry per image
-    ``{"image": IMAGE_ROOT/VG_100K[_2]/ID.jpg (absolute), "caption": [region phrases]}``.
-
-    The folder comes from the image's URL in ``image_data.json``. Phrases are stripped; empty ones
-    and exact repeats within an image are left out (counted); images without phrases are left out.
-    """
-    rpath, ipath = Path(region_descriptions_json), Path(image_data_json)
+def _vg_images(ipath: Path) -> dict[Any, str]:
+    """VG ``image_data.json`` -> image id -> ``VG_100K[_2]/NAME`` (the folder from the image's URL)."""
     folder: dict[Any, str] = {}
     for i, img in enumerate(_top_list(ipath, read_json(ipath), None)):
         where = f"entry {i}"
@@ -295,6 +290,19 @@ def visual_genome(region_descriptions_json: str | Path, image_data_json: str | P
         if len(parts) < 2 or parts[-2] not in VG_FOLDERS:
             raise DataError(f"{ipath}: {where}: key 'url' is {url!r}, expected a URL ending in VG_100K/NAME or VG_100K_2/NAME")
         folder[iid] = f"{parts[-2]}/{parts[-1]}"
+    return folder
+
+
+def visual_genome(region_descriptions_json: str | Path, image_data_json: str | Path, image_root: str | Path,
+                  out: str | Path) -> dict[str, int]:
+    """VG ``region_descriptions.json`` + ``image_data.json`` -> one pretraining entry per image
+    ``{"image": IMAGE_ROOT/VG_100K[_2]/ID.jpg (absolute), "caption": [region phrases]}``.
+
+    The folder comes from the image's URL in ``image_data.json``. Phrases are stripped; empty ones
+    and exact repeats within an image are left out (counted); images without phrases are left out.
+    """
+    rpath, ipath = Path(region_descriptions_json), Path(image_data_json)
+    folder = _vg_images(ipath)
     root = Path(image_root)
     captions: dict[Any, list[str]] = {}
     dropped = regions = 0
@@ -317,6 +325,56 @@ def visual_genome(region_descriptions_json: str | Path, image_data_json: str | P
     write_json_atomic(Path(out), entries)
     return {"images": len(entries), "captions": sum(len(e["caption"]) for e in entries), "regions": regions,
             "dropped_phrases": dropped}
+
+
+def visual_genome_qa(question_answers_json: str | Path, image_data_json: str | Path, image_root: str | Path,
+                     out: str | Path, answer_list_json: Optional[str | Path] = None) -> dict[str, int]:
+    """VG ``question_answers.json`` + ``image_data.json`` -> VG-QA entries ``{"question", "answer",
+    "image": IMAGE_ROOT/VG_100K[_2]/ID.jpg (absolute), "dataset": "vg", "question_id": "vg_<qa_id>"}``
+    (ALBEF's ``vg_qa.json``: one answer, weight 0.5 in training).
+
+    Answers are normalised as VQA answers are compared (:func:`vlp.eval.vqa.normalize_answer`:
+    ``"Black."`` -> ``"black"``). With ``answer_list_json`` (the VQA ``answer_list.json``) only
+    questions whose answer is in that list are kept, as VQA fine-tuning can only rank those; the
+    others are counted (``not_in_answer_list``). Empty questions or answers are counted and left out.
+    """
+    from vlp.eval.vqa import normalize_answer
+
+    qpath, ipath = Path(question_answers_json), Path(image_data_json)
+    folder = _vg_images(ipath)
+    allowed = None
+    if answer_list_json is not None:
+        apath = Path(answer_list_json)
+        allowed = set()
+        for i, a in enumerate(_top_list(apath, read_json(apath), None)):
+            if not isinstance(a, str):
+                raise DataError(f"{apath}: entry {i} is {type(a).__name__}, expected an answer string")
+            allowed.add(normalize_answer(a))
+    root = Path(image_root)
+    entries: list[dict[str, Any]] = []
+    qas = empty = outside = 0
+    for i, item in enumerate(_top_list(qpath, read_json(qpath), None)):
+        for k, qa in enumerate(_key(qpath, f"entry {i}", item, "qas", (list,), "a list of question-answer objects")):
+            where = f"entry {i} qas[{k}]"
+            iid = _key(qpath, where, qa, "image_id", (int, str), "the VG image id")
+            question = _key(qpath, where, qa, "question", (str,), "the question").strip()
+            answer = normalize_answer(_key(qpath, where, qa, "answer", (str,), "the answer"))
+            qa_id = _key(qpath, where, qa, "qa_id", (int, str), "the question-answer id")
+            if iid not in folder:
+                raise DataError(f"{qpath}: {where}: image_id {iid!r} is not in {ipath}")
+            qas += 1
+            if not question or not answer:
+                empty += 1
+            elif allowed is not None and answer not in allowed:
+                outside += 1
+            else:
+                entries.append({"question": question, "answer": answer, "image": _absolute(root, folder[iid]),
+                                "dataset": "vg", "question_id": f"vg_{qa_id}"})
+    if not entries:
+        raise DataError(f"{qpath}: no question-answer pairs kept (of {qas})")
+    write_json_atomic(Path(out), entries)
+    counts = {"questions": len(entries), "images": len({e["image"] for e in entries}), "qas": qas, "empty": empty}
+    return counts | ({"not_in_answer_list": outside} if allowed is not None else {})
 
 
 # --------------------------------------------------------------------------
@@ -493,6 +551,8 @@ def _run(a: argparse.Namespace) -> None:
         counts = sbu(a.captions, a.urls, a.images, a.out)
     elif d == "vg":
         counts = visual_genome(a.region_descriptions, a.image_data, a.image_root, a.out)
+    elif d == "vg-qa":
+        counts = visual_genome_qa(a.question_answers, a.image_data, a.image_root, a.out, a.answer_list)
     elif d == "vqa":
         counts = vqa_v2(a.questions, a.annotations, a.split, a.image_root, a.out)
     elif d == "vqa-answers":
@@ -503,7 +563,7 @@ def _run(a: argparse.Namespace) -> None:
 
 
 def add_prepare_parser(sub: Any) -> None:
-    """Add ``vlp prepare coco|flickr30k|cc3m|sbu|vg|vqa|vqa-answers|nlvr2`` to the subparsers ``sub``."""
+    """Add ``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2`` to the subparsers ``sub``."""
     s = sub.add_parser("prepare", help="convert official dataset releases into vlp's (ALBEF's) annotation files")
     pp = s.add_subparsers(dest="dataset", required=True)
     for name, text in (("coco", "Karpathy dataset_coco.json -> coco_{train,val,test}.json"),
@@ -527,6 +587,12 @@ def add_prepare_parser(sub: Any) -> None:
     c.add_argument("region_descriptions", metavar="REGION_DESCRIPTIONS_JSON")
     c.add_argument("image_data", metavar="IMAGE_DATA_JSON")
     c.add_argument("--image-root", required=True, metavar="ROOT", help="folder holding VG_100K/ and VG_100K_2/")
+    c.add_argument("--out", required=True, metavar="JSON")
+    c = pp.add_parser("vg-qa", help="Visual Genome question_answers.json + image_data.json -> vg_qa.json (VQA training)")
+    c.add_argument("question_answers", metavar="QUESTION_ANSWERS_JSON")
+    c.add_argument("image_data", metavar="IMAGE_DATA_JSON")
+    c.add_argument("--image-root", required=True, metavar="ROOT", help="folder holding VG_100K/ and VG_100K_2/")
+    c.add_argument("--answer-list", metavar="JSON", help="keep only answers in this answer_list.json (vqa-answers)")
     c.add_argument("--out", required=True, metavar="JSON")
     c = pp.add_parser("vqa", help="official VQA v2 questions (+ annotations) -> vqa_*.json")
     c.add_argument("questions", metavar="QUESTIONS_JSON")
