@@ -404,6 +404,10 @@ class TrainConfig:
     # per epoch; warm-up and the alpha ramp stay in steps).
     epochs: Optional[int] = None
     lr: float = 1e-4
+    # Per-module multipliers of the scheduled lr: module path (dotted components of the parameter
+    # names, e.g. "vision", "model.vision", "text") -> factor; the longest matching path wins.
+    # SRCL's recipe: {vision: 0.1} (ViT 1e-5, BERT 1e-4).
+    lr_scale: dict[str, float] = field(default_factory=dict)
     min_lr: float = 1e-5
     warmup_steps: int = 100
     warmup_lr: float = 1e-5
@@ -448,6 +452,9 @@ class TrainConfig:
             _choice("train.loggers", name, ["tensorboard", "wandb"])
         if self.steps < 1:
             raise ConfigError(f"config key 'train.steps': got {self.steps}, expected >= 1")
+        for path, scale in self.lr_scale.items():
+            if not scale > 0:
+                raise ConfigError(f"config key 'train.lr_scale.{path}': got {scale}, expected a factor > 0")
         if self.grad_accum_steps < 1:
             raise ConfigError(f"config key 'train.grad_accum_steps': got {self.grad_accum_steps}, expected >= 1")
         if self.epochs is not None and self.epochs < 1:

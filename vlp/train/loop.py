@@ -117,10 +117,11 @@ def apply_train_options(task: nn.Module, cfg: TrainConfig) -> None:
 
 
 def set_lr(optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> float:
-    """The scheduled learning rate of ``step`` (0-based) into every parameter group."""
+    """The scheduled learning rate of ``step`` (0-based) into every parameter group, times the
+    group's ``lr_scale`` (``train.lr_scale``); returns the unscaled rate."""
     lr = lr_at(step, cfg)
     for g in optimizer.param_groups:
-        g["lr"] = lr
+        g["lr"] = lr * g.get("lr_scale", 1.0)
     return lr
 
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import Mapping, Optional
 
 import torch
 from torch import nn
 
-from vlp.config import TrainConfig
+from vlp.config import ConfigError, TrainConfig
 
 # Never decayed, whatever their shape (ALBEF decays them; vlp does not, albef.md §14 #19).
 NO_DECAY_NAMES = ("pos_embed", "cls_token", "temp")
@@ -30,19 +31,43 @@ def trainable(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return [(n, p) for n, p in module.named_parameters() if p.requires_grad and id(p) not in own]
 
 
-def param_groups(module: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW groups over trainable parameters (frozen momentum twins are left out)."""
-    decay, no_decay = [], []
+def lr_scale_of(name: str, lr_scale: Mapping[str, float]) -> tuple[Optional[str], float]:
+    """``(path, factor)`` of the longest ``lr_scale`` path whose dotted components appear, in a
+    row, in the parameter ``name`` (``vision`` matches ``model.vision.blocks.0.attn.qkv.weight``);
+    ``(None, 1.0)`` when none does."""
+    parts = name.split(".")
+    best: tuple[Optional[str], float] = (None, 1.0)
+    for path, scale in lr_scale.items():
+        want = path.split(".")
+        hit = any(parts[i:i + len(want)] == want for i in range(len(parts) - len(want) + 1))
+        if hit and (best[0] is None or len(want) > len(best[0].split("."))):
+            best = (path, scale)
+    return best
+
+
+def param_groups(module: nn.Module, weight_decay: float, lr_scale: Optional[Mapping[str, float]] = None) -> list[dict]:
+    """AdamW groups over trainable parameters (frozen momentum twins are left out): decayed and
+    not decayed, per ``train.lr_scale`` factor (each group's ``lr_scale``, applied by the schedule).
+    A path that matches no trainable parameter is a config error."""
+    lr_scale = lr_scale or {}
+    groups: dict[tuple[float, bool], list[nn.Parameter]] = {}
+    used: set[str] = set()
     for name, p in trainable(module):
-        (no_decay if no_weight_decay(name, p) else decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+        path, scale = lr_scale_of(name, lr_scale)
+        if path is not None:
+            used.add(path)
+        groups.setdefault((scale, no_weight_decay(name, p)), []).append(p)
+    unused = sorted(set(lr_scale) - used)
+    if unused:
+        raise ConfigError(f"config key 'train.lr_scale': {unused} match no trainable parameter of "
+                          f"{type(module).__name__} (paths are dotted parts of parameter names, e.g. 'vision', 'text')")
+    ordered = sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0]))  # decayed first, as before lr_scale
+    return [{"params": ps, "weight_decay": 0.0 if nodecay else weight_decay, "lr_scale": scale}
+            for (scale, nodecay), ps in ordered]
 
 
 def build_optimizer(module: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(param_groups(module, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas))
+    return torch.optim.AdamW(param_groups(module, cfg.weight_decay, cfg.lr_scale), lr=cfg.lr, betas=tuple(cfg.betas))
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
