@@ -219,7 +219,8 @@ def run_finetune_vqa(cfg: FinetuneConfig) -> dict:
 
     def val_metrics(preds: list[str]) -> dict[str, float]:
         acc = mean_vqa_accuracy(preds, [q.raw_answers for q in val_q])
-        return {"acc": acc, **{f"acc_{k}": v for k, v in per_type_accuracy(preds, val_q).items()}}
+        official = mean_vqa_accuracy(preds, [q.raw_answers for q in val_q], official=True)
+        return {"acc": acc, "acc_official": official, **{f"acc_{k}": v for k, v in per_type_accuracy(preds, val_q).items()}}
 
     validate = (lambda _task, _step: val_metrics(predict(val_q))) if val_q else None
     job.fit(task, loader, validate, "acc")

@@ -25,8 +25,44 @@ def vqa_accuracy(pred: str, raw_answers: Sequence[str]) -> float:
     return min(sum(normalize_answer(a) == p for a in raw_answers) / 3.0, 1.0)
 
 
-def mean_vqa_accuracy(preds: Sequence[str], raw_answers_list: Sequence[Sequence[str]]) -> float:
-    """Mean :func:`vqa_accuracy` in percent. Every question needs annotator answers."""
+# The official VQA evaluation's answer processing (VQA API ``vqaEval.py``, as documented there):
+# punctuation removed, or replaced by a space when it is glued to words; periods not part of a
+# number dropped; number words 0-10 to digits; articles dropped. Its contraction table (e.g.
+# "dont" -> "don't") is not applied here.
+_PUNCT = (";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",", "?", "!")
+_PERIOD = re.compile(r"(?!<=\d)(\.)(?!\d)")
+_COMMA_IN_NUMBER = re.compile(r"(\d)(,)(\d)")
+_NUMBERS = {"none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
+            "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
+_ARTICLES = frozenset({"a", "an", "the"})
+
+
+def official_process(answer: str) -> str:
+    """An answer as the official VQA evaluation compares it (punctuation, numbers, articles)."""
+    text = answer.replace("\n", " ").replace("\t", " ").strip()
+    out = text
+    for p in _PUNCT:
+        glued = (p + " " in text or " " + p in text) or _COMMA_IN_NUMBER.search(text) is not None
+        out = out.replace(p, "" if glued else " ")
+    out = _PERIOD.sub("", out)
+    words = [_NUMBERS.get(w, w) for w in out.lower().split()]
+    return " ".join(w for w in words if w not in _ARTICLES)
+
+
+def official_vqa_accuracy(pred: str, raw_answers: Sequence[str]) -> float:
+    """The official VQA v2 accuracy of one question: for each of the (10) annotators, min(#other
+    annotators who gave the predicted answer / 3, 1), averaged. Answers are processed with
+    :func:`official_process` only when the annotators disagree, as the official code does."""
+    gts = [a.replace("\n", " ").replace("\t", " ").strip() for a in raw_answers]
+    res = pred.replace("\n", " ").replace("\t", " ").strip()
+    if len(set(gts)) > 1:
+        gts, res = [official_process(a) for a in gts], official_process(res)
+    return sum(min(1.0, sum(g == res for k, g in enumerate(gts) if k != i) / 3.0) for i in range(len(gts))) / len(gts)
+
+
+def mean_vqa_accuracy(preds: Sequence[str], raw_answers_list: Sequence[Sequence[str]], official: bool = False) -> float:
+    """Mean :func:`vqa_accuracy` (``official``: :func:`official_vqa_accuracy`) in percent. Every
+    question needs annotator answers."""
     if len(preds) != len(raw_answers_list):
         raise ValueError(f"{len(preds)} predictions for {len(raw_answers_list)} questions")
     if not preds:
@@ -34,7 +70,8 @@ def mean_vqa_accuracy(preds: Sequence[str], raw_answers_list: Sequence[Sequence[
     for i, raw in enumerate(raw_answers_list):
         if not raw:
             raise ValueError(f"question {i} has no annotator answers (a test question?) and cannot be scored")
-    return 100.0 * sum(vqa_accuracy(p, r) for p, r in zip(preds, raw_answers_list)) / len(preds)
+    score = official_vqa_accuracy if official else vqa_accuracy
+    return 100.0 * sum(score(p, r) for p, r in zip(preds, raw_answers_list)) / len(preds)
 
 
 def per_type_accuracy(preds: Sequence[str], questions: Sequence[VQAQuestion]) -> dict[str, float]:
