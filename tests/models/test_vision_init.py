@@ -342,3 +342,12 @@ def test_hf_repository_name_offline_asks_for_a_local_file(monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(CheckpointError, match="'openai/clip-vit-base-patch16' is a hub name.*HF_HUB_OFFLINE=1"):
         build_vision(VisionConfig(preset="tiny", init="clip", pretrained="openai/clip-vit-base-patch16"))
+
+
+def test_resnet_clip_is_refused_with_a_hint(tmp_path):
+    sd = {"visual.conv1.weight": torch.zeros(32, 3, 3, 3), "visual.bn1.weight": torch.ones(32),
+          "visual.layer1.0.conv1.weight": torch.zeros(32, 32, 1, 1), "visual.attnpool.positional_embedding": torch.zeros(50, 64),
+          "visual.attnpool.c_proj.weight": torch.zeros(16, 64), "logit_scale": torch.tensor(4.6)}
+    torch.save(sd, tmp_path / "RN50.pt")
+    with pytest.raises(CheckpointError, match=r"RN50.pt: a ResNet CLIP image tower .* use a ViT CLIP"):
+        build_vision(clip_cfg(tmp_path / "RN50.pt", "clip"))

@@ -68,6 +68,15 @@ def clip_prefix(state: dict[str, torch.Tensor]) -> Optional[str]:
     return None
 
 
+def refuse_resnet_clip(state: dict[str, torch.Tensor], source: str) -> None:
+    """Raise for a CLIP whose image tower is a ResNet (RN50, RN101, ...): vlp's tower is a ViT."""
+    if any(k.startswith(("visual.attnpool.", "module.visual.attnpool.", "visual.layer1.")) for k in state):
+        from vlp.models.loading import CheckpointError
+
+        raise CheckpointError(f"{source}: a ResNet CLIP image tower (visual.attnpool.*, visual.layer1.*); vlp's image "
+                              "tower is a ViT: use a ViT CLIP (e.g. ViT-B-16) for model.vision.init=clip/open_clip")
+
+
 def is_torchscript(path: str | Path) -> bool:
     """Whether ``path`` is a TorchScript archive (OpenAI's released ``ViT-B-16.pt`` files are)."""
     path = Path(path)

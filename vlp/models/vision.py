@@ -22,7 +22,7 @@ from torch import nn
 
 from vlp.config import VISION_PRESETS, ConfigError, VisionConfig, resolved
 from vlp.interop.clip import (CLIP_ARCHS, CLIP_TRANSFORMS, HF_CLIP_TRANSFORMS, clip_prefix, convert_clip, convert_hf_clip,
-                              is_hf_clip, refuse_torchscript)
+                              is_hf_clip, refuse_resnet_clip, refuse_torchscript)
 from vlp.models.loading import CheckpointError, load_strict, read_state_dict
 
 INIT_KINDS = ("none", "timm", "deit", "clip", "open_clip")
@@ -117,6 +117,7 @@ def load_vision_weights(vit: nn.Module, pretrained: str, allow_missing: list[str
     the source fail the load unless they match ``allow_missing`` (fnmatch patterns).
     """
     state = hub_state_dict(pretrained) if is_hub_name(pretrained) else read_weights(pretrained)
+    refuse_resnet_clip(state, pretrained)
     prefix = clip_prefix(state)
     if prefix is not None:
         state, mapped, dropped = convert_clip(state, vit, prefix)
