@@ -25,6 +25,7 @@ from vlp.config import PretrainConfig, load_config
 from vlp.eval.report import SeedResults, markdown_table, slug, summarise
 from vlp.data.synthetic import generate_world
 from vlp.jobs import run_evaluate_retrieval, run_make_targets, run_pretrain
+from vlp.train.loop import exit_status
 from vlp.viz import plot_run_curves
 
 ETAS = (0.05, 0.1, 0.2, 0.3)
@@ -101,4 +102,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_status(main, "ltd_shapes.py"))

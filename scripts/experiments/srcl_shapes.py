@@ -34,6 +34,8 @@ from vlp.data.helper_cache import HelperCache
 from vlp.eval.report import SeedResults, markdown_table, slug, summarise
 from vlp.data.synthetic import caption_matches, generate_world, scene_from_dict, write_generic_mix
 from vlp.jobs import run_cache_helper_features, run_evaluate_retrieval, run_pretrain, run_train_helper
+from vlp.train.checkpoint import read_state, step_checkpoints
+from vlp.train.loop import exit_status
 from vlp.losses.srcl import calibrate_delta, srcl_weights
 from vlp.viz import plot_weight_histogram
 
@@ -146,11 +148,12 @@ def main(argv=None) -> int:
 
     tag = "" if a.helper_data == "clean" else "_all"
     helper_dir = out / f"helper{tag}"
-    if not (helper_dir / "checkpoints").exists():
+    saved = step_checkpoints(helper_dir)
+    if not saved or read_state(saved[-1])["step"] < a.helper_steps:  # none yet, or an interrupted run: resume it
         helper_data = root / ("helper.json" if a.helper_data == "clean" else "pretrain.json")
         cfg = load_config(PretrainConfig, "configs/helper/shapes_tiny.yaml",
                           [f"output_dir={helper_dir}", f"data.train=[{helper_data}]",
-                           f"train.steps={a.helper_steps}", *base])
+                           f"train.steps={a.helper_steps}", *base, *(["train.resume=auto"] if saved else [])])
         run_train_helper(cfg)
     cache_dir = out / f"helper{tag}_cache_{a.generic_share:g}"
     if not cache_dir.exists():
@@ -192,4 +195,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_status(main, "srcl_shapes.py"))

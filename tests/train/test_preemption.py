@@ -106,3 +106,19 @@ def test_a_run_failing_with_loader_workers_exits_instead_of_hanging(tmp_path, ti
     assert res.returncode == 1 and "RuntimeError: failed at step 3 on purpose" in res.stderr, res.stderr[-3000:]
     assert "Exception ignored in atexit" not in res.stderr
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_experiment_scripts_exit_cleanly_when_stopped(capsys) -> None:
+    """The experiment scripts run jobs in-process: a stopped run gives status 0 and says to rerun
+    the script (which continues), not vlp's --resume hint."""
+    from vlp.train.loop import Preempted, exit_status
+
+    def stopped() -> int:
+        raise Preempted("stopped by SIGTERM after step 3 of 9; checkpoint c/step_0000003. Resume: ...",
+                        "stopped by SIGTERM after step 3 of 9; checkpoint c/step_0000003")
+
+    assert exit_status(stopped, "srcl_shapes.py") == 0
+    assert capsys.readouterr().err == ("srcl_shapes.py: stopped by SIGTERM after step 3 of 9; checkpoint c/step_0000003. "
+                                       "Run the same script command again to continue.\n")
+    assert exit_status(lambda: 3, "x.py") == 3 and exit_status(lambda: None, "x.py") == 0
+    assert str(Preempted("the whole message", "where")) == "the whole message"

@@ -269,7 +269,23 @@ BAD_SHARE_AFTER = 100
 
 class Preempted(Exception):
     """The run was asked to stop (SIGTERM / SIGUSR1) and saved a checkpoint at a step boundary;
-    the message says how to resume. ``vlp`` prints it and exits with status 0."""
+    the message says how to resume (``args[1]``: where it stopped, without the hint). ``vlp``
+    prints it and exits with status 0."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def exit_status(main: Callable[[], Optional[int]], prog: str) -> int:
+    """Run a script's ``main`` (the experiment scripts, which call the jobs in-process): a run
+    stopped by SIGTERM / SIGUSR1 prints where it stopped and gives status 0, as ``vlp`` does;
+    running the script again continues from its checkpoints."""
+    try:
+        return main() or 0
+    except Preempted as e:
+        where = e.args[1] if len(e.args) > 1 else str(e)
+        print(f"{prog}: {where}. Run the same script command again to continue.", file=sys.stderr)
+        return 0
 
 
 @contextlib.contextmanager
@@ -512,9 +528,10 @@ def train(
                     checkpoint(done)
                 bar.close()
                 names = ", ".join(sorted({signal.Signals(s).name for s in stop})) or "a stop signal on another rank"
-                raise Preempted(f"stopped by {names} after step {done} of {cfg.steps}; checkpoint "
-                                f"{run_dir / 'checkpoints' / f'step_{done:07d}'}. Resume: run the same command with "
-                                f"--resume auto (or train.resume=auto; the run's config: {run_dir / 'config.yaml'})")
+                where = (f"stopped by {names} after step {done} of {cfg.steps}; checkpoint "
+                         f"{run_dir / 'checkpoints' / f'step_{done:07d}'}")
+                raise Preempted(f"{where}. Resume: run the same command with --resume auto (or train.resume=auto; "
+                                f"the run's config: {run_dir / 'config.yaml'})", where)
     bar.close()
     checkpoint(cfg.steps)
     return record
