@@ -433,6 +433,10 @@ def main(argv=None) -> int:
     device = acc.device
     ref.to(device)
 
+    if len(run.loader) < a.batches:
+        raise SystemExit(f"reference_step.py: --world {a.world} gives {len(run.loader)} batches of "
+                         f"{cfg.data.batch_size}, fewer than --batches {a.batches}; use a larger world (or a new "
+                         "--world folder, which is generated at the right size)")
     it = iter(run.loader)
     batches = [{k: v.to(device) for k, v in next(it).items()} for _ in range(a.batches)]
     pairs_per_step = len(batches[0]["input_ids"])
