@@ -6,12 +6,12 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo demo-full test clean
+.PHONY: setup demo demo-full test clean gpu-check gpu-wheels
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -e '.[dev,deepspeed,logging]'
+	$(PY) -m pip install -c constraints.txt -e '.[dev,deepspeed,logging]'  # tested versions (docs/training.md)
 	touch $@
 
 setup: $(VENV)/.installed
@@ -27,3 +27,15 @@ test: setup
 
 clean:
 	rm -rf demo_out demo_full .pytest_cache
+
+# A borrowed GPU (docs/performance.md, "A borrowed GPU: make gpu-check"). gpu-wheels, here: the wheels
+# that machine lacks, into .whl/ (carry it). gpu-check, there: every section in < 10 min, results in
+# $(OUT)/gpu-check when OUT is set (the device tool's folder), else runs/gpu-check; `make gpu-check
+# GPU_CHECK_ARGS=--cpu` is the tiny CPU version. The venv's python where there is one, else python3.
+GPU_CHECK_ARGS ?= $(if $(OUT),--out $(OUT)/gpu-check)
+
+gpu-wheels:
+	sh scripts/gpu/wheels.sh
+
+gpu-check:
+	GPU_PYTHON=$(if $(wildcard $(PY)),$(PY),python3) sh scripts/gpu/check.sh $(GPU_CHECK_ARGS)

@@ -132,3 +132,26 @@ def test_retrieval_finetune_with_ltd_and_srcl(world, pretrained, tmp_path):
     task_state = load_file(str(out / "checkpoints" / "step_0000004" / "task_state.safetensors"))
     assert any(k.startswith("reconstruction.") for k in task_state)
     assert not (out / "val_metrics.jsonl").exists()  # no data.val: no validation, no best checkpoint
+
+
+def test_retrieval_finetune_reports_val_and_test_in_eval_mode(world, pretrained, tmp_path):
+    """Text dropout 0.3 and learning rate 0 (the weights never change): every validation and the
+    final val / test evaluation of the best checkpoint give the scores of an eval-mode evaluation
+    (the model left in train mode by the loop is switched to eval mode, and back)."""
+    from vlp.jobs import run_evaluate_retrieval
+
+    out = tmp_path / "ret_dropout"
+    assert _ft("retrieval", world, pretrained, out, f"data.train=[{world['retrieval_train']}]",
+               f"data.val={world['retrieval_val']}", f"data.test={world['retrieval_test']}", "eval.k_test=4",
+               "model_overrides=[text.dropout=0.3]", "train.lr=0", "train.min_lr=0", "train.warmup_lr=0",
+               "eval.itm_batch_size=16") == 0
+    val = [json.loads(line) for line in (out / "val_metrics.jsonl").read_text().splitlines()]
+    res = json.loads((out / "results.json").read_text())
+    best = out / "checkpoints" / "best"
+    assert json.loads((best / "state.json").read_text())["model"]["text"]["dropout"] == 0.3
+    for v in val:
+        assert {k: v[k] for k in res["val"]} == res["val"]  # same weights, same metrics, every time
+    for name in ("val", "test"):
+        ref = run_evaluate_retrieval(best, world[f"retrieval_{name}"], None, tmp_path / f"ref_{name}",
+                                     overrides=["eval.batch_size=16"], show_progress=False)
+        assert ref.metrics == res[name]

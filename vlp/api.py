@@ -25,6 +25,7 @@ checkpoint folder or run directory is read with :func:`vlp.jobs.load_model` (man
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import shutil
@@ -40,6 +41,7 @@ from vlp import __version__
 from vlp.config import ImageConfig, ModelConfig, from_dict, to_dict
 from vlp.data.images import MIN_SIDE, open_image, to_rgb, upscale_tiny
 from vlp.data.transforms import test_transform, tokenize
+from vlp.eval.mode import evaluating
 from vlp.models.build import build_task_model, model_image_size
 from vlp.models.loading import CheckpointError
 
@@ -123,6 +125,18 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _inference(method):
+    """A :class:`VLPModel` method run without gradients and in eval mode (the model's modes are
+    restored after: a model someone put in train mode to fine-tune further stays in train mode)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with torch.no_grad(), evaluating(self.model):
+            return method(self, *args, **kwargs)
+
+    return run
+
+
 def _as_list(x, single: tuple) -> list:
     """A single item (of the ``single`` types, or a 3-d tensor) as a one-element list."""
     if isinstance(x, single) or (isinstance(x, torch.Tensor) and x.dim() == 3):
@@ -135,7 +149,8 @@ class VLPModel:
 
     Methods take one or several images (paths, PIL images, or tensors [3, H, W] / [N, 3, H, W]
     already preprocessed like :meth:`pixel_values`) and one or several strings; they run under
-    ``torch.no_grad()`` in batches of ``batch_size`` and return CPU tensors. What a kind can do:
+    ``torch.no_grad()`` in eval mode (the model's modes restored after) in batches of ``batch_size``
+    and return CPU tensors. What a kind can do:
     ``encode_image`` / ``encode_text`` / ``similarity``: pretrain, helper, retrieval (ALBEF or dual
     encoder); ``itm_score``: the same kinds with an ALBEF fusion encoder; ``answer``: vqa;
     ``nlvr``: nlvr2. Anything else raises :class:`UnsupportedKind`.
@@ -288,13 +303,13 @@ class VLPModel:
 
     # -- retrieval -----------------------------------------------------------------------------
 
-    @torch.no_grad()
+    @_inference
     def encode_image(self, images: Images, batch_size: Optional[int] = None) -> torch.Tensor:
         """L2-normalised ITC image features [N, D] (D = ``model.embed_dim``)."""
         self._require("encode_image", RETRIEVAL_KINDS, "ITC projections")
         return torch.cat([self.model.encode_image(b).feat.cpu() for b in self._image_batches(images, batch_size)])
 
-    @torch.no_grad()
+    @_inference
     def encode_text(self, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
         """L2-normalised ITC text features [N, D]."""
         self._require("encode_text", RETRIEVAL_KINDS, "ITC projections")
@@ -303,12 +318,12 @@ class VLPModel:
         return torch.cat([self.model.encode_text(ids[s : s + bs], mask[s : s + bs]).feat.cpu()
                           for s in range(0, len(ids), bs)])
 
-    @torch.no_grad()
+    @_inference
     def similarity(self, images: Images, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
         """ITC cosine similarities [N_img, N_txt] (not divided by the temperature)."""
         return self.encode_image(images, batch_size) @ self.encode_text(texts, batch_size).T
 
-    @torch.no_grad()
+    @_inference
     def itm_score(self, images: Images, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
         """Match probability [N] of aligned pairs (``images[i]``, ``texts[i]``): the ITM head's
         softmax class 1 on the fused [CLS] state."""
@@ -328,7 +343,7 @@ class VLPModel:
 
     # -- VQA -----------------------------------------------------------------------------------
 
-    @torch.no_grad()
+    @_inference
     def answer(self, images: Images, questions: Texts, candidates: Optional[Sequence[str]] = None,
                k: Optional[int] = None, batch_size: Optional[int] = None) -> list[str]:
         """The answer to each (image, question) pair, ranked over ``candidates`` (default: the
@@ -363,7 +378,7 @@ class VLPModel:
 
     # -- NLVR2 ---------------------------------------------------------------------------------
 
-    @torch.no_grad()
+    @_inference
     def nlvr(self, images0: Images, images1: Images, sentences: Texts,
              batch_size: Optional[int] = None) -> Union[float, torch.Tensor]:
         """Probability that each sentence is true of its image pair: a float for one sentence

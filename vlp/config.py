@@ -415,6 +415,13 @@ class TrainConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     grad_clip: Optional[float] = None
     precision: str = "fp32"  # fp32 | bf16 (autocast; momentum, queues stay fp32)
+    # fp32 matmuls and convolutions in TF32 on CUDA (Ampere and later: ~2x fp32 matmul throughput,
+    # 10-bit mantissa inputs, fp32 accumulation); no effect on CPU or on bf16 autocast regions.
+    tf32: bool = True
+    # Process-group timeout: how long a collective may wait for the slowest rank before the job is
+    # killed (NCCL's default is 10 min; validation at COCO size, checkpoint writes or a slow first
+    # compile on one rank can exceed it).
+    dist_timeout_minutes: float = 60.0
     seed: int = 42
     log_every: int = 10
     ckpt_every: int = 0  # 0: only at the end
@@ -459,6 +466,8 @@ class TrainConfig:
             raise ConfigError(f"config key 'train.grad_accum_steps': got {self.grad_accum_steps}, expected >= 1")
         if self.epochs is not None and self.epochs < 1:
             raise ConfigError(f"config key 'train.epochs': got {self.epochs}, expected >= 1 or null")
+        if self.dist_timeout_minutes <= 0:
+            raise ConfigError(f"config key 'train.dist_timeout_minutes': got {self.dist_timeout_minutes}, expected > 0")
         if self.keep_last < 0 or self.max_nonfinite_steps < 1:
             raise ConfigError(f"config keys 'train.keep_last'/'train.max_nonfinite_steps': got {self.keep_last}/"
                               f"{self.max_nonfinite_steps}, expected >= 0 / >= 1")
@@ -474,22 +483,53 @@ class EvalConfig:
     score: str = "itm"
     batch_size: int = 128  # images / captions per encoder batch
     itm_batch_size: Optional[int] = None  # (image, caption) pairs per fusion batch; None: eval.batch_size
-    precision: str = "fp32"  # fp32 | bf16: autocast for encoders and ITM; similarities and metrics in fp32
+    # auto | fp32 | bf16: autocast for encoders and ITM, ITM inputs kept in that dtype; similarities
+    # and metrics in fp32/fp64. auto: bf16 on CUDA, fp32 elsewhere.
+    precision: str = "auto"
+    num_workers: Optional[int] = None  # image-decoding loader workers of evaluation; None: min(4, CPU cores)
+    # where the ITM inputs wait between encoding and re-ranking: none (on the device) | images (image
+    # tokens in host memory, pinned on CUDA, each batch's images copied over) | all (text states too).
+    # auto: images on CUDA, none elsewhere.
+    offload: str = "auto"
 
     def __post_init__(self) -> None:
         _choice("eval.score", self.score, ["itm", "itm+itc", "itc"])
-        _choice("eval.precision", self.precision, ["fp32", "bf16"])
+        _choice("eval.precision", self.precision, ["auto", "fp32", "bf16"])
+        _choice("eval.offload", self.offload, ["auto", "none", "images", "all"])
         if self.k_test < 1:
             raise ConfigError(f"config key 'eval.k_test': got {self.k_test}, expected >= 1")
         for key in ("batch_size", "itm_batch_size"):
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ConfigError(f"config key 'eval.{key}': got {value}, expected >= 1")
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ConfigError(f"config key 'eval.num_workers': got {self.num_workers}, expected >= 0 (or null: automatic)")
 
     @property
     def pair_batch(self) -> int:
         """Pairs per fusion batch: ``itm_batch_size``, or ``batch_size`` when it is unset."""
         return self.itm_batch_size or self.batch_size
+
+    def resolved_precision(self, device: Any) -> str:
+        """``fp32`` or ``bf16``: ``precision``, with ``auto`` = bf16 on a CUDA device, else fp32."""
+        if self.precision != "auto":
+            return self.precision
+        return "bf16" if getattr(device, "type", str(device)) == "cuda" else "fp32"
+
+    def resolved_offload(self, device: Any) -> str:
+        """``none``, ``images`` or ``all``: ``offload``, with ``auto`` = images on a CUDA device, else none."""
+        if self.offload != "auto":
+            return self.offload
+        return "images" if getattr(device, "type", str(device)) == "cuda" else "none"
+
+    def resolved_workers(self) -> int:
+        """Loader workers: ``num_workers``, or min(4, the CPU cores this process may use)."""
+        import os
+
+        if self.num_workers is not None:
+            return self.num_workers
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return min(4, cores)
 
 
 @dataclass

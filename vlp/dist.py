@@ -1,11 +1,22 @@
-"""Collectives that are safe on one process (every function is a no-op without a process group)."""
+"""Every collective vlp runs, in one place: safe on one process (a no-op without a process group)
+and on the run's device.
+
+NCCL only takes tensors on the process's GPU. So what reaches ``torch.distributed`` here is either
+a tensor the caller passed (already on the run's device) or one made here with the caller's
+``device`` (a required keyword: no collective builds a tensor on the default device). Nothing
+else in vlp calls ``torch.distributed`` collectives (``tests/test_collectives.py`` checks both).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
+
+_ONE_PROCESS_GROUP = False  # see collectives_on_one_process
 
 
 class OtherRankDone(Exception):
@@ -14,7 +25,26 @@ class OtherRankDone(Exception):
 
 
 def is_dist() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    """A process group of several processes exists (or one of one, inside :func:`collectives_on_one_process`)."""
+    return dist.is_available() and dist.is_initialized() and (dist.get_world_size() > 1 or _ONE_PROCESS_GROUP)
+
+
+@contextlib.contextmanager
+def collectives_on_one_process() -> Iterator[None]:
+    """Inside the block, a process group of world size 1 runs the real collectives instead of the
+    one-process shortcuts (``make gpu-check`` exercises NCCL with one GPU this way)."""
+    global _ONE_PROCESS_GROUP
+    old, _ONE_PROCESS_GROUP = _ONE_PROCESS_GROUP, True
+    try:
+        yield
+    finally:
+        _ONE_PROCESS_GROUP = old
+
+
+def barrier() -> None:
+    """Wait for every rank (no-op on one process)."""
+    if is_dist():
+        dist.barrier()
 
 
 def world_size() -> int:
@@ -108,16 +138,36 @@ def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     return torch.cat(all_gather(x.contiguous()), 0)
 
 
-def mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
-    """Mean of each value over the ranks that measured it (NaN = not measured); every rank must
-    call it with the same keys. Identity on one process. Logged losses are then those of the
-    global batch, not of rank 0's share."""
-    if not is_dist():
-        return dict(values)
+def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """``t`` reduced over the ranks in place (``op``: sum | max | min), returned; identity on one
+    process. ``t`` must be on the run's device."""
+    if is_dist():
+        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        dist.all_reduce(t, op=ops[op])
+    return t
+
+
+def any_over_ranks(flags: Sequence[bool | torch.Tensor], *, device: torch.device) -> torch.Tensor:
+    """Each flag (bool or 0-d tensor) OR-ed over the ranks in one all-reduce on ``device`` (the
+    run's): a bool tensor [len(flags)], left on the device (reading it is the caller's choice). Every
+    rank must call it at the same point."""
+    t = torch.stack([torch.as_tensor(f, device=device).detach().reshape(()).to(device=device, dtype=torch.float32)
+                     for f in flags])
+    return all_reduce_(t, "max") > 0
+
+
+def mean_over_ranks(values: dict[str, torch.Tensor | float], *, device: torch.device) -> dict[str, torch.Tensor]:
+    """Mean of each value over the ranks that measured it (NaN = not measured) -> 0-d fp64 tensors
+    on ``device`` (the run's; nothing is read back to the host here). Every rank must call it with
+    the same keys. Logged losses are then those of the global batch, not of rank 0's share."""
     keys = sorted(values)
-    x = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    if not keys:
+        return {}
+    x = torch.stack([torch.as_tensor(values[k], device=device).detach().reshape(()).to(device=device,
+                                                                                          dtype=torch.float64)
+                     for k in keys])
     seen = ~torch.isnan(x)
-    t = torch.cat([torch.where(seen, x, torch.zeros_like(x)), seen.double()])
-    dist.all_reduce(t)
+    t = all_reduce_(torch.cat([torch.where(seen, x, torch.zeros_like(x)), seen.double()]))
     total, n = t[: len(keys)], t[len(keys):]
-    return {k: (float(s) / float(c) if c else float("nan")) for k, s, c in zip(keys, total, n)}
+    mean = torch.where(n > 0, total / n.clamp_min(1), torch.full_like(total, float("nan")))
+    return dict(zip(keys, mean.unbind()))

@@ -26,7 +26,8 @@ from vlp.config import (
 from vlp.data.datasets import Collator, ImageTextDataset, train_loader
 from vlp.data.formats import DataError, load_pairs, load_retrieval_split
 from vlp.data.transforms import load_tokenizer, test_transform, train_transform
-from vlp.dist import OtherRankDone, rank
+from vlp.dist import OtherRankDone, gather_rows, rank, shard_bounds, world_size
+from vlp.eval.mode import evaluating
 from vlp.jobs import (
     bad_sample_args, build_reconstruction, build_task_model, checkpoint_model_config, check_images, check_queue,
     load_targets_for,
@@ -91,11 +92,13 @@ class Job:
         return bad_sample_args(self.cfg.data)
 
     def loader(self, dataset, collate: Callable, train: bool) -> DataLoader:
-        """Training: :func:`vlp.data.datasets.train_loader` (shuffled per epoch, items seeded); else in order."""
+        """Training: :func:`vlp.data.datasets.train_loader` (shuffled per epoch, items seeded); else in
+        order, with ``eval.num_workers`` loader processes (pinned batches on CUDA)."""
         d = self.cfg.data
         if train:
             return train_loader(dataset, d.batch_size, collate, d.num_workers, self.cfg.train.seed)
-        return DataLoader(dataset, batch_size=d.eval_batch_size, num_workers=d.num_workers, collate_fn=collate,
+        return DataLoader(dataset, batch_size=d.eval_batch_size, num_workers=self.cfg.eval.resolved_workers(),
+                          collate_fn=collate, pin_memory=self.device.type == "cuda",
                           generator=torch.Generator().manual_seed(self.cfg.train.seed))
 
     def steps(self, loader: DataLoader) -> int:
@@ -113,8 +116,6 @@ class Job:
         state = {"task": self.cfg.task, "vlp_version": __version__, "config": to_dict(self.cfg),
                  "model": to_dict(self.model_cfg), "pretrained": str(self.source)}
         train(task, loader, t, self.run_dir, state, validation=validation, max_bad_fraction=self.cfg.data.max_bad_fraction)
-        if rank() != 0:  # several processes: rank 0 alone evaluates the test splits and writes results
-            raise OtherRankDone
 
     def load_best(self) -> Optional[Path]:
         """Put the best validated weights into the model (if validation ran); returns that checkpoint."""
@@ -125,6 +126,10 @@ class Job:
         return None
 
     def write_results(self, results: dict) -> dict:
+        """Rank 0 writes ``results.json`` and returns the results; the other ranks, done once every
+        rank took its part in the final evaluation, raise :class:`vlp.dist.OtherRankDone`."""
+        if rank() != 0:
+            raise OtherRankDone
         (self.run_dir / "results.json").write_text(json.dumps(results, indent=2))
         return results
 
@@ -139,6 +144,7 @@ class Job:
 def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
     """ITC (positives by image id, id queue, optional SRCL on the live model) + ITM (same-image
     negatives excluded); validation = ITC top-k + ITM re-rank, best by r_mean; test at the end."""
+    from vlp.dist import is_dist
     from vlp.eval.retrieval import check_k_test, embed, evaluate_retrieval
     from vlp.tasks.pretrain import PretrainTask
     from vlp.tasks.regulation import SRCLRegulator
@@ -164,22 +170,27 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
                         max_len=cfg.data.max_len, text_padding=cfg.data.text_padding)
 
     def evaluate(split_name: str, show: bool = False):
-        split = splits[split_name]
+        """Every rank calls it: encoding and ITM re-ranking are sharded over the ranks
+        (:mod:`vlp.eval.retrieval`) and every rank gets the same metrics."""
+        split, e, sharded = splits[split_name], cfg.eval, is_dist()
+        show = show and rank() == 0
         emb = embed(job.model, split, job.tokenizer, job.test_transform(), cfg.data.max_len, cfg.data.eval_batch_size,
-                    job.device, show, precision=cfg.eval.precision)
-        return split, evaluate_retrieval(job.model, emb, split, cfg.eval, show_progress=show)
+                    job.device, show, num_workers=e.resolved_workers(), precision=e.precision, distributed=sharded,
+                    offload=e.offload)
+        return split, evaluate_retrieval(job.model, emb, split, e, show_progress=show, distributed=sharded)
 
     validate = (lambda _task, _step: evaluate("val")[1].metrics) if "val" in splits else None
     job.fit(task, loader, validate, "r_mean")
     results: dict[str, Any] = {"task": "retrieval", "score": cfg.eval.score, "k_test": cfg.eval.k_test,
                                "best": str(job.load_best())}
-    for name in splits:
+    for name in splits:  # every rank evaluates its shard; rank 0 writes
         split, res = evaluate(name, show=cfg.train.progress)
         results[name] = res.metrics
-        out = run_dir / name
-        out.mkdir(exist_ok=True)
-        (out / "metrics.json").write_text(json.dumps(res.metrics, indent=2))
-        plot_retrieval_examples(split, res.scores_t2i, out / "retrieval_examples.png")
+        if rank() == 0:
+            out = run_dir / name
+            out.mkdir(exist_ok=True)
+            (out / "metrics.json").write_text(json.dumps(res.metrics, indent=2))
+            plot_retrieval_examples(split, res.scores_t2i, out / "retrieval_examples.png")
     return job.write_results(results)
 
 
@@ -214,8 +225,11 @@ def run_finetune_vqa(cfg: FinetuneConfig) -> dict:
     cand_ids, cand_mask = tokenize_answers(job.tokenizer, answers, cfg.vqa.answer_max_len)
 
     def predict(questions) -> list[str]:
-        loader = job.loader(VQADataset(questions, job.test_transform(), train=False), collate, train=False)
-        return predict_answers(job.model, loader, cand_ids, cand_mask, answers, cfg.vqa.k_test, job.device)
+        """Every rank ranks the answers of its contiguous shard of ``questions``; all in order."""
+        bounds, shard = shard_of(questions)
+        loader = job.loader(VQADataset(shard, job.test_transform(), train=False), collate, train=False)
+        picked = rank_answer_indices(job.model, loader, cand_ids, cand_mask, cfg.vqa.k_test, job.device)
+        return [answers[i] for i in gather_rows(picked, bounds).tolist()]
 
     def val_metrics(preds: list[str]) -> dict[str, float]:
         acc = mean_vqa_accuracy(preds, [q.raw_answers for q in val_q])
@@ -232,24 +246,40 @@ def run_finetune_vqa(cfg: FinetuneConfig) -> dict:
         results["val_baseline_most_frequent_per_type"] = val_metrics(base)
     if test_q:
         preds = predict(test_q)
-        path = write_vqa_predictions(run_dir / "vqa_test_predictions.json", [q.question_id for q in test_q], preds)
-        results["test_predictions"] = str(path)
+        if rank() == 0:
+            path = write_vqa_predictions(run_dir / "vqa_test_predictions.json", [q.question_id for q in test_q], preds)
+            results["test_predictions"] = str(path)
     return job.write_results(results)
 
 
+def shard_of(items: Sequence) -> tuple[list[int], Sequence]:
+    """``(bounds, this rank's contiguous shard of items)`` (:func:`vlp.dist.shard_bounds`; all on one
+    process): the sharded VQA and NLVR2 evaluation, gathered back in order with :func:`vlp.dist.gather_rows`."""
+    bounds = shard_bounds(len(items), world_size())
+    return bounds, items[bounds[rank()] : bounds[rank() + 1]]
+
+
 @torch.no_grad()
+def rank_answer_indices(model, loader: DataLoader, cand_ids: torch.Tensor, cand_mask: torch.Tensor, k: int,
+                        device: torch.device) -> torch.Tensor:
+    """The ranked answer (an index into the candidates) of every question of ``loader``, in order:
+    [n] long on ``device``. Eval mode inside, the model's modes restored after."""
+    cand_ids, cand_mask = cand_ids.to(device), cand_mask.to(device)
+    out = [torch.zeros(0, dtype=torch.long, device=device)]
+    with evaluating(model):
+        for batch in loader:
+            mask = batch["attention_mask"].to(device, non_blocking=True)
+            states = model.encode_question(batch["images"].to(device, non_blocking=True),
+                                           batch["input_ids"].to(device, non_blocking=True), mask)
+            out.append(model.rank_answers(states, mask, cand_ids, cand_mask, k)[0])
+    return torch.cat(out)
+
+
 def predict_answers(model, loader: DataLoader, cand_ids: torch.Tensor, cand_mask: torch.Tensor, answers: list[str],
                     k: int, device: torch.device) -> list[str]:
-    """The ranked answer (a string of ``answers``) for every question of ``loader``, in order."""
-    model.eval()
-    cand_ids, cand_mask = cand_ids.to(device), cand_mask.to(device)
-    out: list[str] = []
-    for batch in loader:
-        states = model.encode_question(batch["images"].to(device), batch["input_ids"].to(device),
-                                       batch["attention_mask"].to(device))
-        pred, _ = model.rank_answers(states, batch["attention_mask"].to(device), cand_ids, cand_mask, k)
-        out += [answers[i] for i in pred.tolist()]
-    return out
+    """The ranked answer (a string of ``answers``) for every question of ``loader``, in order (eval
+    mode inside, the model's modes restored after)."""
+    return [answers[i] for i in rank_answer_indices(model, loader, cand_ids, cand_mask, k, device).tolist()]
 
 
 # ----------------------------------------------------------------------------- NLVR2
@@ -287,7 +317,10 @@ def run_finetune_nlvr(cfg: FinetuneConfig) -> dict:
     task = NLVRTask(job.model, cfg.loss.alpha, cfg.loss.alpha_ramp_steps, cfg.loss.distill)
 
     def accuracy(items) -> float:
-        return nlvr_accuracy(job.model, job.loader(NLVRDataset(items, test_tf), collate, train=False), job.device)
+        """Every rank classifies its contiguous shard of ``items``; accuracy over all of them."""
+        bounds, shard = shard_of(items)
+        right = nlvr_correct(job.model, job.loader(NLVRDataset(shard, test_tf), collate, train=False), job.device)
+        return 100.0 * float(gather_rows(right, bounds).double().mean()) if len(items) else 0.0
 
     validate = (lambda _task, _step: {"acc": accuracy(evals["val"])}) if "val" in evals else None
     job.fit(task, loader, validate, "acc")
@@ -298,16 +331,25 @@ def run_finetune_nlvr(cfg: FinetuneConfig) -> dict:
 
 
 @torch.no_grad()
+def nlvr_correct(model, loader: DataLoader, device: torch.device) -> torch.Tensor:
+    """1 for every example of ``loader`` the model classifies right, else 0: [n] long on ``device``,
+    in order. Eval mode inside, the model's modes restored after."""
+    out = [torch.zeros(0, dtype=torch.long, device=device)]
+    with evaluating(model):
+        for batch in loader:
+            logits = model.classify(batch["images0"].to(device, non_blocking=True),
+                                    batch["images1"].to(device, non_blocking=True),
+                                    batch["input_ids"].to(device, non_blocking=True),
+                                    batch["attention_mask"].to(device, non_blocking=True))
+            out.append((logits.argmax(-1) == batch["labels"].to(device)).long())
+    return torch.cat(out)
+
+
 def nlvr_accuracy(model, loader: DataLoader, device: torch.device) -> float:
-    """Accuracy in percent over every example of ``loader`` (not a mean of batch means)."""
-    model.eval()
-    right = total = 0
-    for batch in loader:
-        logits = model.classify(batch["images0"].to(device), batch["images1"].to(device),
-                                batch["input_ids"].to(device), batch["attention_mask"].to(device))
-        right += int((logits.argmax(-1).cpu() == batch["labels"]).sum())
-        total += len(batch["labels"])
-    return 100.0 * right / max(total, 1)
+    """Accuracy in percent over every example of ``loader`` (not a mean of batch means); eval mode
+    inside, the model's modes restored after."""
+    right = nlvr_correct(model, loader, device)
+    return 100.0 * float(right.double().mean()) if len(right) else 0.0
 
 
 def run_nlvr_ta(cfg: FinetuneConfig) -> dict:
@@ -322,7 +364,7 @@ def run_nlvr_ta(cfg: FinetuneConfig) -> dict:
     job.start(len(dataset))
     task = TextAssignmentTask(job.model, cfg.train.seed)
     job.fit(task, loader, None, "acc")
-    return job.write_results({"task": "nlvr-ta", "checkpoint": str(find_checkpoint(job.run_dir))})
+    return job.write_results({"task": "nlvr-ta", "checkpoint": str(find_checkpoint(job.run_dir))})  # rank 0 only
 
 
 RUNNERS: dict[str, Callable[[FinetuneConfig], dict]] = {

@@ -24,7 +24,7 @@ from vlp.data.helper_cache import HelperCache, write_cache
 from vlp.data.targets import LatentTargets
 from vlp.data.formats import DataError, load_pairs, load_relevance, load_retrieval_split
 from vlp.data.transforms import PixelNorm, load_tokenizer, test_transform, train_transform
-from vlp.dist import is_dist, launch_rank, rank, world_size
+from vlp.dist import barrier, is_dist, launch_rank, rank, world_size
 from vlp.eval.retrieval import RetrievalResult, check_k_test, embed, evaluate_retrieval
 from vlp.models.albef import ALBEF, param_count
 from vlp.models.build import build_task_model, model_image_size
@@ -149,10 +149,9 @@ class Pretraining:
     images: int
 
     def accelerator(self, cfg: PretrainConfig):
-        """The run's accelerator: DDP tolerates the heads (or fusion) a zero loss weight leaves unused."""
-        c = cfg.loss
-        return make_accelerator(cfg.train, cfg.model.arch == "albef" and 0 in (c.itc, c.itm, c.mlm),
-                                micro_batch=cfg.data.batch_size)
+        """The run's accelerator (parameters the objective leaves unused are frozen by the task's
+        ``unused_parameters``, so DDP runs without ``find_unused_parameters``)."""
+        return make_accelerator(cfg.train, micro_batch=cfg.data.batch_size)
 
 
 def build_pretraining(cfg: PretrainConfig) -> Pretraining:
@@ -399,7 +398,7 @@ def run_evaluate_retrieval(
     device = launcher_device()
     main, sharded = rank() == 0, is_dist()
     if sharded:  # after a multi-process run (vlp pretrain), rank 0 has written the newest checkpoint
-        torch.distributed.barrier()
+        barrier()
     ckpt = find_checkpoint(checkpoint)
     kind = read_state(ckpt).get("task", "pretrain")
     if preset is not None:
@@ -421,13 +420,14 @@ def run_evaluate_retrieval(
     graded = load_graded_relevance(graded_relevance, split) if graded_relevance else None
     check_k_test(ecfg, len(split.images), len(split.texts), split.source)  # before any encoding
     emb = embed(model, split, tokenizer, test_transform(image_size(cfg), cfg.data.image), cfg.model.text.max_len,
-                ecfg.batch_size, device, show_progress, precision=ecfg.precision, distributed=sharded)
+                ecfg.batch_size, device, show_progress, num_workers=ecfg.resolved_workers(), precision=ecfg.precision,
+                distributed=sharded, offload=ecfg.offload)
     result = evaluate_retrieval(model, emb, split, ecfg, rel, show_progress, graded_relevance=graded, distributed=sharded)
     if not main:
         return result
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    record = {**result.metrics, "score": ecfg.score, "k_test": ecfg.k_test, "precision": ecfg.precision,
+    record = {**result.metrics, "score": ecfg.score, "k_test": ecfg.k_test, "precision": ecfg.resolved_precision(device),
               "processes": world_size(), "preset": preset, "checkpoint_kind": kind,
               "image_size": image_size(cfg), "n_images": len(split.images),
               "n_texts": len(split.texts), "checkpoint": str(ckpt)}

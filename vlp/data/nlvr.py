@@ -11,7 +11,7 @@ from PIL import Image
 from vlp.data.datasets import ItemDataset, count_bad
 from vlp.data.formats import NLVRItem
 from vlp.data.images import MAX_PIXELS, MIN_SIDE
-from vlp.data.transforms import tokenize
+from vlp.data.transforms import is_albef_compat, tokenize
 
 _LEFT_RIGHT = re.compile(r"\b(left|right)\b", re.IGNORECASE)
 
@@ -72,16 +72,25 @@ class NLVRDataset(ItemDataset):
         }
 
 
+def tokenize_sentences(tokenizer, sentences: Sequence[str], max_len: Optional[int]) -> dict[str, torch.Tensor]:
+    """NLVR2 sentences -> ``input_ids``/``attention_mask`` [B, T], padded to the longest: cleaned by
+    ``pre_caption`` (30 words) and truncated at ``max_len`` tokens; with an ``albef_compat``
+    tokenizer as ALBEF's NLVR2 does: its ``pre_caption`` (30 words) and never truncated in tokens,
+    whatever ``max_len`` (a converted NLVR2 checkpoint's is 30)."""
+    return tokenize(tokenizer, sentences, None if is_albef_compat(tokenizer) else max_len)
+
+
 class NLVRCollator:
-    """Stack both images, tokenize sentences (padded to the longest, truncated at ``max_len``),
-    labels to a long tensor -> ``images0``/``images1`` [B, 3, H, W], ``input_ids``/
-    ``attention_mask`` [B, T], ``labels`` [B], ``bad_samples`` (0-d long, the bad loads the items replaced)."""
+    """Stack both images, tokenize sentences (:func:`tokenize_sentences`: padded to the longest,
+    truncated at ``max_len`` tokens, except with an ``albef_compat`` tokenizer), labels to a long tensor
+    -> ``images0``/``images1`` [B, 3, H, W], ``input_ids``/``attention_mask`` [B, T], ``labels`` [B],
+    ``bad_samples`` (0-d long, the bad loads the items replaced)."""
 
     def __init__(self, tokenizer, max_len: int = 40) -> None:
         self.tokenizer, self.max_len = tokenizer, max_len
 
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
-        batch = tokenize(self.tokenizer, [it["sentence"] for it in items], self.max_len)
+        batch = tokenize_sentences(self.tokenizer, [it["sentence"] for it in items], self.max_len)
         batch["images0"] = torch.stack([it["image0"] for it in items])
         batch["images1"] = torch.stack([it["image1"] for it in items])
         batch["labels"] = torch.tensor([it["label"] for it in items], dtype=torch.long)

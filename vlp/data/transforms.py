@@ -17,20 +17,38 @@ from vlp.config import ImageConfig, TextConfig
 
 #: characters ALBEF's pre_caption / pre_question delete
 DELETE_CHARS = re.compile(r"[,.'!?\"()*#:;~]")
+_WHITESPACE_RUN = re.compile(r"\s{2,}")
 
 
-def pre_caption(caption: str, max_words: int = 30) -> str:
+def pre_caption(caption: str, max_words: int = 30, albef_compat: bool = False) -> str:
     """ALBEF ``pre_caption``: lower-case, delete ``, . ' ! ? " ( ) * # : ; ~``, ``-``/``/`` -> space,
     ``<person>`` -> ``person``, collapse whitespace, strip, keep the first ``max_words`` words.
 
     Unlike ALBEF, every whitespace run (a lone tab or newline, Unicode spaces) becomes one space
     and ``<person>`` is replaced until none is left (``<<person>>``), so the result is idempotent;
-    ordinary captions come out as in ALBEF (``tests/data/test_properties.py``)."""
+    ordinary captions come out as in ALBEF (``tests/data/test_properties.py``).
+
+    ``albef_compat`` (``model.text.albef_compat``, converted ALBEF checkpoints): exactly ALBEF's
+    string, :func:`albef_pre_caption`."""
+    if albef_compat:
+        return albef_pre_caption(caption, max_words)
     c = DELETE_CHARS.sub("", caption.lower())
     c = c.replace("-", " ").replace("/", " ")
     while "<person>" in c:
         c = c.replace("<person>", "person")
     return " ".join(c.split()[:max_words])
+
+
+def albef_pre_caption(caption: str, max_words: int = 30) -> str:
+    """ALBEF's ``pre_caption`` to the character (albef.md §9): lower-case; delete
+    ``, . ' ! ? " ( ) * # : ; ~``; ``-`` and ``/`` -> space; ``<person>`` -> ``person`` in one
+    pass (``<<person>>`` -> ``<person>``); runs of 2+ whitespace characters -> one space (a lone tab
+    or newline stays); strip the trailing newline, then the surrounding spaces; keep the first
+    ``max_words`` ``' '``-separated words (a lone tab does not separate words)."""
+    c = DELETE_CHARS.sub("", caption.lower()).replace("-", " ").replace("/", " ").replace("<person>", "person")
+    c = _WHITESPACE_RUN.sub(" ", c).rstrip("\n").strip(" ")
+    words = c.split(" ")
+    return " ".join(words[:max_words]) if len(words) > max_words else c
 
 
 class AlbefRandAugment:
@@ -128,26 +146,34 @@ def load_tokenizer(cfg: TextConfig):
 ALBEF_COMPAT_ATTR = "vlp_albef_compat"
 
 
+def is_albef_compat(tokenizer) -> bool:
+    """The ``model.text.albef_compat`` of the config ``tokenizer`` was loaded for (:func:`load_tokenizer`)."""
+    return bool(getattr(tokenizer, ALBEF_COMPAT_ATTR, False))
+
+
 #: ``data.text_padding``: pad each batch to its longest text, or every batch to ``max_len``.
 TEXT_PADDING = ("longest", "max_len")
 
 
 def tokenize(tokenizer, texts: Sequence[str], max_len: Optional[int], padding: str = "longest",
              albef_compat: Optional[bool] = None,
-             clean: Callable[[str], str] = pre_caption) -> dict[str, torch.Tensor]:
-    """Clean (``clean``: ALBEF's ``pre_caption``) and tokenize -> ``input_ids``/``attention_mask``
-    [B, T], truncated to ``max_len`` tokens (None: not truncated; ALBEF's VQA test questions).
-    ``padding``: ``longest`` (T = the longest text in the batch) or ``max_len`` (T = ``max_len`` for
-    every batch: the shape a cross-rank gather of text needs).
+             clean: Optional[Callable[[str], str]] = None) -> dict[str, torch.Tensor]:
+    """Clean (``clean``, default :func:`pre_caption` in the ``albef_compat`` mode) and tokenize ->
+    ``input_ids``/``attention_mask`` [B, T], truncated to ``max_len`` tokens (None: not truncated;
+    ALBEF's VQA test questions and NLVR2 sentences). ``padding``: ``longest`` (T = the longest text in
+    the batch) or ``max_len`` (T = ``max_len`` for every batch: the shape a cross-rank gather of text needs).
 
     ``albef_compat`` (default: the tokenizer's ``model.text.albef_compat``, see :func:`load_tokenizer`):
-    ALBEF's ``[CLS] text`` without the trailing ``[SEP]`` (so ``max_len - 1`` word pieces), padded after."""
+    ALBEF's own caption cleaning (:func:`albef_pre_caption`) and its ``[CLS] text`` without the
+    trailing ``[SEP]`` (so ``max_len - 1`` word pieces), padded after."""
     if padding not in TEXT_PADDING:
         raise ValueError(f"padding must be one of {list(TEXT_PADDING)}, got {padding!r}")
     if padding == "max_len" and max_len is None:
         raise ValueError("padding='max_len' needs a max_len")
+    compat = albef_compat if albef_compat is not None else is_albef_compat(tokenizer)
+    clean = clean or (albef_pre_caption if compat else pre_caption)
     cleaned = [clean(t) for t in texts]
-    if albef_compat if albef_compat is not None else getattr(tokenizer, ALBEF_COMPAT_ATTR, False):
+    if compat:
         return _tokenize_albef(tokenizer, cleaned, max_len, padding)
     enc = tokenizer(cleaned, padding="longest" if padding == "longest" else "max_length",
                     truncation=max_len is not None, max_length=max_len, return_tensors="pt")

@@ -14,6 +14,15 @@ from typing import Optional, Sequence
 import torch
 
 KS = (1, 5, 10)
+CHUNK = 1 << 22  # score entries per block of query rows: bounds the temporaries at COCO size (5k x 25k)
+
+
+def _row_blocks(scores: torch.Tensor) -> list[slice]:
+    """Blocks of query rows of about :data:`CHUNK` entries each (per-query metrics are computed
+    block by block, so no full-size temporary copy of a [Q, C] matrix is made)."""
+    q, c = scores.shape
+    step = max(1, CHUNK // max(c, 1))
+    return [slice(s, min(s + step, q)) for s in range(0, q, step)]
 
 
 def positives_mask(groups: Sequence[Sequence[int]], n_candidates: int) -> torch.Tensor:
@@ -27,8 +36,12 @@ def positives_mask(groups: Sequence[Sequence[int]], n_candidates: int) -> torch.
 def best_positive_rank(scores: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
     """0-based rank of each query's best-scored positive: the number of non-positive candidates
     scoring at least as high. ``scores`` [Q, C] float, ``positives`` [Q, C] bool -> [Q] long."""
-    best = scores.masked_fill(~positives, float("-inf")).max(1).values
-    return ((scores >= best[:, None]) & ~positives).sum(1)
+    out = torch.empty(scores.shape[0], dtype=torch.long)
+    for b in _row_blocks(scores):
+        sc, pos = scores[b], positives[b]
+        best = sc.masked_fill(~pos, float("-inf")).max(1).values
+        out[b] = ((sc >= best[:, None]) & ~pos).sum(1)
+    return out
 
 
 def recall_at(ranks: torch.Tensor, ks: Sequence[int] = KS) -> dict[int, float]:
@@ -68,11 +81,15 @@ def r_precision(scores: torch.Tensor, relevant: torch.Tensor) -> float:
     """Mean over queries of precision at R, R = the query's number of relevant candidates (%).
     Queries with no relevant candidate are skipped. ``scores``/``relevant`` [Q, C] (bool).
     Ties against the query (:func:`rank_order`)."""
-    hits = torch.gather(relevant, 1, rank_order(scores, relevant)).float().cumsum(1)
-    r = relevant.sum(1)
-    keep = r > 0
-    at_r = torch.gather(hits[keep], 1, (r[keep] - 1)[:, None]).squeeze(1)
-    return 100.0 * (at_r / r[keep].float()).mean().item()
+    per_query = []
+    for b in _row_blocks(scores):
+        rel = relevant[b]
+        hits = torch.gather(rel, 1, rank_order(scores[b], rel)).float().cumsum(1)
+        r = rel.sum(1)
+        keep = r > 0
+        at_r = torch.gather(hits[keep], 1, (r[keep] - 1)[:, None]).squeeze(1)
+        per_query.append(at_r / r[keep].float())
+    return 100.0 * torch.cat(per_query).mean().item()
 
 
 def ndcg_at(scores: torch.Tensor, gains: torch.Tensor, k: int) -> float:
@@ -84,13 +101,16 @@ def ndcg_at(scores: torch.Tensor, gains: torch.Tensor, k: int) -> float:
     descending. Queries whose gains are all 0 are skipped (NaN if every query is).
     """
     k = min(k, scores.shape[1])
-    g = gains.double()
-    ranked = torch.gather(g, 1, rank_order(scores, gains)[:, :k])  # [Q, k]
     discount = 1.0 / torch.log2(torch.arange(2, k + 2, dtype=torch.float64))  # [k]
-    dcg = (ranked * discount).sum(1)
-    idcg = (g.topk(k, dim=1).values * discount).sum(1)
-    keep = idcg > 0
-    return 100.0 * (dcg[keep] / idcg[keep]).mean().item()
+    per_query = []
+    for b in _row_blocks(scores):
+        g = gains[b].double()
+        ranked = torch.gather(g, 1, rank_order(scores[b], gains[b])[:, :k])  # [q, k]
+        dcg = (ranked * discount).sum(1)
+        idcg = (g.topk(k, dim=1).values * discount).sum(1)
+        keep = idcg > 0
+        per_query.append(dcg[keep] / idcg[keep])
+    return 100.0 * torch.cat(per_query).mean().item()
 
 
 def map_at(scores: torch.Tensor, relevant: torch.Tensor, k: int) -> float:
@@ -103,12 +123,15 @@ def map_at(scores: torch.Tensor, relevant: torch.Tensor, k: int) -> float:
     Ties against the query (:func:`rank_order`).
     """
     k = min(k, scores.shape[1])
-    hits = torch.gather(relevant, 1, rank_order(scores, relevant)[:, :k]).double()  # [Q, k]
-    precision = hits.cumsum(1) / torch.arange(1, k + 1, dtype=torch.float64)
-    r = relevant.sum(1)
-    keep = r > 0
-    ap = (precision * hits).sum(1)[keep] / r[keep].clamp(max=k).double()
-    return 100.0 * ap.mean().item()
+    per_query = []
+    for b in _row_blocks(scores):
+        rel = relevant[b]
+        hits = torch.gather(rel, 1, rank_order(scores[b], rel)[:, :k]).double()  # [q, k]
+        precision = hits.cumsum(1) / torch.arange(1, k + 1, dtype=torch.float64)
+        r = rel.sum(1)
+        keep = r > 0
+        per_query.append((precision * hits).sum(1)[keep] / r[keep].clamp(max=k).double())
+    return 100.0 * torch.cat(per_query).mean().item()
 
 
 NDCG_KS = (10, 25)

@@ -33,8 +33,8 @@ from vlp.data.formats import RetrievalSplit
 from vlp.data.transforms import tokenize
 from vlp.dist import fetch_rows, gather_rows, rank, shard_bounds, world_size
 from vlp.eval.metrics import relevance_metrics, retrieval_metrics
+from vlp.eval.mode import evaluating
 from vlp.models.albef import ALBEF
-from vlp.models.text import select_kv
 from vlp.train.logging import progress
 
 RERANK_OFFSET = 1e4  # lifts re-ranked candidates above every ITC-only candidate
@@ -115,41 +115,81 @@ def _window_cut(cuts: list[int], world: int, m: int, c: int) -> Optional[list[in
 # ----------------------------------------------------------------------------- encoding
 
 
+class _Rows:
+    """Collects per-batch outputs [b, ...] into one [n, ...] tensor in ``dtype``: on the device, or
+    in host memory (``host``; pinned and filled with asynchronous copies when the device is CUDA)."""
+
+    def __init__(self, n: int, dtype: torch.dtype, host: bool, device: torch.device) -> None:
+        self.n, self.dtype, self.host, self.device = n, dtype, host, device
+        self.pin = host and device.type == "cuda"
+        self.parts: list[torch.Tensor] = []
+        self.out: Optional[torch.Tensor] = None
+        self.at = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        x = x.to(self.dtype)
+        if not self.host:
+            self.parts.append(x)
+            return
+        if self.out is None:
+            self.out = torch.empty((self.n, *x.shape[1:]), dtype=self.dtype, pin_memory=self.pin)
+        self.out[self.at : self.at + len(x)].copy_(x, non_blocking=self.pin)
+        self.at += len(x)
+
+    def result(self) -> torch.Tensor:
+        if not self.host:
+            return torch.cat(self.parts)
+        if self.pin:
+            torch.cuda.synchronize(self.device)  # the asynchronous copies have landed
+        return self.out
+
+
 def _encode_texts(model: ALBEF, ids: torch.Tensor, mask: torch.Tensor, batch_size: int, dtype: torch.dtype,
-                  bar) -> tuple[torch.Tensor, torch.Tensor]:
-    """``ids``, ``mask`` [n, T] -> hidden states [n, T, H] in ``dtype``, normalised features [n, E]."""
-    hidden, feat = [], []
+                  bar, host: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``ids``, ``mask`` [n, T] -> hidden states [n, T, H] in ``dtype`` (``host``: in host memory),
+    normalised features [n, E]."""
+    hidden, feat = _Rows(len(ids), dtype, host, ids.device), []
     for s in range(0, len(ids), batch_size):
         t = model.encode_text(ids[s : s + batch_size], mask[s : s + batch_size])
-        hidden.append(t.hidden.to(dtype))
+        hidden.add(t.hidden)
         feat.append(t.feat)
         bar.update(len(t.feat))
-    return torch.cat(hidden), torch.cat(feat)
+    return hidden.result(), torch.cat(feat)
 
 
 def _encode_images(model: ALBEF, dataset, batch_size: int, device: torch.device, num_workers: int, dtype: torch.dtype,
-                   bar) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images of ``dataset`` -> tokens [n, 1+N, W] in ``dtype``, normalised features [n, E]."""
-    tokens, feat = [], []
-    for images in DataLoader(dataset, batch_size=batch_size, num_workers=num_workers):
-        im = model.encode_image(images.to(device))
-        tokens.append(im.tokens.to(dtype))
+                   bar, host: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Images of ``dataset`` -> tokens [n, 1+N, W] in ``dtype`` (``host``: in host memory),
+    normalised features [n, E]. ``num_workers`` loader processes decode the images; on CUDA the
+    batches come in pinned memory and are copied without blocking."""
+    pin = device.type == "cuda"
+    tokens, feat = _Rows(len(dataset), dtype, host, device), []
+    for images in DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=pin):
+        im = model.encode_image(images.to(device, non_blocking=pin))
+        tokens.add(im.tokens)
         feat.append(im.feat)
         bar.update(len(im.feat))
-    return torch.cat(tokens), torch.cat(feat)
+    return tokens.result(), torch.cat(feat)
 
 
 @torch.no_grad()
 def embed(model: ALBEF, split: RetrievalSplit, tokenizer, transform, max_len: int, batch_size: int,
           device: torch.device, show_progress: bool = True, num_workers: int = 0, precision: str = "fp32",
-          distributed: bool = False) -> Embeddings:
-    """Unimodal features of every image and text of ``split`` (texts in one padded tensor).
+          distributed: bool = False, offload: str = "none") -> Embeddings:
+    """Unimodal features of every image and text of ``split`` (texts in one padded tensor), in eval
+    mode (the model's modes restored after).
 
-    ``precision``: ``bf16`` encodes under bf16 autocast and keeps the ITM inputs (tokens, hidden
-    states) in bf16, half the memory (ITC features stay fp32). ``distributed``:
-    every rank of the process group must call it; each encodes its :func:`shard_bounds` shard of the
-    images and of the texts, gathers the ITC features and keeps its own tokens and hidden states."""
+    ``precision`` (``fp32 | bf16 | auto``, auto: bf16 on CUDA): ``bf16`` encodes under bf16
+    autocast and keeps the ITM inputs (tokens, hidden states) in bf16, half the memory (ITC
+    features stay fp32). ``offload`` (``none | images | all | auto``, auto: images on CUDA): keep
+    the image tokens (``all``: and the text hidden states) in host memory, pinned on CUDA, instead
+    of on the device; re-ranking copies each batch's rows over (:func:`score_pairs`).
+    ``num_workers``: image-decoding loader processes. ``distributed``: every rank of the process
+    group must call it; each encodes its :func:`shard_bounds` shard of the images and of the texts,
+    gathers the ITC features and keeps its own tokens and hidden states."""
     world, me = (world_size(), rank()) if distributed else (1, 0)
+    settings = EvalConfig(precision=precision, offload=offload)  # validates the names
+    precision, offload = settings.resolved_precision(device), settings.resolved_offload(device)
     tok = tokenize(tokenizer, split.texts, max_len)
     t_bounds, i_bounds = shard_bounds(len(split.texts), world), shard_bounds(len(split.images), world)
     t_rows = _rows_or_first(t_bounds[me], t_bounds[me + 1])
@@ -158,9 +198,10 @@ def embed(model: ALBEF, split: RetrievalSplit, tokenizer, transform, max_len: in
     images = Subset(ImageDataset(split.images, transform, split.source), i_rows)
     bar = progress(len(t_rows) + len(i_rows), "embed", show_progress)
     keep = torch.bfloat16 if precision == "bf16" else torch.float32
-    with autocast(precision, device):
-        hidden, tfeat = _encode_texts(model, ids, mask, batch_size, keep, bar)
-        tokens, ifeat = _encode_images(model, images, batch_size, device, num_workers, keep, bar)
+    with evaluating(model), autocast(precision, device):
+        hidden, tfeat = _encode_texts(model, ids, mask, batch_size, keep, bar, host=offload == "all")
+        tokens, ifeat = _encode_images(model, images, batch_size, device, num_workers, keep, bar,
+                                       host=offload in ("images", "all"))
     bar.close()
     if world == 1:
         return Embeddings(tokens, ifeat, hidden, mask, tfeat)
@@ -182,13 +223,14 @@ def _rows_or_first(start: int, end: int) -> range:
 def itm_scores(model: ALBEF, emb: Embeddings, img_idx: torch.Tensor, txt_idx: torch.Tensor, batch_size: int) -> torch.Tensor:
     """ITM match logits for pairs (img_idx[p], txt_idx[p]) -> [P]; indices are rows of
     ``emb.image_tokens`` / ``emb.text_hidden``. Each distinct image's cross-attention K/V is
-    projected once per batch of ``batch_size`` pairs."""
+    projected once per batch of ``batch_size`` pairs and broadcast to the batch's captions that
+    pair with it (``image_index``: no per-pair copy of the K/V)."""
     out = []
     for s in range(0, len(img_idx), batch_size):
         ii, tt = img_idx[s : s + batch_size], txt_idx[s : s + batch_size]
         uniq, inverse = torch.unique(ii, return_inverse=True)
-        kv = select_kv(model.image_kv(emb.image_tokens[uniq]), inverse)
-        fused = model.fuse(emb.text_hidden[tt], emb.text_mask[tt], kv)
+        kv = model.image_kv(emb.image_tokens[uniq])
+        fused = model.fuse(emb.text_hidden[tt], emb.text_mask[tt], kv, image_index=inverse)
         out.append(model.itm_logits(fused)[:, 1].float())
     return torch.cat(out) if out else torch.zeros(0, device=img_idx.device)
 
@@ -206,9 +248,41 @@ def _scoring_inputs(emb: Embeddings, p_img: torch.Tensor, p_txt: torch.Tensor, s
     need_txt = [torch.unique(p_txt[shares[q] : shares[q + 1]]) for q in range(world)]
     i_bounds = shard_bounds(len(emb.image_feat), world)
     t_bounds = shard_bounds(len(emb.text_feat), world)
-    return Embeddings(fetch_rows(emb.image_tokens, i_bounds, need_img), emb.image_feat,
-                      fetch_rows(emb.text_hidden, t_bounds, need_txt), fetch_rows(emb.text_mask, t_bounds, need_txt),
+    device = emb.image_feat.device
+    return Embeddings(_fetch(emb.image_tokens, i_bounds, need_img, device), emb.image_feat,
+                      _fetch(emb.text_hidden, t_bounds, need_txt, device), fetch_rows(emb.text_mask, t_bounds, need_txt),
                       emb.text_feat, need_img[rank()], need_txt[rank()])
+
+
+def _fetch(local: torch.Tensor, bounds: list[int], need: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """:func:`vlp.dist.fetch_rows` of rows that may wait in host memory (``eval.offload``): the
+    transfers run on the run's ``device`` (NCCL takes GPU tensors only), the rows go back to the host."""
+    if local.device == device:
+        return fetch_rows(local, bounds, need)
+    return _to_host(fetch_rows(local.to(device), bounds, need))
+
+
+def _to_host(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in host memory, pinned if it comes from a GPU."""
+    if x.device.type != "cuda":
+        return x.cpu()
+    out = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+    out.copy_(x)
+    return out
+
+
+def _rows_on(xs: tuple[torch.Tensor, ...], idx: torch.Tensor, device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The rows ``idx`` [P] of the tensors ``xs`` (same rows) need, on ``device``: ``(rows of each
+    [R, ...], idx remapped to them)``. Nothing moves when every tensor is on the device already.
+    Rows in host memory are copied over: one contiguous block (asynchronously from pinned memory)
+    when they are consecutive, as the images of pairs sorted by image are."""
+    if all(x.device == device for x in xs):
+        return list(xs), idx
+    want = torch.unique(idx)
+    lo, hi = int(want[0]), int(want[-1]) + 1
+    if hi - lo == len(want):
+        return [x[lo:hi].to(device, non_blocking=True) for x in xs], idx - lo
+    return [x[want.to(x.device)].to(device) for x in xs], torch.searchsorted(want, idx)
 
 
 def score_pairs(model: ALBEF, emb: Embeddings, p_img: torch.Tensor, p_txt: torch.Tensor, cfg: EvalConfig,
@@ -217,8 +291,11 @@ def score_pairs(model: ALBEF, emb: Embeddings, p_img: torch.Tensor, p_txt: torch
     ``cfg.precision``, ``cfg.pair_batch`` pairs per fusion batch.
 
     ``distributed``: rank r scores the pairs ``split_pairs(...)[r]:[r+1]`` (its images' K/V
-    projected on that rank only) and every rank receives all scores."""
+    projected on that rank only) and every rank receives all scores. Image tokens or text states in
+    host memory (``eval.offload``) are copied to the device one chunk of 16 pair batches at a time:
+    only the chunk's images (consecutive, since pairs are sorted by image) and captions."""
     world, me = (world_size(), rank()) if distributed else (1, 0)
+    device = emb.image_feat.device
     shares = split_pairs(p_img, world)
     if world > 1:
         if emb.image_ids is None:
@@ -229,9 +306,12 @@ def score_pairs(model: ALBEF, emb: Embeddings, p_img: torch.Tensor, p_txt: torch
     scores = []
     bar = progress(len(img), "ITM re-rank (distinct pairs)", show_progress)
     chunk = cfg.pair_batch * 16
-    with autocast(cfg.precision, emb.image_feat.device):
+    with evaluating(model), autocast(cfg.resolved_precision(device), device):
         for s in range(0, len(img), chunk):
-            scores.append(itm_scores(model, emb, img[s : s + chunk], txt[s : s + chunk], cfg.pair_batch))
+            (tokens,), ii = _rows_on((emb.image_tokens,), img[s : s + chunk], device)
+            (hidden, mask), tt = _rows_on((emb.text_hidden, emb.text_mask), txt[s : s + chunk], device)
+            part = Embeddings(tokens, emb.image_feat, hidden, mask, emb.text_feat)
+            scores.append(itm_scores(model, part, ii, tt, cfg.pair_batch))
             bar.update(min(chunk, len(img) - s))
     bar.close()
     return gather_rows(torch.cat(scores) if scores else torch.zeros(0, device=p_img.device), shares)
@@ -239,9 +319,12 @@ def score_pairs(model: ALBEF, emb: Embeddings, p_img: torch.Tensor, p_txt: torch
 
 def _reranked(sim: torch.Tensor, top: torch.Tensor, itm: torch.Tensor, score: str) -> torch.Tensor:
     """``sim`` [Q, C] with each query's top-k columns ``top`` [Q, k] replaced by their ITM logits
-    ``itm`` [Q, k] (+ the cosine for ``itm+itc``), lifted above every other candidate."""
-    rerank = itm + torch.gather(sim, 1, top) if score == "itm+itc" else itm
-    final = sim.clone()
+    ``itm`` [Q, k] (+ the cosine for ``itm+itc``), lifted above every other candidate by
+    :data:`RERANK_OFFSET`. float64 [Q, C]: near 1e4 float32 values lie ~1e-3 apart, which would
+    round the re-ranked scores and tie candidates whose logits differ by less; in float64 the sum is
+    exact (``final - RERANK_OFFSET`` gives back the float32 logit bit for bit, for |logit| >= 2^-16)."""
+    final = sim.to(torch.float64, memory_format=torch.contiguous_format)
+    rerank = itm.double() + torch.gather(final, 1, top) if score == "itm+itc" else itm.double()
     final.scatter_(1, top, rerank + RERANK_OFFSET)
     return final
 
@@ -260,7 +343,8 @@ def rerank_both(model: ALBEF, emb: Embeddings, sim: torch.Tensor, cfg: EvalConfi
 
     A pair in both candidate sets is scored once. The distinct pairs are ordered by image, so that
     consecutive pairs share an image and its cross-attention K/V are projected once per batch.
-    ``sim`` [N_img, N_txt] cosines -> (i2t [N_img, N_txt], t2i [N_txt, N_img], pairs scored).
+    ``sim`` [N_img, N_txt] cosines -> (i2t [N_img, N_txt], t2i [N_txt, N_img] float64 on the host,
+    pairs scored).
     ``distributed``: the pairs are split over the ranks (:func:`score_pairs`).
     """
     n_img, n_txt = sim.shape
@@ -273,9 +357,9 @@ def rerank_both(model: ALBEF, emb: Embeddings, sim: torch.Tensor, cfg: EvalConfi
     txt = torch.cat([top_i2t.reshape(-1), torch.arange(n_txt, device=dev).repeat_interleave(k_t)])
     pairs, where = torch.unique(img * n_txt + txt, return_inverse=True)  # sorted: by image, then caption
     scores = score_pairs(model, emb, pairs // n_txt, pairs % n_txt, cfg, show_progress, distributed)
-    itm = scores[where].to(sim.dtype)
-    i2t = _reranked(sim, top_i2t, itm[: n_img * k_i].view(n_img, k_i), cfg.score)
-    t2i = _reranked(sim.T.contiguous(), top_t2i, itm[n_img * k_i :].view(n_txt, k_t), cfg.score)
+    itm, host = scores[where].cpu(), sim.cpu()  # the final float64 matrices are built on the host
+    i2t = _reranked(host, top_i2t.cpu(), itm[: n_img * k_i].view(n_img, k_i), cfg.score)
+    t2i = _reranked(host.T, top_t2i.cpu(), itm[n_img * k_i :].view(n_txt, k_t), cfg.score)
     return i2t, t2i, len(pairs)
 
 

@@ -178,3 +178,11 @@ def contrastive_loss(name: str, sim_i2t: torch.Tensor, pos_i2t: torch.Tensor, si
         return 0.5 * (smooth_ap(sim_i2t, pos_i2t, smoothap_tau) + smooth_ap(sim_t2i, pos_t2i, smoothap_tau))
     fn = triplet if name == "triplet" else triplet_sh
     return fn(sim_i2t, pos_i2t, margin) + fn(sim_t2i, pos_t2i, margin)
+
+
+def cosines(a: torch.Tensor, bank: torch.Tensor) -> torch.Tensor:
+    """``a`` [B, E] against ``bank`` [N, E] -> [B, N], in fp32 whatever the autocast: at temp 0.07
+    a bf16 product would round cos/temp by up to 0.03 (0.2 at temp 0.01), in the logits and in the
+    distillation targets alike."""
+    with torch.autocast(a.device.type, enabled=False):
+        return a.float() @ bank.float().T

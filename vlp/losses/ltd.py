@@ -10,11 +10,14 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vlp.config import MultiplierConfig
+from vlp.dist import all_reduce_, world_size
 
 
 def cosine_reconstruction(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -58,7 +61,9 @@ class LagrangeMultiplier(nn.Module):
     clamped into ``[0, max]`` (projection). With ``straight_through`` the parameter is left
     unprojected and only the value used is clamped (the reference; lambda then sticks at a
     bound). Parameter and momentum buffer are fp32 and part of ``state_dict`` (exact resume).
-    Under DDP the gradient is averaged across ranks like any parameter's.
+    The gradient is averaged over the ranks here: DDP averages it like any parameter's (averaging
+    again changes nothing), but DeepSpeed ZeRO reduces only the parameters of its optimizer, and
+    lambda is kept out of it - without this, lambda would drift apart across ranks.
     """
 
     self_optimized = True
@@ -78,18 +83,22 @@ class LagrangeMultiplier(nn.Module):
         return lam
 
     @torch.no_grad()
-    def step(self) -> None:
-        """One ascent step on the accumulated gradient, then projection and ``grad = None``."""
+    def step(self, skipped: Optional[torch.Tensor] = None) -> None:
+        """One ascent step on the gradient averaged over the ranks, then projection and
+        ``grad = None``. ``skipped`` (0-d bool on the device): lambda, its momentum and step count
+        stay as they are (the gradient is still cleared). No host read."""
         g = self.lam.grad
         if g is None:
             return
-        c, buf = self.cfg, self.momentum_buffer
-        if int(self.steps) == 0:
-            buf.copy_(g)
-        else:
-            buf.mul_(c.momentum).add_(g, alpha=1.0 - c.dampening)
-        self.lam.add_(buf, alpha=c.lr)
-        if not c.straight_through:
-            self.lam.clamp_(0.0, c.max)
-        self.steps += 1
         self.lam.grad = None
+        g = all_reduce_(g.detach().float().clone()) / world_size()
+        c, buf = self.cfg, self.momentum_buffer
+        first = self.steps == 0
+        new_buf = torch.where(first, g, buf * c.momentum + (1.0 - c.dampening) * g)
+        new_lam = self.lam + c.lr * new_buf
+        if not c.straight_through:
+            new_lam = new_lam.clamp(0.0, c.max)
+        keep = torch.zeros((), dtype=torch.bool, device=g.device) if skipped is None else skipped.to(g.device)
+        buf.copy_(torch.where(keep, buf, new_buf))
+        self.lam.copy_(torch.where(keep, self.lam, new_lam))
+        self.steps += (~keep).long()

@@ -93,7 +93,8 @@ class ALBEF(nn.Module):
 
     def text_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, momentum: bool = False) -> torch.Tensor:
         """Unimodal text layers: ids [B, T] -> hidden [B, T, H]."""
-        return self._m("text", momentum)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        text = self._m("text", momentum)
+        return text(input_ids=input_ids, attention_mask=prepared_mask(text, attention_mask)).last_hidden_state
 
     def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, momentum: bool = False) -> TextFeatures:
         hidden = self.text_states(input_ids, attention_mask, momentum)
@@ -110,9 +111,12 @@ class ALBEF(nn.Module):
         text_mask: torch.Tensor,
         image: Union[torch.Tensor, Sequence[torch.Tensor], ImageKV],
         momentum: bool = False,
+        image_index: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """Fusion layers: text states [B, T, H] x image tokens (or K/V) -> fused states [B, T, H]."""
-        return self._m("fusion", momentum)(text_hidden, text_mask, image)
+        """Fusion layers: text states [B, T, H] x image tokens (or K/V) -> fused states [B, T, H].
+        ``image_index`` [B]: ``image`` holds one entry per distinct image, row b's is
+        ``image_index[b]``, broadcast to its rows without copies (ITM re-ranking)."""
+        return self._m("fusion", momentum)(text_hidden, text_mask, image, image_index=image_index)
 
     def itm_logits(self, fused: torch.Tensor) -> torch.Tensor:
         """[B, T, H] fused states -> [B, 2] (class 1 = match) from the [CLS] position."""
@@ -159,9 +163,27 @@ class ALBEF(nn.Module):
         w = self.cfg.momentum_warmup_steps
         return self.cfg.momentum if w <= 0 else self.cfg.momentum * min(1.0, step / w)
 
-    def after_optimizer_step(self, step: int) -> None:
-        """EMA update of the momentum twins (ALBEF's start-of-forward update, moved here)."""
-        self.momentum.update(self.momentum_at(step))
+    def after_optimizer_step(self, step: int, skipped: Optional[torch.Tensor] = None) -> None:
+        """EMA update of the momentum twins (ALBEF's start-of-forward update, moved here); none
+        when ``skipped`` (a 0-d bool device tensor) is true."""
+        self.momentum.update(self.momentum_at(step), skipped)
+
+
+def _transformers_major() -> int:
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
+
+
+def prepared_mask(text: nn.Module, mask: torch.Tensor) -> torch.Tensor:
+    """The padding mask [B, T] as the text tower's SDPA attention takes it, [B, 1, 1, T] bool (True =
+    attend). transformers >= 5 builds that itself from a 2D mask, but first asks ``mask.all()`` to
+    skip masks without padding - a device-to-host read at every text encoding, which stalls a GPU
+    step. A 4D mask is used as given. Other attention implementations and older transformers get
+    the 2D mask."""
+    if mask.dim() != 2 or getattr(text.config, "_attn_implementation", None) != "sdpa" or _transformers_major() < 5:
+        return mask
+    return mask[:, None, None, :].bool()
 
 
 def param_count(module: nn.Module, trainable_only: bool = True) -> int:

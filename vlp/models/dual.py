@@ -8,6 +8,8 @@ projection head (feature -> ``proj_hidden`` -> ``embed_dim``) and an L2 norm. It
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,5 +67,5 @@ class DualEncoder(nn.Module):
         states, pooled = self.text(input_ids, attention_mask)
         return TextFeatures(states, attention_mask, F.normalize(self.text_proj(pooled).float(), dim=-1))
 
-    def after_optimizer_step(self, step: int) -> None:
+    def after_optimizer_step(self, step: int, skipped: Optional[torch.Tensor] = None) -> None:
         """Nothing to do (no momentum twin); the task interface calls it."""

@@ -42,13 +42,18 @@ class MomentumTwin(nn.Module):
         torch._foreach_copy_(self._twin_params, [p.detach().float() for p in self._online_params])
 
     @torch.no_grad()
-    def update(self, momentum: Optional[float] = None) -> None:
-        """One EMA step with ``momentum`` (default: the constructor's)."""
+    def update(self, momentum: Optional[float] = None, skipped: Optional[torch.Tensor] = None) -> None:
+        """One EMA step with ``momentum`` (default: the constructor's). ``skipped`` (0-d bool on the
+        device): when true the twins stay as they are - decided on the device, no host read."""
         if not self._twin_params:
             return
         m = self.momentum if momentum is None else momentum
         src = [p.detach() if p.dtype == torch.float32 else p.detach().float() for p in self._online_params]
-        torch._foreach_lerp_(self._twin_params, src, 1.0 - m)
+        if skipped is None:
+            torch._foreach_lerp_(self._twin_params, src, 1.0 - m)
+            return
+        weight = (1.0 - m) * (~skipped).to(device=self._twin_params[0].device, dtype=torch.float32)
+        torch._foreach_lerp_(self._twin_params, src, [weight] * len(src))
 
 
 class FeatureQueue(nn.Module):
@@ -74,17 +79,24 @@ class FeatureQueue(nn.Module):
         self._undo: Optional[list[tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]]] = None
 
     def begin_step(self) -> None:
-        """Start recording what this training step overwrites (see :meth:`discard_step`)."""
+        """Start recording what this training step overwrites (see :meth:`end_step`)."""
         self._undo = []
 
     @torch.no_grad()
+    def end_step(self, skipped: torch.Tensor | bool) -> None:
+        """End the step begun by :meth:`begin_step`: when ``skipped`` (a 0-d bool device tensor, or a
+        bool) its writes are undone - on the device (``torch.where``), with no host read."""
+        for ptr, idx, old in reversed(self._undo or []):
+            flag = torch.as_tensor(skipped, device=self.ptr.device)
+            for name, rows in old.items():
+                buf = self.get(name)
+                buf[idx] = torch.where(flag, rows, buf[idx])
+            self.ptr.copy_(torch.where(flag, ptr, self.ptr))
+        self._undo = []
+
     def discard_step(self) -> None:
         """Undo the writes since :meth:`begin_step` (a skipped step: non-finite loss or gradient)."""
-        for ptr, idx, old in reversed(self._undo or []):
-            for name, rows in old.items():
-                self.get(name)[idx] = rows
-            self.ptr.copy_(ptr)
-        self._undo = []
+        self.end_step(True)
 
     def get(self, name: str) -> torch.Tensor:
         """Queue contents ``[size, dim]`` (slot order, which does not matter to the losses)."""

@@ -79,14 +79,57 @@ class Attention(nn.Module):
         x: torch.Tensor,
         kv: tuple[torch.Tensor, torch.Tensor],
         mask: Optional[torch.Tensor] = None,
+        groups: Optional["KVGroups"] = None,
     ) -> torch.Tensor:
-        """``x`` [B, T, H] attends to ``kv``; ``mask`` [B, 1, 1, N] bool (True = attend)."""
+        """``x`` [B, T, H] attends to ``kv``; ``mask`` [B, 1, 1, N] bool (True = attend).
+
+        ``groups``: ``kv`` (and ``mask``) hold one entry per distinct context, shared by the rows
+        ``groups.index`` maps to it (:class:`KVGroups`), instead of one per row."""
         q = self._split(self.self.query(x))
         k, v = kv
         p = self.dropout_p if self.training else 0.0
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        if groups is None:
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        else:
+            a = groups.attend(q, k, v, mask, p)
         a = a.transpose(1, 2).reshape(x.shape)
         return self.output(a, x)
+
+
+class KVGroups:
+    """Rows of a batch that share a cross-attention context: row b attends to entry ``index[b]``
+    of K/V holding one entry per distinct context (e.g. ITM re-ranking: the candidate captions of
+    one image). :meth:`attend` broadcasts each entry's K/V to its rows without copying them: the
+    queries of a group are laid end to end as one longer query sequence (rows of a cross-attention
+    do not interact), padded to the largest group, and attend to the group's K/V once. Only the
+    queries ([B, T] rows) are moved, never the K/V ([B, N] rows, N the image tokens)."""
+
+    def __init__(self, index: torch.Tensor, n_groups: int) -> None:
+        self.index, self.n_groups = index, n_groups
+        counts = torch.bincount(index, minlength=n_groups)
+        self.size = int(counts.max()) if len(index) else 0  # the one host sync, per fusion pass
+        self.order = torch.argsort(index, stable=True)
+        group = index[self.order]
+        self.slot = (group, torch.arange(len(index), device=index.device) - (counts.cumsum(0) - counts)[group])
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+               dropout_p: float = 0.0) -> torch.Tensor:
+        """``q`` [B, heads, T, d]; ``k``/``v`` [n_groups, heads, N, d]; ``mask`` [n_groups, 1, 1, N]
+        or None -> [B, heads, T, d], equal to attending with ``k[index]``, ``v[index]``."""
+        b, h, t, d = q.shape
+        u, c = self.n_groups, self.size
+        if u == 1:  # one context (the usual re-ranking batch): no padding, only a reshape of q
+            out = F.scaled_dot_product_attention(q.transpose(0, 1).reshape(1, h, b * t, d), k, v, attn_mask=mask,
+                                                 dropout_p=dropout_p)
+            return out.view(h, b, t, d).transpose(0, 1)
+        grouped = q.new_zeros(u, c, h, t, d)
+        grouped[self.slot] = q[self.order]
+        out = F.scaled_dot_product_attention(grouped.permute(0, 2, 1, 3, 4).reshape(u, h, c * t, d), k, v,
+                                             attn_mask=mask, dropout_p=dropout_p)
+        out = out.view(u, h, c, t, d).permute(0, 2, 1, 3, 4)  # [u, c, h, t, d]
+        result = torch.empty_like(q)
+        result[self.order] = out[self.slot]
+        return result
 
 
 class FusionLayer(nn.Module):
@@ -116,13 +159,15 @@ class FusionLayer(nn.Module):
         text_mask: torch.Tensor,
         image_kv: tuple[torch.Tensor, torch.Tensor],
         image_mask: Optional[torch.Tensor] = None,
+        groups: Optional[KVGroups] = None,
     ) -> torch.Tensor:
         """``x`` [B, T, H]; ``text_mask`` [B, 1, 1, T] bool (True = token); ``image_kv`` two
-        [B, heads, N, head_dim]; ``image_mask`` [B, 1, 1, N] bool or None. Returns [B, T, H]."""
+        [B, heads, N, head_dim]; ``image_mask`` [B, 1, 1, N] bool or None. Returns [B, T, H].
+        ``groups``: ``image_kv`` / ``image_mask`` hold one entry per distinct image (:class:`KVGroups`)."""
         if self.causal:
             text_mask = causal_mask(text_mask)
         x = self.attention(x, self.attention.project_kv(x), text_mask)
-        x = self.crossattention(x, image_kv, image_mask)
+        x = self.crossattention(x, image_kv, image_mask, groups)
         return self.output(F.gelu(self.intermediate.dense(x)), x)
 
 
@@ -155,18 +200,24 @@ class FusionEncoder(nn.Module):
         text_mask: torch.Tensor,
         image: Union[torch.Tensor, Sequence[torch.Tensor], ImageKV],
         image_mask: Optional[torch.Tensor] = None,
+        image_index: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """``hidden`` [B, T, H] text states, ``text_mask`` [B, T] (1 = token), ``image``: tokens
-        [B, N, W], a list of token tensors, or precomputed :meth:`image_kv`. Returns [B, T, H]."""
+        [B, N, W], a list of token tensors, or precomputed :meth:`image_kv`. Returns [B, T, H].
+
+        ``image_index`` [B] (optional): ``image`` (and ``image_mask``) hold one entry per distinct
+        image and text row b attends to entry ``image_index[b]``; each image's K/V are broadcast to
+        its rows (:class:`KVGroups`), not copied per row. Same result as indexing them per row."""
         kv = image if _is_kv(image) else self.image_kv(image)
         tmask = text_mask.bool()[:, None, None, :]
         imask = None if image_mask is None else image_mask.bool()[:, None, None, :]
+        groups = None if image_index is None else KVGroups(image_index, kv[0][0].shape[0])
         recompute = self.grad_checkpointing and self.training and torch.is_grad_enabled()
         for lay, layer_kv in zip(self.layer, kv):
             if recompute:
-                hidden = checkpoint(lay, hidden, tmask, layer_kv, imask, use_reentrant=False)
+                hidden = checkpoint(lay, hidden, tmask, layer_kv, imask, groups, use_reentrant=False)
             else:
-                hidden = lay(hidden, tmask, layer_kv, imask)
+                hidden = lay(hidden, tmask, layer_kv, imask, groups)
         return hidden
 
 

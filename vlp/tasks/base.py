@@ -79,10 +79,11 @@ class Task(nn.Module):
         seed = self.seed + 1000 * r if step is None else ((self.seed * 1_000_003 + r) * 1_000_000_007 + step) % 2**63
         return torch.Generator(device=device).manual_seed(seed), new_key
 
-    def after_optimizer_step(self, step: int) -> None:
-        self.model.after_optimizer_step(step)
+    def after_optimizer_step(self, step: int, skipped: Optional[torch.Tensor] = None) -> None:
+        """Momentum EMA and the LTD multiplier's step; neither moves when ``skipped`` (0-d bool, device)."""
+        self.model.after_optimizer_step(step, skipped)
         if self.reconstruction is not None:
-            self.reconstruction.after_optimizer_step()
+            self.reconstruction.after_optimizer_step(skipped)
 
     def extra_state(self) -> dict[str, torch.Tensor]:
         return module_states(reconstruction=self.reconstruction)

@@ -12,7 +12,7 @@ import torch
 
 from vlp.config import LossConfig
 from vlp.dist import all_gather_nograd, all_gather_with_grad
-from vlp.losses.contrastive import contrastive_loss
+from vlp.losses.contrastive import contrastive_loss, cosines
 from vlp.models.dual import DualEncoder
 from vlp.tasks.base import Task
 from vlp.tasks.reconstruction import Reconstruction
@@ -39,8 +39,8 @@ class DualTask(Task):
         all_img, all_txt = all_gather_with_grad(img), all_gather_with_grad(txt)
         all_img_ids, all_txt_ids = all_gather_nograd(img_ids), all_gather_nograd(txt_ids)
         l_con = contrastive_loss(
-            c.name, img @ all_txt.T, img_ids[:, None] == all_txt_ids[None, :],
-            txt @ all_img.T, txt_ids[:, None] == all_img_ids[None, :],
+            c.name, cosines(img, all_txt), img_ids[:, None] == all_txt_ids[None, :],
+            cosines(txt, all_img), txt_ids[:, None] == all_img_ids[None, :],
             tau=c.tau, margin=c.margin, smoothap_tau=c.smoothap_tau,
         )
         out = {"contrastive": l_con.detach()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vlp.losses.contrastive import cosines
 from vlp.losses.nlvr import accuracy, assign_pairs, distilled_ce
 from vlp.models.nlvr import NLVRModel
 from vlp.tasks.base import Task
@@ -59,7 +60,7 @@ class TextAssignmentTask(Task):
     def image_similarity(self, cls_tokens: torch.Tensor) -> torch.Tensor:
         """ViT CLS tokens [B, W] -> normalised ``vision_proj`` cosine similarity / temp [B, B]."""
         feat = F.normalize(self.model.vision_proj(cls_tokens).float(), dim=-1)
-        return feat @ feat.T / self.temp
+        return cosines(feat, feat) / self.temp
 
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
         m = self.model

@@ -15,6 +15,7 @@ from vlp.dist import all_gather_nograd, all_gather_with_grad, own_rows, world_si
 from vlp.config import ContrastiveConfig
 from vlp.losses.contrastive import contrastive_loss, itc_targets, soft_infonce
 from vlp.losses.matching import itm_loss, sample_hard_negatives
+from vlp.losses.contrastive import cosines
 from vlp.losses.mlm import mask_tokens, mlm_loss
 from vlp.models.albef import ALBEF, ImageFeatures, TextFeatures
 from vlp.models.text import ImageKV, select_kv
@@ -88,15 +89,15 @@ def itc_step(
     img_m, txt_m = img_m[own], txt_m[own]  # this rank's rows, for the distillation targets
     c = contrastive or ContrastiveConfig()
     temp = model.temp if c.tau is None else c.tau
-    cos_i2t = img.feat @ bank_t.T
-    cos_t2i = txt.feat @ bank_i.T
+    cos_i2t = cosines(img.feat, bank_t)
+    cos_t2i = cosines(txt.feat, bank_i)
     sim_i2t, sim_t2i = cos_i2t / temp, cos_t2i / temp
     if c.name != "infonce":
         loss = contrastive_loss(c.name, cos_i2t, pos, cos_t2i, pos, margin=c.margin, smoothap_tau=c.smoothap_tau)
         return ITCOutput(loss, sim_i2t, sim_t2i, own, temp)
     with torch.no_grad():
-        m_i2t = img_m @ bank_t.T / temp
-        m_t2i = txt_m @ bank_i.T / temp
+        m_i2t = cosines(img_m, bank_t) / temp
+        m_t2i = cosines(txt_m, bank_i) / temp
     r = regulate(cos_i2t.detach(), cos_t2i.detach(), pos, same_image) if regulate is not None else None
     lw_i2t, lw_t2i, removal = (r.log_w_i2t, r.log_w_t2i, r.removal) if r is not None else (None, None, False)
     loss = 0.5 * (
@@ -129,7 +130,7 @@ def global_batch_sims(
     e = img_feat.shape[1]
     feats = torch.cat([img_feat, txt_feat, img_m, txt_m], 1).float()
     i, t, i_m, t_m = all_gather_nograd(feats).split(e, 1)
-    return i @ t_m.T / temp, t @ i_m.T / temp
+    return cosines(i, t_m) / temp, cosines(t, i_m) / temp
 
 
 def itm_step(

@@ -36,6 +36,25 @@ class PretrainTask(Task):
         self.tokens = tokens
         self.max_len, self.text_padding = max_len, text_padding
 
+    def unused_parameters(self) -> list[str]:
+        """Parameters this configuration's objective never reaches (the loop freezes them, so DDP
+        needs no ``find_unused_parameters``): the learned temperature under a fixed
+        ``loss.contrastive.tau`` or a zoo loss (which ranks cosines), the ITM / MLM head of a
+        zero-weight loss (not computed), the fusion encoder when neither runs.
+        ``tests/tasks/test_unused_parameters.py`` checks that every other parameter gets a gradient."""
+        c = self.loss_cfg
+        prefixes = []
+        if c.contrastive.tau is not None or c.contrastive.name != "infonce":
+            prefixes.append("model.temp")
+        if not c.itm:
+            prefixes.append("model.itm_head.")
+        if not c.mlm:
+            prefixes.append("model.mlm_head.")
+        if not c.itm and not c.mlm:
+            prefixes.append("model.fusion.")
+        return [n for n, p in self.named_parameters() if p.requires_grad and any(
+            n == q or (q.endswith(".") and n.startswith(q)) for q in prefixes)]
+
     def _check_text_gathers(self) -> None:
         """Global ITM/MLM gather text: refuse rank-dependent lengths before the first collective
         (every rank raises the same error, no hang)."""

@@ -59,6 +59,6 @@ class Reconstruction(nn.Module):
         stats["ltd_violation"] = l_rec.detach() / self.cfg.eta - 1.0
         return constrained(l_con, l_rec, lam, self.cfg.eta), stats
 
-    def after_optimizer_step(self) -> None:
+    def after_optimizer_step(self, skipped: Optional[torch.Tensor] = None) -> None:
         if self.multiplier is not None:
-            self.multiplier.step()
+            self.multiplier.step(skipped)

@@ -16,6 +16,7 @@ from torch import nn
 
 from vlp.config import ConfigError, SRCLConfig
 from vlp.dist import all_gather_nograd
+from vlp.losses.contrastive import cosines
 from vlp.losses.srcl import (
     alpha_h_at,
     mixed_similarity,
@@ -134,8 +135,8 @@ class SRCLRegulator(nn.Module):
             if a > 0:
                 if helper is None:
                     raise ConfigError("SRCL: alpha_h > 0 but no helper features for this batch")
-                h_i2t = helper.image @ torch.cat([helper.text, self.queue.get("text")], 0).T
-                h_t2i = helper.text @ torch.cat([helper.image, self.queue.get("image")], 0).T
+                h_i2t = cosines(helper.image, torch.cat([helper.text, self.queue.get("text")], 0))
+                h_t2i = cosines(helper.text, torch.cat([helper.image, self.queue.get("image")], 0))
             c = self.cfg
             w_i2t = srcl_weights(mixed_similarity(cos_i2t, h_i2t, a, c.tau_w), positives, c.norm, c.delta)
             w_t2i = srcl_weights(mixed_similarity(cos_t2i, h_t2i, a, c.tau_w), positives, c.norm, c.delta)

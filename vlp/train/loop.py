@@ -1,15 +1,20 @@
 """One accelerate-based training loop for every task.
 
 A task is an ``nn.Module`` whose ``forward(batch, step=...)`` returns a dict of scalar tensors with
-``loss``; it may define ``after_optimizer_step(step)`` (momentum updates, the LTD multiplier;
-``step`` counts optimizer steps) and ``extra_state()`` (tensors checkpointed next to the model).
-The loop knows nothing else.
+``loss``; it may define ``after_optimizer_step(step, skipped=None)`` (momentum updates, the LTD
+multiplier; ``step`` counts optimizer steps, ``skipped`` is a 0-d bool device tensor: the step was
+skipped and must leave no trace), ``unused_parameters()`` (names of parameters its configured
+objective never reaches: frozen before the optimizer is built, so DDP needs no
+``find_unused_parameters``) and ``extra_state()`` (tensors checkpointed next to the model).
+The loop knows nothing else. Between two log steps it reads nothing back from the device
+(:mod:`vlp.train.step_stats`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+from datetime import timedelta
 import os
 import signal
 import sys
@@ -22,13 +27,14 @@ from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional
 import torch
 from accelerate import Accelerator, skip_first_batches
 from accelerate.state import AcceleratorState
-from accelerate.utils import DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs
+from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, DistributedType, InitProcessGroupKwargs
 from torch import nn
 from torch.utils.data import DataLoader
 
 from vlp.config import ConfigError, TrainConfig
 from vlp.data.formats import DataError
-from vlp.dist import mean_over_ranks
+from vlp.dist import any_over_ranks
+from vlp import hardware
 from vlp.models.loading import CheckpointError
 from vlp.train.checkpoint import (find_checkpoint, prune_checkpoints, publish, read_state, save_checkpoint,
                                   set_aside_checkpoints_after, staging, write_parts)
@@ -36,6 +42,7 @@ from vlp.train.loggers import open_loggers
 from vlp.train.logging import MetricsLog, progress
 from vlp.train.optim import build_optimizer, lr_at, trainable
 from vlp.train.swa import WeightAverager
+from vlp.train.step_stats import StepStats, Window
 from vlp.train.train_state import TRAIN_STATE, load_train_state, save_train_state
 
 
@@ -57,15 +64,22 @@ def make_accelerator(cfg: TrainConfig, find_unused_parameters: bool = False,
     """
     AcceleratorState._reset_state()
     deepspeed = launched_with_deepspeed()
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
+    if cfg.precision == "bf16" and not torch.cuda.is_available():
+        hardware.warn_if_bf16_is_emulated("train.precision=bf16")
     acc = Accelerator(
         # under DeepSpeed, bf16 is DeepSpeed's torch autocast (parameters stay fp32), set below
         mixed_precision="bf16" if cfg.precision == "bf16" and not deepspeed else "no",
         cpu=not torch.cuda.is_available() and not deepspeed,
         gradient_accumulation_steps=cfg.grad_accum_steps if deepspeed else 1,
+        # batches from pinned memory reach the GPU asynchronously
+        dataloader_config=DataLoaderConfiguration(non_blocking=torch.cuda.is_available()),
         kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False,
                                                        find_unused_parameters=find_unused_parameters),
                          # DeepSpeed on CPU (tests): accelerate would otherwise count one process
-                         *([InitProcessGroupKwargs(backend="gloo")] if deepspeed and not torch.cuda.is_available() else [])],
+                         InitProcessGroupKwargs(backend="gloo" if deepspeed and not torch.cuda.is_available() else None,
+                                                timeout=timedelta(minutes=cfg.dist_timeout_minutes))],
     )
     if uses_deepspeed(acc):
         configure_deepspeed(acc.state.deepspeed_plugin.deepspeed_config, cfg, micro_batch)
@@ -93,7 +107,10 @@ def configure_deepspeed(ds: dict[str, Any], cfg: TrainConfig, micro_batch: Optio
             raise ConfigError(f"DeepSpeed config: {key}.enabled=true would cast the momentum twins to {key}; set it "
                               "to \"auto\" or false and choose the precision with train.precision (bf16 autocast)")
         ds[key] = {"enabled": False}
-    ds["torch_autocast"] = {"enabled": cfg.precision == "bf16", "dtype": "bfloat16"}
+    # DeepSpeed's autocast marks Linear/Conv weights "lower-precision safe" and reduces their
+    # gradients in bf16; DDP reduces fp32 gradients. No module is marked, so ZeRO reduces in fp32 too.
+    ds["torch_autocast"] = {"enabled": cfg.precision == "bf16", "dtype": "bfloat16", "lower_precision_safe_modules": []}
+    ds["communication_data_type"] = "fp32"
     ds["gradient_clipping"] = float(cfg.grad_clip or 0.0)
     ds["gradient_accumulation_steps"] = cfg.grad_accum_steps
     if micro_batch is not None and ds.get("train_micro_batch_size_per_gpu", "auto") == "auto":
@@ -113,6 +130,12 @@ def apply_train_options(task: nn.Module, cfg: TrainConfig) -> None:
     if cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
     if cfg.compile:
+        # a block that fails to compile is an error, not a silent fall-back to eager; when a block
+        # hits torch's recompile limit (a new text length per batch: use data.text_padding=max_len),
+        # torch logs "hit config.recompile_limit" and runs it eagerly
+        import torch._dynamo
+
+        torch._dynamo.config.suppress_errors = False
         model.compile_blocks(cfg.compile_backend)
 
 
@@ -136,22 +159,52 @@ def clip_gradients(acc: Accelerator, params: list[torch.Tensor], cfg: TrainConfi
     return torch.nn.utils.get_total_norm(grads) if grads else None
 
 
+def skips_on_device(optimizer: Any) -> bool:
+    """Whether the optimizer (behind accelerate's wrapper) skips a step on a device flag: torch's
+    fused Adam/AdamW read ``found_inf`` inside their kernel, with no host synchronisation."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    return isinstance(inner, torch.optim.Adam | torch.optim.AdamW) and bool(inner.defaults.get("fused"))
+
+
 def optimizer_step(acc: Accelerator, optimizer: torch.optim.Optimizer, inner: nn.Module,
-                   params: list[torch.Tensor], step: int, cfg: TrainConfig, clipped: bool = False) -> None:
-    """Clip (unless ``clipped``), step, clear gradients, then the task's post-step hook (momentum
-    EMA, LTD multiplier)."""
+                   params: list[torch.Tensor], step: int, cfg: TrainConfig, clipped: bool = False,
+                   skipped: Optional[torch.Tensor] = None) -> None:
+    """Clip (unless ``clipped``), step, clear every gradient of the task (the self-optimised LTD
+    multiplier's too), then the task's post-step hook (momentum EMA, LTD multiplier).
+
+    ``skipped`` (0-d bool on the device): the step must leave no trace. A fused optimizer skips on
+    the device (``found_inf``); another reads the flag (a host synchronisation); under DeepSpeed
+    the engine has already stepped inside ``backward`` and skips a non-finite gradient itself."""
     if not clipped:
         clip_gradients(acc, params, cfg)
-    optimizer.step()
+    if skipped is None or uses_deepspeed(acc):
+        optimizer.step()
+    elif skips_on_device(optimizer):
+        torch_opt = getattr(optimizer, "optimizer", optimizer)
+        torch_opt.found_inf = skipped.to(torch.float32)
+        try:
+            optimizer.step()
+        finally:
+            del torch_opt.found_inf
+    elif not bool(skipped):
+        optimizer.step()
+    if hasattr(inner, "after_optimizer_step"):  # before the gradients go: the LTD multiplier steps on its own
+        if skipped is None:
+            inner.after_optimizer_step(step + 1)
+        else:
+            inner.after_optimizer_step(step + 1, skipped=skipped)
     optimizer.zero_grad(set_to_none=True)
-    if hasattr(inner, "after_optimizer_step"):
-        inner.after_optimizer_step(step + 1)
+    inner.zero_grad(set_to_none=True)
 
 
 @dataclass
 class Validation:
     """Periodic validation: ``evaluate(task, step) -> metrics`` (the unwrapped task, eval mode, no
-    grad) every ``every`` optimizer steps; the checkpoint with the highest ``metrics[select]`` is kept."""
+    grad) every ``every`` optimizer steps; the checkpoint with the highest ``metrics[select]`` is kept.
+
+    ``evaluate`` runs on **every rank** (several processes): it may shard its work over the ranks
+    (the retrieval, VQA and NLVR2 evaluators do, with collectives every rank must join). Rank 0
+    logs, and its decision on the best checkpoint is the one every rank follows."""
 
     evaluate: Callable[[nn.Module, int], dict[str, float]]
     select: str
@@ -203,7 +256,8 @@ def prepare_training(acc: Accelerator, task: nn.Module, loader: Iterable, cfg: T
     wrapped in a :class:`DeviceLoader`. After preparing, the non-trained state (momentum twins,
     feature queues) is checked to be fp32, whatever the engine."""
     apply_train_options(task, cfg)
-    optimizer = build_optimizer(task, cfg)
+    freeze_unused(task)
+    optimizer = build_optimizer(task, cfg, fused=not uses_deepspeed(acc))
     scalars = [p for p in task.parameters() if p.dim() == 0] if uses_deepspeed(acc) else []
     with viewed_as(scalars, (1,)):
         if getattr(loader, "splits_by_rank", False):
@@ -234,6 +288,18 @@ def viewed_as(params: list[torch.Tensor], shape: tuple[int, ...]) -> Iterator[No
     finally:
         for p, s in zip(params, shapes):
             p.data = p.data.reshape(s)
+
+
+def freeze_unused(task: nn.Module) -> list[str]:
+    """Freeze the parameters the task's configured objective never reaches
+    (``task.unused_parameters()``: a fixed temperature, a zoo loss's unused temperature, the head of
+    a zero-weight loss). DDP would otherwise wait for their gradients and fail at step 2; freezing
+    them is cheaper than ``find_unused_parameters``. Returns their names."""
+    names = sorted(task.unused_parameters()) if hasattr(task, "unused_parameters") else []
+    params = dict(task.named_parameters())
+    for n in names:
+        params[n].requires_grad_(False)
+    return names
 
 
 def check_fp32_state(task: nn.Module) -> None:
@@ -305,17 +371,6 @@ def stop_signals() -> Iterator[list[int]]:
             signal.signal(s, handler)
 
 
-def on_any_rank(flags: list[Any], device: torch.device) -> list[bool]:
-    """Each flag (bool or 0-d tensor) OR-ed over the ranks in one all-reduce: every rank must call
-    it at the same point (ranks skip a step or stop together)."""
-    from vlp.dist import is_dist
-
-    t = torch.stack([torch.as_tensor(f, dtype=torch.float32, device=device).reshape(()) for f in flags])
-    if is_dist():
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-    return [bool(x) for x in t.tolist()]
-
-
 class NonFiniteError(RuntimeError):
     """``train.max_nonfinite_steps`` consecutive steps had a non-finite loss or gradient (or one did,
     under DeepSpeed, which cannot skip a step); a checkpoint of the last good state was saved."""
@@ -370,6 +425,8 @@ def train(
     run_dir = Path(run_dir)
     acc = accelerator or make_accelerator(cfg)
     prep = prepare_training(acc, task, loader, cfg)
+    from vlp.train.checkpoint import check_shared_filesystem  # every rank must see run_dir (checkpoints)
+    check_shared_filesystem(run_dir, acc.device)
     task, optimizer, loader, inner, params = prep.task, prep.optimizer, prep.loader, prep.inner, prep.params
     to_save = (checkpoint_module or (lambda t: t.model))(inner)
     log = MetricsLog(run_dir / "metrics.jsonl", open_loggers(cfg.loggers, run_dir, acc.is_main_process, cfg.wandb_project,
@@ -409,20 +466,26 @@ def train(
     best: dict[str, Any] = {}
 
     def validate(step: int) -> None:
+        """Every rank evaluates (the evaluators shard the work over the ranks, no rank waits alone
+        past the collective timeout); rank 0 logs and keeps the best checkpoint, and its decision
+        is shared so that every rank tracks the same best."""
+        from vlp.dist import all_gather_nograd
+        from vlp.eval.mode import evaluating
+
         acc.wait_for_everyone()
+        with evaluating(task), torch.no_grad():  # eval mode; each module's own mode restored after
+            metrics = validation.evaluate(inner, step)
+        value = metrics[validation.select]
+        improved = not best or value > best["value"]
+        improved = bool(all_gather_nograd(torch.tensor([float(improved)], device=acc.device))[0] > 0)  # rank 0's
         if acc.is_main_process:
-            task.eval()
-            with torch.no_grad():
-                metrics = validation.evaluate(inner, step)
-            task.train()
-            value = metrics[validation.select]
-            improved = not best or value > best["value"]
             MetricsLog(run_dir / "val_metrics.jsonl").write({"step": step, **metrics, "best": improved})
             log.sinks.log(metrics, step, prefix="val/")
             print(f"validation at step {step}: {validation.select} {value:.2f}"
                   + (" (best so far)" if improved else f" (best {best['value']:.2f} at step {best['step']})"))
-            if improved:
-                best.update(metric=validation.select, value=value, step=step)
+        if improved:
+            best.update(metric=validation.select, value=value, step=step)
+            if acc.is_main_process:
                 with viewed_as(prep.scalars, ()):
                     save_checkpoint(run_dir / "checkpoints" / "best", to_save,
                                     saved_state(step, best=dict(best), val=metrics), extra_state())
@@ -434,15 +497,14 @@ def train(
     bar = progress(cfg.steps, "train", cfg.progress and acc.is_main_process)
     bar.update(start)
     batches = endless_batches(loader, start * micro)
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    n_sum, pairs, t_window, data_time, bad, skipped = 0, 0, time.perf_counter(), 0.0, 0, 0
+    stats = StepStats(acc.device, cfg.max_nonfinite_steps, acc.num_processes)
+    n_sum, pairs, t_window, data_time = 0, 0, time.perf_counter(), 0.0
     seen_total = bad_total = 0  # samples (all ranks) since the start of this process, bad ones among them
-    nonfinite_run = 0  # consecutive skipped steps
-    undo = [m for m in inner.modules() if hasattr(m, "discard_step")]  # feature queues: a skipped step leaves no trace
+    undo = [m for m in inner.modules() if hasattr(m, "end_step")]  # feature queues: a skipped step leaves no trace
     record: dict[str, float] = {}
     task.train()
     deepspeed = uses_deepspeed(acc)  # DeepSpeed accumulates (and scales by 1/micro) itself; no no_sync under ZeRO-2
+    one_process = acc.num_processes == 1
 
     def fail_nonfinite(at: int, what: str) -> NoReturn:
         checkpoint(at)
@@ -450,6 +512,17 @@ def train(
         raise NonFiniteError(f"{what}; checkpoint {run_dir / 'checkpoints' / f'step_{at:07d}'} holds the last good "
                              "state (lower train.lr, set train.grad_clip or train.precision=fp32, then resume with "
                              "train.resume=auto)")
+
+    def report_skips(window: Window) -> None:
+        """The window's skipped steps, in the words of the step (read at the log step)."""
+        for s in window.skipped:
+            what = (f"step {s.step}: non-finite loss or gradient (loss {s.losses}, gradient norm "
+                    f"{s.norm if s.norm is not None else 'n/a'}); step skipped")
+            if window.halted_at == s.step:
+                fail_nonfinite(s.step, f"{what}, {s.in_a_row} in a row (train.max_nonfinite_steps)")
+            if acc.is_main_process:
+                print(f"warning: {what} ({s.in_a_row} in a row; the run stops at {cfg.max_nonfinite_steps})",
+                      file=sys.stderr)
 
     with stop_signals() as stop, log:  # SIGTERM / SIGUSR1: checkpoint at the next step boundary; log closes its sinks
         for step in range(start, cfg.steps):
@@ -463,48 +536,33 @@ def train(
                 data_time += time.perf_counter() - t0
                 with acc.no_sync(task) if m < micro - 1 and not deepspeed else contextlib.nullcontext():
                     out = task(batch, step=step)
-                    if deepspeed and on_any_rank([non_finite([out], None)], acc.device)[0]:
-                        # acc.backward also steps the engine: stop before it, with the state of the last step
-                        fail_nonfinite(step, f"step {step + 1}: non-finite loss under DeepSpeed (which cannot skip a step)")
                     acc.backward(out["loss"] if deepspeed else out["loss"] / micro)
                 outs.append(out)
-                bad += int(batch.get("bad_samples", 0))
+                stats.add_bad_samples(batch.get("bad_samples"))
             norm = clip_gradients(acc, params, cfg)
-            stopping, nonfinite = on_any_rank([bool(stop), non_finite(outs, norm)], acc.device)
+            # no update when any rank saw a non-finite loss or gradient: weights, optimizer, momentum
+            # twins, queues and LTD multiplier stay as they were; decided on the device, read at the log step
+            skipped = stats.skip(any_over_ranks([non_finite(outs, norm)], device=acc.device)[0])
             done = step + 1
-            if nonfinite:  # no update: weights, optimizer, momentum twins, queues, LTD multiplier stay as they were
-                optimizer.zero_grad(set_to_none=True)
-                for m in undo:
-                    m.discard_step()
-                nonfinite_run, skipped = nonfinite_run + 1, skipped + 1
-                what = (f"step {done}: non-finite loss or gradient (loss {[float(o['loss'].detach()) for o in outs]}, gradient "
-                        f"norm {float(norm) if norm is not None else 'n/a'}); step skipped")
-                if nonfinite_run >= cfg.max_nonfinite_steps:
-                    fail_nonfinite(done, f"{what}, {nonfinite_run} in a row (train.max_nonfinite_steps)")
-                if acc.is_main_process:
-                    print(f"warning: {what} ({nonfinite_run} in a row; the run stops at {cfg.max_nonfinite_steps})",
-                          file=sys.stderr)
-            else:
-                nonfinite_run = 0
-                optimizer_step(acc, optimizer, inner, params, step, cfg, clipped=True)
-                if averager is not None:
-                    averager.after_step(step + 1)
-                for out in outs:
-                    for k, v in out.items():
-                        x = float(v.detach())
-                        sums.setdefault(k, 0.0), counts.setdefault(k, 0)
-                        if x == x:  # NaN = "not measured this step" (e.g. no same-image negatives): not averaged
-                            sums[k], counts[k] = sums[k] + x, counts[k] + 1
+            optimizer_step(acc, optimizer, inner, params, step, cfg, clipped=True, skipped=skipped)
+            for m in undo:
+                m.end_step(skipped)
+            if averager is not None:
+                averager.after_step(step + 1)
+            stats.add_step(done, outs, norm, skipped)
             n_sum += micro
             pairs += micro * len(batch["input_ids"]) * acc.num_processes
-            if done % cfg.log_every == 0 or done == cfg.steps:
+            log_step = done % cfg.log_every == 0 or done == cfg.steps
+            # a stop signal: acted on at once on one process; several agree on it at log steps (one read each)
+            stopping = bool(stop) if one_process else log_step and bool(any_over_ranks([bool(stop)], device=acc.device)[0])
+            if log_step:
                 dt = time.perf_counter() - t_window
-                means = mean_over_ranks({**{k: v / counts[k] if counts[k] else float("nan") for k, v in sums.items()},
-                                         "bad_samples": float(bad)})
-                bad = round(means.pop("bad_samples") * acc.num_processes)  # summed over ranks
-                means = {k: v for k, v in means.items() if v == v}  # measured by no rank in the window: not logged
-                record = {"step": done, "lr": lr, **means, "pairs_per_s": pairs / dt, "data_time": data_time / n_sum,
-                          "bad_samples": bad, **({"skipped_steps": skipped} if skipped else {})}
+                window = stats.read()
+                report_skips(window)
+                bad = window.bad_samples
+                record = {"step": done, "lr": lr, **window.means, "pairs_per_s": pairs / dt,
+                          "data_time": data_time / n_sum, "bad_samples": bad,
+                          **({"skipped_steps": len(window.skipped)} if window.skipped else {})}
                 if acc.is_main_process:
                     log.write(record)
                 if "loss" in record:
@@ -515,7 +573,7 @@ def train(
                     bar.close()
                     raise DataError(f"{bad_total} of the {seen_total} samples loaded so far were bad ({bad_total / seen_total:.1%}), "
                                     f"more than data.max_bad_fraction={max_bad_fraction:g}; `vlp data check` lists them")
-                sums, counts, n_sum, pairs, data_time, bad, skipped = {}, {}, 0, 0, 0.0, 0, 0
+                n_sum, pairs, data_time = 0, 0, 0.0
                 t_window = time.perf_counter()
             bar.update(1)
             saved = bool(cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != cfg.steps)

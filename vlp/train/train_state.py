@@ -5,7 +5,7 @@
   queue, the LTD decoder, lambda and its momentum, ...); the model itself is ``model.safetensors``;
 - ``optimizer.*`` (one file: the state is the same on every rank), or ``optimizer_rank{r}.*`` under
   DeepSpeed ZeRO, where each rank holds the optimizer state of its partition;
-- ``rng_rank{r}.*``: the ``random``, numpy, torch CPU and CUDA generator states of rank ``r``.
+- ``rng_rank{r}.*``: the ``random``, numpy, torch CPU and CUDA (its current device's) generator states of rank ``r``.
 
 Step, learning-rate position (a function of the step), alpha schedules (functions of the step) and
 the data position are in ``state.json``.
@@ -29,17 +29,25 @@ TRAIN_STATE = "train_state"
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's generator states: Python, numpy, torch CPU, every CUDA device."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    """This process's generator states: Python, numpy, torch CPU and its current CUDA device's
+    (None without CUDA). Only the current device's: a process trains on one device, and a node
+    that resumes the run may have fewer visible GPUs than the one that saved it."""
+    cuda = torch.cuda.get_rng_state(torch.cuda.current_device()) if torch.cuda.is_available() else None
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(), "cuda": cuda}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if state["cuda"]:
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state["cuda"]
+    if isinstance(cuda, (list, tuple)):
+        # an older vlp saved every visible device's state ([] without CUDA): restore the one of
+        # the current device's index if the list has it, else the first (this process's device
+        # when each process saw one GPU); the others belong to devices this process never used
+        cuda = (cuda[torch.cuda.current_device()] if torch.cuda.current_device() < len(cuda) else cuda[0]) if cuda else None
+    if cuda is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(cuda, device=torch.cuda.current_device())
 
 
 def zero_optimizer(optimizer: Any) -> Optional[Any]:

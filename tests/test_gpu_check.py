@@ -1,0 +1,124 @@
+"""``make gpu-check`` (scripts/gpu/check.py) in ``--cpu`` mode: every section at tiny sizes, in a
+subprocess through the same wrapper the Makefile runs, so the GPU check cannot rot unnoticed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+SECTIONS = ["world", "itc", "resume", "collectives", "bench", "retrieval", "compile"]
+
+
+def run_check(args: list[str], timeout: int = 600) -> tuple[subprocess.CompletedProcess, float]:
+    env = dict(os.environ, GPU_PYTHON=sys.executable)
+    env.pop("GPU_CHECK_FORCE_WHEELS", None)
+    t0 = time.perf_counter()
+    res = subprocess.run(["sh", "scripts/gpu/check.sh", "--cpu", *args], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=timeout)
+    return res, time.perf_counter() - t0
+
+
+@pytest.fixture(scope="module")
+def cpu_check(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check")
+    res, seconds = run_check(["--out", str(out)])
+    assert (out / "gpu_check.json").is_file(), res.stdout[-3000:] + res.stderr[-3000:]
+    return res, json.loads((out / "gpu_check.json").read_text()), out, seconds
+
+
+def test_every_section_passes_and_the_report_is_complete(cpu_check):
+    res, report, out, seconds = cpu_check
+    failed = {k: v.get("error") for k, v in report["sections"].items() if not v["passed"]}
+    assert res.returncode == 0 and not failed, (failed, res.stdout[-3000:])
+    assert report["passed"] and report["complete"] and report["mode"] == "cpu"
+    assert report["section_order"] == SECTIONS and sorted(report["sections"]) == sorted(SECTIONS)
+    for name, sec in report["sections"].items():
+        assert sec["checks"] and all(sec["checks"].values()), name
+        assert 0 < sec["seconds"] < sec["budget_s"], name
+    assert report["environment"]["device"].startswith("CPU") and report["environment"]["cuda_available"] is False
+    table = (out / "gpu_check.md").read_text()
+    assert table.startswith("# gpu-check: PASSED") and table in res.stdout  # the table is also printed
+    for name in SECTIONS:
+        assert f"| {name} | pass |" in table
+    assert seconds < 300  # ~1 min on the 2-core development machine under load
+
+
+def test_section_numbers_are_plausible(cpu_check):
+    s = cpu_check[1]["sections"]
+    w = s["world"]["results"]
+    assert (w["test_images"], w["test_captions"]) == (20, 100) and w["train_pairs"] > 0
+
+    itc = s["itc"]["results"]
+    assert itc["abs_diff"] < 1e-4 and math.isfinite(itc["loss_fp32"]) and itc["loss_fp32"] > 0
+    assert itc["abs_diff"] == pytest.approx(abs(itc["loss_bf16_autocast"] - itc["loss_fp32"]))
+
+    r = s["resume"]["results"]
+    assert (r["steps"], r["checkpoint_step"]) == (4, 2) and r["tensors_compared"] > 100
+    assert r["max_loss_diff_resumed"] == 0.0 and r["max_weight_diff_resumed"] == 0.0  # exact on CPU
+    assert math.isfinite(r["final_loss"]) and r["pairs_per_s_last_step"] > 0
+
+    c = s["collectives"]["results"]
+    assert c["backend"] == "gloo" and all(all(v for k, v in f.items() if k != "device") for f in c["functions"].values())
+    assert all(f["device"] == "cpu" for f in c["functions"].values())
+    assert c["torch_distributed_calls"]["all_gather"] >= 2 and c["torch_distributed_calls"]["all_reduce"] >= 5
+    assert all(n > 0 for fn, n in c["collective_calls"].items() if fn not in ("gather_rows", "fetch_rows"))
+
+    rows = s["bench"]["results"]["rows"]
+    assert [r["precision"] for r in rows] == ["fp32", "bf16", "fp32"]
+    for row in rows:
+        assert row["pairs_per_s"] > 0 and row["gflop_per_pair"] > 0 and row["ms_per_step"] > 0
+        assert row["mfu"] is None and row["peak_tflops"] is None  # no peak for a CPU
+        assert row["pairs_per_s"] == pytest.approx(row["batch"] / (row["ms_per_step"] / 1000), rel=1e-6)
+
+    comp = s["compile"]["results"]
+    assert comp["backend"] == "eager" and comp["dynamo"]["unique_graphs"] > 0
+    assert comp["dynamo_without_compile"]["unique_graphs"] == 0
+    assert [r["compile"] for r in comp["rows"]] == [False, True] and all(r["pairs_per_s"] > 0 for r in comp["rows"])
+
+    ret = s["retrieval"]["results"]
+    assert [r["precision"] for r in ret["rows"]] == ["fp32", "bf16"]
+    for row in ret["rows"]:
+        assert (row["n_images"], row["n_texts"]) == (20, 100) and 400 <= row["itm_pairs"] <= 480
+        assert row["seconds"] > 0 and row["peak_memory_mb"] > 0
+        assert row["eval_record"]["image_size"] == 32 and row["eval_record"]["k_test"] == 4
+
+
+def test_a_failing_or_overrunning_section_is_recorded_and_the_others_still_run(tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir()
+    # resume before the world exists: an error; retrieval over its 1 s budget: killed, and a fresh
+    # worker runs collectives
+    res, _ = run_check(["--out", str(out), "--work", str(work), "--sections", "resume,world,retrieval,collectives",
+                        "--budget", "retrieval=1"])
+    report = json.loads((out / "gpu_check.json").read_text())
+    s = report["sections"]
+    assert res.returncode == 1 and not report["passed"]
+    assert not s["resume"]["passed"] and "no world" in s["resume"]["error"]
+    assert s["world"]["passed"] and s["collectives"]["passed"]
+    assert not s["retrieval"]["passed"] and s["retrieval"]["error"].startswith("timed out after")
+    assert (out / "worker-2.log").is_file()  # the fresh worker
+    assert "| retrieval | FAIL |" in (out / "gpu_check.md").read_text()
+
+
+def test_peak_table():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu" / "check.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        del sys.modules[spec.name]
+    assert mod.peak_bf16_tflops("NVIDIA H100 80GB HBM3") == (989.0, "H100 SXM")
+    assert mod.peak_bf16_tflops("NVIDIA H100 PCIe") == (756.0, "H100 PCIe")
+    assert mod.peak_bf16_tflops("NVIDIA H200") == (989.0, "H200")
+    assert mod.peak_bf16_tflops("NVIDIA A100-SXM4-80GB") == (312.0, "A100")
+    assert mod.peak_bf16_tflops("NVIDIA L4") == (None, None)

@@ -1,0 +1,107 @@
+"""What the training loop learns about its steps, kept on the run's device between log steps.
+
+A GPU runs ahead of the host only while the host never waits for a result. So nothing a step
+produces is read back during the step: losses are summed on the device, the skip decision for a
+non-finite step is a device tensor the optimizer and the stateful modules obey
+(:func:`vlp.train.loop.optimizer_step`), and the window is read with one transfer at the log step
+(:meth:`StepStats.read`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from vlp.dist import mean_over_ranks
+
+
+@dataclass
+class SkippedStep:
+    """A step skipped for a non-finite loss or gradient (this rank's values)."""
+
+    step: int
+    losses: list[float]
+    norm: Optional[float]  # None: not measured (DeepSpeed clips inside its engine)
+    in_a_row: int
+
+
+@dataclass
+class Window:
+    """The steps since the last log step, read once: means over the ranks, bad samples summed over
+    the ranks, the skipped steps, and the step at which ``max_nonfinite`` skips in a row were reached."""
+
+    means: dict[str, float]
+    bad_samples: int
+    skipped: list[SkippedStep] = field(default_factory=list)
+    halted_at: Optional[int] = None
+
+
+class StepStats:
+    """Device-side accumulators of one log window (and the run of consecutive skipped steps, which
+    spans windows). Once ``max_nonfinite`` steps in a row were skipped the run has *halted*: every
+    later step is skipped too (:meth:`skip`), so the state stays the last good one until the log
+    step reports it."""
+
+    def __init__(self, device: torch.device, max_nonfinite: int, processes: int = 1) -> None:
+        self.device, self.max_nonfinite, self.processes = device, max_nonfinite, processes
+        self.in_a_row = torch.zeros((), dtype=torch.float64, device=device)
+        self.halted_step = torch.full((), -1.0, dtype=torch.float64, device=device)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, torch.Tensor] = {}
+        self.bad = torch.zeros((), dtype=torch.float64, device=self.device)
+        self.records: list[tuple[int, bool, torch.Tensor]] = []  # (step, norm measured, [skipped, in_a_row, norm, losses...])
+
+    def skip(self, nonfinite: torch.Tensor) -> torch.Tensor:
+        """The step's skip flag (0-d bool on the device): ``nonfinite`` (already agreed over the
+        ranks) or the run has halted."""
+        return nonfinite | (self.halted_step >= 0)
+
+    def add_bad_samples(self, n: Optional[torch.Tensor | int]) -> None:
+        """A batch's ``bad_samples`` count (a tensor or an int; None: none)."""
+        if n is not None:
+            self.bad = self.bad + torch.as_tensor(n, device=self.device).to(torch.float64)
+
+    def add_step(self, step: int, outs: list[dict[str, torch.Tensor]], norm: Optional[torch.Tensor],
+                 skipped: torch.Tensor) -> None:
+        """Step ``step`` (1-based) with its micro-batches' outputs ``outs`` (0-d tensors; NaN = not
+        measured), its gradient norm and its skip flag. A skipped step adds nothing to the means."""
+        newly_halted = skipped & (self.in_a_row + 1 >= self.max_nonfinite) & (self.halted_step < 0)
+        self.in_a_row = torch.where(skipped, self.in_a_row + 1, torch.zeros_like(self.in_a_row))
+        self.halted_step = torch.where(newly_halted, torch.full_like(self.halted_step, step), self.halted_step)
+        keep = ~skipped
+        for out in outs:
+            for k, v in out.items():
+                v = v.detach().to(torch.float64).reshape(())
+                ok = keep & ~torch.isnan(v)
+                self.sums[k] = self.sums.get(k, 0.0) + torch.where(ok, v, torch.zeros_like(v))
+                self.counts[k] = self.counts.get(k, 0.0) + ok.to(torch.float64)
+        nan = torch.full((), math.nan, dtype=torch.float64, device=self.device)
+        rec = torch.stack([skipped.to(torch.float64), self.in_a_row, nan if norm is None else norm.detach().to(torch.float64).reshape(()),
+                           *[o["loss"].detach().to(torch.float64).reshape(()) for o in outs]])
+        self.records.append((step, norm is not None, rec))
+
+    def read(self) -> Window:
+        """Reduce over the ranks and read the window back (the one host transfer of the window);
+        starts the next window."""
+        means = mean_over_ranks({**{k: self.sums[k] / self.counts[k] for k in self.sums}, "bad_samples": self.bad},
+                                device=self.device)
+        keys = sorted(means)
+        flat = torch.cat([torch.stack([means[k] for k in keys]), self.halted_step.reshape(1),
+                          *[rec for _, _, rec in self.records]]).tolist()
+        values = dict(zip(keys, flat[: len(keys)]))
+        halted = int(flat[len(keys)])
+        at = len(keys) + 1
+        skipped = []
+        for step, measured, rec in self.records:
+            row, at = flat[at: at + len(rec)], at + len(rec)
+            if row[0] and not (0 <= halted < step):  # steps skipped only because the run had halted: not reported
+                skipped.append(SkippedStep(step, row[3:], row[2] if measured else None, int(row[1])))
+        bad = round(values.pop("bad_samples") * self.processes)
+        self._reset()
+        return Window({k: v for k, v in values.items() if v == v}, bad, skipped, halted if halted >= 0 else None)
