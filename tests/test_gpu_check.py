@@ -49,7 +49,7 @@ def test_every_section_passes_and_the_report_is_complete(cpu_check):
     assert table.startswith("# gpu-check: PASSED") and table in res.stdout  # the table is also printed
     for name in SECTIONS:
         assert f"| {name} | pass |" in table
-    assert seconds < 300  # ~1 min on the 2-core development machine under load
+    assert seconds < 300  # ~30 s on the 2-core development machine, shared with other jobs
 
 
 def test_section_numbers_are_plausible(cpu_check):

@@ -91,7 +91,7 @@ def gather_rows(local: torch.Tensor, bounds: list[int]) -> torch.Tensor:
     rows ``bounds[r]:bounds[r+1]``. Shards are padded to the largest so that every rank sends the
     same shape, then trimmed. Identity on one process."""
     counts = [b - a for a, b in zip(bounds, bounds[1:])]
-    if len(counts) == 1:
+    if len(counts) == 1 and not is_dist():
         return local
     pad = local.new_zeros((max(counts) - len(local), *local.shape[1:]))
     every = all_gather_nograd(torch.cat([local, pad])).unflatten(0, (len(counts), max(counts)))

@@ -365,13 +365,16 @@ def check_same_maths(task: nn.Module, ref: ReferenceALBEFStep, batch: dict[str, 
 
 
 def count_flops(task: nn.Module, ref: ReferenceALBEFStep, batch: dict[str, torch.Tensor], step: int) -> dict:
-    """Matmul FLOP (torch's counter) of one forward + backward of each, on copies, per pair."""
+    """Matmul FLOP (torch's counter) of one forward + backward of each, on copies, per pair. The
+    attention runs on the math path while counting: the counter has no formula for some fused
+    kernels (e.g. CPU flash attention) and would count them as 0."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     out = {}
     for name, module in (("reference", ref), ("vlp", task)):
         module = copy.deepcopy(module)
-        with FlopCounterMode(display=False) as counter:
+        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
             module(batch, step=step)["loss"].backward()
         out[name] = counter.get_total_flops() / len(batch["input_ids"])
     return out

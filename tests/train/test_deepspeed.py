@@ -32,11 +32,12 @@ def runs(tmp_path_factory, launch_pretrain, tiny_model, pairs_file) -> dict[str,
     launch_pretrain(args("ddp"), processes=2)
     launch_pretrain(args("zero2"), processes=2, deepspeed=ZERO2)
     launch_pretrain(args("zero2_bf16", "train.precision=bf16"), processes=2, deepspeed=ZERO2)
+    launch_pretrain(args("ddp_bf16", "train.precision=bf16"), processes=2)
     # resume: the ZeRO-2 run as if it had been killed after its step-2 checkpoint
     shutil.copytree(tmp / "zero2", tmp / "resumed")
     shutil.rmtree(tmp / "resumed" / "checkpoints" / "step_0000004")
     launch_pretrain(args("resumed", "train.resume=auto"), processes=2, deepspeed=ZERO2)
-    return {name: tmp / name for name in ("ddp", "zero2", "zero2_bf16", "resumed")}
+    return {name: tmp / name for name in ("ddp", "zero2", "zero2_bf16", "ddp_bf16", "resumed")}
 
 
 def test_zero2_trains_like_ddp(runs: dict[str, Path], runs_io) -> None:
@@ -49,6 +50,34 @@ def test_zero2_trains_like_ddp(runs: dict[str, Path], runs_io) -> None:
     assert zero2[-1]["temp"] != zero2[0]["temp"]  # the 0-d temperature is trained under ZeRO too
     moved = alike(read(runs["ddp"], 2), read(runs["ddp"], STEPS), read(runs["zero2"], STEPS))
     assert moved > 50  # weights, momentum twins and queues: every one as DDP moved it
+
+
+def test_zero2_trains_like_ddp_under_bf16(runs: dict[str, Path], runs_io) -> None:
+    """Issue 17, defect 8: DeepSpeed's torch_autocast reduced Linear/Conv gradients in bf16 (DDP in
+    fp32); vlp makes it reduce in fp32. After one optimizer step the losses are DDP's (with bf16
+    reduction step 2's ITM loss was off by 2.5e-4); later, bf16 activations amplify the float noise
+    of two AdamW implementations (fused under DDP, ZeRO's own), so the comparison loosens to 1e-3, and
+    the weights' movement differs by a median 2e-3 of itself (8e-3 with bf16 reduction)."""
+    read = runs_io[0]
+    ddp, zero2 = read(runs["ddp_bf16"]), read(runs["zero2_bf16"])
+    for i, (a, b) in enumerate(zip(ddp, zero2)):
+        for key in ("itc", "itm", "mlm", "loss", "temp"):
+            rel = 1e-6 if i < 2 else 1e-3
+            assert b[key] == pytest.approx(a[key], rel=rel), (key, a, b)
+    start, x, y = read(runs["ddp_bf16"], 2), read(runs["ddp_bf16"], STEPS), read(runs["zero2_bf16"], STEPS)
+    rel = sorted(float((x[k].double() - y[k].double()).norm() / (x[k].double() - start[k].double()).norm())
+                 for k in x if x[k].is_floating_point() and not torch.equal(x[k], start[k]))
+    assert len(rel) > 50 and rel[len(rel) // 2] < 5e-3, rel[len(rel) // 2]
+
+
+def test_deepspeed_autocast_marks_no_module_for_bf16_reduction():
+    from vlp.config import TrainConfig
+    from vlp.train.loop import configure_deepspeed
+
+    ds = {"zero_optimization": {"stage": 2}}
+    configure_deepspeed(ds, TrainConfig(precision="bf16"), micro_batch=4)
+    assert ds["torch_autocast"] == {"enabled": True, "dtype": "bfloat16", "lower_precision_safe_modules": []}
+    assert ds["communication_data_type"] == "fp32"
 
 
 def test_bf16_keeps_momentum_twins_and_queues_fp32(runs: dict[str, Path], runs_io) -> None:

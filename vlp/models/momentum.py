@@ -53,7 +53,10 @@ class MomentumTwin(nn.Module):
             torch._foreach_lerp_(self._twin_params, src, 1.0 - m)
             return
         weight = (1.0 - m) * (~skipped).to(device=self._twin_params[0].device, dtype=torch.float32)
-        torch._foreach_lerp_(self._twin_params, src, [weight] * len(src))
+        try:  # one device scalar for every tensor (recent torch); else a list of it
+            torch._foreach_lerp_(self._twin_params, src, weight)
+        except (TypeError, RuntimeError):
+            torch._foreach_lerp_(self._twin_params, src, [weight] * len(src))
 
 
 class FeatureQueue(nn.Module):
