@@ -385,7 +385,11 @@ class VLPModel:
         (a ``str``), else a tensor [N]; ``> 0.5`` is the model's True."""
         self._require("nlvr", ("nlvr2",), "the NLVR2 classifier")
         single = isinstance(sentences, str)
-        tok, bs = self.tokenize(sentences), batch_size or self.batch_size
+        from vlp.data.nlvr import tokenize_sentences  # lazily: vlp.data.nlvr loads the training datasets
+
+        # ALBEF's NLVR2 cut (30 words, no token cut) in albef_compat mode
+        tok = tokenize_sentences(self.tokenizer, _as_list(sentences, (str,)), self.preprocessor.max_len)
+        bs = batch_size or self.batch_size
         n0, n1, n = len(self._image_list(images0)), len(self._image_list(images1)), len(tok["input_ids"])
         if not n0 == n1 == n:
             raise ValueError(f"nlvr takes one image pair per sentence: got {n0} + {n1} images and {n} sentences")

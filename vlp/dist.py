@@ -20,8 +20,9 @@ _ONE_PROCESS_GROUP = False  # see collectives_on_one_process
 
 
 class OtherRankDone(Exception):
-    """Raised on ranks > 0 once the multi-process part of a job is over (fine-tuning: after
-    training, rank 0 alone evaluates and writes the results); ``vlp`` then exits with status 0."""
+    """Raised on ranks > 0 once the multi-process part of a job is over (fine-tuning: after every
+    rank has evaluated its share of the test splits, rank 0 alone writes the results); ``vlp`` then
+    exits with status 0."""
 
 
 def is_dist() -> bool:

@@ -428,6 +428,7 @@ def run_evaluate_retrieval(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     record = {**result.metrics, "score": ecfg.score, "k_test": ecfg.k_test, "precision": ecfg.resolved_precision(device),
+              "offload": ecfg.resolved_offload(device),
               "processes": world_size(), "preset": preset, "checkpoint_kind": kind,
               "image_size": image_size(cfg), "n_images": len(split.images),
               "n_texts": len(split.texts), "checkpoint": str(ckpt)}

@@ -759,6 +759,16 @@ def run_sections(names: list[str], args: argparse.Namespace, plan: Plan, work: P
                 on_done(name, {"passed": False, "error": f"not run: the overall deadline ({args.deadline:.0f} s) was reached",
                                "checks": {}, "results": {}, "summary": "", "seconds": 0.0})
             return
+        def collect(pending: list[str]) -> None:
+            """Hand on the sections whose result files the worker has written."""
+            for name in list(pending):
+                done = state / f"{name}.json"
+                if done.is_file():
+                    rec = json.loads(done.read_text())
+                    rec["budget_s"] = plan.budgets.get(name)
+                    pending.remove(name)
+                    on_done(name, rec)
+
         attempt += 1
         log = out / f"worker-{attempt}.log"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker-sections", ",".join(pending), "--state", str(state),
@@ -767,13 +777,7 @@ def run_sections(names: list[str], args: argparse.Namespace, plan: Plan, work: P
             killed = None
             while True:
                 time.sleep(0.2)
-                for name in list(pending):
-                    done = state / f"{name}.json"
-                    if done.is_file():
-                        rec = json.loads(done.read_text())
-                        rec["budget_s"] = plan.budgets.get(name)
-                        pending.remove(name)
-                        on_done(name, rec)
+                collect(pending)
                 current = next((n for n in pending if (state / f"{n}.start").is_file()), None)
                 rc = proc.poll()
                 if current is not None:
@@ -789,13 +793,7 @@ def run_sections(names: list[str], args: argparse.Namespace, plan: Plan, work: P
                         rc = proc.returncode
                 if rc is not None:
                     break
-        for name in list(pending):  # results written just before the worker ended
-            done = state / f"{name}.json"
-            if done.is_file():
-                rec = json.loads(done.read_text())
-                rec["budget_s"] = plan.budgets.get(name)
-                pending.remove(name)
-                on_done(name, rec)
+        collect(pending)  # results written just before the worker ended
         current = next((n for n in pending if (state / f"{n}.start").is_file()), None)
         if current is not None:
             started = float((state / f"{current}.start").read_text() or time.time())

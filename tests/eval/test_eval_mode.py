@@ -167,3 +167,15 @@ def test_api_methods_run_in_eval_mode_and_restore_the_mode(tokenizer) -> None:
     nlvr = _api(build_task_model("nlvr2", config(), 30522), "nlvr2", tokenizer)
     a, b, ref = run_three_ways(nlvr.model, lambda: nlvr.nlvr(images, images.flip(0), texts))
     assert torch.equal(a, ref) and torch.equal(b, ref)
+
+
+def test_evaluation_modules_import_no_training_code() -> None:
+    """vlp.eval is a lower layer: importing its modules loads neither vlp.train nor vlp.jobs."""
+    import subprocess
+    import sys
+
+    code = ("import sys, vlp.eval.retrieval, vlp.eval.metrics, vlp.eval.mode, vlp.eval.vqa; "
+            "print([m for m in sys.modules if m.startswith(('vlp.train', 'vlp.jobs', 'vlp.finetune'))])")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "[]"

@@ -265,7 +265,8 @@ def test_auto_precision_and_loader_workers(tiny_eval, tmp_path):
                                  overrides=["eval.k_test=2"])
     fp32 = run_evaluate_retrieval(ckpt, world["retrieval_test"], None, tmp_path / "fp32", show_progress=False,
                                   overrides=["eval.k_test=2", "eval.precision=fp32", "eval.num_workers=0"])
-    assert json.loads((tmp_path / "auto" / "metrics.json").read_text())["precision"] == "fp32"
+    written = json.loads((tmp_path / "auto" / "metrics.json").read_text())
+    assert (written["precision"], written["offload"]) == ("fp32", "none")
     assert torch.equal(res.scores_i2t, fp32.scores_i2t)
     model, cfg, tok = load_model(ckpt, torch.device("cpu"))
     split = load_retrieval_split(world["retrieval_test"])

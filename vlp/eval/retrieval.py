@@ -4,6 +4,9 @@ Final scores: the top-``k_test`` candidates of each query get the re-rank score 
 logit, ALBEF's default; ``itm+itc``: ITM logit + ITC cosine, LAVIS/BLIP) and are placed above all
 other candidates, which keep their ITC order. Recall@K is therefore exact ALBEF protocol for
 K <= k_test and ITC-ordered beyond. ``itc`` skips re-ranking (CLIP_benchmark-compatible).
+Re-ranked final scores are float64 (:func:`_reranked`): exact, so candidates whose ITM logits differ
+by less than float32's spacing near the offset are not tied. Every entry point runs the model in
+eval mode and restores its modes (:func:`vlp.eval.mode.evaluating`).
 
 Several processes (``distributed=True`` under a process group, docs/evaluation.md):
 
@@ -35,16 +38,23 @@ from vlp.dist import fetch_rows, gather_rows, rank, shard_bounds, world_size
 from vlp.eval.metrics import relevance_metrics, retrieval_metrics
 from vlp.eval.mode import evaluating
 from vlp.models.albef import ALBEF
-from vlp.train.logging import progress
 
 RERANK_OFFSET = 1e4  # lifts re-ranked candidates above every ITC-only candidate
+
+
+def progress(total: int, desc: str, enabled: bool = True):
+    """A progress bar (the training loop's style; vlp.eval does not import vlp.train)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=1.0)
 
 
 @dataclass
 class Embeddings:
     """Unimodal outputs of a split. ITC features cover every image / caption; the ITM inputs
     (tokens, hidden states) cover the rows ``image_ids`` / ``text_ids`` (``None``: all, in order;
-    several processes: this rank's shard)."""
+    several processes: this rank's shard). ITM inputs may wait in host memory (``eval.offload``);
+    the features and masks are on the device."""
 
     image_tokens: torch.Tensor  # [n_img, 1+N, W]
     image_feat: torch.Tensor  # [N_img, E]
@@ -222,7 +232,8 @@ def _rows_or_first(start: int, end: int) -> range:
 @torch.no_grad()
 def itm_scores(model: ALBEF, emb: Embeddings, img_idx: torch.Tensor, txt_idx: torch.Tensor, batch_size: int) -> torch.Tensor:
     """ITM match logits for pairs (img_idx[p], txt_idx[p]) -> [P]; indices are rows of
-    ``emb.image_tokens`` / ``emb.text_hidden``. Each distinct image's cross-attention K/V is
+    ``emb.image_tokens`` / ``emb.text_hidden`` (on the model's device: :func:`score_pairs` moves
+    offloaded rows there). Each distinct image's cross-attention K/V is
     projected once per batch of ``batch_size`` pairs and broadcast to the batch's captions that
     pair with it (``image_index``: no per-pair copy of the K/V)."""
     out = []

@@ -419,8 +419,8 @@ def train(
     """Train ``task`` for ``cfg.steps`` steps; log to ``run_dir/metrics.jsonl``; checkpoint to
     ``run_dir/checkpoints/step_N``. ``state`` is stored in every checkpoint's ``state.json``;
     ``checkpoint_module`` picks what is saved from the unwrapped task (default: ``task.model``).
-    ``validation``: evaluate every ``validation.every`` steps and at the end (main process; the
-    others wait), log to ``run_dir/val_metrics.jsonl`` and keep the best checkpoint in
+    ``validation``: evaluate every ``validation.every`` steps and at the end (on every rank, sharded;
+    the main process decides), log to ``run_dir/val_metrics.jsonl`` and keep the best checkpoint in
     ``run_dir/checkpoints/best``. Returns the last logged record."""
     run_dir = Path(run_dir)
     acc = accelerator or make_accelerator(cfg)
