@@ -42,7 +42,8 @@ def test_deepspeed_launch_config_points_at_a_zero2_json_vlp_accepts():
     ds = json.loads((ROOT / cfg.deepspeed_config["deepspeed_config_file"]).read_text())
     assert ds["zero_optimization"]["stage"] == 2
     configure_deepspeed(ds, TrainConfig(precision="bf16", grad_clip=1.0, grad_accum_steps=2), micro_batch=64)
-    assert ds["bf16"] == {"enabled": False} and ds["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
+    assert ds["bf16"] == {"enabled": False} and ds["torch_autocast"] == {"enabled": True, "dtype": "bfloat16",
+                                                                "lower_precision_safe_modules": []}
     assert (ds["gradient_clipping"], ds["gradient_accumulation_steps"], ds["train_micro_batch_size_per_gpu"]) == (1.0, 2, 64)
     for bad in ({"zero_optimization": {"stage": 3}}, {"bf16": {"enabled": True}}):
         with pytest.raises(ConfigError, match="stage 3|bf16.enabled"):

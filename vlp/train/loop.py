@@ -33,7 +33,8 @@ from torch.utils.data import DataLoader
 
 from vlp.config import ConfigError, TrainConfig
 from vlp.data.formats import DataError
-from vlp.dist import any_over_ranks
+from vlp.dist import all_gather_nograd, any_over_ranks
+from vlp.eval.mode import evaluating
 from vlp import hardware
 from vlp.models.loading import CheckpointError
 from vlp.train.checkpoint import (find_checkpoint, prune_checkpoints, publish, read_state, save_checkpoint,
@@ -469,9 +470,6 @@ def train(
         """Every rank evaluates (the evaluators shard the work over the ranks, no rank waits alone
         past the collective timeout); rank 0 logs and keeps the best checkpoint, and its decision
         is shared so that every rank tracks the same best."""
-        from vlp.dist import all_gather_nograd
-        from vlp.eval.mode import evaluating
-
         acc.wait_for_everyone()
         with evaluating(task), torch.no_grad():  # eval mode; each module's own mode restored after
             metrics = validation.evaluate(inner, step)
