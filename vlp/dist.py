@@ -148,13 +148,17 @@ def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return t
 
 
+def _scalars(values: Sequence[bool | float | torch.Tensor], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Python numbers and 0-d tensors -> one [n] tensor of ``dtype`` on ``device`` (no host read)."""
+    return torch.stack([torch.as_tensor(v, device=device).detach().reshape(()).to(device=device, dtype=dtype)
+                        for v in values])
+
+
 def any_over_ranks(flags: Sequence[bool | torch.Tensor], *, device: torch.device) -> torch.Tensor:
     """Each flag (bool or 0-d tensor) OR-ed over the ranks in one all-reduce on ``device`` (the
     run's): a bool tensor [len(flags)], left on the device (reading it is the caller's choice). Every
     rank must call it at the same point."""
-    t = torch.stack([torch.as_tensor(f, device=device).detach().reshape(()).to(device=device, dtype=torch.float32)
-                     for f in flags])
-    return all_reduce_(t, "max") > 0
+    return all_reduce_(_scalars(flags, device, torch.float32), "max") > 0
 
 
 def mean_over_ranks(values: dict[str, torch.Tensor | float], *, device: torch.device) -> dict[str, torch.Tensor]:
@@ -164,9 +168,7 @@ def mean_over_ranks(values: dict[str, torch.Tensor | float], *, device: torch.de
     keys = sorted(values)
     if not keys:
         return {}
-    x = torch.stack([torch.as_tensor(values[k], device=device).detach().reshape(()).to(device=device,
-                                                                                          dtype=torch.float64)
-                     for k in keys])
+    x = _scalars([values[k] for k in keys], device, torch.float64)
     seen = ~torch.isnan(x)
     t = all_reduce_(torch.cat([torch.where(seen, x, torch.zeros_like(x)), seen.double()]))
     total, n = t[: len(keys)], t[len(keys):]

@@ -273,7 +273,7 @@ def run_cache_helper_features(helper: str | Path, data: Sequence[str], out: str 
     written to the cache folder ``out`` that ``loss.srcl.helper_features`` points at."""
     from vlp.data.datasets import ImageDataset
     from vlp.data.transforms import tokenize
-    from vlp.train.logging import progress
+    from vlp.progress import progress
 
     if Path(out).exists():
         raise DataError(f"{out} already exists; choose another --out or remove it")
@@ -451,7 +451,7 @@ def run_srcl_weight_plots(run: str | Path, out: Optional[str | Path] = None, hea
     to the schedule's value at the checkpoint's step. A run without regulation is shown with its
     ``loss.srcl`` settings (what SRCL would do), which then need helper features."""
     from vlp.viz import plot_weight_heatmap, plot_weight_histogram
-    from vlp.train.logging import progress
+    from vlp.progress import progress
 
     ckpt = find_checkpoint(run)
     model, cfg, tokenizer = load_model(ckpt)
@@ -517,7 +517,7 @@ def run_cocos(checkpoint: str | Path, data: Sequence[str], loss: str, out: str |
     ``out/cocos.json`` (mean and std over batches of every statistic, per direction) and
     ``out/cocos.png`` (per-query count histograms)."""
     from vlp.losses.cocos import cocos
-    from vlp.train.logging import progress
+    from vlp.progress import progress
     from vlp.viz import plot_cocos
 
     ckpt = find_checkpoint(checkpoint)

@@ -230,7 +230,7 @@ def check_annotations(path: str | Path | Sequence[str | Path], image_root: Optio
     for p in paths:
         _check_file(p, Path(image_root) if image_root else p.parent, kind, report, uses)
     if images:
-        from vlp.train.logging import progress
+        from vlp.progress import progress
 
         items = list(uses.items())
         bar = progress(len(items), "checking images", enabled=show_progress)

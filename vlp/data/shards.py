@@ -133,7 +133,7 @@ def write_shards(files: Sequence[str | Path], out_dir: str | Path, image_root: O
     last: a folder without it is incomplete. Refuses a folder that already holds shards; a
     missing or unreadable image raises one :class:`DataError` (naming the entry and path) and
     removes the shards this call wrote. Returns ``out_dir``."""
-    from vlp.train.logging import progress
+    from vlp.progress import progress
 
     out = Path(out_dir)
     if size < 1 or max_per_shard < 1 or not 1 <= quality <= 100:

@@ -38,15 +38,9 @@ from vlp.dist import fetch_rows, gather_rows, rank, shard_bounds, world_size
 from vlp.eval.metrics import relevance_metrics, retrieval_metrics
 from vlp.eval.mode import evaluating
 from vlp.models.albef import ALBEF
+from vlp.progress import progress
 
 RERANK_OFFSET = 1e4  # lifts re-ranked candidates above every ITC-only candidate
-
-
-def progress(total: int, desc: str, enabled: bool = True):
-    """A progress bar (the training loop's style; vlp.eval does not import vlp.train)."""
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=1.0)
 
 
 @dataclass

@@ -6,6 +6,7 @@ The model computes features; it never tokenizes, reads files or computes losses 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -169,6 +170,7 @@ class ALBEF(nn.Module):
         self.momentum.update(self.momentum_at(step), skipped)
 
 
+@functools.lru_cache(maxsize=1)
 def _transformers_major() -> int:
     import transformers
 

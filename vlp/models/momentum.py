@@ -89,8 +89,8 @@ class FeatureQueue(nn.Module):
     def end_step(self, skipped: torch.Tensor | bool) -> None:
         """End the step begun by :meth:`begin_step`: when ``skipped`` (a 0-d bool device tensor, or a
         bool) its writes are undone - on the device (``torch.where``), with no host read."""
+        flag = torch.as_tensor(skipped, device=self.ptr.device)
         for ptr, idx, old in reversed(self._undo or []):
-            flag = torch.as_tensor(skipped, device=self.ptr.device)
             for name, rows in old.items():
                 buf = self.get(name)
                 buf[idx] = torch.where(flag, rows, buf[idx])

@@ -1,5 +1,5 @@
 """Run logging: ``metrics.jsonl`` (one JSON object per logged step), the optional TensorBoard / W&B
-sinks it forwards to (:mod:`vlp.train.loggers`), ``run_info.json`` and a tqdm progress bar."""
+sinks it forwards to (:mod:`vlp.train.loggers`), and ``run_info.json`` (the progress bar: :mod:`vlp.progress`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Optional
-
-from tqdm.auto import tqdm
 
 from vlp.data.formats import DataError
 
@@ -70,10 +68,6 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
                 break
             raise DataError(f"{path}, line {n}: not a JSON record ({e.msg}, column {e.colno})") from None
     return records
-
-
-def progress(total: int, desc: str, enabled: bool = True) -> tqdm:
-    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=1.0)
 
 
 # ----------------------------------------------------------------------------- run_info.json

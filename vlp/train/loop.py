@@ -40,7 +40,8 @@ from vlp.models.loading import CheckpointError
 from vlp.train.checkpoint import (find_checkpoint, prune_checkpoints, publish, read_state, save_checkpoint,
                                   set_aside_checkpoints_after, staging, write_parts)
 from vlp.train.loggers import open_loggers
-from vlp.train.logging import MetricsLog, progress
+from vlp.progress import progress
+from vlp.train.logging import MetricsLog
 from vlp.train.optim import build_optimizer, lr_at, trainable
 from vlp.train.swa import WeightAverager
 from vlp.train.step_stats import StepStats, Window
@@ -190,10 +191,7 @@ def optimizer_step(acc: Accelerator, optimizer: torch.optim.Optimizer, inner: nn
     elif not bool(skipped):
         optimizer.step()
     if hasattr(inner, "after_optimizer_step"):  # before the gradients go: the LTD multiplier steps on its own
-        if skipped is None:
-            inner.after_optimizer_step(step + 1)
-        else:
-            inner.after_optimizer_step(step + 1, skipped=skipped)
+        inner.after_optimizer_step(step + 1, skipped=skipped)
     optimizer.zero_grad(set_to_none=True)
     inner.zero_grad(set_to_none=True)
 
