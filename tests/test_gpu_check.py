@@ -109,7 +109,7 @@ def test_a_failing_or_overrunning_section_is_recorded_and_the_others_still_run(t
     assert "| retrieval | FAIL |" in (out / "gpu_check.md").read_text()
 
 
-def test_peak_table():
+def load_check_module():
     spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu" / "check.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclasses look their module up
@@ -117,6 +117,21 @@ def test_peak_table():
         spec.loader.exec_module(mod)
     finally:
         del sys.modules[spec.name]
+    return mod
+
+
+def test_cuda_rng_states_counted_in_every_checkpoint_format():
+    """The first H100 run crashed here: a checkpoint holds the current device's state (a tensor)."""
+    import torch
+
+    count = load_check_module().cuda_rng_states
+    assert count({"cuda": torch.zeros(16, dtype=torch.uint8)}) == 1  # this vlp: one device's state
+    assert count({"cuda": [torch.zeros(16, dtype=torch.uint8)] * 3}) == 3  # older vlp: every visible device
+    assert count({"cuda": None}) == 0 and count({"cuda": []}) == 0 and count({}) == 0
+
+
+def test_peak_table():
+    mod = load_check_module()
     assert mod.peak_bf16_tflops("NVIDIA H100 80GB HBM3") == (989.0, "H100 SXM")
     assert mod.peak_bf16_tflops("NVIDIA H100 PCIe") == (756.0, "H100 PCIe")
     assert mod.peak_bf16_tflops("NVIDIA H200") == (989.0, "H200")

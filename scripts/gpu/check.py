@@ -290,6 +290,15 @@ def _compare_runs(a: Path, b: Path, step: int, after: int) -> dict[str, float]:
             "weights_finite": all(bool(torch.isfinite(v).all()) for v in wa.values() if v.is_floating_point())}
 
 
+def cuda_rng_states(rng: dict[str, Any]) -> int:
+    """How many CUDA generator states a checkpoint's ``rng_rank*`` tree holds: vlp saves the current
+    device's (one tensor, None without CUDA); older checkpoints hold a list, one per visible device."""
+    cuda = rng.get("cuda")
+    if cuda is None:
+        return 0
+    return len(cuda) if isinstance(cuda, (list, tuple)) else 1
+
+
 def section_resume(ctx: Context) -> dict[str, Any]:
     import torch
 
@@ -321,7 +330,7 @@ def section_resume(ctx: Context) -> dict[str, Any]:
     noise = _compare_runs(full, root / "repeat", n, half) if on_cuda else None
     diff = _compare_runs(full, resumed, n, half)
     rng = load_tree(full / ckpt / "train_state" / "rng_rank0")
-    cuda_states = len(rng.get("cuda") or [])
+    cuda_states = cuda_rng_states(rng)
     last = json.loads((full / "metrics.jsonl").read_text().splitlines()[-1])
     checks = {"losses and weights finite": diff["weights_finite"] and all(
         math.isfinite(v) for v in _losses(full, 0)[n].values())}
