@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo demo-full test clean gpu-check gpu-wheels
+.PHONY: setup demo demo-full test lint format clean gpu-check gpu-wheels
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,19 @@ demo-full: setup
 	$(VENV)/bin/vlp demo --full --out demo_full
 
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=15
+
+# Habits (docs/architecture.md, "Habits"): style and format (ruff), the layering (import contracts,
+# import-linter), types (mypy: strict modules clean, the rest at a baseline that only tightens).
+lint: setup
+	$(VENV)/bin/ruff check vlp scripts tests
+	$(VENV)/bin/ruff format --check vlp scripts tests
+	$(VENV)/bin/lint-imports
+	$(PY) scripts/lint/mypy_baseline.py
+
+format: setup
+	$(VENV)/bin/ruff check --fix vlp scripts tests
+	$(VENV)/bin/ruff format vlp scripts tests
 
 clean:
 	rm -rf demo_out demo_full .pytest_cache

@@ -17,7 +17,7 @@ from pathlib import Path
 import timm
 import torch
 
-from vlp.interop.clip import synthetic_clip_state
+from vlp.models.clip_weights import synthetic_clip_state
 
 
 def main() -> None:
@@ -31,11 +31,23 @@ def main() -> None:
     torch.save({"model": deit.state_dict()}, out / "tiny_deit_distilled.pth")
     from transformers import CLIPConfig, CLIPModel
 
-    vision = dict(hidden_size=192, intermediate_size=768, num_hidden_layers=2, num_attention_heads=3, image_size=32,
-                  patch_size=8)
-    text = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, vocab_size=64,
-                max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
-    CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)).save_pretrained(out / "tiny_hf_clip")
+    vision = dict(
+        hidden_size=192, intermediate_size=768, num_hidden_layers=2, num_attention_heads=3, image_size=32, patch_size=8
+    )
+    text = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        vocab_size=64,
+        max_position_embeddings=16,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=1,
+    )
+    CLIPModel(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16)).save_pretrained(
+        out / "tiny_hf_clip"
+    )
     print(f"wrote {out / 'tiny_clip.pt'}, {out / 'tiny_hf_clip'} and {out / 'tiny_deit_distilled.pth'}")
 
 

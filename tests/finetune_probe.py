@@ -14,7 +14,7 @@ import os
 import sys
 
 import vlp.eval.retrieval as retrieval
-import vlp.finetune as finetune
+import vlp.runs.finetune as finetune
 from vlp.cli import main
 
 seen = {"itm_pairs": 0, "itm_calls": 0, "vqa_questions": 0, "vqa_calls": 0, "nlvr_items": 0, "nlvr_calls": 0}

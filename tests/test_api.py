@@ -11,20 +11,29 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from vlp import VLPModel, __version__
+from vlp import VLPModel
 from vlp.api import CONFIG, PREPROCESSOR, WEIGHTS, UnsupportedKind, build_inference_model
 from vlp.config import (
-    FinetuneConfig, FinetuneDataConfig, ModelConfig, PretrainConfig, TextConfig, VisionConfig, VQAConfig, load_config,
+    FinetuneConfig,
+    FinetuneDataConfig,
+    ModelConfig,
+    PretrainConfig,
+    TextConfig,
+    VisionConfig,
+    VQAConfig,
+    load_config,
     to_dict,
 )
-from vlp.data.formats import RetrievalSplit
 from vlp.data import transforms
+from vlp.data.formats import RetrievalSplit
 from vlp.eval.retrieval import embed
-from vlp.jobs import build_task_model, image_size, load_model
 from vlp.models.albef import ALBEF
+from vlp.models.build import build_task_model
 from vlp.models.nlvr import NLVRModel
 from vlp.models.vqa import VQAModel
+from vlp.pretrained import image_size, load_model
 from vlp.train.checkpoint import save_checkpoint
+from vlp.version import __version__
 
 ROOT = Path(__file__).parents[1]
 CPU = torch.device("cpu")
@@ -33,8 +42,13 @@ TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "vocab.txt", "spec
 
 
 def tiny_config(**kw) -> ModelConfig:
-    return ModelConfig(vision=VisionConfig(depth=1, img_size=32),
-                       text=TextConfig(layers=1, fusion_layers=1, dropout=0.0), queue_size=8, embed_dim=16, **kw)
+    return ModelConfig(
+        vision=VisionConfig(depth=1, img_size=32),
+        text=TextConfig(layers=1, fusion_layers=1, dropout=0.0),
+        queue_size=8,
+        embed_dim=16,
+        **kw,
+    )
 
 
 def _perturb_training_state(model: torch.nn.Module) -> None:
@@ -72,8 +86,13 @@ def run_dir(tmp_path_factory) -> Path:
     model = ALBEF(mcfg)
     _perturb_training_state(model)
     run = tmp_path_factory.mktemp("run")
-    state = {"task": "pretrain", "vlp_version": __version__, "config": to_dict(PretrainConfig(model=mcfg)),
-             "model": to_dict(mcfg), "step": 2}
+    state = {
+        "task": "pretrain",
+        "vlp_version": __version__,
+        "config": to_dict(PretrainConfig(model=mcfg)),
+        "model": to_dict(mcfg),
+        "step": 2,
+    }
     save_checkpoint(run / "checkpoints" / "step_0000002", model, state)
     return run
 
@@ -89,8 +108,12 @@ def pretrained(run_dir, tmp_path_factory):
 def test_round_trip_gives_identical_outputs(pretrained, images):
     m, m2, _ = pretrained
     assert (m.kind, m2.kind) == ("pretrain", "pretrain") and isinstance(m2.model, ALBEF)
-    for method, args in (("encode_image", (images,)), ("encode_text", (TEXTS,)), ("similarity", (images, TEXTS)),
-                         ("itm_score", (images[:4], TEXTS))):
+    for method, args in (
+        ("encode_image", (images,)),
+        ("encode_text", (TEXTS,)),
+        ("similarity", (images, TEXTS)),
+        ("itm_score", (images[:4], TEXTS)),
+    ):
         a, b = getattr(m, method)(*args), getattr(m2, method)(*args)
         assert torch.equal(a, b), method
     assert m.encode_image(images).shape == (5, 16) and m.encode_text(TEXTS).shape == (4, 16)
@@ -123,8 +146,12 @@ def test_saved_directory_holds_exactly_the_documented_files(pretrained, run_dir)
     assert "tokenizer_config.json" in tok_files and tok_files <= TOKENIZER_FILES
     assert {p.name for p in out.iterdir()} == {CONFIG, WEIGHTS, PREPROCESSOR} | tok_files
     cfg = json.loads((out / CONFIG).read_text())
-    assert (cfg["format"], cfg["kind"], cfg["vlp_version"], cfg["architecture"]) == \
-        ("vlp-pretrained", "pretrain", __version__, "ALBEF")
+    assert (cfg["format"], cfg["kind"], cfg["vlp_version"], cfg["architecture"]) == (
+        "vlp-pretrained",
+        "pretrain",
+        __version__,
+        "ALBEF",
+    )
     assert cfg["weights"] == {"file": WEIGHTS, "momentum_twins": "dropped", "queues": "dropped"}
     assert cfg["model"]["vision"]["img_size"] == 32 and cfg["model"]["queue_size"] == 8  # recorded as trained
     assert cfg["source"]["step"] == 2 and cfg["source"]["checkpoint"].endswith("step_0000002")
@@ -174,14 +201,21 @@ def test_itm_score_is_the_itm_head_softmax(pretrained, images):
 def test_pretrained_directory_loads_without_training_code(pretrained, images):
     out = pretrained[2]
     ref = pretrained[1].encode_text(TEXTS).tolist()
-    code = ("import sys, json; from vlp import VLPModel; "
-            f"m = VLPModel.from_pretrained({str(out)!r}, device='cpu'); "
-            f"f = m.encode_text({TEXTS!r}).tolist(); "
-            "bad = [n for n in ('vlp.jobs', 'vlp.finetune', 'vlp.train.loop', 'vlp.data.datasets', 'datasets') "
-            "if n in sys.modules]; print(json.dumps([bad, f]))")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                         env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-                              "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys, json; from vlp import VLPModel; "
+        f"m = VLPModel.from_pretrained({str(out)!r}, device='cpu'); "
+        f"f = m.encode_text({TEXTS!r}).tolist(); "
+        "bad = [n for n in ('vlp.runs', 'vlp.pretrained', 'vlp.train.loop', 'vlp.data.datasets', 'datasets') "
+        "if n in sys.modules]; print(json.dumps([bad, f]))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     bad, feats = json.loads(res.stdout.strip().splitlines()[-1])
     assert bad == [] and torch.allclose(torch.tensor(feats), torch.tensor(ref), atol=1e-6)
@@ -210,7 +244,7 @@ def vqa_run(tmp_path_factory):
 
 def test_vqa_answers_like_the_finetune_predictor(vqa_run, images, tmp_path):
     from vlp.data.vqa import VQACollator, pre_question, tokenize_answers
-    from vlp.finetune import predict_answers
+    from vlp.runs.finetune import predict_answers
 
     run, answers_file = vqa_run
     m = VLPModel.from_pretrained(run, device="cpu")
@@ -221,17 +255,23 @@ def test_vqa_answers_like_the_finetune_predictor(vqa_run, images, tmp_path):
     assert len(got) == 3 and set(got) <= set(answers)
     # the fine-tuning job's prediction path on the same inputs
     tok = m.tokenizer
-    batch = VQACollator(tok, 25, 10)([{"image": p, "question": pre_question(q, 50), "answers": [], "weights": [],
-                                       "index": i} for i, (p, q) in enumerate(zip(m.pixel_values(images[:3]), qs))])
+    batch = VQACollator(tok, 25, 10)(
+        [
+            {"image": p, "question": pre_question(q, 50), "answers": [], "weights": [], "index": i}
+            for i, (p, q) in enumerate(zip(m.pixel_values(images[:3]), qs))
+        ]
+    )
     ids, mask = tokenize_answers(tok, answers, 10)
     assert predict_answers(m.model, [batch], ids, mask, answers, 3, CPU) == got
-    assert m.answer(images[:3], qs, candidates=["yes", "no"], k=2) == \
-        predict_answers(m.model, [batch], *tokenize_answers(tok, ["yes", "no"], 10), ["yes", "no"], 2, CPU)
+    assert m.answer(images[:3], qs, candidates=["yes", "no"], k=2) == predict_answers(
+        m.model, [batch], *tokenize_answers(tok, ["yes", "no"], 10), ["yes", "no"], 2, CPU
+    )
     # the answer list travels in config.json
     out = m.save_pretrained(tmp_path / "vqa")
     cfg = json.loads((out / CONFIG).read_text())
-    assert cfg["vqa"] == {"k_test": 3, "answers": answers} and not any(k.startswith("momentum.") for k in
-                                                                        load_file(str(out / WEIGHTS)))
+    assert cfg["vqa"] == {"k_test": 3, "answers": answers} and not any(
+        k.startswith("momentum.") for k in load_file(str(out / WEIGHTS))
+    )
     assert VLPModel.from_pretrained(out, device="cpu").answer(images[:3], qs) == got
     calls = (("encode_image", (images,)), ("itm_score", (images[:1], "x")), ("nlvr", (images[0], images[1], "x")))
     for method, args in calls:
@@ -261,8 +301,9 @@ def test_nlvr2_probabilities_and_round_trip(images, tmp_path):
     assert p.shape == (3,) and ((p >= 0) & (p <= 1)).all()
     tok = m.tokenize(sents)
     with torch.no_grad():
-        ref = m.model.classify(m.pixel_values(images[:3]), m.pixel_values(images[2:5]), tok["input_ids"],
-                               tok["attention_mask"]).softmax(-1)[:, 1]
+        ref = m.model.classify(
+            m.pixel_values(images[:3]), m.pixel_values(images[2:5]), tok["input_ids"], tok["attention_mask"]
+        ).softmax(-1)[:, 1]
     assert torch.equal(p, ref)
     one = m.nlvr(images[0], images[2], sents[0])
     assert isinstance(one, float) and abs(one - float(p[0])) < 1e-5
@@ -277,8 +318,11 @@ def test_nlvr2_probabilities_and_round_trip(images, tmp_path):
 
 def test_wrong_kind_errors_name_the_kind(pretrained, images, tmp_path):
     m = pretrained[1]
-    with pytest.raises(UnsupportedKind, match=r"VLPModel.answer needs the VQA answer decoder \(vqa checkpoint\); "
-                                              r"this is a pretrain checkpoint"):
+    with pytest.raises(
+        UnsupportedKind,
+        match=r"VLPModel.answer needs the VQA answer decoder \(vqa checkpoint\); "
+        r"this is a pretrain checkpoint",
+    ):
         m.answer(images[0], "what?", candidates=["a"])
     with pytest.raises(UnsupportedKind, match="VLPModel.nlvr needs the NLVR2 classifier .*a pretrain checkpoint"):
         m.nlvr(images[0], images[1], "x")
@@ -295,10 +339,20 @@ def test_dual_encoder_encodes_but_has_no_itm(images, tmp_path):
     from vlp.models.dual import DualEncoder
 
     torch.manual_seed(3)
-    mcfg = tiny_config(arch="dual", dual=DualConfig(image="resnet10t", img_size=32, word_dim=16, gru_hidden=16,
-                                                     proj_hidden=32))
-    cfg = load_config(PretrainConfig, overrides=["model.arch=dual", "loss.itm=0", "loss.mlm=0", "loss.distill=false",
-                                                 "eval.score=itc", "loss.contrastive.tau=0.05"])
+    mcfg = tiny_config(
+        arch="dual", dual=DualConfig(image="resnet10t", img_size=32, word_dim=16, gru_hidden=16, proj_hidden=32)
+    )
+    cfg = load_config(
+        PretrainConfig,
+        overrides=[
+            "model.arch=dual",
+            "loss.itm=0",
+            "loss.mlm=0",
+            "loss.distill=false",
+            "eval.score=itc",
+            "loss.contrastive.tau=0.05",
+        ],
+    )
     cfg.model = mcfg
     state = {"task": "pretrain", "vlp_version": __version__, "config": to_dict(cfg), "model": to_dict(mcfg), "step": 1}
     save_checkpoint(tmp_path / "dual", DualEncoder(mcfg, 30522).eval(), state)

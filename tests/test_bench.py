@@ -4,24 +4,41 @@ import json
 
 import pytest
 
-from vlp.bench import PHASES, run_bench
 from vlp.cli import main
-from vlp.config import ConfigError, PretrainConfig, load_config
+from vlp.config import PretrainConfig, load_config
 from vlp.data.synthetic import generate_world
+from vlp.errors import ConfigError
 from vlp.flops import step_flops
+from vlp.runs.bench import PHASES, run_bench
 
-SMALL = ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=1", "data.batch_size=8",
-         "data.num_workers=0", "train.progress=false"]
+SMALL = [
+    "model.vision.depth=1",
+    "model.text.layers=1",
+    "model.text.fusion_layers=1",
+    "data.batch_size=8",
+    "data.num_workers=0",
+    "train.progress=false",
+]
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    return generate_world(tmp_path_factory.mktemp("w"), seed=0, n_train=24, n_val=0, n_test=0, progress=False,
-                          vqa_per_image=0, nlvr_per_image=0)
+    return generate_world(
+        tmp_path_factory.mktemp("w"),
+        seed=0,
+        n_train=24,
+        n_val=0,
+        n_test=0,
+        progress=False,
+        vqa_per_image=0,
+        nlvr_per_image=0,
+    )
 
 
 def test_bench_reports_phases_flops_and_mfu(world, tmp_path):
-    cfg = load_config(PretrainConfig, "configs/pretrain/shapes_tiny.yaml", [f"data.train=[{world['pretrain']}]", *SMALL])
+    cfg = load_config(
+        PretrainConfig, "configs/pretrain/shapes_tiny.yaml", [f"data.train=[{world['pretrain']}]", *SMALL]
+    )
     out = tmp_path / "b.json"
     r = run_bench(cfg, steps=3, warmup=1, peak_tflops=0.5, out=out)
     assert json.loads(out.read_text())["pairs_per_s"] == r["pairs_per_s"]
@@ -36,8 +53,17 @@ def test_bench_reports_phases_flops_and_mfu(world, tmp_path):
 
 
 def test_bench_cli_prints_the_table_and_refuses_bad_counts(world, tmp_path, capsys):
-    args = ["bench", "--config", "configs/pretrain/shapes_tiny.yaml", "--steps", "2", "--warmup", "0",
-            f"data.train=[{world['pretrain']}]", *SMALL]
+    args = [
+        "bench",
+        "--config",
+        "configs/pretrain/shapes_tiny.yaml",
+        "--steps",
+        "2",
+        "--warmup",
+        "0",
+        f"data.train=[{world['pretrain']}]",
+        *SMALL,
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "pairs/s" in printed and "GFLOP per pair" in printed and "MFU n/a" in printed

@@ -1,6 +1,7 @@
 import pytest
 
-from vlp.config import ConfigError, PretrainConfig, apply_overrides, from_dict, load_config, to_dict, to_yaml
+from vlp.config import PretrainConfig, apply_overrides, from_dict, load_config, to_dict, to_yaml
+from vlp.errors import ConfigError
 
 
 def test_defaults_yaml_and_overrides(tmp_path):

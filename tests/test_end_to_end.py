@@ -10,9 +10,18 @@ from vlp.data.synthetic import generate_world
 from vlp.train.logging import read_metrics
 
 SMALL = [
-    "model.vision.depth=2", "model.text.layers=1", "model.text.fusion_layers=1", "model.queue_size=64",
-    "data.batch_size=16", "data.num_workers=0", "train.steps=30", "train.log_every=5", "train.warmup_steps=5",
-    "train.lr=5e-4", "train.progress=false", "loss.alpha_ramp_steps=10",
+    "model.vision.depth=2",
+    "model.text.layers=1",
+    "model.text.fusion_layers=1",
+    "model.queue_size=64",
+    "data.batch_size=16",
+    "data.num_workers=0",
+    "train.steps=30",
+    "train.log_every=5",
+    "train.warmup_steps=5",
+    "train.lr=5e-4",
+    "train.progress=false",
+    "loss.alpha_ramp_steps=10",
 ]
 
 
@@ -24,8 +33,16 @@ def world(tmp_path_factory):
 @pytest.fixture(scope="module")
 def run(world, tmp_path_factory):
     out = tmp_path_factory.mktemp("run")
-    rc = main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={out}",
-               f"data.train=[{world['pretrain']}]", *SMALL])
+    rc = main(
+        [
+            "pretrain",
+            "--config",
+            "configs/pretrain/shapes_tiny.yaml",
+            f"output_dir={out}",
+            f"data.train=[{world['pretrain']}]",
+            *SMALL,
+        ]
+    )
     assert rc == 0
     return out
 
@@ -48,8 +65,22 @@ def test_pretrain_writes_run_dir_and_learns(run):
 
 def test_evaluate_retrieval_cli(run, world, tmp_path):
     out = tmp_path / "eval"
-    rc = main(["evaluate", "retrieval", "--checkpoint", str(run), "--data", str(world["retrieval_test"]),
-               "--relevance", str(world["relevance_test"]), "--out", str(out), "eval.k_test=4", "eval.score=itm"])
+    rc = main(
+        [
+            "evaluate",
+            "retrieval",
+            "--checkpoint",
+            str(run),
+            "--data",
+            str(world["retrieval_test"]),
+            "--relevance",
+            str(world["relevance_test"]),
+            "--out",
+            str(out),
+            "eval.k_test=4",
+            "eval.score=itm",
+        ]
+    )
     assert rc == 0
     m = json.loads((out / "metrics.json").read_text())
     keys = "txt_r1 txt_r5 txt_r10 txt_r_mean img_r1 img_r5 img_r10 img_r_mean r_mean rsum".split()
@@ -70,8 +101,15 @@ def test_cli_user_errors_are_one_clear_line(world, tmp_path, capsys):
     assert "train.stepz" in capsys.readouterr().err
     bad = tmp_path / "ann.json"
     bad.write_text(json.dumps([{"image": "nope.png", "caption": "a red circle"}]))
-    rc = main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"data.train=[{bad}]",
-               f"output_dir={tmp_path / 'r'}"])
+    rc = main(
+        [
+            "pretrain",
+            "--config",
+            "configs/pretrain/shapes_tiny.yaml",
+            f"data.train=[{bad}]",
+            f"output_dir={tmp_path / 'r'}",
+        ]
+    )
     assert rc == 2
     err = capsys.readouterr().err
     assert "ann.json entry 0" in err and "nope.png" in err
@@ -84,7 +122,15 @@ def test_cli_user_errors_are_one_clear_line(world, tmp_path, capsys):
 
 def test_existing_run_is_never_overwritten(run, world, capsys):
     before = (run / "metrics.jsonl").read_bytes()
-    rc = main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={run}",
-               f"data.train=[{world['pretrain']}]", *SMALL])
+    rc = main(
+        [
+            "pretrain",
+            "--config",
+            "configs/pretrain/shapes_tiny.yaml",
+            f"output_dir={run}",
+            f"data.train=[{world['pretrain']}]",
+            *SMALL,
+        ]
+    )
     assert rc == 2 and "already holds a run" in capsys.readouterr().err
     assert (run / "metrics.jsonl").read_bytes() == before

@@ -25,12 +25,33 @@ from vlp.data.synthetic import generate_world
 from vlp.models.albef import ALBEF
 from vlp.train.checkpoint import save_checkpoint
 
+pytestmark = pytest.mark.multiprocess  # every test here launches two processes (or uses runs that did)
+
 ROOT = Path(__file__).parents[1]
-TINY = ["model.vision.depth=1", "model.vision.img_size=32", "model.text.layers=1", "model.text.fusion_layers=1",
-        "model.queue_size=16", "model.embed_dim=16"]
-STILL = ["train.lr=0", "train.min_lr=0", "train.warmup_lr=0", "train.warmup_steps=0", "train.epochs=null",
-         "train.steps=4", "eval_every=2", "train.log_every=2", "train.progress=false", "data.batch_size=4",
-         "data.eval_batch_size=4", "data.num_workers=0", "eval.num_workers=0", "image_size=32"]
+TINY = [
+    "model.vision.depth=1",
+    "model.vision.img_size=32",
+    "model.text.layers=1",
+    "model.text.fusion_layers=1",
+    "model.queue_size=16",
+    "model.embed_dim=16",
+]
+STILL = [
+    "train.lr=0",
+    "train.min_lr=0",
+    "train.warmup_lr=0",
+    "train.warmup_steps=0",
+    "train.epochs=null",
+    "train.steps=4",
+    "eval_every=2",
+    "train.log_every=2",
+    "train.progress=false",
+    "data.batch_size=4",
+    "data.eval_batch_size=4",
+    "data.num_workers=0",
+    "eval.num_workers=0",
+    "image_size=32",
+]
 
 
 def _free_port() -> int:
@@ -45,15 +66,26 @@ def setup(tmp_path_factory) -> tuple[dict[str, Path], Path]:
     world = generate_world(root / "world", seed=4, n_train=16, n_val=5, n_test=7, image_size=32, progress=False)
     cfg = load_config(PretrainConfig, ROOT / "configs" / "pretrain" / "shapes_tiny.yaml", TINY)
     torch.manual_seed(0)
-    ckpt = save_checkpoint(root / "pretrained", ALBEF(cfg.model), {"task": "pretrain", "config": to_dict(cfg), "step": 0})
+    ckpt = save_checkpoint(
+        root / "pretrained", ALBEF(cfg.model), {"task": "pretrain", "config": to_dict(cfg), "step": 0}
+    )
     return world, ckpt
 
 
 def _finetune(task: str, out: Path, processes: int, args: list[str]) -> list[dict]:
     """Run the fine-tuning on ``processes`` processes; the per-rank probe records."""
     probe = out.parent / f"{out.name}_probe"
-    cmd = [str(ROOT / "tests" / "finetune_probe.py"), str(probe), "finetune", task, "--config",
-           str(ROOT / "configs" / "finetune" / f"shapes_{task}.yaml"), f"output_dir={out}", *STILL, *args]
+    cmd = [
+        str(ROOT / "tests" / "finetune_probe.py"),
+        str(probe),
+        "finetune",
+        task,
+        "--config",
+        str(ROOT / "configs" / "finetune" / f"shapes_{task}.yaml"),
+        f"output_dir={out}",
+        *STILL,
+        *args,
+    ]
     if processes > 1:
         cmd = ["-m", "torch.distributed.run", f"--nproc_per_node={processes}", f"--master_port={_free_port()}", *cmd]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
@@ -74,8 +106,14 @@ def _approx(a, b) -> None:
 
 def test_retrieval_validation_and_test_on_two_processes_equal_one(setup, tmp_path) -> None:
     world, ckpt = setup
-    args = [f"pretrained={ckpt}", f"data.train=[{world['retrieval_train']}]", f"data.val={world['retrieval_val']}",
-            f"data.test={world['retrieval_test']}", "eval.k_test=3", "eval.itm_batch_size=4"]
+    args = [
+        f"pretrained={ckpt}",
+        f"data.train=[{world['retrieval_train']}]",
+        f"data.val={world['retrieval_val']}",
+        f"data.test={world['retrieval_test']}",
+        "eval.k_test=3",
+        "eval.itm_batch_size=4",
+    ]
     (one,), two = _finetune("retrieval", tmp_path / "one", 1, args), _finetune("retrieval", tmp_path / "two", 2, args)
     v1, v2 = _val(tmp_path / "one"), _val(tmp_path / "two")
     assert [v["step"] for v in v1] == [v["step"] for v in v2] == [2, 4]
@@ -94,8 +132,14 @@ def test_retrieval_validation_and_test_on_two_processes_equal_one(setup, tmp_pat
 
 def test_vqa_validation_and_test_predictions_on_two_processes_equal_one(setup, tmp_path) -> None:
     world, ckpt = setup
-    args = [f"pretrained={ckpt}", f"data.train=[{world['vqa_train']}]", f"data.val={world['vqa_val']}",
-            f"data.test={world['vqa_test']}", f"data.answer_list={world['answer_list']}", "vqa.k_test=3"]
+    args = [
+        f"pretrained={ckpt}",
+        f"data.train=[{world['vqa_train']}]",
+        f"data.val={world['vqa_val']}",
+        f"data.test={world['vqa_test']}",
+        f"data.answer_list={world['answer_list']}",
+        "vqa.k_test=3",
+    ]
     (one,), two = _finetune("vqa", tmp_path / "one", 1, args), _finetune("vqa", tmp_path / "two", 2, args)
     for a, b in zip(_val(tmp_path / "one"), _val(tmp_path / "two")):
         _approx(a, b)
@@ -107,14 +151,20 @@ def test_vqa_validation_and_test_predictions_on_two_processes_equal_one(setup, t
     assert one["vqa_questions"] == 3 * n_val + n_test  # 2 validations + val at the end, test
     assert sum(r["vqa_questions"] for r in two) == one["vqa_questions"]
     for r in two:  # each rank ranked its half of every split
-        assert r["vqa_calls"] == 4 and r["vqa_questions"] in {3 * (n_val // 2) + n_test // 2, 3 * (n_val - n_val // 2)
-                                                              + n_test - n_test // 2}
+        assert r["vqa_calls"] == 4 and r["vqa_questions"] in {
+            3 * (n_val // 2) + n_test // 2,
+            3 * (n_val - n_val // 2) + n_test - n_test // 2,
+        }
 
 
 def test_nlvr2_validation_and_test_on_two_processes_equal_one(setup, tmp_path) -> None:
     world, ckpt = setup
-    args = [f"pretrained={ckpt}", f"data.train=[{world['nlvr_train']}]", f"data.val={world['nlvr_dev']}",
-            f"data.test={world['nlvr_test']}"]
+    args = [
+        f"pretrained={ckpt}",
+        f"data.train=[{world['nlvr_train']}]",
+        f"data.val={world['nlvr_dev']}",
+        f"data.test={world['nlvr_test']}",
+    ]
     (one,), two = _finetune("nlvr2", tmp_path / "one", 1, args), _finetune("nlvr2", tmp_path / "two", 2, args)
     for a, b in zip(_val(tmp_path / "one"), _val(tmp_path / "two")):
         _approx(a, b)

@@ -8,15 +8,32 @@ from safetensors.torch import load_file
 
 from vlp.cli import main
 from vlp.data.synthetic import generate_world
-from vlp.jobs import load_model
 from vlp.models.albef import ALBEF
 from vlp.models.nlvr import NLVRModel
 from vlp.models.vqa import VQAModel
+from vlp.pretrained import load_model
 
-TINY = ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=1", "model.queue_size=32",
-        "model.embed_dim=32", "data.batch_size=8", "data.num_workers=0", "train.steps=2", "train.progress=false"]
-FT = ["data.batch_size=8", "data.eval_batch_size=16", "data.num_workers=0", "train.epochs=null", "train.steps=4",
-      "eval_every=2", "train.progress=false", "train.log_every=2"]
+TINY = [
+    "model.vision.depth=1",
+    "model.text.layers=1",
+    "model.text.fusion_layers=1",
+    "model.queue_size=32",
+    "model.embed_dim=32",
+    "data.batch_size=8",
+    "data.num_workers=0",
+    "train.steps=2",
+    "train.progress=false",
+]
+FT = [
+    "data.batch_size=8",
+    "data.eval_batch_size=16",
+    "data.num_workers=0",
+    "train.epochs=null",
+    "train.steps=4",
+    "eval_every=2",
+    "train.progress=false",
+    "train.log_every=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +44,19 @@ def world(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pretrained(world, tmp_path_factory):
     out = tmp_path_factory.mktemp("pre")
-    assert main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={out}",
-                 f"data.train=[{world['pretrain']}]", *TINY]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--config",
+                "configs/pretrain/shapes_tiny.yaml",
+                f"output_dir={out}",
+                f"data.train=[{world['pretrain']}]",
+                *TINY,
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -40,8 +68,19 @@ def _ft(task, world, pretrained, out, *extra):
 
 def test_retrieval_finetune_runs_validates_and_keeps_best(world, pretrained, tmp_path, capsys):
     out = tmp_path / "ret"
-    assert _ft("retrieval", world, pretrained, out, f"data.train=[{world['retrieval_train']}]",
-               f"data.val={world['retrieval_val']}", f"data.test={world['retrieval_test']}", "eval.k_test=4") == 0
+    assert (
+        _ft(
+            "retrieval",
+            world,
+            pretrained,
+            out,
+            f"data.train=[{world['retrieval_train']}]",
+            f"data.val={world['retrieval_val']}",
+            f"data.test={world['retrieval_test']}",
+            "eval.k_test=4",
+        )
+        == 0
+    )
     val = [json.loads(line) for line in (out / "val_metrics.jsonl").read_text().splitlines()]
     assert [v["step"] for v in val] == [2, 4]
     best = max(val, key=lambda v: v["r_mean"])  # ties keep the first
@@ -67,16 +106,40 @@ def test_retrieval_finetune_runs_validates_and_keeps_best(world, pretrained, tmp
     m = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     assert (m["k_test"], m["score"], m["image_size"], m["checkpoint_kind"]) == (8, "itm", 80, "retrieval")
     assert main([*ev, "--checkpoint", str(out), "--out", str(tmp_path / "x"), "--preset", "zero-shot"]) == 2
-    assert main([*ev, "--checkpoint", str(pretrained), "--out", str(tmp_path / "zs"), "--preset", "zero-shot",
-                 "eval.k_test=4"]) == 0
+    assert (
+        main(
+            [
+                *ev,
+                "--checkpoint",
+                str(pretrained),
+                "--out",
+                str(tmp_path / "zs"),
+                "--preset",
+                "zero-shot",
+                "eval.k_test=4",
+            ]
+        )
+        == 0
+    )
     m = json.loads((tmp_path / "zs" / "metrics.json").read_text())
     assert (m["image_size"], m["score"], m["checkpoint_kind"]) == (64, "itm", "pretrain")
 
 
 def test_vqa_finetune_writes_official_predictions(world, pretrained, tmp_path):
     out = tmp_path / "vqa"
-    assert _ft("vqa", world, pretrained, out, f"data.train=[{world['vqa_train']}]", f"data.val={world['vqa_val']}",
-               f"data.test={world['vqa_test']}", f"data.answer_list={world['answer_list']}") == 0
+    assert (
+        _ft(
+            "vqa",
+            world,
+            pretrained,
+            out,
+            f"data.train=[{world['vqa_train']}]",
+            f"data.val={world['vqa_val']}",
+            f"data.test={world['vqa_test']}",
+            f"data.answer_list={world['answer_list']}",
+        )
+        == 0
+    )
     res = json.loads((out / "results.json").read_text())
     assert 0 <= res["val"]["acc"] <= 100 and "acc" in res["val_baseline_most_frequent_per_type"]
     # the world's answers are plain words and digits: the leave-one-out average can only lower the score
@@ -96,8 +159,18 @@ def test_nlvr_text_assignment_then_finetune(world, pretrained, tmp_path):
     ta_state = load_file(str(ta / "checkpoints" / "step_0000004" / "model.safetensors"))
     assert not any(k.startswith("momentum.twin.") for k in ta_state) and "ta_head.weight" in ta_state
     out = tmp_path / "nlvr"
-    assert _ft("nlvr2", world, ta, out, f"data.train=[{world['nlvr_train']}]", f"data.val={world['nlvr_dev']}",
-               f"data.test={world['nlvr_test']}") == 0
+    assert (
+        _ft(
+            "nlvr2",
+            world,
+            ta,
+            out,
+            f"data.train=[{world['nlvr_train']}]",
+            f"data.val={world['nlvr_dev']}",
+            f"data.test={world['nlvr_test']}",
+        )
+        == 0
+    )
     res = json.loads((out / "results.json").read_text())
     assert res["test"]["n"] == len(json.loads(world["nlvr_test"].read_text())) and 0 <= res["test"]["acc"] <= 100
     model, _, _ = load_model(out, torch.device("cpu"))
@@ -108,13 +181,35 @@ def test_nlvr_text_assignment_then_finetune(world, pretrained, tmp_path):
 
 
 def test_finetune_errors_name_the_key(world, pretrained, tmp_path, capsys):
-    assert main(["finetune", "retrieval", "--config", "configs/finetune/shapes_retrieval.yaml",
-                 f"data.train=[{world['retrieval_train']}]"]) == 2
+    assert (
+        main(
+            [
+                "finetune",
+                "retrieval",
+                "--config",
+                "configs/finetune/shapes_retrieval.yaml",
+                f"data.train=[{world['retrieval_train']}]",
+            ]
+        )
+        == 2
+    )
     assert "'pretrained'" in capsys.readouterr().err
     assert main(["finetune", "vqa", "--config", "configs/finetune/shapes_retrieval.yaml"]) == 2
     assert "config key 'task' is 'retrieval'" in capsys.readouterr().err
-    assert main(["finetune", "vqa", "--config", "configs/finetune/shapes_vqa.yaml", f"pretrained={pretrained}",
-                 f"output_dir={tmp_path / 'v'}", f"data.train=[{world['vqa_train']}]"]) == 2
+    assert (
+        main(
+            [
+                "finetune",
+                "vqa",
+                "--config",
+                "configs/finetune/shapes_vqa.yaml",
+                f"pretrained={pretrained}",
+                f"output_dir={tmp_path / 'v'}",
+                f"data.train=[{world['vqa_train']}]",
+            ]
+        )
+        == 2
+    )
     assert "data.answer_list" in capsys.readouterr().err
 
 
@@ -122,9 +217,20 @@ def test_retrieval_finetune_with_ltd_and_srcl(world, pretrained, tmp_path):
     targets = tmp_path / "targets.safetensors"
     assert main(["make-targets", "--data", str(world["retrieval_train"]), "--out", str(targets)]) == 0
     out = tmp_path / "ret_ltd"
-    assert _ft("retrieval", world, pretrained, out, f"data.train=[{world['retrieval_train']}]",
-               "loss.ltd.mode=constraint", f"loss.ltd.targets={targets}", "loss.regulation=srcl",
-               "loss.ltd.hidden=32") == 0
+    assert (
+        _ft(
+            "retrieval",
+            world,
+            pretrained,
+            out,
+            f"data.train=[{world['retrieval_train']}]",
+            "loss.ltd.mode=constraint",
+            f"loss.ltd.targets={targets}",
+            "loss.regulation=srcl",
+            "loss.ltd.hidden=32",
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all("ltd_rec" in r and "ltd_lambda" in r for r in rows), rows[0].keys()
     assert all(r["srcl_alpha_h"] == 0.0 for r in rows)  # fine-tuning regulates with the live model only
@@ -138,13 +244,27 @@ def test_retrieval_finetune_reports_val_and_test_in_eval_mode(world, pretrained,
     """Text dropout 0.3 and learning rate 0 (the weights never change): every validation and the
     final val / test evaluation of the best checkpoint give the scores of an eval-mode evaluation
     (the model left in train mode by the loop is switched to eval mode, and back)."""
-    from vlp.jobs import run_evaluate_retrieval
+    from vlp.runs.evaluate import run_evaluate_retrieval
 
     out = tmp_path / "ret_dropout"
-    assert _ft("retrieval", world, pretrained, out, f"data.train=[{world['retrieval_train']}]",
-               f"data.val={world['retrieval_val']}", f"data.test={world['retrieval_test']}", "eval.k_test=4",
-               "model_overrides=[text.dropout=0.3]", "train.lr=0", "train.min_lr=0", "train.warmup_lr=0",
-               "eval.itm_batch_size=16") == 0
+    assert (
+        _ft(
+            "retrieval",
+            world,
+            pretrained,
+            out,
+            f"data.train=[{world['retrieval_train']}]",
+            f"data.val={world['retrieval_val']}",
+            f"data.test={world['retrieval_test']}",
+            "eval.k_test=4",
+            "model_overrides=[text.dropout=0.3]",
+            "train.lr=0",
+            "train.min_lr=0",
+            "train.warmup_lr=0",
+            "eval.itm_batch_size=16",
+        )
+        == 0
+    )
     val = [json.loads(line) for line in (out / "val_metrics.jsonl").read_text().splitlines()]
     res = json.loads((out / "results.json").read_text())
     best = out / "checkpoints" / "best"
@@ -152,6 +272,12 @@ def test_retrieval_finetune_reports_val_and_test_in_eval_mode(world, pretrained,
     for v in val:
         assert {k: v[k] for k in res["val"]} == res["val"]  # same weights, same metrics, every time
     for name in ("val", "test"):
-        ref = run_evaluate_retrieval(best, world[f"retrieval_{name}"], None, tmp_path / f"ref_{name}",
-                                     overrides=["eval.batch_size=16"], show_progress=False)
+        ref = run_evaluate_retrieval(
+            best,
+            world[f"retrieval_{name}"],
+            None,
+            tmp_path / f"ref_{name}",
+            overrides=["eval.batch_size=16"],
+            show_progress=False,
+        )
         assert ref.metrics == res[name]

@@ -25,8 +25,12 @@ def _counted_per_pair(cfg: PretrainConfig, custom_mapping: dict | None = None) -
     task = PretrainTask(ALBEF(cfg.model), cfg.loss, TokenInfo(30522, 103, (0, 101, 102)))
     ids = torch.randint(1000, 2000, (B, T), generator=torch.Generator().manual_seed(0))
     ids[:, 0], ids[:, -1] = 101, 102
-    batch = dict(images=torch.randn(B, 3, 64, 64), input_ids=ids, attention_mask=torch.ones(B, T, dtype=torch.long),
-                 image_ids=torch.arange(B))
+    batch = dict(
+        images=torch.randn(B, 3, 64, 64),
+        input_ids=ids,
+        attention_mask=torch.ones(B, T, dtype=torch.long),
+        image_ids=torch.arange(B),
+    )
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False, custom_mapping=custom_mapping) as counter:
         task(batch, step=5)["loss"].backward()  # step 5 > alpha ramp: distillation passes run
     return counter.get_total_flops() / B
@@ -34,8 +38,11 @@ def _counted_per_pair(cfg: PretrainConfig, custom_mapping: dict | None = None) -
 
 @pytest.mark.parametrize("mlm, tolerance", [(0, 0.015), (1, 0.03)])  # MLM: the masked count is random
 def test_analytic_step_matches_the_counted_matmuls_of_a_tiny_step(mlm, tolerance):
-    cfg = load_config(PretrainConfig, "configs/pretrain/shapes_tiny.yaml",
-                      [f"data.batch_size={B}", "model.queue_size=32", f"loss.mlm={mlm}", "loss.alpha_ramp_steps=1"])
+    cfg = load_config(
+        PretrainConfig,
+        "configs/pretrain/shapes_tiny.yaml",
+        [f"data.batch_size={B}", "model.queue_size=32", f"loss.mlm={mlm}", "loss.alpha_ramp_steps=1"],
+    )
     counted = _counted_per_pair(cfg)
     assert step_flops(cfg, T) == pytest.approx(counted, rel=tolerance)
     assert ("mlm head (online, masked positions)" in step_terms(cfg, T)) == bool(mlm)
@@ -44,8 +51,17 @@ def test_analytic_step_matches_the_counted_matmuls_of_a_tiny_step(mlm, tolerance
 def test_base_config_matches_the_reference_inventory():
     # ALBEF base (ViT-B/16 at 256 px, BERT 6+6, t = 30), K/V once per image and MLM head at the
     # masked positions: 262.4 GFLOP per pair in the performance reference.
-    cfg = load_config(PretrainConfig, None, ["model.vision.preset=base", "model.text.preset=base",
-                                             "model.embed_dim=256", "model.queue_size=65536", "data.batch_size=64"])
+    cfg = load_config(
+        PretrainConfig,
+        None,
+        [
+            "model.vision.preset=base",
+            "model.text.preset=base",
+            "model.embed_dim=256",
+            "model.queue_size=65536",
+            "data.batch_size=64",
+        ],
+    )
     terms = step_terms(cfg, 30)
     assert sum(terms.values()) / 1e9 == pytest.approx(262.4, rel=0.005)
     assert terms["vit (online)"] / 1e9 == pytest.approx(139.2, rel=0.005)
@@ -78,8 +94,11 @@ def test_the_count_does_not_depend_on_whether_the_counter_sees_the_attention_ker
     """Some machines / releases dispatch attention to a fused kernel the counter counts as 0 (torch
     2.14 on CPU); counting the step with every fused attention kernel forced to 0 FLOP must give the
     same total, and the analytic one (QK^T and AV counted as matmuls)."""
-    cfg = load_config(PretrainConfig, "configs/pretrain/shapes_tiny.yaml",
-                      [f"data.batch_size={B}", "model.queue_size=32", "loss.mlm=0", "loss.alpha_ramp_steps=1"])
+    cfg = load_config(
+        PretrainConfig,
+        "configs/pretrain/shapes_tiny.yaml",
+        [f"data.batch_size={B}", "model.queue_size=32", "loss.mlm=0", "loss.alpha_ramp_steps=1"],
+    )
     zero = {op: (lambda *args, **kwargs: 0) for op in _fused_attention_ops()}
     assert zero  # at least the registered CUDA kernels
     blind = _counted_per_pair(cfg, custom_mapping=zero)

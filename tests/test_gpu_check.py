@@ -22,8 +22,14 @@ def run_check(args: list[str], timeout: int = 600) -> tuple[subprocess.Completed
     env = dict(os.environ, GPU_PYTHON=sys.executable)
     env.pop("GPU_CHECK_FORCE_WHEELS", None)
     t0 = time.perf_counter()
-    res = subprocess.run(["sh", "scripts/gpu/check.sh", "--cpu", *args], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=timeout)
+    res = subprocess.run(
+        ["sh", "scripts/gpu/check.sh", "--cpu", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return res, time.perf_counter() - t0
 
 
@@ -67,7 +73,9 @@ def test_section_numbers_are_plausible(cpu_check):
     assert math.isfinite(r["final_loss"]) and r["pairs_per_s_last_step"] > 0
 
     c = s["collectives"]["results"]
-    assert c["backend"] == "gloo" and all(all(v for k, v in f.items() if k != "device") for f in c["functions"].values())
+    assert c["backend"] == "gloo" and all(
+        all(v for k, v in f.items() if k != "device") for f in c["functions"].values()
+    )
     assert all(f["device"] == "cpu" for f in c["functions"].values())
     assert c["torch_distributed_calls"]["all_gather"] >= 2 and c["torch_distributed_calls"]["all_reduce"] >= 5
     assert all(n > 0 for fn, n in c["collective_calls"].items() if fn not in ("gather_rows", "fetch_rows"))
@@ -97,8 +105,18 @@ def test_a_failing_or_overrunning_section_is_recorded_and_the_others_still_run(t
     work.mkdir()
     # resume before the world exists: an error; retrieval over its 1 s budget: killed, and a fresh
     # worker runs collectives
-    res, _ = run_check(["--out", str(out), "--work", str(work), "--sections", "resume,world,retrieval,collectives",
-                        "--budget", "retrieval=1"])
+    res, _ = run_check(
+        [
+            "--out",
+            str(out),
+            "--work",
+            str(work),
+            "--sections",
+            "resume,world,retrieval,collectives",
+            "--budget",
+            "retrieval=1",
+        ]
+    )
     report = json.loads((out / "gpu_check.json").read_text())
     s = report["sections"]
     assert res.returncode == 1 and not report["passed"]

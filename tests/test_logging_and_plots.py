@@ -14,13 +14,15 @@ from PIL import Image
 from torch import nn
 
 from vlp.cli import main
-from vlp.config import ConfigError, PretrainConfig, TrainConfig, apply_overrides
+from vlp.config import PretrainConfig, TrainConfig, apply_overrides
 from vlp.data.formats import RetrievalSplit
-from vlp.jobs import prepare_run_dir
+from vlp.errors import ConfigError
+from vlp.runs.common import prepare_run_dir
 from vlp.train import loggers as loggers_mod
 from vlp.train import logging as logging_mod
 from vlp.train.logging import read_metrics
-from vlp.train.loop import Validation, train
+from vlp.train.loop import train
+from vlp.train.validation import Validation
 from vlp.viz import plot_losses, plot_retrieval_examples, plot_trajectories, plot_weight_heatmap, replot_retrieval
 
 HAS_TB = importlib.util.find_spec("tensorboard") is not None
@@ -36,15 +38,21 @@ class ToyTask(nn.Module):
 
     def forward(self, batch, step=0):
         pred = self.model(batch["x"]).squeeze(1)
-        return {"loss": ((pred - batch["y"]) ** 2).mean(), "temp": torch.tensor(0.07 + 0.001 * step),
-                "alpha": torch.tensor(min(1.0, step / 4) * 0.4)}
+        return {
+            "loss": ((pred - batch["y"]) ** 2).mean(),
+            "temp": torch.tensor(0.07 + 0.001 * step),
+            "alpha": torch.tensor(min(1.0, step / 4) * 0.4),
+        }
+
+    def batch_report(self, batch):
+        return len(batch["input_ids"]), batch.get("bad_samples")
 
 
 def loader():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(32, 4, generator=g)
     y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0])
-    return [{"x": x[i: i + 8], "y": y[i: i + 8], "input_ids": x[i: i + 8]} for i in range(0, 32, 8)]
+    return [{"x": x[i : i + 8], "y": y[i : i + 8], "input_ids": x[i : i + 8]} for i in range(0, 32, 8)]
 
 
 def toy_cfg(**kw) -> TrainConfig:
@@ -59,6 +67,7 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------- backends
+
 
 @pytest.mark.skipif(not HAS_TB, reason="tensorboard is not installed (pip install tensorboard)")
 def test_tensorboard_scalars_equal_metrics_jsonl(tmp_path):
@@ -104,7 +113,10 @@ def test_unknown_logger_is_a_config_error_naming_the_key():
         TrainConfig(loggers=["tensorboard", "mlflow"])
     with pytest.raises(ConfigError, match=r"train\.loggers"):
         apply_overrides(PretrainConfig(), ["train.loggers=[tensorbord]"])
-    assert apply_overrides(PretrainConfig(), ["train.loggers=[tensorboard,wandb]"]).train.loggers == ["tensorboard", "wandb"]
+    assert apply_overrides(PretrainConfig(), ["train.loggers=[tensorboard,wandb]"]).train.loggers == [
+        "tensorboard",
+        "wandb",
+    ]
 
 
 @pytest.mark.parametrize("name", ["tensorboard", "wandb"])
@@ -143,8 +155,14 @@ def test_wandb_backend_with_a_fake_module(tmp_path, monkeypatch):
     monkeypatch.setattr(loggers_mod, "check_loggers", lambda names: None)  # the fake has no spec to find
     monkeypatch.setenv("WANDB_MODE", "offline")
     val = Validation(lambda task, step: {"r_mean": 1.5}, "r_mean", every=6)
-    train(ToyTask(), loader(), toy_cfg(loggers=["wandb"], wandb_project="proj"), tmp_path,
-          state={"config": {"train": {"steps": 6}}}, validation=val)
+    train(
+        ToyTask(),
+        loader(),
+        toy_cfg(loggers=["wandb"], wandb_project="proj"),
+        tmp_path,
+        state={"config": {"train": {"steps": 6}}},
+        validation=val,
+    )
     [init] = fake.inits
     assert init["project"] == "proj" and init["dir"] == str(tmp_path) and init["mode"] == "offline"
     assert init["config"] == {"train": {"steps": 6}}
@@ -216,6 +234,7 @@ def test_git_revision_reads_the_checkout_files(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- plots
 
+
 def write_metrics(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -230,8 +249,17 @@ def test_trajectories_and_losses_from_a_run(tmp_path):
 
 
 def test_trajectories_of_every_key_and_a_clear_error_without_any(tmp_path, capsys):
-    rows = [{"step": s, "alpha": 0.1 * s, "temp": 0.07, "ltd_lambda": 1.0 + s, "ltd_violation": -0.5 + 0.1 * s,
-             "srcl_alpha_h": 0.5 if s < 3 else None} for s in (1, 2, 3)]
+    rows = [
+        {
+            "step": s,
+            "alpha": 0.1 * s,
+            "temp": 0.07,
+            "ltd_lambda": 1.0 + s,
+            "ltd_violation": -0.5 + 0.1 * s,
+            "srcl_alpha_h": 0.5 if s < 3 else None,
+        }
+        for s in (1, 2, 3)
+    ]
     m = write_metrics(tmp_path / "metrics.jsonl", rows)
     assert png_size(plot_trajectories(m, tmp_path / "t.png")) == (2000, 320)
     write_metrics(m, [{"step": 1, "loss": 2.0, "lr": 1e-4}])
@@ -241,9 +269,11 @@ def test_trajectories_of_every_key_and_a_clear_error_without_any(tmp_path, capsy
 
 
 def test_losses_with_a_window_of_only_skipped_steps(tmp_path, capsys):
-    rows = [{"step": 2, "lr": 1e-4, "loss": 3.0, "itc": 1.0, "itm": 1.0, "mlm": 1.0, "bad_samples": 0},
-            {"step": 4, "lr": 1e-4, "bad_samples": 0, "skipped_steps": 2},  # no loss logged in this window
-            {"step": 6, "lr": 1e-4, "loss": None, "itc": 0.8, "itm": 0.9, "mlm": 1.1, "bad_samples": 0}]
+    rows = [
+        {"step": 2, "lr": 1e-4, "loss": 3.0, "itc": 1.0, "itm": 1.0, "mlm": 1.0, "bad_samples": 0},
+        {"step": 4, "lr": 1e-4, "bad_samples": 0, "skipped_steps": 2},  # no loss logged in this window
+        {"step": 6, "lr": 1e-4, "loss": None, "itc": 0.8, "itm": 0.9, "mlm": 1.1, "bad_samples": 0},
+    ]
     m = write_metrics(tmp_path / "metrics.jsonl", rows)
     assert png_size(plot_losses(m, tmp_path / "l.png")) == (1600, 320)
     write_metrics(m, [rows[1]])
@@ -258,8 +288,13 @@ def test_retrieval_grid_and_its_replot(tmp_path, capsys):
         Image.new("RGB", (16, 16), (40 * i, 0, 255 - 40 * i)).save(p)
         images.append(str(p))
     texts = [f"caption {i} of image {i // 2}" for i in range(12)]
-    split = RetrievalSplit(images=images, texts=texts, txt2img=[i // 2 for i in range(12)],
-                           img2txt=[[2 * i, 2 * i + 1] for i in range(6)], source="toy")
+    split = RetrievalSplit(
+        images=images,
+        texts=texts,
+        txt2img=[i // 2 for i in range(12)],
+        img2txt=[[2 * i, 2 * i + 1] for i in range(6)],
+        source="toy",
+    )
     scores = torch.randn(12, 6, generator=torch.Generator().manual_seed(0))
     scores[0, 0] = 10.0  # query 0 finds its image first
     relevant = [[i // 2, (i // 2 + 1) % 6] for i in range(12)]
@@ -299,7 +334,7 @@ def test_srcl_weight_heatmap_size(tmp_path):
 def test_metrics_log_survives_a_kill_mid_line(tmp_path) -> None:
     """SIGKILL can cut the last record of metrics.jsonl short; reading (and a resume's truncation)
     drops that line, while a bad line elsewhere is an error naming it."""
-    from vlp.data.formats import DataError
+    from vlp.errors import DataError
     from vlp.train.logging import MetricsLog
 
     path = tmp_path / "metrics.jsonl"

@@ -7,12 +7,22 @@ from safetensors.torch import load_file
 
 from vlp.cli import main
 from vlp.data.synthetic import generate_world
-from vlp.train.checkpoint import find_checkpoint, load_task_state, read_state
 from vlp.train.logging import read_metrics
+from vlp.weights import find_checkpoint, load_task_state, read_state
 
-SMALL = ["model.dual.image_kwargs={channels: [8, 8, 16, 16]}", "model.dual.word_dim=16", "model.dual.gru_hidden=16",
-         "model.dual.proj_hidden=32", "model.embed_dim=16", "loss.ltd.hidden=32", "data.batch_size=8",
-         "data.num_workers=0", "train.warmup_steps=2", "train.log_every=2", "train.progress=false"]
+SMALL = [
+    "model.dual.image_kwargs={channels: [8, 8, 16, 16]}",
+    "model.dual.word_dim=16",
+    "model.dual.gru_hidden=16",
+    "model.dual.proj_hidden=32",
+    "model.embed_dim=16",
+    "loss.ltd.hidden=32",
+    "data.batch_size=8",
+    "data.num_workers=0",
+    "train.warmup_steps=2",
+    "train.log_every=2",
+    "train.progress=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +40,25 @@ def targets(world, tmp_path_factory):
 @pytest.fixture(scope="module")
 def ltd_run(world, targets, tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "ltd"
-    rc = main(["pretrain", "--config", "configs/ltd/shapes_dual.yaml", f"output_dir={out}", f"data.train=[{world['pretrain']}]",
-               f"data.eval={world['retrieval_test']}", f"data.relevance={world['relevance_test']}",
-               "loss.ltd.mode=constraint", "loss.ltd.eta=0.1", f"loss.ltd.targets={targets}", "loss.ltd.encoder=minilm",
-               "train.steps=6", "train.average.snapshots=2", "train.average.fraction=0.5", *SMALL])
+    rc = main(
+        [
+            "pretrain",
+            "--config",
+            "configs/ltd/shapes_dual.yaml",
+            f"output_dir={out}",
+            f"data.train=[{world['pretrain']}]",
+            f"data.eval={world['retrieval_test']}",
+            f"data.relevance={world['relevance_test']}",
+            "loss.ltd.mode=constraint",
+            "loss.ltd.eta=0.1",
+            f"loss.ltd.targets={targets}",
+            "loss.ltd.encoder=minilm",
+            "train.steps=6",
+            "train.average.snapshots=2",
+            "train.average.fraction=0.5",
+            *SMALL,
+        ]
+    )
     assert rc == 0
     return out
 
@@ -49,7 +74,9 @@ def test_ltd_constraint_run_logs_lambda_checkpoints_it_and_evaluates(ltd_run):
     assert state["reconstruction.multiplier.steps"].item() == 6
     assert state["reconstruction.decoder.net.4.weight"].shape == (384, 32)  # to the MiniLM target
     assert read_state(ckpt)["averaged"] == [[5, 6]]
-    assert not any(k.startswith("reconstruction") for k in load_file(str(ckpt / "model.safetensors")))  # eval needs none
+    assert not any(
+        k.startswith("reconstruction") for k in load_file(str(ckpt / "model.safetensors"))
+    )  # eval needs none
     m = json.loads((ltd_run / "eval" / "metrics.json").read_text())
     assert {"txt_r1", "img_r10", "img_r_precision", "txt_r_precision"} <= set(m) and m["score"] == "itc"
 
@@ -59,23 +86,55 @@ def test_stale_or_mismatched_targets_are_refused(world, targets, tmp_path, capsy
     entries[0]["caption"] = ["a caption the targets never saw"]
     changed = tmp_path / "changed.json"
     changed.write_text(json.dumps([{**e, "image": str(world["pretrain"].parent / e["image"])} for e in entries]))
-    args = ["pretrain", "--config", "configs/ltd/shapes_dual.yaml", f"output_dir={tmp_path / 'r'}", "train.steps=1",
-            "loss.ltd.mode=dual", f"loss.ltd.targets={targets}", *SMALL]
+    args = [
+        "pretrain",
+        "--config",
+        "configs/ltd/shapes_dual.yaml",
+        f"output_dir={tmp_path / 'r'}",
+        "train.steps=1",
+        "loss.ltd.mode=dual",
+        f"loss.ltd.targets={targets}",
+        *SMALL,
+    ]
     assert main([*args, f"data.train=[{changed}]"]) == 2
     assert "stale: 1 training captions have no target" in capsys.readouterr().err
-    assert main([*args, f"data.train=[{world['pretrain']}]", "loss.ltd.encoder=sentence-transformers/all-mpnet-base-v2"]) == 2
+    assert (
+        main([*args, f"data.train=[{world['pretrain']}]", "loss.ltd.encoder=sentence-transformers/all-mpnet-base-v2"])
+        == 2
+    )
     assert "asks for 'sentence-transformers/all-mpnet-base-v2'" in capsys.readouterr().err
     assert not (tmp_path / "r" / "metrics.jsonl").exists()
 
 
-@pytest.mark.parametrize("variant", [
-    ["loss.contrastive.name=smoothap", "data.captions_per_image=5", "data.batch_size=4"],
-    ["loss.contrastive.name=triplet_sh", "loss.ltd.mode=dual", "loss.ltd.decoder=tokens", "loss.ltd.itd_word_dim=8"],
-])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        ["loss.contrastive.name=smoothap", "data.captions_per_image=5", "data.batch_size=4"],
+        [
+            "loss.contrastive.name=triplet_sh",
+            "loss.ltd.mode=dual",
+            "loss.ltd.decoder=tokens",
+            "loss.ltd.itd_word_dim=8",
+        ],
+    ],
+)
 def test_zoo_and_itd_runs(world, tmp_path, variant):
     out = tmp_path / "run"
-    assert main(["pretrain", "--config", "configs/ltd/shapes_dual.yaml", f"output_dir={out}",
-                 f"data.train=[{world['pretrain']}]", "train.steps=2", *SMALL, *variant]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--config",
+                "configs/ltd/shapes_dual.yaml",
+                f"output_dir={out}",
+                f"data.train=[{world['pretrain']}]",
+                "train.steps=2",
+                *SMALL,
+                *variant,
+            ]
+        )
+        == 0
+    )
     rows = read_metrics(out / "metrics.jsonl")
     assert rows[-1]["contrastive"] > 0
     if "loss.ltd.decoder=tokens" in variant:  # token NLL summed per caption: ~ length x log(vocab)
@@ -86,8 +145,24 @@ def test_zoo_and_itd_runs(world, tmp_path, variant):
 def test_analyze_cocos_writes_json_and_plot(ltd_run, world, tmp_path, loss):
     out = tmp_path / loss
     extra = ["data.captions_per_image=5", "data.batch_size=4"] if loss == "smoothap" else []
-    assert main(["analyze", "cocos", "--checkpoint", str(ltd_run), "--data", str(world["pretrain"]), "--loss", loss,
-                 "--out", str(out), *extra]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                "cocos",
+                "--checkpoint",
+                str(ltd_run),
+                "--data",
+                str(world["pretrain"]),
+                "--loss",
+                loss,
+                "--out",
+                str(out),
+                *extra,
+            ]
+        )
+        == 0
+    )
     rec = json.loads((out / "cocos.json").read_text())
     assert rec["loss"] == loss and rec["batches"] == (6 if loss == "smoothap" else 3)
     stats = rec["stats"]

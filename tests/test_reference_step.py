@@ -23,8 +23,16 @@ _spec = importlib.util.spec_from_file_location("reference_step", ROOT / "scripts
 rs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(rs)
 
-TINY = ["model.vision.depth=1", "model.vision.img_size=32", "model.text.layers=1", "model.text.fusion_layers=1",
-        "model.queue_size=16", "model.momentum_warmup_steps=0", "model.momentum=0.5", "loss.alpha_ramp_steps=0"]
+TINY = [
+    "model.vision.depth=1",
+    "model.vision.img_size=32",
+    "model.text.layers=1",
+    "model.text.fusion_layers=1",
+    "model.queue_size=16",
+    "model.momentum_warmup_steps=0",
+    "model.momentum=0.5",
+    "loss.alpha_ramp_steps=0",
+]
 TOKENS = TokenInfo(30522, 103, (0, 100, 101, 102, 103))
 B = 8
 
@@ -37,8 +45,12 @@ def make_batch(seed: int) -> dict[str, torch.Tensor]:
     mask = torch.ones(B, 10, dtype=torch.long)
     for i, n in enumerate([10, 7, 9, 5, 10, 8, 6, 10]):
         ids[i, n - 1], ids[i, n:], mask[i, n:] = 102, 0, 0
-    return dict(images=torch.randn(B, 3, 32, 32, generator=g), input_ids=ids, attention_mask=mask,
-                image_ids=torch.tensor([0, 1, 2, 2, 3, 4, 5, 6]))
+    return dict(
+        images=torch.randn(B, 3, 32, 32, generator=g),
+        input_ids=ids,
+        attention_mask=mask,
+        image_ids=torch.tensor([0, 1, 2, 2, 3, 4, 5, 6]),
+    )
 
 
 @pytest.fixture()
@@ -111,9 +123,12 @@ def test_same_losses_gradients_momentum_and_queue(pair):
         scale = p.grad.abs().max().item()
         assert (q - p.grad).abs().max().item() <= 1e-4 * scale + 1e-7, name
         checked += 1
-    assert checked > 40 and {"temp", "itm_head.weight", "fusion.layer.0.crossattention.self.key.weight",
-                             "text.embeddings.word_embeddings.weight"} <= {
-        n for n, p in grads_vlp.items() if p.grad is not None and p.grad.abs().max() > 0}
+    assert checked > 40 and {
+        "temp",
+        "itm_head.weight",
+        "fusion.layer.0.crossattention.self.key.weight",
+        "text.embeddings.word_embeddings.weight",
+    } <= {n for n, p in grads_vlp.items() if p.grad is not None and p.grad.abs().max() > 0}
 
     # one optimizer step each; vlp updates the momentum twin now, the reference at its next forward
     opt_vlp.step()

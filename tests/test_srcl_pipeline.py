@@ -7,16 +7,25 @@ import torch
 
 from vlp.cli import main
 from vlp.config import PretrainConfig, load_config
+from vlp.data import transforms
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
 from vlp.data.helper_cache import HelperCache
 from vlp.data.synthetic import generate_world
-from vlp.data import transforms
-from vlp.jobs import build_regulator
+from vlp.runs.common import build_regulator
 from vlp.train.logging import read_metrics
 
-TINY = ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=1", "data.batch_size=8",
-        "data.num_workers=0", "train.steps=6", "train.log_every=3", "train.warmup_steps=2", "train.progress=false"]
+TINY = [
+    "model.vision.depth=1",
+    "model.text.layers=1",
+    "model.text.fusion_layers=1",
+    "data.batch_size=8",
+    "data.num_workers=0",
+    "train.steps=6",
+    "train.log_every=3",
+    "train.warmup_steps=2",
+    "train.progress=false",
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +36,16 @@ def world(tmp_path_factory):
 @pytest.fixture(scope="module")
 def helper(world, tmp_path_factory):
     out = tmp_path_factory.mktemp("helper") / "run"
-    rc = main(["train-helper", "--config", "configs/helper/shapes_tiny.yaml", f"output_dir={out}",
-               f"data.train=[{world['helper']}]", *TINY])
+    rc = main(
+        [
+            "train-helper",
+            "--config",
+            "configs/helper/shapes_tiny.yaml",
+            f"output_dir={out}",
+            f"data.train=[{world['helper']}]",
+            *TINY,
+        ]
+    )
     assert rc == 0
     return out
 
@@ -36,8 +53,22 @@ def helper(world, tmp_path_factory):
 @pytest.fixture(scope="module")
 def cache(world, helper, tmp_path_factory):
     out = tmp_path_factory.mktemp("cache") / "helper_cache"
-    assert main(["cache-helper-features", "--helper", str(helper), "--data", str(world["pretrain"]),
-                 "--out", str(out), "--batch-size", "16"]) == 0
+    assert (
+        main(
+            [
+                "cache-helper-features",
+                "--helper",
+                str(helper),
+                "--data",
+                str(world["pretrain"]),
+                "--out",
+                str(out),
+                "--batch-size",
+                "16",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -48,8 +79,16 @@ def test_helper_run_is_itc_only(helper):
 
 
 def test_train_helper_refuses_non_infonce_objectives(world, tmp_path, capsys):
-    rc = main(["train-helper", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={tmp_path / 'h'}",
-               f"data.train=[{world['helper']}]", *TINY])
+    rc = main(
+        [
+            "train-helper",
+            "--config",
+            "configs/pretrain/shapes_tiny.yaml",
+            f"output_dir={tmp_path / 'h'}",
+            f"data.train=[{world['helper']}]",
+            *TINY,
+        ]
+    )
     assert rc == 2 and "loss.itm=1.0" in capsys.readouterr().err
     assert not (tmp_path / "h").exists()
 
@@ -62,13 +101,28 @@ def test_cache_covers_every_image_and_caption(world, cache):
     index = json.loads((cache / "index.json").read_text())
     assert index["format"] == "vlp-helper-features-v1" and index["helper_step"] == 6
     # never overwritten
-    assert main(["cache-helper-features", "--helper", index["helper"], "--data", str(world["pretrain"]),
-                 "--out", str(cache)]) == 2
+    assert (
+        main(
+            [
+                "cache-helper-features",
+                "--helper",
+                index["helper"],
+                "--data",
+                str(world["pretrain"]),
+                "--out",
+                str(cache),
+            ]
+        )
+        == 2
+    )
 
 
 def pretrain_cfg(world, out, *extra):
-    return load_config(PretrainConfig, "configs/pretrain/shapes_tiny.yaml",
-                       [f"output_dir={out}", f"data.train=[{world['pretrain']}]", "model.queue_size=16", *TINY, *extra])
+    return load_config(
+        PretrainConfig,
+        "configs/pretrain/shapes_tiny.yaml",
+        [f"output_dir={out}", f"data.train=[{world['pretrain']}]", "model.queue_size=16", *TINY, *extra],
+    )
 
 
 def test_cache_and_live_helper_give_the_same_weights(world, helper, cache, tmp_path):
@@ -79,7 +133,9 @@ def test_cache_and_live_helper_give_the_same_weights(world, helper, cache, tmp_p
     assert hc is not None and none is None and reg_live.helper is not None
     samples = load_pairs([str(world["pretrain"])])
     tok = transforms.load_tokenizer(cached_cfg.model.text)
-    ds = ImageTextDataset(samples, transforms.test_transform(64, cached_cfg.data.image), hc)  # eval transform: same inputs
+    ds = ImageTextDataset(
+        samples, transforms.test_transform(64, cached_cfg.data.image), hc
+    )  # eval transform: same inputs
     batch = Collator(tok, cached_cfg.model.text.max_len)([ds[i] for i in range(8)])
     h_cached = reg_cached.helper_features(batch, 0)
     live_batch = {k: v for k, v in batch.items() if not k.startswith("helper_")}
@@ -100,9 +156,20 @@ def test_cache_and_live_helper_give_the_same_weights(world, helper, cache, tmp_p
 @pytest.mark.parametrize("mode", ["srcl", "removal"])
 def test_regulated_pretraining_logs_weight_statistics(world, cache, tmp_path, mode):
     out = tmp_path / mode
-    rc = main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={out}",
-               f"data.train=[{world['pretrain']}]", "model.queue_size=16", *TINY,
-               f"loss.regulation={mode}", f"loss.srcl.helper_features={cache}", "loss.srcl.threshold=0.5"])
+    rc = main(
+        [
+            "pretrain",
+            "--config",
+            "configs/pretrain/shapes_tiny.yaml",
+            f"output_dir={out}",
+            f"data.train=[{world['pretrain']}]",
+            "model.queue_size=16",
+            *TINY,
+            f"loss.regulation={mode}",
+            f"loss.srcl.helper_features={cache}",
+            "loss.srcl.threshold=0.5",
+        ]
+    )
     assert rc == 0
     rows = read_metrics(out / "metrics.jsonl")
     # steps 0-2 and 3-5 averaged: alpha_h = 1 - step / 6
@@ -117,33 +184,97 @@ def test_regulated_pretraining_logs_weight_statistics(world, cache, tmp_path, mo
 
 
 def test_missing_helper_features_is_one_clear_error(world, tmp_path, capsys):
-    rc = main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={tmp_path / 'r'}",
-               f"data.train=[{world['pretrain']}]", *TINY, "loss.regulation=srcl"])
+    rc = main(
+        [
+            "pretrain",
+            "--config",
+            "configs/pretrain/shapes_tiny.yaml",
+            f"output_dir={tmp_path / 'r'}",
+            f"data.train=[{world['pretrain']}]",
+            *TINY,
+            "loss.regulation=srcl",
+        ]
+    )
     assert rc == 2 and "loss.srcl.helper_features" in capsys.readouterr().err
-    rc = main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={tmp_path / 'r'}",
-               f"data.train=[{world['pretrain']}]", *TINY, "loss.regulation=srcl",
-               f"loss.srcl.helper_features={tmp_path / 'nope'}"])
+    rc = main(
+        [
+            "pretrain",
+            "--config",
+            "configs/pretrain/shapes_tiny.yaml",
+            f"output_dir={tmp_path / 'r'}",
+            f"data.train=[{world['pretrain']}]",
+            *TINY,
+            "loss.regulation=srcl",
+            f"loss.srcl.helper_features={tmp_path / 'nope'}",
+        ]
+    )
     assert rc == 2 and "cache-helper-features" in capsys.readouterr().err
 
 
 def test_cache_missing_captions_names_them(world, cache, tmp_path, capsys):
     other = tmp_path / "other.json"
-    other.write_text(json.dumps([{"image": str(world["root"] / "images/train/train_000000.png"),
-                                  "caption": "a caption the helper never saw"}]))
-    rc = main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={tmp_path / 'r'}",
-               f"data.train=[{other}]", *TINY, "loss.regulation=srcl", f"loss.srcl.helper_features={cache}"])
+    other.write_text(
+        json.dumps(
+            [
+                {
+                    "image": str(world["root"] / "images/train/train_000000.png"),
+                    "caption": "a caption the helper never saw",
+                }
+            ]
+        )
+    )
+    rc = main(
+        [
+            "pretrain",
+            "--config",
+            "configs/pretrain/shapes_tiny.yaml",
+            f"output_dir={tmp_path / 'r'}",
+            f"data.train=[{other}]",
+            *TINY,
+            "loss.regulation=srcl",
+            f"loss.srcl.helper_features={cache}",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "other.json entry 0" in err and "a caption the helper never saw" in err
 
 
 def test_plot_srcl_weights(world, cache, tmp_path):
     run = tmp_path / "run"
-    assert main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={run}",
-                 f"data.train=[{world['pretrain']}]", *TINY, "loss.regulation=srcl",
-                 f"loss.srcl.helper_features={cache}"]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--config",
+                "configs/pretrain/shapes_tiny.yaml",
+                f"output_dir={run}",
+                f"data.train=[{world['pretrain']}]",
+                *TINY,
+                "loss.regulation=srcl",
+                f"loss.srcl.helper_features={cache}",
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "plots"
-    assert main(["plot", "srcl-weights", str(run), "--out", str(out), "--batches", "2", "--heatmap-size", "5",
-                 "--alpha-h", "1.0"]) == 0
+    assert (
+        main(
+            [
+                "plot",
+                "srcl-weights",
+                str(run),
+                "--out",
+                str(out),
+                "--batches",
+                "2",
+                "--heatmap-size",
+                "5",
+                "--alpha-h",
+                "1.0",
+            ]
+        )
+        == 0
+    )
     from PIL import Image
 
     with Image.open(out / "srcl_weights_heatmap.png") as im:

@@ -1,6 +1,6 @@
 """vlp: ALBEF-style vision-language pretraining, fine-tuning and evaluation."""
 
-__version__ = "0.1.0"
+from vlp.version import __version__
 
 __all__ = ["VLPModel", "__version__"]
 

@@ -18,8 +18,8 @@ A ``save_pretrained`` directory (docs/api.md) holds exactly:
 * ``preprocessor.json``: image size, resize mode, mean/std, minimum image side, caption cleaning,
   ``max_len`` and padding.
 
-Loading such a directory goes through no training code (no :mod:`vlp.jobs`, no loaders); a
-checkpoint folder or run directory is read with :func:`vlp.jobs.load_model` (manifest verified).
+Loading such a directory goes through no training code (no :mod:`vlp.runs`, no loaders); a
+checkpoint folder or run directory is read with :func:`vlp.pretrained.load_model` (manifest verified).
 """
 
 from __future__ import annotations
@@ -37,13 +37,14 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vlp import __version__
 from vlp.config import ImageConfig, ModelConfig, from_dict, to_dict
 from vlp.data.images import MIN_SIDE, open_image, to_rgb, upscale_tiny
 from vlp.data.transforms import test_transform, tokenize
+from vlp.errors import CheckpointError
 from vlp.eval.mode import evaluating
 from vlp.models.build import build_task_model, model_image_size
-from vlp.models.loading import CheckpointError
+from vlp.version import __version__
+from vlp.weights import load_weights_file, weights_to_save
 
 #: what an image argument may be: a path, a PIL image, or a preprocessed tensor [3, H, W]
 ImageLike = Union[str, os.PathLike, Image.Image, torch.Tensor]
@@ -98,24 +99,13 @@ def build_inference_model(kind: str, model: ModelConfig, vocab_size: int) -> nn.
 def inference_weights(model: nn.Module) -> dict[str, torch.Tensor]:
     """What ``model.safetensors`` holds: the checkpoint tensors (one name per tied group) without
     momentum twins and queues."""
-    from vlp.train.checkpoint import weights_to_save
-
     return {k: v for k, v in weights_to_save(model).items() if not k.startswith(DROPPED)}
 
 
 def load_inference_weights(model: nn.Module, path: Path) -> None:
     """Strictly load an inference ``model.safetensors``: only tied aliases and the dropped
     ``momentum.twin.*`` / ``queue.*`` keys may be missing; the twin becomes a copy of the online weights."""
-    from safetensors.torch import load_file
-
-    from vlp.models.loading import load_strict
-    from vlp.train.checkpoint import tied_groups
-
-    if not path.is_file():
-        raise CheckpointError(f"{path.parent}: missing {path.name}")
-    state = load_file(str(path))
-    aliases = [n for g in tied_groups(model) if any(n in state for n in g) for n in g if n not in state]
-    load_strict(model, state, source=str(path), allow_missing=[*aliases, "momentum.twin.*", "queue.*"])
+    load_weights_file(model, path, allow_missing=["momentum.twin.*", "queue.*"])
     twin = getattr(model, "momentum", None)
     if twin is not None:
         twin.copy_from_online()
@@ -156,9 +146,18 @@ class VLPModel:
     ``nlvr``: nlvr2. Anything else raises :class:`UnsupportedKind`.
     """
 
-    def __init__(self, model: nn.Module, kind: str, model_config: ModelConfig, tokenizer, preprocessor: Preprocessor,
-                 answers: Optional[list[str]] = None, vqa_k_test: int = 128, source: Optional[dict] = None,
-                 batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        kind: str,
+        model_config: ModelConfig,
+        tokenizer,
+        preprocessor: Preprocessor,
+        answers: Optional[list[str]] = None,
+        vqa_k_test: int = 128,
+        source: Optional[dict] = None,
+        batch_size: int = 64,
+    ) -> None:
         if kind not in KINDS:
             raise CheckpointError(f"unknown checkpoint kind {kind!r}; expected one of {list(KINDS)}")
         self.model, self.kind, self.model_config = model.eval(), kind, model_config
@@ -170,8 +169,9 @@ class VLPModel:
     # -- loading and saving --------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, device: Optional[str | torch.device] = None,
-                        batch_size: int = 64) -> "VLPModel":
+    def from_pretrained(
+        cls, path: str | os.PathLike, device: Optional[str | torch.device] = None, batch_size: int = 64
+    ) -> VLPModel:
         """Load a :meth:`save_pretrained` directory, a checkpoint folder or a run directory (its
         newest valid checkpoint). ``device``: default CUDA if available, else CPU."""
         path = Path(path)
@@ -181,31 +181,43 @@ class VLPModel:
         return cls._from_checkpoint(path, device, batch_size)
 
     @classmethod
-    def _from_directory(cls, path: Path, device: torch.device, batch_size: int) -> "VLPModel":
+    def _from_directory(cls, path: Path, device: torch.device, batch_size: int) -> VLPModel:
         from transformers import BertTokenizerFast
 
         config = json.loads((path / CONFIG).read_text())
         if config.get("format") != FORMAT:
-            raise CheckpointError(f"{path / CONFIG}: not a vlp save_pretrained config "
-                                  f"(format {config.get('format')!r})")
+            raise CheckpointError(
+                f"{path / CONFIG}: not a vlp save_pretrained config (format {config.get('format')!r})"
+            )
         if config.get("format_version", 0) > FORMAT_VERSION:
-            raise CheckpointError(f"{path}: format version {config['format_version']} is newer than this vlp reads "
-                                  f"({FORMAT_VERSION}); upgrade vlp")
+            raise CheckpointError(
+                f"{path}: format version {config['format_version']} is newer than this vlp reads "
+                f"({FORMAT_VERSION}); upgrade vlp"
+            )
         kind, mcfg = config["kind"], from_dict(ModelConfig, config["model"])
         pre = Preprocessor(**json.loads((path / PREPROCESSOR).read_text()))
         tokenizer = BertTokenizerFast.from_pretrained(str(path))
         model = build_inference_model(kind, mcfg, len(tokenizer))
         load_inference_weights(model, path / WEIGHTS)
         vqa = config.get("vqa") or {}
-        return cls(model.to(device), kind, mcfg, tokenizer, pre, vqa.get("answers"), vqa.get("k_test", 128),
-                   config.get("source"), batch_size)
+        return cls(
+            model.to(device),
+            kind,
+            mcfg,
+            tokenizer,
+            pre,
+            vqa.get("answers"),
+            vqa.get("k_test", 128),
+            config.get("source"),
+            batch_size,
+        )
 
     @classmethod
-    def _from_checkpoint(cls, path: Path, device: torch.device, batch_size: int) -> "VLPModel":
+    def _from_checkpoint(cls, path: Path, device: torch.device, batch_size: int) -> VLPModel:
         from vlp.config import FINETUNE_TASKS, FinetuneConfig
-        from vlp.data.formats import load_answer_list
-        from vlp.jobs import load_model
-        from vlp.train.checkpoint import find_checkpoint, read_state
+        from vlp.data.downstream_formats import load_answer_list
+        from vlp.pretrained import load_model
+        from vlp.weights import find_checkpoint, read_state
 
         ckpt = find_checkpoint(path)
         state = read_state(ckpt)
@@ -219,9 +231,14 @@ class VLPModel:
                 answer_max_len = ft.vqa.answer_max_len
                 if ft.data.answer_list and Path(ft.data.answer_list).is_file():
                     answers = load_answer_list(ft.data.answer_list)
-        pre = Preprocessor(model_image_size(cfg.model), list(cfg.data.image.mean), list(cfg.data.image.std), max_len,
-                           caption_cleaning="pre_question" if kind == "vqa" else "pre_caption",
-                           answer_max_len=answer_max_len)
+        pre = Preprocessor(
+            model_image_size(cfg.model),
+            list(cfg.data.image.mean),
+            list(cfg.data.image.std),
+            max_len,
+            caption_cleaning="pre_question" if kind == "vqa" else "pre_caption",
+            answer_max_len=answer_max_len,
+        )
         source = {"checkpoint": str(ckpt.resolve()), "step": state.get("step"), "vlp_version": state.get("vlp_version")}
         return cls(model, kind, cfg.model, tokenizer, pre, answers, k_test, source, batch_size)
 
@@ -250,10 +267,16 @@ class VLPModel:
         """The content of ``config.json``."""
         model = to_dict(self.model_config)
         model["text"]["init"], model["vision"]["pretrained"], model["dual"]["image_pretrained"] = "random", None, None
-        out = {"format": FORMAT, "format_version": FORMAT_VERSION, "vlp_version": __version__, "kind": self.kind,
-               "architecture": type(self.model).__name__, "model": model,
-               "weights": {"file": WEIGHTS, "momentum_twins": "dropped", "queues": "dropped"},
-               "source": self.source}
+        out = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "vlp_version": __version__,
+            "kind": self.kind,
+            "architecture": type(self.model).__name__,
+            "model": model,
+            "weights": {"file": WEIGHTS, "momentum_twins": "dropped", "queues": "dropped"},
+            "source": self.source,
+        }
         if self.kind == "vqa":
             out["vqa"] = {"k_test": self.vqa_k_test, "answers": self.answers}
         return out
@@ -298,8 +321,10 @@ class VLPModel:
         dual = self.model_config.arch == "dual"
         if self.kind not in kinds or (fusion and dual):
             arch = " with model.arch=dual (no fusion encoder)" if dual else ""
-            raise UnsupportedKind(f"VLPModel.{method} needs {what} ({' or '.join(kinds)} checkpoint"
-                                  f"{', model.arch=albef' if fusion else ''}); this is a {self.kind} checkpoint{arch}")
+            raise UnsupportedKind(
+                f"VLPModel.{method} needs {what} ({' or '.join(kinds)} checkpoint"
+                f"{', model.arch=albef' if fusion else ''}); this is a {self.kind} checkpoint{arch}"
+            )
 
     # -- retrieval -----------------------------------------------------------------------------
 
@@ -315,8 +340,9 @@ class VLPModel:
         self._require("encode_text", RETRIEVAL_KINDS, "ITC projections")
         tok, bs = self.tokenize(texts), batch_size or self.batch_size
         ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
-        return torch.cat([self.model.encode_text(ids[s : s + bs], mask[s : s + bs]).feat.cpu()
-                          for s in range(0, len(ids), bs)])
+        return torch.cat(
+            [self.model.encode_text(ids[s : s + bs], mask[s : s + bs]).feat.cpu() for s in range(0, len(ids), bs)]
+        )
 
     @_inference
     def similarity(self, images: Images, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
@@ -344,8 +370,14 @@ class VLPModel:
     # -- VQA -----------------------------------------------------------------------------------
 
     @_inference
-    def answer(self, images: Images, questions: Texts, candidates: Optional[Sequence[str]] = None,
-               k: Optional[int] = None, batch_size: Optional[int] = None) -> list[str]:
+    def answer(
+        self,
+        images: Images,
+        questions: Texts,
+        candidates: Optional[Sequence[str]] = None,
+        k: Optional[int] = None,
+        batch_size: Optional[int] = None,
+    ) -> list[str]:
         """The answer to each (image, question) pair, ranked over ``candidates`` (default: the
         checkpoint's answer list) with ALBEF's two-step ranking: the ``k`` candidates (default the
         fine-tuning run's ``vqa.k_test``) with the most probable first token, re-scored by their
@@ -355,12 +387,16 @@ class VLPModel:
         self._require("answer", ("vqa",), "the VQA answer decoder")
         answers = list(candidates) if candidates is not None else self.answers
         if not answers:
-            raise ValueError("VLPModel.answer: this checkpoint stores no answer list (its data.answer_list file was "
-                             "not found when it was loaded); pass candidates=[...]")
+            raise ValueError(
+                "VLPModel.answer: this checkpoint stores no answer list (its data.answer_list file was "
+                "not found when it was loaded); pass candidates=[...]"
+            )
         questions = _as_list(questions, (str,))
         if len(self._image_list(images)) != len(questions):
-            raise ValueError(f"answer takes one image per question: got {len(self._image_list(images))} images "
-                             f"and {len(questions)} questions")
+            raise ValueError(
+                f"answer takes one image per question: got {len(self._image_list(images))} images "
+                f"and {len(questions)} questions"
+            )
         pre, bs = self.preprocessor, batch_size or self.batch_size
         cand_ids, cand_mask = tokenize_answers(self.tokenizer, answers, pre.answer_max_len or 10)
         cand_ids, cand_mask = cand_ids.to(self.device), cand_mask.to(self.device)
@@ -368,8 +404,9 @@ class VLPModel:
         out: list[str] = []
         for b, pixels in enumerate(self._image_batches(images, bs)):
             qs = questions[b * bs : b * bs + len(pixels)]
-            batch = collate([{"image": p, "question": q, "answers": [], "weights": [], "index": 0}
-                             for p, q in zip(pixels, qs)])
+            batch = collate(
+                [{"image": p, "question": q, "answers": [], "weights": [], "index": 0} for p, q in zip(pixels, qs)]
+            )
             ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
             states = self.model.encode_question(pixels, ids, mask)
             pred, _ = self.model.rank_answers(states, mask, cand_ids, cand_mask, k or self.vqa_k_test)
@@ -379,8 +416,9 @@ class VLPModel:
     # -- NLVR2 ---------------------------------------------------------------------------------
 
     @_inference
-    def nlvr(self, images0: Images, images1: Images, sentences: Texts,
-             batch_size: Optional[int] = None) -> Union[float, torch.Tensor]:
+    def nlvr(
+        self, images0: Images, images1: Images, sentences: Texts, batch_size: Optional[int] = None
+    ) -> Union[float, torch.Tensor]:
         """Probability that each sentence is true of its image pair: a float for one sentence
         (a ``str``), else a tensor [N]; ``> 0.5`` is the model's True."""
         self._require("nlvr", ("nlvr2",), "the NLVR2 classifier")
@@ -402,5 +440,7 @@ class VLPModel:
         return float(prob[0]) if single else prob
 
     def __repr__(self) -> str:
-        return (f"VLPModel(kind={self.kind!r}, model={type(self.model).__name__}, image_size="
-                f"{self.preprocessor.image_size}, device={self.device})")
+        return (
+            f"VLPModel(kind={self.kind!r}, model={type(self.model).__name__}, image_size="
+            f"{self.preprocessor.image_size}, device={self.device})"
+        )

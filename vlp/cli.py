@@ -1,5 +1,10 @@
 """Command line: ``vlp pretrain [nlvr-ta] | finetune retrieval|vqa|nlvr2 | train-helper | cache-helper-features | make-targets | make-shards | analyze cocos |
-evaluate retrieval | make-world | data check | demo | plot``."""
+evaluate retrieval | make-world | data check | demo | plot``.
+
+Only parsing and dispatch: each command is one call into its family's module of :mod:`vlp.runs`
+(or into a data, conversion or plotting tool), and prints what that call returns. Those modules are
+imported inside the handlers, when their command runs: ``vlp --help`` and the data tools stay light.
+"""
 
 from __future__ import annotations
 
@@ -8,93 +13,88 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from vlp.config import CONTRASTIVE_LOSSES, ConfigError, PretrainConfig, load_config
+from vlp.config import CONTRASTIVE_LOSSES, PretrainConfig, load_config, load_finetune_config
 from vlp.data.check import CHECK_KINDS, check_annotations, default_workers
-from vlp.data.formats import DataError, write_json_atomic
+from vlp.data.formats import write_json_atomic
 from vlp.data.images import MAX_PIXELS
-from vlp.models.loading import CheckpointError
-from vlp.dist import OtherRankDone, launch_rank
-from vlp.train.loop import NonFiniteError, Preempted
+from vlp.dist import OtherRankDone, launch_rank, rank
+from vlp.errors import CheckpointError, ConfigError, DataError
+from vlp.train.loop import NonFiniteError
+from vlp.train.preemption import Preempted
 
 USER_ERRORS = (ConfigError, DataError, CheckpointError)
 
 
+def _wrote(path: Any) -> None:
+    print(f"wrote {path}")
+
+
 def _pretrain(a: argparse.Namespace) -> None:
-    from vlp.jobs import run_pretrain
+    from vlp.runs.pretrain import run_pretrain
 
-    cfg = load_config(PretrainConfig, a.config, a.overrides)
-    run_dir = run_pretrain(cfg)
-    from vlp.dist import rank
-
+    run_dir = run_pretrain(load_config(PretrainConfig, a.config, a.overrides))
     if rank() == 0:
         print(f"done: {run_dir}")
 
 
-def load_finetune_config(task: str, path: str, overrides: Sequence[str]):
-    """A fine-tuning config for ``task``; the file's own ``task:`` key, if any, must agree."""
-    from omegaconf import OmegaConf
+def _train_helper(a: argparse.Namespace) -> None:
+    from vlp.runs.pretrain import run_train_helper
 
-    from vlp.config import FinetuneConfig
-
-    if Path(path).is_file():
-        declared = OmegaConf.load(path).get("task")
-        if declared is not None and declared != task:
-            raise ConfigError(f"{path}: config key 'task' is {declared!r}, but the command is for {task!r}")
-    return load_config(FinetuneConfig, path, [*overrides, f"task={task}"])
+    print(f"done: {run_train_helper(load_config(PretrainConfig, a.config, a.overrides))}")
 
 
 def _bench(a: argparse.Namespace) -> None:
-    from vlp.bench import format_bench, run_bench
-    from vlp.dist import rank
+    from vlp.runs.bench import format_bench, run_bench
 
-    cfg = load_config(PretrainConfig, a.config, a.overrides)
-    result = run_bench(cfg, a.steps, a.warmup, a.peak_tflops, a.out)
+    result = run_bench(load_config(PretrainConfig, a.config, a.overrides), a.steps, a.warmup, a.peak_tflops, a.out)
     if rank() == 0:
         print(format_bench(result))
         if a.out:
-            print(f"wrote {a.out}")
+            _wrote(a.out)
 
 
 def _finetune(a: argparse.Namespace) -> None:
-    from vlp.finetune import run_finetune
+    from vlp.runs.finetune import run_finetune
 
-    results = run_finetune(load_finetune_config(a.task, a.config, a.overrides))
-    print(json.dumps(results, indent=2))
+    print(json.dumps(run_finetune(load_finetune_config(a.task, a.config, a.overrides)), indent=2))
 
 
 def _nlvr_ta(a: argparse.Namespace) -> None:
-    from vlp.finetune import run_finetune
+    from vlp.runs.finetune import run_finetune
 
-    results = run_finetune(load_finetune_config("nlvr-ta", a.config, a.overrides))
-    print(f"done: {results['checkpoint']}")
-
-
-def _train_helper(a: argparse.Namespace) -> None:
-    from vlp.jobs import run_train_helper
-
-    cfg = load_config(PretrainConfig, a.config, a.overrides)
-    print(f"done: {run_train_helper(cfg)}")
+    print(f"done: {run_finetune(load_finetune_config('nlvr-ta', a.config, a.overrides))['checkpoint']}")
 
 
 def _cache_helper(a: argparse.Namespace) -> None:
-    from vlp.jobs import run_cache_helper_features
+    from vlp.runs.features import run_cache_helper_features
 
-    out = run_cache_helper_features(a.helper, a.data, a.out, a.image_root, a.batch_size, a.num_workers)
-    print(f"wrote {out}")
+    _wrote(run_cache_helper_features(a.helper, a.data, a.out, a.image_root, a.batch_size, a.num_workers))
+
+
+def _make_targets(a: argparse.Namespace) -> None:
+    from vlp.runs.features import run_make_targets
+
+    _wrote(run_make_targets(a.data, a.encoder, a.out, a.batch_size))
 
 
 def _evaluate_retrieval(a: argparse.Namespace) -> None:
-    from vlp.jobs import run_evaluate_retrieval
+    from vlp.runs.evaluate import run_evaluate_retrieval
 
-    from vlp.dist import rank
-
-    res = run_evaluate_retrieval(a.checkpoint, a.data, a.relevance, a.out, a.image_root, a.overrides,
-                                 graded_relevance=a.graded_relevance, preset=a.preset)
+    res = run_evaluate_retrieval(
+        a.checkpoint,
+        a.data,
+        a.relevance,
+        a.out,
+        a.image_root,
+        a.overrides,
+        graded_relevance=a.graded_relevance,
+        preset=a.preset,
+    )
     if rank() == 0:  # launched as several processes (docs/evaluation.md): every rank has the same metrics
         print_metrics(res.metrics)
-        print(f"wrote {Path(a.out) / 'metrics.json'}")
+        _wrote(Path(a.out) / "metrics.json")
 
 
 def _make_world(a: argparse.Namespace) -> None:
@@ -102,14 +102,21 @@ def _make_world(a: argparse.Namespace) -> None:
 
     templates = None
     if a.nlvr_templates:
-        from vlp.data.synthetic_tasks import check_templates
+        from vlp.data.synthetic import check_templates
 
         try:
             templates = check_templates([t.strip() for t in a.nlvr_templates.split(",") if t.strip()])
         except ValueError as e:
             raise ConfigError(f"--nlvr-templates {a.nlvr_templates!r}: {e}") from None
-    paths = generate_world(a.out, seed=a.seed, n_train=a.images, n_val=a.val_images, n_test=a.test_images,
-                           image_size=a.image_size, nlvr_templates=templates)
+    paths = generate_world(
+        a.out,
+        seed=a.seed,
+        n_train=a.images,
+        n_val=a.val_images,
+        n_test=a.test_images,
+        image_size=a.image_size,
+        nlvr_templates=templates,
+    )
     for share in a.generic_share or []:
         from vlp.data.synthetic import write_generic_mix
 
@@ -119,18 +126,30 @@ def _make_world(a: argparse.Namespace) -> None:
 
 
 def _demo(a: argparse.Namespace) -> None:
-    from vlp.demo import run_demo, run_demo_full
+    from vlp.runs.demo import run_demo, run_demo_full
 
     if a.full:
-        stages: dict[str, list[str]] = {}
-        for item in a.overrides:
-            name, _, override = item.partition(":")
-            if not override:
-                raise ConfigError(f"vlp demo --full override {item!r}: expected STAGE:key=value, e.g. vqa:train.epochs=1")
-            stages.setdefault(name, []).append(override)
-        run_demo_full(a.out, seed=a.seed, n_train=a.images, stage_overrides=stages, nlvr_ta=a.nlvr_ta, reuse=a.reuse)
+        run_demo_full(
+            a.out,
+            seed=a.seed,
+            n_train=a.images,
+            stage_overrides=_stage_overrides(a.overrides),
+            nlvr_ta=a.nlvr_ta,
+            reuse=a.reuse,
+        )
     else:
         run_demo(a.out, seed=a.seed, n_train=a.images, overrides=a.overrides)
+
+
+def _stage_overrides(items: Sequence[str]) -> dict[str, list[str]]:
+    """``vlp demo --full``'s ``STAGE:key=value`` overrides, by stage."""
+    stages: dict[str, list[str]] = {}
+    for item in items:
+        name, _, override = item.partition(":")
+        if not override:
+            raise ConfigError(f"vlp demo --full override {item!r}: expected STAGE:key=value, e.g. vqa:train.epochs=1")
+        stages.setdefault(name, []).append(override)
+    return stages
 
 
 def _run_metrics(run: str) -> Path:
@@ -141,46 +160,32 @@ def _run_metrics(run: str) -> Path:
 
 
 def _plot(a: argparse.Namespace) -> None:
-    from vlp.viz import plot_losses
+    """``vlp plot losses|trajectories|retrieval`` (plots of a run's files, :mod:`vlp.viz`) and
+    ``srcl-weights`` (an analysis of a checkpoint)."""
+    if a.what == "srcl-weights":
+        from vlp.runs.analyze import run_srcl_weight_plots
 
-    out = plot_losses(_run_metrics(a.run), a.out or Path(a.run) / "loss_curves.png")
-    print(f"wrote {out}")
+        for p in run_srcl_weight_plots(a.run, a.out, a.heatmap_size, a.batches, a.alpha_h, a.overrides).values():
+            _wrote(p)
+        return
+    from vlp import viz
 
-
-def _plot_trajectories(a: argparse.Namespace) -> None:
-    from vlp.viz import plot_trajectories
-
-    print(f"wrote {plot_trajectories(_run_metrics(a.run), a.out or Path(a.run) / 'trajectories.png')}")
-
-
-def _plot_retrieval(a: argparse.Namespace) -> None:
-    from vlp.viz import replot_retrieval
-
-    print(f"wrote {replot_retrieval(a.dir, a.out)}")
-
-
-def _plot_srcl(a: argparse.Namespace) -> None:
-    from vlp.jobs import run_srcl_weight_plots
-
-    paths = run_srcl_weight_plots(a.run, a.out, a.heatmap_size, a.batches, a.alpha_h, a.overrides)
-    for p in paths.values():
-        print(f"wrote {p}")
-
-
-def _make_targets(a: argparse.Namespace) -> None:
-    from vlp.jobs import run_make_targets
-
-    print(f"wrote {run_make_targets(a.data, a.encoder, a.out, a.batch_size)}")
+    if a.what == "losses":
+        _wrote(viz.plot_losses(_run_metrics(a.run), a.out or Path(a.run) / "loss_curves.png"))
+    elif a.what == "trajectories":
+        _wrote(viz.plot_trajectories(_run_metrics(a.run), a.out or Path(a.run) / "trajectories.png"))
+    else:
+        _wrote(viz.replot_retrieval(a.dir, a.out))
 
 
 def _make_shards(a: argparse.Namespace) -> None:
     from vlp.data.shards import write_shards
 
-    print(f"wrote {write_shards(a.data, a.out, a.image_root, a.size, a.max_per_shard, a.seed, a.quality, workers=a.workers)}")
+    _wrote(write_shards(a.data, a.out, a.image_root, a.size, a.max_per_shard, a.seed, a.quality, workers=a.workers))
 
 
 def _cocos(a: argparse.Namespace) -> None:
-    from vlp.jobs import run_cocos
+    from vlp.runs.analyze import run_cocos
 
     rec = run_cocos(a.checkpoint, a.data, a.loss, a.out, a.threshold, a.batches, a.overrides)
     for k, v in rec["stats"].items():
@@ -200,7 +205,7 @@ def _convert_to_albef(a: argparse.Namespace) -> None:
     from vlp.interop.albef import export_albef_checkpoint
 
     print(export_albef_checkpoint(a.checkpoint, a.out).summary())
-    print(f"wrote {a.out}")
+    _wrote(a.out)
 
 
 def _data_check(a: argparse.Namespace) -> int:
@@ -209,12 +214,19 @@ def _data_check(a: argparse.Namespace) -> int:
         raise ConfigError(f"--max-pixels must be >= 0 (0: no limit), got {a.max_pixels}")
     if a.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {a.workers}")
-    report = check_annotations(a.files, image_root=a.images, images=not a.no_images, max_pixels=a.max_pixels,
-                               kind=a.kind, workers=a.workers, show_progress=True)
+    report = check_annotations(
+        a.files,
+        image_root=a.images,
+        images=not a.no_images,
+        max_pixels=a.max_pixels,
+        kind=a.kind,
+        workers=a.workers,
+        show_progress=True,
+    )
     print("\n".join(report.lines()))
     if a.json:
         write_json_atomic(Path(a.json), report.to_json(), indent=2)
-        print(f"wrote {a.json}")
+        _wrote(a.json)
     return 0 if report.ok else 1
 
 
@@ -225,46 +237,86 @@ def print_metrics(m: dict[str, float]) -> None:
 
 def add_resume(s: argparse.ArgumentParser) -> None:
     """``--resume auto|CHECKPOINT`` of the training commands: the same as the override ``train.resume=...``."""
-    s.add_argument("--resume", metavar="auto|CHECKPOINT",
-                   help="continue a run: 'auto' = the newest valid checkpoint of its output_dir, or a checkpoint folder "
-                        "(= train.resume=...; docs/training.md, Runs that survive)")
+    s.add_argument(
+        "--resume",
+        metavar="auto|CHECKPOINT",
+        help="continue a run: 'auto' = the newest valid checkpoint of its output_dir, or a checkpoint folder "
+        "(= train.resume=...; docs/training.md, Runs that survive)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vlp", description="ALBEF-style vision-language pretraining.")
     sub = p.add_subparsers(dest="command", required=True)
+    for add in (
+        _add_training,
+        _add_features,
+        _add_data_tools,
+        _add_analyze,
+        _add_evaluate,
+        _add_make_world,
+        _add_bench,
+        _add_demo,
+        _add_convert,
+        _add_plot,
+    ):  # in this order in `vlp --help`
+        add(sub)
+    return p
 
-    s = sub.add_parser("pretrain", help="pretrain ITC + ITM + MLM")
-    s.add_argument("--config", required=True, help="YAML config (e.g. configs/pretrain/shapes_tiny.yaml)")
-    s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=50 model.vision.depth=2")
+
+def _add_config_command(
+    sub: Any, name: str, text: str, example: str, overrides: str, func: Any
+) -> argparse.ArgumentParser:
+    """A training command: ``--config`` YAML, dotted overrides and ``--resume``."""
+    s = sub.add_parser(name, help=text)
+    s.add_argument("--config", required=True, help=f"YAML config (e.g. {example})")
+    s.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {overrides}")
     add_resume(s)
-    s.set_defaults(func=_pretrain)
+    s.set_defaults(func=func)
+    return s
 
+
+def _add_training(sub: Any) -> None:
+    """``vlp pretrain``, ``pretrain nlvr-ta``, ``finetune retrieval|vqa|nlvr2``, ``train-helper``."""
+    _add_config_command(
+        sub,
+        "pretrain",
+        "pretrain ITC + ITM + MLM",
+        "configs/pretrain/shapes_tiny.yaml",
+        "train.steps=50 model.vision.depth=2",
+        _pretrain,
+    )
     # `vlp pretrain nlvr-ta ...` is rewritten to this command in main()
-    s = sub.add_parser("pretrain-nlvr-ta", help="= `vlp pretrain nlvr-ta`: text-assignment pre-training of the "
-                       "doubled NLVR2 fusion layers")
-    s.add_argument("--config", required=True, help="YAML config (e.g. configs/finetune/shapes_nlvr_ta.yaml)")
-    s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.epochs=1")
-    add_resume(s)
-    s.set_defaults(func=_nlvr_ta)
-
+    _add_config_command(
+        sub,
+        "pretrain-nlvr-ta",
+        "= `vlp pretrain nlvr-ta`: text-assignment pre-training of the doubled NLVR2 fusion layers",
+        "configs/finetune/shapes_nlvr_ta.yaml",
+        "train.epochs=1",
+        _nlvr_ta,
+    )
     s = sub.add_parser("finetune", help="fine-tune a pretrained checkpoint on a downstream task")
     ft = s.add_subparsers(dest="task", required=True)
-    for task, text in (("retrieval", "image-text retrieval (ITC by image id + ITM), COCO / Flickr30k Karpathy files"),
-                       ("vqa", "VQA v2 (+ VG-QA): answer decoder, ranked candidate answers"),
-                       ("nlvr2", "NLVR2: a sentence about two images, doubled fusion layers")):
-        c = ft.add_parser(task, help=text)
-        c.add_argument("--config", required=True, help=f"YAML config (e.g. configs/finetune/shapes_{task}.yaml)")
-        c.add_argument("overrides", nargs="*", help="dotted overrides, e.g. pretrained=runs/pretrain train.epochs=1")
-        add_resume(c)
-        c.set_defaults(func=_finetune)
+    for task, text in (
+        ("retrieval", "image-text retrieval (ITC by image id + ITM), COCO / Flickr30k Karpathy files"),
+        ("vqa", "VQA v2 (+ VG-QA): answer decoder, ranked candidate answers"),
+        ("nlvr2", "NLVR2: a sentence about two images, doubled fusion layers"),
+    ):
+        _add_config_command(
+            ft, task, text, f"configs/finetune/shapes_{task}.yaml", "pretrained=runs/pretrain train.epochs=1", _finetune
+        )
+    _add_config_command(
+        sub,
+        "train-helper",
+        "train the frozen SRCL helper (ITC-only InfoNCE on clean captions)",
+        "configs/helper/shapes_tiny.yaml",
+        "train.steps=50",
+        _train_helper,
+    )
 
-    s = sub.add_parser("train-helper", help="train the frozen SRCL helper (ITC-only InfoNCE on clean captions)")
-    s.add_argument("--config", required=True, help="YAML config (e.g. configs/helper/shapes_tiny.yaml)")
-    s.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.steps=50")
-    add_resume(s)
-    s.set_defaults(func=_train_helper)
 
+def _add_features(sub: Any) -> None:
+    """``vlp cache-helper-features`` (SRCL) and ``make-targets`` (LTD)."""
     s = sub.add_parser("cache-helper-features", help="compute the SRCL helper's features of a dataset once")
     s.add_argument("--helper", required=True, help="helper checkpoint folder or run directory")
     s.add_argument("--data", required=True, nargs="+", help="pretraining annotation file(s)")
@@ -276,14 +328,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("make-targets", help="embed every caption once with a sentence encoder (LTD targets)")
     s.add_argument("--data", required=True, nargs="+", help="annotation file(s) (pretraining or retrieval-train)")
-    s.add_argument("--encoder", default="all-MiniLM-L6-v2",
-                   help="sentence-transformers name or local path (default: the offline all-MiniLM-L6-v2)")
+    s.add_argument(
+        "--encoder",
+        default="all-MiniLM-L6-v2",
+        help="sentence-transformers name or local path (default: the offline all-MiniLM-L6-v2)",
+    )
     s.add_argument("--out", required=True, help="targets file to create (loss.ltd.targets)")
     s.add_argument("--batch-size", type=int, default=256)
     s.set_defaults(func=_make_targets)
 
-    s = sub.add_parser("make-shards", help="write annotation files + images as webdataset tar shards "
-                                           "(data.format=webdataset)")
+
+def _add_data_tools(sub: Any) -> None:
+    """``vlp make-shards``, ``data check``, ``prepare DATASET``."""
+    s = sub.add_parser(
+        "make-shards", help="write annotation files + images as webdataset tar shards (data.format=webdataset)"
+    )
     s.add_argument("--data", required=True, nargs="+", help="pretraining / retrieval-train annotation file(s)")
     s.add_argument("--out", required=True, help="shard folder to create (shard-NNNNN.tar + sizes.json)")
     s.add_argument("--image-root", help="folder for relative image paths (default: each file's folder)")
@@ -296,16 +355,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("data", help="annotation data tools")
     dt = s.add_subparsers(dest="what", required=True)
-    c = dt.add_parser("check", help="check annotation files and their images, reporting every problem "
-                                    "(exit status 1 when there are errors)")
+    c = dt.add_parser(
+        "check",
+        help="check annotation files and their images, reporting every problem (exit status 1 when there are errors)",
+    )
     c.add_argument("files", nargs="+", metavar="ANN_JSON", help="annotation file(s)")
     g = c.add_mutually_exclusive_group()
     g.add_argument("--images", metavar="ROOT", help="folder for relative image paths (default: each file's folder)")
     g.add_argument("--no-images", action="store_true", help="check the annotations only, open no image")
-    c.add_argument("--kind", default="auto", choices=CHECK_KINDS,
-                   help="annotation format (default auto: nlvr / vqa / pairs from the entries' keys)")
-    c.add_argument("--max-pixels", type=int, default=MAX_PIXELS, metavar="N",
-                   help="refuse images with more pixels (data.max_image_pixels; 0: no limit)")
+    c.add_argument(
+        "--kind",
+        default="auto",
+        choices=CHECK_KINDS,
+        help="annotation format (default auto: nlvr / vqa / pairs from the entries' keys)",
+    )
+    c.add_argument(
+        "--max-pixels",
+        type=int,
+        default=MAX_PIXELS,
+        metavar="N",
+        help="refuse images with more pixels (data.max_image_pixels; 0: no limit)",
+    )
     c.add_argument("--workers", type=int, default=default_workers(), metavar="N", help="threads opening images")
     c.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
     c.set_defaults(func=_data_check)
@@ -314,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_prepare_parser(sub)
 
+
+def _add_analyze(sub: Any) -> None:
+    """``vlp analyze cocos``."""
     s = sub.add_parser("analyze", help="analyses of a trained model")
     an = s.add_subparsers(dest="what", required=True)
     c = an.add_parser("cocos", help="count candidates contributing to each query's gradient (COCOS)")
@@ -323,26 +396,41 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True, help="output folder for cocos.json and cocos.png")
     c.add_argument("--threshold", type=float, default=0.01, help="weight threshold for infonce and smoothap")
     c.add_argument("--batches", type=int, help="stop after this many batches (default: one pass)")
-    c.add_argument("overrides", nargs="*", help="e.g. data.batch_size=128 data.captions_per_image=5 loss.contrastive.tau=0.1")
+    c.add_argument(
+        "overrides", nargs="*", help="e.g. data.batch_size=128 data.captions_per_image=5 loss.contrastive.tau=0.1"
+    )
     c.set_defaults(func=_cocos)
 
+
+def _add_evaluate(sub: Any) -> None:
+    """``vlp evaluate retrieval``."""
     s = sub.add_parser("evaluate", help="evaluate a checkpoint")
     ev = s.add_subparsers(dest="what", required=True)
     r = ev.add_parser("retrieval", help="zero-shot image-text retrieval (ITC + top-k ITM re-rank)")
     r.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory (newest checkpoint)")
     r.add_argument("--data", required=True, help="Karpathy-style val/test JSON (one entry per image)")
     r.add_argument("--relevance", help="vlp relevance JSON for relevance-aware metrics")
-    r.add_argument("--graded-relevance", help="graded relevance .npy [texts, images] for the text->image nDCG "
-                   "(needs --relevance)")
+    r.add_argument(
+        "--graded-relevance", help="graded relevance .npy [texts, images] for the text->image nDCG (needs --relevance)"
+    )
     r.add_argument("--image-root", help="folder for relative image paths (default: the JSON's folder)")
     r.add_argument("--out", required=True, help="output folder for metrics.json and plots")
-    r.add_argument("--preset", choices=["zero-shot", "albef-flickr"],
-                   help="zero-shot: a raw pretrained checkpoint at its pretraining resolution; albef-flickr: the ALBEF "
-                        "protocol (COCO-fine-tuned checkpoint on Flickr30k, k_test 128). Both re-rank with ITM")
-    r.add_argument("overrides", nargs="*", help="e.g. eval.k_test=32 eval.score=itm+itc eval.precision=bf16 "
-                   "eval.itm_batch_size=256")
+    r.add_argument(
+        "--preset",
+        choices=["zero-shot", "albef-flickr"],
+        help="zero-shot: a raw pretrained checkpoint at its pretraining resolution; albef-flickr: the ALBEF "
+        "protocol (COCO-fine-tuned checkpoint on Flickr30k, k_test 128). Both re-rank with ITM",
+    )
+    r.add_argument(
+        "overrides",
+        nargs="*",
+        help="e.g. eval.k_test=32 eval.score=itm+itc eval.precision=bf16 eval.itm_batch_size=256",
+    )
     r.set_defaults(func=_evaluate_retrieval)
 
+
+def _add_make_world(sub: Any) -> None:
+    """``vlp make-world``."""
     s = sub.add_parser("make-world", help="write the synthetic shapes world")
     s.add_argument("--out", required=True)
     s.add_argument("--seed", type=int, default=0)
@@ -350,41 +438,70 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--val-images", type=int, default=200)
     s.add_argument("--test-images", type=int, default=1000)
     s.add_argument("--image-size", type=int, default=64)
-    s.add_argument("--nlvr-templates", default=None,
-                   help="comma-separated NLVR statement templates (default: all of more, contains, exactly, both, "
-                        "one_image, neither, total, same)")
-    s.add_argument("--generic-share", type=float, action="append",
-                   help="also write pretrain_generic_<share>.json: this share of images captioned only generically "
-                        "(repeatable)")
+    s.add_argument(
+        "--nlvr-templates",
+        default=None,
+        help="comma-separated NLVR statement templates (default: all of more, contains, exactly, both, "
+        "one_image, neither, total, same)",
+    )
+    s.add_argument(
+        "--generic-share",
+        type=float,
+        action="append",
+        help="also write pretrain_generic_<share>.json: this share of images captioned only generically (repeatable)",
+    )
     s.set_defaults(func=_make_world)
 
-    s = sub.add_parser("bench", help="time pretraining steps of a config: pairs/s, ms per phase, peak memory, "
-                                     "FLOP per pair, MFU")
+
+def _add_bench(sub: Any) -> None:
+    """``vlp bench``."""
+    s = sub.add_parser(
+        "bench", help="time pretraining steps of a config: pairs/s, ms per phase, peak memory, FLOP per pair, MFU"
+    )
     s.add_argument("--config", required=True, help="pretraining YAML (its data.train is read)")
     s.add_argument("--steps", type=int, default=20, help="timed steps")
     s.add_argument("--warmup", type=int, default=3, help="untimed steps first")
-    s.add_argument("--peak-tflops", type=float, default=None,
-                   help="device peak per process for MFU, e.g. 989 (H100 SXM dense bf16)")
+    s.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="device peak per process for MFU, e.g. 989 (H100 SXM dense bf16)",
+    )
     s.add_argument("--out", default=None, help="also write the result as JSON here")
     s.add_argument("overrides", nargs="*", help="config overrides, e.g. data.batch_size=64")
     s.set_defaults(func=_bench)
 
+
+def _add_demo(sub: Any) -> None:
+    """``vlp demo [--full]``."""
     s = sub.add_parser("demo", help="world -> pretrain tiny model -> zero-shot retrieval, on CPU")
     s.add_argument("--out", default="demo_out")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--images", type=int, default=4000, help="training images")
-    s.add_argument("--full", action="store_true", help="pretrain -> fine-tune retrieval, VQA, NLVR2 -> one table "
-                   "(`make demo-full`)")
+    s.add_argument(
+        "--full",
+        action="store_true",
+        help="pretrain -> fine-tune retrieval, VQA, NLVR2 -> one table (`make demo-full`)",
+    )
     s.add_argument("--nlvr-ta", action="store_true", help="with --full: run NLVR2 text-assignment pre-training first")
     s.add_argument("--reuse", action="store_true", help="with --full: keep the stages an interrupted run finished")
-    s.add_argument("overrides", nargs="*", help="config overrides, e.g. train.steps=100; with --full prefixed by the "
-                   "stage: pretrain:train.steps=100 vqa:train.epochs=1 (stages: pretrain retrieval vqa nlvr_ta nlvr2 "
-                   "nlvr2_text_only)")
+    s.add_argument(
+        "overrides",
+        nargs="*",
+        help="config overrides, e.g. train.steps=100; with --full prefixed by the "
+        "stage: pretrain:train.steps=100 vqa:train.epochs=1 (stages: pretrain retrieval vqa nlvr_ta nlvr2 "
+        "nlvr2_text_only)",
+    )
     s.set_defaults(func=_demo)
 
+
+def _add_convert(sub: Any) -> None:
+    """``vlp convert albef|to-albef``."""
     s = sub.add_parser("convert", help="official ALBEF checkpoints <-> vlp checkpoint folders")
     cv = s.add_subparsers(dest="what", required=True)
-    c = cv.add_parser("albef", help="an ALBEF .pth (pretrain, retrieval, VQA or NLVR2 format) -> a vlp checkpoint folder")
+    c = cv.add_parser(
+        "albef", help="an ALBEF .pth (pretrain, retrieval, VQA or NLVR2 format) -> a vlp checkpoint folder"
+    )
     c.add_argument("src", help="ALBEF weights ({model: state_dict} or a bare state dict; read as tensors only)")
     c.add_argument("out", help="checkpoint folder to write (model.safetensors, state.json, key_report.json)")
     c.add_argument("--kind", default="auto", choices=["auto", "pretrain", "retrieval", "vqa", "nlvr"])
@@ -397,21 +514,26 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("out", help="the .pth file to write")
     c.set_defaults(func=_convert_to_albef)
 
+
+def _add_plot(sub: Any) -> None:
+    """``vlp plot losses|trajectories|retrieval|srcl-weights``."""
     s = sub.add_parser("plot", help="plots of a run")
+    s.set_defaults(func=_plot)  # one handler, by `what`
     pl = s.add_subparsers(dest="what", required=True)
     c = pl.add_parser("losses", help="loss curves from RUN/metrics.jsonl")
     c.add_argument("run")
     c.add_argument("--out")
-    c.set_defaults(func=_plot)
-    c = pl.add_parser("trajectories", help="alpha, temp (and ltd_lambda, ltd_violation, srcl_alpha_h when logged) "
-                      "from RUN/metrics.jsonl")
+    c = pl.add_parser(
+        "trajectories",
+        help="alpha, temp (and ltd_lambda, ltd_violation, srcl_alpha_h when logged) from RUN/metrics.jsonl",
+    )
     c.add_argument("run")
     c.add_argument("--out", help="default: RUN/trajectories.png")
-    c.set_defaults(func=_plot_trajectories)
-    c = pl.add_parser("retrieval", help="the text->image example grid again, from an evaluation's retrieval_examples.json")
+    c = pl.add_parser(
+        "retrieval", help="the text->image example grid again, from an evaluation's retrieval_examples.json"
+    )
     c.add_argument("dir", help="evaluation folder (--out of vlp evaluate retrieval) or run directory (its eval/)")
     c.add_argument("--out", help="default: retrieval_examples.png next to the JSON")
-    c.set_defaults(func=_plot_retrieval)
     c = pl.add_parser("srcl-weights", help="heatmap of one batch's SRCL weights + histogram over many batches")
     c.add_argument("run", help="run directory or checkpoint (its config names the helper features)")
     c.add_argument("--out", help="output folder (default: RUN/srcl_plots)")
@@ -419,8 +541,6 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--batches", type=int, default=50, help="training batches in the histogram")
     c.add_argument("--alpha-h", type=float, help="helper share (default: the schedule at the checkpoint's step)")
     c.add_argument("overrides", nargs="*", help="e.g. loss.srcl.delta=2 loss.srcl.helper_features=DIR")
-    c.set_defaults(func=_plot_srcl)
-    return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

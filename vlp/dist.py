@@ -95,7 +95,7 @@ def gather_rows(local: torch.Tensor, bounds: list[int]) -> torch.Tensor:
     if len(counts) == 1 and not is_dist():
         return local
     pad = local.new_zeros((max(counts) - len(local), *local.shape[1:]))
-    every = all_gather_nograd(torch.cat([local, pad])).unflatten(0, (len(counts), max(counts)))
+    every = all_gather_nograd(torch.cat([local, pad])).reshape(len(counts), max(counts), *local.shape[1:])
     return torch.cat([every[r, :c] for r, c in enumerate(counts)])
 
 
@@ -136,7 +136,7 @@ def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
         return x
     from torch.distributed.nn.functional import all_gather
 
-    return torch.cat(all_gather(x.contiguous()), 0)
+    return torch.cat(all_gather(x.contiguous()), 0)  # type: ignore[no-untyped-call]
 
 
 def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -150,8 +150,9 @@ def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
 
 def _scalars(values: Sequence[bool | float | torch.Tensor], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """Python numbers and 0-d tensors -> one [n] tensor of ``dtype`` on ``device`` (no host read)."""
-    return torch.stack([torch.as_tensor(v, device=device).detach().reshape(()).to(device=device, dtype=dtype)
-                        for v in values])
+    return torch.stack(
+        [torch.as_tensor(v, device=device).detach().reshape(()).to(device=device, dtype=dtype) for v in values]
+    )
 
 
 def any_over_ranks(flags: Sequence[bool | torch.Tensor], *, device: torch.device) -> torch.Tensor:
@@ -171,6 +172,6 @@ def mean_over_ranks(values: dict[str, torch.Tensor | float], *, device: torch.de
     x = _scalars([values[k] for k in keys], device, torch.float64)
     seen = ~torch.isnan(x)
     t = all_reduce_(torch.cat([torch.where(seen, x, torch.zeros_like(x)), seen.double()]))
-    total, n = t[: len(keys)], t[len(keys):]
+    total, n = t[: len(keys)], t[len(keys) :]
     mean = torch.where(n > 0, total / n.clamp_min(1), torch.full_like(total, float("nan")))
     return dict(zip(keys, mean.unbind()))

@@ -40,10 +40,21 @@ def shapes(cfg: PretrainConfig, t: int, vocab: int = 30522) -> Shapes:
     v, x = resolved(cfg.model.vision, VISION_PRESETS), resolved(cfg.model.text, TEXT_PRESETS)
     grid = v["img_size"] // v["patch_size"]
     return Shapes(
-        n=grid * grid + 1, patches=grid * grid, patch=v["patch_size"], w=v["width"], vit_layers=v["depth"],
-        mlp_ratio=cfg.model.vision.mlp_ratio, d=x["hidden"], text_layers=x["layers"],
-        fusion_layers=x["fusion_layers"], inter=x["intermediate"], vocab=vocab, embed=cfg.model.embed_dim, t=t,
-        masked=cfg.loss.mlm_probability * max(t - 2, 0) if cfg.loss.mlm else 0.0, batch=cfg.data.batch_size,
+        n=grid * grid + 1,
+        patches=grid * grid,
+        patch=v["patch_size"],
+        w=v["width"],
+        vit_layers=v["depth"],
+        mlp_ratio=cfg.model.vision.mlp_ratio,
+        d=x["hidden"],
+        text_layers=x["layers"],
+        fusion_layers=x["fusion_layers"],
+        inter=x["intermediate"],
+        vocab=vocab,
+        embed=cfg.model.embed_dim,
+        t=t,
+        masked=cfg.loss.mlm_probability * max(t - 2, 0) if cfg.loss.mlm else 0.0,
+        batch=cfg.data.batch_size,
         queue=cfg.model.queue_size,
     )
 
@@ -100,8 +111,9 @@ def step_terms(cfg: PretrainConfig, t: int, vocab: int = 30522) -> dict[str, flo
         terms["mlm text + fusion (online)"] = 3 * (text_forward(s) + fusion_body_forward(s))
         terms["mlm head (online, masked positions)"] = 3 * mlm_head_forward(s)
         if distill:
-            terms["mlm (momentum)"] = (text_forward(s) + fusion_body_forward(s) + image_kv_forward(s)
-                                       + mlm_head_forward(s))
+            terms["mlm (momentum)"] = (
+                text_forward(s) + fusion_body_forward(s) + image_kv_forward(s) + mlm_head_forward(s)
+            )
     return terms
 
 

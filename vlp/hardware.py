@@ -38,7 +38,10 @@ def warn_if_bf16_is_emulated(setting: str) -> bool:
     an Intel Xeon with AVX-512 but no avx512_bf16 (docs/performance.md). Returns whether it warned."""
     if cpu_has_native_bf16():
         return False
-    warnings.warn(f"{setting} on a CPU without native bf16 ({platform.processor() or platform.machine()}, no "
-                  "avx512_bf16/amx_bf16 in /proc/cpuinfo): bf16 is emulated there and runs 2-3x slower than fp32; "
-                  "use fp32 on this machine (docs/performance.md)", stacklevel=3)
+    warnings.warn(
+        f"{setting} on a CPU without native bf16 ({platform.processor() or platform.machine()}, no "
+        "avx512_bf16/amx_bf16 in /proc/cpuinfo): bf16 is emulated there and runs 2-3x slower than fp32; "
+        "use fp32 on this machine (docs/performance.md)",
+        stacklevel=3,
+    )
     return True

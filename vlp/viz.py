@@ -15,9 +15,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from vlp.data.formats import DataError, RetrievalSplit  # noqa: E402
+from vlp.data.formats import RetrievalSplit
+from vlp.errors import DataError
 from vlp.train.logging import read_metrics  # noqa: E402
-
 
 LOSS_KEYS = ("loss", "itc", "itm", "mlm", "contrastive", "ltd_rec", "ltd_lambda")
 #: schedules and learned scalars: ITC distillation weight, temperature, LTD multiplier and bound
@@ -56,8 +56,13 @@ def plot_trajectories(metrics_jsonl: str | Path, out: str | Path, keys: Sequence
     return plot_metric_panels(metrics_jsonl, out, keys, "trajectories")
 
 
-def retrieval_rows(split: RetrievalSplit, scores_t2i: torch.Tensor, relevant_images: Optional[list[list[int]]] = None,
-                   n_queries: int = 6, k: int = 5) -> list[dict]:
+def retrieval_rows(
+    split: RetrievalSplit,
+    scores_t2i: torch.Tensor,
+    relevant_images: Optional[list[list[int]]] = None,
+    n_queries: int = 6,
+    k: int = 5,
+) -> list[dict]:
     """What the text->image grid shows: ``n_queries`` evenly spaced captions, each with its top-k
     images (``path``, ``index``, ``mark``: ``truth`` for its own image, ``relevant`` for another
     image the relevance file lists, else null). JSON-ready."""
@@ -65,11 +70,23 @@ def retrieval_rows(split: RetrievalSplit, scores_t2i: torch.Tensor, relevant_ima
     rows = []
     for q in list(range(0, len(split.texts), step))[:n_queries]:
         top = scores_t2i[q].topk(min(k, scores_t2i.shape[1])).indices.tolist()
-        marks = ["truth" if j == split.txt2img[q] else
-                 "relevant" if relevant_images is not None and j in relevant_images[q] else None for j in top]
-        rows.append({"query": q, "text": split.texts[q],
-                     "top": [{"index": j, "path": str(Path(split.images[j]).resolve()), "mark": m}
-                             for j, m in zip(top, marks)]})
+        marks = [
+            "truth"
+            if j == split.txt2img[q]
+            else "relevant"
+            if relevant_images is not None and j in relevant_images[q]
+            else None
+            for j in top
+        ]
+        rows.append(
+            {
+                "query": q,
+                "text": split.texts[q],
+                "top": [
+                    {"index": j, "path": str(Path(split.images[j]).resolve()), "mark": m} for j, m in zip(top, marks)
+                ],
+            }
+        )
     return rows
 
 
@@ -81,7 +98,7 @@ def plot_retrieval_grid(rows: list[dict], out: str | Path) -> Path:
     for row, info in zip(axes, rows):
         row[0].axis("off")
         row[0].text(0, 0.5, "\n".join(textwrap.wrap(info["text"], 24)), fontsize=7, va="center")
-        for ax in row[1 + len(info["top"]):]:
+        for ax in row[1 + len(info["top"]) :]:
             ax.axis("off")
         for r, (ax, item) in enumerate(zip(row[1:], info["top"])):
             with Image.open(item["path"]) as im:
@@ -123,14 +140,17 @@ def replot_retrieval(run_or_eval_dir: str | Path, out: Optional[str | Path] = No
     d = Path(run_or_eval_dir)
     found = [p for p in (d / "retrieval_examples.json", d / "eval" / "retrieval_examples.json") if p.is_file()]
     if not found:
-        raise DataError(f"{d}: no retrieval_examples.json here or in {d / 'eval'}; `vlp evaluate retrieval` "
-                                "(or pretraining with data.eval) writes it next to retrieval_examples.png")
+        raise DataError(
+            f"{d}: no retrieval_examples.json here or in {d / 'eval'}; `vlp evaluate retrieval` "
+            "(or pretraining with data.eval) writes it next to retrieval_examples.png"
+        )
     rows = json.loads(found[0].read_text())["rows"]
     return plot_retrieval_grid(rows, out or found[0].with_suffix(".png"))
 
 
-def plot_weight_heatmap(w: torch.Tensor, image_paths: Sequence[str], captions: Sequence[str], out: str | Path,
-                        title: str = "") -> Path:
+def plot_weight_heatmap(
+    w: torch.Tensor, image_paths: Sequence[str], captions: Sequence[str], out: str | Path, title: str = ""
+) -> Path:
     """One batch's SRCL weight matrix (rows: image anchors, i2t; columns: captions). The
     diagonal (positives, weight 1 by definition) is hatched; each row's negatives average 1."""
     n = w.shape[0]
@@ -142,8 +162,15 @@ def plot_weight_heatmap(w: torch.Tensor, image_paths: Sequence[str], captions: S
         ax.add_patch(plt.Rectangle((i - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", edgecolor="white", lw=0))
         for j in range(n):
             if i != j:
-                ax.text(j, i, f"{float(w[i, j]):.2f}", ha="center", va="center", fontsize=6,
-                        color="white" if float(w[i, j]) < 0.6 * vmax else "black")
+                ax.text(
+                    j,
+                    i,
+                    f"{float(w[i, j]):.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=6,
+                    color="white" if float(w[i, j]) < 0.6 * vmax else "black",
+                )
     ax.set_xticks(range(n))
     ax.set_xticklabels(["\n".join(textwrap.wrap(c, 24)[:6]) for c in captions], rotation=90, fontsize=6)
     ax.xaxis.tick_top()
@@ -153,7 +180,9 @@ def plot_weight_heatmap(w: torch.Tensor, image_paths: Sequence[str], captions: S
         with Image.open(path) as img:
             thumb = img.convert("RGB")
         h = 0.62 / n
-        tax = fig.add_axes((0.02, 0.05 + 0.62 - (i + 1) * h, h * 0.9 * fig.get_figheight() / fig.get_figwidth(), h * 0.9))
+        tax = fig.add_axes(
+            (0.02, 0.05 + 0.62 - (i + 1) * h, h * 0.9 * fig.get_figheight() / fig.get_figwidth(), h * 0.9)
+        )
         tax.imshow(thumb)
         tax.axis("off")
     cax = fig.add_axes((0.88, 0.05, 0.02, 0.62))
@@ -164,8 +193,9 @@ def plot_weight_heatmap(w: torch.Tensor, image_paths: Sequence[str], captions: S
     return Path(out)
 
 
-def plot_weight_histogram(values: torch.Tensor, out: str | Path, title: str = "",
-                          marked: dict[str, torch.Tensor] | None = None) -> Path:
+def plot_weight_histogram(
+    values: torch.Tensor, out: str | Path, title: str = "", marked: dict[str, torch.Tensor] | None = None
+) -> Path:
     """Histogram of negative weights over many batches, with the paper's 0.2 and 0.7 levels.
     ``marked``: optional named subsets (e.g. known false negatives) drawn on top."""
     fig, ax = plt.subplots(figsize=(6, 3.4))
@@ -174,7 +204,9 @@ def plot_weight_histogram(values: torch.Tensor, out: str | Path, title: str = ""
     ax.hist(values.clamp(max=hi).numpy(), bins=bins, density=True, alpha=0.6, label=f"all negatives ({len(values)})")
     for name, v in (marked or {}).items():
         if len(v):
-            ax.hist(v.clamp(max=hi).numpy(), bins=bins, density=True, histtype="step", lw=1.5, label=f"{name} ({len(v)})")
+            ax.hist(
+                v.clamp(max=hi).numpy(), bins=bins, density=True, histtype="step", lw=1.5, label=f"{name} ({len(v)})"
+            )
     for row, level in enumerate((0.2, 0.7)):
         frac = float((values < level).float().mean())
         ax.axvline(level, color="gray", ls="--", lw=1)
@@ -189,14 +221,15 @@ def plot_weight_histogram(values: torch.Tensor, out: str | Path, title: str = ""
     return Path(out)
 
 
-def plot_run_curves(runs: dict[str, str | Path], key: str, out: str | Path, title: str,
-                    hlines: Optional[dict[str, float]] = None) -> Path:
+def plot_run_curves(
+    runs: dict[str, str | Path], key: str, out: str | Path, title: str, hlines: Optional[dict[str, float]] = None
+) -> Path:
     """One metric (e.g. ``ltd_lambda``) of several runs' ``metrics.jsonl`` on shared axes; ``hlines``
     draws labelled reference levels (e.g. each run's eta)."""
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, path in runs.items():
         rows = [r for r in read_metrics(path) if r.get(key) is not None]
-        line, = ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=label)
+        (line,) = ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=label)
         if hlines and label in hlines:
             ax.axhline(hlines[label], color=line.get_color(), ls=":", lw=1)
     ax.set_xlabel("step")
@@ -216,7 +249,9 @@ def plot_cocos(counts: dict[str, torch.Tensor], out: str | Path, title: str) -> 
     for ax, (direction, c) in zip(axes[0], counts.items()):
         c = c.float()
         ax.hist(c.numpy(), bins=min(40, max(5, int(c.max().item()) + 1)), color="tab:blue", alpha=0.8)
-        ax.set_title(f"{direction}: mean {c.mean():.2f}, zero-gradient queries {(c == 0).float().mean():.1%}", fontsize=9)
+        ax.set_title(
+            f"{direction}: mean {c.mean():.2f}, zero-gradient queries {(c == 0).float().mean():.1%}", fontsize=9
+        )
         ax.set_xlabel("contributing candidates per query")
         ax.set_ylabel("queries")
         ax.grid(alpha=0.3)

@@ -43,8 +43,10 @@ from typing import Iterator, Optional
 
 import torch
 
-WORDS = ("a red blue green small large circle square triangle star left right top bottom of the and with near "
-         "above below two three one shape shapes image picture dark light bright round sharp corner middle").split()
+WORDS = (
+    "a red blue green small large circle square triangle star left right top bottom of the and with near "
+    "above below two three one shape shapes image picture dark light bright round sharp corner middle"
+).split()
 
 
 def _proc_kib(field: str) -> Optional[int]:
@@ -83,9 +85,12 @@ class Phases:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         raw = time.perf_counter() - t0
-        row = {"seconds": round(raw, 2), "raw_seconds": raw,
-               "peak_rss_mib": round((_proc_kib("VmHWM") or 0) / 1024, 1),
-               "rss_after_mib": round((_proc_kib("VmRSS") or 0) / 1024, 1)}
+        row = {
+            "seconds": round(raw, 2),
+            "raw_seconds": raw,
+            "peak_rss_mib": round((_proc_kib("VmHWM") or 0) / 1024, 1),
+            "rss_after_mib": round((_proc_kib("VmRSS") or 0) / 1024, 1),
+        }
         if not resettable:
             row["peak_rss_note"] = "VmHWM not resettable here: peak since the process started"
         if self.device.type == "cuda":
@@ -158,9 +163,21 @@ def main(argv: Optional[list[str]] = None) -> dict:
     model = ALBEF(mcfg).to(device).eval()
     tokenizer = load_tokenizer(mcfg.text)
     fields = {f for f in EvalConfig.__dataclass_fields__}
-    ecfg = EvalConfig(**{k: v for k, v in dict(k_test=a.k_test, score="itm", batch_size=a.batch,
-                                               itm_batch_size=a.itm_batch, precision=a.precision,
-                                               offload=a.offload, num_workers=a.workers).items() if k in fields})
+    ecfg = EvalConfig(
+        **{
+            k: v
+            for k, v in dict(
+                k_test=a.k_test,
+                score="itm",
+                batch_size=a.batch,
+                itm_batch_size=a.itm_batch,
+                precision=a.precision,
+                offload=a.offload,
+                num_workers=a.workers,
+            ).items()
+            if k in fields
+        }
+    )
     precision = ecfg.resolved_precision(device) if hasattr(ecfg, "resolved_precision") else ecfg.precision
     workers = ecfg.resolved_workers() if hasattr(ecfg, "resolved_workers") else (a.workers or 0)
     res = vision.img_size or {"tiny": 64, "small": 224, "base": 256}[a.preset]
@@ -185,9 +202,22 @@ def main(argv: Optional[list[str]] = None) -> dict:
         retrieval.score_pairs = timed_score_pairs
         with torch.no_grad():
             with phases.phase("embed"):
-                emb = retrieval.embed(model, split, tokenizer, test_transform(res, ImageConfig()), 32, a.batch, device,
-                                      False, **_supported(retrieval.embed, num_workers=workers, precision=ecfg.precision,
-                                                          offload=getattr(ecfg, "offload", "none")))
+                emb = retrieval.embed(
+                    model,
+                    split,
+                    tokenizer,
+                    test_transform(res, ImageConfig()),
+                    32,
+                    a.batch,
+                    device,
+                    False,
+                    **_supported(
+                        retrieval.embed,
+                        num_workers=workers,
+                        precision=ecfg.precision,
+                        offload=getattr(ecfg, "offload", "none"),
+                    ),
+                )
             with phases.phase("itc"):
                 sim = emb.image_feat.float() @ emb.text_feat.float().T
             with phases.phase("itm + final"):
@@ -198,19 +228,37 @@ def main(argv: Optional[list[str]] = None) -> dict:
     rows = phases.rows
     both = rows.pop("itm + final")
     rows["itm"] = {"seconds": round(timed["itm"], 2)}
-    rows["final"] = {**both, "seconds": round(max(0.0, both.pop("raw_seconds") - timed["itm"]), 2),
-                     "note": "peak RSS and CUDA peak over itm + final"}
-    rows = {k: {f: v for f, v in rows[k].items() if f != "raw_seconds"} for k in ("embed", "itc", "itm", "final", "metrics")}
+    rows["final"] = {
+        **both,
+        "seconds": round(max(0.0, both.pop("raw_seconds") - timed["itm"]), 2),
+        "note": "peak RSS and CUDA peak over itm + final",
+    }
+    rows = {
+        k: {f: v for f, v in rows[k].items() if f != "raw_seconds"} for k in ("embed", "itc", "itm", "final", "metrics")
+    }
     report = {
-        "images": a.images, "captions": len(split.texts), "k_test": a.k_test, "itm_pairs": pairs, "preset": a.preset,
-        "image_size": res, "precision": precision, "offload": getattr(ecfg, "offload", "n/a"), "workers": workers,
-        "device": str(device), "threads": torch.get_num_threads(), "phases": rows,
+        "images": a.images,
+        "captions": len(split.texts),
+        "k_test": a.k_test,
+        "itm_pairs": pairs,
+        "preset": a.preset,
+        "image_size": res,
+        "precision": precision,
+        "offload": getattr(ecfg, "offload", "n/a"),
+        "workers": workers,
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "phases": rows,
         "total_seconds": round(sum(r["seconds"] for r in rows.values()), 2),
         "peak_rss_mib": max(r.get("peak_rss_mib", 0) for r in rows.values()),
-        "r_mean": round(metrics["r_mean"], 4), "split_written_seconds": round(made, 1),
-        "score_dtype": str(i2t.dtype), "machine": platform.processor() or platform.machine(),
-        "vlp": str(Path(inspect.getfile(retrieval)).parents[1]), "python": sys.version.split()[0],
-        "torch": torch.__version__, "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "r_mean": round(metrics["r_mean"], 4),
+        "split_written_seconds": round(made, 1),
+        "score_dtype": str(i2t.dtype),
+        "machine": platform.processor() or platform.machine(),
+        "vlp": str(Path(inspect.getfile(retrieval)).parents[1]),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
     }
     print(json.dumps(report, indent=2))
     if a.out:

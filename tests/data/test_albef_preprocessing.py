@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from vlp.config import TextConfig
-from vlp.data.formats import VQAQuestion
+from vlp.data.downstream_formats import VQAQuestion
 from vlp.data.nlvr import NLVRCollator
 from vlp.data.transforms import load_tokenizer, pre_caption, tokenize
 from vlp.data.vqa import VQACollator, VQADataset, pre_question
+
 
 @pytest.fixture(scope="module")
 def tok():
@@ -84,8 +85,9 @@ def test_caption_ids_through_tokenize(tok):
 
 
 def vqa_question(text: str, qid: int, answers=("red",)) -> VQAQuestion:
-    return VQAQuestion(text, "unused.png", tuple(answers), tuple(1.0 for _ in answers), (), qid, None, "vqa",
-                       f"q {qid}")
+    return VQAQuestion(
+        text, "unused.png", tuple(answers), tuple(1.0 for _ in answers), (), qid, None, "vqa", f"q {qid}"
+    )
 
 
 class NoImage(VQADataset):
@@ -98,8 +100,7 @@ QUESTIONS = ["A t-shirt/dress?", "  " + " ".join(words(60)) + "?", "What  color 
 
 @pytest.mark.parametrize("train", [True, False])
 def test_vqa_question_ids_train_and_test(tok, train):
-    ds = NoImage([vqa_question(q, i) for i, q in enumerate(QUESTIONS)], lambda _im: torch.zeros(3, 2, 2),
-                 train=train)
+    ds = NoImage([vqa_question(q, i) for i, q in enumerate(QUESTIONS)], lambda _im: torch.zeros(3, 2, 2), train=train)
     batch = VQACollator(tok, question_max_len=25, answer_max_len=10)([ds[0], ds[1], ds[2]])
     n = 28 if train else 48  # the two leading spaces take two of the 30 / 50 words
     albef = ["a t shirt dress", "  " + " ".join(words(n)), "what  color is the car"]
@@ -111,19 +112,23 @@ def test_vqa_question_ids_train_and_test(tok, train):
 
 def test_vqa_questions_of_the_api_path_are_test_questions(tok):
     """Items built outside :class:`VQADataset` (``VLPModel.answer``) carry raw questions: ALBEF's test path."""
-    items = [{"image": torch.zeros(3, 2, 2), "question": q, "answers": [], "weights": [], "index": 0}
-             for q in QUESTIONS]
+    items = [
+        {"image": torch.zeros(3, 2, 2), "question": q, "answers": [], "weights": [], "index": 0} for q in QUESTIONS
+    ]
     batch = VQACollator(tok, 25, 10)(items)
-    assert batch["input_ids"][1][: int(batch["attention_mask"][1].sum())].tolist() == \
-        albef_ids(tok, "  " + " ".join(words(48)))
+    assert batch["input_ids"][1][: int(batch["attention_mask"][1].sum())].tolist() == albef_ids(
+        tok, "  " + " ".join(words(48))
+    )
     assert batch["input_ids"][0][: int(batch["attention_mask"][0].sum())].tolist() == albef_ids(tok, "a t shirt dress")
 
 
 def test_nlvr_sentence_ids_cut_at_30_words_not_30_tokens(tok):
     sentence = "The left image has a T-shirt/dress and " + " ".join(words(35))  # 44 words once cleaned
     albef = "the left image has a t shirt dress and " + " ".join(words(21))  # 9 + 21 = 30 words
-    items = [{"image0": torch.zeros(3, 2, 2), "image1": torch.zeros(3, 2, 2), "sentence": s, "label": 0}
-             for s in (sentence, "Two dogs.")]
+    items = [
+        {"image0": torch.zeros(3, 2, 2), "image1": torch.zeros(3, 2, 2), "sentence": s, "label": 0}
+        for s in (sentence, "Two dogs.")
+    ]
     batch = NLVRCollator(tok, max_len=30)(items)  # the converted NLVR2 checkpoint's max_len
     want = albef_ids(tok, albef)
     assert len(want) == 1 + 9 + 2 * 21 and batch["input_ids"].shape == (2, len(want))

@@ -17,15 +17,26 @@ import torch
 from PIL import Image
 from torchvision.transforms import functional as TF
 
-from vlp.config import ConfigError, DataConfig, FinetuneDataConfig, PretrainConfig, TextConfig, TrainConfig
+from vlp.config import DataConfig, FinetuneDataConfig, PretrainConfig, TextConfig, TrainConfig
 from vlp.data.datasets import (
-    MAX_REPLACEMENTS, Collator, EpochSampler, ImageTextDataset, SeededIndex, draw_other, seed_of, train_loader,
+    MAX_REPLACEMENTS,
+    Collator,
+    EpochSampler,
+    ImageTextDataset,
+    SeededIndex,
+    draw_other,
+    seed_of,
+    train_loader,
 )
-from vlp.data.formats import DataError, NLVRItem, load_pairs
+from vlp.data.downstream_formats import NLVRItem
+from vlp.data.formats import load_pairs
 from vlp.data.nlvr import NLVRCollator, NLVRDataset
 from vlp.data.transforms import load_tokenizer
-from vlp.jobs import build_train_loader, check_images
-from vlp.train.loop import endless_batches, make_accelerator
+from vlp.errors import ConfigError, DataError
+from vlp.runs.common import check_images
+from vlp.runs.pretrain import build_train_loader
+from vlp.train.loop import endless_batches
+from vlp.train.setup import make_accelerator
 
 HINT = "; set data.on_bad_sample=skip to replace bad samples"
 N = 8  # entries of the test annotation file
@@ -65,18 +76,33 @@ def png_bytes() -> bytes:
 # kind -> (file name, writer of the bad file (None: no file), message after "ann.json entry 3: ")
 BAD_KINDS: dict[str, tuple[str, Callable[[Path], None] | None, str]] = {
     "missing": ("gone.jpg", None, "image file not found: {path}"),
-    "zero_byte": ("empty.jpg", lambda p: p.write_bytes(b""),
-                  "cannot read image {path}: not an image file Pillow can identify"),
-    "truncated_jpeg": ("half.jpg", lambda p: p.write_bytes(jpeg_bytes()[: len(jpeg_bytes()) // 2]),
-                       "cannot read image {path}: truncated or corrupt (image file is truncated"),
-    "truncated_png": ("half.png", lambda p: p.write_bytes(png_bytes()[: len(png_bytes()) // 2]),
-                      "cannot read image {path}: truncated or corrupt (image file is truncated"),
-    "text_as_jpg": ("notes.jpg", lambda p: p.write_text("not an image, just text\n"),
-                    "cannot read image {path}: not an image file Pillow can identify"),
+    "zero_byte": (
+        "empty.jpg",
+        lambda p: p.write_bytes(b""),
+        "cannot read image {path}: not an image file Pillow can identify",
+    ),
+    "truncated_jpeg": (
+        "half.jpg",
+        lambda p: p.write_bytes(jpeg_bytes()[: len(jpeg_bytes()) // 2]),
+        "cannot read image {path}: truncated or corrupt (image file is truncated",
+    ),
+    "truncated_png": (
+        "half.png",
+        lambda p: p.write_bytes(png_bytes()[: len(png_bytes()) // 2]),
+        "cannot read image {path}: truncated or corrupt (image file is truncated",
+    ),
+    "text_as_jpg": (
+        "notes.jpg",
+        lambda p: p.write_text("not an image, just text\n"),
+        "cannot read image {path}: not an image file Pillow can identify",
+    ),
     "directory": ("folder.jpg", lambda p: p.mkdir(), "{path} is a directory, not an image file"),
-    "too_many_pixels": ("huge.png", lambda p: Image.new("RGB", (80, 70), (1, 2, 3)).save(p),
-                        "image {path} is 80x70 = 5600 pixels, more than the limit of 5000 (decompression-bomb guard, "
-                        "data.max_image_pixels)"),
+    "too_many_pixels": (
+        "huge.png",
+        lambda p: Image.new("RGB", (80, 70), (1, 2, 3)).save(p),
+        "image {path} is 80x70 = 5600 pixels, more than the limit of 5000 (decompression-bomb guard, "
+        "data.max_image_pixels)",
+    ),
 }
 
 
@@ -173,17 +199,20 @@ def test_skip_gives_up_after_max_replacements(tmp_path: Path) -> None:
     ds = dataset_with(tmp_path, "missing", "skip", bad=tuple(range(N)))
     with pytest.raises(DataError) as e:
         ds[SeededIndex(2, 11)]
-    assert str(e.value) == (f"{expected_message(tmp_path, 'missing', 2)}; and the {MAX_REPLACEMENTS} replacement "
-                            "samples drawn for it were bad too (data.on_bad_sample=skip): check that the data's "
-                            "images are readable")
+    assert str(e.value) == (
+        f"{expected_message(tmp_path, 'missing', 2)}; and the {MAX_REPLACEMENTS} replacement "
+        "samples drawn for it were bad too (data.on_bad_sample=skip): check that the data's "
+        "images are readable"
+    )
 
 
 def test_nlvr_training_items_replace_a_pair_with_a_bad_image(tmp_path: Path, tok) -> None:
     good = [write_good(tmp_path / f"{i}.png", i, (8, 8)) for i in range(4)]
     items = [NLVRItem((good[i], good[(i + 1) % 4]), f"sentence {i}", i % 2, f"nlvr.json entry {i}") for i in range(4)]
     items[2] = NLVRItem((good[2], str(tmp_path / "gone.png")), "sentence 2", 0, "nlvr.json entry 2")
-    with pytest.raises(DataError, match=re.escape(f"nlvr.json entry 2: image file not found: {tmp_path / 'gone.png'}"
-                                                  + HINT)):
+    with pytest.raises(
+        DataError, match=re.escape(f"nlvr.json entry 2: image file not found: {tmp_path / 'gone.png'}" + HINT)
+    ):
         NLVRDataset(items, TF.pil_to_tensor, on_bad="raise")[SeededIndex(2, 0)]
     ds = NLVRDataset(items, TF.pil_to_tensor, on_bad="skip")
     item = ds[SeededIndex(2, 0)]
@@ -204,13 +233,16 @@ def test_check_images_raise_skip_and_max_bad_fraction(tmp_path: Path, capsys: py
     assert str(e.value) == f"1 of {N} image files not found, e.g. {gone}{HINT}"
     with pytest.raises(DataError) as e:
         check_images(samples, DataConfig(on_bad_sample="skip", max_bad_fraction=0.1))
-    assert str(e.value) == (f"1 of {N} image files not found (12.50%), more than data.max_bad_fraction=0.1, "
-                            f"e.g. {gone}")
+    assert str(e.value) == (
+        f"1 of {N} image files not found (12.50%), more than data.max_bad_fraction=0.1, e.g. {gone}"
+    )
     capsys.readouterr()
     check_images(samples, DataConfig(on_bad_sample="skip", max_bad_fraction=0.125))
     err = capsys.readouterr().err
-    assert err == (f"vlp data: warning: 1 of {N} image files not found (12.50%); data.on_bad_sample=skip replaces "
-                   f"them at training time, e.g. {gone}\n")
+    assert err == (
+        f"vlp data: warning: 1 of {N} image files not found (12.50%); data.on_bad_sample=skip replaces "
+        f"them at training time, e.g. {gone}\n"
+    )
     with pytest.raises(DataError, match=re.escape(f"1 of {N} image files not found, e.g. {gone}") + "$"):
         check_images(samples)  # no data config (helper features, COCOS): every file must exist
 
@@ -236,12 +268,15 @@ def test_config_keys_are_validated() -> None:
     d = DataConfig()
     assert (d.on_bad_sample, d.max_bad_fraction, d.max_image_pixels, d.min_image_side) == ("skip", 0.05, 89_478_485, 16)
     assert FinetuneDataConfig().on_bad_sample == "skip"
-    for kw, msg in ((dict(on_bad_sample="ignore"), "config key 'data.on_bad_sample': got 'ignore', expected one of "
-                                                   "['skip', 'raise']"),
-                    (dict(max_bad_fraction=1.5), "config key 'data.max_bad_fraction': got 1.5, expected 0 <= x <= 1"),
-                    (dict(max_image_pixels=-1), "config key 'data.max_image_pixels': got -1, expected >= 0 (0: no "
-                                                "limit)"),
-                    (dict(min_image_side=0), "config key 'data.min_image_side': got 0, expected >= 1")):
+    for kw, msg in (
+        (
+            dict(on_bad_sample="ignore"),
+            "config key 'data.on_bad_sample': got 'ignore', expected one of ['skip', 'raise']",
+        ),
+        (dict(max_bad_fraction=1.5), "config key 'data.max_bad_fraction': got 1.5, expected 0 <= x <= 1"),
+        (dict(max_image_pixels=-1), "config key 'data.max_image_pixels': got -1, expected >= 0 (0: no limit)"),
+        (dict(min_image_side=0), "config key 'data.min_image_side': got 0, expected >= 1"),
+    ):
         for schema in (DataConfig, FinetuneDataConfig):
             with pytest.raises(ConfigError) as e:
                 schema(**kw)
@@ -318,8 +353,9 @@ def seeded_world(tmp_path: Path) -> Path:
     entries = []
     for i in range(8):
         Image.fromarray(rng.integers(0, 255, (24, 24, 3), dtype=np.uint8)).save(tmp_path / f"{i}.png")
-        entries.append({"image": f"{i}.png", "caption": [f"caption {i} a", f"caption {i} b", f"caption {i} c"],
-                        "image_id": i})
+        entries.append(
+            {"image": f"{i}.png", "caption": [f"caption {i} a", f"caption {i} b", f"caption {i} c"], "image_id": i}
+        )
     entries.append({"image": "gone.png", "caption": "lost", "image_id": 99})
     ann = tmp_path / "ann.json"
     ann.write_text(json.dumps(entries))
@@ -343,9 +379,12 @@ def take(loader, start: int, n: int) -> list[dict]:
 
 def same(a: list[dict], b: list[dict]) -> bool:
     return len(a) == len(b) and all(
-        torch.equal(x["images"], y["images"]) and torch.equal(x["input_ids"], y["input_ids"])
-        and torch.equal(x["image_ids"], y["image_ids"]) and torch.equal(x["bad_samples"], y["bad_samples"])
-        for x, y in zip(a, b))
+        torch.equal(x["images"], y["images"])
+        and torch.equal(x["input_ids"], y["input_ids"])
+        and torch.equal(x["image_ids"], y["image_ids"])
+        and torch.equal(x["bad_samples"], y["bad_samples"])
+        for x, y in zip(a, b)
+    )
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

@@ -14,8 +14,9 @@ from PIL import Image
 import vlp.data.check as check_mod
 from vlp.cli import main
 from vlp.data.check import CheckReport, Problem, check_annotations, detect_kind
-from vlp.data.formats import DataError, load_pairs, load_pairs_checked
+from vlp.data.formats import load_pairs, load_pairs_checked
 from vlp.data.synthetic import generate_world
+from vlp.errors import DataError
 
 GOOD = {"image": "img/good.jpg", "caption": "a red circle"}
 
@@ -63,12 +64,15 @@ def test_bad_json_reports_line_and_column_and_stops_that_file(tmp_path: Path) ->
     assert [str(f) for f in r.files] == [f"{bad}: not checked further", f"{good}: 1 entry (pairs, detected)"]
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"image": "a.png", "caption": "x"}', "expected a JSON list of entries, got dict"),
-    ("[]", "no entries (an empty list)"),
-    (None, "annotation file not found"),
-    (b'[{"caption": "caf\xe9"}]', "invalid JSON (not UTF-8 text: byte 17: invalid continuation byte)"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"image": "a.png", "caption": "x"}', "expected a JSON list of entries, got dict"),
+        ("[]", "no entries (an empty list)"),
+        (None, "annotation file not found"),
+        (b'[{"caption": "caf\xe9"}]', "invalid JSON (not UTF-8 text: byte 17: invalid continuation byte)"),
+    ],
+)
 def test_file_problems(tmp_path: Path, content: str | bytes | None, message: str) -> None:
     f = tmp_path / "ann.json"
     if isinstance(content, bytes):
@@ -84,27 +88,69 @@ def test_file_problems(tmp_path: Path, content: str | bytes | None, message: str
 CAPTION = "a string or a non-empty list of strings"
 
 
-@pytest.mark.parametrize("entry, key, message", [
-    ("a.png", None, "expected an object, got str"),
-    ({"caption": "x"}, "image", "missing key 'image' (expected an image path string)"),
-    ({"image": "a.png"}, "caption", f"missing key 'caption' (expected {CAPTION})"),
-    ({"image": 7, "caption": "x"}, "image", "key 'image' is int, expected an image path string"),
-    ({"image": "  ", "caption": "x"}, "image", "key 'image' is an empty string, expected an image path string"),
-    ({"image": "a.png", "caption": 3}, "caption", f"key 'caption' is int, expected {CAPTION}"),
-    ({"image": "a.png", "caption": []}, "caption", f"key 'caption' must be {CAPTION}, got an empty list"),
-    ({"image": "a.png", "caption": ["ok", None]}, "caption", "key 'caption' item 1 is NoneType, expected a caption string"),
-    ({"image": "a.png", "caption": ""}, "caption", "key 'caption' is an empty string, expected a caption with words"),
-    ({"image": "a.png", "caption": " \t\n"}, "caption",
-     "key 'caption' is empty (whitespace only: ' \\t\\n'), expected a caption with words"),
-    ({"image": "a.png", "caption": "..."}, "caption",
-     "key 'caption' '...' has no words left after ALBEF cleaning (pre_caption), expected a text with words"),
-    ({"image": "a.png", "caption": ["ok", "?!"]}, "caption",
-     "key 'caption' item 1 '?!' has no words left after ALBEF cleaning (pre_caption), expected a text with words"),
-    ({"image": "a.png", "caption": "x", "image_id": [1]}, "image_id", "key 'image_id' is list, expected a string or int"),
-    ({"image": "a.png", "caption": "x", "image_id": True}, "image_id", "key 'image_id' is bool, expected a string or int"),
-], ids=["not-object", "no-image", "no-caption", "image-int", "image-blank", "caption-int", "caption-empty-list",
-        "caption-item-null", "caption-empty", "caption-whitespace", "caption-cleans-empty", "caption-item-cleans-empty",
-        "image_id-list", "image_id-bool"])
+@pytest.mark.parametrize(
+    "entry, key, message",
+    [
+        ("a.png", None, "expected an object, got str"),
+        ({"caption": "x"}, "image", "missing key 'image' (expected an image path string)"),
+        ({"image": "a.png"}, "caption", f"missing key 'caption' (expected {CAPTION})"),
+        ({"image": 7, "caption": "x"}, "image", "key 'image' is int, expected an image path string"),
+        ({"image": "  ", "caption": "x"}, "image", "key 'image' is an empty string, expected an image path string"),
+        ({"image": "a.png", "caption": 3}, "caption", f"key 'caption' is int, expected {CAPTION}"),
+        ({"image": "a.png", "caption": []}, "caption", f"key 'caption' must be {CAPTION}, got an empty list"),
+        (
+            {"image": "a.png", "caption": ["ok", None]},
+            "caption",
+            "key 'caption' item 1 is NoneType, expected a caption string",
+        ),
+        (
+            {"image": "a.png", "caption": ""},
+            "caption",
+            "key 'caption' is an empty string, expected a caption with words",
+        ),
+        (
+            {"image": "a.png", "caption": " \t\n"},
+            "caption",
+            "key 'caption' is empty (whitespace only: ' \\t\\n'), expected a caption with words",
+        ),
+        (
+            {"image": "a.png", "caption": "..."},
+            "caption",
+            "key 'caption' '...' has no words left after ALBEF cleaning (pre_caption), expected a text with words",
+        ),
+        (
+            {"image": "a.png", "caption": ["ok", "?!"]},
+            "caption",
+            "key 'caption' item 1 '?!' has no words left after ALBEF cleaning (pre_caption), expected a text with words",
+        ),
+        (
+            {"image": "a.png", "caption": "x", "image_id": [1]},
+            "image_id",
+            "key 'image_id' is list, expected a string or int",
+        ),
+        (
+            {"image": "a.png", "caption": "x", "image_id": True},
+            "image_id",
+            "key 'image_id' is bool, expected a string or int",
+        ),
+    ],
+    ids=[
+        "not-object",
+        "no-image",
+        "no-caption",
+        "image-int",
+        "image-blank",
+        "caption-int",
+        "caption-empty-list",
+        "caption-item-null",
+        "caption-empty",
+        "caption-whitespace",
+        "caption-cleans-empty",
+        "caption-item-cleans-empty",
+        "image_id-list",
+        "image_id-bool",
+    ],
+)
 def test_entry_problem(tmp_path: Path, entry: Any, key: str | None, message: str) -> None:
     f = write(tmp_path / "ann.json", [GOOD, entry])
     r = check_annotations(f, images=False)
@@ -114,12 +160,15 @@ def test_entry_problem(tmp_path: Path, entry: Any, key: str | None, message: str
 
 
 def test_every_problem_of_every_entry_is_reported(tmp_path: Path) -> None:
-    f = write(tmp_path / "ann.json", [
-        {"caption": 3, "image_id": None},  # three problems in one entry
-        GOOD,
-        {"image": "a.png", "caption": ["fine", "", 4, "..."]},  # three bad captions of four
-        [],
-    ])
+    f = write(
+        tmp_path / "ann.json",
+        [
+            {"caption": 3, "image_id": None},  # three problems in one entry
+            GOOD,
+            {"image": "a.png", "caption": ["fine", "", 4, "..."]},  # three bad captions of four
+            [],
+        ],
+    )
     r = check_annotations(f, images=False)
     assert found(r) == [
         (0, "image", "error", "missing key 'image' (expected an image path string)"),
@@ -127,8 +176,12 @@ def test_every_problem_of_every_entry_is_reported(tmp_path: Path) -> None:
         (0, "image_id", "error", "key 'image_id' is NoneType, expected a string or int"),
         (2, "caption", "error", "key 'caption' item 1 is an empty string, expected a caption with words"),
         (2, "caption", "error", "key 'caption' item 2 is int, expected a caption string"),
-        (2, "caption", "error",
-         "key 'caption' item 3 '...' has no words left after ALBEF cleaning (pre_caption), expected a text with words"),
+        (
+            2,
+            "caption",
+            "error",
+            "key 'caption' item 3 '...' has no words left after ALBEF cleaning (pre_caption), expected a text with words",
+        ),
         (3, None, "error", "expected an object, got list"),
     ]
     assert (r.entries, r.errors, r.warnings, r.images_checked) == (4, 7, 0, None)
@@ -137,15 +190,22 @@ def test_every_problem_of_every_entry_is_reported(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- images
 
 
-@pytest.mark.parametrize("name, severity, message", [
-    ("missing.png", "error", "image file not found: {path}"),
-    ("empty.jpg", "error", "cannot read image {path}: not an image file Pillow can identify"),
-    ("text.jpg", "error", "cannot read image {path}: not an image file Pillow can identify"),
-    ("trunc.jpg", "error", "cannot read image {path}: truncated or corrupt (image file is truncated"),
-    ("big.png", "error", "image {path} is 400x300 = 120000 pixels, more than the limit of 100000 "
-                         "(decompression-bomb guard, data.max_image_pixels)"),
-    ("tiny.png", "warning", "image {path} is 2x2, shorter side below 16 pixels (training upscales it)"),
-])
+@pytest.mark.parametrize(
+    "name, severity, message",
+    [
+        ("missing.png", "error", "image file not found: {path}"),
+        ("empty.jpg", "error", "cannot read image {path}: not an image file Pillow can identify"),
+        ("text.jpg", "error", "cannot read image {path}: not an image file Pillow can identify"),
+        ("trunc.jpg", "error", "cannot read image {path}: truncated or corrupt (image file is truncated"),
+        (
+            "big.png",
+            "error",
+            "image {path} is 400x300 = 120000 pixels, more than the limit of 100000 "
+            "(decompression-bomb guard, data.max_image_pixels)",
+        ),
+        ("tiny.png", "warning", "image {path} is 2x2, shorter side below 16 pixels (training upscales it)"),
+    ],
+)
 def test_image_problem(tmp_path: Path, img: Path, name: str, severity: str, message: str) -> None:
     f = write(tmp_path / "ann.json", [GOOD, {"image": f"img/{name}", "caption": "x"}])
     r = check_annotations(f, max_pixels=100_000)
@@ -156,7 +216,8 @@ def test_image_problem(tmp_path: Path, img: Path, name: str, severity: str, mess
 
 
 def test_each_image_is_opened_once_and_the_problem_counts_its_entries(
-        tmp_path: Path, img: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, img: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     opened: list[str] = []
     real = check_mod.open_image
     monkeypatch.setattr(check_mod, "open_image", lambda path, *a, **k: opened.append(path) or real(path, *a, **k))
@@ -166,14 +227,18 @@ def test_each_image_is_opened_once_and_the_problem_counts_its_entries(
     assert sorted(opened) == [str(img / "good.jpg"), str(img / "text.jpg")] and r.images_checked == 2
     (p,) = r.problems
     assert (p.file, p.entry, p.count) == (str(a), 0, 8)
-    assert p.message == (f"cannot read image {img / 'text.jpg'}: not an image file Pillow can identify "
-                         f"(used by 8 entries: entry 0, entry 1, entry 2, entry 3, entry 4, ...)")
+    assert p.message == (
+        f"cannot read image {img / 'text.jpg'}: not an image file Pillow can identify "
+        f"(used by 8 entries: entry 0, entry 1, entry 2, entry 3, entry 4, ...)"
+    )
 
 
 def test_image_root_and_no_images(tmp_path: Path, img: Path) -> None:
     (tmp_path / "sub").mkdir()
-    f = write(tmp_path / "sub" / "ann.json",
-              [{"image": "good.jpg", "caption": "x"}, {"image": str(img / "tiny.png"), "caption": "y"}])
+    f = write(
+        tmp_path / "sub" / "ann.json",
+        [{"image": "good.jpg", "caption": "x"}, {"image": str(img / "tiny.png"), "caption": "y"}],
+    )
     # relative paths resolve against the file's folder by default, against image_root when given;
     # absolute paths stay as they are
     r = check_annotations(f)
@@ -206,20 +271,27 @@ def test_retrieval_kind_requires_caption_lists(tmp_path: Path) -> None:
 
 
 def test_vqa_entries(tmp_path: Path) -> None:
-    f = write(tmp_path / "vqa.json", [
-        {"question_id": 1, "question": "what color", "answer": ["red"] * 10, "image": "a.png"},
-        {"question_id": 2, "question": "is it", "image": "a.png"},  # a test question: fine
-        {"question": "?", "answer": "red", "image": "a.png", "dataset": "gqa"},
-        {"question_id": 1.5, "question": "q", "answer": [], "image": "a.png", "question_type": 2},
-    ])
+    f = write(
+        tmp_path / "vqa.json",
+        [
+            {"question_id": 1, "question": "what color", "answer": ["red"] * 10, "image": "a.png"},
+            {"question_id": 2, "question": "is it", "image": "a.png"},  # a test question: fine
+            {"question": "?", "answer": "red", "image": "a.png", "dataset": "gqa"},
+            {"question_id": 1.5, "question": "q", "answer": [], "image": "a.png", "question_type": 2},
+        ],
+    )
     r = check_annotations(f, images=False)
     assert r.files[0].kind == "vqa"
     assert found(r) == [
         (2, "dataset", "error", "key 'dataset' is 'gqa', expected \"vqa\" or \"vg\""),
         (2, "question_id", "error", "missing key 'question_id' (expected an int or string question id)"),
         (2, "answer", "error", "key 'answer' is str, expected a non-empty list of annotator answer strings (VQA)"),
-        (2, "question", "error",
-         "key 'question' '?' has no words left after ALBEF cleaning (pre_question), expected a text with words"),
+        (
+            2,
+            "question",
+            "error",
+            "key 'question' '?' has no words left after ALBEF cleaning (pre_question), expected a text with words",
+        ),
         (3, "question_id", "error", "key 'question_id' is float, expected an int or string question id"),
         (3, "question_type", "error", "key 'question_type' is int, expected a string"),
         (3, "answer", "error", "key 'answer' must be a non-empty list of annotator answer strings (VQA)"),
@@ -227,14 +299,22 @@ def test_vqa_entries(tmp_path: Path) -> None:
 
 
 def test_nlvr_entries_and_both_images(tmp_path: Path, img: Path) -> None:
-    f = write(tmp_path / "nlvr.json", [
-        {"images": ["img/good.jpg", "img/tiny.png"], "sentence": "two dogs", "label": "True"},
-        {"images": ["img/good.jpg"], "sentence": " ", "label": "yes"},
-    ])
+    f = write(
+        tmp_path / "nlvr.json",
+        [
+            {"images": ["img/good.jpg", "img/tiny.png"], "sentence": "two dogs", "label": "True"},
+            {"images": ["img/good.jpg"], "sentence": " ", "label": "yes"},
+        ],
+    )
     r = check_annotations(f)
     assert r.files[0].kind == "nlvr" and r.images_checked == 2
     assert found(r) == [
-        (0, "images", "warning", f"image {img / 'tiny.png'} is 2x2, shorter side below 16 pixels (training upscales it)"),
+        (
+            0,
+            "images",
+            "warning",
+            f"image {img / 'tiny.png'} is 2x2, shorter side below 16 pixels (training upscales it)",
+        ),
         (1, "images", "error", "key 'images' must be a list of exactly 2 image path strings, got 1 items"),
         (1, "sentence", "error", "key 'sentence' is an empty string, expected a non-empty sentence string"),
         (1, "label", "error", "key 'label' is 'yes', expected \"True\", \"False\", true or false"),
@@ -247,7 +327,7 @@ def test_kind_override_checks_by_that_loader(tmp_path: Path) -> None:
     assert [p.message for p in r.problems] == [
         "missing key 'images' (expected a list of exactly 2 image path strings)",
         "missing key 'sentence' (expected a non-empty sentence string)",
-        "missing key 'label' (expected \"True\", \"False\", true or false)",
+        'missing key \'label\' (expected "True", "False", true or false)',
     ]
     with pytest.raises(ValueError, match="kind must be one of"):
         check_annotations(f, kind="coco")
@@ -286,7 +366,10 @@ def test_cli_exit_status_and_output(tmp_path: Path, img: Path, capsys: pytest.Ca
         "checked 2 files, 4 entries, 3 images: 2 errors, 1 warning",
     ]
     assert main(["data", "check", str(bad), "--no-images", "--kind", "retrieval"]) == 1
-    assert capsys.readouterr().out.splitlines()[-1] == "checked 1 file, 2 entries, images not checked: 2 errors, 0 warnings"
+    assert (
+        capsys.readouterr().out.splitlines()[-1]
+        == "checked 1 file, 2 entries, images not checked: 2 errors, 0 warnings"
+    )
     assert main(["data", "check", str(good), "--images", str(img)]) == 1  # img/img/... does not exist
     assert "checked 1 file, 2 entries, 2 images: 2 errors, 0 warnings" in capsys.readouterr().out
     assert main(["data", "check", str(good), "--max-pixels", "-1"]) == 2
@@ -294,23 +377,48 @@ def test_cli_exit_status_and_output(tmp_path: Path, img: Path, capsys: pytest.Ca
 
 
 def test_cli_json_report(tmp_path: Path, img: Path, capsys: pytest.CaptureFixture) -> None:
-    f = write(tmp_path / "ann.json", [GOOD, {"image": "img/empty.jpg", "caption": 5}, {"image": "img/empty.jpg", "caption": "z"}])
+    f = write(
+        tmp_path / "ann.json",
+        [GOOD, {"image": "img/empty.jpg", "caption": 5}, {"image": "img/empty.jpg", "caption": "z"}],
+    )
     out = tmp_path / "reports" / "check.json"
     assert main(["data", "check", str(f), "--json", str(out)]) == 1
     assert capsys.readouterr().out.splitlines()[-1] == f"wrote {out}"
     rep = json.loads(out.read_text())
     assert {k: rep[k] for k in ("format", "ok", "entries", "images_checked", "errors", "warnings")} == {
-        "format": "vlp-data-check-v1", "ok": False, "entries": 3, "images_checked": 2, "errors": 2, "warnings": 0}
+        "format": "vlp-data-check-v1",
+        "ok": False,
+        "entries": 3,
+        "images_checked": 2,
+        "errors": 2,
+        "warnings": 0,
+    }
     assert rep["files"] == [{"file": str(f), "kind": "pairs", "detected": True, "entries": 3}]
     assert rep["problems"] == [
-        {"file": str(f), "entry": 1, "key": "caption", "message": f"key 'caption' is int, expected {CAPTION}",
-         "severity": "error", "count": 1, "line": None, "column": None},
-        {"file": str(f), "entry": 1, "key": "image",
-         "message": f"cannot read image {img / 'empty.jpg'}: not an image file Pillow can identify (used by 2 entries: "
-                    "entry 1, entry 2)", "severity": "error", "count": 2, "line": None, "column": None},
+        {
+            "file": str(f),
+            "entry": 1,
+            "key": "caption",
+            "message": f"key 'caption' is int, expected {CAPTION}",
+            "severity": "error",
+            "count": 1,
+            "line": None,
+            "column": None,
+        },
+        {
+            "file": str(f),
+            "entry": 1,
+            "key": "image",
+            "message": f"cannot read image {img / 'empty.jpg'}: not an image file Pillow can identify (used by 2 entries: "
+            "entry 1, entry 2)",
+            "severity": "error",
+            "count": 2,
+            "line": None,
+            "column": None,
+        },
     ]
     bad = tmp_path / "bad.json"
-    bad.write_text("[\n  {\"image\": 1,,}\n]")
+    bad.write_text('[\n  {"image": 1,,}\n]')
     assert main(["data", "check", str(bad), "--json", str(out)]) == 1
     (p,) = json.loads(out.read_text())["problems"]
     assert (p["entry"], p["line"], p["column"]) == (None, 2, 15)
@@ -323,28 +431,36 @@ def test_cli_json_report(tmp_path: Path, img: Path, capsys: pytest.CaptureFixtur
 
 def test_load_pairs_raises_on_whitespace_only_captions(tmp_path: Path) -> None:
     f = write(tmp_path / "ann.json", [GOOD, {"image": "b.png", "caption": ["x", "\t "]}])
-    with pytest.raises(DataError, match=r"ann\.json: entry 1: key 'caption' item 1 is empty \(whitespace only: '\\t '\)"):
+    with pytest.raises(
+        DataError, match=r"ann\.json: entry 1: key 'caption' item 1 is empty \(whitespace only: '\\t '\)"
+    ):
         load_pairs([f])
 
 
 def test_load_pairs_skip_drops_bad_entries_and_captions(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    f = write(tmp_path / "ann.json", [
-        GOOD,
-        {"image": "b.png", "caption": ["keep", " ", 3, "also kept"]},  # two captions dropped, entry kept
-        {"image": "c.png", "caption": "x", "image_id": [1]},  # dropped
-        "d.png",  # dropped
-        {"image": "e.png", "caption": ["", "  "]},  # no caption left: dropped
-    ])
+    f = write(
+        tmp_path / "ann.json",
+        [
+            GOOD,
+            {"image": "b.png", "caption": ["keep", " ", 3, "also kept"]},  # two captions dropped, entry kept
+            {"image": "c.png", "caption": "x", "image_id": [1]},  # dropped
+            "d.png",  # dropped
+            {"image": "e.png", "caption": ["", "  "]},  # no caption left: dropped
+        ],
+    )
     samples, dropped = load_pairs_checked([f], on_bad="skip")
     assert [(s.origin, s.captions) for s in samples] == [
-        (f"{f} entry 0", ("a red circle",)), (f"{f} entry 1", ("keep", "also kept"))]
+        (f"{f} entry 0", ("a red circle",)),
+        (f"{f} entry 1", ("keep", "also kept")),
+    ]
     assert (dropped.entries, dropped.captions, len(dropped.problems)) == (3, 2, 6)
     assert capsys.readouterr().err == (
         f"vlp: warning: on_bad=skip left out 3 entries and 2 captions of kept entries with bad annotations: "
         f"{f}: entry 1: key 'caption' item 1 is empty (whitespace only: ' '), expected a caption with words; "
         f"{f}: entry 1: key 'caption' item 2 is int, expected a caption string; "
         f"{f}: entry 2: key 'image_id' is list, expected a string or int; "
-        "and 3 more (`vlp data check` lists them all)\n")
+        "and 3 more (`vlp data check` lists them all)\n"
+    )
     assert load_pairs([f], on_bad="skip") == samples
     with pytest.raises(DataError, match=r"entry 1: key 'caption' item 1 is empty"):
         load_pairs([f])  # on_bad="raise" (the default): the first problem
@@ -358,5 +474,8 @@ def test_load_pairs_skip_drops_bad_entries_and_captions(tmp_path: Path, capsys: 
 
 
 def test_problem_line_format() -> None:
-    assert str(Problem("a.json", None, None, "line 1 column 2: invalid JSON (x)")) == "a.json: line 1 column 2: invalid JSON (x)"
+    assert (
+        str(Problem("a.json", None, None, "line 1 column 2: invalid JSON (x)"))
+        == "a.json: line 1 column 2: invalid JSON (x)"
+    )
     assert str(Problem("a.json", 4, "image", "tiny", "warning")) == "a.json entry 4: warning: tiny"

@@ -6,8 +6,9 @@ import torch
 from PIL import Image
 
 from vlp.data.datasets import ImageTextDataset
-from vlp.data.formats import DataError, load_graded_relevance, load_pairs, load_relevance, load_retrieval_split
+from vlp.data.formats import load_graded_relevance, load_pairs, load_relevance, load_retrieval_split
 from vlp.data.transforms import pre_caption
+from vlp.errors import DataError
 
 
 def write(path, obj):
@@ -21,12 +22,21 @@ def test_pre_caption_albef_rules():
 
 
 def test_pretrain_and_retrieval_train_formats_load_through_one_path(tmp_path):
-    a = write(tmp_path / "coco.json", [{"image": "/abs/x.jpg", "caption": "a cat"},
-                                       {"image": "y.jpg", "caption": ["one", "two"]}])
-    b = write(tmp_path / "coco_train.json", [{"image": "z.jpg", "caption": "c1", "image_id": 7},
-                                             {"image": "z.jpg", "caption": "c2", "image_id": 7}])
+    a = write(
+        tmp_path / "coco.json",
+        [{"image": "/abs/x.jpg", "caption": "a cat"}, {"image": "y.jpg", "caption": ["one", "two"]}],
+    )
+    b = write(
+        tmp_path / "coco_train.json",
+        [{"image": "z.jpg", "caption": "c1", "image_id": 7}, {"image": "z.jpg", "caption": "c2", "image_id": 7}],
+    )
     s = load_pairs([a, b])
-    assert [x.image for x in s] == ["/abs/x.jpg", str(tmp_path / "y.jpg"), str(tmp_path / "z.jpg"), str(tmp_path / "z.jpg")]
+    assert [x.image for x in s] == [
+        "/abs/x.jpg",
+        str(tmp_path / "y.jpg"),
+        str(tmp_path / "z.jpg"),
+        str(tmp_path / "z.jpg"),
+    ]
     assert s[1].captions == ("one", "two")
     assert s[2].image_key == s[3].image_key != s[0].image_key
     s2 = load_pairs([a], image_root="/data")
@@ -42,7 +52,10 @@ def test_retrieval_split_maps(tmp_path):
 @pytest.mark.parametrize(
     "content, message",
     [
-        ('[{"image": "a.jpg", "caption": "x"},\n {"image": "b.jpg" "caption": "y"}]', r"line 2 column \d+: invalid JSON"),
+        (
+            '[{"image": "a.jpg", "caption": "x"},\n {"image": "b.jpg" "caption": "y"}]',
+            r"line 2 column \d+: invalid JSON",
+        ),
         ('{"image": "a.jpg"}', "expected a JSON list"),
         ('[{"image": "a.jpg", "caption": "x"}, {"caption": "y"}]', r"entry 1: missing key 'image'"),
         ('[{"image": "a.jpg", "caption": 3}]', r"entry 0: key 'caption' is int"),
@@ -84,7 +97,9 @@ def test_relevance_validation(tmp_path):
 @pytest.fixture()
 def split3x2(tmp_path):
     # 2 images, 3 texts: graded files must be [3, 2]
-    return load_retrieval_split(write(tmp_path / "t.json", [{"image": "a", "caption": ["x", "y"]}, {"image": "b", "caption": ["z"]}]))
+    return load_retrieval_split(
+        write(tmp_path / "t.json", [{"image": "a", "caption": ["x", "y"]}, {"image": "b", "caption": ["z"]}])
+    )
 
 
 def test_graded_relevance_loads(tmp_path, split3x2):
@@ -101,9 +116,15 @@ def test_graded_relevance_loads(tmp_path, split3x2):
     "content, message",
     [
         (np.ones((2, 3), np.float32), r"shape \(2, 3\) does not match .*t\.json: expected \(3, 2\)"),
-        (np.ones(6, np.float32), r"expected a 2-D array \[texts, images\] of shape \(3, 2\), got a 1-D array of shape \(6,\)"),
+        (
+            np.ones(6, np.float32),
+            r"expected a 2-D array \[texts, images\] of shape \(3, 2\), got a 1-D array of shape \(6,\)",
+        ),
         (np.ones((3, 2, 1), np.float32), r"got a 3-D array"),
-        (np.array([[1, 0], [0, -0.5], [1, -1]], np.float32), r"negative value -0\.5 at row 1 \(text\), column 1 \(image\)"),
+        (
+            np.array([[1, 0], [0, -0.5], [1, -1]], np.float32),
+            r"negative value -0\.5 at row 1 \(text\), column 1 \(image\)",
+        ),
         (np.array([[1, 0], [0, 1], [np.nan, 1]], np.float32), r"non-finite value nan at row 2 \(text\), column 0"),
         (np.array([["a", "b"], ["c", "d"], ["e", "f"]]), r"expected numbers, got dtype <U1"),
         (b"not numpy at all", r"cannot read a \.npy array"),

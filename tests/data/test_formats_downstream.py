@@ -1,4 +1,4 @@
-"""Tests for the VQA / NLVR2 annotation loaders and the VQA predictions writer (vlp.data.formats)."""
+"""Tests for the VQA / NLVR2 annotation loaders and the VQA predictions writer (vlp.data.downstream_formats)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,9 @@ from typing import Any
 
 import pytest
 
-from vlp.data.formats import (
-    DataError,
-    load_answer_list,
-    load_nlvr,
-    load_vqa,
-    write_vqa_predictions,
-)
+from vlp.data.downstream_formats import load_answer_list, load_nlvr, load_vqa, write_vqa_predictions
 from vlp.data.synthetic import generate_world
+from vlp.errors import DataError
 
 RAW = ["red"] * 7 + ["orange"] * 2 + ["blue"]
 
@@ -31,8 +26,9 @@ def vqa_entry(**kw: Any) -> dict:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return generate_world(tmp_path_factory.mktemp("world"), seed=1, n_train=30, n_val=10, n_test=12,
-                          image_size=32, progress=False)
+    return generate_world(
+        tmp_path_factory.mktemp("world"), seed=1, n_train=30, n_val=10, n_test=12, image_size=32, progress=False
+    )
 
 
 # ---------------------------------------------------------------- VQA
@@ -53,10 +49,18 @@ def test_vqa_weights_in_order_of_first_appearance(tmp_path: Path) -> None:
 
 
 def test_vg_entries_and_image_roots(tmp_path: Path) -> None:
-    f = write(tmp_path / "mix.json", [
-        {"question": "what is on the table", "answer": "cup", "image": "vg/1.jpg", "dataset": "vg"},
-        {"question_id": "q7", "question": "is it red", "answer": ["yes"] * 10, "image": "coco/2.jpg"},  # dataset defaults to vqa
-    ])
+    f = write(
+        tmp_path / "mix.json",
+        [
+            {"question": "what is on the table", "answer": "cup", "image": "vg/1.jpg", "dataset": "vg"},
+            {
+                "question_id": "q7",
+                "question": "is it red",
+                "answer": ["yes"] * 10,
+                "image": "coco/2.jpg",
+            },  # dataset defaults to vqa
+        ],
+    )
     vg, vqa = load_vqa([f])
     assert vg.answers == ("cup",) and vg.weights == (0.5,) and vg.raw_answers == ("cup",)
     assert vg.question_id is None and vg.dataset == "vg"
@@ -101,20 +105,59 @@ def test_world_files_round_trip(world: dict[str, Path]) -> None:
         assert all(Path(p).is_file() for i in items for p in i.images)
 
 
-@pytest.mark.parametrize("entry, message", [
-    ({"question_id": 1, "answer": RAW, "image": "a.png"}, r"entry 1: missing key 'question' \(expected a non-empty question string\)"),
-    ({"question_id": 1, "question": "  ", "answer": RAW, "image": "a.png"}, r"entry 1: key 'question' is an empty string"),
-    ({"question_id": 1, "question": 3, "answer": RAW, "image": "a.png"}, r"entry 1: key 'question' is int, expected a non-empty question string"),
-    ({"question": "q", "answer": RAW, "image": "a.png"}, r"entry 1: missing key 'question_id' \(expected an int or string question id\)"),
-    ({"question_id": 1.5, "question": "q", "answer": RAW, "image": "a.png"}, r"entry 1: key 'question_id' is float"),
-    ({"question_id": 1, "question": "q", "answer": "red", "image": "a.png"}, r"entry 1: key 'answer' is str, expected a non-empty list of annotator answer strings"),
-    ({"question_id": 1, "question": "q", "answer": [], "image": "a.png"}, r"entry 1: key 'answer' must be a non-empty list of annotator answer strings"),
-    ({"question_id": 1, "question": "q", "answer": ["red", 2], "image": "a.png"}, r"entry 1: key 'answer' must be a non-empty list"),
-    ({"question": "q", "answer": ["cup"], "image": "a.png", "dataset": "vg"}, r"entry 1: key 'answer' is list, expected an answer string \(VG-QA\)"),
-    ({"question_id": 1, "question": "q", "answer": RAW}, r"entry 1: missing key 'image' \(expected an image path string\)"),
-    ({"question_id": 1, "question": "q", "answer": RAW, "image": "a.png", "dataset": "gqa"}, r"entry 1: key 'dataset' is 'gqa', expected \"vqa\" or \"vg\""),
-    ({"question_id": 1, "question": "q", "answer": RAW, "image": "a.png", "question_type": 4}, r"entry 1: key 'question_type' is int, expected a string"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        (
+            {"question_id": 1, "answer": RAW, "image": "a.png"},
+            r"entry 1: missing key 'question' \(expected a non-empty question string\)",
+        ),
+        (
+            {"question_id": 1, "question": "  ", "answer": RAW, "image": "a.png"},
+            r"entry 1: key 'question' is an empty string",
+        ),
+        (
+            {"question_id": 1, "question": 3, "answer": RAW, "image": "a.png"},
+            r"entry 1: key 'question' is int, expected a non-empty question string",
+        ),
+        (
+            {"question": "q", "answer": RAW, "image": "a.png"},
+            r"entry 1: missing key 'question_id' \(expected an int or string question id\)",
+        ),
+        (
+            {"question_id": 1.5, "question": "q", "answer": RAW, "image": "a.png"},
+            r"entry 1: key 'question_id' is float",
+        ),
+        (
+            {"question_id": 1, "question": "q", "answer": "red", "image": "a.png"},
+            r"entry 1: key 'answer' is str, expected a non-empty list of annotator answer strings",
+        ),
+        (
+            {"question_id": 1, "question": "q", "answer": [], "image": "a.png"},
+            r"entry 1: key 'answer' must be a non-empty list of annotator answer strings",
+        ),
+        (
+            {"question_id": 1, "question": "q", "answer": ["red", 2], "image": "a.png"},
+            r"entry 1: key 'answer' must be a non-empty list",
+        ),
+        (
+            {"question": "q", "answer": ["cup"], "image": "a.png", "dataset": "vg"},
+            r"entry 1: key 'answer' is list, expected an answer string \(VG-QA\)",
+        ),
+        (
+            {"question_id": 1, "question": "q", "answer": RAW},
+            r"entry 1: missing key 'image' \(expected an image path string\)",
+        ),
+        (
+            {"question_id": 1, "question": "q", "answer": RAW, "image": "a.png", "dataset": "gqa"},
+            r"entry 1: key 'dataset' is 'gqa', expected \"vqa\" or \"vg\"",
+        ),
+        (
+            {"question_id": 1, "question": "q", "answer": RAW, "image": "a.png", "question_type": 4},
+            r"entry 1: key 'question_type' is int, expected a string",
+        ),
+    ],
+)
 def test_bad_vqa_entries(tmp_path: Path, entry: dict, message: str) -> None:
     f = write(tmp_path / "bad_vqa.json", [vqa_entry(), entry])
     with pytest.raises(DataError, match=r"bad_vqa\.json: " + message):
@@ -157,8 +200,15 @@ def nlvr_entry(**kw: Any) -> dict:
 
 
 def test_nlvr_labels_and_paths(tmp_path: Path) -> None:
-    f = write(tmp_path / "nlvr.json", [nlvr_entry(), nlvr_entry(label="False", identifier="dev-1-0"),
-                                      nlvr_entry(label=True), nlvr_entry(label=False, images=["/abs/a.png", "b.png"])])
+    f = write(
+        tmp_path / "nlvr.json",
+        [
+            nlvr_entry(),
+            nlvr_entry(label="False", identifier="dev-1-0"),
+            nlvr_entry(label=True),
+            nlvr_entry(label=False, images=["/abs/a.png", "b.png"]),
+        ],
+    )
     items = load_nlvr(f)
     assert [i.label for i in items] == [1, 0, 1, 0]
     assert items[0].images == (str(tmp_path / "l.png"), str(tmp_path / "r.png"))
@@ -167,16 +217,25 @@ def test_nlvr_labels_and_paths(tmp_path: Path) -> None:
     assert load_nlvr(f, image_root="/data/nlvr2")[0].images == ("/data/nlvr2/l.png", "/data/nlvr2/r.png")
 
 
-@pytest.mark.parametrize("entry, message", [
-    (nlvr_entry(label="true"), r"entry 1: key 'label' is 'true', expected \"True\", \"False\", true or false"),
-    (nlvr_entry(label=1), r"entry 1: key 'label' is 1, expected"),
-    ({"images": ["l.png", "r.png"], "sentence": "s"}, r"entry 1: missing key 'label'"),
-    (nlvr_entry(images=["a.png", "b.png", "c.png"]), r"entry 1: key 'images' must be a list of exactly 2 image path strings, got 3 items"),
-    (nlvr_entry(images="a.png"), r"entry 1: key 'images' is str, expected a list of exactly 2 image path strings"),
-    (nlvr_entry(images=["a.png", 2]), r"entry 1: key 'images' must be a list of exactly 2 image path strings"),
-    ({"images": ["l.png", "r.png"], "label": "True"}, r"entry 1: missing key 'sentence' \(expected a non-empty sentence string\)"),
-    (nlvr_entry(sentence=""), r"entry 1: key 'sentence' is an empty string"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        (nlvr_entry(label="true"), r"entry 1: key 'label' is 'true', expected \"True\", \"False\", true or false"),
+        (nlvr_entry(label=1), r"entry 1: key 'label' is 1, expected"),
+        ({"images": ["l.png", "r.png"], "sentence": "s"}, r"entry 1: missing key 'label'"),
+        (
+            nlvr_entry(images=["a.png", "b.png", "c.png"]),
+            r"entry 1: key 'images' must be a list of exactly 2 image path strings, got 3 items",
+        ),
+        (nlvr_entry(images="a.png"), r"entry 1: key 'images' is str, expected a list of exactly 2 image path strings"),
+        (nlvr_entry(images=["a.png", 2]), r"entry 1: key 'images' must be a list of exactly 2 image path strings"),
+        (
+            {"images": ["l.png", "r.png"], "label": "True"},
+            r"entry 1: missing key 'sentence' \(expected a non-empty sentence string\)",
+        ),
+        (nlvr_entry(sentence=""), r"entry 1: key 'sentence' is an empty string"),
+    ],
+)
 def test_bad_nlvr_entries(tmp_path: Path, entry: dict, message: str) -> None:
     f = write(tmp_path / "bad_nlvr.json", [nlvr_entry(), entry])
     with pytest.raises(DataError, match=r"bad_nlvr\.json: " + message):
@@ -198,8 +257,11 @@ def test_bad_nlvr_files(tmp_path: Path) -> None:
 def test_write_vqa_predictions(tmp_path: Path) -> None:
     out = tmp_path / "results" / "vqa_result.json"
     assert write_vqa_predictions(out, [3, "q4", 5], ["red", "2", "yes"]) == out
-    assert json.loads(out.read_text()) == [{"question_id": 3, "answer": "red"}, {"question_id": "q4", "answer": "2"},
-                                           {"question_id": 5, "answer": "yes"}]
+    assert json.loads(out.read_text()) == [
+        {"question_id": 3, "answer": "red"},
+        {"question_id": "q4", "answer": "2"},
+        {"question_id": 5, "answer": "yes"},
+    ]
     assert [p.name for p in out.parent.iterdir()] == ["vqa_result.json"]  # no temporary file left
     with pytest.raises(DataError, match=r"vqa_result\.json: refusing to overwrite an existing predictions file"):
         write_vqa_predictions(out, [1], ["no"])

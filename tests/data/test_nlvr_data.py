@@ -6,22 +6,28 @@ from PIL import Image
 from torchvision.transforms import functional as TF
 
 from vlp.config import TextConfig
-from vlp.data.formats import DataError, NLVRItem
+from vlp.data.downstream_formats import NLVRItem
 from vlp.data.nlvr import NLVRCollator, NLVRDataset, swap_left_right
 from vlp.data.transforms import load_tokenizer
+from vlp.errors import DataError
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("The left image has two dogs.", "The right image has two dogs."),
-    ("Left: one bird, right: none", "Right: one bird, left: none"),
-    ("LEFT and RIGHT", "RIGHT and LEFT"),
-    ("the dog on the right's bowl is left, of the left-most cup",
-     "the dog on the left's bowl is right, of the right-most cup"),
-    ("leftover food in a bright copyright box", "leftover food in a bright copyright box"),
-    ("rightmost lefty Wright", "rightmost lefty Wright"),
-    ("(left)", "(right)"),
-    ("no sides here", "no sides here"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The left image has two dogs.", "The right image has two dogs."),
+        ("Left: one bird, right: none", "Right: one bird, left: none"),
+        ("LEFT and RIGHT", "RIGHT and LEFT"),
+        (
+            "the dog on the right's bowl is left, of the left-most cup",
+            "the dog on the left's bowl is right, of the right-most cup",
+        ),
+        ("leftover food in a bright copyright box", "leftover food in a bright copyright box"),
+        ("rightmost lefty Wright", "rightmost lefty Wright"),
+        ("(left)", "(right)"),
+        ("no sides here", "no sides here"),
+    ],
+)
 def test_swap_left_right(text, expected):
     assert swap_left_right(text) == expected
     assert swap_left_right(swap_left_right(text)) == text
@@ -60,8 +66,10 @@ def test_missing_image_names_the_item(tmp_path):
 def test_collator():
     tok = load_tokenizer(TextConfig())
     img = torch.zeros(3, 4, 4)
-    items = [{"image0": img, "image1": img + 1, "sentence": "The left image has two dogs.", "label": 1},
-             {"image0": img + 2, "image1": img + 3, "sentence": " ".join(["dog"] * 50), "label": 0}]
+    items = [
+        {"image0": img, "image1": img + 1, "sentence": "The left image has two dogs.", "label": 1},
+        {"image0": img + 2, "image1": img + 3, "sentence": " ".join(["dog"] * 50), "label": 0},
+    ]
     batch = NLVRCollator(tok, max_len=8)(items)
     assert batch["labels"].dtype == torch.long and batch["labels"].tolist() == [1, 0]
     assert batch["images0"].shape == (2, 3, 4, 4) and batch["images1"][1].max() == 3

@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from vlp.config import TextConfig
-from vlp.data.formats import DataError, load_pairs, load_pairs_checked
+from vlp.data.formats import load_pairs, load_pairs_checked
 from vlp.data.transforms import DELETE_CHARS, load_tokenizer, pre_caption, tokenize
+from vlp.errors import DataError
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -34,18 +35,24 @@ def tokenizer():
 
 scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=6)
 json_values = st.recursive(
-    scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-    max_leaves=8)
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
 texts = st.text(alphabet=st.sampled_from(" \t\n\u3000.,?!-/abcXYZé猫<person>"), max_size=8) | st.text(max_size=8)
 good_text = st.text(alphabet="ab c.\té猫", min_size=1, max_size=8).filter(str.strip)
 good_entry = st.fixed_dictionaries(
-    {"image": st.text(alphabet="ab/.", min_size=1, max_size=5),
-     "caption": good_text | st.lists(good_text, min_size=1, max_size=3)},
-    optional={"image_id": st.integers() | st.text(max_size=3)})
+    {
+        "image": st.text(alphabet="ab/.", min_size=1, max_size=5),
+        "caption": good_text | st.lists(good_text, min_size=1, max_size=3),
+    },
+    optional={"image_id": st.integers() | st.text(max_size=3)},
+)
 captions = texts | st.lists(texts | good_text | json_values, max_size=3) | json_values
 near_valid = st.fixed_dictionaries(
     {"image": st.text(alphabet="ab/. ", max_size=5) | json_values, "caption": captions},
-    optional={"image_id": st.integers() | st.text(max_size=3) | json_values, "extra": json_values})
+    optional={"image_id": st.integers() | st.text(max_size=3) | json_values, "extra": json_values},
+)
 files = st.lists(good_entry | near_valid | json_values, max_size=5) | json_values
 
 
@@ -90,8 +97,11 @@ def test_load_pairs_on_arbitrary_json_returns_good_samples_or_raises_data_error(
 
 
 @settings(max_examples=150, deadline=None)
-@given(text=st.text(alphabet=st.sampled_from('[]{}",:01.e-+ \n\ttrue fals nul\\') | st.characters(codec="utf-8"),
-                   max_size=40))
+@given(
+    text=st.text(
+        alphabet=st.sampled_from('[]{}",:01.e-+ \n\ttrue fals nul\\') | st.characters(codec="utf-8"), max_size=40
+    )
+)
 @example(text="[" * 100_000)  # nested too deeply for the parser
 @example(text="1" * 5000)  # an integer over Python's 4300-digit limit
 @example(text="\ufeff[]")
@@ -114,8 +124,10 @@ def test_arbitrary_text_is_loaded_or_refused_with_a_data_error(folder: Path, tex
 # ---------------------------------------------------------------- pre_caption
 
 letters = st.characters(min_codepoint=128, categories=("Ll", "Lu", "Lo"))
-caption_text = st.text(alphabet=st.sampled_from(",.'!?\"()*#:;~-/<>person \t\n\r\x0b\x0c\u00a0\u2003\u3000\u2028AbZ9")
-                       | st.characters(), max_size=60)
+caption_text = st.text(
+    alphabet=st.sampled_from(",.'!?\"()*#:;~-/<>person \t\n\r\x0b\x0c\u00a0\u2003\u3000\u2028AbZ9") | st.characters(),
+    max_size=60,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -133,8 +145,10 @@ def test_pre_caption_properties(caption: str, max_words: int) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(words=st.lists(st.text(letters, min_size=1, max_size=6), min_size=1, max_size=45),
-       sep=st.sampled_from([" ", "  ", "\t", " - ", ", "]))
+@given(
+    words=st.lists(st.text(letters, min_size=1, max_size=6), min_size=1, max_size=45),
+    sep=st.sampled_from([" ", "  ", "\t", " - ", ", "]),
+)
 def test_pre_caption_keeps_non_ascii_words(words: list[str], sep: str) -> None:
     out = pre_caption(sep.join(words) + "!")
     assert out.split() == [w.lower() for w in words[:30]]

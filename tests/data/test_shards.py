@@ -18,12 +18,13 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
-from vlp.config import ConfigError, DataConfig
-from vlp.data.formats import DataError, load_pairs
+from vlp.config import DataConfig
+from vlp.data.formats import load_pairs
 from vlp.data.helper_cache import HelperCache
 from vlp.data.shards import SIZES_FILE, ShardLoader, ShardStream, iter_shard, write_shards
 from vlp.data.synthetic import generate_world
 from vlp.data.targets import LatentTargets, caption_key
+from vlp.errors import ConfigError, DataError
 
 IMAGES, CAPTIONS = 24, 5  # the world: 24 images x 5 captions = 120 pairs
 
@@ -31,8 +32,17 @@ IMAGES, CAPTIONS = 24, 5  # the world: 24 images x 5 captions = 120 pairs
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("shards")
-    paths = generate_world(tmp / "world", seed=0, n_train=IMAGES, n_val=0, n_test=0, image_size=32, progress=False,
-                           vqa_per_image=0, nlvr_per_image=0)
+    paths = generate_world(
+        tmp / "world",
+        seed=0,
+        n_train=IMAGES,
+        n_val=0,
+        n_test=0,
+        image_size=32,
+        progress=False,
+        vqa_per_image=0,
+        nlvr_per_image=0,
+    )
     return paths["pretrain"]
 
 
@@ -44,14 +54,24 @@ def shards(world: Path) -> Path:
 
 def collect(items: list[dict]) -> dict:
     """A test collator that keeps what we compare: ids, captions, images, replaced bad samples."""
-    return {"ids": [it["image_id"] for it in items], "caps": [it["caption"] for it in items],
-            "images": torch.stack([it["image"] for it in items]), "bad": sum(it["bad_samples"] for it in items)}
+    return {
+        "ids": [it["image_id"] for it in items],
+        "caps": [it["caption"] for it in items],
+        "images": torch.stack([it["image"] for it in items]),
+        "bad": sum(it["bad_samples"] for it in items),
+    }
 
 
 def loader(dirs: list[Path], **kw) -> ShardLoader:
     # a random transform: resume must reproduce even the augmentations
-    args = dict(transform=T.Compose([T.RandomResizedCrop(8, scale=(0.5, 1.0)), T.ToTensor()]), collator=collect,
-                batch_size=4, shuffle_buffer=8, seed=3, verbose=False)
+    args = dict(
+        transform=T.Compose([T.RandomResizedCrop(8, scale=(0.5, 1.0)), T.ToTensor()]),
+        collator=collect,
+        batch_size=4,
+        shuffle_buffer=8,
+        seed=3,
+        verbose=False,
+    )
     return ShardLoader(dirs, **{**args, **kw})
 
 
@@ -139,8 +159,9 @@ def test_two_ranks_two_workers_split_the_epoch(shards: Path) -> None:
         for w in (0, 1):
             mine = pairs_of(batches[w::2])
             shards_of = ranks[r].stream.reader_shards(0, w)
-            expected = {(r_.meta["image_id"], c) for s in shards_of for r_ in iter_shard(s.path)
-                        for c in r_.meta["captions"]}
+            expected = {
+                (r_.meta["image_id"], c) for s in shards_of for r_ in iter_shard(s.path) for c in r_.meta["captions"]
+            }
             assert len(expected) == 30 and set(mine) <= expected
             assert len(mine) == (32 if w == 0 else 28)
             assert len(set(mine)) == (30 if w == 0 else 28)  # duplicates: the 2-pair cycling fill only
@@ -213,8 +234,14 @@ def test_items_carry_helper_features_and_ltd_targets_by_key_and_caption(world: P
     keys = sorted({s.image_key for s in samples})
     texts = sorted({c for s in samples for c in s.captions})
     rows = lambda n: torch.arange(n, dtype=torch.float)[:, None]  # noqa: E731  feature = row number
-    cache = HelperCache(rows(len(keys)), rows(len(texts)), {k: i for i, k in enumerate(keys)},
-                        {t: i for i, t in enumerate(texts)}, {}, Path("cache"))
+    cache = HelperCache(
+        rows(len(keys)),
+        rows(len(texts)),
+        {k: i for i, k in enumerate(keys)},
+        {t: i for i, t in enumerate(texts)},
+        {},
+        Path("cache"),
+    )
     targets = LatentTargets(-rows(len(texts)), {caption_key(t): i for i, t in enumerate(texts)}, {}, Path("targets"))
     ld = loader([shards], helper_cache=cache, targets=targets, collator=lambda items: items)
     items = [it for batch in ld for it in batch]
@@ -256,11 +283,29 @@ def test_pretrain_from_shards_end_to_end(shards: Path, tmp_path: Path, capsys: p
     from vlp.cli import main
 
     run = tmp_path / "run"
-    rc = main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={run}",
-               "data.format=webdataset", f"data.train=[{shards}]", "data.batch_size=4", "data.num_workers=0",
-               "data.shuffle_buffer=16", "train.steps=3", "train.log_every=1", "train.ckpt_every=0",
-               "train.warmup_steps=0", "train.progress=false", "model.vision.depth=1", "model.vision.img_size=32",
-               "model.text.layers=1", "model.text.fusion_layers=1", "model.queue_size=16"])
+    rc = main(
+        [
+            "pretrain",
+            "--config",
+            "configs/pretrain/shapes_tiny.yaml",
+            f"output_dir={run}",
+            "data.format=webdataset",
+            f"data.train=[{shards}]",
+            "data.batch_size=4",
+            "data.num_workers=0",
+            "data.shuffle_buffer=16",
+            "train.steps=3",
+            "train.log_every=1",
+            "train.ckpt_every=0",
+            "train.warmup_steps=0",
+            "train.progress=false",
+            "model.vision.depth=1",
+            "model.vision.img_size=32",
+            "model.text.layers=1",
+            "model.text.fusion_layers=1",
+            "model.queue_size=16",
+        ]
+    )
     assert rc == 0
     assert f"vlp pretrain: {IMAGES * CAPTIONS} pairs, {IMAGES} images" in capsys.readouterr().out
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -294,9 +339,12 @@ def test_a_corrupt_member_raises_or_is_replaced_within_its_batch(shards: Path, t
     key, bad_id = corrupt_first_jpeg(shard)
     with pytest.raises(DataError) as e:
         list(loader([bad_dir], caption_mode="sample", on_bad="raise"))
-    assert re.fullmatch(re.escape(f"{shard} sample {key}: cannot read image {key}.jpg: truncated or corrupt (")
-                        + r"[^;]+\)"  # Pillow's own words
-                        + re.escape("; set data.on_bad_sample=skip to replace bad samples"), str(e.value)), str(e.value)
+    assert re.fullmatch(
+        re.escape(f"{shard} sample {key}: cannot read image {key}.jpg: truncated or corrupt (")
+        + r"[^;]+\)"  # Pillow's own words
+        + re.escape("; set data.on_bad_sample=skip to replace bad samples"),
+        str(e.value),
+    ), str(e.value)
 
     intact = list(loader([shards], caption_mode="sample"))
     ld = loader([bad_dir], caption_mode="sample", on_bad="skip")
@@ -312,5 +360,7 @@ def test_a_corrupt_member_raises_or_is_replaced_within_its_batch(shards: Path, t
     assert [b["ids"] for j, b in enumerate(batches) if j != k] == [b["ids"] for j, b in enumerate(intact) if j != k]
     ld.set_position(0, k)  # a resume at the batch with the corrupt member replays it, replacement included
     rest = list(ld)
-    assert all(a["ids"] == b["ids"] and a["bad"] == b["bad"] and torch.equal(a["images"], b["images"])
-               for a, b in zip(rest, batches[k:], strict=True))
+    assert all(
+        a["ids"] == b["ids"] and a["bad"] == b["bad"] and torch.equal(a["images"], b["images"])
+        for a, b in zip(rest, batches[k:], strict=True)
+    )

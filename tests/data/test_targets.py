@@ -5,12 +5,13 @@ import json
 import pytest
 import torch
 
+from vlp.config import TextConfig
 from vlp.data.datasets import Collator, ImageTextDataset
-from vlp.data.formats import DataError, load_pairs
+from vlp.data.formats import load_pairs
 from vlp.data.targets import DEFAULT_ENCODER, LatentTargets, caption_key, content_hash, write_targets
 from vlp.data.transforms import load_tokenizer
-from vlp.config import TextConfig
-from vlp.jobs import run_make_targets
+from vlp.errors import DataError
+from vlp.runs.features import run_make_targets
 
 
 @pytest.fixture
@@ -19,9 +20,11 @@ def ann(tmp_path):
 
     for i in range(3):
         Image.new("RGB", (8, 8), (40 * i, 0, 0)).save(tmp_path / f"{i}.png")
-    entries = [{"image": "0.png", "caption": ["a red circle", "one circle", "a shape"]},
-               {"image": "1.png", "caption": ["two squares", "a blue square"]},
-               {"image": "2.png", "caption": "a small green triangle on the left"}]
+    entries = [
+        {"image": "0.png", "caption": ["a red circle", "one circle", "a shape"]},
+        {"image": "1.png", "caption": ["two squares", "a blue square"]},
+        {"image": "2.png", "caption": "a small green triangle on the left"},
+    ]
     path = tmp_path / "ann.json"
     path.write_text(json.dumps(entries))
     return path

@@ -4,9 +4,10 @@ from PIL import Image
 from torchvision.transforms import functional as TF
 
 from vlp.config import TextConfig
-from vlp.data.formats import DataError, VQAQuestion
+from vlp.data.downstream_formats import VQAQuestion
 from vlp.data.transforms import load_tokenizer
 from vlp.data.vqa import VQACollator, VQADataset, pre_question, tokenize_answers
+from vlp.errors import DataError
 
 CLS, SEP = 101, 102
 RED, TWO, DOGS, YES = 2417, 2048, 6077, 2748  # bert-base-uncased ids

@@ -17,8 +17,21 @@ def test_eval_memory_benchmark_quick(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     score_pairs = retrieval.score_pairs
-    report = bench.main(["--quick", "--images", "12", "--workers", "0", "--batch", "16", "--data", str(tmp_path),
-                         "--out", str(tmp_path / "report.json")])
+    report = bench.main(
+        [
+            "--quick",
+            "--images",
+            "12",
+            "--workers",
+            "0",
+            "--batch",
+            "16",
+            "--data",
+            str(tmp_path),
+            "--out",
+            str(tmp_path / "report.json"),
+        ]
+    )
     assert retrieval.score_pairs is score_pairs  # the timing wrapper is removed again
     assert json.loads((tmp_path / "report.json").read_text()) == report
     assert (report["images"], report["captions"], report["k_test"]) == (12, 60, 4)

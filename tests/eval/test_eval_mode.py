@@ -10,23 +10,27 @@ import torch
 
 from vlp.api import Preprocessor, VLPModel
 from vlp.config import EvalConfig, ImageConfig, ModelConfig, TextConfig, VisionConfig
+from vlp.data.formats import load_retrieval_split
 from vlp.data.synthetic import generate_world
 from vlp.data.transforms import load_tokenizer
 from vlp.data.transforms import test_transform as eval_transform
-from vlp.data.formats import load_retrieval_split
 from vlp.eval.mode import evaluating
 from vlp.eval.retrieval import embed, evaluate_retrieval
-from vlp.finetune import nlvr_accuracy, predict_answers
 from vlp.models.albef import ALBEF
 from vlp.models.build import build_task_model
+from vlp.runs.finetune import nlvr_accuracy, predict_answers
 
 CPU = torch.device("cpu")
 DROPOUT = 0.3
 
 
 def config() -> ModelConfig:
-    return ModelConfig(vision=VisionConfig(depth=1, img_size=32),
-                       text=TextConfig(layers=1, fusion_layers=1, dropout=DROPOUT), queue_size=0, embed_dim=16)
+    return ModelConfig(
+        vision=VisionConfig(depth=1, img_size=32),
+        text=TextConfig(layers=1, fusion_layers=1, dropout=DROPOUT),
+        queue_size=0,
+        embed_dim=16,
+    )
 
 
 def flags(model: torch.nn.Module) -> list[bool]:
@@ -62,8 +66,17 @@ def test_evaluating_restores_every_flag_even_on_error() -> None:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    return generate_world(tmp_path_factory.mktemp("mode_world"), seed=2, n_train=0, n_val=0, n_test=5, image_size=32,
-                          progress=False, vqa_per_image=0, nlvr_per_image=0)
+    return generate_world(
+        tmp_path_factory.mktemp("mode_world"),
+        seed=2,
+        n_train=0,
+        n_val=0,
+        n_test=5,
+        image_size=32,
+        progress=False,
+        vqa_per_image=0,
+        nlvr_per_image=0,
+    )
 
 
 def test_retrieval_scores_in_eval_mode_and_restores_the_mode(world) -> None:
@@ -92,18 +105,20 @@ def test_retrieval_scores_in_eval_mode_and_restores_the_mode(world) -> None:
     with torch.no_grad():
         ids = torch.tensor([[101, 2417, 4418, 102]])
         model.train()
-        assert not torch.equal(model.encode_text(ids, torch.ones_like(ids)).feat,
-                               model.encode_text(ids, torch.ones_like(ids)).feat)
+        assert not torch.equal(
+            model.encode_text(ids, torch.ones_like(ids)).feat, model.encode_text(ids, torch.ones_like(ids)).feat
+        )
 
 
 def _vqa_inputs(model):
     g = torch.Generator().manual_seed(0)
     batches = []
-    for b in range(2):
+    for _ in range(2):
         ids = torch.randint(2000, 3000, (3, 6), generator=g)
         ids[:, 0] = 101
-        batches.append({"images": torch.randn(3, 3, 32, 32, generator=g), "input_ids": ids,
-                        "attention_mask": torch.ones_like(ids)})
+        batches.append(
+            {"images": torch.randn(3, 3, 32, 32, generator=g), "input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        )
     cand = torch.tensor([[101, 2417, 102, 0], [101, 2630, 102, 0], [101, 2048, 3924, 102], [101, 2748, 102, 0]])
     return batches, cand, (cand != 0).long(), ["red", "blue", "two circles", "yes"]
 
@@ -117,8 +132,13 @@ def test_vqa_ranking_in_eval_mode_and_restores_the_mode() -> None:
         preds = predict_answers(model, batches, cand, cand_mask, answers, 3, CPU)
         with evaluating(model), torch.no_grad():  # the scores behind the predictions
             b = batches[0]
-            _, scores = model.rank_answers(model.encode_question(b["images"], b["input_ids"], b["attention_mask"]),
-                                           b["attention_mask"], cand, cand_mask, 3)
+            _, scores = model.rank_answers(
+                model.encode_question(b["images"], b["input_ids"], b["attention_mask"]),
+                b["attention_mask"],
+                cand,
+                cand_mask,
+                3,
+            )
         return preds, scores
 
     (p1, _), (p2, _), (p_ref, s_ref) = run_three_ways(model, score)
@@ -134,9 +154,15 @@ def test_nlvr_accuracy_in_eval_mode_and_restores_the_mode() -> None:
     for _ in range(3):
         ids = torch.randint(2000, 3000, (4, 7), generator=g)
         ids[:, 0] = 101
-        batches.append({"images0": torch.randn(4, 3, 32, 32, generator=g), "images1": torch.randn(4, 3, 32, 32, generator=g),
-                        "input_ids": ids, "attention_mask": torch.ones_like(ids),
-                        "labels": torch.randint(0, 2, (4,), generator=g)})
+        batches.append(
+            {
+                "images0": torch.randn(4, 3, 32, 32, generator=g),
+                "images1": torch.randn(4, 3, 32, 32, generator=g),
+                "input_ids": ids,
+                "attention_mask": torch.ones_like(ids),
+                "labels": torch.randint(0, 2, (4,), generator=g),
+            }
+        )
     a1, a2, ref = run_three_ways(model, lambda: nlvr_accuracy(model, batches, CPU))
     assert a1 == a2 == ref
 
@@ -147,8 +173,15 @@ def tokenizer():
 
 
 def _api(model, kind, tokenizer) -> VLPModel:
-    return VLPModel(model, kind, config(), tokenizer, Preprocessor(32, [0.5] * 3, [0.25] * 3, 16),
-                    answers=["red", "blue", "two circles", "yes"], vqa_k_test=3)
+    return VLPModel(
+        model,
+        kind,
+        config(),
+        tokenizer,
+        Preprocessor(32, [0.5] * 3, [0.25] * 3, 16),
+        answers=["red", "blue", "two circles", "yes"],
+        vqa_k_test=3,
+    )
 
 
 def test_api_methods_run_in_eval_mode_and_restore_the_mode(tokenizer) -> None:
@@ -157,8 +190,11 @@ def test_api_methods_run_in_eval_mode_and_restore_the_mode(tokenizer) -> None:
     images = torch.randn(3, 3, 32, 32, generator=g)
     texts = ["a red circle", "two blue squares", "a green triangle"]
     m = _api(ALBEF(config()), "pretrain", tokenizer)
-    for method in (lambda: m.similarity(images, texts), lambda: m.itm_score(images, texts),
-                   lambda: m.encode_text(texts)):
+    for method in (
+        lambda: m.similarity(images, texts),
+        lambda: m.itm_score(images, texts),
+        lambda: m.encode_text(texts),
+    ):
         a, b, ref = run_three_ways(m.model, method)
         assert torch.equal(a, ref) and torch.equal(b, ref)
     vqa = _api(build_task_model("vqa", config(), 30522), "vqa", tokenizer)
@@ -170,12 +206,14 @@ def test_api_methods_run_in_eval_mode_and_restore_the_mode(tokenizer) -> None:
 
 
 def test_evaluation_modules_import_no_training_code() -> None:
-    """vlp.eval is a lower layer: importing its modules loads neither vlp.train nor vlp.jobs."""
+    """vlp.eval is a lower layer: importing its modules loads neither vlp.train nor vlp.runs."""
     import subprocess
     import sys
 
-    code = ("import sys, vlp.eval.retrieval, vlp.eval.metrics, vlp.eval.mode, vlp.eval.vqa; "
-            "print([m for m in sys.modules if m.startswith(('vlp.train', 'vlp.jobs', 'vlp.finetune'))])")
+    code = (
+        "import sys, vlp.eval.retrieval, vlp.eval.metrics, vlp.eval.mode, vlp.eval.vqa; "
+        "print([m for m in sys.modules if m.startswith(('vlp.train', 'vlp.runs'))])"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip().splitlines()[-1] == "[]"

@@ -1,7 +1,7 @@
+import math
+
 import pytest
 import torch
-
-import math
 
 from vlp.eval.metrics import (
     best_positive_rank,
@@ -19,19 +19,23 @@ def test_recall_hand_worked_example():
     # 3 images, 6 texts (2 per image: image i owns texts 2i, 2i+1).
     img2txt = [[0, 1], [2, 3], [4, 5]]
     txt2img = [0, 0, 1, 1, 2, 2]
-    s_i2t = torch.tensor([
-        [0.9, 0.1, 0.8, 0.2, 0.3, 0.0],  # image 0: best own text (0) ranked 1st -> rank 0
-        [0.9, 0.8, 0.7, 0.1, 0.2, 0.3],  # image 1: best own text (2, 0.7) has 2 above -> rank 2
-        [0.1, 0.2, 0.3, 0.4, 0.5, 0.05],  # image 2: own texts 4 (0.5) is top -> rank 0
-    ])
-    s_t2i = torch.tensor([
-        [0.9, 0.1, 0.0],  # rank 0
-        [0.2, 0.3, 0.1],  # rank 1
-        [0.5, 0.6, 0.7],  # own image 1 has 1 above -> rank 1
-        [0.1, 0.9, 0.2],  # rank 0
-        [0.3, 0.2, 0.1],  # own image 2 last -> rank 2
-        [0.0, 0.0, 0.9],  # rank 0
-    ])
+    s_i2t = torch.tensor(
+        [
+            [0.9, 0.1, 0.8, 0.2, 0.3, 0.0],  # image 0: best own text (0) ranked 1st -> rank 0
+            [0.9, 0.8, 0.7, 0.1, 0.2, 0.3],  # image 1: best own text (2, 0.7) has 2 above -> rank 2
+            [0.1, 0.2, 0.3, 0.4, 0.5, 0.05],  # image 2: own texts 4 (0.5) is top -> rank 0
+        ]
+    )
+    s_t2i = torch.tensor(
+        [
+            [0.9, 0.1, 0.0],  # rank 0
+            [0.2, 0.3, 0.1],  # rank 1
+            [0.5, 0.6, 0.7],  # own image 1 has 1 above -> rank 1
+            [0.1, 0.9, 0.2],  # rank 0
+            [0.3, 0.2, 0.1],  # own image 2 last -> rank 2
+            [0.0, 0.0, 0.9],  # rank 0
+        ]
+    )
     m = retrieval_metrics(s_i2t, s_t2i, img2txt, txt2img)
     assert m["txt_r1"] == pytest.approx(200 / 3)
     assert m["txt_r5"] == pytest.approx(100.0)
@@ -137,8 +141,20 @@ def test_relevance_metrics_new_keys_binary_and_graded():
     for t, lst in enumerate(lists):
         rel[t, lst] = True
     m = relevance_metrics(s_i2t, s_t2i, lists)
-    assert set(m) == {"img_r1_rel", "img_r5_rel", "img_r10_rel", "txt_r1_rel", "txt_r5_rel", "txt_r10_rel",
-                      "img_r_precision", "txt_r_precision", "img_ndcg10", "img_ndcg25", "txt_map5", "txt_map10"}
+    assert set(m) == {
+        "img_r1_rel",
+        "img_r5_rel",
+        "img_r10_rel",
+        "txt_r1_rel",
+        "txt_r5_rel",
+        "txt_r10_rel",
+        "img_r_precision",
+        "txt_r_precision",
+        "img_ndcg10",
+        "img_ndcg25",
+        "txt_map5",
+        "txt_map10",
+    }
     assert m["img_ndcg10"] == pytest.approx(ndcg_at(s_t2i, rel.float(), 10))  # binary gains from the lists
     assert m["txt_map5"] == pytest.approx(map_at(s_i2t, rel.T, 5))
     graded = rel.float() + 0.3 * (~rel).float()

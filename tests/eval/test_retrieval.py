@@ -6,21 +6,27 @@ import pytest
 import torch
 
 from vlp.cli import main
-from vlp.config import ConfigError, EvalConfig, ModelConfig, PretrainConfig, TextConfig, VisionConfig, load_config, to_dict
+from vlp.config import EvalConfig, ModelConfig, PretrainConfig, TextConfig, VisionConfig, load_config, to_dict
 from vlp.data.formats import RetrievalSplit
 from vlp.data.synthetic import generate_world
+from vlp.errors import ConfigError
 from vlp.eval.metrics import map_at, ndcg_at, positives_mask, retrieval_metrics
 from vlp.eval.retrieval import RERANK_OFFSET, Embeddings, evaluate_retrieval
-from vlp.jobs import run_evaluate_retrieval
 from vlp.models.albef import ALBEF
+from vlp.runs.evaluate import run_evaluate_retrieval
 from vlp.train.checkpoint import save_checkpoint
 
 
 def setup():
     torch.manual_seed(0)
-    model = ALBEF(ModelConfig(
-        vision=VisionConfig(depth=1), text=TextConfig(layers=1, fusion_layers=1, dropout=0.0), queue_size=8, embed_dim=16,
-    )).eval()
+    model = ALBEF(
+        ModelConfig(
+            vision=VisionConfig(depth=1),
+            text=TextConfig(layers=1, fusion_layers=1, dropout=0.0),
+            queue_size=8,
+            embed_dim=16,
+        )
+    ).eval()
     n_img, per, t = 6, 2, 5
     with torch.no_grad():
         img = model.encode_image(torch.randn(n_img, 3, 64, 64))
@@ -30,8 +36,13 @@ def setup():
         mask[::3, 3:] = 0
         txt = model.encode_text(ids, mask)
     emb = Embeddings(img.tokens, img.feat, txt.hidden, mask, txt.feat)
-    split = RetrievalSplit([f"{i}.png" for i in range(n_img)], [str(i) for i in range(n_img * per)],
-                           [i // per for i in range(n_img * per)], [[per * i, per * i + 1] for i in range(n_img)], "mem")
+    split = RetrievalSplit(
+        [f"{i}.png" for i in range(n_img)],
+        [str(i) for i in range(n_img * per)],
+        [i // per for i in range(n_img * per)],
+        [[per * i, per * i + 1] for i in range(n_img)],
+        "mem",
+    )
     return model, emb, split
 
 
@@ -59,8 +70,11 @@ def test_full_rerank_equals_brute_force_itm_for_every_pair():
 
 def test_k_test_larger_than_the_candidate_set_is_refused():
     model, emb, split = setup()
-    with pytest.raises(ConfigError, match=r"config key 'eval.k_test': 7 candidates per query, but the evaluation "
-                                          r"split has 6 images and 12 captions; set eval.k_test <= 6"):
+    with pytest.raises(
+        ConfigError,
+        match=r"config key 'eval.k_test': 7 candidates per query, but the evaluation "
+        r"split has 6 images and 12 captions; set eval.k_test <= 6",
+    ):
         evaluate_retrieval(model, emb, split, EvalConfig(k_test=7, score="itm"), show_progress=False)
     assert evaluate_retrieval(model, emb, split, EvalConfig(k_test=7, score="itc"), show_progress=False).metrics
 
@@ -68,7 +82,9 @@ def test_k_test_larger_than_the_candidate_set_is_refused():
 def test_topk_rerank_keeps_itc_order_below_and_adds_itc_in_itm_plus_itc():
     model, emb, split = setup()
     sim = emb.image_feat @ emb.text_feat.T
-    res = evaluate_retrieval(model, emb, split, EvalConfig(k_test=2, score="itm+itc", batch_size=4), show_progress=False)
+    res = evaluate_retrieval(
+        model, emb, split, EvalConfig(k_test=2, score="itm+itc", batch_size=4), show_progress=False
+    )
     for t in range(12):
         top = sim[:, t].topk(2).indices.tolist()
         for i in range(6):
@@ -100,7 +116,9 @@ def tiny_eval(tmp_path_factory):
     """A 6-image test world and an untrained tiny checkpoint (evaluation only needs weights + config)."""
     root = tmp_path_factory.mktemp("eval_world")
     world = generate_world(root / "world", seed=1, n_train=0, n_val=2, n_test=6, progress=False)
-    cfg = load_config(PretrainConfig, CONFIG, ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=1"])
+    cfg = load_config(
+        PretrainConfig, CONFIG, ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=1"]
+    )
     torch.manual_seed(0)
     ckpt = save_checkpoint(root / "ckpt", ALBEF(cfg.model), {"task": "pretrain", "config": to_dict(cfg), "step": 0})
     return world, ckpt
@@ -111,8 +129,15 @@ NEW_KEYS = ("img_ndcg10", "img_ndcg25", "txt_map5", "txt_map10", "img_r_precisio
 
 def test_run_evaluate_retrieval_reports_graded_and_binary_relevance_metrics(tiny_eval, tmp_path):
     world, ckpt = tiny_eval
-    res = run_evaluate_retrieval(ckpt, world["retrieval_test"], world["relevance_test"], tmp_path / "e", overrides=["eval.k_test=2"],
-                                 show_progress=False, graded_relevance=world["relevance_graded_test"])
+    res = run_evaluate_retrieval(
+        ckpt,
+        world["retrieval_test"],
+        world["relevance_test"],
+        tmp_path / "e",
+        overrides=["eval.k_test=2"],
+        show_progress=False,
+        graded_relevance=world["relevance_graded_test"],
+    )
     m = json.loads((tmp_path / "e" / "metrics.json").read_text())
     assert m["ndcg_gains"] == "graded" and m["n_texts"] == 30
     assert all(0.0 <= m[k] <= 100.0 for k in NEW_KEYS)
@@ -121,11 +146,19 @@ def test_run_evaluate_retrieval_reports_graded_and_binary_relevance_metrics(tiny
     assert m["img_ndcg10"] == pytest.approx(ndcg_at(res.scores_t2i, graded, 10))
     assert m["txt_map5"] == pytest.approx(map_at(res.scores_i2t, rel.T, 5))
     # without the graded file: binary gains, and the other metrics are unchanged
-    res_b = run_evaluate_retrieval(ckpt, world["retrieval_test"], world["relevance_test"], tmp_path / "b", overrides=["eval.k_test=2"],
-                                   show_progress=False)
+    res_b = run_evaluate_retrieval(
+        ckpt,
+        world["retrieval_test"],
+        world["relevance_test"],
+        tmp_path / "b",
+        overrides=["eval.k_test=2"],
+        show_progress=False,
+    )
     assert json.loads((tmp_path / "b" / "metrics.json").read_text())["ndcg_gains"] == "binary"
     assert res_b.metrics["img_ndcg25"] == pytest.approx(ndcg_at(res_b.scores_t2i, rel.float(), 25))
-    assert {k: v for k, v in res_b.metrics.items() if "ndcg" not in k} == {k: v for k, v in res.metrics.items() if "ndcg" not in k}
+    assert {k: v for k, v in res_b.metrics.items() if "ndcg" not in k} == {
+        k: v for k, v in res.metrics.items() if "ndcg" not in k
+    }
 
 
 def test_evaluate_retrieval_cli_graded_relevance(tiny_eval, tmp_path, capsys):
@@ -133,12 +166,32 @@ def test_evaluate_retrieval_cli_graded_relevance(tiny_eval, tmp_path, capsys):
     base = ["evaluate", "retrieval", "--checkpoint", str(ckpt), "--data", str(world["retrieval_test"])]
     assert main([*base, "--graded-relevance", str(world["relevance_graded_test"]), "--out", str(tmp_path / "x")]) == 2
     assert "needs the relevance file" in capsys.readouterr().err
-    rc = main([*base, "--relevance", str(world["relevance_test"]), "--graded-relevance", str(world["relevance_graded_val"]),
-               "--out", str(tmp_path / "y")])
+    rc = main(
+        [
+            *base,
+            "--relevance",
+            str(world["relevance_test"]),
+            "--graded-relevance",
+            str(world["relevance_graded_val"]),
+            "--out",
+            str(tmp_path / "y"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "relevance_graded_val.npy: shape (10, 2) does not match" in err and "expected (30, 6)" in err
-    rc = main([*base, "--relevance", str(world["relevance_test"]), "--graded-relevance", str(world["relevance_graded_test"]),
-               "--out", str(tmp_path / "z"), "eval.k_test=2", "eval.score=itc"])
+    rc = main(
+        [
+            *base,
+            "--relevance",
+            str(world["relevance_test"]),
+            "--graded-relevance",
+            str(world["relevance_graded_test"]),
+            "--out",
+            str(tmp_path / "z"),
+            "eval.k_test=2",
+            "eval.score=itc",
+        ]
+    )
     assert rc == 0
     m = json.loads((tmp_path / "z" / "metrics.json").read_text())
     assert m["ndcg_gains"] == "graded" and all(k in m for k in NEW_KEYS)
@@ -147,7 +200,9 @@ def test_evaluate_retrieval_cli_graded_relevance(tiny_eval, tmp_path, capsys):
 def test_graded_relevance_needs_relevance_lists():
     model, emb, split = setup()
     with pytest.raises(ValueError, match="needs relevant_images"):
-        evaluate_retrieval(model, emb, split, EvalConfig(score="itc"), show_progress=False, graded_relevance=torch.ones(12, 6))
+        evaluate_retrieval(
+            model, emb, split, EvalConfig(score="itc"), show_progress=False, graded_relevance=torch.ones(12, 6)
+        )
 
 
 # ---------------------------------------------------------------- eval.precision and eval.itm_batch_size
@@ -158,9 +213,17 @@ def test_bf16_scores_are_close_to_fp32_and_itm_batch_size_changes_nothing(tiny_e
     0.01 of fp32 (measured: 0.003 and 0.0012), so recall@K moves by at most one query. The pair batch
     changes only how pairs are grouped: the same scores (to float32 rounding)."""
     world, ckpt = tiny_eval
-    runs = {name: run_evaluate_retrieval(ckpt, world["retrieval_test"], None, tmp_path / name, show_progress=False,
-                                         overrides=["eval.k_test=3", *extra])
-            for name, extra in {"fp32": [], "bf16": ["eval.precision=bf16"], "pairs1": ["eval.itm_batch_size=1"]}.items()}
+    runs = {
+        name: run_evaluate_retrieval(
+            ckpt,
+            world["retrieval_test"],
+            None,
+            tmp_path / name,
+            show_progress=False,
+            overrides=["eval.k_test=3", *extra],
+        )
+        for name, extra in {"fp32": [], "bf16": ["eval.precision=bf16"], "pairs1": ["eval.itm_batch_size=1"]}.items()
+    }
     fp32, bf16 = runs["fp32"], runs["bf16"]
     top = fp32.scores_i2t > RERANK_OFFSET / 2
     assert torch.equal(top, bf16.scores_i2t > RERANK_OFFSET / 2) and top.sum() == 6 * 3
@@ -177,10 +240,15 @@ def test_bf16_scores_are_close_to_fp32_and_itm_batch_size_changes_nothing(tiny_e
     assert runs["pairs1"].metrics == fp32.metrics
 
 
-@pytest.mark.parametrize("override, message", [("eval.precision=fp16", "eval.precision"),
-                                               ("eval.itm_batch_size=0", "eval.itm_batch_size"),
-                                               ("eval.offload=gpu", "eval.offload"),
-                                               ("eval.num_workers=-1", "eval.num_workers")])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("eval.precision=fp16", "eval.precision"),
+        ("eval.itm_batch_size=0", "eval.itm_batch_size"),
+        ("eval.offload=gpu", "eval.offload"),
+        ("eval.num_workers=-1", "eval.num_workers"),
+    ],
+)
 def test_eval_keys_are_validated(override, message):
     with pytest.raises(ValueError, match=message):
         load_config(PretrainConfig, CONFIG, [override])
@@ -206,8 +274,13 @@ def test_rerank_keeps_itm_logits_6e4_apart_in_order_and_exact(monkeypatch):
     monkeypatch.setattr(retrieval, "score_pairs", fake_score_pairs)
     g = torch.Generator().manual_seed(0)
     feat = lambda n: torch.nn.functional.normalize(torch.randn(n, 8, generator=g), dim=-1)  # noqa: E731
-    emb = Embeddings(torch.zeros(n_img, 1, 1), feat(n_img), torch.zeros(n_img * per, 1, 1),
-                     torch.ones(n_img * per, 1), feat(n_img * per))
+    emb = Embeddings(
+        torch.zeros(n_img, 1, 1),
+        feat(n_img),
+        torch.zeros(n_img * per, 1, 1),
+        torch.ones(n_img * per, 1),
+        feat(n_img * per),
+    )
     split = RetrievalSplit(["a.png", "b.png"], ["w", "x", "y", "z"], txt2img, [[0, 1], [2, 3]], "mem")
     res = evaluate_retrieval(None, emb, split, EvalConfig(k_test=2, score="itm"), show_progress=False)
     for t, i in enumerate(txt2img):  # every caption re-ranks both images
@@ -253,18 +326,28 @@ def test_auto_precision_and_loader_workers(tiny_eval, tmp_path):
     """``eval.precision=auto`` (the default) is fp32 on the CPU and metrics.json records the precision
     used; image decoding in 2 loader workers gives the embeddings of the main process."""
     from vlp.data.formats import load_retrieval_split
-    from vlp.data.transforms import load_tokenizer, test_transform
+    from vlp.data.transforms import test_transform
     from vlp.eval.retrieval import embed
-    from vlp.jobs import image_size, load_model
+    from vlp.pretrained import image_size, load_model
 
     world, ckpt = tiny_eval
     assert EvalConfig().precision == "auto" and EvalConfig().resolved_precision(torch.device("cpu")) == "fp32"
     assert EvalConfig().resolved_precision(torch.device("cuda")) == "bf16"
-    assert EvalConfig().resolved_offload(torch.device("cuda")) == "images" and EvalConfig(num_workers=3).resolved_workers() == 3
-    res = run_evaluate_retrieval(ckpt, world["retrieval_test"], None, tmp_path / "auto", show_progress=False,
-                                 overrides=["eval.k_test=2"])
-    fp32 = run_evaluate_retrieval(ckpt, world["retrieval_test"], None, tmp_path / "fp32", show_progress=False,
-                                  overrides=["eval.k_test=2", "eval.precision=fp32", "eval.num_workers=0"])
+    assert (
+        EvalConfig().resolved_offload(torch.device("cuda")) == "images"
+        and EvalConfig(num_workers=3).resolved_workers() == 3
+    )
+    res = run_evaluate_retrieval(
+        ckpt, world["retrieval_test"], None, tmp_path / "auto", show_progress=False, overrides=["eval.k_test=2"]
+    )
+    fp32 = run_evaluate_retrieval(
+        ckpt,
+        world["retrieval_test"],
+        None,
+        tmp_path / "fp32",
+        show_progress=False,
+        overrides=["eval.k_test=2", "eval.precision=fp32", "eval.num_workers=0"],
+    )
     written = json.loads((tmp_path / "auto" / "metrics.json").read_text())
     assert (written["precision"], written["offload"]) == ("fp32", "none")
     assert torch.equal(res.scores_i2t, fp32.scores_i2t)

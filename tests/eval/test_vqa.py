@@ -1,6 +1,6 @@
 import pytest
 
-from vlp.data.formats import VQAQuestion
+from vlp.data.downstream_formats import VQAQuestion
 from vlp.eval.vqa import (
     baseline_predictions,
     mean_vqa_accuracy,
@@ -74,10 +74,18 @@ def test_official_vqa_accuracy_leave_one_out_and_processing():
     assert official_vqa_accuracy("2", ["2"] * 4 + ["3"] * 6) == pytest.approx(1.0)
     assert official_vqa_accuracy("net", ["net"] * 10) == 1.0
     # processing (only when the annotators disagree): number words, articles, punctuation, periods
-    assert official_process("Two dogs.") == "2 dogs" and official_process("the red-and-white bus") == "red and white bus"
-    assert official_process("1,000") == "1000" and official_process("3.5") == "3.5" and official_process("a cat , or two") == "cat or 2"
+    assert (
+        official_process("Two dogs.") == "2 dogs" and official_process("the red-and-white bus") == "red and white bus"
+    )
+    assert (
+        official_process("1,000") == "1000"
+        and official_process("3.5") == "3.5"
+        and official_process("a cat , or two") == "cat or 2"
+    )
     assert official_vqa_accuracy("two", ["2"] * 9 + ["3"]) == pytest.approx(1.0)
-    assert official_vqa_accuracy("two", ["2"] * 10) == 0.0  # unanimous annotators: compared as written, as the official code
+    assert (
+        official_vqa_accuracy("two", ["2"] * 10) == 0.0
+    )  # unanimous annotators: compared as written, as the official code
     preds, answers = ["2", "yes"], [["2"] * 3 + ["3"] * 7, ["yes"] * 10]
     assert mean_vqa_accuracy(preds, answers, official=True) == pytest.approx(95.0)
     assert mean_vqa_accuracy(preds, answers) == pytest.approx(100.0)

@@ -6,10 +6,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vlp.config import ConfigError, LTDConfig, MultiplierConfig
+from vlp.config import LTDConfig, MultiplierConfig
+from vlp.errors import ConfigError
 from vlp.losses.ltd import LagrangeMultiplier, constrained, cosine_reconstruction, token_nll, weighted
 from vlp.tasks.reconstruction import Reconstruction
-from vlp.train.checkpoint import load_module_states, load_task_state, module_states, save_checkpoint
+from vlp.train.checkpoint import save_checkpoint
+from vlp.weights import load_module_states, load_task_state, module_states
 
 
 class Toy(torch.nn.Module):
@@ -23,7 +25,9 @@ class Toy(torch.nn.Module):
         self.pull = pull
 
     def losses(self):
-        return self.pull * cosine_reconstruction(self.w[None], self.z[None]), cosine_reconstruction(self.w[None], self.y[None])
+        return self.pull * cosine_reconstruction(self.w[None], self.z[None]), cosine_reconstruction(
+            self.w[None], self.y[None]
+        )
 
 
 def run(toy, lam, opt, steps, eta):
@@ -48,7 +52,7 @@ def test_lambda_rises_while_violated_then_returns_to_zero_and_stays_in_bounds():
     first_ok = next(i for i, r in enumerate(rec) if r <= eta)
     assert rec[0] == pytest.approx(1.0) and first_ok > 20
     # while L_rec > eta lambda goes up (each step's gradient L_rec/eta - 1 > 0 feeds the EMA)
-    assert all(b > a for a, b in zip(lams[:first_ok - 1], lams[1:first_ok]))
+    assert all(b > a for a, b in zip(lams[: first_ok - 1], lams[1:first_ok]))
     assert max(lams) > 5.0
     # after the bound is met it comes back down to exactly 0 and stays there (projection)
     assert lams[-1] == 0.0 and all(x == 0.0 for x in lams[-150:])
@@ -95,8 +99,9 @@ def test_multiplier_update_is_sgd_ascent_with_momentum_and_dampening():
 
 def test_multiplier_resumes_exactly_from_a_checkpoint(tmp_path):
     eta = 0.2
-    cfg = LTDConfig(mode="constraint", decoder="latent", eta=eta, targets="unused", hidden=8,
-                    multiplier=MultiplierConfig(lr=0.05))
+    cfg = LTDConfig(
+        mode="constraint", decoder="latent", eta=eta, targets="unused", hidden=8, multiplier=MultiplierConfig(lr=0.05)
+    )
 
     def make():
         torch.manual_seed(0)
@@ -121,8 +126,12 @@ def test_multiplier_resumes_exactly_from_a_checkpoint(tmp_path):
     toy, rec, opt = make()
     first = steps(toy, rec, opt, 12)
     ckpt = save_checkpoint(tmp_path / "step_12", toy, {"step": 12}, module_states(reconstruction=rec))
-    assert set(load_task_state(ckpt)) >= {"reconstruction.multiplier.lam", "reconstruction.multiplier.momentum_buffer",
-                                          "reconstruction.multiplier.steps", "reconstruction.decoder.net.0.weight"}
+    assert set(load_task_state(ckpt)) >= {
+        "reconstruction.multiplier.lam",
+        "reconstruction.multiplier.momentum_buffer",
+        "reconstruction.multiplier.steps",
+        "reconstruction.decoder.net.0.weight",
+    }
     toy2, rec2, opt2 = make()  # fresh objects: lambda back at 1, empty momentum
     toy2.load_state_dict(toy.state_dict())
     load_module_states(load_task_state(ckpt), reconstruction=rec2)
@@ -154,7 +163,10 @@ def test_itd_token_nll_is_normalised_over_the_vocabulary_and_ignores_padding():
     targets = torch.randint(0, 7, (2, 4), generator=g)
     mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
     loss = token_nll(logits, targets, mask)
-    ref = sum(F.cross_entropy(logits[b, t][None], targets[b, t][None]) for b in range(2) for t in range(4) if mask[b, t]) / 2
+    ref = (
+        sum(F.cross_entropy(logits[b, t][None], targets[b, t][None]) for b in range(2) for t in range(4) if mask[b, t])
+        / 2
+    )
     assert loss.item() == pytest.approx(ref.item(), abs=1e-6)
     # a proper likelihood: adding a per-position constant over the vocabulary changes nothing
     shifted = logits + torch.randn(2, 4, 1, generator=g)

@@ -6,12 +6,12 @@ import torch
 from vlp.losses.contrastive import itc_targets, soft_infonce
 from vlp.losses.srcl import (
     alpha_h_at,
+    calibrate_delta,
     mixed_similarity,
     removal_log_weights,
     srcl_weights,
     to_log_weights,
     weight_stats,
-    calibrate_delta,
 )
 
 
@@ -100,8 +100,9 @@ def test_weight_stats():
     w = torch.tensor([[1.0, 0.1, 0.5, 2.4]])
     pos = torch.tensor([[True, False, False, False]])
     st = {k: float(v) for k, v in weight_stats(w, pos).items()}
-    assert st == pytest.approx({"srcl_w_mean": 1.0, "srcl_w_min": 0.1, "srcl_w_below_0_2": 1 / 3,
-                                "srcl_w_below_0_7": 2 / 3})
+    assert st == pytest.approx(
+        {"srcl_w_mean": 1.0, "srcl_w_min": 0.1, "srcl_w_below_0_2": 1 / 3, "srcl_w_below_0_7": 2 / 3}
+    )
     assert not math.isnan(float(weight_stats(torch.ones(1, 1), torch.ones(1, 1, dtype=torch.bool))["srcl_w_mean"]))
 
 

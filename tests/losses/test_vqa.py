@@ -99,8 +99,9 @@ Q_FIRST = [first_dist(0.6, 0.3, 0.1), first_dist(0.3, 0.2, 0.5)]
 def rank(k: int) -> tuple[torch.Tensor, torch.Tensor]:
     first_logits = torch.tensor([logp(*d) for d in Q_FIRST])  # [B=2, V]
     topk = first_token_topk(first_logits, CANDS[:, 1], k)
-    nll = torch.stack([sequence_nll(candidate_logits(Q_FIRST[b])[topk[b]], CANDS[topk[b]], CMASK[topk[b]])
-                       for b in range(2)])
+    nll = torch.stack(
+        [sequence_nll(candidate_logits(Q_FIRST[b])[topk[b]], CANDS[topk[b]], CMASK[topk[b]]) for b in range(2)]
+    )
     return select_answers(topk, nll, 3)
 
 

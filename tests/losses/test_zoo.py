@@ -6,8 +6,8 @@ import torch.nn.functional as F
 
 from vlp.losses.contrastive import LOSSES, contrastive_loss, infonce, positive_index, smooth_ap, triplet, triplet_sh
 
-
 # ---- brute-force references: explicit loops over queries, positives and candidates (float64) ----
+
 
 def _rows(pos):
     q, c = pos.shape
@@ -36,8 +36,11 @@ def brute_triplet(sim, pos, margin):
 
 
 def brute_triplet_sh(sim, pos, margin):
-    return sum(torch.stack([torch.relu(margin + sim[q, n] - sim[q, p]) for n in ns]).max()
-               for q, ps, ns in _rows(pos) for p in ps)
+    return sum(
+        torch.stack([torch.relu(margin + sim[q, n] - sim[q, p]) for n in ns]).max()
+        for q, ps, ns in _rows(pos)
+        for p in ps
+    )
 
 
 def brute_smooth_ap(sim, pos, tau):
@@ -55,8 +58,12 @@ def brute_smooth_ap(sim, pos, tau):
     return 1 - sum(aps) / len(aps)
 
 
-BRUTE = {"infonce": lambda s, p: brute_infonce(s, p, 0.05), "triplet": lambda s, p: brute_triplet(s, p, 0.2),
-         "triplet_sh": lambda s, p: brute_triplet_sh(s, p, 0.2), "smoothap": lambda s, p: brute_smooth_ap(s, p, 0.01)}
+BRUTE = {
+    "infonce": lambda s, p: brute_infonce(s, p, 0.05),
+    "triplet": lambda s, p: brute_triplet(s, p, 0.2),
+    "triplet_sh": lambda s, p: brute_triplet_sh(s, p, 0.2),
+    "smoothap": lambda s, p: brute_smooth_ap(s, p, 0.01),
+}
 
 
 def random_case(q, c, seed):
@@ -214,7 +221,8 @@ def test_contrastive_loss_direction_reductions_and_errors():
         assert got.item() == pytest.approx(expected.item(), rel=1e-6)
     lw = torch.zeros(6, 9)
     assert contrastive_loss("infonce", *args, tau=0.1, log_weights_i2t=lw).item() == pytest.approx(
-        both["infonce"][0].add(both["infonce"][1]).item() / 2, rel=1e-6)
+        both["infonce"][0].add(both["infonce"][1]).item() / 2, rel=1e-6
+    )
     for name in ("triplet", "triplet_sh", "smoothap"):
         with pytest.raises(ValueError, match="log_weights"):
             contrastive_loss(name, *args, log_weights_i2t=lw)

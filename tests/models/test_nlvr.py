@@ -4,9 +4,8 @@ from safetensors.torch import load_file, save_model
 
 from vlp.config import ModelConfig, TextConfig, VisionConfig
 from vlp.models.albef import ALBEF
-from vlp.models.loading import load_strict
 from vlp.models.nlvr import NLVRModel
-from vlp.train.checkpoint import tied_groups
+from vlp.weights import load_strict, tied_groups
 
 F_LAYERS = 2
 
@@ -15,7 +14,8 @@ def cfg() -> ModelConfig:
     return ModelConfig(
         vision=VisionConfig(depth=1, img_size=32, width=48, heads=3),
         text=TextConfig(layers=1, fusion_layers=F_LAYERS, hidden=32, heads=2, intermediate=64),
-        embed_dim=32, queue_size=8,
+        embed_dim=32,
+        queue_size=8,
     )
 
 
@@ -42,8 +42,12 @@ def load_adapted(model: NLVRModel, state: dict[str, torch.Tensor]) -> dict[str, 
 
 def inputs(b: int = 2, t: int = 5, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(b, 3, 32, 32, generator=g), torch.randn(b, 3, 32, 32, generator=g),
-            torch.randint(1000, 2000, (b, t), generator=g), torch.ones(b, t, dtype=torch.long))
+    return (
+        torch.randn(b, 3, 32, 32, generator=g),
+        torch.randn(b, 3, 32, 32, generator=g),
+        torch.randint(1000, 2000, (b, t), generator=g),
+        torch.ones(b, t, dtype=torch.long),
+    )
 
 
 @torch.no_grad()
@@ -170,10 +174,10 @@ def test_expand_pretraining_checkpoint_into_cls_model(tmp_path):
     head_before = {k: v.clone() for k, v in model.cls_head.state_dict().items()}
     adapted = load_adapted(model, state)
     assert not NLVRModel.needs_momentum_copy(adapted)
-    assert not any(k.startswith(("mlm_head", "itm_head", "text_proj", "queue", "vision_proj", "temp"))
-                   for k in adapted)
-    assert not any(k.startswith("momentum.twin.") and k.split(".")[2] in ("mlm_head", "text_proj", "vision_proj")
-                   for k in adapted)
+    assert not any(k.startswith(("mlm_head", "itm_head", "text_proj", "queue", "vision_proj", "temp")) for k in adapted)
+    assert not any(
+        k.startswith("momentum.twin.") and k.split(".")[2] in ("mlm_head", "text_proj", "vision_proj") for k in adapted
+    )
     assert_expanded(model, src, momentum=False)
     assert_expanded(model, src, momentum=True)
     assert model.fusion.layer[1].crossattention.self.key is model.fusion.layer[0].crossattention.self.key
@@ -229,8 +233,13 @@ def test_finetuned_checkpoint_round_trip_is_unchanged(tmp_path):
 
 
 def test_mismatched_fusion_depth_is_reported():
-    src = ALBEF(ModelConfig(vision=VisionConfig(depth=1, img_size=32, width=48, heads=3),
-                            text=TextConfig(layers=1, fusion_layers=3, hidden=32, heads=2, intermediate=64),
-                            embed_dim=32, queue_size=8))
+    src = ALBEF(
+        ModelConfig(
+            vision=VisionConfig(depth=1, img_size=32, width=48, heads=3),
+            text=TextConfig(layers=1, fusion_layers=3, hidden=32, heads=2, intermediate=64),
+            embed_dim=32,
+            queue_size=8,
+        )
+    )
     with pytest.raises(ValueError, match="fusion layers"):
         NLVRModel.adapt_pretrained(src.state_dict(), nlvr())

@@ -3,8 +3,10 @@ import torch
 from transformers import BertModel
 
 from vlp.config import TextConfig
-from vlp.models.loading import CheckpointError, load_strict
-from vlp.models.text import FusionEncoder, build_text, minilm_path, select_kv
+from vlp.errors import CheckpointError
+from vlp.models.text import FusionEncoder, build_text, select_kv
+from vlp.sources import minilm_path
+from vlp.weights import load_strict
 
 
 def test_precomputed_image_kv_equals_naive_and_shares_gradient():

@@ -5,16 +5,20 @@ import torch
 from safetensors.torch import load_file
 
 from vlp.config import ModelConfig, TextConfig, VisionConfig
+from vlp.errors import CheckpointError
 from vlp.models.albef import ALBEF
-from vlp.models.loading import CheckpointError
 from vlp.models.transfer import load_pretrained
 from vlp.models.vision import resize_pos_embed
 from vlp.train.checkpoint import save_checkpoint
 
 
 def _cfg(img_size=64, queue_size=16):
-    return ModelConfig(vision=VisionConfig(depth=1, img_size=img_size), text=TextConfig(layers=1, fusion_layers=1),
-                       queue_size=queue_size, embed_dim=32)
+    return ModelConfig(
+        vision=VisionConfig(depth=1, img_size=img_size),
+        text=TextConfig(layers=1, fusion_layers=1),
+        queue_size=queue_size,
+        embed_dim=32,
+    )
 
 
 def test_resize_pos_embed_keeps_grid_when_size_unchanged():
@@ -43,10 +47,15 @@ def test_load_pretrained_into_retrieval_model(tmp_path):
     dst = ALBEF(_cfg(img_size=96), mlm=False)
     report = load_pretrained(dst, ckpt)
     assert torch.equal(dst.text.embeddings.word_embeddings.weight, src.text.embeddings.word_embeddings.weight)
-    assert torch.equal(dst.momentum["text"].embeddings.word_embeddings.weight,
-                       src.momentum["text"].embeddings.word_embeddings.weight)
-    assert torch.equal(dst.fusion.layer[0].crossattention.self.key.weight, src.fusion.layer[0].crossattention.self.key.weight)
-    assert dst.vision.pos_embed.shape[1] == 1 + 12 * 12 and torch.equal(dst.vision.pos_embed[:, 0], src.vision.pos_embed[:, 0])
+    assert torch.equal(
+        dst.momentum["text"].embeddings.word_embeddings.weight, src.momentum["text"].embeddings.word_embeddings.weight
+    )
+    assert torch.equal(
+        dst.fusion.layer[0].crossattention.self.key.weight, src.fusion.layer[0].crossattention.self.key.weight
+    )
+    assert dst.vision.pos_embed.shape[1] == 1 + 12 * 12 and torch.equal(
+        dst.vision.pos_embed[:, 0], src.vision.pos_embed[:, 0]
+    )
     assert torch.equal(dst.queue.get("image"), src.queue.get("image"))  # inherited queue features ...
     assert (dst.queue.ids == -100).all()  # ... but never the pretraining ids
     assert "queue.ids" in report["new"] and any(k.startswith("mlm_head.") for k in report["dropped"])
@@ -72,10 +81,14 @@ def test_load_pretrained_into_vqa_and_nlvr_models_maps_every_part(tmp_path):
     assert not [k for k in report["new"] if k.startswith(("decoder.", "momentum.twin.decoder."))], report["new"]
     assert torch.equal(vqa.decoder.lm_head.transform.dense.weight, src.mlm_head.transform.dense.weight)
     assert torch.equal(vqa.decoder.lm_head.bias, src.mlm_head.bias)
-    assert torch.equal(vqa.decoder.encoder.layer[0].attention.self.query.weight, src.fusion.layer[0].attention.self.query.weight)
+    assert torch.equal(
+        vqa.decoder.encoder.layer[0].attention.self.query.weight, src.fusion.layer[0].attention.self.query.weight
+    )
     assert torch.equal(vqa.momentum["decoder"].lm_head.bias, src.momentum["mlm_head"].bias)
     nlvr = NLVRModel(_cfg())
     report = load_pretrained(nlvr, ckpt)
     assert {k.split(".")[0] for k in report["new"]} <= {"cls_head", "momentum"}
     for i in (0, 1):
-        assert torch.equal(nlvr.fusion.layer[i].intermediate.dense.weight, src.fusion.layer[0].intermediate.dense.weight)
+        assert torch.equal(
+            nlvr.fusion.layer[i].intermediate.dense.weight, src.fusion.layer[0].intermediate.dense.weight
+        )

@@ -9,10 +9,17 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
-from vlp.config import ConfigError, VisionConfig
-from vlp.interop.clip import CLIP_DROPPED, CLIP_TRANSFORMS, synthetic_clip_state
-from vlp.models.loading import CheckpointError
-from vlp.models.vision import TIMM_DROPPED, build_vision, check_vision_init, report_line, resize_pos_embed, write_init_report
+from vlp.config import VisionConfig
+from vlp.errors import CheckpointError, ConfigError
+from vlp.models.clip_weights import CLIP_DROPPED, CLIP_TRANSFORMS, synthetic_clip_state
+from vlp.models.vision import (
+    TIMM_DROPPED,
+    build_vision,
+    check_vision_init,
+    report_line,
+    resize_pos_embed,
+    write_init_report,
+)
 
 W, HEADS, DEPTH, PATCH, EMBED = 32, 2, 2, 8, 16  # tiny CLIP: 32 px -> 4x4 grid + CLS
 CLIP_REASON = dict(CLIP_DROPPED)
@@ -25,16 +32,38 @@ def clip_state(grid: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def clip_cfg(path, kind: str = "clip", img_size: int = 32, **kw) -> VisionConfig:
-    return VisionConfig(preset="tiny", img_size=img_size, patch_size=PATCH, width=W, depth=DEPTH, heads=HEADS,
-                        init=kind, pretrained=str(path), **kw)
+    return VisionConfig(
+        preset="tiny",
+        img_size=img_size,
+        patch_size=PATCH,
+        width=W,
+        depth=DEPTH,
+        heads=HEADS,
+        init=kind,
+        pretrained=str(path),
+        **kw,
+    )
 
 
 def expected_clip_mapping() -> dict[str, str]:
-    m = {"visual.conv1.weight": "patch_embed.proj.weight", "visual.class_embedding": "cls_token",
-         "visual.positional_embedding": "pos_embed", "visual.ln_pre.weight": "norm_pre.weight",
-         "visual.ln_pre.bias": "norm_pre.bias", "visual.ln_post.weight": "norm.weight", "visual.ln_post.bias": "norm.bias"}
-    names = {"ln_1": "norm1", "attn.in_proj_weight": "attn.qkv.weight", "attn.in_proj_bias": "attn.qkv.bias",
-             "attn.out_proj": "attn.proj", "ln_2": "norm2", "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
+    m = {
+        "visual.conv1.weight": "patch_embed.proj.weight",
+        "visual.class_embedding": "cls_token",
+        "visual.positional_embedding": "pos_embed",
+        "visual.ln_pre.weight": "norm_pre.weight",
+        "visual.ln_pre.bias": "norm_pre.bias",
+        "visual.ln_post.weight": "norm.weight",
+        "visual.ln_post.bias": "norm.bias",
+    }
+    names = {
+        "ln_1": "norm1",
+        "attn.in_proj_weight": "attn.qkv.weight",
+        "attn.in_proj_bias": "attn.qkv.bias",
+        "attn.out_proj": "attn.proj",
+        "ln_2": "norm2",
+        "mlp.c_fc": "mlp.fc1",
+        "mlp.c_proj": "mlp.fc2",
+    }
     for i in range(DEPTH):
         for src, dst in names.items():
             for suffix in ("",) if src.startswith("attn.in_proj") else (".weight", ".bias"):
@@ -55,10 +84,14 @@ def plain_clip_forward(sd: dict[str, torch.Tensor], img: torch.Tensor, quick_gel
     B, T, _ = x.shape
     for i in range(DEPTH):
         b = f"transformer.resblocks.{i}."
-        q, k, v = F.linear(ln(x, b + "ln_1"), sd[p + b + "attn.in_proj_weight"], sd[p + b + "attn.in_proj_bias"]).chunk(3, -1)
+        q, k, v = F.linear(ln(x, b + "ln_1"), sd[p + b + "attn.in_proj_weight"], sd[p + b + "attn.in_proj_bias"]).chunk(
+            3, -1
+        )
         q, k, v = (t.reshape(B, T, HEADS, W // HEADS).transpose(1, 2) for t in (q, k, v))
         a = torch.softmax(q @ k.transpose(-1, -2) / (W // HEADS) ** 0.5, dim=-1) @ v
-        x = x + F.linear(a.transpose(1, 2).reshape(B, T, W), sd[p + b + "attn.out_proj.weight"], sd[p + b + "attn.out_proj.bias"])
+        x = x + F.linear(
+            a.transpose(1, 2).reshape(B, T, W), sd[p + b + "attn.out_proj.weight"], sd[p + b + "attn.out_proj.bias"]
+        )
         h = F.linear(ln(x, b + "ln_2"), sd[p + b + "mlp.c_fc.weight"], sd[p + b + "mlp.c_fc.bias"])
         h = h * torch.sigmoid(1.702 * h) if quick_gelu else F.gelu(h)
         x = x + F.linear(h, sd[p + b + "mlp.c_proj.weight"], sd[p + b + "mlp.c_proj.bias"])
@@ -93,18 +126,40 @@ def test_clip_tensors_and_report_exactly(tmp_path):
         assert torch.equal(own[dst], want), src
     assert torch.equal(vit.blocks[1].attn.qkv.weight, sd["visual.transformer.resblocks.1.attn.in_proj_weight"])
     assert set(own) == set(rep["mapped"].values())  # every tower tensor comes from the file
-    dropped_keys = ["visual.proj", "token_embedding.weight", "positional_embedding", "transformer.resblocks.0.ln_1.weight",
-                    "transformer.resblocks.0.attn.in_proj_weight", "ln_final.weight", "ln_final.bias", "text_projection",
-                    "logit_scale", "input_resolution", "context_length", "vocab_size"]
-    reason = {k: next(r for p, r in CLIP_DROPPED if p == k or (p.endswith(".*") and k.startswith(p[:-1])))
-              for k in dropped_keys}
-    assert rep == dict(init="open_clip", source=str(tmp_path / "open_clip_model.safetensors"),
-                       arch="vit_base_patch16_clip_224", format="clip", mapped=expected_clip_mapping(), dropped=reason,
-                       missing=[], transforms=CLIP_TRANSFORMS)
+    dropped_keys = [
+        "visual.proj",
+        "token_embedding.weight",
+        "positional_embedding",
+        "transformer.resblocks.0.ln_1.weight",
+        "transformer.resblocks.0.attn.in_proj_weight",
+        "ln_final.weight",
+        "ln_final.bias",
+        "text_projection",
+        "logit_scale",
+        "input_resolution",
+        "context_length",
+        "vocab_size",
+    ]
+    reason = {
+        k: next(r for p, r in CLIP_DROPPED if p == k or (p.endswith(".*") and k.startswith(p[:-1])))
+        for k in dropped_keys
+    }
+    assert rep == dict(
+        init="open_clip",
+        source=str(tmp_path / "open_clip_model.safetensors"),
+        arch="vit_base_patch16_clip_224",
+        format="clip",
+        mapped=expected_clip_mapping(),
+        dropped=reason,
+        missing=[],
+        transforms=CLIP_TRANSFORMS,
+    )
     assert rep["dropped"]["visual.proj"] == CLIP_REASON["visual.proj"]
     line = report_line(rep)
-    assert line == (f"vision init: open_clip from {tmp_path / 'open_clip_model.safetensors'} (clip names, arch "
-                    "vit_base_patch16_clip_224): 31 tensors mapped, 12 dropped on purpose, 0 left random")
+    assert line == (
+        f"vision init: open_clip from {tmp_path / 'open_clip_model.safetensors'} (clip names, arch "
+        "vit_base_patch16_clip_224): 31 tensors mapped, 12 dropped on purpose, 0 left random"
+    )
 
 
 def test_clip_pos_embed_resized_with_resize_pos_embed(tmp_path):
@@ -116,7 +171,8 @@ def test_clip_pos_embed_resized_with_resize_pos_embed(tmp_path):
     assert torch.equal(vit.pos_embed, want)
     assert torch.equal(vit.pos_embed[:, 0], sd["visual.positional_embedding"][None, 0])  # class token kept
     assert vit.init_report["transforms"]["pos_embed"] == (
-        CLIP_TRANSFORMS["pos_embed"] + "; grid 4x4 -> 6x6 (resize_pos_embed: bicubic, class token kept)")
+        CLIP_TRANSFORMS["pos_embed"] + "; grid 4x4 -> 6x6 (resize_pos_embed: bicubic, class token kept)"
+    )
 
 
 def test_ddp_open_clip_training_checkpoint(tmp_path):
@@ -149,13 +205,23 @@ def test_clip_layout_is_checked_and_unknown_keys_fail(tmp_path):
 def deit_source(distilled: bool, img_size: int = 32) -> nn.Module:
     torch.manual_seed(0)
     arch = "deit_tiny_distilled_patch16_224" if distilled else "deit_tiny_patch16_224"
-    return timm.create_model(arch, img_size=img_size, patch_size=PATCH, embed_dim=W, depth=DEPTH, num_heads=HEADS,
-                             num_classes=10)
+    return timm.create_model(
+        arch, img_size=img_size, patch_size=PATCH, embed_dim=W, depth=DEPTH, num_heads=HEADS, num_classes=10
+    )
 
 
 def deit_cfg(path, img_size: int = 48, **kw) -> VisionConfig:
-    return VisionConfig(preset="tiny", img_size=img_size, patch_size=PATCH, width=W, depth=DEPTH, heads=HEADS,
-                        init="deit", pretrained=str(path), **kw)
+    return VisionConfig(
+        preset="tiny",
+        img_size=img_size,
+        patch_size=PATCH,
+        width=W,
+        depth=DEPTH,
+        heads=HEADS,
+        init="deit",
+        pretrained=str(path),
+        **kw,
+    )
 
 
 def test_deit_init_drops_the_head(tmp_path):
@@ -164,9 +230,16 @@ def test_deit_init_drops_the_head(tmp_path):
     vit = build_vision(deit_cfg(tmp_path / "deit.pth"))
     rep = vit.init_report
     kept = [k for k in src if not k.startswith("head.")]
-    assert rep == dict(init="deit", source=str(tmp_path / "deit.pth"), arch="vit_tiny_patch16_224", format="timm",
-                       mapped={k: k for k in kept}, dropped={"head.weight": TIMM_REASON["head.*"], "head.bias": TIMM_REASON["head.*"]},
-                       missing=[], transforms={"pos_embed": "grid 4x4 -> 6x6 (resize_pos_embed: bicubic, class token kept)"})
+    assert rep == dict(
+        init="deit",
+        source=str(tmp_path / "deit.pth"),
+        arch="vit_tiny_patch16_224",
+        format="timm",
+        mapped={k: k for k in kept},
+        dropped={"head.weight": TIMM_REASON["head.*"], "head.bias": TIMM_REASON["head.*"]},
+        missing=[],
+        transforms={"pos_embed": "grid 4x4 -> 6x6 (resize_pos_embed: bicubic, class token kept)"},
+    )
     own = vit.state_dict()
     for k in kept:
         want = resize_pos_embed(src[k], 37) if k == "pos_embed" else src[k]
@@ -179,11 +252,16 @@ def test_distilled_deit_drops_dist_token_and_its_pos_embed_row(tmp_path):
     torch.save(src, tmp_path / "deit_distilled.pth")
     vit = build_vision(deit_cfg(tmp_path / "deit_distilled.pth"))
     rep = vit.init_report
-    assert rep["dropped"] == {"dist_token": TIMM_REASON["dist_token"], "head.weight": TIMM_REASON["head.*"],
-                              "head.bias": TIMM_REASON["head.*"], "head_dist.weight": TIMM_REASON["head_dist.*"],
-                              "head_dist.bias": TIMM_REASON["head_dist.*"]}
-    assert rep["transforms"] == {"pos_embed": "row 1 (distillation token) dropped; grid 4x4 -> 6x6 "
-                                              "(resize_pos_embed: bicubic, class token kept)"}
+    assert rep["dropped"] == {
+        "dist_token": TIMM_REASON["dist_token"],
+        "head.weight": TIMM_REASON["head.*"],
+        "head.bias": TIMM_REASON["head.*"],
+        "head_dist.weight": TIMM_REASON["head_dist.*"],
+        "head_dist.bias": TIMM_REASON["head_dist.*"],
+    }
+    assert rep["transforms"] == {
+        "pos_embed": "row 1 (distillation token) dropped; grid 4x4 -> 6x6 (resize_pos_embed: bicubic, class token kept)"
+    }
     no_dist = torch.cat([src["pos_embed"][:, :1], src["pos_embed"][:, 2:]], dim=1)
     assert torch.equal(vit.pos_embed, resize_pos_embed(no_dist, 37))
     assert torch.equal(vit.cls_token, src["cls_token"])
@@ -205,8 +283,15 @@ def test_hf_safetensors_file_and_directory(tmp_path):
 def test_default_init_keeps_todays_behaviour(tmp_path):
     src = deit_source(distilled=False, img_size=48).state_dict()
     save_file(src, str(tmp_path / "vit.safetensors"))
-    cfg = VisionConfig(preset="tiny", img_size=48, patch_size=PATCH, width=W, depth=DEPTH, heads=HEADS,
-                       pretrained=str(tmp_path / "vit.safetensors"))
+    cfg = VisionConfig(
+        preset="tiny",
+        img_size=48,
+        patch_size=PATCH,
+        width=W,
+        depth=DEPTH,
+        heads=HEADS,
+        pretrained=str(tmp_path / "vit.safetensors"),
+    )
     vit = build_vision(cfg)
     assert vit.init_report["init"] == "timm" and vit.init_report["arch"] == "vit_tiny_patch16_224"
     assert torch.equal(vit.blocks[0].attn.qkv.weight, src["blocks.0.attn.qkv.weight"])
@@ -218,8 +303,9 @@ def test_offline_hub_name_asks_for_a_local_file(monkeypatch):
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    cfg = VisionConfig(preset="tiny", width=W, depth=DEPTH, heads=HEADS, init="deit",
-                       pretrained="deit_tiny_patch16_224.fb_in1k")
+    cfg = VisionConfig(
+        preset="tiny", width=W, depth=DEPTH, heads=HEADS, init="deit", pretrained="deit_tiny_patch16_224.fb_in1k"
+    )
     with pytest.raises(CheckpointError) as e:
         build_vision(cfg)
     msg = str(e.value)
@@ -251,7 +337,9 @@ def test_report_written_to_the_run_directory(tmp_path, capsys):
     assert json.loads(out.read_text()) == model.vision.init_report
     line = capsys.readouterr().out.strip()
     assert line == report_line(model.vision.init_report)
-    assert line.startswith("vision init: clip from ") and "(clip names, arch vit_base_patch16_clip_quickgelu_224)" in line
+    assert (
+        line.startswith("vision init: clip from ") and "(clip names, arch vit_base_patch16_clip_quickgelu_224)" in line
+    )
     assert line.endswith("31 tensors mapped, 12 dropped on purpose, 0 left random")
     assert write_init_report(nn.Linear(1, 1), tmp_path / "none") is None  # no ViT tower (dual encoder): nothing
 
@@ -274,13 +362,29 @@ def hf_clip_model(vision_only: bool = False, seed: int = 0):
     from transformers import CLIPConfig, CLIPModel, CLIPVisionConfig, CLIPVisionModel
 
     torch.manual_seed(seed)
-    vc = dict(hidden_size=W, intermediate_size=4 * W, num_hidden_layers=DEPTH, num_attention_heads=HEADS, image_size=32,
-              patch_size=PATCH, projection_dim=EMBED)
+    vc = dict(
+        hidden_size=W,
+        intermediate_size=4 * W,
+        num_hidden_layers=DEPTH,
+        num_attention_heads=HEADS,
+        image_size=32,
+        patch_size=PATCH,
+        projection_dim=EMBED,
+    )
     if vision_only:
         model = CLIPVisionModel(CLIPVisionConfig(**vc))
     else:
-        tc = dict(hidden_size=EMBED, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, vocab_size=50,
-                  max_position_embeddings=8, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+        tc = dict(
+            hidden_size=EMBED,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            vocab_size=50,
+            max_position_embeddings=8,
+            bos_token_id=0,
+            eos_token_id=1,
+            pad_token_id=1,
+        )
         model = CLIPModel(CLIPConfig(text_config=tc, vision_config=vc, projection_dim=EMBED))
     with torch.no_grad():
         for p in model.parameters():
@@ -318,8 +422,9 @@ def test_hf_clip_file_gives_the_hf_vision_tower_outputs(tmp_path, vision_only):
     if not vision_only:
         assert rep["dropped"]["visual_projection.weight"].startswith("CLIP image projection")
         assert rep["dropped"]["text_model.encoder.layers.0.mlp.fc1.weight"].startswith("CLIP text tower")
-    assert torch.equal(vit.blocks[0].attn.qkv.bias, torch.cat([sd[f"{v}encoder.layers.0.self_attn.{x}_proj.bias"]
-                                                               for x in "qkv"]))
+    assert torch.equal(
+        vit.blocks[0].attn.qkv.bias, torch.cat([sd[f"{v}encoder.layers.0.self_attn.{x}_proj.bias"] for x in "qkv"])
+    )
 
 
 def test_hf_clip_pos_embed_is_interpolated_and_bad_keys_fail(tmp_path):
@@ -345,9 +450,14 @@ def test_hf_repository_name_offline_asks_for_a_local_file(monkeypatch):
 
 
 def test_resnet_clip_is_refused_with_a_hint(tmp_path):
-    sd = {"visual.conv1.weight": torch.zeros(32, 3, 3, 3), "visual.bn1.weight": torch.ones(32),
-          "visual.layer1.0.conv1.weight": torch.zeros(32, 32, 1, 1), "visual.attnpool.positional_embedding": torch.zeros(50, 64),
-          "visual.attnpool.c_proj.weight": torch.zeros(16, 64), "logit_scale": torch.tensor(4.6)}
+    sd = {
+        "visual.conv1.weight": torch.zeros(32, 3, 3, 3),
+        "visual.bn1.weight": torch.ones(32),
+        "visual.layer1.0.conv1.weight": torch.zeros(32, 32, 1, 1),
+        "visual.attnpool.positional_embedding": torch.zeros(50, 64),
+        "visual.attnpool.c_proj.weight": torch.zeros(16, 64),
+        "logit_scale": torch.tensor(4.6),
+    }
     torch.save(sd, tmp_path / "RN50.pt")
     with pytest.raises(CheckpointError, match=r"RN50.pt: a ResNet CLIP image tower .* use a ViT CLIP"):
         build_vision(clip_cfg(tmp_path / "RN50.pt", "clip"))

@@ -6,17 +6,25 @@ from safetensors.torch import load_file, save_model
 from transformers import BertConfig
 
 from vlp.config import ModelConfig, TextConfig, VisionConfig
+from vlp.errors import CheckpointError
 from vlp.losses.vqa import sequence_nll
 from vlp.models.albef import ALBEF
-from vlp.models.loading import CheckpointError, load_strict
 from vlp.models.text import FusionEncoder
 from vlp.models.vqa import AnswerDecoder, VQAModel
+from vlp.weights import load_strict
 
 
 def small_decoder(layers: int = 2) -> AnswerDecoder:
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                     intermediate_size=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = BertConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
     return AnswerDecoder(cfg, layers).eval()
 
 
@@ -71,8 +79,9 @@ def test_default_fusion_stays_bidirectional():
 def tiny_cfg(**text) -> ModelConfig:
     """ViT width 64 (1 block), text hidden 64: 1 text layer, 2 fusion layers."""
     text = {"layers": 1, "fusion_layers": 2, "hidden": 64, "heads": 4, "intermediate": 128, "dropout": 0.0, **text}
-    return ModelConfig(vision=VisionConfig(depth=1, width=64, heads=2), text=TextConfig(**text), queue_size=8,
-                       embed_dim=8)
+    return ModelConfig(
+        vision=VisionConfig(depth=1, width=64, heads=2), text=TextConfig(**text), queue_size=8, embed_dim=8
+    )
 
 
 def test_vqa_model_structure():
@@ -93,9 +102,16 @@ def test_rank_answers_matches_brute_force_scoring():
     cands = torch.tensor([[101, 2000, 102, 0], [101, 2001, 2002, 102], [101, 2003, 102, 0], [101, 2000, 2004, 102]])
     cmask = (cands != 0).long()
     with torch.no_grad():  # every (question, candidate) pair decoded on its own
-        brute = torch.stack([
-            -sequence_nll(m.answer_logits(states[b:b + 1].expand(4, -1, -1), qmask[b:b + 1].expand(4, -1),
-                                          cands, cmask), cands, cmask) for b in range(2)])
+        brute = torch.stack(
+            [
+                -sequence_nll(
+                    m.answer_logits(states[b : b + 1].expand(4, -1, -1), qmask[b : b + 1].expand(4, -1), cands, cmask),
+                    cands,
+                    cmask,
+                )
+                for b in range(2)
+            ]
+        )
         first = m.answer_logits(states, qmask, cands[:2, :1], torch.ones(2, 1, dtype=torch.long))[:, 0]
     pred, scores = m.rank_answers(states, qmask, cands, cmask, k=10)
     assert torch.allclose(scores, brute, atol=1e-4)
@@ -152,17 +168,28 @@ def test_adapt_pretrained_copies_fusion_embeddings_and_mlm_head(tmp_path):
     assert_copied(vqa, albef)
     assert_copied(vqa, albef, prefix="momentum.twin.")
     twin = vqa.momentum["decoder"]
-    assert torch.equal(twin.encoder.layer[1].crossattention.output.dense.weight,
-                       albef.momentum["fusion"].layer[1].crossattention.output.dense.weight)
-    assert not torch.equal(twin.encoder.layer[0].attention.self.query.weight,
-                           vqa.decoder.encoder.layer[0].attention.self.query.weight)
+    assert torch.equal(
+        twin.encoder.layer[1].crossattention.output.dense.weight,
+        albef.momentum["fusion"].layer[1].crossattention.output.dense.weight,
+    )
+    assert not torch.equal(
+        twin.encoder.layer[0].attention.self.query.weight, vqa.decoder.encoder.layer[0].attention.self.query.weight
+    )
     assert torch.equal(vqa.decoder.lm_head.bias, albef.mlm_head.bias)
     assert torch.equal(vqa.decoder.lm_head.decoder.weight, albef.text.embeddings.word_embeddings.weight)
     assert vqa.decoder.lm_head.decoder.weight is vqa.decoder.embeddings.word_embeddings.weight
     # nothing dropped silently: every saved key was mapped into the VQA state or is a known head
     dropped = {k for k in state if k not in new}
-    heads = ("vision_proj.", "text_proj.", "itm_head.", "queue.", "mlm_head.", "momentum.twin.vision_proj.",
-             "momentum.twin.text_proj.", "momentum.twin.mlm_head.")
+    heads = (
+        "vision_proj.",
+        "text_proj.",
+        "itm_head.",
+        "queue.",
+        "mlm_head.",
+        "momentum.twin.vision_proj.",
+        "momentum.twin.text_proj.",
+        "momentum.twin.mlm_head.",
+    )
     assert dropped == {k for k in state if k.startswith(heads) or k == "temp"}
     assert all(k.replace("mlm_head.", "decoder.lm_head.") in new for k in dropped if "mlm_head." in k)
     # an adapted (VQA) state passes through unchanged
@@ -201,5 +228,7 @@ def test_adapt_pretrained_leaves_mismatched_cross_kv_new(tmp_path):
     load_strict(vqa, new, source="pretrain", allow_missing=allow)
     assert torch.equal(vqa.decoder.encoder.layer[0].crossattention.self.key.weight, before)  # left new
     assert_copied(vqa, albef, skip_cross_kv=True)
-    assert torch.equal(vqa.decoder.encoder.layer[0].crossattention.self.query.weight,
-                       albef.fusion.layer[0].crossattention.self.query.weight)
+    assert torch.equal(
+        vqa.decoder.encoder.layer[0].crossattention.self.query.weight,
+        albef.fusion.layer[0].crossattention.self.query.weight,
+    )

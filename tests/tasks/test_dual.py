@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from vlp.config import ConfigError, ContrastiveConfig, LossConfig, LTDConfig, ModelConfig, PretrainConfig, load_config
+from tests.tasks.test_pretrain import make_batch, tiny
+from vlp.config import ContrastiveConfig, LossConfig, LTDConfig, PretrainConfig, TrainConfig, load_config
+from vlp.errors import ConfigError
 from vlp.losses.contrastive import contrastive_loss
 from vlp.models.dual import DualEncoder
 from vlp.tasks.dual import DualTask
@@ -11,16 +13,31 @@ from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.pretrain import PretrainTask
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.train.optim import build_optimizer
-from vlp.config import TrainConfig
-from tests.tasks.test_pretrain import make_batch, tiny
 
-DUAL = ["model.arch=dual", "loss.itm=0", "loss.mlm=0", "loss.distill=false", "eval.score=itc", "loss.contrastive.tau=0.05"]
+DUAL = [
+    "model.arch=dual",
+    "loss.itm=0",
+    "loss.mlm=0",
+    "loss.distill=false",
+    "eval.score=itc",
+    "loss.contrastive.tau=0.05",
+]
 
 
 def dual_model() -> DualEncoder:
     torch.manual_seed(0)
-    cfg = load_config(PretrainConfig, None, [*DUAL, "model.embed_dim=8", "model.dual.image_kwargs={channels: [4, 8, 8, 8]}",
-                                             "model.dual.word_dim=8", "model.dual.gru_hidden=8", "model.dual.proj_hidden=16"])
+    cfg = load_config(
+        PretrainConfig,
+        None,
+        [
+            *DUAL,
+            "model.embed_dim=8",
+            "model.dual.image_kwargs={channels: [4, 8, 8, 8]}",
+            "model.dual.word_dim=8",
+            "model.dual.gru_hidden=8",
+            "model.dual.proj_hidden=16",
+        ],
+    )
     return DualEncoder(cfg.model, vocab_size=50)
 
 
@@ -30,9 +47,14 @@ def batch(k: int = 2, b: int = 3):
     mask = torch.ones_like(ids)
     mask[1, 4:] = 0
     image_ids = torch.tensor([4, 9, 2][:b])
-    return {"images": torch.randn(b, 3, 32, 32, generator=g), "input_ids": ids, "attention_mask": mask,
-            "image_ids": image_ids, "text_image_ids": image_ids.repeat_interleave(k),
-            "ltd_target": torch.randn(b * k, 5, generator=g)}
+    return {
+        "images": torch.randn(b, 3, 32, 32, generator=g),
+        "input_ids": ids,
+        "attention_mask": mask,
+        "image_ids": image_ids,
+        "text_image_ids": image_ids.repeat_interleave(k),
+        "ltd_target": torch.randn(b * k, 5, generator=g),
+    }
 
 
 @pytest.mark.parametrize("name", ["infonce", "triplet", "triplet_sh", "smoothap"])
@@ -74,13 +96,19 @@ def test_albef_with_a_zoo_loss_and_ltd_dual():
     model = tiny(queue_size=0)
     ltd = LTDConfig(mode="dual", beta=0.5, hidden=16, targets="unused")
     loss = LossConfig(distill=False, contrastive=ContrastiveConfig(name="triplet_sh"), ltd=ltd)
-    task = PretrainTask(model, loss, TokenInfo(model.text.config.vocab_size, 103, (0, 101, 102)), 0,
-                        reconstruction=Reconstruction(ltd, 8, 5, model.text.config.vocab_size))
+    task = PretrainTask(
+        model,
+        loss,
+        TokenInfo(model.text.config.vocab_size, 103, (0, 101, 102)),
+        0,
+        reconstruction=Reconstruction(ltd, 8, 5, model.text.config.vocab_size),
+    )
     bt = make_batch([0, 1, 2, 3])
     bt["ltd_target"] = torch.randn(4, 5)
     out = task(bt)
     assert out["loss"].item() == pytest.approx(
-        (out["itc"] + out["itm"] + out["mlm"] + 0.5 * out["ltd_rec"]).item(), rel=1e-5)
+        (out["itc"] + out["itm"] + out["mlm"] + 0.5 * out["ltd_rec"]).item(), rel=1e-5
+    )
     assert out["itc"].item() > 0  # triplet_sh of barely trained features violates margins
 
 

@@ -20,12 +20,21 @@ def unit(*shape, seed=0):
 @pytest.mark.parametrize("tau", [None, 0.01])
 def test_itc_loss_under_bf16_autocast_equals_fp32(tau):
     torch.manual_seed(0)
-    model = ALBEF(ModelConfig(vision=VisionConfig(depth=1), text=TextConfig(layers=1, fusion_layers=1), queue_size=64,
-                              embed_dim=256))
+    model = ALBEF(
+        ModelConfig(
+            vision=VisionConfig(depth=1), text=TextConfig(layers=1, fusion_layers=1), queue_size=64, embed_dim=256
+        )
+    )
     model.queue.enqueue(torch.arange(64) + 100, image=unit(64, 256, seed=1), text=unit(64, 256, seed=2))
     b = 16
-    args = (ImageFeatures(None, unit(b, 256, seed=3)), TextFeatures(None, None, unit(b, 256, seed=4)),
-            unit(b, 256, seed=5), unit(b, 256, seed=6), torch.arange(b), 0.4)
+    args = (
+        ImageFeatures(None, unit(b, 256, seed=3)),
+        TextFeatures(None, None, unit(b, 256, seed=4)),
+        unit(b, 256, seed=5),
+        unit(b, 256, seed=6),
+        torch.arange(b),
+        0.4,
+    )
     c = ContrastiveConfig(tau=tau)
     fp32 = itc_step(model, *args, contrastive=c)
     with torch.autocast("cpu", dtype=torch.bfloat16):

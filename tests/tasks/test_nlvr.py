@@ -10,18 +10,26 @@ from vlp.tasks.nlvr import NLVRTask, TextAssignmentTask
 
 def tiny(head: str = "cls") -> NLVRModel:
     torch.manual_seed(0)
-    return NLVRModel(ModelConfig(
-        vision=VisionConfig(depth=1, img_size=32, width=48, heads=3),
-        text=TextConfig(layers=1, fusion_layers=1, hidden=32, heads=2, intermediate=64, dropout=0.0),
-        embed_dim=16, queue_size=0,
-    ), head)
+    return NLVRModel(
+        ModelConfig(
+            vision=VisionConfig(depth=1, img_size=32, width=48, heads=3),
+            text=TextConfig(layers=1, fusion_layers=1, hidden=32, heads=2, intermediate=64, dropout=0.0),
+            embed_dim=16,
+            queue_size=0,
+        ),
+        head,
+    )
 
 
 def nlvr_batch(b: int = 4) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    return {"images0": torch.randn(b, 3, 32, 32, generator=g), "images1": torch.randn(b, 3, 32, 32, generator=g),
-            "input_ids": torch.randint(1000, 2000, (b, 6), generator=g),
-            "attention_mask": torch.ones(b, 6, dtype=torch.long), "labels": torch.arange(b) % 2}
+    return {
+        "images0": torch.randn(b, 3, 32, 32, generator=g),
+        "images1": torch.randn(b, 3, 32, 32, generator=g),
+        "input_ids": torch.randint(1000, 2000, (b, 6), generator=g),
+        "attention_mask": torch.ones(b, 6, dtype=torch.long),
+        "labels": torch.arange(b) % 2,
+    }
 
 
 # -- pure functions -------------------------------------------------------------------------------
@@ -80,7 +88,7 @@ def test_assign_pairs_follows_the_similarity_and_is_seeded():
     sim[0, 3] = 20.0  # image 3 is by far the hardest for text 0
     idx0, idx1, labels = assign_pairs(sim, ids, torch.Generator().manual_seed(1))
     draws = [assign_pairs(sim, ids, torch.Generator().manual_seed(s)) for s in range(40)]
-    hard0 = [int(i1[0]) if int(l[0]) == 0 else int(i0[0]) for i0, i1, l in draws if int(l[0]) < 2]
+    hard0 = [int(i1[0]) if int(lab[0]) == 0 else int(i0[0]) for i0, i1, lab in draws if int(lab[0]) < 2]
     assert hard0 and all(h == 3 for h in hard0)
     again = assign_pairs(sim, ids, torch.Generator().manual_seed(1))
     assert all(torch.equal(a, b) for a, b in zip((idx0, idx1, labels), again))
@@ -146,8 +154,12 @@ def test_nlvr_task_training_reduces_loss_and_updates_momentum():
 
 def ta_batch(b: int = 6) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
-    return {"images": torch.randn(b, 3, 32, 32, generator=g), "input_ids": torch.randint(1000, 2000, (b, 6), generator=g),
-            "attention_mask": torch.ones(b, 6, dtype=torch.long), "image_ids": torch.tensor([5, 5, 6, 7, 8, 9])[:b]}
+    return {
+        "images": torch.randn(b, 3, 32, 32, generator=g),
+        "input_ids": torch.randint(1000, 2000, (b, 6), generator=g),
+        "attention_mask": torch.ones(b, 6, dtype=torch.long),
+        "image_ids": torch.tensor([5, 5, 6, 7, 8, 9])[:b],
+    }
 
 
 def test_text_assignment_loss_matches_manual_pairs():

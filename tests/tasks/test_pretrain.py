@@ -11,8 +11,15 @@ from vlp.tasks.pretrain import PretrainTask
 
 def tiny(queue_size=4, **kw) -> ALBEF:
     torch.manual_seed(0)
-    return ALBEF(ModelConfig(vision=VisionConfig(depth=1), text=TextConfig(layers=1, fusion_layers=1),
-                             queue_size=queue_size, embed_dim=8, **kw))
+    return ALBEF(
+        ModelConfig(
+            vision=VisionConfig(depth=1),
+            text=TextConfig(layers=1, fusion_layers=1),
+            queue_size=queue_size,
+            embed_dim=8,
+            **kw,
+        )
+    )
 
 
 def unit(*shape, seed=0):
@@ -46,7 +53,9 @@ def test_itc_step_against_brute_force_with_queue_and_distillation():
     for a, r in zip(g_ours, g_ref):
         assert torch.allclose(a, r, atol=1e-5)
     # image-id positives: queue entry with id 7 becomes a second positive of row 0
-    pos = itc_step(model, ImageFeatures(None, v), TextFeatures(None, None, t), vm, tm, torch.tensor([7, 1]), 0.0, "image")
+    pos = itc_step(
+        model, ImageFeatures(None, v), TextFeatures(None, None, t), vm, tm, torch.tensor([7, 1]), 0.0, "image"
+    )
     logits0 = torch.cat([tm, qt]) @ v[0] / tau
     lsm = torch.log_softmax(logits0, 0)
     assert pos.sim_i2t.shape == (2, 5)
@@ -65,8 +74,12 @@ def make_batch(image_ids, t=6):
     b = len(image_ids)
     ids = torch.randint(1000, 2000, (b, t), generator=torch.Generator().manual_seed(0))
     ids[:, 0], ids[:, -1] = 101, 102
-    return dict(images=torch.randn(b, 3, 64, 64), input_ids=ids, attention_mask=torch.ones(b, t, dtype=torch.long),
-                image_ids=torch.tensor(image_ids))
+    return dict(
+        images=torch.randn(b, 3, 64, 64),
+        input_ids=ids,
+        attention_mask=torch.ones(b, t, dtype=torch.long),
+        image_ids=torch.tensor(image_ids),
+    )
 
 
 @pytest.mark.parametrize("image_ids", [[0], [5, 5, 5], [0, 1, 2, 3]])
@@ -147,8 +160,9 @@ def test_uint8_images_normalised_on_the_device_equal_the_loader_normalisation():
     from vlp.data.transforms import PixelNorm, train_transform
 
     rng = torch.Generator().manual_seed(0)
-    pics = [Image.fromarray(torch.randint(0, 256, (40, 48, 3), generator=rng, dtype=torch.uint8).numpy())
-            for _ in range(4)]
+    pics = [
+        Image.fromarray(torch.randint(0, 256, (40, 48, 3), generator=rng, dtype=torch.uint8).numpy()) for _ in range(4)
+    ]
     plain = dict(crop_scale=None, hflip=False, randaugment=False)  # deterministic: the same pixels both ways
     as_float = train_transform(64, ImageConfig(**plain))
     as_uint8 = train_transform(64, ImageConfig(**plain, uint8=True))

@@ -3,12 +3,13 @@ import math
 import pytest
 import torch
 
-from vlp.config import ConfigError, LossConfig, SRCLConfig
+from tests.tasks.test_pretrain import make_batch, tiny, unit
+from vlp.config import LossConfig, SRCLConfig
+from vlp.errors import ConfigError
 from vlp.models.albef import ImageFeatures, TextFeatures
 from vlp.tasks.objectives import TokenInfo, itc_step
 from vlp.tasks.pretrain import PretrainTask
 from vlp.tasks.regulation import HelperFeatures, SRCLRegulator
-from tests.tasks.test_pretrain import make_batch, tiny, unit
 
 TOKENS = TokenInfo(30522, 103, (0, 101, 102))
 
@@ -72,7 +73,7 @@ def test_regulated_itc_with_uniform_weights_is_the_plain_loss():
     for mode, kw in (("srcl", dict(delta=0.0)), ("removal", dict(threshold=0.0))):
         reg = SRCLRegulator(SRCLConfig(**kw), mode, total_steps=10, queue_size=3, helper_dim=6)
 
-        def regulate(ci, ct, pos, same):
+        def regulate(ci, ct, pos, same, reg=reg):
             return reg.regulate(ci, ct, pos, same, h, step=3)
 
         out = itc_step(model, *feats, vm, tm, ids, alpha=0.4, regulate=regulate)
@@ -100,13 +101,16 @@ def test_regulate_uses_helper_then_live_and_logs_statistics():
     # the false negative has helper cosine 1: the smallest weight of its row
     assert at_start.w_i2t[0, b] == at_start.w_i2t[0][~pos[0]].min()
     assert float(at_start.stats["srcl_w_same_image"]) == pytest.approx(
-        float((at_start.w_i2t[0, b] + at_start.w_t2i[0, b]) / 2), rel=1e-5)
+        float((at_start.w_i2t[0, b] + at_start.w_t2i[0, b]) / 2), rel=1e-5
+    )
     at_end = reg.regulate(cos_live, cos_live, pos, same, None, step=10)  # alpha_h = 0: live only
     ref_live = torch.softmax(4.0 * torch.exp(-cos_live).masked_fill(pos, float("-inf")), 1) * (b + q - 1)
     assert torch.allclose(at_end.w_i2t[~pos], ref_live[~pos], atol=1e-5)
     assert float(at_start.stats["srcl_alpha_h"]) == 1.0 and float(at_end.stats["srcl_alpha_h"]) == 0.0
     assert set(at_start.stats) >= {"srcl_w_mean", "srcl_w_min", "srcl_w_below_0_2", "srcl_w_below_0_7"}
-    assert math.isnan(float(reg.regulate(cos_live, cos_live, pos, torch.zeros_like(pos), h, 0).stats["srcl_w_same_image"]))
+    assert math.isnan(
+        float(reg.regulate(cos_live, cos_live, pos, torch.zeros_like(pos), h, 0).stats["srcl_w_same_image"])
+    )
 
 
 def test_removal_task_drops_negatives_and_trains():

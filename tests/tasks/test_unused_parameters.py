@@ -16,7 +16,7 @@ from vlp.config import ContrastiveConfig, LossConfig, ModelConfig, TextConfig, V
 from vlp.models.albef import ALBEF
 from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.pretrain import PretrainTask
-from vlp.train.loop import freeze_unused
+from vlp.train.setup import freeze_unused
 
 OBJECTIVES = {
     "albef": (dict(), []),
@@ -35,18 +35,24 @@ def batch(b=4, t=7):
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, 2000, (b, t), generator=g)
     ids[:, 0], ids[:, -1] = 101, 102
-    return dict(images=torch.randn(b, 3, 64, 64, generator=g), input_ids=ids,
-                attention_mask=torch.ones(b, t, dtype=torch.long), image_ids=torch.arange(b))
+    return dict(
+        images=torch.randn(b, 3, 64, 64, generator=g),
+        input_ids=ids,
+        attention_mask=torch.ones(b, t, dtype=torch.long),
+        image_ids=torch.arange(b),
+    )
 
 
 @pytest.mark.parametrize("name", list(OBJECTIVES))
 def test_every_parameter_left_trainable_gets_a_gradient(name):
     loss_kw, frozen_prefixes = OBJECTIVES[name]
     torch.manual_seed(0)
-    model = ALBEF(ModelConfig(vision=VisionConfig(depth=1), text=TextConfig(layers=1, fusion_layers=1), queue_size=8,
-                              embed_dim=8))
-    task = PretrainTask(model, LossConfig(alpha_ramp_steps=1, mlm_probability=0.5, **loss_kw),
-                        TokenInfo(30522, 103, (0, 101, 102)))
+    model = ALBEF(
+        ModelConfig(vision=VisionConfig(depth=1), text=TextConfig(layers=1, fusion_layers=1), queue_size=8, embed_dim=8)
+    )
+    task = PretrainTask(
+        model, LossConfig(alpha_ramp_steps=1, mlm_probability=0.5, **loss_kw), TokenInfo(30522, 103, (0, 101, 102))
+    )
     frozen = freeze_unused(task)
     assert all(any(n == p or n.startswith(p) for p in frozen_prefixes) for n in frozen), frozen
     assert all(any(n == p or n.startswith(p) for n in frozen) for p in frozen_prefixes), frozen

@@ -12,8 +12,11 @@ CLS, SEP = 101, 102
 def tiny_model(momentum: float = 0.995, hidden: int = 64) -> VQAModel:
     torch.manual_seed(0)
     text = TextConfig(layers=1, fusion_layers=1, hidden=hidden, heads=4, intermediate=2 * hidden, dropout=0.0)
-    return VQAModel(ModelConfig(vision=VisionConfig(depth=1, width=64, heads=2), text=text, queue_size=0,
-                                embed_dim=8, momentum=momentum))
+    return VQAModel(
+        ModelConfig(
+            vision=VisionConfig(depth=1, width=64, heads=2), text=text, queue_size=0, embed_dim=8, momentum=momentum
+        )
+    )
 
 
 def answers(*words: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,11 +36,24 @@ WEIGHTS = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.3])
 
 def make_batch() -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    q_ids = torch.tensor([[CLS, 2054, 3609, 102, 0], [CLS, 2129, 2116, 2024, SEP], [CLS, 2003, 2045, SEP, 0],
-                          [CLS, 2073, 2003, 1996, SEP]])
+    q_ids = torch.tensor(
+        [
+            [CLS, 2054, 3609, 102, 0],
+            [CLS, 2129, 2116, 2024, SEP],
+            [CLS, 2003, 2045, SEP, 0],
+            [CLS, 2073, 2003, 1996, SEP],
+        ]
+    )
     a_ids, a_mask = answers(*ANSWERS)
-    return dict(images=torch.randn(4, 3, 64, 64, generator=g), input_ids=q_ids, attention_mask=(q_ids != 0).long(),
-                answer_ids=a_ids, answer_mask=a_mask, answer_weights=WEIGHTS, answer_question=ANSWER_QUESTION)
+    return dict(
+        images=torch.randn(4, 3, 64, 64, generator=g),
+        input_ids=q_ids,
+        attention_mask=(q_ids != 0).long(),
+        answer_ids=a_ids,
+        answer_mask=a_mask,
+        answer_weights=WEIGHTS,
+        answer_question=ANSWER_QUESTION,
+    )
 
 
 def test_alpha_ramp_and_switch():
@@ -56,6 +72,7 @@ def test_task_loss_equals_repeated_question_states_and_momentum_distillation():
     b = make_batch()
     out = VQATask(m, alpha=0.4)(b)
     with torch.no_grad():
+
         def logits(momentum: bool) -> torch.Tensor:
             q = m.encode_question(b["images"], b["input_ids"], b["attention_mask"], momentum)
             q_rep = q.index_select(0, ANSWER_QUESTION)  # question states repeated per answer

@@ -17,8 +17,14 @@ ROOT = Path(__file__).parents[2]
 @pytest.fixture(scope="session")
 def tiny_model() -> list[str]:
     """Overrides for a model small enough for several multi-process runs per test file."""
-    return ["model.vision.depth=1", "model.vision.img_size=32", "model.text.layers=1", "model.text.fusion_layers=1",
-            "model.queue_size=16", "model.momentum_warmup_steps=0"]
+    return [
+        "model.vision.depth=1",
+        "model.vision.img_size=32",
+        "model.text.layers=1",
+        "model.text.fusion_layers=1",
+        "model.queue_size=16",
+        "model.momentum_warmup_steps=0",
+    ]
 
 
 def _free_port() -> int:
@@ -37,16 +43,26 @@ def launch_pretrain() -> Launch:
     DeepSpeed integration, as ``accelerate launch`` with configs/accelerate/deepspeed_zero2.yaml
     sets it up)."""
 
-    def launch(args: Sequence[str], processes: int = 1, deepspeed: str | None = None,
-               check: bool = True) -> subprocess.CompletedProcess:
+    def launch(
+        args: Sequence[str], processes: int = 1, deepspeed: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess:
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
         if deepspeed:
             env.update(ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_CONFIG_FILE=str(ROOT / deepspeed))
         if processes == 1 and not deepspeed:
             cmd = [sys.executable, "-m", "vlp.cli", "pretrain", *args]
         else:
-            cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}",
-                   f"--master_port={_free_port()}", "-m", "vlp.cli", "pretrain", *args]
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--nproc_per_node={processes}",
+                f"--master_port={_free_port()}",
+                "-m",
+                "vlp.cli",
+                "pretrain",
+                *args,
+            ]
         try:
             res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
         except subprocess.TimeoutExpired as e:  # what it printed, whole, not the exception's abridged repr
@@ -67,8 +83,17 @@ def pairs_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from vlp.data.synthetic import generate_world
 
     tmp = tmp_path_factory.mktemp("pairs")
-    world = generate_world(tmp / "world", seed=0, n_train=24, n_val=0, n_test=0, image_size=32, progress=False,
-                           vqa_per_image=0, nlvr_per_image=0)
+    world = generate_world(
+        tmp / "world",
+        seed=0,
+        n_train=24,
+        n_val=0,
+        n_test=0,
+        image_size=32,
+        progress=False,
+        vqa_per_image=0,
+        nlvr_per_image=0,
+    )
     entries = json.loads(world["pretrain"].read_text())
     data = tmp / "world" / "pairs.json"
     data.write_text(json.dumps([{"image": e["image"], "caption": c} for e in entries for c in e["caption"][:2]]))

@@ -14,7 +14,8 @@ from torch import nn
 from vlp.config import MultiplierConfig, TrainConfig
 from vlp.dist import rank
 from vlp.losses.ltd import LagrangeMultiplier, constrained
-from vlp.train.loop import make_accelerator, train
+from vlp.train.loop import train
+from vlp.train.setup import make_accelerator
 
 
 class Toy(nn.Module):
@@ -26,8 +27,11 @@ class Toy(nn.Module):
     def forward(self, batch, step=0):
         pred = self.model(batch["x"]).squeeze(1)
         loss = ((pred - batch["y"]) ** 2).mean()
-        rec = (pred ** 2).mean() * batch["scale"][0]  # differs per rank: so does lambda's local gradient
+        rec = (pred**2).mean() * batch["scale"][0]  # differs per rank: so does lambda's local gradient
         return {"loss": constrained(loss, rec, self.lam.value(), eta=0.5)}
+
+    def batch_report(self, batch):
+        return len(batch["input_ids"]), batch.get("bad_samples")
 
     def after_optimizer_step(self, step, skipped=None):
         self.lam.step(skipped)
@@ -41,8 +45,10 @@ def main(out: str) -> None:
     g = torch.Generator().manual_seed(1 + acc.process_index)
     x = torch.randn(32, 4, generator=g)
     scale = torch.full((8,), 1.0 + 3.0 * acc.process_index)
-    batches = [{"x": x[i: i + 8], "y": x[i: i + 8].sum(1), "scale": scale, "input_ids": x[i: i + 8]}
-               for i in range(0, 32, 8)]
+    batches = [
+        {"x": x[i : i + 8], "y": x[i : i + 8].sum(1), "scale": scale, "input_ids": x[i : i + 8]}
+        for i in range(0, 32, 8)
+    ]
     train(task, batches, cfg, Path(out) / "run", accelerator=acc)
     Path(out, f"rank{rank()}.json").write_text(json.dumps(float(task.lam.lam.detach()[0])))
 

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from vlp.config import ModelConfig
+from vlp.errors import CheckpointError
 from vlp.models.albef import ALBEF
-from vlp.models.loading import CheckpointError
-from vlp.train.checkpoint import find_checkpoint, load_weights, read_state, save_checkpoint
+from vlp.train.checkpoint import save_checkpoint
+from vlp.weights import find_checkpoint, load_weights, read_state
 
 
 def small_model(seed: int, queue_size: int = 16) -> ALBEF:

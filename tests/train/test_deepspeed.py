@@ -24,10 +24,23 @@ def runs(tmp_path_factory, launch_pretrain, tiny_model, pairs_file) -> dict[str,
     tmp = tmp_path_factory.mktemp("deepspeed")
 
     def args(name: str, *extra: str) -> list[str]:
-        return ["--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={tmp / name}",
-                f"data.train=[{pairs_file}]", "data.batch_size=4", "data.num_workers=0", f"train.steps={STEPS}",
-                "train.log_every=1", "train.ckpt_every=2", "train.warmup_steps=0", "train.progress=false",
-                "train.grad_clip=1.0", "loss.alpha_ramp_steps=2", *tiny_model, *extra]
+        return [
+            "--config",
+            "configs/pretrain/shapes_tiny.yaml",
+            f"output_dir={tmp / name}",
+            f"data.train=[{pairs_file}]",
+            "data.batch_size=4",
+            "data.num_workers=0",
+            f"train.steps={STEPS}",
+            "train.log_every=1",
+            "train.ckpt_every=2",
+            "train.warmup_steps=0",
+            "train.progress=false",
+            "train.grad_clip=1.0",
+            "loss.alpha_ramp_steps=2",
+            *tiny_model,
+            *extra,
+        ]
 
     launch_pretrain(args("ddp"), processes=2)
     launch_pretrain(args("zero2"), processes=2, deepspeed=ZERO2)
@@ -40,6 +53,7 @@ def runs(tmp_path_factory, launch_pretrain, tiny_model, pairs_file) -> dict[str,
     return {name: tmp / name for name in ("ddp", "zero2", "zero2_bf16", "ddp_bf16", "resumed")}
 
 
+@pytest.mark.multiprocess
 def test_zero2_trains_like_ddp(runs: dict[str, Path], runs_io) -> None:
     read, alike = runs_io
     ddp, zero2 = read(runs["ddp"]), read(runs["zero2"])
@@ -52,6 +66,7 @@ def test_zero2_trains_like_ddp(runs: dict[str, Path], runs_io) -> None:
     assert moved > 50  # weights, momentum twins and queues: every one as DDP moved it
 
 
+@pytest.mark.multiprocess
 def test_zero2_trains_like_ddp_under_bf16(runs: dict[str, Path], runs_io) -> None:
     """Issue 17, defect 8: DeepSpeed's torch_autocast reduced Linear/Conv gradients in bf16 (DDP in
     fp32); vlp makes it reduce in fp32. After one optimizer step the losses are DDP's (with bf16
@@ -65,14 +80,17 @@ def test_zero2_trains_like_ddp_under_bf16(runs: dict[str, Path], runs_io) -> Non
             rel = 1e-6 if i < 2 else 1e-3
             assert b[key] == pytest.approx(a[key], rel=rel), (key, a, b)
     start, x, y = read(runs["ddp_bf16"], 2), read(runs["ddp_bf16"], STEPS), read(runs["zero2_bf16"], STEPS)
-    rel = sorted(float((x[k].double() - y[k].double()).norm() / (x[k].double() - start[k].double()).norm())
-                 for k in x if x[k].is_floating_point() and not torch.equal(x[k], start[k]))
+    rel = sorted(
+        float((x[k].double() - y[k].double()).norm() / (x[k].double() - start[k].double()).norm())
+        for k in x
+        if x[k].is_floating_point() and not torch.equal(x[k], start[k])
+    )
     assert len(rel) > 50 and rel[len(rel) // 2] < 5e-3, rel[len(rel) // 2]
 
 
 def test_deepspeed_autocast_marks_no_module_for_bf16_reduction():
     from vlp.config import TrainConfig
-    from vlp.train.loop import configure_deepspeed
+    from vlp.train.setup import configure_deepspeed
 
     ds = {"zero_optimization": {"stage": 2}}
     configure_deepspeed(ds, TrainConfig(precision="bf16"), micro_batch=4)
@@ -80,6 +98,7 @@ def test_deepspeed_autocast_marks_no_module_for_bf16_reduction():
     assert ds["communication_data_type"] == "fp32"
 
 
+@pytest.mark.multiprocess
 def test_bf16_keeps_momentum_twins_and_queues_fp32(runs: dict[str, Path], runs_io) -> None:
     read = runs_io[0]
     w = read(runs["zero2_bf16"], STEPS)
@@ -93,13 +112,16 @@ def test_bf16_keeps_momentum_twins_and_queues_fp32(runs: dict[str, Path], runs_i
     assert bf16[0]["itc"] != fp32[0]["itc"]  # ... but it did run in bf16
 
 
+@pytest.mark.multiprocess
 def test_save_state_and_resume_under_zero2(runs: dict[str, Path], runs_io) -> None:
     read = runs_io[0]
     state = runs["zero2"] / "checkpoints" / "step_0000002" / "train_state"
     # each rank's optimizer partition and RNG states as JSON + safetensors; no pickle anywhere
     assert sorted(p.name for p in state.iterdir()) == sorted(
-        f"{stem}.{ext}" for stem in ("task", "optimizer_rank0", "optimizer_rank1", "rng_rank0", "rng_rank1")
-        for ext in ("json", "safetensors"))
+        f"{stem}.{ext}"
+        for stem in ("task", "optimizer_rank0", "optimizer_rank1", "rng_rank0", "rng_rank1")
+        for ext in ("json", "safetensors")
+    )
     assert not [p for p in state.parent.rglob("*") if p.suffix in (".pt", ".pkl", ".bin", ".pth")]
     full, resumed = read(runs["zero2"]), read(runs["resumed"])
     assert [r["step"] for r in resumed] == list(range(1, STEPS + 1))  # steps 3-4 logged once, after 1-2

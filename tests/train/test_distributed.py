@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.multiprocess  # every test here launches two processes (or uses runs that did)
+
 STEPS = 4
 
 
@@ -25,13 +27,30 @@ STEPS = 4
 def runs(tmp_path_factory, launch_pretrain, tiny_model, pairs_file) -> tuple[Path, Path]:
     tmp = tmp_path_factory.mktemp("dist")
     for name, processes in (("one", 1), ("two", 2)):
-        launch_pretrain(["--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={tmp / name}",
-                         f"data.train=[{pairs_file}]", f"data.batch_size={8 // processes}", "data.num_workers=0",
-                         f"train.steps={STEPS}", "train.log_every=1", "train.ckpt_every=1", "train.warmup_steps=0",
-                         "train.progress=false", *tiny_model,
-                         "loss.itc_bank=global", "loss.itm_negatives=global", "loss.mlm_masking=global",
-                         "data.text_padding=max_len", "loss.alpha_ramp_steps=2", "loss.mlm_probability=0.3",
-                         "model.text.max_len=16"], processes=processes)
+        launch_pretrain(
+            [
+                "--config",
+                "configs/pretrain/shapes_tiny.yaml",
+                f"output_dir={tmp / name}",
+                f"data.train=[{pairs_file}]",
+                f"data.batch_size={8 // processes}",
+                "data.num_workers=0",
+                f"train.steps={STEPS}",
+                "train.log_every=1",
+                "train.ckpt_every=1",
+                "train.warmup_steps=0",
+                "train.progress=false",
+                *tiny_model,
+                "loss.itc_bank=global",
+                "loss.itm_negatives=global",
+                "loss.mlm_masking=global",
+                "data.text_padding=max_len",
+                "loss.alpha_ramp_steps=2",
+                "loss.mlm_probability=0.3",
+                "model.text.max_len=16",
+            ],
+            processes=processes,
+        )
     return tmp / "one", tmp / "two"
 
 
@@ -77,16 +96,33 @@ def test_two_processes_update_weights_momentum_and_queues_like_one(runs: tuple[P
     assert torch.allclose(end_one["queue.text"], end_two["queue.text"], atol=1e-6)
 
 
-@pytest.mark.parametrize("objective", [["loss.contrastive.tau=0.05"], ["loss.contrastive.name=triplet", "loss.distill=false"]])
-def test_two_processes_train_an_objective_that_leaves_the_temperature_unused(objective, tmp_path, launch_pretrain,
-                                                                             tiny_model, pairs_file, runs_io) -> None:
+@pytest.mark.parametrize(
+    "objective", [["loss.contrastive.tau=0.05"], ["loss.contrastive.name=triplet", "loss.distill=false"]]
+)
+def test_two_processes_train_an_objective_that_leaves_the_temperature_unused(
+    objective, tmp_path, launch_pretrain, tiny_model, pairs_file, runs_io
+) -> None:
     """Issue 17, defect 3: DDP failed at step 2 when a trainable parameter got no gradient (the
     learned temperature under a fixed tau or a zoo loss). The task freezes what its objective
     never reaches, so the run trains, and the temperature stays at its initial value."""
-    res = launch_pretrain(["--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={tmp_path}",
-                           f"data.train=[{pairs_file}]", "data.batch_size=4", "data.num_workers=0", "train.steps=3",
-                           "train.log_every=1", "train.warmup_steps=0", "train.progress=false", *tiny_model, *objective],
-                          processes=2, check=False)
+    res = launch_pretrain(
+        [
+            "--config",
+            "configs/pretrain/shapes_tiny.yaml",
+            f"output_dir={tmp_path}",
+            f"data.train=[{pairs_file}]",
+            "data.batch_size=4",
+            "data.num_workers=0",
+            "train.steps=3",
+            "train.log_every=1",
+            "train.warmup_steps=0",
+            "train.progress=false",
+            *tiny_model,
+            *objective,
+        ],
+        processes=2,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     read_run, _ = runs_io
     rows = read_run(tmp_path)

@@ -9,8 +9,9 @@ from datetime import timedelta
 import pytest
 
 import vlp.hardware as hw
-from vlp.config import ConfigError, TrainConfig
-from vlp.train.loop import make_accelerator
+from vlp.config import TrainConfig
+from vlp.errors import ConfigError
+from vlp.train.setup import make_accelerator
 
 XEON = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw avx512_vnni\n"
 EPYC = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"

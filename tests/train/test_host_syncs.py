@@ -36,16 +36,23 @@ def batches(n=4, b=4, t=7):
     for k in range(n):
         ids = torch.randint(1000, 2000, (b, t), generator=g)
         ids[:, 0], ids[:, -1] = 101, 102
-        out.append(dict(images=torch.randn(b, 3, 64, 64, generator=g), input_ids=ids,
-                        attention_mask=torch.ones(b, t, dtype=torch.long), image_ids=torch.arange(b) + b * k,
-                        bad_samples=torch.tensor(0)))
+        out.append(
+            dict(
+                images=torch.randn(b, 3, 64, 64, generator=g),
+                input_ids=ids,
+                attention_mask=torch.ones(b, t, dtype=torch.long),
+                image_ids=torch.arange(b) + b * k,
+                bad_samples=torch.tensor(0),
+            )
+        )
     return out
 
 
 def test_no_device_reads_between_log_steps(tmp_path, monkeypatch):
     torch.manual_seed(0)
-    model = ALBEF(ModelConfig(vision=VisionConfig(depth=1), text=TextConfig(layers=1, fusion_layers=1), queue_size=8,
-                              embed_dim=8))
+    model = ALBEF(
+        ModelConfig(vision=VisionConfig(depth=1), text=TextConfig(layers=1, fusion_layers=1), queue_size=8, embed_dim=8)
+    )
     task = Counting(model, LossConfig(alpha_ramp_steps=1, mlm_probability=0.5), TokenInfo(30522, 103, (0, 101, 102)))
     for name in READS:
         original = getattr(torch.Tensor, name)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.multiprocess  # every test here launches two processes (or uses runs that did)
+
 ROOT = Path(__file__).parents[2]
 
 
@@ -24,9 +26,18 @@ def test_lambda_is_identical_on_every_rank(engine, tmp_path):
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
     if engine == "zero2":
-        env.update(ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_CONFIG_FILE=str(ROOT / "configs/deepspeed/zero2.json"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
-           str(ROOT / "tests" / "train" / "lambda_ranks_script.py"), str(tmp_path)]
+        env.update(
+            ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_CONFIG_FILE=str(ROOT / "configs/deepspeed/zero2.json")
+        )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        f"--master_port={_free_port()}",
+        str(ROOT / "tests" / "train" / "lambda_ranks_script.py"),
+        str(tmp_path),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert res.returncode == 0, res.stderr[-4000:]
     lam = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

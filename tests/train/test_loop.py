@@ -1,16 +1,15 @@
 """The generic loop on a toy task: schedule, EMA hook, clipping, bf16 autocast, logs, checkpoints."""
 
 import pytest
-
-from vlp.models.loading import CheckpointError
 import torch
 from torch import nn
 
-from vlp.config import ConfigError, TrainConfig
-from vlp.train.checkpoint import find_checkpoint, read_state
+from vlp.config import TrainConfig
+from vlp.errors import CheckpointError
 from vlp.train.logging import read_metrics
 from vlp.train.loop import train
 from vlp.train.optim import lr_at
+from vlp.weights import find_checkpoint, read_state
 
 
 class ToyTask(nn.Module):
@@ -23,6 +22,9 @@ class ToyTask(nn.Module):
         self.autocast.append(torch.is_autocast_enabled("cpu"))
         pred = self.model(batch["x"]).squeeze(1)
         return {"loss": ((pred.float() - batch["y"]) ** 2).mean()}
+
+    def batch_report(self, batch):
+        return len(batch["input_ids"]), batch.get("bad_samples")
 
     def after_optimizer_step(self, step, skipped=None):
         if skipped is None or not bool(skipped):  # the test reads the flag; the loop never does
@@ -38,8 +40,18 @@ def loader():
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_loop_schedule_hooks_logs_and_checkpoints(tmp_path, precision):
-    cfg = TrainConfig(steps=12, lr=0.05, min_lr=0.001, warmup_steps=3, warmup_lr=0.0, log_every=4, ckpt_every=5,
-                      precision=precision, progress=False, grad_clip=10.0)
+    cfg = TrainConfig(
+        steps=12,
+        lr=0.05,
+        min_lr=0.001,
+        warmup_steps=3,
+        warmup_lr=0.0,
+        log_every=4,
+        ckpt_every=5,
+        precision=precision,
+        progress=False,
+        grad_clip=10.0,
+    )
     task = ToyTask()
     last = train(task, loader(), cfg, tmp_path, state={"task": "toy"})
     assert task.hook_steps == list(range(1, 13))
@@ -51,8 +63,12 @@ def test_loop_schedule_hooks_logs_and_checkpoints(tmp_path, precision):
     assert last == rows[-1]
     ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert ckpts == ["step_0000005", "step_0000010", "step_0000012"]
-    assert read_state(find_checkpoint(tmp_path)) == {"task": "toy", "step": 12, "world_size": 1,
-                                                     "data_position": {"batches": 12}}
+    assert read_state(find_checkpoint(tmp_path)) == {
+        "task": "toy",
+        "step": 12,
+        "world_size": 1,
+        "data_position": {"batches": 12},
+    }
 
 
 def test_gradient_accumulation_equals_the_big_batch_for_a_per_sample_loss(tmp_path):
@@ -112,5 +128,7 @@ def test_resume_from_a_checkpoint_continues_exactly(tmp_path):
 
 def test_resume_needs_the_train_state(tmp_path):
     train(ToyTask(), loader(), TrainConfig(steps=2, warmup_steps=0, progress=False, save_state=False), tmp_path)
-    with pytest.raises(CheckpointError, match=r"no valid checkpoint .*step_0000002: missing train_state/rng_rank0\.json"):
+    with pytest.raises(
+        CheckpointError, match=r"no valid checkpoint .*step_0000002: missing train_state/rng_rank0\.json"
+    ):
         train(ToyTask(), loader(), TrainConfig(steps=4, warmup_steps=0, progress=False, resume="auto"), tmp_path)

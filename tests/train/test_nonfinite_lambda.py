@@ -27,10 +27,13 @@ class Toy(nn.Module):
 
     def forward(self, batch, step=0):
         pred = self.model(batch["x"]).squeeze(1)
-        loss = constrained(((pred - batch["y"]) ** 2).mean(), (pred ** 2).mean(), self.lam.value(), eta=0.5)
+        loss = constrained(((pred - batch["y"]) ** 2).mean(), (pred**2).mean(), self.lam.value(), eta=0.5)
         if int(batch["id"]) in self.nan_batches:
             loss = loss * float("nan")
         return {"loss": loss}
+
+    def batch_report(self, batch):
+        return len(batch["input_ids"]), batch.get("bad_samples")
 
     def after_optimizer_step(self, step, skipped=None):
         self.lam.step(skipped)

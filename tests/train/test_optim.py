@@ -24,7 +24,9 @@ def test_no_decay_on_norms_biases_pos_embed_cls_temp_and_no_momentum_params():
     nd = {names[id(p)] for p in no_decay["params"]}
     d = {names[id(p)] for p in decay["params"]}
     assert {"temp", "vision.pos_embed", "vision.cls_token"} <= nd
-    assert all(n.endswith("bias") or "norm" in n.lower() or n in ("temp", "vision.pos_embed", "vision.cls_token") for n in nd)
+    assert all(
+        n.endswith("bias") or "norm" in n.lower() or n in ("temp", "vision.pos_embed", "vision.cls_token") for n in nd
+    )
     assert "vision.blocks.0.attn.qkv.weight" in d and "fusion.layer.0.crossattention.self.key.weight" in d
     assert not any(n.startswith("momentum.") for n in d | nd)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -37,17 +39,25 @@ def test_lr_scale_groups_and_schedule():
     matching path wins; the schedule multiplies each group's rate."""
     import torch
 
-    from vlp.config import ConfigError
+    from vlp.errors import ConfigError
     from vlp.train.loop import set_lr
     from vlp.train.optim import build_optimizer, lr_scale_of
 
     model = ALBEF(ModelConfig(queue_size=8))
     assert lr_scale_of("vision.blocks.0.attn.qkv.weight", {"vision": 0.1}) == ("vision", 0.1)
     assert lr_scale_of("vision_proj.weight", {"vision": 0.1}) == (None, 1.0)  # whole components only
-    assert lr_scale_of("vision.blocks.0.norm1.weight", {"vision": 0.1, "vision.blocks.0": 0.5}) == ("vision.blocks.0", 0.5)
+    assert lr_scale_of("vision.blocks.0.norm1.weight", {"vision": 0.1, "vision.blocks.0": 0.5}) == (
+        "vision.blocks.0",
+        0.5,
+    )
     cfg = TrainConfig(steps=100, lr=1e-4, warmup_steps=0, min_lr=1e-4, lr_scale={"vision": 0.1})
     opt = build_optimizer(model, cfg)
-    assert [(g["lr_scale"], g["weight_decay"]) for g in opt.param_groups] == [(0.1, 0.02), (1.0, 0.02), (0.1, 0.0), (1.0, 0.0)]
+    assert [(g["lr_scale"], g["weight_decay"]) for g in opt.param_groups] == [
+        (0.1, 0.02),
+        (1.0, 0.02),
+        (0.1, 0.0),
+        (1.0, 0.0),
+    ]
     names = {id(p): n for n, p in model.named_parameters()}
     for g in opt.param_groups:
         assert all(names[id(p)].startswith("vision.") == (g["lr_scale"] == 0.1) for p in g["params"])
@@ -58,8 +68,10 @@ def test_lr_scale_groups_and_schedule():
     for p in model.parameters():
         p.grad = torch.ones_like(p) if p.requires_grad else None
     opt.step()
-    moved = [(after.detach() - b).abs().max().item() for b, after in zip(before, (model.vision.blocks[0].mlp.fc1.weight,
-                                                                                model.text_proj.weight))]
+    moved = [
+        (after.detach() - b).abs().max().item()
+        for b, after in zip(before, (model.vision.blocks[0].mlp.fc1.weight, model.text_proj.weight))
+    ]
     assert moved[0] == pytest.approx(moved[1] * 0.1, rel=0.05)
     with pytest.raises(ConfigError, match=r"'train.lr_scale': \['visoin'\] match no trainable parameter"):
         param_groups(model, 0.02, {"visoin": 0.1})

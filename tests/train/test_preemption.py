@@ -26,28 +26,71 @@ def srcl_ltd(tmp_path_factory, tiny_model, pairs_file, launch_pretrain) -> list[
     from vlp.cli import main
 
     tmp = tmp_path_factory.mktemp("srcl_ltd")
-    launch_pretrain(["--config", "configs/pretrain/shapes_tiny.yaml", f"data.train=[{pairs_file}]", "data.batch_size=4",
-                     "train.steps=2", "train.progress=false", f"output_dir={tmp / 'helper'}", *tiny_model])
+    launch_pretrain(
+        [
+            "--config",
+            "configs/pretrain/shapes_tiny.yaml",
+            f"data.train=[{pairs_file}]",
+            "data.batch_size=4",
+            "train.steps=2",
+            "train.progress=false",
+            f"output_dir={tmp / 'helper'}",
+            *tiny_model,
+        ]
+    )
     assert main(["make-targets", "--data", str(pairs_file), "--out", str(tmp / "targets.safetensors")]) == 0
-    return ["loss.regulation=srcl", f"loss.srcl.helper={tmp / 'helper'}", "loss.ltd.mode=constraint",
-            "loss.ltd.eta=0.1", "loss.ltd.hidden=16", f"loss.ltd.targets={tmp / 'targets.safetensors'}"]
+    return [
+        "loss.regulation=srcl",
+        f"loss.srcl.helper={tmp / 'helper'}",
+        "loss.ltd.mode=constraint",
+        "loss.ltd.eta=0.1",
+        "loss.ltd.hidden=16",
+        f"loss.ltd.targets={tmp / 'targets.safetensors'}",
+    ]
 
 
-@pytest.mark.parametrize("sig, objective", [(signal.SIGTERM, "albef"), (signal.SIGUSR1, "albef"),
-                                            (signal.SIGKILL, "albef"), (signal.SIGTERM, "srcl+ltd"),
-                                            (signal.SIGKILL, "srcl+ltd")])
-def test_stopped_or_killed_run_resumes_exactly(sig, objective, tmp_path, tiny_model, pairs_file, launch_pretrain,
-                                               runs_io, request) -> None:
+@pytest.mark.parametrize(
+    "sig, objective",
+    [
+        (signal.SIGTERM, "albef"),
+        (signal.SIGUSR1, "albef"),
+        (signal.SIGKILL, "albef"),
+        (signal.SIGTERM, "srcl+ltd"),
+        (signal.SIGKILL, "srcl+ltd"),
+    ],
+)
+def test_stopped_or_killed_run_resumes_exactly(
+    sig, objective, tmp_path, tiny_model, pairs_file, launch_pretrain, runs_io, request
+) -> None:
     read = runs_io[0]
     extra = request.getfixturevalue("srcl_ltd") if objective == "srcl+ltd" else []
     workers = 2 if objective == "srcl+ltd" else 0  # per-item seeds: exact with loader workers too
-    args = ["--config", "configs/pretrain/shapes_tiny.yaml", f"data.train=[{pairs_file}]", "data.batch_size=4",
-            f"data.num_workers={workers}", f"train.steps={STEPS}", "train.log_every=1", "train.warmup_steps=0",
-            "train.progress=false", "train.ckpt_every=5", "train.keep_last=2", *tiny_model, *extra]
+    args = [
+        "--config",
+        "configs/pretrain/shapes_tiny.yaml",
+        f"data.train=[{pairs_file}]",
+        "data.batch_size=4",
+        f"data.num_workers={workers}",
+        f"train.steps={STEPS}",
+        "train.log_every=1",
+        "train.warmup_steps=0",
+        "train.progress=false",
+        "train.ckpt_every=5",
+        "train.keep_last=2",
+        *tiny_model,
+        *extra,
+    ]
     run = tmp_path / "stopped"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "vlp.cli", "pretrain", *args, f"output_dir={run}"], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vlp.cli", "pretrain", *args, f"output_dir={run}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     log = run / "metrics.jsonl"
     deadline = time.time() + 300
     while not (log.is_file() and len(log.read_text().splitlines()) >= 7):
@@ -79,8 +122,10 @@ def test_stopped_or_killed_run_resumes_exactly(sig, objective, tmp_path, tiny_mo
     if extra:
         from safetensors.torch import load_file
 
-        task = [load_file(str(r / "checkpoints" / f"step_{STEPS:07d}" / "train_state" / "task.safetensors"))
-                for r in (tmp_path / "full", run)]
+        task = [
+            load_file(str(r / "checkpoints" / f"step_{STEPS:07d}" / "train_state" / "task.safetensors"))
+            for r in (tmp_path / "full", run)
+        ]
         assert task[0].keys() == task[1].keys() and all(torch.equal(v, task[1][k]) for k, v in task[0].items())
 
 
@@ -89,18 +134,31 @@ def test_a_run_failing_with_loader_workers_exits_instead_of_hanging(tmp_path, ti
     that raises mid-training, before its loader shut the workers down, must still exit (status 1,
     its traceback printed) rather than wait forever."""
     script = tmp_path / "fail_at_step_3.py"
-    script.write_text("import sys\nimport vlp.train.logging as L\nwrite = L.MetricsLog.write\n"
-                      "def failing(self, record):\n"
-                      "    if record.get('step') == 3:\n        raise RuntimeError('failed at step 3 on purpose')\n"
-                      "    return write(self, record)\n"
-                      "L.MetricsLog.write = failing\nfrom vlp.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    script.write_text(
+        "import sys\nimport vlp.train.logging as L\nwrite = L.MetricsLog.write\n"
+        "def failing(self, record):\n"
+        "    if record.get('step') == 3:\n        raise RuntimeError('failed at step 3 on purpose')\n"
+        "    return write(self, record)\n"
+        "L.MetricsLog.write = failing\nfrom vlp.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    args = ["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"data.train=[{pairs_file}]",
-            "data.batch_size=4", "data.num_workers=2", "train.steps=20", "train.log_every=1", "train.progress=false",
-            *tiny_model, f"output_dir={tmp_path / 'run'}"]
+    args = [
+        "pretrain",
+        "--config",
+        "configs/pretrain/shapes_tiny.yaml",
+        f"data.train=[{pairs_file}]",
+        "data.batch_size=4",
+        "data.num_workers=2",
+        "train.steps=20",
+        "train.log_every=1",
+        "train.progress=false",
+        *tiny_model,
+        f"output_dir={tmp_path / 'run'}",
+    ]
     try:
-        res = subprocess.run([sys.executable, str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=240)
+        res = subprocess.run(
+            [sys.executable, str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240
+        )
     except subprocess.TimeoutExpired:
         pytest.fail("the failed run hung at exit (its loader workers were never stopped)")
     assert res.returncode == 1 and "RuntimeError: failed at step 3 on purpose" in res.stderr, res.stderr[-3000:]
@@ -111,14 +169,18 @@ def test_a_run_failing_with_loader_workers_exits_instead_of_hanging(tmp_path, ti
 def test_experiment_scripts_exit_cleanly_when_stopped(capsys) -> None:
     """The experiment scripts run jobs in-process: a stopped run gives status 0 and says to rerun
     the script (which continues), not vlp's --resume hint."""
-    from vlp.train.loop import Preempted, exit_status
+    from vlp.train.preemption import Preempted, exit_status
 
     def stopped() -> int:
-        raise Preempted("stopped by SIGTERM after step 3 of 9; checkpoint c/step_0000003. Resume: ...",
-                        "stopped by SIGTERM after step 3 of 9; checkpoint c/step_0000003")
+        raise Preempted(
+            "stopped by SIGTERM after step 3 of 9; checkpoint c/step_0000003. Resume: ...",
+            "stopped by SIGTERM after step 3 of 9; checkpoint c/step_0000003",
+        )
 
     assert exit_status(stopped, "srcl_shapes.py") == 0
-    assert capsys.readouterr().err == ("srcl_shapes.py: stopped by SIGTERM after step 3 of 9; checkpoint c/step_0000003. "
-                                       "Run the same script command again to continue.\n")
+    assert capsys.readouterr().err == (
+        "srcl_shapes.py: stopped by SIGTERM after step 3 of 9; checkpoint c/step_0000003. "
+        "Run the same script command again to continue.\n"
+    )
     assert exit_status(lambda: 3, "x.py") == 3 and exit_status(lambda: None, "x.py") == 0
     assert str(Preempted("the whole message", "where")) == "the whole message"

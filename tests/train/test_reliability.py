@@ -22,16 +22,17 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.nn import functional as F
 
-from vlp.config import ConfigError, FinetuneConfig, FinetuneDataConfig, TrainConfig, VQAConfig
-from vlp.data.formats import DataError
-from vlp.jobs import check_queue
-from vlp.models.loading import CheckpointError, read_state_dict
+from vlp.config import FinetuneConfig, FinetuneDataConfig, TrainConfig, VQAConfig
+from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.models.momentum import FeatureQueue
-from vlp.train.checkpoint import MANIFEST, find_checkpoint, prune_checkpoints, read_state, step_checkpoints
+from vlp.runs.common import check_queue
+from vlp.train.checkpoint import prune_checkpoints
 from vlp.train.logging import read_metrics
-from vlp.train.loop import BAD_SHARE_AFTER, NonFiniteError, Validation, train
+from vlp.train.loop import BAD_SHARE_AFTER, NonFiniteError, train
 from vlp.train.state_io import load_tree, save_tree
 from vlp.train.train_state import TRAIN_STATE, rng_state, set_rng_state
+from vlp.train.validation import Validation
+from vlp.weights import MANIFEST, find_checkpoint, read_state, read_state_dict, step_checkpoints
 
 BATCH = 8
 
@@ -78,6 +79,9 @@ class Toy(nn.Module):
             loss = loss * float("nan")
         return {"loss": loss}
 
+    def batch_report(self, batch):
+        return len(batch["input_ids"]), batch.get("bad_samples")
+
     def after_optimizer_step(self, step, skipped=None):
         if skipped is None or not bool(skipped):  # the test reads the flag; the loop never does
             self.hook_steps.append(step)
@@ -88,8 +92,10 @@ def loader(bad=None):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4 * BATCH, 4, generator=g)
     y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0])
-    batches = [{"x": x[i: i + BATCH], "y": y[i: i + BATCH], "input_ids": x[i: i + BATCH]}
-               for i in range(0, 4 * BATCH, BATCH)]
+    batches = [
+        {"x": x[i : i + BATCH], "y": y[i : i + BATCH], "input_ids": x[i : i + BATCH]}
+        for i in range(0, 4 * BATCH, BATCH)
+    ]
     if bad is not None:
         for b, n in zip(batches, bad):
             b["bad_samples"] = n
@@ -117,8 +123,11 @@ def truncate(path: Path) -> tuple[int, int]:
     return len(data) // 2, len(data)
 
 
-ALL_FILES = {"model.safetensors", "state.json", *(f"{TRAIN_STATE}/{stem}.{ext}" for stem in ("task", "optimizer", "rng_rank0")
-                                                   for ext in ("json", "safetensors"))}
+ALL_FILES = {
+    "model.safetensors",
+    "state.json",
+    *(f"{TRAIN_STATE}/{stem}.{ext}" for stem in ("task", "optimizer", "rng_rank0") for ext in ("json", "safetensors")),
+}
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +164,7 @@ def test_every_checkpoint_has_a_manifest_of_sizes_and_sha256(base_run):
         for rel, meta in manifest["files"].items():
             data = (ckpt / rel).read_bytes()
             assert meta == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}, (ckpt, rel)
-        assert read_state(ckpt)["step"] == int(ckpt.name[len("step_"):])
+        assert read_state(ckpt)["step"] == int(ckpt.name[len("step_") :])
         assert find_checkpoint(ckpt) == ckpt
 
 
@@ -171,11 +180,16 @@ def test_a_corrupted_newest_checkpoint_is_reported_and_the_previous_one_used(run
 
     assert find_checkpoint(run_copy) == step_dir(run_copy, 4)
     err = capsys.readouterr().err
-    assert err == (f"warning: checkpoint {newest}: model.safetensors does not match its SHA-256 in manifest.json "
-                   "(corrupted); trying the previous checkpoint\n")
+    assert err == (
+        f"warning: checkpoint {newest}: model.safetensors does not match its SHA-256 in manifest.json "
+        "(corrupted); trying the previous checkpoint\n"
+    )
     with pytest.raises(CheckpointError) as e:
         find_checkpoint(newest)
-    assert str(e.value) == f"checkpoint {newest}: model.safetensors does not match its SHA-256 in manifest.json (corrupted)"
+    assert (
+        str(e.value)
+        == f"checkpoint {newest}: model.safetensors does not match its SHA-256 in manifest.json (corrupted)"
+    )
 
 
 def test_a_truncated_train_state_falls_back_and_resume_continues_exactly(base_run, run_copy, capsys):
@@ -184,7 +198,9 @@ def test_a_truncated_train_state_falls_back_and_resume_continues_exactly(base_ru
     new, old = truncate(newest / TRAIN_STATE / "optimizer.safetensors")
     capsys.readouterr()
     assert find_checkpoint(run_copy) == step_dir(run_copy, 4)
-    problem = f"checkpoint {newest}: {TRAIN_STATE}/optimizer.safetensors is {new} bytes, the manifest says {old} (truncated)"
+    problem = (
+        f"checkpoint {newest}: {TRAIN_STATE}/optimizer.safetensors is {new} bytes, the manifest says {old} (truncated)"
+    )
     assert capsys.readouterr().err == f"warning: {problem}; trying the previous checkpoint\n"
     with pytest.raises(CheckpointError) as e:
         find_checkpoint(newest)
@@ -225,8 +241,11 @@ def test_a_leftover_staging_folder_is_ignored(run_copy, capsys):
     assert find_checkpoint(run_copy) == step_dir(run_copy, 6)
     assert capsys.readouterr().err == ""
     assert prune_checkpoints(run_copy, 1) == [step_dir(run_copy, 2), step_dir(run_copy, 4)]
-    assert sorted(p.name for p in (run_copy / "checkpoints").iterdir()) == ["step_0000006", "step_0000098.old",
-                                                                           "step_0000099.tmp"]
+    assert sorted(p.name for p in (run_copy / "checkpoints").iterdir()) == [
+        "step_0000006",
+        "step_0000098.old",
+        "step_0000099.tmp",
+    ]
 
 
 def test_no_valid_checkpoint_lists_each_problem(run_copy, capsys):
@@ -236,9 +255,11 @@ def test_no_valid_checkpoint_lists_each_problem(run_copy, capsys):
     new, old = truncate(c4 / "state.json")
     (c2 / TRAIN_STATE / "optimizer.json").unlink()
     capsys.readouterr()
-    problems = [f"checkpoint {c6}: model.safetensors does not match its SHA-256 in manifest.json (corrupted)",
-                f"checkpoint {c4}: state.json is {new} bytes, the manifest says {old} (truncated)",
-                f"checkpoint {c2}: {TRAIN_STATE}/optimizer.json is missing"]
+    problems = [
+        f"checkpoint {c6}: model.safetensors does not match its SHA-256 in manifest.json (corrupted)",
+        f"checkpoint {c4}: state.json is {new} bytes, the manifest says {old} (truncated)",
+        f"checkpoint {c2}: {TRAIN_STATE}/optimizer.json is missing",
+    ]
     with pytest.raises(CheckpointError) as e:
         find_checkpoint(run_copy)
     assert str(e.value) == f"{run_copy}: no valid checkpoint ({'; '.join(problems)})"
@@ -294,8 +315,13 @@ def assert_same(a, b, where="root"):
 def test_optimizer_state_round_trips_exactly(tmp_path):
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
-    opt = torch.optim.AdamW([{"params": net[0].parameters()},
-                             {"params": net[1].parameters(), "lr": 0.01, "weight_decay": 0.0, "betas": (0.8, 0.95)}], lr=0.1)
+    opt = torch.optim.AdamW(
+        [
+            {"params": net[0].parameters()},
+            {"params": net[1].parameters(), "lr": 0.01, "weight_decay": 0.0, "betas": (0.8, 0.95)},
+        ],
+        lr=0.1,
+    )
     for _ in range(3):
         net(torch.randn(5, 3)).square().mean().backward()
         opt.step()
@@ -323,10 +349,16 @@ def test_optimizer_state_round_trips_exactly(tmp_path):
 
 
 def test_structures_round_trip_with_their_types(tmp_path):
-    tree = {"ints": {1: "a", "1": "b", -3: (None, True, 2.5)}, "dunder": {"__tensor__": "t0", "__tuple__": [1]},
-            "empty": ((), [], {}), "special": [float("nan"), float("inf"), -float("inf")],
-            "nested": [(torch.arange(3), {"x": torch.zeros(0, 2)}), np.arange(4, dtype=np.uint32)],
-            "np": np.float64(0.25), "bf16": torch.ones(2, dtype=torch.bfloat16), "scalar": torch.tensor(7)}
+    tree = {
+        "ints": {1: "a", "1": "b", -3: (None, True, 2.5)},
+        "dunder": {"__tensor__": "t0", "__tuple__": [1]},
+        "empty": ((), [], {}),
+        "special": [float("nan"), float("inf"), -float("inf")],
+        "nested": [(torch.arange(3), {"x": torch.zeros(0, 2)}), np.arange(4, dtype=np.uint32)],
+        "np": np.float64(0.25),
+        "bf16": torch.ones(2, dtype=torch.bfloat16),
+        "scalar": torch.tensor(7),
+    }
     save_tree(tmp_path / "t", tree)
     back = load_tree(tmp_path / "t")
     assert back["np"] == 0.25 and type(back["np"]) is float  # numpy scalars come back as Python numbers
@@ -340,7 +372,13 @@ def test_rng_states_round_trip_so_the_next_draws_are_equal(tmp_path):
     save_tree(tmp_path / "rng", rng_state())
 
     def draws():
-        return random.random(), random.gauss(0, 1), np.random.rand(3).tolist(), torch.rand(3).tolist(), torch.randint(0, 1000, (4,)).tolist()
+        return (
+            random.random(),
+            random.gauss(0, 1),
+            np.random.rand(3).tolist(),
+            torch.rand(3).tolist(),
+            torch.randint(0, 1000, (4,)).tolist(),
+        )
 
     first = draws()
     random.seed(99), np.random.seed(99), torch.manual_seed(99)
@@ -440,13 +478,16 @@ def test_consecutive_non_finite_steps_stop_the_run_with_a_checkpoint(tmp_path):
     assert str(e.value) == (
         "step 4: non-finite loss or gradient (loss [nan], gradient norm nan); step skipped, 2 in a row "
         f"(train.max_nonfinite_steps); checkpoint {ckpt} holds the last good state (lower train.lr, set "
-        "train.grad_clip or train.precision=fp32, then resume with train.resume=auto)")
+        "train.grad_clip or train.precision=fp32, then resume with train.resume=auto)"
+    )
     assert max(task.seen) == 4 and task.hook_steps == [1, 2]
     assert [p.name for p in step_checkpoints(tmp_path)] == ["step_0000004"]
     assert find_checkpoint(tmp_path, require=[f"{TRAIN_STATE}/rng_rank0.json"]) == ckpt
     saved = load_file(str(ckpt / "model.safetensors"))
     after_step_2 = task.seen[3]
-    assert torch.equal(saved["weight"], after_step_2["model.weight"]) and torch.equal(saved["bias"], after_step_2["model.bias"])
+    assert torch.equal(saved["weight"], after_step_2["model.weight"]) and torch.equal(
+        saved["bias"], after_step_2["model.bias"]
+    )
     state = load_tree(ckpt / TRAIN_STATE / "task")
     assert all(torch.equal(state[k], after_step_2[k]) for k in ("queue.feat", "queue.ids", "queue.ptr"))
     assert torch.equal(load_tree(ckpt / TRAIN_STATE / "optimizer")["state"][0]["step"], torch.tensor(2.0))
@@ -508,8 +549,10 @@ def test_too_many_bad_samples_stop_the_run_after_a_checkpoint(tmp_path):
         train(task, loader(bad=[4, 4, 4, 4]), cfg(steps=20), tmp_path, max_bad_fraction=0.1)
     stop = -(-BAD_SHARE_AFTER // BATCH)  # the first log point with >= BAD_SHARE_AFTER samples: 13
     seen = stop * BATCH
-    assert str(e.value) == (f"{seen // 2} of the {seen} samples loaded so far were bad (50.0%), more than "
-                            "data.max_bad_fraction=0.1; `vlp data check` lists them")
+    assert str(e.value) == (
+        f"{seen // 2} of the {seen} samples loaded so far were bad (50.0%), more than "
+        "data.max_bad_fraction=0.1; `vlp data check` lists them"
+    )
     assert max(task.seen) == stop
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(1, stop + 1)) and all(r["bad_samples"] == 4 for r in rows)
@@ -530,7 +573,8 @@ def test_check_queue_counts_every_process(monkeypatch):
     assert str(e.value) == (
         "config keys 'model.queue_size'/'data.batch_size': a queue of 16 is smaller than the global batch "
         "(8 x 4 processes = 32) it receives each step; raise model.queue_size (ALBEF: 65536) or set it to 0 "
-        "(in-batch negatives only)")
+        "(in-batch negatives only)"
+    )
     check_queue(32, 8)  # exactly the global batch
     check_queue(0, 64)  # queue disabled
     with pytest.raises(ConfigError, match=r"^config keys 'model.queue_size'/'data.eval_batch_size': a queue of 31 "):
@@ -542,16 +586,21 @@ def test_check_queue_counts_every_process(monkeypatch):
 
 
 def test_vqa_k_test_above_the_answer_list_is_refused_before_any_work(tmp_path):
-    from vlp.finetune import run_finetune_vqa
+    from vlp.runs.finetune import run_finetune_vqa
 
     answers = tmp_path / "answers.json"
     answers.write_text(json.dumps(["yes", "no", "2"]))
     out = tmp_path / "out"
-    cfg_ = FinetuneConfig(task="vqa", output_dir=str(out), pretrained=str(tmp_path / "no_such_checkpoint"),
-                          data=FinetuneDataConfig(train=[str(tmp_path / "no_such_questions.json")], answer_list=str(answers)),
-                          vqa=VQAConfig(k_test=4))
+    cfg_ = FinetuneConfig(
+        task="vqa",
+        output_dir=str(out),
+        pretrained=str(tmp_path / "no_such_checkpoint"),
+        data=FinetuneDataConfig(train=[str(tmp_path / "no_such_questions.json")], answer_list=str(answers)),
+        vqa=VQAConfig(k_test=4),
+    )
     with pytest.raises(ConfigError) as e:
         run_finetune_vqa(cfg_)
-    assert str(e.value) == (f"config key 'vqa.k_test': 4 candidates per question, but the answer list {answers} has 3; "
-                            "set vqa.k_test <= 3")
+    assert str(e.value) == (
+        f"config key 'vqa.k_test': 4 candidates per question, but the answer list {answers} has 3; set vqa.k_test <= 3"
+    )
     assert not out.exists()

@@ -19,10 +19,15 @@ class FakeCuda:
         self.monkeypatch = monkeypatch
         self.states: dict[int, torch.Tensor] = {}
         self.set_calls: list[int] = []
-        for name, fn in (("is_available", lambda: True), ("device_count", lambda: len(self.states)),
-                         ("current_device", lambda: self.current), ("get_rng_state", self.get_rng_state),
-                         ("set_rng_state", self.set_rng_state), ("get_rng_state_all", self.all_devices),
-                         ("set_rng_state_all", self.all_devices)):
+        for name, fn in (
+            ("is_available", lambda: True),
+            ("device_count", lambda: len(self.states)),
+            ("current_device", lambda: self.current),
+            ("get_rng_state", self.get_rng_state),
+            ("set_rng_state", self.set_rng_state),
+            ("get_rng_state_all", self.all_devices),
+            ("set_rng_state_all", self.all_devices),
+        ):
             monkeypatch.setattr(torch.cuda, name, fn)
 
     def node(self, n: int, current: int) -> None:
@@ -77,10 +82,12 @@ def test_a_state_restores_into_the_current_device_only(cuda, tmp_path):
     assert [int(s[0]) for s in cuda.states.values()] == [10, 12, 12, 13]
 
 
-@pytest.mark.parametrize("saved_devices, node_devices, current, restored",
-                         [(8, 8, 3, 13), (8, 1, 0, 10), (2, 8, 5, 10)])
+@pytest.mark.parametrize(
+    "saved_devices, node_devices, current, restored", [(8, 8, 3, 13), (8, 1, 0, 10), (2, 8, 5, 10)]
+)
 def test_an_old_checkpoint_with_every_device_state_restores_the_current_one_or_the_first(
-        cuda, saved_devices, node_devices, current, restored):
+    cuda, saved_devices, node_devices, current, restored
+):
     cuda.node(node_devices, current=current)
     old = {**rng_state(), "cuda": [torch.full((16,), 10 + i, dtype=torch.uint8) for i in range(saved_devices)]}
     for i in cuda.states:

@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 import torch
 
 from vlp.train.checkpoint import SHARED_FS_MARKER, check_shared_filesystem
@@ -50,9 +51,23 @@ def run_check(tmp_path: Path, run_dir: str, *stale: str) -> list[str]:
     script, results = tmp_path / "check.py", tmp_path / "results"
     script.write_text(SCRIPT)
     results.mkdir()
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(script), run_dir, *stale], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env={**os.environ, "OMP_NUM_THREADS": "1", "RESULTS": str(results)})
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+            run_dir,
+            *stale,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "RESULTS": str(results)},
+    )
     assert res.returncode == 0, res.stderr[-4000:]
     return [(results / f"rank_{r}.txt").read_text() for r in (0, 1)]
 
@@ -84,12 +99,26 @@ def test_a_stale_marker_of_another_check_does_not_count(tmp_path):
     assert all("rank 1 of 2 processes could not read" in line for line in lines)
 
 
+@pytest.mark.multiprocess
 def test_pretrain_on_two_processes_without_a_shared_output_dir_stops_before_training(
-        tmp_path, launch_pretrain, tiny_model, pairs_file):
-    res = launch_pretrain(["--config", "configs/pretrain/shapes_tiny.yaml",
-                           f"output_dir={tmp_path}/rank_${{oc.env:LOCAL_RANK}}", f"data.train=[{pairs_file}]",
-                           "data.batch_size=4", "data.num_workers=0", "train.steps=2", "train.ckpt_every=1",
-                           "train.progress=false", *tiny_model], processes=2, check=False)
+    tmp_path, launch_pretrain, tiny_model, pairs_file
+):
+    res = launch_pretrain(
+        [
+            "--config",
+            "configs/pretrain/shapes_tiny.yaml",
+            f"output_dir={tmp_path}/rank_${{oc.env:LOCAL_RANK}}",
+            f"data.train=[{pairs_file}]",
+            "data.batch_size=4",
+            "data.num_workers=0",
+            "train.steps=2",
+            "train.ckpt_every=1",
+            "train.progress=false",
+            *tiny_model,
+        ],
+        processes=2,
+        check=False,
+    )
     assert res.returncode != 0
     for r in (0, 1):
         run = tmp_path / f"rank_{r}"

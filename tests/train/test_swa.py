@@ -5,12 +5,13 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from vlp.config import AverageConfig, ConfigError, MultiplierConfig, TrainConfig
+from vlp.config import AverageConfig, MultiplierConfig, TrainConfig
+from vlp.errors import ConfigError
 from vlp.losses.ltd import LagrangeMultiplier
-from vlp.train.checkpoint import find_checkpoint, read_state
 from vlp.train.loop import train
 from vlp.train.optim import build_optimizer
 from vlp.train.swa import WeightAverager, snapshot_steps
+from vlp.weights import find_checkpoint, read_state
 
 
 def test_snapshot_schedule():
@@ -52,6 +53,9 @@ class Task(nn.Module):
         loss = ((self.model(batch["x"]).squeeze(1) - batch["y"]) ** 2).mean()
         return {"loss": loss + self.lam.value() * (loss.detach() - 1.0)}
 
+    def batch_report(self, batch):
+        return len(batch["input_ids"]), batch.get("bad_samples")
+
     def after_optimizer_step(self, step, skipped=None):
         self.lam.step(skipped)
         self.seen[step] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -61,8 +65,15 @@ def test_loop_saves_the_average_of_the_snapshot_weights(tmp_path):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(40, 3, generator=g)
     loader = [{"x": x[i : i + 8], "y": x[i : i + 8].sum(1), "input_ids": x[i : i + 8]} for i in range(0, 40, 8)]
-    cfg = TrainConfig(steps=10, lr=0.05, warmup_steps=0, log_every=5, progress=False, grad_clip=0.1,
-                      average=AverageConfig(snapshots=3, fraction=0.3))
+    cfg = TrainConfig(
+        steps=10,
+        lr=0.05,
+        warmup_steps=0,
+        log_every=5,
+        progress=False,
+        grad_clip=0.1,
+        average=AverageConfig(snapshots=3, fraction=0.3),
+    )
     task = Task()
     assert id(task.lam.lam) not in {id(p) for grp in build_optimizer(task, cfg).param_groups for p in grp["params"]}
     train(task, loader, cfg, tmp_path)

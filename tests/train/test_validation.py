@@ -2,11 +2,13 @@
 
 import json
 
+import pytest
 import torch
 from torch import nn
 
 from vlp.config import TrainConfig
-from vlp.train.loop import Validation, train
+from vlp.train.loop import train
+from vlp.train.validation import Validation
 
 
 class Toy(nn.Module):
@@ -16,6 +18,9 @@ class Toy(nn.Module):
 
     def forward(self, batch, step=0):
         return {"loss": (self.model(batch["x"]) - 1).pow(2).mean()}
+
+    def batch_report(self, batch):
+        return len(batch["input_ids"]), batch.get("bad_samples")
 
 
 def test_best_checkpoint_follows_the_metric(tmp_path):
@@ -37,13 +42,14 @@ def test_best_checkpoint_follows_the_metric(tmp_path):
     assert (tmp_path / "checkpoints" / "step_0000006" / "model.safetensors").is_file()
 
 
-VALIDATE_ON_EVERY_RANK = r'''
+VALIDATE_ON_EVERY_RANK = r"""
 import json, os, sys
 import torch
 from torch import nn
 from vlp.config import TrainConfig
 from vlp.dist import gather_rows, rank, shard_bounds, world_size
-from vlp.train.loop import Validation, train
+from vlp.train.loop import train
+from vlp.train.validation import Validation
 
 class Toy(nn.Module):
     def __init__(self):
@@ -53,6 +59,9 @@ class Toy(nn.Module):
 
     def forward(self, batch, step=0):
         return {"loss": (self.drop(self.model(batch["x"])) - 1).pow(2).mean()}
+
+    def batch_report(self, batch):
+        return len(batch["input_ids"]), batch.get("bad_samples")
 
 out, seen = sys.argv[1], []
 values = {0: [3.0, 5.0, 4.0], 1: [5.0, 3.0, 9.0]}  # rank 1 would choose other best checkpoints
@@ -72,9 +81,10 @@ task = Toy()
 train(task, loader, cfg, out, {"task": "toy"}, validation=Validation(evaluate, "acc", every=2))
 with open(os.path.join(out, f"seen{rank()}.json"), "w") as f:
     json.dump({"seen": seen, "training_after": task.training}, f)
-'''
+"""
 
 
+@pytest.mark.multiprocess
 def test_every_rank_validates_and_rank_0_decides(tmp_path):
     """Two processes: ``evaluate`` runs on both ranks (a sharded evaluation with a gather inside: rank 0
     alone would wait for ever), in eval mode, with the task back in train mode after; the log and the
@@ -91,12 +101,25 @@ def test_every_rank_validates_and_rank_0_decides(tmp_path):
     script = tmp_path / "validate.py"
     script.write_text(VALIDATE_ON_EVERY_RANK)
     run = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-                          str(script), str(run)], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).parents[2], env=dict(os.environ, OMP_NUM_THREADS="1"))
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={port}",
+            str(script),
+            str(run),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[2],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     ranks = [json.loads((run / f"seen{r}.json").read_text()) for r in (0, 1)]
-    for r, got in enumerate(ranks):
+    for got in ranks:
         assert [s["step"] for s in got["seen"]] == [2, 4, 6]
         assert all(not s["training"] and s["total"] == 45.0 for s in got["seen"]) and got["training_after"]
         assert all(s["rows"] == 5 for s in got["seen"])  # each rank evaluated its half

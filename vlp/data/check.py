@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
 
-from vlp.data.formats import (KINDS, BadJSON, DataError, entry_list, entry_problems, plural, read_json,
-                              resolve_image)
-from vlp.data.images import MAX_PIXELS, MIN_SIDE, BadImage, open_image
+from vlp.data.formats import KINDS, entry_problems
+from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
+from vlp.data.json_entries import entry_list, plural, read_json, resolve_image
+from vlp.errors import BadImage, BadJSON, DataError
 
 #: ``--kind`` values: ``auto`` (:func:`detect_kind`) or one of the annotation kinds
 CHECK_KINDS: tuple[str, ...] = ("auto", *KINDS)
@@ -92,17 +93,26 @@ class CheckReport:
 
     def summary(self) -> str:
         images = "images not checked" if self.images_checked is None else plural(self.images_checked, "image")
-        return (f"checked {plural(len(self.files), 'file')}, {plural(self.entries, 'entry', 'entries')}, {images}: "
-                f"{plural(self.errors, 'error')}, {plural(self.warnings, 'warning')}")
+        return (
+            f"checked {plural(len(self.files), 'file')}, {plural(self.entries, 'entry', 'entries')}, {images}: "
+            f"{plural(self.errors, 'error')}, {plural(self.warnings, 'warning')}"
+        )
 
     def lines(self) -> list[str]:
         """The report as printed: one line per problem, one per file, then the summary."""
         return [*map(str, self.problems), *map(str, self.files), self.summary()]
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": "vlp-data-check-v1", "ok": self.ok, "entries": self.entries,
-                "images_checked": self.images_checked, "errors": self.errors, "warnings": self.warnings,
-                "files": [asdict(f) for f in self.files], "problems": [asdict(p) for p in self.problems]}
+        return {
+            "format": "vlp-data-check-v1",
+            "ok": self.ok,
+            "entries": self.entries,
+            "images_checked": self.images_checked,
+            "errors": self.errors,
+            "warnings": self.warnings,
+            "files": [asdict(f) for f in self.files],
+            "problems": [asdict(p) for p in self.problems],
+        }
 
 
 def detect_kind(entries: Sequence[Any]) -> str:
@@ -124,8 +134,12 @@ def _cleaners() -> dict[str, tuple[str, Callable[[str], str]]]:
     from vlp.data.transforms import pre_caption
     from vlp.data.vqa import pre_question
 
-    return {"pairs": ("caption", pre_caption), "retrieval": ("caption", pre_caption),
-            "vqa": ("question", pre_question), "nlvr": ("sentence", pre_caption)}
+    return {
+        "pairs": ("caption", pre_caption),
+        "retrieval": ("caption", pre_caption),
+        "vqa": ("question", pre_question),
+        "nlvr": ("sentence", pre_caption),
+    }
 
 
 def _emptied_texts(file: str, i: int, e: Any, key: str, clean: Callable[[str], str]) -> list[Problem]:
@@ -133,9 +147,17 @@ def _emptied_texts(file: str, i: int, e: Any, key: str, clean: Callable[[str], s
     nothing of; blank texts and wrong types are the loaders' rules, not repeated here."""
     v = e.get(key) if isinstance(e, dict) else None
     texts = [(None, v)] if isinstance(v, str) else list(enumerate(v)) if isinstance(v, list) else []
-    return [Problem(file, i, key, f"key '{key}'{'' if k is None else f' item {k}'} {t!r} has no words left after "
-                                  f"ALBEF cleaning ({clean.__name__}), expected a text with words")
-            for k, t in texts if isinstance(t, str) and t.strip() and not clean(t)]
+    return [
+        Problem(
+            file,
+            i,
+            key,
+            f"key '{key}'{'' if k is None else f' item {k}'} {t!r} has no words left after "
+            f"ALBEF cleaning ({clean.__name__}), expected a text with words",
+        )
+        for k, t in texts
+        if isinstance(t, str) and t.strip() and not clean(t)
+    ]
 
 
 def _image_paths(e: Any, key: str) -> list[str]:
@@ -145,8 +167,9 @@ def _image_paths(e: Any, key: str) -> list[str]:
     return [p for p in paths if isinstance(p, str) and p.strip()]
 
 
-def _check_file(path: Path, root: Path, kind: str, report: CheckReport,
-                images: dict[str, list[tuple[str, int, str]]]) -> None:
+def _check_file(
+    path: Path, root: Path, kind: str, report: CheckReport, images: dict[str, list[tuple[str, int, str]]]
+) -> None:
     """Check one file's JSON and entries into ``report``; add its image uses to ``images``
     (resolved path -> [(file, entry, key), ...])."""
     file = str(path)
@@ -157,8 +180,16 @@ def _check_file(path: Path, root: Path, kind: str, report: CheckReport,
     try:
         entries = entry_list(path, read_json(path))
     except BadJSON as e:
-        report.problems.append(Problem(file, None, None, f"line {e.line} column {e.column}: invalid JSON ({e.reason})",
-                                       line=e.line, column=e.column))
+        report.problems.append(
+            Problem(
+                file,
+                None,
+                None,
+                f"line {e.line} column {e.column}: invalid JSON ({e.reason})",
+                line=e.line,
+                column=e.column,
+            )
+        )
         report.files.append(FileSummary(file, None, False, 0))
         return
     except DataError as e:
@@ -185,7 +216,7 @@ def _map(fn: Callable[[T], R], items: Sequence[T], workers: int) -> Iterator[R]:
         return
     with ThreadPoolExecutor(workers) as pool:
         for start in range(0, len(items), _CHUNK):
-            yield from pool.map(fn, items[start:start + _CHUNK])
+            yield from pool.map(fn, items[start : start + _CHUNK])
 
 
 def _image_problem(image: str, users: list[tuple[str, int, str]], max_pixels: int) -> Optional[Problem]:
@@ -207,9 +238,15 @@ def _image_problem(image: str, users: list[tuple[str, int, str]], max_pixels: in
     return Problem(file, i, key, message, severity, count=len(users))
 
 
-def check_annotations(path: str | Path | Sequence[str | Path], image_root: Optional[str | Path] = None,
-                      images: bool = True, max_pixels: int = MAX_PIXELS, kind: str = "auto",
-                      workers: int = 1, show_progress: bool = False) -> CheckReport:
+def check_annotations(
+    path: str | Path | Sequence[str | Path],
+    image_root: Optional[str | Path] = None,
+    images: bool = True,
+    max_pixels: int = MAX_PIXELS,
+    kind: str = "auto",
+    workers: int = 1,
+    show_progress: bool = False,
+) -> CheckReport:
     """Check one annotation file (or several) and return every problem found.
 
     Per file: it exists and is valid JSON (else one problem with line and column, and the file is

@@ -23,10 +23,9 @@ from __future__ import annotations
 import atexit
 import functools
 import hashlib
-import multiprocessing
-from abc import ABC, abstractmethod
 import random
 import signal
+from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
 
@@ -34,11 +33,12 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from vlp.data.formats import DataError, Sample
+from vlp.data.formats import Sample
 from vlp.data.helper_cache import HelperCache
 from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
 from vlp.data.targets import LatentTargets
 from vlp.data.transforms import tokenize
+from vlp.errors import DataError
 
 #: bad-sample policies of training data (``data.on_bad_sample``); None: evaluation, every item must load
 BAD_SAMPLE_POLICIES = ("skip", "raise")
@@ -155,8 +155,9 @@ def stop_proof_workers() -> Callable[[int], None]:
     return ignore_stop_signals
 
 
-def train_loader(dataset: Dataset, batch_size: int, collate: Callable[[list], Any], num_workers: int,
-                 seed: int) -> EpochLoader:
+def train_loader(
+    dataset: Dataset, batch_size: int, collate: Callable[[list], Any], num_workers: int, seed: int
+) -> EpochLoader:
     """The training loader of a map-style dataset: shuffled with (seed, epoch), items seeded per
     (seed, epoch, index), fixed-size batches (the last partial one dropped when there is a full one),
     persistent workers; batches in pinned memory when a GPU is there (so the copy to it is
@@ -184,8 +185,9 @@ def draw_other(rng: random.Random, index: int, population: int) -> int:
     return j + (j >= index)
 
 
-def replace_bad(load: Callable[[int, int], dict], index: int, population: int, on_bad: Optional[str],
-                seed: int) -> dict:
+def replace_bad(
+    load: Callable[[int, int], dict], index: int, population: int, on_bad: Optional[str], seed: int
+) -> dict:
     """``load(index, 0)`` under the bad-sample policy ``on_bad`` when it raises a :class:`DataError`:
 
     - ``None`` (evaluation): the error propagates as it is;
@@ -206,7 +208,9 @@ def replace_bad(load: Callable[[int, int], dict], index: int, population: int, o
         if on_bad == "raise":
             raise DataError(f"{e}; {BAD_SAMPLE_HINT}") from None
         if on_bad != "skip":
-            raise ValueError(f"bad-sample policy {on_bad!r}: expected one of {list(BAD_SAMPLE_POLICIES)} or None")
+            raise ValueError(
+                f"bad-sample policy {on_bad!r}: expected one of {list(BAD_SAMPLE_POLICIES)} or None"
+            ) from None
         first = e
     if population < 2:
         raise DataError(f"{first}; no other sample to replace it with (data.on_bad_sample=skip)")
@@ -218,8 +222,10 @@ def replace_bad(load: Callable[[int, int], dict], index: int, population: int, o
             continue
         item["bad_samples"] = attempt
         return item
-    raise DataError(f"{first}; and the {MAX_REPLACEMENTS} replacement samples drawn for it were bad too "
-                    "(data.on_bad_sample=skip): check that the data's images are readable")
+    raise DataError(
+        f"{first}; and the {MAX_REPLACEMENTS} replacement samples drawn for it were bad too "
+        "(data.on_bad_sample=skip): check that the data's images are readable"
+    )
 
 
 def count_bad(items: Sequence[dict]) -> torch.Tensor:
@@ -273,8 +279,15 @@ def pick_captions(captions: Sequence[str], k: int = 1, rng: random.Random | None
     return [order[i % len(order)] for i in range(k)]
 
 
-def make_item(image: torch.Tensor, image_id: int, image_key: str, captions: Sequence[str], grouped: bool,
-              helper_cache: Optional[HelperCache] = None, targets: Optional[LatentTargets] = None) -> dict:
+def make_item(
+    image: torch.Tensor,
+    image_id: int,
+    image_key: str,
+    captions: Sequence[str],
+    grouped: bool,
+    helper_cache: Optional[HelperCache] = None,
+    targets: Optional[LatentTargets] = None,
+) -> dict:
     """One training item: ``image`` [3, H, W], ``image_id``, ``caption`` (a string, or the list of
     captions when ``grouped``), and the helper features / LTD targets of the image and caption(s)
     when a cache / targets are given (looked up by ``image_key`` and caption text)."""
@@ -297,10 +310,17 @@ class ImageTextDataset(ItemDataset):
     (``helper_image``/``helper_text``); with :class:`LatentTargets`, each caption's LTD target
     (``ltd_target``). Bad samples and seeds: :class:`ItemDataset`."""
 
-    def __init__(self, samples: Sequence[Sample], transform: Callable[[Image.Image], torch.Tensor],
-                 helper_cache: Optional[HelperCache] = None, targets: Optional[LatentTargets] = None,
-                 captions_per_image: int = 1, on_bad: Optional[str] = None, max_pixels: int = MAX_PIXELS,
-                 min_side: int = MIN_SIDE) -> None:
+    def __init__(
+        self,
+        samples: Sequence[Sample],
+        transform: Callable[[Image.Image], torch.Tensor],
+        helper_cache: Optional[HelperCache] = None,
+        targets: Optional[LatentTargets] = None,
+        captions_per_image: int = 1,
+        on_bad: Optional[str] = None,
+        max_pixels: int = MAX_PIXELS,
+        min_side: int = MIN_SIDE,
+    ) -> None:
         super().__init__(on_bad, max_pixels, min_side)
         self.samples = list(samples)
         self.transform = transform
@@ -319,8 +339,15 @@ class ImageTextDataset(ItemDataset):
     def load(self, i: int) -> dict:
         s = self.samples[i]
         caps = pick_captions(s.captions, self.captions_per_image)
-        return make_item(self.transform(self.image(s.image, s.origin)), self.key_to_id[s.image_key], s.image_key,
-                         caps, self.captions_per_image > 1, self.helper_cache, self.targets)
+        return make_item(
+            self.transform(self.image(s.image, s.origin)),
+            self.key_to_id[s.image_key],
+            s.image_key,
+            caps,
+            self.captions_per_image > 1,
+            self.helper_cache,
+            self.targets,
+        )
 
 
 class ImageDataset(Dataset):
@@ -360,6 +387,9 @@ class Collator:
             if key in items[0]:
                 batch[key] = torch.stack([it[key] for it in items])
         if "ltd_target" in items[0]:
-            batch["ltd_target"] = torch.cat([it["ltd_target"] for it in items]) if grouped else \
-                torch.stack([it["ltd_target"] for it in items])
+            batch["ltd_target"] = (
+                torch.cat([it["ltd_target"] for it in items])
+                if grouped
+                else torch.stack([it["ltd_target"] for it in items])
+            )
         return batch

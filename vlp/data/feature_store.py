@@ -15,7 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from vlp.data.formats import DataError
+from vlp.errors import DataError
 
 
 def write_features(path: str | Path, tensors: dict[str, torch.Tensor], header: dict[str, Any]) -> Path:
@@ -25,13 +25,18 @@ def write_features(path: str | Path, tensors: dict[str, torch.Tensor], header: d
         raise DataError(f"{path} already exists; choose another --out or remove it")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
-              metadata={k: json.dumps(v) for k, v in header.items()})
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()},
+        str(tmp),
+        metadata={k: json.dumps(v) for k, v in header.items()},
+    )
     os.replace(tmp, path)
     return path
 
 
-def read_features(path: str | Path, fmt: str, names: tuple[str, ...], hint: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def read_features(
+    path: str | Path, fmt: str, names: tuple[str, ...], hint: str
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Tensors ``names`` and the header of a file written by :func:`write_features` in format ``fmt``.
     Any problem raises one :class:`DataError` naming the file; ``hint`` says how to (re)build it."""
     path = Path(path)

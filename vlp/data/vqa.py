@@ -9,9 +9,10 @@ import torch
 from PIL import Image
 
 from vlp.data.datasets import ItemDataset, count_bad
-from vlp.data.formats import DataError, VQAQuestion
+from vlp.data.downstream_formats import VQAQuestion
 from vlp.data.images import MAX_PIXELS, MIN_SIDE
 from vlp.data.transforms import DELETE_CHARS, is_albef_compat, tokenize
+from vlp.errors import DataError
 
 TRAIN_MAX_WORDS, TEST_MAX_WORDS = 30, 50  # ALBEF pre_question word limits
 
@@ -48,9 +49,15 @@ class VQADataset(ItemDataset):
     Bad samples (``on_bad``, training only) and per-item seeds: :class:`ItemDataset`.
     """
 
-    def __init__(self, questions: Sequence[VQAQuestion], transform: Callable[[Image.Image], torch.Tensor],
-                 train: bool, on_bad: Optional[str] = None, max_pixels: int = MAX_PIXELS,
-                 min_side: int = MIN_SIDE) -> None:
+    def __init__(
+        self,
+        questions: Sequence[VQAQuestion],
+        transform: Callable[[Image.Image], torch.Tensor],
+        train: bool,
+        on_bad: Optional[str] = None,
+        max_pixels: int = MAX_PIXELS,
+        min_side: int = MIN_SIDE,
+    ) -> None:
         super().__init__(on_bad, max_pixels, min_side)
         self.questions, self.transform, self.train = list(questions), transform, train
         for q in self.questions:
@@ -109,13 +116,19 @@ class VQACollator:
 
     def __call__(self, items: list[dict]) -> dict[str, torch.Tensor]:
         if is_albef_compat(self.tokenizer):  # [CLS] q
-            questions = [it["question_albef"] if "question_albef" in it
-                         else albef_pre_question(it["question"], TEST_MAX_WORDS) for it in items]
+            questions = [
+                it["question_albef"] if "question_albef" in it else albef_pre_question(it["question"], TEST_MAX_WORDS)
+                for it in items
+            ]
             train = any(it.get("train", False) for it in items)
             enc = tokenize(self.tokenizer, questions, self.question_max_len if train else None, clean=_as_is)
         else:  # [CLS] q [SEP]
-            enc = tokenize(self.tokenizer, [it["question"] for it in items], self.question_max_len,
-                           clean=partial(pre_question, max_words=TEST_MAX_WORDS))
+            enc = tokenize(
+                self.tokenizer,
+                [it["question"] for it in items],
+                self.question_max_len,
+                clean=partial(pre_question, max_words=TEST_MAX_WORDS),
+            )
         answers = [a for it in items for a in it["answers"]]
         ids, mask = tokenize_answers(self.tokenizer, answers, self.answer_max_len)
         counts = torch.tensor([len(it["answers"]) for it in items], dtype=torch.long)

@@ -162,7 +162,9 @@ def relevance_metrics(
     rel_t2i = positives_mask(relevant_images, n_img)  # [N_txt, N_img]
     rel_i2t = rel_t2i.T.contiguous()
     if graded is not None and graded.shape != rel_t2i.shape:
-        raise ValueError(f"graded relevance has shape {tuple(graded.shape)}, expected {tuple(rel_t2i.shape)} (texts, images)")
+        raise ValueError(
+            f"graded relevance has shape {tuple(graded.shape)}, expected {tuple(rel_t2i.shape)} (texts, images)"
+        )
     gains = graded if graded is not None else rel_t2i.float()
     out = {f"img_r{k}_rel": v for k, v in recall_at(best_positive_rank(scores_t2i, rel_t2i), ks).items()}
     out |= {f"txt_r{k}_rel": v for k, v in recall_at(best_positive_rank(scores_i2t, rel_i2t), ks).items()}

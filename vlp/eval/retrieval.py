@@ -30,11 +30,12 @@ from typing import Optional
 import torch
 from torch.utils.data import DataLoader, Subset
 
-from vlp.config import ConfigError, EvalConfig
+from vlp.config import EvalConfig
 from vlp.data.datasets import ImageDataset
 from vlp.data.formats import RetrievalSplit
 from vlp.data.transforms import tokenize
 from vlp.dist import fetch_rows, gather_rows, rank, shard_bounds, world_size
+from vlp.errors import ConfigError
 from vlp.eval.metrics import relevance_metrics, retrieval_metrics
 from vlp.eval.mode import evaluating
 from vlp.models.albef import ALBEF
@@ -148,8 +149,9 @@ class _Rows:
         return self.out
 
 
-def _encode_texts(model: ALBEF, ids: torch.Tensor, mask: torch.Tensor, batch_size: int, dtype: torch.dtype,
-                  bar, host: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _encode_texts(
+    model: ALBEF, ids: torch.Tensor, mask: torch.Tensor, batch_size: int, dtype: torch.dtype, bar, host: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``ids``, ``mask`` [n, T] -> hidden states [n, T, H] in ``dtype`` (``host``: in host memory),
     normalised features [n, E]."""
     hidden, feat = _Rows(len(ids), dtype, host, ids.device), []
@@ -161,8 +163,16 @@ def _encode_texts(model: ALBEF, ids: torch.Tensor, mask: torch.Tensor, batch_siz
     return hidden.result(), torch.cat(feat)
 
 
-def _encode_images(model: ALBEF, dataset, batch_size: int, device: torch.device, num_workers: int, dtype: torch.dtype,
-                   bar, host: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _encode_images(
+    model: ALBEF,
+    dataset,
+    batch_size: int,
+    device: torch.device,
+    num_workers: int,
+    dtype: torch.dtype,
+    bar,
+    host: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Images of ``dataset`` -> tokens [n, 1+N, W] in ``dtype`` (``host``: in host memory),
     normalised features [n, E]. ``num_workers`` loader processes decode the images; on CUDA the
     batches come in pinned memory and are copied without blocking."""
@@ -177,9 +187,20 @@ def _encode_images(model: ALBEF, dataset, batch_size: int, device: torch.device,
 
 
 @torch.no_grad()
-def embed(model: ALBEF, split: RetrievalSplit, tokenizer, transform, max_len: int, batch_size: int,
-          device: torch.device, show_progress: bool = True, num_workers: int = 0, precision: str = "fp32",
-          distributed: bool = False, offload: str = "none") -> Embeddings:
+def embed(
+    model: ALBEF,
+    split: RetrievalSplit,
+    tokenizer,
+    transform,
+    max_len: int,
+    batch_size: int,
+    device: torch.device,
+    show_progress: bool = True,
+    num_workers: int = 0,
+    precision: str = "fp32",
+    distributed: bool = False,
+    offload: str = "none",
+) -> Embeddings:
     """Unimodal features of every image and text of ``split`` (texts in one padded tensor), in eval
     mode (the model's modes restored after).
 
@@ -204,15 +225,22 @@ def embed(model: ALBEF, split: RetrievalSplit, tokenizer, transform, max_len: in
     keep = torch.bfloat16 if precision == "bf16" else torch.float32
     with evaluating(model), autocast(precision, device):
         hidden, tfeat = _encode_texts(model, ids, mask, batch_size, keep, bar, host=offload == "all")
-        tokens, ifeat = _encode_images(model, images, batch_size, device, num_workers, keep, bar,
-                                       host=offload in ("images", "all"))
+        tokens, ifeat = _encode_images(
+            model, images, batch_size, device, num_workers, keep, bar, host=offload in ("images", "all")
+        )
     bar.close()
     if world == 1:
         return Embeddings(tokens, ifeat, hidden, mask, tfeat)
     nt, ni = t_bounds[me + 1] - t_bounds[me], i_bounds[me + 1] - i_bounds[me]  # a first row stood in for an empty shard
-    return Embeddings(tokens[:ni], gather_rows(ifeat[:ni], i_bounds), hidden[:nt], mask[:nt],
-                      gather_rows(tfeat[:nt], t_bounds), torch.arange(i_bounds[me], i_bounds[me + 1], device=device),
-                      torch.arange(t_bounds[me], t_bounds[me + 1], device=device))
+    return Embeddings(
+        tokens[:ni],
+        gather_rows(ifeat[:ni], i_bounds),
+        hidden[:nt],
+        mask[:nt],
+        gather_rows(tfeat[:nt], t_bounds),
+        torch.arange(i_bounds[me], i_bounds[me + 1], device=device),
+        torch.arange(t_bounds[me], t_bounds[me + 1], device=device),
+    )
 
 
 def _rows_or_first(start: int, end: int) -> range:
@@ -224,7 +252,9 @@ def _rows_or_first(start: int, end: int) -> range:
 
 
 @torch.no_grad()
-def itm_scores(model: ALBEF, emb: Embeddings, img_idx: torch.Tensor, txt_idx: torch.Tensor, batch_size: int) -> torch.Tensor:
+def itm_scores(
+    model: ALBEF, emb: Embeddings, img_idx: torch.Tensor, txt_idx: torch.Tensor, batch_size: int
+) -> torch.Tensor:
     """ITM match logits for pairs (img_idx[p], txt_idx[p]) -> [P]; indices are rows of
     ``emb.image_tokens`` / ``emb.text_hidden`` (on the model's device: :func:`score_pairs` moves
     offloaded rows there). Each distinct image's cross-attention K/V is
@@ -254,9 +284,15 @@ def _scoring_inputs(emb: Embeddings, p_img: torch.Tensor, p_txt: torch.Tensor, s
     i_bounds = shard_bounds(len(emb.image_feat), world)
     t_bounds = shard_bounds(len(emb.text_feat), world)
     device = emb.image_feat.device
-    return Embeddings(_fetch(emb.image_tokens, i_bounds, need_img, device), emb.image_feat,
-                      _fetch(emb.text_hidden, t_bounds, need_txt, device), fetch_rows(emb.text_mask, t_bounds, need_txt),
-                      emb.text_feat, need_img[rank()], need_txt[rank()])
+    return Embeddings(
+        _fetch(emb.image_tokens, i_bounds, need_img, device),
+        emb.image_feat,
+        _fetch(emb.text_hidden, t_bounds, need_txt, device),
+        fetch_rows(emb.text_mask, t_bounds, need_txt),
+        emb.text_feat,
+        need_img[rank()],
+        need_txt[rank()],
+    )
 
 
 def _fetch(local: torch.Tensor, bounds: list[int], need: list[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -276,7 +312,9 @@ def _to_host(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _rows_on(xs: tuple[torch.Tensor, ...], idx: torch.Tensor, device: torch.device) -> tuple[list[torch.Tensor], torch.Tensor]:
+def _rows_on(
+    xs: tuple[torch.Tensor, ...], idx: torch.Tensor, device: torch.device
+) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The rows ``idx`` [P] of the tensors ``xs`` (same rows) need, on ``device``: ``(rows of each
     [R, ...], idx remapped to them)``. Nothing moves when every tensor is on the device already.
     Rows in host memory are copied over: one contiguous block (asynchronously from pinned memory)
@@ -290,8 +328,15 @@ def _rows_on(xs: tuple[torch.Tensor, ...], idx: torch.Tensor, device: torch.devi
     return [x[want.to(x.device)].to(device) for x in xs], torch.searchsorted(want, idx)
 
 
-def score_pairs(model: ALBEF, emb: Embeddings, p_img: torch.Tensor, p_txt: torch.Tensor, cfg: EvalConfig,
-                show_progress: bool = True, distributed: bool = False) -> torch.Tensor:
+def score_pairs(
+    model: ALBEF,
+    emb: Embeddings,
+    p_img: torch.Tensor,
+    p_txt: torch.Tensor,
+    cfg: EvalConfig,
+    show_progress: bool = True,
+    distributed: bool = False,
+) -> torch.Tensor:
     """ITM match logits [P] of the pairs (p_img[p], p_txt[p]), sorted by image, under
     ``cfg.precision``, ``cfg.pair_batch`` pairs per fusion batch.
 
@@ -338,12 +383,20 @@ def check_k_test(cfg: EvalConfig, n_images: int, n_texts: int, source: str = "th
     """ITM re-ranking scores the top ``eval.k_test`` images of each caption and captions of each
     image: it cannot exceed the candidate set (fails before any encoding; ``itc`` does not re-rank)."""
     if cfg.score != "itc" and cfg.k_test > min(n_images, n_texts):
-        raise ConfigError(f"config key 'eval.k_test': {cfg.k_test} candidates per query, but {source} has "
-                          f"{n_images} images and {n_texts} captions; set eval.k_test <= {min(n_images, n_texts)}")
+        raise ConfigError(
+            f"config key 'eval.k_test': {cfg.k_test} candidates per query, but {source} has "
+            f"{n_images} images and {n_texts} captions; set eval.k_test <= {min(n_images, n_texts)}"
+        )
 
 
-def rerank_both(model: ALBEF, emb: Embeddings, sim: torch.Tensor, cfg: EvalConfig,
-                show_progress: bool = True, distributed: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
+def rerank_both(
+    model: ALBEF,
+    emb: Embeddings,
+    sim: torch.Tensor,
+    cfg: EvalConfig,
+    show_progress: bool = True,
+    distributed: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """ITM re-ranking of each image's and each caption's top ``k_test`` ITC candidates.
 
     A pair in both candidate sets is scored once. The distinct pairs are ordered by image, so that
@@ -369,9 +422,16 @@ def rerank_both(model: ALBEF, emb: Embeddings, sim: torch.Tensor, cfg: EvalConfi
 
 
 @torch.no_grad()
-def evaluate_retrieval(model: ALBEF, emb: Embeddings, split: RetrievalSplit, cfg: EvalConfig,
-                       relevant_images: Optional[list[list[int]]] = None, show_progress: bool = True,
-                       graded_relevance: Optional[torch.Tensor] = None, distributed: bool = False) -> RetrievalResult:
+def evaluate_retrieval(
+    model: ALBEF,
+    emb: Embeddings,
+    split: RetrievalSplit,
+    cfg: EvalConfig,
+    relevant_images: Optional[list[list[int]]] = None,
+    show_progress: bool = True,
+    graded_relevance: Optional[torch.Tensor] = None,
+    distributed: bool = False,
+) -> RetrievalResult:
     """Score all pairs and compute ALBEF retrieval metrics (+ relevance-aware ones if given).
 
     ``graded_relevance`` [N_txt, N_img] float gains >= 0 (needs ``relevant_images``) replaces the
@@ -380,7 +440,7 @@ def evaluate_retrieval(model: ALBEF, emb: Embeddings, split: RetrievalSplit, cfg
     Similarities and metrics are fp32 whatever ``cfg.precision``."""
     if graded_relevance is not None and relevant_images is None:
         raise ValueError("graded_relevance needs relevant_images (R-precision and mAP use the relevance lists)")
-    sim = (emb.image_feat.float() @ emb.text_feat.float().T)  # cosine, not divided by temp
+    sim = emb.image_feat.float() @ emb.text_feat.float().T  # cosine, not divided by temp
     if cfg.score == "itc":
         i2t, t2i, scored = sim, sim.T.contiguous(), 0
     else:

@@ -4,19 +4,13 @@ most-frequent-answer baseline."""
 from __future__ import annotations
 
 import re
-import string
 from collections import defaultdict
 from typing import Mapping, Sequence
 
-from vlp.data.formats import VQAQuestion
+from vlp.data.answers import normalize_answer
+from vlp.data.downstream_formats import VQAQuestion
 
 ALL = "all"  # key of the overall entry in the per-type dictionaries
-
-
-def normalize_answer(s: str) -> str:
-    """Lower-case, strip, collapse whitespace runs to one space, drop trailing punctuation."""
-    s = re.sub(r"\s+", " ", s.lower()).strip()
-    return s.rstrip(string.punctuation).rstrip()
 
 
 def vqa_accuracy(pred: str, raw_answers: Sequence[str]) -> float:
@@ -32,8 +26,20 @@ def vqa_accuracy(pred: str, raw_answers: Sequence[str]) -> float:
 _PUNCT = (";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",", "?", "!")
 _PERIOD = re.compile(r"(?!<=\d)(\.)(?!\d)")
 _COMMA_IN_NUMBER = re.compile(r"(\d)(,)(\d)")
-_NUMBERS = {"none": "0", "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
-            "seven": "7", "eight": "8", "nine": "9", "ten": "10"}
+_NUMBERS = {
+    "none": "0",
+    "zero": "0",
+    "one": "1",
+    "two": "2",
+    "three": "3",
+    "four": "4",
+    "five": "5",
+    "six": "6",
+    "seven": "7",
+    "eight": "8",
+    "nine": "9",
+    "ten": "10",
+}
 _ARTICLES = frozenset({"a", "an", "the"})
 
 
@@ -85,8 +91,10 @@ def per_type_accuracy(preds: Sequence[str], questions: Sequence[VQAQuestion]) ->
     for i, q in enumerate(questions):
         if q.question_type is not None:
             groups[q.question_type].append(i)
-    out = {t: mean_vqa_accuracy([preds[i] for i in idx], [questions[i].raw_answers for i in idx])
-           for t, idx in sorted(groups.items())}
+    out = {
+        t: mean_vqa_accuracy([preds[i] for i in idx], [questions[i].raw_answers for i in idx])
+        for t, idx in sorted(groups.items())
+    }
     out[ALL] = mean_vqa_accuracy(preds, [q.raw_answers for q in questions])
     return out
 

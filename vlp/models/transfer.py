@@ -16,8 +16,9 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from vlp.models.loading import CheckpointError, load_strict
+from vlp.errors import CheckpointError
 from vlp.models.vision import resize_pos_embed
+from vlp.weights import load_strict
 
 # Tied in pretraining checkpoints; safetensors keeps one name per tied group, so both are restored.
 PRETRAIN_TIES = (("text.embeddings.word_embeddings.weight", "mlm_head.decoder.weight"),)
@@ -101,4 +102,8 @@ def load_pretrained(model: nn.Module, ckpt: str | Path) -> dict[str, list[str]]:
         model.momentum.copy_from_online()
     copied = twin_missing and hasattr(model, "momentum")
     new = sorted(k for k in own if k not in state and not (copied and k.startswith(TWIN)))
-    return {"new": new, "dropped": sorted(set(source) - set(state) | set(spare)), "momentum_copied": ["all"] if copied else []}
+    return {
+        "new": new,
+        "dropped": sorted(set(source) - set(state) | set(spare)),
+        "momentum_copied": ["all"] if copied else [],
+    }

@@ -15,15 +15,24 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
-
 import timm
+import torch
 from torch import nn
 
-from vlp.config import VISION_PRESETS, ConfigError, VisionConfig, resolved
-from vlp.interop.clip import (CLIP_ARCHS, CLIP_TRANSFORMS, HF_CLIP_TRANSFORMS, clip_prefix, convert_clip, convert_hf_clip,
-                              is_hf_clip, refuse_resnet_clip, refuse_torchscript)
-from vlp.models.loading import CheckpointError, load_strict, read_state_dict
+from vlp.config import VISION_PRESETS, VisionConfig, resolved
+from vlp.errors import CheckpointError, ConfigError
+from vlp.models.clip_weights import (
+    CLIP_ARCHS,
+    CLIP_TRANSFORMS,
+    HF_CLIP_TRANSFORMS,
+    clip_prefix,
+    convert_clip,
+    convert_hf_clip,
+    is_hf_clip,
+    refuse_resnet_clip,
+    refuse_torchscript,
+)
+from vlp.weights import load_strict, read_state_dict
 
 INIT_KINDS = ("none", "timm", "deit", "clip", "open_clip")
 REPORT_FILE = "vision_init_report.json"
@@ -88,8 +97,9 @@ def build_vision(cfg: VisionConfig) -> nn.Module:
         num_classes=0,
     )
     check_layout(vit, kind, arch)
-    report: dict[str, Any] = dict(init=kind, source=cfg.pretrained, arch=arch, format=None, mapped={}, dropped={},
-                                  missing=[], transforms={})
+    report: dict[str, Any] = dict(
+        init=kind, source=cfg.pretrained, arch=arch, format=None, mapped={}, dropped={}, missing=[], transforms={}
+    )
     if cfg.pretrained is not None:
         report.update(load_vision_weights(vit, cfg.pretrained, list(cfg.init_allow_missing)))
     vit.init_report = report  # a plain attribute: not part of the state dict
@@ -105,9 +115,11 @@ def check_layout(vit: nn.Module, kind: str, arch: str) -> None:
     act = type(vit.blocks[0].mlp.act) if len(vit.blocks) else None
     want = QuickGELU if kind == "clip" else nn.GELU
     if not isinstance(vit.norm_pre, nn.LayerNorm) or act is not want:
-        raise ConfigError(f"config key 'model.vision.arch': {arch!r} is not the CLIP ViT layout that "
-                          f"model.vision.init={kind} needs (norm_pre LayerNorm, {want.__name__}); leave arch unset "
-                          f"({CLIP_ARCHS[kind]})")
+        raise ConfigError(
+            f"config key 'model.vision.arch': {arch!r} is not the CLIP ViT layout that "
+            f"model.vision.init={kind} needs (norm_pre LayerNorm, {want.__name__}); leave arch unset "
+            f"({CLIP_ARCHS[kind]})"
+        )
 
 
 def load_vision_weights(vit: nn.Module, pretrained: str, allow_missing: list[str]) -> dict[str, Any]:
@@ -157,12 +169,16 @@ def hub_state_dict(name: str) -> dict[str, torch.Tensor]:
 
     hf_repo = re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None  # e.g. openai/clip-vit-base-patch16
     if not (hf_repo or timm.list_pretrained(name) or timm.list_pretrained(name + ".*")):
-        raise CheckpointError(f"model.vision.pretrained={name!r}: no such file, and not a timm pretrained tag "
-                              "(e.g. deit_base_patch16_224.fb_in1k, vit_base_patch16_clip_224.openai) or a Hugging "
-                              "Face repository (e.g. openai/clip-vit-base-patch16)")
-    hint = (f"model.vision.pretrained={name!r} is a hub name, and the hub cannot be reached{{why}}. Download the "
-            "weights where there is network and pass the local file: model.vision.pretrained=/path/to/weights "
-            "(.safetensors, .pth, .bin, or an open_clip .pt state dict; OpenAI's TorchScript .pt is not read)")
+        raise CheckpointError(
+            f"model.vision.pretrained={name!r}: no such file, and not a timm pretrained tag "
+            "(e.g. deit_base_patch16_224.fb_in1k, vit_base_patch16_clip_224.openai) or a Hugging "
+            "Face repository (e.g. openai/clip-vit-base-patch16)"
+        )
+    hint = (
+        f"model.vision.pretrained={name!r} is a hub name, and the hub cannot be reached{{why}}. Download the "
+        "weights where there is network and pass the local file: model.vision.pretrained=/path/to/weights "
+        "(.safetensors, .pth, .bin, or an open_clip .pt state dict; OpenAI's TorchScript .pt is not read)"
+    )
     if constants.is_offline_mode():
         raise CheckpointError(hint.format(why=" (offline mode: HF_HUB_OFFLINE=1)"))
     try:
@@ -214,9 +230,11 @@ def report_line(report: dict[str, Any]) -> str:
     if report.get("source") is None:
         return f"vision init: {report['init']} (random weights, arch {report['arch']})"
     pos = [n for n in report["transforms"].get("pos_embed", "").split("; ") if n.startswith(("grid", "row"))]
-    return (f"vision init: {report['init']} from {report['source']} ({report['format']} names, arch {report['arch']}): "
-            f"{len(report['mapped'])} tensors mapped, {len(report['dropped'])} dropped on purpose, "
-            f"{len(report['missing'])} left random{'; pos_embed ' + ', '.join(pos) if pos else ''}")
+    return (
+        f"vision init: {report['init']} from {report['source']} ({report['format']} names, arch {report['arch']}): "
+        f"{len(report['mapped'])} tensors mapped, {len(report['dropped'])} dropped on purpose, "
+        f"{len(report['missing'])} left random{'; pos_embed ' + ', '.join(pos) if pos else ''}"
+    )
 
 
 def write_init_report(model: nn.Module, run_dir: str | Path) -> Optional[Path]:
@@ -235,8 +253,10 @@ def check_vision_init(cfg: VisionConfig) -> None:
     """Before a pretraining run: an init kind that loads weights needs ``model.vision.pretrained``."""
     kind = init_kind(cfg)
     if kind in ("deit", "clip", "open_clip") and cfg.pretrained is None:
-        raise ConfigError(f"config key 'model.vision.pretrained': model.vision.init={kind} needs a weights file or "
-                          "hub tag (set model.vision.init=none for a random tower)")
+        raise ConfigError(
+            f"config key 'model.vision.pretrained': model.vision.init={kind} needs a weights file or "
+            "hub tag (set model.vision.init=none for a random tower)"
+        )
 
 
 def create_timm(arch: str, pretrained: Optional[str] = None, **kwargs: Any) -> nn.Module:
@@ -257,10 +277,18 @@ def resize_pos_embed(pos_embed: torch.Tensor, num_tokens: int, num_prefix: int =
     if pos_embed.shape[1] == num_tokens:
         return pos_embed
     old, new = pos_embed.shape[1] - num_prefix, num_tokens - num_prefix
-    g_old, g_new = round(old ** 0.5), round(new ** 0.5)
+    g_old, g_new = round(old**0.5), round(new**0.5)
     if g_old * g_old != old or g_new * g_new != new:
-        raise ValueError(f"position embedding of {pos_embed.shape[1]} tokens -> {num_tokens}: "
-                         f"both must be {num_prefix} + a square grid")
-    out = resample_abs_pos_embed(pos_embed.float(), [g_new, g_new], [g_old, g_old], num_prefix_tokens=num_prefix,
-                                 interpolation="bicubic", antialias=False)
+        raise ValueError(
+            f"position embedding of {pos_embed.shape[1]} tokens -> {num_tokens}: "
+            f"both must be {num_prefix} + a square grid"
+        )
+    out = resample_abs_pos_embed(
+        pos_embed.float(),
+        [g_new, g_new],
+        [g_old, g_old],
+        num_prefix_tokens=num_prefix,
+        interpolation="bicubic",
+        antialias=False,
+    )
     return out.to(pos_embed.dtype)

@@ -16,10 +16,10 @@ from transformers import BertConfig
 from transformers.models.bert.modeling_bert import BertEmbeddings
 
 from vlp.config import ModelConfig
+from vlp.errors import CheckpointError
 from vlp.losses.vqa import first_token_topk, select_answers, sequence_nll
 from vlp.models.albef import ALBEF
 from vlp.models.heads import MLMHead
-from vlp.models.loading import CheckpointError
 from vlp.models.text import FusionEncoder, ImageKV, select_kv
 
 #: Cross-attention context of the decoder: question states [A, T, H] or their projected K/V.
@@ -41,8 +41,14 @@ class AnswerDecoder(nn.Module):
         self.embeddings = BertEmbeddings(c)
         _bert_init_embeddings(self.embeddings, c.initializer_range)
         self.encoder = FusionEncoder(
-            c.hidden_size, n_layers, c.num_attention_heads, c.intermediate_size, image_width=c.hidden_size,
-            dropout=c.hidden_dropout_prob, eps=c.layer_norm_eps, causal=True,
+            c.hidden_size,
+            n_layers,
+            c.num_attention_heads,
+            c.intermediate_size,
+            image_width=c.hidden_size,
+            dropout=c.hidden_dropout_prob,
+            eps=c.layer_norm_eps,
+            causal=True,
         )
         self.lm_head = MLMHead(c.hidden_size, c.vocab_size, c.layer_norm_eps)
         self.lm_head.tie(self.embeddings.word_embeddings)
@@ -151,7 +157,7 @@ class VQAModel(ALBEF):
     # -- checkpoints ---------------------------------------------------------------------------
 
     @staticmethod
-    def adapt_pretrained(state: dict[str, torch.Tensor], model: "VQAModel") -> tuple[dict[str, torch.Tensor], list[str]]:
+    def adapt_pretrained(state: dict[str, torch.Tensor], model: VQAModel) -> tuple[dict[str, torch.Tensor], list[str]]:
         """Turn a vlp pretraining state into a VQA state (ALBEF's decoder initialisation).
 
         Online and inside ``momentum.twin.``: ``vision.*``, ``text.*`` and ``fusion.*`` are kept;
@@ -163,7 +169,7 @@ class VQAModel(ALBEF):
         dropped. Any other key raises :class:`CheckpointError` (nothing is dropped silently).
 
         Returns ``(new_state, allow_missing)``: fnmatch patterns (exact names) of the model keys
-        legitimately left new, for :func:`vlp.models.loading.load_strict`. A state that already has
+        legitimately left new, for :func:`vlp.weights.load_strict`. A state that already has
         ``decoder.*`` keys is a VQA state and is returned unchanged with ``[]``.
         """
         if any(k.startswith("decoder.") for k in state):
@@ -172,7 +178,7 @@ class VQAModel(ALBEF):
         twin = "momentum.twin."
         parts = {
             "": {k: v for k, v in state.items() if not k.startswith(twin)},
-            twin: {k[len(twin):]: v for k, v in state.items() if k.startswith(twin)},
+            twin: {k[len(twin) :]: v for k, v in state.items() if k.startswith(twin)},
         }
         new_state: dict[str, torch.Tensor] = {}
         allow: list[str] = []
@@ -180,8 +186,11 @@ class VQAModel(ALBEF):
             adapted = {prefix + k: v for k, v in _adapt_part(part, prefix).items()}
             # image width != text hidden: the decoder's cross-attention K/V Linear (weight and
             # bias) cannot take the fusion layer's, it stays new
-            new_kv = {k.rsplit(".", 1)[0] for k, v in adapted.items()
-                      if _is_decoder_cross_kv(k) and k in own and tuple(own[k].shape) != tuple(v.shape)}
+            new_kv = {
+                k.rsplit(".", 1)[0]
+                for k, v in adapted.items()
+                if _is_decoder_cross_kv(k) and k in own and tuple(own[k].shape) != tuple(v.shape)
+            }
             for k, v in adapted.items():
                 if k not in own and k.endswith("position_ids"):
                     continue  # a buffer that is non-persistent in this transformers version
@@ -190,7 +199,9 @@ class VQAModel(ALBEF):
                     continue
                 new_state[k] = v
             if part and not any(k.startswith("mlm_head.") for k in part):  # no MLM head saved
-                allow += [k for k in own if k.startswith(prefix + "decoder.lm_head.") and not k.endswith(".decoder.weight")]
+                allow += [
+                    k for k in own if k.startswith(prefix + "decoder.lm_head.") and not k.endswith(".decoder.weight")
+                ]
         # VQA's (empty) queue buffers, and a position_ids buffer the checkpoint lacks
         allow += [k for k in own if k not in new_state and (k.startswith("queue.") or k.endswith("position_ids"))]
         return new_state, sorted(set(allow))
@@ -213,11 +224,11 @@ def _adapt_part(part: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.T
         if _KEEP.match(k):
             out[k] = v
             if k.startswith("text.embeddings."):
-                out["decoder." + k[len("text."):]] = v
+                out["decoder." + k[len("text.") :]] = v
             elif k.startswith("fusion.layer."):
-                out["decoder.encoder." + k[len("fusion."):]] = v
+                out["decoder.encoder." + k[len("fusion.") :]] = v
         elif k.startswith("mlm_head."):
-            out["decoder.lm_head." + k[len("mlm_head."):]] = v
+            out["decoder.lm_head." + k[len("mlm_head.") :]] = v
         elif not _DROP.match(k):
             raise CheckpointError(f"adapt_pretrained: unrecognised pretraining key {prefix + k!r}")
     # The tied group (text word embeddings = MLM decoder): whichever name was saved fills every

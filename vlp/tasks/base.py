@@ -10,7 +10,7 @@ from torch import nn
 from vlp.data.transforms import PixelNorm
 from vlp.dist import rank
 from vlp.tasks.reconstruction import Reconstruction
-from vlp.train.checkpoint import load_module_states, module_states
+from vlp.weights import load_module_states, module_states
 
 
 class Task(nn.Module):
@@ -19,8 +19,16 @@ class Task(nn.Module):
     (head, lambda) is checkpointed next to the model, the distillation weight schedule and the
     task's random generators (per rank, and shared by the ranks for draws over the global batch)."""
 
-    def __init__(self, model: nn.Module, reconstruction: Optional[Reconstruction] = None, *, alpha: float = 0.0,
-                 alpha_ramp_steps: int = 0, distill: bool = False, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        reconstruction: Optional[Reconstruction] = None,
+        *,
+        alpha: float = 0.0,
+        alpha_ramp_steps: int = 0,
+        distill: bool = False,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         if not 0.0 <= alpha <= 1.0 or alpha_ramp_steps < 0:
             raise ValueError(f"alpha must be in [0, 1] and alpha_ramp_steps >= 0, got {alpha}, {alpha_ramp_steps}")
@@ -70,14 +78,20 @@ class Task(nn.Module):
         self._shared_gen, self._shared_key = self._draws(self._shared_gen, self._shared_key, device, 0, step)
         return self._shared_gen
 
-    def _draws(self, gen: Optional[torch.Generator], key: Optional[tuple], device: torch.device, r: int,
-               step: Optional[int]) -> tuple[torch.Generator, tuple]:
+    def _draws(
+        self, gen: Optional[torch.Generator], key: Optional[tuple], device: torch.device, r: int, step: Optional[int]
+    ) -> tuple[torch.Generator, tuple]:
         """``gen`` while ``(device, step)`` is unchanged, else a new generator seeded for (seed, r, step)."""
         new_key = (torch.device(device), step)
         if gen is not None and key == new_key:
             return gen, key
         seed = self.seed + 1000 * r if step is None else ((self.seed * 1_000_003 + r) * 1_000_000_007 + step) % 2**63
         return torch.Generator(device=device).manual_seed(seed), new_key
+
+    def batch_report(self, batch: dict[str, torch.Tensor]) -> tuple[int, Optional[torch.Tensor]]:
+        """What the training loop logs of a batch: its pairs on this rank, and ``bad_samples`` (0-d,
+        the bad loads its items replaced; None: not counted). No read from the device."""
+        return len(batch["input_ids"]), batch.get("bad_samples")
 
     def after_optimizer_step(self, step: int, skipped: Optional[torch.Tensor] = None) -> None:
         """Momentum EMA and the LTD multiplier's step; neither moves when ``skipped`` (0-d bool, device)."""

@@ -39,9 +39,14 @@ class DualTask(Task):
         all_img, all_txt = all_gather_with_grad(img), all_gather_with_grad(txt)
         all_img_ids, all_txt_ids = all_gather_nograd(img_ids), all_gather_nograd(txt_ids)
         l_con = contrastive_loss(
-            c.name, cosines(img, all_txt), img_ids[:, None] == all_txt_ids[None, :],
-            cosines(txt, all_img), txt_ids[:, None] == all_img_ids[None, :],
-            tau=c.tau, margin=c.margin, smoothap_tau=c.smoothap_tau,
+            c.name,
+            cosines(img, all_txt),
+            img_ids[:, None] == all_txt_ids[None, :],
+            cosines(txt, all_img),
+            txt_ids[:, None] == all_img_ids[None, :],
+            tau=c.tau,
+            margin=c.margin,
+            smoothap_tau=c.smoothap_tau,
         )
         out = {"contrastive": l_con.detach()}
         loss = l_con

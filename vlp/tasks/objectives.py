@@ -11,11 +11,10 @@ from typing import Callable, Optional
 
 import torch
 
-from vlp.dist import all_gather_nograd, all_gather_with_grad, own_rows, world_size
 from vlp.config import ContrastiveConfig
-from vlp.losses.contrastive import contrastive_loss, itc_targets, soft_infonce
+from vlp.dist import all_gather_nograd, all_gather_with_grad, own_rows, world_size
+from vlp.losses.contrastive import contrastive_loss, cosines, itc_targets, soft_infonce
 from vlp.losses.matching import itm_loss, sample_hard_negatives
-from vlp.losses.contrastive import cosines
 from vlp.losses.mlm import mask_tokens, mlm_loss
 from vlp.models.albef import ALBEF, ImageFeatures, TextFeatures
 from vlp.models.text import ImageKV, select_kv
@@ -208,14 +207,23 @@ def mlm_step(
     total = None
     if global_batch:
         ids_all, mask_all = all_gather_nograd(input_ids), all_gather_nograd(attention_mask)
-        masked, labels = mask_tokens(ids_all, mask_all, tokens.special_ids, tokens.mask_id, tokens.vocab_size,
-                                     probability, generator, length)
+        masked, labels = mask_tokens(
+            ids_all, mask_all, tokens.special_ids, tokens.mask_id, tokens.vocab_size, probability, generator, length
+        )
         total = (labels != -100).sum().clamp_min(1) / world_size()
         own = own_rows(input_ids.shape[0])
         masked, labels = masked[own], labels[own]
     else:
-        masked, labels = mask_tokens(input_ids, attention_mask, tokens.special_ids, tokens.mask_id,
-                                     tokens.vocab_size, probability, generator, length)
+        masked, labels = mask_tokens(
+            input_ids,
+            attention_mask,
+            tokens.special_ids,
+            tokens.mask_id,
+            tokens.vocab_size,
+            probability,
+            generator,
+            length,
+        )
     sel = labels != -100
     fused = model.fuse(model.text_states(masked, attention_mask), attention_mask, image_kv)
     logits = model.mlm_logits(fused[sel])

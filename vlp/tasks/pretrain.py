@@ -6,13 +6,14 @@ from typing import Optional
 
 import torch
 
-from vlp.config import ConfigError, LossConfig
+from vlp.config import LossConfig
 from vlp.dist import all_gather_nograd, world_size
+from vlp.errors import ConfigError
 from vlp.models.albef import ALBEF
 from vlp.tasks.base import Task
+from vlp.tasks.objectives import TokenInfo, enqueue, global_batch_sims, itc_step, itm_step, mlm_step
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.tasks.regulation import SRCLRegulator
-from vlp.tasks.objectives import TokenInfo, enqueue, global_batch_sims, itc_step, itm_step, mlm_step
 
 
 class PretrainTask(Task):
@@ -24,11 +25,25 @@ class PretrainTask(Task):
     ITM/MLM modes need ``max_len`` across processes).
     """
 
-    def __init__(self, model: ALBEF, loss: LossConfig, tokens: TokenInfo, seed: int = 0,
-                 regulator: Optional[SRCLRegulator] = None, reconstruction: Optional[Reconstruction] = None,
-                 max_len: Optional[int] = None, text_padding: str = "longest") -> None:
-        super().__init__(model, reconstruction, alpha=loss.alpha, alpha_ramp_steps=loss.alpha_ramp_steps,
-                         distill=loss.distill, seed=seed)
+    def __init__(
+        self,
+        model: ALBEF,
+        loss: LossConfig,
+        tokens: TokenInfo,
+        seed: int = 0,
+        regulator: Optional[SRCLRegulator] = None,
+        reconstruction: Optional[Reconstruction] = None,
+        max_len: Optional[int] = None,
+        text_padding: str = "longest",
+    ) -> None:
+        super().__init__(
+            model,
+            reconstruction,
+            alpha=loss.alpha,
+            alpha_ramp_steps=loss.alpha_ramp_steps,
+            distill=loss.distill,
+            seed=seed,
+        )
         if (loss.regulation != "none") != (regulator is not None):
             raise ValueError(f"loss.regulation={loss.regulation!r} needs exactly one SRCLRegulator")
         self.regulator = regulator
@@ -52,8 +67,11 @@ class PretrainTask(Task):
             prefixes.append("model.mlm_head.")
         if not c.itm and not c.mlm:
             prefixes.append("model.fusion.")
-        return [n for n, p in self.named_parameters() if p.requires_grad and any(
-            n == q or (q.endswith(".") and n.startswith(q)) for q in prefixes)]
+        return [
+            n
+            for n, p in self.named_parameters()
+            if p.requires_grad and any(n == q or (q.endswith(".") and n.startswith(q)) for q in prefixes)
+        ]
 
     def _check_text_gathers(self) -> None:
         """Global ITM/MLM gather text: refuse rank-dependent lengths before the first collective
@@ -62,9 +80,11 @@ class PretrainTask(Task):
         if keys and world_size() > 1 and self.text_padding != "max_len":
             modes = " and ".join(f"{k}=global" for k in keys)
             verb = "gathers" if len(keys) == 1 else "gather"
-            raise ConfigError(f"config keys {'/'.join(repr(k) for k in keys)}/'data.text_padding': {modes} {verb} "
-                              f"text from every rank, so on {world_size()} processes every rank's text must have "
-                              f"the same length: set data.text_padding=max_len (got {self.text_padding})")
+            raise ConfigError(
+                f"config keys {'/'.join(repr(k) for k in keys)}/'data.text_padding': {modes} {verb} "
+                f"text from every rank, so on {world_size()} processes every rank's text must have "
+                f"the same length: set data.text_padding=max_len (got {self.text_padding})"
+            )
 
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
         m, c = self.model, self.loss_cfg
@@ -90,8 +110,19 @@ class PretrainTask(Task):
             def regulate(cos_i2t, cos_t2i, pos, same):
                 return reg.regulate(cos_i2t, cos_t2i, pos, same, helper, step)
 
-        itc = itc_step(m, img, txt, img_m.feat, txt_m.feat, image_ids, alpha, c.itc_positives, regulate, c.contrastive,
-                       global_bank=c.itc_bank == "global")
+        itc = itc_step(
+            m,
+            img,
+            txt,
+            img_m.feat,
+            txt_m.feat,
+            image_ids,
+            alpha,
+            c.itc_positives,
+            regulate,
+            c.contrastive,
+            global_bank=c.itc_bank == "global",
+        )
         kv = m.image_kv(img.tokens) if c.itm or c.mlm else None  # cross-attention K/V once, for ITM and MLM
         out["itc"] = itc.loss
         if c.itm and global_itm:  # negatives from the global batch, drawn alike on every rank
@@ -102,8 +133,19 @@ class PretrainTask(Task):
             sims = itc.sim_i2t[:, itc.batch_cols].detach(), itc.sim_t2i[:, itc.batch_cols].detach()
             out["itm"] = itm_step(m, kv, txt, *sims, image_ids, gen)
         if c.mlm:
-            out["mlm"] = mlm_step(m, ids, mask, kv, img_m.tokens, self.tokens, c.mlm_probability, alpha,
-                                  shared if global_mlm else gen, self.max_len, global_batch=global_mlm)
+            out["mlm"] = mlm_step(
+                m,
+                ids,
+                mask,
+                kv,
+                img_m.tokens,
+                self.tokens,
+                c.mlm_probability,
+                alpha,
+                shared if global_mlm else gen,
+                self.max_len,
+                global_batch=global_mlm,
+            )
         weights = dict(itc=c.itc, itm=c.itm, mlm=c.mlm)
         out["loss"] = sum(weights[k] * v for k, v in out.items())
         if self.reconstruction is not None:

@@ -47,8 +47,9 @@ class Reconstruction(nn.Module):
         ids, mask = batch["input_ids"], batch["attention_mask"]
         return token_nll(self.decoder(text_emb, ids), ids[:, 1:], mask[:, 1:], self.cfg.itd_time_axis_bug)
 
-    def forward(self, l_con: torch.Tensor, text_emb: torch.Tensor,
-                batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(
+        self, l_con: torch.Tensor, text_emb: torch.Tensor, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The objective with reconstruction, and its statistics (``ltd_rec``, ``ltd_lambda``, ``ltd_violation``)."""
         l_rec = self.rec_loss(text_emb, batch)
         stats = {"ltd_rec": l_rec.detach()}

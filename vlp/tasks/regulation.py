@@ -14,8 +14,9 @@ from typing import Optional
 import torch
 from torch import nn
 
-from vlp.config import ConfigError, SRCLConfig
+from vlp.config import SRCLConfig
 from vlp.dist import all_gather_nograd
+from vlp.errors import ConfigError
 from vlp.losses.contrastive import cosines
 from vlp.losses.srcl import (
     alpha_h_at,
@@ -87,7 +88,7 @@ class SRCLRegulator(nn.Module):
     def uses_helper(self) -> bool:
         return self.span > 0
 
-    def train(self, mode: bool = True) -> "SRCLRegulator":
+    def train(self, mode: bool = True) -> SRCLRegulator:
         super().train(mode)
         if self.helper is not None:
             self.helper.eval()  # frozen: no dropout, whatever the task's mode
@@ -106,8 +107,10 @@ class SRCLRegulator(nn.Module):
         if "helper_image" in batch:
             return HelperFeatures(batch["helper_image"].float(), batch["helper_text"].float())
         if self.helper is None:
-            raise ConfigError("SRCL needs helper features: set 'loss.srcl.helper_features' (a cache from "
-                              "`vlp cache-helper-features`) or 'loss.srcl.helper' (a helper checkpoint)")
+            raise ConfigError(
+                "SRCL needs helper features: set 'loss.srcl.helper_features' (a cache from "
+                "`vlp cache-helper-features`) or 'loss.srcl.helper' (a helper checkpoint)"
+            )
         img = self.helper.encode_image(batch["images"]).feat
         txt = self.helper.encode_text(batch["input_ids"], batch["attention_mask"]).feat
         return HelperFeatures(img.float(), txt.float())
@@ -162,5 +165,6 @@ class SRCLRegulator(nn.Module):
         hence the same slots) as the momentum features go into the model's queue."""
         if self.queue.size == 0 or helper is None:
             return
-        self.queue.enqueue(all_gather_nograd(image_ids), image=all_gather_nograd(helper.image),
-                           text=all_gather_nograd(helper.text))
+        self.queue.enqueue(
+            all_gather_nograd(image_ids), image=all_gather_nograd(helper.image), text=all_gather_nograd(helper.text)
+        )

@@ -42,6 +42,13 @@ class VQATask(Task):
         if alpha > 0:
             with torch.no_grad():
                 logits_m = self._answer_logits(batch, momentum=True)
-        loss = vqa_loss(logits, batch["answer_ids"], batch["answer_mask"], batch["answer_weights"],
-                        batch["input_ids"].shape[0], logits_m, alpha)
+        loss = vqa_loss(
+            logits,
+            batch["answer_ids"],
+            batch["answer_mask"],
+            batch["answer_weights"],
+            batch["input_ids"].shape[0],
+            logits_m,
+            alpha,
+        )
         return {"loss": loss, "vqa": loss.detach(), "alpha": torch.tensor(alpha)}

@@ -12,7 +12,7 @@ import secrets
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
-from vlp.config import ConfigError
+from vlp.errors import ConfigError
 
 #: logger name -> (module that must be importable, the package that provides it)
 BACKENDS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
@@ -26,8 +26,11 @@ class Logger(Protocol):
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
     """The finite numeric entries of a record (``step`` and non-numbers left out)."""
-    return {k: float(v) for k, v in record.items()
-            if k != "step" and isinstance(v, (int, float)) and math.isfinite(float(v))}
+    return {
+        k: float(v)
+        for k, v in record.items()
+        if k != "step" and isinstance(v, (int, float)) and math.isfinite(float(v))
+    }
 
 
 class TensorBoardLogger:
@@ -62,8 +65,13 @@ class WandbLogger:
     (W&B ignores records of steps it already has). ``mode``: ``online``/``offline``/``disabled``;
     None: W&B's own default (``WANDB_MODE``)."""
 
-    def __init__(self, run_dir: str | Path, project: Optional[str], config: Optional[dict[str, Any]] = None,
-                 mode: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        project: Optional[str],
+        config: Optional[dict[str, Any]] = None,
+        mode: Optional[str] = None,
+    ) -> None:
         import wandb
 
         self.wandb, self.run_dir, self.project, self.config, self.mode = wandb, Path(run_dir), project, config, mode
@@ -76,8 +84,15 @@ class WandbLogger:
         if self.run is None:
             id_file = self.run_dir / "wandb_run_id"
             run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
-            self.run = self.wandb.init(project=self.project or "vlp", dir=str(self.run_dir), config=self.config,
-                                       mode=self.mode, id=run_id, resume="allow", name=self.run_dir.name)
+            self.run = self.wandb.init(
+                project=self.project or "vlp",
+                dir=str(self.run_dir),
+                config=self.config,
+                mode=self.mode,
+                id=run_id,
+                resume="allow",
+                name=self.run_dir.name,
+            )
             id_file.write_text(run_id + "\n")
         self.run.log(scalars(record), step=step)
 
@@ -114,12 +129,20 @@ def check_loggers(names: list[str]) -> None:
             raise ConfigError(f"config key 'train.loggers': got {name!r}, expected one of {list(BACKENDS)}")
         module, package = BACKENDS[name]
         if importlib.util.find_spec(module) is None:
-            raise ConfigError(f"config key 'train.loggers': {name} needs the {package} package: "
-                              f"pip install {package} (or pip install 'vlp[logging]')")
+            raise ConfigError(
+                f"config key 'train.loggers': {name} needs the {package} package: "
+                f"pip install {package} (or pip install 'vlp[logging]')"
+            )
 
 
-def open_loggers(names: list[str], run_dir: str | Path, main: bool = True, project: Optional[str] = None,
-                 config: Optional[dict[str, Any]] = None, wandb_mode: Optional[str] = None) -> Loggers:
+def open_loggers(
+    names: list[str],
+    run_dir: str | Path,
+    main: bool = True,
+    project: Optional[str] = None,
+    config: Optional[dict[str, Any]] = None,
+    wandb_mode: Optional[str] = None,
+) -> Loggers:
     """The backends of ``train.loggers`` (checked on every rank; created on the main process)."""
     check_loggers(names)
     if not main:

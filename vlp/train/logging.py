@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from vlp.data.formats import DataError
+from vlp.errors import DataError
 
 
 class MetricsLog:
@@ -45,7 +45,7 @@ class MetricsLog:
         if self.sinks is not None:
             self.sinks.close()
 
-    def __enter__(self) -> "MetricsLog":
+    def __enter__(self) -> MetricsLog:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -71,6 +71,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- run_info.json
+
 
 def git_revision(root: str | Path) -> Optional[dict[str, Any]]:
     """``{"commit", "dirty"}`` of the git checkout at ``root``, or None when it is not one. The
@@ -105,9 +106,14 @@ def git_revision(root: str | Path) -> Optional[dict[str, Any]]:
         return None
     dirty: Optional[bool] = None
     try:
-        out = subprocess.run(["git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"],
-                             cwd=root, capture_output=True, text=True, timeout=10,
-                             env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"})
+        out = subprocess.run(
+            ["git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
+        )
         if out.returncode == 0:
             dirty = bool(out.stdout.strip())
     except (OSError, subprocess.SubprocessError):
@@ -132,8 +138,8 @@ def run_info() -> dict[str, Any]:
 
     import torch
 
-    import vlp
     from vlp.dist import launch_rank
+    from vlp.version import __version__
 
     def ver(pkg: str) -> Optional[str]:
         try:
@@ -141,12 +147,17 @@ def run_info() -> dict[str, Any]:
         except PackageNotFoundError:
             return None
 
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
     return {
-        "vlp_version": vlp.__version__,
-        "git": git_revision(Path(vlp.__file__).resolve().parent.parent),
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     **{p: ver(p) for p in ("timm", "transformers", "accelerate")}},
+        "vlp_version": __version__,
+        "git": git_revision(Path(__file__).resolve().parents[2]),  # the checkout holding vlp/
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            **{p: ver(p) for p in ("timm", "transformers", "accelerate")},
+        },
         "device": {"cpu": cpu_model(), "gpus": gpus},
         "processes": launch_rank()[1],
         "argv": list(sys.argv),

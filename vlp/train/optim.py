@@ -8,7 +8,8 @@ from typing import Mapping, Optional
 import torch
 from torch import nn
 
-from vlp.config import ConfigError, TrainConfig
+from vlp.config import TrainConfig
+from vlp.errors import ConfigError
 
 # Never decayed, whatever their shape (ALBEF decays them; vlp does not, albef.md §14 #19).
 NO_DECAY_NAMES = ("pos_embed", "cls_token", "temp")
@@ -39,7 +40,7 @@ def lr_scale_of(name: str, lr_scale: Mapping[str, float]) -> tuple[Optional[str]
     best: tuple[Optional[str], float] = (None, 1.0)
     for path, scale in lr_scale.items():
         want = path.split(".")
-        hit = any(parts[i:i + len(want)] == want for i in range(len(parts) - len(want) + 1))
+        hit = any(parts[i : i + len(want)] == want for i in range(len(parts) - len(want) + 1))
         if hit and (best[0] is None or len(want) > len(best[0].split("."))):
             best = (path, scale)
     return best
@@ -59,11 +60,15 @@ def param_groups(module: nn.Module, weight_decay: float, lr_scale: Optional[Mapp
         groups.setdefault((scale, no_weight_decay(name, p)), []).append(p)
     unused = sorted(set(lr_scale) - used)
     if unused:
-        raise ConfigError(f"config key 'train.lr_scale': {unused} match no trainable parameter of "
-                          f"{type(module).__name__} (paths are dotted parts of parameter names, e.g. 'vision', 'text')")
+        raise ConfigError(
+            f"config key 'train.lr_scale': {unused} match no trainable parameter of "
+            f"{type(module).__name__} (paths are dotted parts of parameter names, e.g. 'vision', 'text')"
+        )
     ordered = sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0]))  # decayed first, as before lr_scale
-    return [{"params": ps, "weight_decay": 0.0 if nodecay else weight_decay, "lr_scale": scale}
-            for (scale, nodecay), ps in ordered]
+    return [
+        {"params": ps, "weight_decay": 0.0 if nodecay else weight_decay, "lr_scale": scale}
+        for (scale, nodecay), ps in ordered
+    ]
 
 
 def build_optimizer(module: nn.Module, cfg: TrainConfig, fused: bool = True) -> torch.optim.AdamW:

@@ -55,7 +55,9 @@ class StepStats:
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, torch.Tensor] = {}
         self.bad = torch.zeros((), dtype=torch.float64, device=self.device)
-        self.records: list[tuple[int, bool, torch.Tensor]] = []  # (step, norm measured, [skipped, in_a_row, norm, losses...])
+        self.records: list[
+            tuple[int, bool, torch.Tensor]
+        ] = []  # (step, norm measured, [skipped, in_a_row, norm, losses...])
 
     def skip(self, nonfinite: torch.Tensor) -> torch.Tensor:
         """The step's skip flag (0-d bool on the device): ``nonfinite`` (already agreed over the
@@ -67,8 +69,9 @@ class StepStats:
         if n is not None:
             self.bad = self.bad + torch.as_tensor(n, device=self.device).to(torch.float64)
 
-    def add_step(self, step: int, outs: list[dict[str, torch.Tensor]], norm: Optional[torch.Tensor],
-                 skipped: torch.Tensor) -> None:
+    def add_step(
+        self, step: int, outs: list[dict[str, torch.Tensor]], norm: Optional[torch.Tensor], skipped: torch.Tensor
+    ) -> None:
         """Step ``step`` (1-based) with its micro-batches' outputs ``outs`` (0-d tensors; NaN = not
         measured), its gradient norm and its skip flag. A skipped step adds nothing to the means."""
         newly_halted = skipped & (self.in_a_row + 1 >= self.max_nonfinite) & (self.halted_step < 0)
@@ -82,24 +85,32 @@ class StepStats:
                 self.sums[k] = self.sums.get(k, 0.0) + torch.where(ok, v, torch.zeros_like(v))
                 self.counts[k] = self.counts.get(k, 0.0) + ok.to(torch.float64)
         nan = torch.full((), math.nan, dtype=torch.float64, device=self.device)
-        rec = torch.stack([skipped.to(torch.float64), self.in_a_row, nan if norm is None else norm.detach().to(torch.float64).reshape(()),
-                           *[o["loss"].detach().to(torch.float64).reshape(()) for o in outs]])
+        rec = torch.stack(
+            [
+                skipped.to(torch.float64),
+                self.in_a_row,
+                nan if norm is None else norm.detach().to(torch.float64).reshape(()),
+                *[o["loss"].detach().to(torch.float64).reshape(()) for o in outs],
+            ]
+        )
         self.records.append((step, norm is not None, rec))
 
     def read(self) -> Window:
         """Reduce over the ranks and read the window back (the one host transfer of the window);
         starts the next window."""
-        means = mean_over_ranks({**{k: self.sums[k] / self.counts[k] for k in self.sums}, "bad_samples": self.bad},
-                                device=self.device)
+        means = mean_over_ranks(
+            {**{k: self.sums[k] / self.counts[k] for k in self.sums}, "bad_samples": self.bad}, device=self.device
+        )
         keys = sorted(means)
-        flat = torch.cat([torch.stack([means[k] for k in keys]), self.halted_step.reshape(1),
-                          *[rec for _, _, rec in self.records]]).tolist()
+        flat = torch.cat(
+            [torch.stack([means[k] for k in keys]), self.halted_step.reshape(1), *[rec for _, _, rec in self.records]]
+        ).tolist()
         values = dict(zip(keys, flat[: len(keys)]))
         halted = int(flat[len(keys)])
         at = len(keys) + 1
         skipped = []
         for step, measured, rec in self.records:
-            row, at = flat[at: at + len(rec)], at + len(rec)
+            row, at = flat[at : at + len(rec)], at + len(rec)
             if row[0] and not (0 <= halted < step):  # steps skipped only because the run had halted: not reported
                 skipped.append(SkippedStep(step, row[3:], row[2] if measured else None, int(row[1])))
         bad = round(values.pop("bad_samples") * self.processes)

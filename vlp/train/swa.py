@@ -9,12 +9,13 @@ queues, normalisation statistics and self-optimized parameters (lambda) keep the
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
-from vlp.config import AverageConfig
+from vlp.config import AverageConfig, TrainConfig
+from vlp.train.optim import trainable
 
 
 def snapshot_steps(total: int, k: int, fraction: float, epoch_steps: Optional[int] = None) -> list[int]:
@@ -34,14 +35,17 @@ def snapshot_steps(total: int, k: int, fraction: float, epoch_steps: Optional[in
 class WeightAverager:
     """Running equal-weight mean of ``params`` at the scheduled steps; see the module docstring."""
 
-    def __init__(self, params: list[nn.Parameter], cfg: AverageConfig, total_steps: int,
-                 epoch_steps: Optional[int] = None) -> None:
+    def __init__(
+        self, params: list[nn.Parameter], cfg: AverageConfig, total_steps: int, epoch_steps: Optional[int] = None
+    ) -> None:
         if cfg.per_epoch and epoch_steps is None:
             raise ValueError("train.average.per_epoch needs a loader with a length")
         self.params = params
         self.k = cfg.snapshots
         self.per_epoch = cfg.per_epoch
-        self.steps = set(snapshot_steps(total_steps, cfg.snapshots, cfg.fraction, epoch_steps if cfg.per_epoch else None))
+        self.steps = set(
+            snapshot_steps(total_steps, cfg.snapshots, cfg.fraction, epoch_steps if cfg.per_epoch else None)
+        )
         self.mean: Optional[list[torch.Tensor]] = None
         self.count = 0
         self.history: list[list[int]] = []  # snapshot steps of every applied average
@@ -66,3 +70,12 @@ class WeightAverager:
         self.history.append(self._taken)
         self.mean, self.count, self._taken = None, 0, []
         return True
+
+
+def snapshot_averager(task: nn.Module, loader: Any, cfg: TrainConfig) -> Optional[WeightAverager]:
+    """The averager of ``train.average`` over the trainable weights of ``task`` (None: no averaging);
+    per-epoch snapshots need the (prepared) ``loader``'s length."""
+    if not cfg.average.snapshots:
+        return None
+    epoch_steps = len(loader) if hasattr(loader, "__len__") else None
+    return WeightAverager([p for _, p in trainable(task)], cfg.average, cfg.steps, epoch_steps)

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from vlp.models.loading import CheckpointError, load_strict
-from vlp.train.checkpoint import load_weights
+from vlp.errors import CheckpointError
 from vlp.train.state_io import load_tree, save_tree
+from vlp.weights import load_strict, load_weights
 
 TRAIN_STATE = "train_state"
 
@@ -45,7 +45,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
         # an older vlp saved every visible device's state ([] without CUDA): restore the one of
         # the current device's index if the list has it, else the first (this process's device
         # when each process saw one GPU); the others belong to devices this process never used
-        cuda = (cuda[torch.cuda.current_device()] if torch.cuda.current_device() < len(cuda) else cuda[0]) if cuda else None
+        cuda = (
+            (cuda[torch.cuda.current_device()] if torch.cuda.current_device() < len(cuda) else cuda[0])
+            if cuda
+            else None
+        )
     if cuda is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state(cuda, device=torch.cuda.current_device())
 

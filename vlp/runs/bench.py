@@ -1,6 +1,6 @@
 """``vlp bench``: time pretraining steps of a config, phase by phase, with the analytic FLOP count.
 
-The model, task and loader are those of ``vlp pretrain`` (:func:`vlp.jobs.build_pretraining`), on
+The model, task and loader are those of ``vlp pretrain`` (:func:`vlp.runs.pretrain.build_pretraining`), on
 the config's real data. After ``warmup`` untimed steps, each of ``steps`` steps is timed in four
 phases, with a device synchronisation between them: data (next batch, on the device), forward
 (every loss), backward, optimizer (clipping, step, zero_grad, momentum update: the loop's own
@@ -21,11 +21,14 @@ from typing import Any, Optional
 
 import torch
 
-from vlp import __version__
-from vlp.config import ConfigError, PretrainConfig, to_dict
+from vlp.config import PretrainConfig, to_dict
+from vlp.errors import ConfigError
 from vlp.flops import step_flops
-from vlp.jobs import build_pretraining, param_count
-from vlp.train.loop import endless_batches, optimizer_step, prepare_training, set_lr
+from vlp.models.albef import param_count
+from vlp.runs.pretrain import build_pretraining
+from vlp.train.loop import endless_batches, optimizer_step, set_lr
+from vlp.train.setup import prepare_training
+from vlp.version import __version__
 
 PHASES = ("data", "forward", "backward", "optimizer")
 
@@ -42,14 +45,19 @@ def _peak_memory_mb(device: torch.device) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peak process RSS"
 
 
-def run_bench(cfg: PretrainConfig, steps: int = 20, warmup: int = 3, peak_tflops: Optional[float] = None,
-              out: Optional[str | Path] = None) -> dict[str, Any]:
+def run_bench(
+    cfg: PretrainConfig,
+    steps: int = 20,
+    warmup: int = 3,
+    peak_tflops: Optional[float] = None,
+    out: Optional[str | Path] = None,
+) -> dict[str, Any]:
     if steps < 1 or warmup < 0:
         raise ConfigError(f"vlp bench: --steps must be >= 1 and --warmup >= 0, got {steps} / {warmup}")
     cfg.train.steps = max(cfg.train.steps, warmup + steps)  # the lr schedule spans the benchmark
-    run = build_pretraining(cfg)
-    acc = run.accelerator(cfg)
-    prep = prepare_training(acc, run.task, run.loader, cfg.train)
+    job = build_pretraining(cfg)
+    acc = job.accelerator()
+    prep = prepare_training(acc, *job.built(), cfg.train)
     task, optimizer, loader, inner, params = prep.task, prep.optimizer, prep.loader, prep.inner, prep.params
     device = acc.device
 
@@ -104,7 +112,7 @@ def run_bench(cfg: PretrainConfig, steps: int = 20, warmup: int = 3, peak_tflops
         "achieved_tflops": achieved / 1e12,
         "peak_tflops_per_process": peak_tflops,
         "mfu": achieved / (peak_tflops * 1e12 * acc.num_processes) if peak_tflops else None,
-        "trainable_params_m": param_count(run.model) / 1e6,
+        "trainable_params_m": param_count(job.model) / 1e6,
         "vlp_version": __version__,
         "torch": torch.__version__,
         "config": to_dict(cfg),
@@ -118,14 +126,16 @@ def run_bench(cfg: PretrainConfig, steps: int = 20, warmup: int = 3, peak_tflops
 def format_bench(r: dict[str, Any]) -> str:
     ms = r["ms_per_step"]
     mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a (give --peak-tflops)"
-    return "\n".join([
-        f"device              {r['device']} x {r['processes']} ({r['precision']}"
-        f"{', activation checkpointing' if r['grad_checkpointing'] else ''})",
-        f"pairs/s             {r['pairs_per_s']:.1f}  (batch {r['batch_per_process']} per process, "
-        f"{r['steps']} timed steps after {r['warmup']})",
-        "ms per step         " + ", ".join(f"{p} {ms[p]:.1f}" for p in PHASES) + f" = {ms['step']:.1f}"
-        f" (median step {r['ms_per_step_median']:.1f})",
-        f"peak memory         {r['peak_memory_mb']:.0f} MiB ({r['peak_memory_kind']})",
-        f"GFLOP per pair      {r['gflop_per_pair']:.2f} (analytic, vlp.flops)",
-        f"achieved            {r['achieved_tflops']:.3f} TFLOP/s, MFU {mfu}",
-    ])
+    return "\n".join(
+        [
+            f"device              {r['device']} x {r['processes']} ({r['precision']}"
+            f"{', activation checkpointing' if r['grad_checkpointing'] else ''})",
+            f"pairs/s             {r['pairs_per_s']:.1f}  (batch {r['batch_per_process']} per process, "
+            f"{r['steps']} timed steps after {r['warmup']})",
+            "ms per step         " + ", ".join(f"{p} {ms[p]:.1f}" for p in PHASES) + f" = {ms['step']:.1f}"
+            f" (median step {r['ms_per_step_median']:.1f})",
+            f"peak memory         {r['peak_memory_mb']:.0f} MiB ({r['peak_memory_kind']})",
+            f"GFLOP per pair      {r['gflop_per_pair']:.2f} (analytic, vlp.flops)",
+            f"achieved            {r['achieved_tflops']:.3f} TFLOP/s, MFU {mfu}",
+        ]
+    )

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 from accelerate.commands.config.config_args import load_config_from_file
 
-from vlp.config import ConfigError
+from vlp.errors import ConfigError
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 EXPECTED = {  # file -> (distributed_type, machines, processes)
     "single_gpu.yaml": ("NO", 1, 1),
     "multi_gpu.yaml": ("MULTI_GPU", 1, 8),
@@ -36,15 +36,22 @@ def test_deepspeed_launch_config_points_at_a_zero2_json_vlp_accepts():
     import json
 
     from vlp.config import TrainConfig
-    from vlp.train.loop import configure_deepspeed
+    from vlp.train.setup import configure_deepspeed
 
     cfg = load_config_from_file(str(ROOT / "configs" / "accelerate" / "deepspeed_zero2.yaml"))
     ds = json.loads((ROOT / cfg.deepspeed_config["deepspeed_config_file"]).read_text())
     assert ds["zero_optimization"]["stage"] == 2
     configure_deepspeed(ds, TrainConfig(precision="bf16", grad_clip=1.0, grad_accum_steps=2), micro_batch=64)
-    assert ds["bf16"] == {"enabled": False} and ds["torch_autocast"] == {"enabled": True, "dtype": "bfloat16",
-                                                                "lower_precision_safe_modules": []}
-    assert (ds["gradient_clipping"], ds["gradient_accumulation_steps"], ds["train_micro_batch_size_per_gpu"]) == (1.0, 2, 64)
+    assert ds["bf16"] == {"enabled": False} and ds["torch_autocast"] == {
+        "enabled": True,
+        "dtype": "bfloat16",
+        "lower_precision_safe_modules": [],
+    }
+    assert (ds["gradient_clipping"], ds["gradient_accumulation_steps"], ds["train_micro_batch_size_per_gpu"]) == (
+        1.0,
+        2,
+        64,
+    )
     for bad in ({"zero_optimization": {"stage": 3}}, {"bf16": {"enabled": True}}):
         with pytest.raises(ConfigError, match="stage 3|bf16.enabled"):
             configure_deepspeed(bad, TrainConfig(), None)

@@ -24,10 +24,30 @@ from vlp.train.step_stats import StepStats
 
 ROOT = Path(__file__).parents[1]
 META = torch.device("meta")
-COLLECTIVES = {"all_reduce", "all_gather", "all_gather_into_tensor", "broadcast", "reduce", "gather", "scatter",
-               "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "isend", "irecv",
-               "send", "recv", "batch_isend_irecv", "P2POp", "barrier", "broadcast_object_list",
-               "all_gather_object", "gather_object", "scatter_object_list"}
+COLLECTIVES = {
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "broadcast",
+    "reduce",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "isend",
+    "irecv",
+    "send",
+    "recv",
+    "batch_isend_irecv",
+    "P2POp",
+    "barrier",
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object_list",
+}
 
 
 class FakeWorld:
@@ -65,6 +85,7 @@ class FakeWorld:
     def _record(self, name):
         def op(t, *args, **kwargs):
             self.devices.append((name, t.device))
+
         return op
 
     def off_device(self) -> list[tuple[str, torch.device]]:
@@ -123,7 +144,11 @@ def _collective_calls(path: Path) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             aliases |= {a.asname for a in node.names if a.name == "torch.distributed" and a.asname}
-        if isinstance(node, ast.ImportFrom) and node.module == "torch" and any(a.name == "distributed" for a in node.names):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "torch"
+            and any(a.name == "distributed" for a in node.names)
+        ):
             aliases |= {a.asname or "distributed" for a in node.names if a.name == "distributed"}
     found = []
     for node in ast.walk(tree):
@@ -132,19 +157,27 @@ def _collective_calls(path: Path) -> list[str]:
             if owner in aliases:
                 found.append(f"{where}:{node.lineno}: {owner}.{node.func.attr}")
         if isinstance(node, ast.ImportFrom) and node.module == "torch.distributed":
-            found += [f"{where}:{node.lineno}: from torch.distributed import {a.name}"
-                      for a in node.names if a.name in COLLECTIVES]
+            found += [
+                f"{where}:{node.lineno}: from torch.distributed import {a.name}"
+                for a in node.names
+                if a.name in COLLECTIVES
+            ]
     return found
 
 
 def test_no_collective_outside_vlp_dist() -> None:
-    offenders = [c for p in sorted((ROOT / "vlp").rglob("*.py")) if p != ROOT / "vlp" / "dist.py"
-                 for c in _collective_calls(p)]
-    assert offenders == [], "collectives belong in vlp/dist.py (which keeps them on the run's device):\n" + "\n".join(offenders)
+    offenders = [
+        c for p in sorted((ROOT / "vlp").rglob("*.py")) if p != ROOT / "vlp" / "dist.py" for c in _collective_calls(p)
+    ]
+    assert offenders == [], "collectives belong in vlp/dist.py (which keeps them on the run's device):\n" + "\n".join(
+        offenders
+    )
 
 
 def test_the_scanner_finds_a_direct_collective(tmp_path: Path) -> None:
     bad = tmp_path / "probe.py"
-    bad.write_text("import torch\nimport torch.distributed as d\n\ndef f(t):\n    torch.distributed.all_reduce(t)\n"
-                   "    d.barrier()\n")
+    bad.write_text(
+        "import torch\nimport torch.distributed as d\n\ndef f(t):\n    torch.distributed.all_reduce(t)\n"
+        "    d.barrier()\n"
+    )
     assert sorted(c.split(": ", 1)[1] for c in _collective_calls(bad)) == ["d.barrier", "torch.distributed.all_reduce"]

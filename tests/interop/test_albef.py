@@ -14,9 +14,11 @@ import torch.nn.functional as F
 from vlp.cli import main
 from vlp.config import ModelConfig, TextConfig, VisionConfig
 from vlp.data.transforms import load_tokenizer, tokenize
+from vlp.errors import CheckpointError
 from vlp.interop.albef import ALBEF_KIND, convert_albef, detect_kind, export_albef, export_albef_report
-from vlp.jobs import build_task_model, load_model
-from vlp.models.loading import CheckpointError, read_state_dict
+from vlp.models.build import build_task_model
+from vlp.pretrained import load_model
+from vlp.weights import read_state_dict
 
 # Tiny dims: ViT width 64 (1 head), depth 2, 32 px / patch 8; BERT hidden 64 (2 heads: head dim 32,
 # so the CLI needs --config), 2 text + 2 fusion layers, FFN 128; embed 16; queue 8.
@@ -28,7 +30,9 @@ def tiny_config() -> ModelConfig:
     return ModelConfig(
         vision=VisionConfig(width=W, depth=DEPTH, heads=V_HEADS, patch_size=PATCH, img_size=IMG),
         text=TextConfig(hidden=H, layers=L, fusion_layers=NF, heads=T_HEADS, intermediate=FFN),
-        embed_dim=E, queue_size=Q)
+        embed_dim=E,
+        queue_size=Q,
+    )
 
 
 # ----------------------------------------------------------------------------- ALBEF-layout states
@@ -36,18 +40,28 @@ def tiny_config() -> ModelConfig:
 
 
 def _lin(out: int, inp: int, g: torch.Generator, name: str) -> dict[str, torch.Tensor]:
-    return {f"{name}.weight": torch.randn(out, inp, generator=g) * 0.1, f"{name}.bias": torch.randn(out, generator=g) * 0.1}
+    return {
+        f"{name}.weight": torch.randn(out, inp, generator=g) * 0.1,
+        f"{name}.bias": torch.randn(out, generator=g) * 0.1,
+    }
 
 
 def _ln(dim: int, g: torch.Generator, name: str) -> dict[str, torch.Tensor]:
-    return {f"{name}.weight": 1 + torch.randn(dim, generator=g) * 0.1, f"{name}.bias": torch.randn(dim, generator=g) * 0.1}
+    return {
+        f"{name}.weight": 1 + torch.randn(dim, generator=g) * 0.1,
+        f"{name}.bias": torch.randn(dim, generator=g) * 0.1,
+    }
 
 
 def albef_vit(g: torch.Generator, p: str) -> dict[str, torch.Tensor]:
     n = (IMG // PATCH) ** 2
-    s = {f"{p}.cls_token": torch.randn(1, 1, W, generator=g) * 0.1, f"{p}.pos_embed": torch.randn(1, 1 + n, W, generator=g) * 0.1,
-         f"{p}.patch_embed.proj.weight": torch.randn(W, 3, PATCH, PATCH, generator=g) * 0.1,
-         f"{p}.patch_embed.proj.bias": torch.randn(W, generator=g) * 0.1, **_ln(W, g, f"{p}.norm")}
+    s = {
+        f"{p}.cls_token": torch.randn(1, 1, W, generator=g) * 0.1,
+        f"{p}.pos_embed": torch.randn(1, 1 + n, W, generator=g) * 0.1,
+        f"{p}.patch_embed.proj.weight": torch.randn(W, 3, PATCH, PATCH, generator=g) * 0.1,
+        f"{p}.patch_embed.proj.bias": torch.randn(W, generator=g) * 0.1,
+        **_ln(W, g, f"{p}.norm"),
+    }
     for i in range(DEPTH):
         b = f"{p}.blocks.{i}"
         s |= _ln(W, g, f"{b}.norm1") | _lin(3 * W, W, g, f"{b}.attn.qkv") | _lin(W, W, g, f"{b}.attn.proj")
@@ -57,35 +71,53 @@ def albef_vit(g: torch.Generator, p: str) -> dict[str, torch.Tensor]:
 
 def albef_bert(g: torch.Generator, p: str, layers: int, cross_from: int) -> dict[str, torch.Tensor]:
     """BERT embeddings + ``layers`` layers (cross-attention in layers >= ``cross_from``), no pooler."""
-    s = {f"{p}.embeddings.position_ids": torch.arange(512).unsqueeze(0),
-         f"{p}.embeddings.word_embeddings.weight": torch.randn(VOCAB, H, generator=g) * 0.1,
-         f"{p}.embeddings.position_embeddings.weight": torch.randn(512, H, generator=g) * 0.1,
-         f"{p}.embeddings.token_type_embeddings.weight": torch.randn(2, H, generator=g) * 0.1,
-         **_ln(H, g, f"{p}.embeddings.LayerNorm")}
+    s = {
+        f"{p}.embeddings.position_ids": torch.arange(512).unsqueeze(0),
+        f"{p}.embeddings.word_embeddings.weight": torch.randn(VOCAB, H, generator=g) * 0.1,
+        f"{p}.embeddings.position_embeddings.weight": torch.randn(512, H, generator=g) * 0.1,
+        f"{p}.embeddings.token_type_embeddings.weight": torch.randn(2, H, generator=g) * 0.1,
+        **_ln(H, g, f"{p}.embeddings.LayerNorm"),
+    }
     for i in range(layers):
         b = f"{p}.encoder.layer.{i}"
         parts = ["attention"] + (["crossattention"] if i >= cross_from else [])
         for a in parts:
             kv = W if a == "crossattention" else H  # ALBEF encoder_width = ViT width
-            s |= _lin(H, H, g, f"{b}.{a}.self.query") | _lin(H, kv, g, f"{b}.{a}.self.key") | _lin(H, kv, g, f"{b}.{a}.self.value")
+            s |= (
+                _lin(H, H, g, f"{b}.{a}.self.query")
+                | _lin(H, kv, g, f"{b}.{a}.self.key")
+                | _lin(H, kv, g, f"{b}.{a}.self.value")
+            )
             s |= _lin(H, H, g, f"{b}.{a}.output.dense") | _ln(H, g, f"{b}.{a}.output.LayerNorm")
-        s |= _lin(FFN, H, g, f"{b}.intermediate.dense") | _lin(H, FFN, g, f"{b}.output.dense") | _ln(H, g, f"{b}.output.LayerNorm")
+        s |= (
+            _lin(FFN, H, g, f"{b}.intermediate.dense")
+            | _lin(H, FFN, g, f"{b}.output.dense")
+            | _ln(H, g, f"{b}.output.LayerNorm")
+        )
     return s
 
 
 def albef_lm_head(g: torch.Generator, p: str, word: torch.Tensor) -> dict[str, torch.Tensor]:
     bias = torch.randn(VOCAB, generator=g) * 0.1
-    return {f"{p}.bias": bias, **_lin(H, H, g, f"{p}.transform.dense"), **_ln(H, g, f"{p}.transform.LayerNorm"),
-            f"{p}.decoder.weight": word, f"{p}.decoder.bias": bias}  # both tied, as HF saves them
+    return {
+        f"{p}.bias": bias,
+        **_lin(H, H, g, f"{p}.transform.dense"),
+        **_ln(H, g, f"{p}.transform.LayerNorm"),
+        f"{p}.decoder.weight": word,
+        f"{p}.decoder.bias": bias,
+    }  # both tied, as HF saves them
 
 
 def albef_state(kind: str, seed: int = 0) -> dict[str, torch.Tensor]:
     """A random ALBEF ``pretrain`` or ``retrieval`` state dict in the documented layout, momentum twins different."""
     g = torch.Generator().manual_seed(seed)
-    s: dict[str, torch.Tensor] = {"temp": torch.tensor(0.07), "queue_ptr": torch.tensor([3]),
-                                  "image_queue": F.normalize(torch.randn(E, Q, generator=g), dim=0),
-                                  "text_queue": F.normalize(torch.randn(E, Q, generator=g), dim=0),
-                                  **_lin(2, H, g, "itm_head")}
+    s: dict[str, torch.Tensor] = {
+        "temp": torch.tensor(0.07),
+        "queue_ptr": torch.tensor([3]),
+        "image_queue": F.normalize(torch.randn(E, Q, generator=g), dim=0),
+        "text_queue": F.normalize(torch.randn(E, Q, generator=g), dim=0),
+        **_lin(2, H, g, "itm_head"),
+    }
     if kind == "retrieval":
         s["idx_queue"] = torch.randint(0, 50, (1, Q), generator=g)
     for m in ("", "_m"):
@@ -123,11 +155,19 @@ def test_export_matches_documented_layout():
     assert all(albef[k].shape == documented[k].shape for k in albef)
     assert albef["image_queue"].shape == (E, Q) and torch.equal(albef["image_queue"], vlp["queue.image"].T)
     # fusion layers follow the text layers in one BERT: L..L+F-1, the only ones with cross-attention
-    cross = {int(m.group(1)) for k in albef if (m := re.match(r"text_encoder\.bert\.encoder\.layer\.(\d+)\.crossattention", k))}
+    cross = {
+        int(m.group(1))
+        for k in albef
+        if (m := re.match(r"text_encoder\.bert\.encoder\.layer\.(\d+)\.crossattention", k))
+    }
     assert cross == set(range(L, L + NF))
-    assert torch.equal(albef[f"text_encoder.bert.encoder.layer.{L}.crossattention.self.key.weight"],
-                       vlp["fusion.layer.0.crossattention.self.key.weight"])
-    assert torch.equal(albef["visual_encoder_m.blocks.1.attn.qkv.weight"], vlp["momentum.twin.vision.blocks.1.attn.qkv.weight"])
+    assert torch.equal(
+        albef[f"text_encoder.bert.encoder.layer.{L}.crossattention.self.key.weight"],
+        vlp["fusion.layer.0.crossattention.self.key.weight"],
+    )
+    assert torch.equal(
+        albef["visual_encoder_m.blocks.1.attn.qkv.weight"], vlp["momentum.twin.vision.blocks.1.attn.qkv.weight"]
+    )
     assert torch.equal(albef["text_encoder.bert.embeddings.position_ids"], torch.arange(512)[None])
     assert torch.equal(albef["text_encoder.cls.predictions.decoder.bias"], vlp["mlm_head.bias"])
     assert not any(k.startswith(("itm_head_m", "temp_m")) for k in albef)  # no momentum copy (albef.md §1.3)
@@ -139,8 +179,12 @@ def test_round_trip_from_albef_layout(kind):
     vlp, report = convert_albef(src, "auto")
     assert report.kind == kind
     assert torch.equal(vlp["queue.image"], src["image_queue"].T) and vlp["queue.image"].shape == (Q, E)
-    assert torch.equal(vlp["fusion.layer.1.crossattention.output.dense.weight"],
-                       src[f"text_encoder{'.bert' if kind == 'pretrain' else ''}.encoder.layer.{L + 1}.crossattention.output.dense.weight"])
+    assert torch.equal(
+        vlp["fusion.layer.1.crossattention.output.dense.weight"],
+        src[
+            f"text_encoder{'.bert' if kind == 'pretrain' else ''}.encoder.layer.{L + 1}.crossattention.output.dense.weight"
+        ],
+    )
     if kind == "retrieval":
         assert torch.equal(vlp["queue.ids"], src["idx_queue"][0])
     assert_same(export_albef(vlp, kind), src)
@@ -164,7 +208,9 @@ def test_vqa_and_nlvr_layouts():
     assert "text_decoder.bert.encoder.layer.1.crossattention.self.query.weight" in vqa
     assert "text_decoder_m.cls.predictions.decoder.weight" in vqa and "text_encoder.embeddings.position_ids" in vqa
     nlvr = export_albef(random_vlp("nlvr2"), "nlvr")
-    cross = sorted({int(m.group(1)) for k in nlvr if (m := re.match(r"text_encoder\.encoder\.layer\.(\d+)\.crossattention", k))})
+    cross = sorted(
+        {int(m.group(1)) for k in nlvr if (m := re.match(r"text_encoder\.encoder\.layer\.(\d+)\.crossattention", k))}
+    )
     assert cross == list(range(L, L + 2 * NF))  # the doubled fusion block
     for i in range(NF):  # K/V shared by the pair (L+2i, L+2i+1)
         a, b = (f"text_encoder.encoder.layer.{L + 2 * i + j}.crossattention.self.key.weight" for j in (0, 1))
@@ -177,12 +223,16 @@ def test_report_contents():
     expected = build_task_model("pretrain", tiny_config(), VOCAB).state_dict()
     _, report = convert_albef(src, "pretrain", expected=expected)
     assert len(report.mapped) + len(report.dropped) == len(src)
-    assert ("image_queue", "queue.image") in report.mapped and ("text_encoder_m.cls.predictions.transform.dense.weight",
-                                                               "momentum.twin.mlm_head.transform.dense.weight") in report.mapped
+    assert ("image_queue", "queue.image") in report.mapped and (
+        "text_encoder_m.cls.predictions.transform.dense.weight",
+        "momentum.twin.mlm_head.transform.dense.weight",
+    ) in report.mapped
     assert ("text_encoder.bert.encoder.layer.3.output.dense.bias", "fusion.layer.1.output.dense.bias") in report.mapped
     assert sorted(k for k, _ in report.dropped) == sorted(
-        f"text_encoder{m}.{p}" for m in ("", "_m")
-        for p in ("bert.embeddings.position_ids", "cls.predictions.decoder.bias"))
+        f"text_encoder{m}.{p}"
+        for m in ("", "_m")
+        for p in ("bert.embeddings.position_ids", "cls.predictions.decoder.bias")
+    )
     assert report.missing == ["queue.ids"]
     d = report.to_json()
     assert d["counts"] == {"mapped": len(src) - 4, "dropped": 4, "missing": 1}
@@ -211,7 +261,10 @@ def test_albef_compat_tokenization():
     compat = tokenize(tok, texts, 8)
     words = tok(["a dog running", "cat"], add_special_tokens=False)["input_ids"]
     cls, sep, pad = tok.cls_token_id, tok.sep_token_id, tok.pad_token_id
-    assert compat["input_ids"].tolist() == [[cls, *words[0]], [cls, *words[1], *[pad] * (len(words[0]) - len(words[1]))]]
+    assert compat["input_ids"].tolist() == [
+        [cls, *words[0]],
+        [cls, *words[1], *[pad] * (len(words[0]) - len(words[1]))],
+    ]
     assert default["input_ids"][0].tolist() == [cls, *words[0], sep]
     assert compat["attention_mask"].sum(1).tolist() == [1 + len(w) for w in words]
     assert sep not in compat["input_ids"].tolist()[0]
@@ -225,8 +278,15 @@ def test_albef_compat_vqa_questions():
     """VQA questions follow the same rule (ALBEF: [CLS] q, no [SEP]; untruncated at test time)."""
     from vlp.data.vqa import VQACollator
 
-    items = [{"image": torch.zeros(3, 4, 4), "question": "What colour is the cat?", "answers": ["red"], "index": 0,
-              "weights": [1.0]}]
+    items = [
+        {
+            "image": torch.zeros(3, 4, 4),
+            "question": "What colour is the cat?",
+            "answers": ["red"],
+            "index": 0,
+            "weights": [1.0],
+        }
+    ]
     q = load_tokenizer(TextConfig())("what colour is the cat", add_special_tokens=False)["input_ids"]
     for compat in (False, True):
         tok = load_tokenizer(TextConfig(albef_compat=compat))
@@ -285,8 +345,22 @@ def test_cli_evaluate_converted(converted, tmp_path):
         Image.new("RGB", (40, 40), colour).save(tmp_path / f"{i}.png")
     data = [{"image": f"{i}.png", "caption": [f"a {c} square", f"{c}"]} for i, c in enumerate(["red", "blue"])]
     (tmp_path / "test.json").write_text(json.dumps(data))
-    assert main(["evaluate", "retrieval", "--checkpoint", str(out), "--data", str(tmp_path / "test.json"),
-                 "--out", str(tmp_path / "eval"), "eval.k_test=2"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "retrieval",
+                "--checkpoint",
+                str(out),
+                "--data",
+                str(tmp_path / "test.json"),
+                "--out",
+                str(tmp_path / "eval"),
+                "eval.k_test=2",
+            ]
+        )
+        == 0
+    )
     metrics = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert metrics["checkpoint_kind"] == "pretrain" and metrics["n_texts"] == 4 and 0 <= metrics["r_mean"] <= 100
 
@@ -300,7 +374,11 @@ def ref_vit(s: dict[str, torch.Tensor], images: torch.Tensor, p: str = "visual_e
     lin = lambda t, n: F.linear(t, s[f"{n}.weight"], s[f"{n}.bias"])  # noqa: E731
     for i in range(DEPTH):
         b = f"{p}.blocks.{i}"
-        qkv = lin(ln(x, f"{b}.norm1"), f"{b}.attn.qkv").view(*x.shape[:2], 3, V_HEADS, W // V_HEADS).permute(2, 0, 3, 1, 4)
+        qkv = (
+            lin(ln(x, f"{b}.norm1"), f"{b}.attn.qkv")
+            .view(*x.shape[:2], 3, V_HEADS, W // V_HEADS)
+            .permute(2, 0, 3, 1, 4)
+        )
         a = torch.softmax(qkv[0] @ qkv[1].transpose(-1, -2) / math.sqrt(W // V_HEADS), -1) @ qkv[2]
         x = x + lin(a.transpose(1, 2).reshape(x.shape), f"{b}.attn.proj")
         x = x + lin(F.gelu(lin(ln(x, f"{b}.norm2"), f"{b}.mlp.fc1")), f"{b}.mlp.fc2")
@@ -315,7 +393,9 @@ def ref_attention(s, p: str, x: torch.Tensor, ctx: torch.Tensor, ctx_mask: torch
     m = ctx_mask[:, None, None, :] if ctx_mask.dim() == 2 else ctx_mask[:, None]  # [B, Tk] or [B, Tq, Tk]
     scores = q @ k.transpose(-1, -2) / math.sqrt(H // T_HEADS) + (1.0 - m.float()) * -10000.0
     a = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(x.shape)
-    return F.layer_norm(lin(a, "output.dense") + x, (H,), s[f"{p}.output.LayerNorm.weight"], s[f"{p}.output.LayerNorm.bias"], eps=1e-12)
+    return F.layer_norm(
+        lin(a, "output.dense") + x, (H,), s[f"{p}.output.LayerNorm.weight"], s[f"{p}.output.LayerNorm.bias"], eps=1e-12
+    )
 
 
 def ref_bert_layers(s, p: str, x, mask, layers, image=None, image_mask=None, causal=False) -> torch.Tensor:
@@ -330,16 +410,26 @@ def ref_bert_layers(s, p: str, x, mask, layers, image=None, image_mask=None, cau
         x = ref_attention(s, f"{b}.attention", x, x, self_mask)
         if image is not None:
             ctx = images[(i - layers[0]) % len(images)]
-            x = ref_attention(s, f"{b}.crossattention", x, ctx, torch.ones(ctx.shape[:2]) if image_mask is None else image_mask)
+            x = ref_attention(
+                s, f"{b}.crossattention", x, ctx, torch.ones(ctx.shape[:2]) if image_mask is None else image_mask
+            )
         h = F.gelu(F.linear(x, s[f"{b}.intermediate.dense.weight"], s[f"{b}.intermediate.dense.bias"]))
-        x = F.layer_norm(F.linear(h, s[f"{b}.output.dense.weight"], s[f"{b}.output.dense.bias"]) + x, (H,),
-                         s[f"{b}.output.LayerNorm.weight"], s[f"{b}.output.LayerNorm.bias"], eps=1e-12)
+        x = F.layer_norm(
+            F.linear(h, s[f"{b}.output.dense.weight"], s[f"{b}.output.dense.bias"]) + x,
+            (H,),
+            s[f"{b}.output.LayerNorm.weight"],
+            s[f"{b}.output.LayerNorm.bias"],
+            eps=1e-12,
+        )
     return x
 
 
 def ref_embeddings(s, p: str, ids: torch.Tensor) -> torch.Tensor:
     """word + position + token_type row 0, LayerNorm (ALBEF keeps token_type_embeddings, §9)."""
-    e = s[f"{p}.embeddings.word_embeddings.weight"][ids] + s[f"{p}.embeddings.position_embeddings.weight"][: ids.shape[1]]
+    e = (
+        s[f"{p}.embeddings.word_embeddings.weight"][ids]
+        + s[f"{p}.embeddings.position_embeddings.weight"][: ids.shape[1]]
+    )
     e = e + s[f"{p}.embeddings.token_type_embeddings.weight"][0]
     return F.layer_norm(e, (H,), s[f"{p}.embeddings.LayerNorm.weight"], s[f"{p}.embeddings.LayerNorm.bias"], eps=1e-12)
 
@@ -392,7 +482,9 @@ def albef_nlvr_state(seed: int = 0) -> dict[str, torch.Tensor]:
         for i in range(NF):
             for t in ("key", "value"):
                 for w in ("weight", "bias"):
-                    pair = [f"text_encoder{m}.encoder.layer.{L + 2 * i + j}.crossattention.self.{t}.{w}" for j in (0, 1)]
+                    pair = [
+                        f"text_encoder{m}.encoder.layer.{L + 2 * i + j}.crossattention.self.{t}.{w}" for j in (0, 1)
+                    ]
                     s[pair[1]] = s[pair[0]]
         s |= _lin(H, H, g, f"cls_head{m}.0") | _lin(2, H, g, f"cls_head{m}.2")
     return s
@@ -407,7 +499,9 @@ def albef_vqa_state(seed: int = 0) -> dict[str, torch.Tensor]:
     for m in ("", "_m"):
         s |= albef_vit(g, f"visual_encoder{m}") | albef_bert(g, f"text_encoder{m}", L + NF, L)
         s |= albef_bert(g, f"text_decoder{m}.bert", NF, 0)
-        s |= albef_lm_head(g, f"text_decoder{m}.cls.predictions", s[f"text_decoder{m}.bert.embeddings.word_embeddings.weight"])
+        s |= albef_lm_head(
+            g, f"text_decoder{m}.cls.predictions", s[f"text_decoder{m}.bert.embeddings.word_embeddings.weight"]
+        )
     return s
 
 
@@ -415,7 +509,10 @@ def convert_file(tmp_path, state: dict[str, torch.Tensor], kind: str):
     torch.save({"model": state}, tmp_path / f"{kind}.pth")
     (tmp_path / "model.yaml").write_text(f"text:\n  heads: {T_HEADS}\n")
     out = tmp_path / kind
-    assert main(["convert", "albef", str(tmp_path / f"{kind}.pth"), str(out), "--config", str(tmp_path / "model.yaml")]) == 0
+    assert (
+        main(["convert", "albef", str(tmp_path / f"{kind}.pth"), str(out), "--config", str(tmp_path / "model.yaml")])
+        == 0
+    )
     assert json.loads((out / "key_report.json").read_text())["kind"] == kind  # detected from the keys
     return load_model(out, torch.device("cpu"))
 
@@ -434,8 +531,11 @@ def test_converted_nlvr_model_matches_independent_albef_forward(tmp_path):
             text = ref_bert_layers(s, p, ref_embeddings(s, p, ids), mask, range(L))
             images = [ref_vit(s, im0, f"visual_encoder{m}"), ref_vit(s, im1, f"visual_encoder{m}")]
             fused = ref_bert_layers(s, p, text, mask, range(L, L + 2 * NF), image=images)  # even: image 0, odd: image 1
-            ref = F.linear(F.relu(F.linear(fused[:, 0], s[f"cls_head{m}.0.weight"], s[f"cls_head{m}.0.bias"])),
-                           s[f"cls_head{m}.2.weight"], s[f"cls_head{m}.2.bias"])
+            ref = F.linear(
+                F.relu(F.linear(fused[:, 0], s[f"cls_head{m}.0.weight"], s[f"cls_head{m}.0.bias"])),
+                s[f"cls_head{m}.2.weight"],
+                s[f"cls_head{m}.2.bias"],
+            )
             torch.testing.assert_close(logits, ref, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(model.classify(im1, im0, ids, mask), logits)  # the image order matters
 
@@ -458,11 +558,17 @@ def test_converted_vqa_model_matches_independent_albef_forward(tmp_path):
         text = ref_bert_layers(s, p, ref_embeddings(s, p, qids), qmask, range(L))
         r_states = ref_bert_layers(s, p, text, qmask, range(L, L + NF), image=ref_vit(s, images))  # multi_modal mode
         d = "text_decoder.bert"
-        dec = ref_bert_layers(s, d, ref_embeddings(s, d, aids), amask, range(NF), image=r_states, image_mask=qmask,
-                              causal=True)
+        dec = ref_bert_layers(
+            s, d, ref_embeddings(s, d, aids), amask, range(NF), image=r_states, image_mask=qmask, causal=True
+        )
         c = "text_decoder.cls.predictions"
-        h = F.layer_norm(F.gelu(F.linear(dec, s[f"{c}.transform.dense.weight"], s[f"{c}.transform.dense.bias"])), (H,),
-                         s[f"{c}.transform.LayerNorm.weight"], s[f"{c}.transform.LayerNorm.bias"], eps=1e-12)
+        h = F.layer_norm(
+            F.gelu(F.linear(dec, s[f"{c}.transform.dense.weight"], s[f"{c}.transform.dense.bias"])),
+            (H,),
+            s[f"{c}.transform.LayerNorm.weight"],
+            s[f"{c}.transform.LayerNorm.bias"],
+            eps=1e-12,
+        )
         r_logits = F.linear(h, s[f"{c}.decoder.weight"], s[f"{c}.decoder.bias"])
     qv, av = qmask.bool(), amask.bool()
     torch.testing.assert_close(states[qv], r_states[qv], atol=1e-5, rtol=1e-5)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlp.config import ConfigError, DataConfig, FinetuneDataConfig, LossConfig, ModelConfig, TextConfig, VisionConfig
+from vlp.config import DataConfig, FinetuneDataConfig, LossConfig, ModelConfig, TextConfig, VisionConfig
 from vlp.data.datasets import Collator
 from vlp.data.transforms import load_tokenizer, tokenize
+from vlp.errors import ConfigError
 from vlp.losses.matching import itm_loss
 from vlp.losses.mlm import mask_tokens, mlm_loss
 from vlp.models.albef import ALBEF
@@ -17,8 +18,14 @@ from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.pretrain import PretrainTask
 
 TOKENS = TokenInfo(30522, 103, (0, 101, 102))
-CAPTIONS = ["a red circle", "two small blue squares on the left of a big green triangle", "a shape",
-            "one yellow triangle above a circle", "a big square", "three circles"]
+CAPTIONS = [
+    "a red circle",
+    "two small blue squares on the left of a big green triangle",
+    "a shape",
+    "one yellow triangle above a circle",
+    "a big square",
+    "three circles",
+]
 MAX_LEN = 20
 
 
@@ -40,8 +47,9 @@ def batch(tokenizer, padding: str, image_ids=(0, 1, 2, 2, 3, 4)) -> dict[str, to
     return b
 
 
-def step(loss: LossConfig, data: dict[str, torch.Tensor], padding: str = "longest", steps: int = 2,
-         dropout: float = 0.1):
+def step(
+    loss: LossConfig, data: dict[str, torch.Tensor], padding: str = "longest", steps: int = 2, dropout: float = 0.1
+):
     """Losses of ``steps`` task steps (the queue fills in between) and the gradients of the last."""
     model = tiny(dropout)
     task = PretrainTask(model, loss, TOKENS, seed=5, max_len=MAX_LEN, text_padding=padding)
@@ -79,10 +87,12 @@ def test_tokenize_and_collator_pad_to_max_len(tokenizer) -> None:
 
 
 def test_config_keys_are_validated() -> None:
-    for make, key in ((lambda: DataConfig(text_padding="fixed"), "data.text_padding"),
-                      (lambda: FinetuneDataConfig(text_padding="x"), "data.text_padding"),
-                      (lambda: LossConfig(itm_negatives="all"), "loss.itm_negatives"),
-                      (lambda: LossConfig(mlm_masking="all"), "loss.mlm_masking")):
+    for make, key in (
+        (lambda: DataConfig(text_padding="fixed"), "data.text_padding"),
+        (lambda: FinetuneDataConfig(text_padding="x"), "data.text_padding"),
+        (lambda: LossConfig(itm_negatives="all"), "loss.itm_negatives"),
+        (lambda: LossConfig(mlm_masking="all"), "loss.mlm_masking"),
+    ):
         with pytest.raises(ConfigError, match=key):
             make()
 
@@ -90,8 +100,19 @@ def test_config_keys_are_validated() -> None:
 def test_mask_tokens_do_not_depend_on_padding_given_the_length(tokenizer) -> None:
     short, fixed = tokenize(tokenizer, CAPTIONS, MAX_LEN), tokenize(tokenizer, CAPTIONS, MAX_LEN, "max_len")
     t = short["input_ids"].shape[1]
-    draw = lambda b: mask_tokens(b["input_ids"], b["attention_mask"], TOKENS.special_ids, TOKENS.mask_id,  # noqa: E731
-                                 TOKENS.vocab_size, 0.5, torch.Generator().manual_seed(0), MAX_LEN)
+
+    def draw(b):
+        return mask_tokens(
+            b["input_ids"],
+            b["attention_mask"],
+            TOKENS.special_ids,
+            TOKENS.mask_id,
+            TOKENS.vocab_size,
+            0.5,
+            torch.Generator().manual_seed(0),
+            MAX_LEN,
+        )
+
     (m_s, l_s), (m_f, l_f) = draw(short), draw(fixed)
     assert (l_s != -100).sum() > 5
     assert torch.equal(m_f[:, :t], m_s) and torch.equal(l_f[:, :t], l_s) and (l_f[:, t:] == -100).all()
@@ -124,8 +145,10 @@ def test_global_modes_on_one_process_equal_the_local_ones(tokenizer) -> None:
 def test_padding_to_max_len_gives_the_losses_and_gradients_of_longest_padding(tokenizer) -> None:
     # Padding is masked out everywhere and the MLM masks are drawn for [B, max_len] either way.
     # Dropout is off: its masks are drawn for [B, T, H], so they differ with T (same distribution).
-    for cfg in (LossConfig(alpha_ramp_steps=1), LossConfig(alpha_ramp_steps=1, itm_negatives="global",
-                                                           mlm_masking="global")):
+    for cfg in (
+        LossConfig(alpha_ramp_steps=1),
+        LossConfig(alpha_ramp_steps=1, itm_negatives="global", mlm_masking="global"),
+    ):
         longest = step(cfg, batch(tokenizer, "longest"), dropout=0.0)
         assert_same(longest, step(cfg, batch(tokenizer, "max_len"), "max_len", dropout=0.0), 1e-5)
 
@@ -143,13 +166,19 @@ def test_global_modes_across_processes_refuse_per_batch_padding(tokenizer, monke
 def test_task_draws_depend_only_on_seed_rank_and_step() -> None:
     """A resumed run draws what an uninterrupted one draws (no generator state is checkpointed)."""
     dev = torch.device("cpu")
-    run, resumed = PretrainTask(tiny(), LossConfig(), TOKENS, seed=3), PretrainTask(tiny(), LossConfig(), TOKENS, seed=3)
+    run, resumed = (
+        PretrainTask(tiny(), LossConfig(), TOKENS, seed=3),
+        PretrainTask(tiny(), LossConfig(), TOKENS, seed=3),
+    )
     for s in range(3):
         first = torch.rand(4, generator=run.generator(dev, s))
         again = torch.rand(4, generator=run.generator(dev, s))  # a second micro-batch continues the stream
         assert not torch.equal(first, again)
     assert torch.equal(torch.rand(4, generator=resumed.generator(dev, 2)), first)
-    assert torch.equal(torch.rand(4, generator=resumed.shared_generator(dev, 7)),
-                       torch.rand(4, generator=run.generator(dev, 7)))  # rank 0: the shared stream
-    assert not torch.equal(torch.rand(4, generator=run.generator(dev, 8)),
-                           torch.rand(4, generator=PretrainTask(tiny(), LossConfig(), TOKENS, seed=4).generator(dev, 8)))
+    assert torch.equal(
+        torch.rand(4, generator=resumed.shared_generator(dev, 7)), torch.rand(4, generator=run.generator(dev, 7))
+    )  # rank 0: the shared stream
+    assert not torch.equal(
+        torch.rand(4, generator=run.generator(dev, 8)),
+        torch.rand(4, generator=PretrainTask(tiny(), LossConfig(), TOKENS, seed=4).generator(dev, 8)),
+    )

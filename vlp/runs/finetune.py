@@ -1,10 +1,11 @@
-"""Fine-tuning jobs: ``vlp finetune retrieval|vqa|nlvr2`` and ``vlp pretrain nlvr-ta``.
+"""Fine-tuning: ``vlp finetune retrieval|vqa|nlvr2`` and ``vlp pretrain nlvr-ta``.
 
-Every job: read the pretrained checkpoint's model config, change the resolution (position
+Every run: read the pretrained checkpoint's model config, change the resolution (position
 embedding interpolated) and any ``model_overrides``, build the task model, load the weights
-(:func:`vlp.models.transfer.load_pretrained`), train with the shared loop, validate every epoch
-keeping the best checkpoint, and evaluate the best checkpoint on the test split at the end. Like
-:mod:`vlp.jobs`, this is glue: it reads files, the tasks and models never do.
+(:func:`vlp.models.transfer.load_pretrained`) into a :class:`~vlp.runs.common.Job`, train with the
+shared loop, validate every epoch keeping the best checkpoint, and evaluate the best checkpoint on
+the test split at the end. Like the rest of :mod:`vlp.runs`, this is glue: it reads files, the tasks
+and models never do.
 """
 
 from __future__ import annotations
@@ -19,31 +20,29 @@ from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
-from vlp import __version__
-from vlp.config import (
-    VISION_PRESETS, ConfigError, FinetuneConfig, ModelConfig, apply_overrides, resolved, to_dict,
-)
+from vlp.config import FinetuneConfig, ModelConfig, apply_overrides
 from vlp.data.datasets import Collator, ImageTextDataset, train_loader
-from vlp.data.formats import DataError, load_pairs, load_retrieval_split
-from vlp.data.transforms import load_tokenizer, test_transform, train_transform
+from vlp.data.formats import load_pairs, load_retrieval_split
+from vlp.data.transforms import load_tokenizer
 from vlp.dist import OtherRankDone, gather_rows, rank, shard_bounds, world_size
+from vlp.errors import ConfigError, DataError
 from vlp.eval.mode import evaluating
-from vlp.jobs import (
-    bad_sample_args, build_reconstruction, build_task_model, checkpoint_model_config, check_images, check_queue,
-    load_targets_for,
-    prepare_run_dir, token_info,
-)
+from vlp.models.build import build_task_model
 from vlp.models.transfer import load_pretrained
-from vlp.train.checkpoint import find_checkpoint, load_weights, read_state
-from vlp.train.loop import Validation, train
+from vlp.pretrained import checkpoint_model_config
+from vlp.runs.common import Job, build_reconstruction, check_queue, load_targets_for, token_info
+from vlp.train.validation import Validation
+from vlp.weights import find_checkpoint, load_weights, read_state
 
 
 def finetune_model_config(cfg: FinetuneConfig, source_state: dict[str, Any]) -> ModelConfig:
     """The pretrained checkpoint's model config with ``image_size`` and ``model_overrides`` applied."""
     model = checkpoint_model_config(source_state)
     if model.arch != "albef":
-        raise ConfigError(f"config key 'pretrained': {cfg.pretrained} is a model.arch={model.arch} checkpoint; "
-                          "fine-tuning needs an ALBEF checkpoint (fusion encoder)")
+        raise ConfigError(
+            f"config key 'pretrained': {cfg.pretrained} is a model.arch={model.arch} checkpoint; "
+            "fine-tuning needs an ALBEF checkpoint (fusion encoder)"
+        )
     if cfg.image_size is not None:
         model.vision.img_size = cfg.image_size
     model = apply_overrides(model, cfg.model_overrides)
@@ -51,91 +50,88 @@ def finetune_model_config(cfg: FinetuneConfig, source_state: dict[str, Any]) -> 
     return model
 
 
-class Job:
-    """What every fine-tuning job shares: model from the pretrained checkpoint, run directory,
-    loaders, the train call with validation, and the final test with the best checkpoint."""
+def finetune_job(cfg: FinetuneConfig) -> Job:
+    """The job of every fine-tuning run, before its data: the task model of ``cfg.task`` with the
+    pretrained checkpoint's weights (seeded first)."""
+    if not cfg.pretrained:
+        raise ConfigError(
+            "config key 'pretrained': fine-tuning starts from a vlp checkpoint (run directory or "
+            "checkpoint folder); none given"
+        )
+    if not cfg.data.train:
+        raise DataError("config key 'data.train': no annotation files given")
+    set_seed(cfg.train.seed)
+    source = find_checkpoint(cfg.pretrained)
+    model_cfg = finetune_model_config(cfg, read_state(source))
+    tokenizer = load_tokenizer(model_cfg.text)
+    model = build_task_model(cfg.task, model_cfg, len(tokenizer))
+    transfer = load_pretrained(model, source)
+    return Job(cfg.task, cfg, model_cfg, model, tokenizer, source=source, transfer=transfer)
 
-    def __init__(self, cfg: FinetuneConfig) -> None:
-        if not cfg.pretrained:
-            raise ConfigError("config key 'pretrained': fine-tuning starts from a vlp checkpoint (run directory or "
-                              "checkpoint folder); none given")
-        if not cfg.data.train:
-            raise DataError("config key 'data.train': no annotation files given")
-        set_seed(cfg.train.seed)
-        self.cfg = cfg
-        self.source = find_checkpoint(cfg.pretrained)
-        self.model_cfg = finetune_model_config(cfg, read_state(self.source))
-        self.tokenizer = load_tokenizer(self.model_cfg.text)
-        self.model = build_task_model(cfg.task, self.model_cfg, len(self.tokenizer))
-        self.report = load_pretrained(self.model, self.source)
-        self.res = resolved(self.model_cfg.vision, VISION_PRESETS)["img_size"]
-        self.run_dir: Optional[Path] = None
 
-    def start(self, n_train: int) -> Path:
-        self.run_dir = prepare_run_dir(self.cfg)
-        print(f"vlp {self.cfg.task}: {n_train} training items, from {self.source} "
-              f"({len(self.report['new'])} new tensors, {len(self.report['dropped'])} checkpoint tensors unused"
-              f"{', momentum twins copied from the loaded weights' if self.report['momentum_copied'] else ''}), "
-              f"{self.res} px -> {self.run_dir}")
-        return self.run_dir
+def start(job: Job, loader: DataLoader, items: int) -> Path:
+    """Take the training ``loader`` of ``items`` items, create the run directory and say what runs."""
+    job.loader, job.items = loader, items
+    run_dir = job.start()
+    report = job.transfer
+    print(
+        f"vlp {job.kind}: {items} training items, from {job.source} "
+        f"({len(report['new'])} new tensors, {len(report['dropped'])} checkpoint tensors unused"
+        f"{', momentum twins copied from the loaded weights' if report['momentum_copied'] else ''}), "
+        f"{job.res} px -> {run_dir}"
+    )
+    return run_dir
 
-    def train_transform(self):
-        return train_transform(self.res, self.cfg.data.image)
 
-    def test_transform(self):
-        return test_transform(self.res, self.cfg.data.image)
+def make_loader(job: Job, dataset, collate: Callable, train: bool) -> DataLoader:
+    """Training: :func:`vlp.data.datasets.train_loader` (shuffled per epoch, items seeded); else in
+    order, with ``eval.num_workers`` loader processes (pinned batches on CUDA)."""
+    d = job.cfg.data
+    if train:
+        return train_loader(dataset, d.batch_size, collate, d.num_workers, job.cfg.train.seed)
+    return DataLoader(
+        dataset,
+        batch_size=d.eval_batch_size,
+        num_workers=job.cfg.eval.resolved_workers(),
+        collate_fn=collate,
+        pin_memory=job.device.type == "cuda",
+        generator=torch.Generator().manual_seed(job.cfg.train.seed),
+    )
 
-    def bad_samples(self, images: Sequence) -> dict:
-        """Check the training split's image files (``images``: each with ``image`` and ``origin``;
-        :func:`vlp.jobs.check_images`) and return the training datasets' bad-sample keywords."""
-        check_images(images, self.cfg.data)
-        return bad_sample_args(self.cfg.data)
 
-    def loader(self, dataset, collate: Callable, train: bool) -> DataLoader:
-        """Training: :func:`vlp.data.datasets.train_loader` (shuffled per epoch, items seeded); else in
-        order, with ``eval.num_workers`` loader processes (pinned batches on CUDA)."""
-        d = self.cfg.data
-        if train:
-            return train_loader(dataset, d.batch_size, collate, d.num_workers, self.cfg.train.seed)
-        return DataLoader(dataset, batch_size=d.eval_batch_size, num_workers=self.cfg.eval.resolved_workers(),
-                          collate_fn=collate, pin_memory=self.device.type == "cuda",
-                          generator=torch.Generator().manual_seed(self.cfg.train.seed))
+def train_steps(job: Job, loader: DataLoader) -> int:
+    """Optimizer steps of the run: ``train.epochs`` passes over ``loader`` (``grad_accum_steps``
+    batches per step), else ``train.steps``."""
+    t = job.cfg.train
+    return max(1, t.epochs * len(loader) // t.grad_accum_steps) if t.epochs is not None else t.steps
 
-    def steps(self, loader: DataLoader) -> int:
-        """Optimizer steps of the run: ``train.epochs`` passes over ``loader`` (``grad_accum_steps``
-        batches per step), else ``train.steps``."""
-        t = self.cfg.train
-        return max(1, t.epochs * len(loader) // t.grad_accum_steps) if t.epochs is not None else t.steps
 
-    def fit(self, task: nn.Module, loader: DataLoader, evaluate: Optional[Callable[[nn.Module, int], dict]],
-            select: str) -> None:
-        t = self.cfg.train
-        t.steps = self.steps(loader)
-        every = self.cfg.eval_every or max(1, len(loader) // t.grad_accum_steps)  # default: once per epoch
-        validation = Validation(evaluate, select, every) if evaluate is not None else None
-        state = {"task": self.cfg.task, "vlp_version": __version__, "config": to_dict(self.cfg),
-                 "model": to_dict(self.model_cfg), "pretrained": str(self.source)}
-        train(task, loader, t, self.run_dir, state, validation=validation, max_bad_fraction=self.cfg.data.max_bad_fraction)
+def fit(job: Job, task: nn.Module, evaluate: Optional[Callable[[nn.Module, int], dict]], select: str) -> None:
+    """Train ``task`` for ``train_steps``, validating with ``evaluate`` (keeping the best by
+    ``select``) every ``eval_every`` steps, by default once per epoch."""
+    t = job.cfg.train
+    t.steps = train_steps(job, job.loader)
+    every = job.cfg.eval_every or max(1, len(job.loader) // t.grad_accum_steps)  # default: once per epoch
+    job.task = task
+    job.fit(Validation(evaluate, select, every) if evaluate is not None else None)
 
-    def load_best(self) -> Optional[Path]:
-        """Put the best validated weights into the model (if validation ran); returns that checkpoint."""
-        best = self.run_dir / "checkpoints" / "best"
-        if (best / "model.safetensors").is_file():
-            load_weights(self.model, best)
-            return best
-        return None
 
-    def write_results(self, results: dict) -> dict:
-        """Rank 0 writes ``results.json`` and returns the results; the other ranks, done once every
-        rank took its part in the final evaluation, raise :class:`vlp.dist.OtherRankDone`."""
-        if rank() != 0:
-            raise OtherRankDone
-        (self.run_dir / "results.json").write_text(json.dumps(results, indent=2))
-        return results
+def load_best(job: Job) -> Optional[Path]:
+    """Put the best validated weights into the model (if validation ran); returns that checkpoint."""
+    best = job.run_dir / "checkpoints" / "best"
+    if (best / "model.safetensors").is_file():
+        load_weights(job.model, best)
+        return best
+    return None
 
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+
+def write_results(job: Job, results: dict) -> dict:
+    """Rank 0 writes ``results.json`` and returns the results; the other ranks, done once every
+    rank took its part in the final evaluation, raise :class:`vlp.dist.OtherRankDone`."""
+    if rank() != 0:
+        raise OtherRankDone
+    (job.run_dir / "results.json").write_text(json.dumps(results, indent=2))
+    return results
 
 
 # ----------------------------------------------------------------------------- retrieval
@@ -150,39 +146,66 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
     from vlp.tasks.regulation import SRCLRegulator
     from vlp.viz import plot_retrieval_examples
 
-    splits = {s: load_retrieval_split(getattr(cfg.data, s), cfg.data.image_root)
-              for s in ("val", "test") if getattr(cfg.data, s)}
+    splits = {
+        s: load_retrieval_split(getattr(cfg.data, s), cfg.data.image_root)
+        for s in ("val", "test")
+        if getattr(cfg.data, s)
+    }
     for name, split in splits.items():  # before any work
         check_k_test(cfg.eval, len(split.images), len(split.texts), f"data.{name} ({split.source})")
-    job = Job(cfg)
+    job = finetune_job(cfg)
     samples = load_pairs(cfg.data.train, cfg.data.image_root, on_bad=cfg.data.on_bad_sample)
     targets = load_targets_for(cfg.loss.ltd)
     dataset = ImageTextDataset(samples, job.train_transform(), targets=targets, **job.bad_samples(samples))
-    loader = job.loader(dataset, Collator(job.tokenizer, cfg.data.max_len, cfg.data.text_padding), train=True)
+    loader = make_loader(job, dataset, Collator(job.tokenizer, cfg.data.max_len, cfg.data.text_padding), train=True)
     check_queue(job.model_cfg.queue_size, cfg.data.batch_size)
-    run_dir = job.start(len(dataset))
+    run_dir = start(job, loader, len(dataset))
     regulator = None
     if cfg.loss.regulation != "none":  # fine-tuning: the live model's similarities only (no helper)
-        regulator = SRCLRegulator(cfg.loss.srcl, cfg.loss.regulation, job.steps(loader), job.model_cfg.queue_size, 1,
-                                  finetune=True)
+        regulator = SRCLRegulator(
+            cfg.loss.srcl, cfg.loss.regulation, train_steps(job, loader), job.model_cfg.queue_size, 1, finetune=True
+        )
     rec = build_reconstruction(cfg.loss.ltd, job.model_cfg.embed_dim, targets, len(job.tokenizer))
-    task = PretrainTask(job.model, cfg.loss, token_info(job.tokenizer), cfg.train.seed, regulator, rec,
-                        max_len=cfg.data.max_len, text_padding=cfg.data.text_padding)
+    task = PretrainTask(
+        job.model,
+        cfg.loss,
+        token_info(job.tokenizer),
+        cfg.train.seed,
+        regulator,
+        rec,
+        max_len=cfg.data.max_len,
+        text_padding=cfg.data.text_padding,
+    )
 
     def evaluate(split_name: str, show: bool = False):
         """Every rank calls it: encoding and ITM re-ranking are sharded over the ranks
         (:mod:`vlp.eval.retrieval`) and every rank gets the same metrics."""
         split, e, sharded = splits[split_name], cfg.eval, is_dist()
         show = show and rank() == 0
-        emb = embed(job.model, split, job.tokenizer, job.test_transform(), cfg.data.max_len, cfg.data.eval_batch_size,
-                    job.device, show, num_workers=e.resolved_workers(), precision=e.precision, distributed=sharded,
-                    offload=e.offload)
+        emb = embed(
+            job.model,
+            split,
+            job.tokenizer,
+            job.test_transform(),
+            cfg.data.max_len,
+            cfg.data.eval_batch_size,
+            job.device,
+            show,
+            num_workers=e.resolved_workers(),
+            precision=e.precision,
+            distributed=sharded,
+            offload=e.offload,
+        )
         return split, evaluate_retrieval(job.model, emb, split, e, show_progress=show, distributed=sharded)
 
     validate = (lambda _task, _step: evaluate("val")[1].metrics) if "val" in splits else None
-    job.fit(task, loader, validate, "r_mean")
-    results: dict[str, Any] = {"task": "retrieval", "score": cfg.eval.score, "k_test": cfg.eval.k_test,
-                               "best": str(job.load_best())}
+    fit(job, task, validate, "r_mean")
+    results: dict[str, Any] = {
+        "task": "retrieval",
+        "score": cfg.eval.score,
+        "k_test": cfg.eval.k_test,
+        "best": str(load_best(job)),
+    }
     for name in splits:  # every rank evaluates its shard; rank 0 writes
         split, res = evaluate(name, show=cfg.train.progress)
         results[name] = res.metrics
@@ -191,7 +214,7 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
             out.mkdir(exist_ok=True)
             (out / "metrics.json").write_text(json.dumps(res.metrics, indent=2))
             plot_retrieval_examples(split, res.scores_t2i, out / "retrieval_examples.png")
-    return job.write_results(results)
+    return write_results(job, results)
 
 
 # ----------------------------------------------------------------------------- VQA
@@ -203,7 +226,7 @@ def run_finetune_vqa(cfg: FinetuneConfig) -> dict:
     ``[{"question_id", "answer"}]`` format; the most-frequent-answer-per-type baseline for reference."""
     from vlp.data.formats import load_answer_list, load_vqa, write_vqa_predictions
     from vlp.data.vqa import VQACollator, VQADataset, tokenize_answers
-    from vlp.eval.vqa import (baseline_predictions, mean_vqa_accuracy, most_frequent_answers, per_type_accuracy)
+    from vlp.eval.vqa import baseline_predictions, mean_vqa_accuracy, most_frequent_answers, per_type_accuracy
     from vlp.tasks.vqa import VQATask
 
     if not cfg.data.answer_list:
@@ -211,35 +234,46 @@ def run_finetune_vqa(cfg: FinetuneConfig) -> dict:
     d = cfg.data
     answers = load_answer_list(d.answer_list)
     if cfg.vqa.k_test > len(answers):  # before any work
-        raise ConfigError(f"config key 'vqa.k_test': {cfg.vqa.k_test} candidates per question, but the answer list "
-                          f"{d.answer_list} has {len(answers)}; set vqa.k_test <= {len(answers)}")
-    job = Job(cfg)
+        raise ConfigError(
+            f"config key 'vqa.k_test': {cfg.vqa.k_test} candidates per question, but the answer list "
+            f"{d.answer_list} has {len(answers)}; set vqa.k_test <= {len(answers)}"
+        )
+    job = finetune_job(cfg)
     train_q = load_vqa(d.train, d.image_root, d.vg_root)
     val_q = load_vqa([d.val], d.image_root, d.vg_root) if d.val else []
     test_q = load_vqa([d.test], d.image_root, d.vg_root, require_answers=False) if d.test else []
     collate = VQACollator(job.tokenizer, d.max_len, cfg.vqa.answer_max_len)
-    loader = job.loader(VQADataset(train_q, job.train_transform(), train=True, **job.bad_samples(train_q)), collate,
-                        train=True)
-    run_dir = job.start(len(train_q))
+    loader = make_loader(
+        job, VQADataset(train_q, job.train_transform(), train=True, **job.bad_samples(train_q)), collate, train=True
+    )
+    run_dir = start(job, loader, len(train_q))
     task = VQATask(job.model, cfg.loss.alpha, cfg.loss.alpha_ramp_steps, cfg.loss.distill)
     cand_ids, cand_mask = tokenize_answers(job.tokenizer, answers, cfg.vqa.answer_max_len)
 
     def predict(questions) -> list[str]:
         """Every rank ranks the answers of its contiguous shard of ``questions``; all in order."""
         bounds, shard = shard_of(questions)
-        loader = job.loader(VQADataset(shard, job.test_transform(), train=False), collate, train=False)
+        loader = make_loader(job, VQADataset(shard, job.test_transform(), train=False), collate, train=False)
         picked = rank_answer_indices(job.model, loader, cand_ids, cand_mask, cfg.vqa.k_test, job.device)
         return [answers[i] for i in gather_rows(picked, bounds).tolist()]
 
     def val_metrics(preds: list[str]) -> dict[str, float]:
         acc = mean_vqa_accuracy(preds, [q.raw_answers for q in val_q])
         official = mean_vqa_accuracy(preds, [q.raw_answers for q in val_q], official=True)
-        return {"acc": acc, "acc_official": official, **{f"acc_{k}": v for k, v in per_type_accuracy(preds, val_q).items()}}
+        return {
+            "acc": acc,
+            "acc_official": official,
+            **{f"acc_{k}": v for k, v in per_type_accuracy(preds, val_q).items()},
+        }
 
     validate = (lambda _task, _step: val_metrics(predict(val_q))) if val_q else None
-    job.fit(task, loader, validate, "acc")
-    results: dict[str, Any] = {"task": "vqa", "k_test": cfg.vqa.k_test, "answers": len(answers),
-                               "best": str(job.load_best())}
+    fit(job, task, validate, "acc")
+    results: dict[str, Any] = {
+        "task": "vqa",
+        "k_test": cfg.vqa.k_test,
+        "answers": len(answers),
+        "best": str(load_best(job)),
+    }
     if val_q:
         results["val"] = val_metrics(predict(val_q))
         base = baseline_predictions(most_frequent_answers(train_q), val_q)
@@ -249,7 +283,7 @@ def run_finetune_vqa(cfg: FinetuneConfig) -> dict:
         if rank() == 0:
             path = write_vqa_predictions(run_dir / "vqa_test_predictions.json", [q.question_id for q in test_q], preds)
             results["test_predictions"] = str(path)
-    return job.write_results(results)
+    return write_results(job, results)
 
 
 def shard_of(items: Sequence) -> tuple[list[int], Sequence]:
@@ -260,8 +294,9 @@ def shard_of(items: Sequence) -> tuple[list[int], Sequence]:
 
 
 @torch.no_grad()
-def rank_answer_indices(model, loader: DataLoader, cand_ids: torch.Tensor, cand_mask: torch.Tensor, k: int,
-                        device: torch.device) -> torch.Tensor:
+def rank_answer_indices(
+    model, loader: DataLoader, cand_ids: torch.Tensor, cand_mask: torch.Tensor, k: int, device: torch.device
+) -> torch.Tensor:
     """The ranked answer (an index into the candidates) of every question of ``loader``, in order:
     [n] long on ``device``. Eval mode inside, the model's modes restored after."""
     cand_ids, cand_mask = cand_ids.to(device), cand_mask.to(device)
@@ -269,14 +304,22 @@ def rank_answer_indices(model, loader: DataLoader, cand_ids: torch.Tensor, cand_
     with evaluating(model):
         for batch in loader:
             mask = batch["attention_mask"].to(device, non_blocking=True)
-            states = model.encode_question(batch["images"].to(device, non_blocking=True),
-                                           batch["input_ids"].to(device, non_blocking=True), mask)
+            states = model.encode_question(
+                batch["images"].to(device, non_blocking=True), batch["input_ids"].to(device, non_blocking=True), mask
+            )
             out.append(model.rank_answers(states, mask, cand_ids, cand_mask, k)[0])
     return torch.cat(out)
 
 
-def predict_answers(model, loader: DataLoader, cand_ids: torch.Tensor, cand_mask: torch.Tensor, answers: list[str],
-                    k: int, device: torch.device) -> list[str]:
+def predict_answers(
+    model,
+    loader: DataLoader,
+    cand_ids: torch.Tensor,
+    cand_mask: torch.Tensor,
+    answers: list[str],
+    k: int,
+    device: torch.device,
+) -> list[str]:
     """The ranked answer (a string of ``answers``) for every question of ``loader``, in order (eval
     mode inside, the model's modes restored after)."""
     return [answers[i] for i in rank_answer_indices(model, loader, cand_ids, cand_mask, k, device).tolist()]
@@ -302,7 +345,7 @@ def run_finetune_nlvr(cfg: FinetuneConfig) -> dict:
     from vlp.data.nlvr import NLVRCollator, NLVRDataset
     from vlp.tasks.nlvr import NLVRTask
 
-    job = Job(cfg)
+    job = finetune_job(cfg)
     d = cfg.data
     train_items = [it for path in d.train for it in load_nlvr(path, d.image_root)]
     evals = {name: load_nlvr(getattr(d, name), d.image_root) for name in ("val", "test") if getattr(d, name)}
@@ -311,23 +354,24 @@ def run_finetune_nlvr(cfg: FinetuneConfig) -> dict:
     train_tf = ConstantImage(job.res) if blank else job.train_transform()
     test_tf = ConstantImage(job.res) if blank else job.test_transform()
     images = [SimpleNamespace(image=path, origin=it.origin) for it in train_items for path in it.images]
-    loader = job.loader(NLVRDataset(train_items, train_tf, flip=cfg.nlvr.flip, **job.bad_samples(images)), collate,
-                        train=True)
-    job.start(len(train_items))
+    loader = make_loader(
+        job, NLVRDataset(train_items, train_tf, flip=cfg.nlvr.flip, **job.bad_samples(images)), collate, train=True
+    )
+    start(job, loader, len(train_items))
     task = NLVRTask(job.model, cfg.loss.alpha, cfg.loss.alpha_ramp_steps, cfg.loss.distill)
 
     def accuracy(items) -> float:
         """Every rank classifies its contiguous shard of ``items``; accuracy over all of them."""
         bounds, shard = shard_of(items)
-        right = nlvr_correct(job.model, job.loader(NLVRDataset(shard, test_tf), collate, train=False), job.device)
+        right = nlvr_correct(job.model, make_loader(job, NLVRDataset(shard, test_tf), collate, train=False), job.device)
         return 100.0 * float(gather_rows(right, bounds).double().mean()) if len(items) else 0.0
 
     validate = (lambda _task, _step: {"acc": accuracy(evals["val"])}) if "val" in evals else None
-    job.fit(task, loader, validate, "acc")
-    results: dict[str, Any] = {"task": "nlvr2", "text_only": blank, "flip": cfg.nlvr.flip, "best": str(job.load_best())}
+    fit(job, task, validate, "acc")
+    results: dict[str, Any] = {"task": "nlvr2", "text_only": blank, "flip": cfg.nlvr.flip, "best": str(load_best(job))}
     for name, items in evals.items():
         results[name] = {"acc": accuracy(items), "n": len(items)}
-    return job.write_results(results)
+    return write_results(job, results)
 
 
 @torch.no_grad()
@@ -337,10 +381,12 @@ def nlvr_correct(model, loader: DataLoader, device: torch.device) -> torch.Tenso
     out = [torch.zeros(0, dtype=torch.long, device=device)]
     with evaluating(model):
         for batch in loader:
-            logits = model.classify(batch["images0"].to(device, non_blocking=True),
-                                    batch["images1"].to(device, non_blocking=True),
-                                    batch["input_ids"].to(device, non_blocking=True),
-                                    batch["attention_mask"].to(device, non_blocking=True))
+            logits = model.classify(
+                batch["images0"].to(device, non_blocking=True),
+                batch["images1"].to(device, non_blocking=True),
+                batch["input_ids"].to(device, non_blocking=True),
+                batch["attention_mask"].to(device, non_blocking=True),
+            )
             out.append((logits.argmax(-1) == batch["labels"].to(device)).long())
     return torch.cat(out)
 
@@ -357,18 +403,20 @@ def run_nlvr_ta(cfg: FinetuneConfig) -> dict:
     ALBEF): which of two images (or neither) a caption describes."""
     from vlp.tasks.nlvr import TextAssignmentTask
 
-    job = Job(cfg)
+    job = finetune_job(cfg)
     samples = load_pairs(cfg.data.train, cfg.data.image_root, on_bad=cfg.data.on_bad_sample)
     dataset = ImageTextDataset(samples, job.train_transform(), **job.bad_samples(samples))
-    loader = job.loader(dataset, Collator(job.tokenizer, cfg.data.max_len, cfg.data.text_padding), train=True)
-    job.start(len(dataset))
-    task = TextAssignmentTask(job.model, cfg.train.seed)
-    job.fit(task, loader, None, "acc")
-    return job.write_results({"task": "nlvr-ta", "checkpoint": str(find_checkpoint(job.run_dir))})  # rank 0 only
+    loader = make_loader(job, dataset, Collator(job.tokenizer, cfg.data.max_len, cfg.data.text_padding), train=True)
+    start(job, loader, len(dataset))
+    fit(job, TextAssignmentTask(job.model, cfg.train.seed), None, "acc")
+    return write_results(job, {"task": "nlvr-ta", "checkpoint": str(find_checkpoint(job.run_dir))})  # rank 0 only
 
 
 RUNNERS: dict[str, Callable[[FinetuneConfig], dict]] = {
-    "retrieval": run_finetune_retrieval, "vqa": run_finetune_vqa, "nlvr2": run_finetune_nlvr, "nlvr-ta": run_nlvr_ta,
+    "retrieval": run_finetune_retrieval,
+    "vqa": run_finetune_vqa,
+    "nlvr2": run_finetune_nlvr,
+    "nlvr-ta": run_nlvr_ta,
 }
 
 

@@ -71,10 +71,12 @@ def clip_prefix(state: dict[str, torch.Tensor]) -> Optional[str]:
 def refuse_resnet_clip(state: dict[str, torch.Tensor], source: str) -> None:
     """Raise for a CLIP whose image tower is a ResNet (RN50, RN101, ...): vlp's tower is a ViT."""
     if any(k.startswith(("visual.attnpool.", "module.visual.attnpool.", "visual.layer1.")) for k in state):
-        from vlp.models.loading import CheckpointError
+        from vlp.errors import CheckpointError
 
-        raise CheckpointError(f"{source}: a ResNet CLIP image tower (visual.attnpool.*, visual.layer1.*); vlp's image "
-                              "tower is a ViT: use a ViT CLIP (e.g. ViT-B-16) for model.vision.init=clip/open_clip")
+        raise CheckpointError(
+            f"{source}: a ResNet CLIP image tower (visual.attnpool.*, visual.layer1.*); vlp's image "
+            "tower is a ViT: use a ViT CLIP (e.g. ViT-B-16) for model.vision.init=clip/open_clip"
+        )
 
 
 def is_torchscript(path: str | Path) -> bool:
@@ -89,17 +91,19 @@ def is_torchscript(path: str | Path) -> bool:
 def refuse_torchscript(path: str | Path) -> None:
     """Raise for OpenAI's TorchScript ``.pt`` (out of scope: it is code, not a state dict)."""
     if is_torchscript(path):
-        from vlp.models.loading import CheckpointError
+        from vlp.errors import CheckpointError
 
         raise CheckpointError(
             f"{path}: a TorchScript archive (OpenAI's released CLIP .pt files are), which vlp does not read: it is "
             "a program, not a state dict. Load it where you trust it (clip.load(name, jit=False) or "
             "open_clip.create_model_and_transforms(..., pretrained='openai')) and save model.state_dict() to "
-            ".safetensors or .pt, or use the timm hub tag vit_base_patch16_clip_224.openai")
+            ".safetensors or .pt, or use the timm hub tag vit_base_patch16_clip_224.openai"
+        )
 
 
-def convert_clip(state: dict[str, torch.Tensor], model: nn.Module, prefix: str
-                 ) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, str]]:
+def convert_clip(
+    state: dict[str, torch.Tensor], model: nn.Module, prefix: str
+) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, str]]:
     """An OpenAI/open_clip state dict in timm names -> ``(state, mapped, dropped)``.
 
     ``mapped``: source key -> timm key; ``dropped``: source key -> reason (:data:`CLIP_DROPPED`).
@@ -112,7 +116,7 @@ def convert_clip(state: dict[str, torch.Tensor], model: nn.Module, prefix: str
     mapped: dict[str, str] = {}
     dropped: dict[str, str] = {}
     for key, value in state.items():
-        name = key[len(ddp):] if ddp and key.startswith(ddp) else key
+        name = key[len(ddp) :] if ddp and key.startswith(ddp) else key
         reason = next((r for p, r in CLIP_DROPPED if fnmatch.fnmatchcase(name, p)), None)
         if reason is not None:
             dropped[key] = reason
@@ -132,12 +136,17 @@ HF_CLIP_RENAMES: tuple[tuple[str, str], ...] = (
     (r"vision_model\.embeddings\.position_embedding\.weight", "visual.positional_embedding"),
     (r"vision_model\.pre_layrnorm\.(weight|bias)", r"visual.ln_pre.\1"),  # HF's spelling
     (r"vision_model\.post_layernorm\.(weight|bias)", r"visual.ln_post.\1"),
-    (r"vision_model\.encoder\.layers\.(\d+)\.self_attn\.out_proj\.(weight|bias)",
-     r"visual.transformer.resblocks.\1.attn.out_proj.\2"),
+    (
+        r"vision_model\.encoder\.layers\.(\d+)\.self_attn\.out_proj\.(weight|bias)",
+        r"visual.transformer.resblocks.\1.attn.out_proj.\2",
+    ),
     (r"vision_model\.encoder\.layers\.(\d+)\.layer_norm1\.(weight|bias)", r"visual.transformer.resblocks.\1.ln_1.\2"),
     (r"vision_model\.encoder\.layers\.(\d+)\.layer_norm2\.(weight|bias)", r"visual.transformer.resblocks.\1.ln_2.\2"),
     (r"vision_model\.encoder\.layers\.(\d+)\.mlp\.fc1\.(weight|bias)", r"visual.transformer.resblocks.\1.mlp.c_fc.\2"),
-    (r"vision_model\.encoder\.layers\.(\d+)\.mlp\.fc2\.(weight|bias)", r"visual.transformer.resblocks.\1.mlp.c_proj.\2"),
+    (
+        r"vision_model\.encoder\.layers\.(\d+)\.mlp\.fc2\.(weight|bias)",
+        r"visual.transformer.resblocks.\1.mlp.c_proj.\2",
+    ),
 )
 HF_QKV = re.compile(r"vision_model\.encoder\.layers\.(\d+)\.self_attn\.([qkv])_proj\.(weight|bias)")
 HF_CLIP_DROPPED: tuple[tuple[str, str], ...] = (
@@ -159,8 +168,9 @@ def _bare_hf_vision(state: dict[str, torch.Tensor]) -> bool:
     return "embeddings.class_embedding" in state and "pre_layrnorm.weight" in state
 
 
-def convert_hf_clip(state: dict[str, torch.Tensor], model: nn.Module
-                    ) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, str]]:
+def convert_hf_clip(
+    state: dict[str, torch.Tensor], model: nn.Module
+) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, str]]:
     """A transformers CLIP state dict -> ``(state, mapped, dropped)`` in timm names, as
     :func:`convert_clip`; ``mapped`` is keyed by the HF names (each of q/k/v_proj maps to the
     block's ``attn.qkv``). Unknown keys stay under their own name (the strict load names them)."""
@@ -194,8 +204,9 @@ def convert_hf_clip(state: dict[str, torch.Tensor], model: nn.Module
     return out, mapped, dropped
 
 
-def synthetic_clip_state(width: int, depth: int, patch: int, grid: int, embed: int = 16,
-                         seed: int = 0) -> dict[str, torch.Tensor]:
+def synthetic_clip_state(
+    width: int, depth: int, patch: int, grid: int, embed: int = 16, seed: int = 0
+) -> dict[str, torch.Tensor]:
     """A random OpenAI/open_clip ``model.state_dict()`` (image tower + a few text-tower keys) at any
     size: what the tests and ``scripts/make_tiny_vision_weights.py`` load, since no real CLIP
     weights can be downloaded offline."""
@@ -205,22 +216,46 @@ def synthetic_clip_state(width: int, depth: int, patch: int, grid: int, embed: i
     def r(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g) * 0.2
 
-    sd = {"visual.conv1.weight": r(W, 3, PATCH, PATCH), "visual.class_embedding": r(W),
-          "visual.positional_embedding": r(1 + grid * grid, W),
-          "visual.ln_pre.weight": 1 + r(W), "visual.ln_pre.bias": r(W)}
+    sd = {
+        "visual.conv1.weight": r(W, 3, PATCH, PATCH),
+        "visual.class_embedding": r(W),
+        "visual.positional_embedding": r(1 + grid * grid, W),
+        "visual.ln_pre.weight": 1 + r(W),
+        "visual.ln_pre.bias": r(W),
+    }
     for i in range(DEPTH):
         b = f"visual.transformer.resblocks.{i}."
-        sd.update({b + "ln_1.weight": 1 + r(W), b + "ln_1.bias": r(W),
-                   b + "attn.in_proj_weight": r(3 * W, W), b + "attn.in_proj_bias": r(3 * W),
-                   b + "attn.out_proj.weight": r(W, W), b + "attn.out_proj.bias": r(W),
-                   b + "ln_2.weight": 1 + r(W), b + "ln_2.bias": r(W),
-                   b + "mlp.c_fc.weight": r(4 * W, W), b + "mlp.c_fc.bias": r(4 * W),
-                   b + "mlp.c_proj.weight": r(W, 4 * W), b + "mlp.c_proj.bias": r(W)})
+        sd.update(
+            {
+                b + "ln_1.weight": 1 + r(W),
+                b + "ln_1.bias": r(W),
+                b + "attn.in_proj_weight": r(3 * W, W),
+                b + "attn.in_proj_bias": r(3 * W),
+                b + "attn.out_proj.weight": r(W, W),
+                b + "attn.out_proj.bias": r(W),
+                b + "ln_2.weight": 1 + r(W),
+                b + "ln_2.bias": r(W),
+                b + "mlp.c_fc.weight": r(4 * W, W),
+                b + "mlp.c_fc.bias": r(4 * W),
+                b + "mlp.c_proj.weight": r(W, 4 * W),
+                b + "mlp.c_proj.bias": r(W),
+            }
+        )
     sd.update({"visual.ln_post.weight": 1 + r(W), "visual.ln_post.bias": r(W), "visual.proj": r(W, EMBED)})
     # text tower, temperature and OpenAI's hyper-parameter tensors: dropped on purpose
-    sd.update({"token_embedding.weight": r(50, EMBED), "positional_embedding": r(8, EMBED),
-               "transformer.resblocks.0.ln_1.weight": r(EMBED), "transformer.resblocks.0.attn.in_proj_weight": r(3 * EMBED, EMBED),
-               "ln_final.weight": r(EMBED), "ln_final.bias": r(EMBED), "text_projection": r(EMBED, EMBED),
-               "logit_scale": torch.tensor(4.6), "input_resolution": torch.tensor(32), "context_length": torch.tensor(8),
-               "vocab_size": torch.tensor(50)})
+    sd.update(
+        {
+            "token_embedding.weight": r(50, EMBED),
+            "positional_embedding": r(8, EMBED),
+            "transformer.resblocks.0.ln_1.weight": r(EMBED),
+            "transformer.resblocks.0.attn.in_proj_weight": r(3 * EMBED, EMBED),
+            "ln_final.weight": r(EMBED),
+            "ln_final.bias": r(EMBED),
+            "text_projection": r(EMBED, EMBED),
+            "logit_scale": torch.tensor(4.6),
+            "input_resolution": torch.tensor(32),
+            "context_length": torch.tensor(8),
+            "vocab_size": torch.tensor(50),
+        }
+    )
     return sd

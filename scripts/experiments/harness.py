@@ -1,0 +1,127 @@
+"""Shared parts of the shapes-world experiments over seeds (``srcl_shapes.py``, ``ltd_shapes.py``).
+
+An experiment parses the common options (:func:`experiment_parser`), writes a shapes world under
+``OUT/world`` (:func:`prepare_world`), pretrains every variant for every seed with the same data
+order, steps and model and evaluates zero-shot retrieval on the world's test split
+(:class:`Sweep`: resumable, a (variant, seed) with a recorded result is skipped), and writes a
+report whose table gives the mean ± std over seeds (:func:`results_table`, :func:`write_report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from vlp.config import PretrainConfig, load_config
+from vlp.data.synthetic import generate_world
+from vlp.eval.report import SeedResults, markdown_table, summarise
+from vlp.runs.evaluate import run_evaluate_retrieval
+from vlp.runs.pretrain import run_pretrain
+
+
+def experiment_parser(
+    doc: str, out: str, steps: int, data_options: Optional[Callable[[argparse.ArgumentParser], None]] = None
+) -> argparse.ArgumentParser:
+    """The options of every experiment: ``--out`` (default ``out``), ``--seeds``, the script's own
+    ``data_options``, ``--images``, ``--test-images`` and ``--steps`` (default ``steps``); the
+    description is the first paragraph of ``doc``."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--out", default=out)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    if data_options is not None:
+        data_options(p)
+    p.add_argument("--images", type=int, default=4000)
+    p.add_argument("--test-images", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=steps)
+    return p
+
+
+def prepare_world(out: Path, n_train: int, n_test: int) -> Path:
+    """``out/world``: a shapes world (seed 0, ``n_train`` / 50 / ``n_test`` images), written unless
+    an earlier run of the experiment left it there."""
+    out.mkdir(parents=True, exist_ok=True)
+    root = out / "world"
+    if not (root / "scenes.json").exists():
+        generate_world(root, seed=0, n_train=n_train, n_val=50, n_test=n_test)
+    return root
+
+
+@dataclass
+class Sweep:
+    """Every variant for every seed: pretrain ``preset`` on ``data`` for ``steps`` steps, evaluate
+    zero-shot retrieval on the test split of the world at ``root`` and record the metrics in
+    ``results``. A (variant, seed) with a recorded result is skipped and an unrecorded one's run
+    folder emptied first, so an interrupted experiment resumes."""
+
+    results: SeedResults
+    root: Path
+    preset: str
+    data: Path
+    steps: int
+    #: (variant, seed) -> the run folder
+    run_dir: Callable[[str, int], Path]
+    #: variant -> its config overrides, after output_dir, data.train, train.steps and train.seed
+    overrides: Callable[[str], list[str]]
+    #: metrics -> what the progress line of a finished run shows of them
+    summary: Callable[[dict[str, float]], str]
+    #: width of the variant name in the progress line
+    name_width: int = 18
+    #: evaluate with the world's graded relevance too (nDCG)
+    graded: bool = False
+    #: record each run's wall-clock seconds with its metrics
+    timed: bool = False
+    #: start of the experiment, for the elapsed time in the progress lines
+    t0: float = field(default_factory=time.time)
+
+    def run(self, seeds: Sequence[int], variants: Sequence[str]) -> None:
+        for seed in seeds:
+            for name in variants:
+                if not self.results.has(name, seed):
+                    self._run_one(name, seed)
+
+    def _run_one(self, name: str, seed: int) -> None:
+        run_dir = self.results.fresh(self.run_dir(name, seed))
+        cfg = load_config(
+            PretrainConfig,
+            self.preset,
+            [
+                f"output_dir={run_dir}",
+                f"data.train=[{self.data}]",
+                f"train.steps={self.steps}",
+                f"train.seed={seed}",
+                *self.overrides(name),
+            ],
+        )
+        t = time.time()
+        run_pretrain(cfg)
+        graded = self.root / "relevance_graded_test.npy" if self.graded else None
+        res = run_evaluate_retrieval(
+            run_dir,
+            self.root / "retrieval_test.json",
+            self.root / "relevance_test.json",
+            run_dir / "eval",
+            graded_relevance=graded,
+            show_progress=False,
+        )
+        self.results.add(name, seed, {**res.metrics, "seconds": time.time() - t} if self.timed else res.metrics)
+        print(
+            f"[{time.time() - self.t0:6.0f}s] {name:{self.name_width}s} seed {seed}: {self.summary(res.metrics)} "
+            f"({time.time() - t:.0f}s)",
+            flush=True,
+        )
+
+
+def results_table(results: SeedResults, seeds: Sequence[int], metrics: Sequence[str]) -> str:
+    """The Markdown table of every variant's ``metrics``: mean ± std over the ``seeds`` it has."""
+    return markdown_table(summarise(results.data, seeds, metrics), metrics)
+
+
+def write_report(path: Path, *paragraphs: str) -> str:
+    """Write the ``paragraphs`` (a blank line between two) to ``path`` and print them; returns the text."""
+    text = "\n\n".join(paragraphs)
+    path.write_text(text + "\n")
+    print(text)
+    return text

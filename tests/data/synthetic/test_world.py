@@ -1,0 +1,160 @@
+"""Tests for the files of the shapes world (vlp.data.synthetic.world): formats, relevance, determinism."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.data.synthetic.conftest import SMALL, _load
+from vlp.data.synthetic.predicates import caption_matches
+from vlp.data.synthetic.relevance import compute_graded_relevance, compute_relevance
+from vlp.data.synthetic.scene import COLORS, SHAPES, SIZES, scene_from_dict
+from vlp.data.synthetic.world import generate_world, write_generic_mix
+
+
+def test_world_files_and_formats(world: dict[str, Path]) -> None:
+    root = world["root"]
+    assert set(world) == {
+        "pretrain",
+        "helper",
+        "retrieval_train",
+        "retrieval_val",
+        "retrieval_test",
+        "relevance_val",
+        "relevance_test",
+        "relevance_graded_val",
+        "relevance_graded_test",
+        "scenes",
+        "root",
+        "vqa_train",
+        "vqa_val",
+        "vqa_test",
+        "vqa_test_annotations",
+        "answer_list",
+        "nlvr_train",
+        "nlvr_dev",
+        "nlvr_test",
+    }
+    pre = _load(world["pretrain"])
+    assert len(pre) == SMALL["n_train"]
+    assert pre[0]["image"] == "images/train/train_000000.png"
+    assert all(len(e["caption"]) == 5 for e in pre)
+    helper = _load(world["helper"])  # clean captions: the fully specified scene caption per image
+    assert helper == [{"image": e["image"], "caption": e["caption"][0]} for e in pre]
+    rt = _load(world["retrieval_train"])
+    assert len(rt) == 5 * SMALL["n_train"]
+    assert rt[0] == {"image": pre[0]["image"], "caption": pre[0]["caption"][0], "image_id": "train_000000"}
+    assert [e["caption"] for e in rt[5:10]] == pre[1]["caption"]
+    scenes = _load(world["scenes"])
+    assert scenes["seed"] == 3 and scenes["image_size"] == SMALL["image_size"]
+    assert scenes["attributes"] == {"shapes": list(SHAPES), "colors": list(COLORS), "sizes": list(SIZES)}
+    for split in ("train", "val", "test"):
+        n = SMALL[f"n_{split}"]
+        entries = scenes["splits"][split]
+        assert len(entries) == n
+        assert sorted(p.name for p in (root / "images" / split).iterdir()) == [f"{split}_{i:06d}.png" for i in range(n)]
+        for e in entries:
+            with Image.open(root / e["image"]) as im:
+                assert im.size == (SMALL["image_size"],) * 2
+            scene = scene_from_dict(e)
+            for c in e["captions"]:
+                assert caption_matches(c["predicate"], scene)
+    for split in ("val", "test"):
+        ann = _load(world[f"retrieval_{split}"])
+        assert [a["caption"] for a in ann] == [[c["text"] for c in e["captions"]] for e in scenes["splits"][split]]
+        assert [a["image"] for a in ann] == [e["image"] for e in scenes["splits"][split]]
+
+
+def test_relevance_file(world: dict[str, Path]) -> None:
+    rel = _load(world["relevance_test"])
+    ann = _load(world["retrieval_test"])
+    scenes = [scene_from_dict(e) for e in _load(world["scenes"])["splits"]["test"]]
+    preds = [c["predicate"] for e in _load(world["scenes"])["splits"]["test"] for c in e["captions"]]
+    assert rel["format"] == "vlp-relevance-v1"
+    assert rel["annotation"] == "retrieval_test.json"
+    assert rel["num_images"] == len(ann) == len(scenes)
+    assert rel["texts"] == [c for a in ann for c in a["caption"]]
+    assert len(rel["relevant_images"]) == len(rel["texts"]) == 5 * len(ann)
+    sizes_by_kind: dict[str, list[int]] = {}
+    for k, (pred, lst) in enumerate(zip(preds, rel["relevant_images"])):
+        assert k // 5 in lst  # own image
+        assert lst == sorted(set(lst))
+        brute = [i for i, s in enumerate(scenes) if caption_matches(pred, s)]
+        assert lst == brute
+        sizes_by_kind.setdefault(pred["kind"], []).append(len(lst))
+    # real false negatives: many non-scene captions match several images ...
+    for kind in ("object", "count"):
+        assert np.mean(np.array(sizes_by_kind[kind]) > 1) > 0.5
+    assert max(max(v) for v in sizes_by_kind.values()) > 5
+    # ... while a fully specified scene caption usually matches only its own image
+    assert np.mean(np.array(sizes_by_kind["scene"]) == 1) > 0.7
+    val = _load(world["relevance_val"])
+    assert val["annotation"] == "retrieval_val.json" and val["num_images"] == SMALL["n_val"]
+    assert compute_relevance([], scenes) == []
+
+
+def test_graded_relevance_file(world: dict[str, Path]) -> None:
+    from vlp.data.formats import load_graded_relevance, load_retrieval_split
+
+    entries = _load(world["scenes"])["splits"]["test"]
+    scenes = [scene_from_dict(e) for e in entries]
+    preds = [c["predicate"] for e in entries for c in e["captions"]]
+    graded = np.load(world["relevance_graded_test"])
+    assert graded.dtype == np.float32 and graded.shape == (5 * SMALL["n_test"], SMALL["n_test"])
+    assert np.array_equal(graded, compute_graded_relevance(preds, scenes))
+    exact = np.zeros(graded.shape, dtype=bool)
+    for k, lst in enumerate(_load(world["relevance_test"])["relevant_images"]):
+        exact[k, lst] = True
+    assert np.array_equal(graded == 1.0, exact)
+    assert 0.0 < graded[~exact].mean() < 1.0  # partial credit for the other images
+    split = load_retrieval_split(world["retrieval_test"])
+    assert load_graded_relevance(world["relevance_graded_test"], split).shape == graded.shape
+    val = np.load(world["relevance_graded_val"])
+    assert val.shape == (5 * SMALL["n_val"], SMALL["n_val"])
+
+
+def test_determinism(world: dict[str, Path], tmp_path: Path) -> None:
+    again = generate_world(tmp_path / "again", seed=3, **SMALL)
+    for key in world:
+        if key == "root":
+            continue
+        assert again[key].read_bytes() == world[key].read_bytes(), key
+    for split in ("train", "val", "test"):
+        for p in sorted((world["root"] / "images" / split).iterdir()):
+            assert (again["root"] / "images" / split / p.name).read_bytes() == p.read_bytes()
+    other = generate_world(tmp_path / "other", seed=4, **SMALL)
+    assert other["scenes"].read_bytes() != world["scenes"].read_bytes()
+    assert other["pretrain"].read_bytes() != world["pretrain"].read_bytes()
+    a = np.asarray(Image.open(world["root"] / "images/test/test_000000.png"))
+    b = np.asarray(Image.open(other["root"] / "images/test/test_000000.png"))
+    assert not np.array_equal(a, b)
+
+
+def test_regenerating_smaller_world_removes_stale_images(tmp_path: Path) -> None:
+    small = dict(SMALL, n_train=4, n_val=2, n_test=3)
+    generate_world(tmp_path, seed=0, **small)
+    paths = generate_world(tmp_path, seed=0, **dict(small, n_train=2))
+    assert sorted(p.name for p in (tmp_path / "images" / "train").iterdir()) == ["train_000000.png", "train_000001.png"]
+    assert len(_load(paths["pretrain"])) == 2
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_generic_mix_share_and_captions(world: dict[str, Path], share: float, tmp_path: Path) -> None:
+    root = world["root"]
+    pre = _load(world["pretrain"])
+    mix = _load(write_generic_mix(root, share, seed=1))
+    assert [e["image"] for e in mix] == [e["image"] for e in pre]
+    generic = [isinstance(e["caption"], list) for e in mix]
+    for e, p, g in zip(mix, pre, generic):
+        assert e["caption"] == (p["caption"][1:] if g else p["caption"][0])
+    n = len(mix)
+    assert sum(generic) == {0.0: 0, 1.0: n}.get(share, sum(generic))
+    if share == 0.5:
+        assert 0 < sum(generic) < n
+    # elsewhere: absolute image paths that still resolve
+    other = _load(write_generic_mix(root, share, seed=1, out=tmp_path / "mix.json"))
+    assert all(Path(e["image"]).is_file() for e in other)

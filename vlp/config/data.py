@@ -1,0 +1,102 @@
+"""Data configs of pretraining: annotation files and loaders, train-time image augmentation, and the
+bad-sample policy shared with fine-tuning's data section."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from vlp.config.load import _choice
+from vlp.errors import ConfigError
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclass
+class ImageConfig:
+    """Train-time augmentation (ALBEF §8). Test time is always Resize((res, res), bicubic)."""
+
+    crop_scale: Optional[list[float]] = field(default_factory=lambda: [0.2, 1.0])  # None: no crop
+    hflip: bool = True
+    randaugment: bool = True
+    mean: list[float] = field(default_factory=lambda: [0.48145466, 0.4578275, 0.40821073])
+    std: list[float] = field(default_factory=lambda: [0.26862954, 0.26130258, 0.27577711])
+    # Training loader ships uint8 images, normalised on the device (pretraining; evaluation
+    # transforms always normalise in the loader).
+    uint8: bool = False
+
+
+@dataclass
+class BadSampleConfig:
+    """Samples whose image cannot be used at training time (docs/data.md, "Bad samples at training
+    time"); the keys of both ``data`` sections (pretraining and fine-tuning). Evaluation data is
+    never skipped: every image must load."""
+
+    # skip: a bad sample (missing, unreadable, truncated or over max_image_pixels) is replaced by
+    # another one drawn with the item's seed and counted (metrics.jsonl "bad_samples"); raise: the
+    # first one stops the run, naming the entry, the file and the reason.
+    on_bad_sample: str = "skip"  # skip | raise
+    # skip only: a run stops (or is refused up front, for missing image files) when more than this
+    # share of its samples is bad.
+    max_bad_fraction: float = 0.05
+    # Images with more pixels are bad samples (decompression-bomb guard, Pillow's limit); 0: no limit.
+    max_image_pixels: int = 89_478_485
+    # Images whose shorter side is below this are upscaled to it (bicubic, aspect kept) before the transforms.
+    min_image_side: int = 16
+
+    def check_bad_sample_keys(self) -> None:
+        """Validate the keys above (called by the subclasses' ``__post_init__``)."""
+        _choice("data.on_bad_sample", self.on_bad_sample, ["skip", "raise"])
+        if not 0.0 <= self.max_bad_fraction <= 1.0:
+            raise ConfigError(f"config key 'data.max_bad_fraction': got {self.max_bad_fraction}, expected 0 <= x <= 1")
+        if self.max_image_pixels < 0:
+            raise ConfigError(
+                f"config key 'data.max_image_pixels': got {self.max_image_pixels}, expected >= 0 (0: no limit)"
+            )
+        if self.min_image_side < 1:
+            raise ConfigError(f"config key 'data.min_image_side': got {self.min_image_side}, expected >= 1")
+
+
+@dataclass
+class DataConfig(BadSampleConfig):
+    # Annotation files (ALBEF pretraining format, or Karpathy retrieval-train format).
+    train: list[str] = field(default_factory=list)
+    # Directory that relative image paths are resolved against; None: each file's directory.
+    image_root: Optional[str] = None
+    batch_size: int = 64
+    num_workers: int = 0
+    image: ImageConfig = field(default_factory=ImageConfig)
+    # Optional zero-shot retrieval evaluation after training (Karpathy val/test format).
+    eval: Optional[str] = None
+    relevance: Optional[str] = None
+    graded_relevance: Optional[str] = None  # captions x images .npy for nDCG (docs/data.md)
+    # Captions drawn per image and step. 1: caption-level batches. k > 1: image-level batches of
+    # B images x k captions (the ECIR SmoothAP protocol; model.arch=dual only).
+    captions_per_image: int = 1
+    # Text padding: to each batch's longest caption, or every batch to model.text.max_len (needed
+    # across processes by loss.itm_negatives=global / loss.mlm_masking=global: a gather of text
+    # needs the same shape on every rank). The losses are the same either way.
+    text_padding: str = "longest"
+    # json: data.train holds annotation files (map-style dataset). webdataset: data.train holds
+    # shard folders written by `vlp make-shards` (streamed; docs/data.md, "Streaming shards").
+    format: str = "json"  # json | webdataset
+    # webdataset only: per-worker sample shuffle buffer, in items (held as undecoded bytes).
+    shuffle_buffer: int = 1000
+    # webdataset only: expand = one pair per caption (ALBEF's pair-level epoch); sample = one
+    # random caption (or captions_per_image of them) per image and epoch.
+    caption_mode: str = "expand"  # expand | sample
+
+    def __post_init__(self) -> None:
+        self.check_bad_sample_keys()
+        if self.captions_per_image < 1:
+            raise ConfigError(f"config key 'data.captions_per_image': got {self.captions_per_image}, expected >= 1")
+        _choice("data.text_padding", self.text_padding, ["longest", "max_len"])
+        _choice("data.format", self.format, ["json", "webdataset"])
+        _choice("data.caption_mode", self.caption_mode, ["expand", "sample"])
+        if self.shuffle_buffer < 1:
+            raise ConfigError(f"config key 'data.shuffle_buffer': got {self.shuffle_buffer}, expected >= 1")
+        if self.format == "webdataset" and self.captions_per_image > 1 and self.caption_mode != "sample":
+            raise ConfigError(
+                f"config key 'data.caption_mode': data.captions_per_image={self.captions_per_image} "
+                "needs image-level items; with data.format=webdataset set data.caption_mode=sample"
+            )

@@ -1,0 +1,119 @@
+"""Fine-tuning configs: ``vlp finetune retrieval|vqa|nlvr2`` and ``vlp pretrain nlvr-ta`` (downstream
+data, VQA and NLVR2 options, the run config and its cross-section rules), and
+:func:`load_finetune_config`, which loads one for a task."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from vlp.config.data import BadSampleConfig, ImageConfig
+from vlp.config.load import _choice, _reject, load_config
+from vlp.config.loss import LossConfig
+from vlp.config.train import EvalConfig, TrainConfig
+from vlp.errors import ConfigError
+
+# ----------------------------------------------------------------------------- fine-tuning
+
+FINETUNE_TASKS = ("retrieval", "vqa", "nlvr2", "nlvr-ta")
+
+
+@dataclass
+class FinetuneDataConfig(BadSampleConfig):
+    """Downstream data (docs/data.md): annotation files in the ALBEF formats; the bad-sample keys
+    (:class:`BadSampleConfig`) apply to the training split."""
+
+    # retrieval: Karpathy train files (one entry per caption, with image_id); vqa: VQA v2 / VG-QA
+    # question files; nlvr2: nlvr_train.json; nlvr-ta: pretraining files.
+    train: list[str] = field(default_factory=list)
+    val: Optional[str] = None  # validated after every epoch; the best checkpoint is kept
+    test: Optional[str] = None  # evaluated once at the end with the best checkpoint
+    image_root: Optional[str] = None  # relative image paths (default: each file's folder)
+    vg_root: Optional[str] = None  # VQA: images of "dataset": "vg" entries (default: image_root)
+    answer_list: Optional[str] = None  # VQA: candidate answers (JSON list of strings)
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    num_workers: int = 0
+    image: ImageConfig = field(default_factory=lambda: ImageConfig(crop_scale=[0.5, 1.0]))
+    max_len: int = 30  # text tokens (retrieval 30, VQA questions 25, NLVR2 sentences 40)
+    # Retrieval / NLVR2-TA captions: pad to each batch's longest or to max_len (see DataConfig).
+    text_padding: str = "longest"
+
+    def __post_init__(self) -> None:
+        self.check_bad_sample_keys()
+        _choice("data.text_padding", self.text_padding, ["longest", "max_len"])
+
+
+@dataclass
+class VQAConfig:
+    k_test: int = 128  # candidates re-scored by their full-sequence likelihood
+    answer_max_len: int = 10
+
+    def __post_init__(self) -> None:
+        if self.k_test < 1 or self.answer_max_len < 3:
+            raise ConfigError(
+                f"config keys 'vqa.k_test'/'vqa.answer_max_len': got {self.k_test}/{self.answer_max_len}, "
+                "expected >= 1 / >= 3"
+            )
+
+
+@dataclass
+class NLVRConfig:
+    flip: bool = False  # left/right flip augmentation: swap the images and the words left/right (LAVIS)
+    # Baseline: every image replaced by a constant, so the model sees only the sentence.
+    text_only: bool = False
+
+
+@dataclass
+class FinetuneConfig:
+    """``vlp finetune retrieval|vqa|nlvr2`` and ``vlp pretrain nlvr-ta``. The model is the
+    ``pretrained`` checkpoint's architecture (its config), changed only by ``image_size`` (the
+    position embedding is interpolated) and ``model_overrides``."""
+
+    task: str = "retrieval"
+    output_dir: str = "runs/finetune"
+    pretrained: Optional[str] = None  # vlp checkpoint folder or run directory
+    image_size: Optional[int] = None  # fine-tuning resolution; None: the checkpoint's
+    model_overrides: list[str] = field(default_factory=list)  # dotted model keys, e.g. [queue_size=0]
+    data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
+    # Retrieval: ITC with positives by image id (+ queue of ids) + ITM; loss.alpha / distill /
+    # alpha_ramp_steps also drive VQA and NLVR2 distillation.
+    loss: LossConfig = field(default_factory=lambda: LossConfig(mlm=0.0, itc_positives="image"))
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    vqa: VQAConfig = field(default_factory=VQAConfig)
+    nlvr: NLVRConfig = field(default_factory=NLVRConfig)
+    eval_every: int = 0  # optimizer steps between validations; 0: once per epoch
+
+    def __post_init__(self) -> None:
+        _choice("task", self.task, FINETUNE_TASKS)
+        wrong: list[str] = []
+        if self.task == "retrieval":
+            wrong += [f"loss.mlm={self.loss.mlm} (the retrieval model has no MLM head)"] if self.loss.mlm else []
+            wrong += (
+                [f"loss.itc_positives={self.loss.itc_positives} (retrieval positives are by image id: image)"]
+                if self.loss.itc_positives != "image"
+                else []
+            )
+        if self.loss.regulation != "none" and self.task != "retrieval":
+            wrong.append(f"loss.regulation={self.loss.regulation} (SRCL regulates ITC: retrieval only)")
+        if self.image_size is not None and self.image_size < 1:
+            wrong.append(f"image_size={self.image_size} (expected >= 1 or null)")
+        if self.eval_every < 0:
+            wrong.append(f"eval_every={self.eval_every} (expected >= 0)")
+        if self.data.image.uint8:
+            wrong.append("data.image.uint8=true (uint8 images normalised on the device: pretraining only)")
+        _reject(wrong)
+
+
+def load_finetune_config(task: str, path: str, overrides: Sequence[str]) -> FinetuneConfig:
+    """A fine-tuning config for ``task``; the file's own ``task:`` key, if any, must agree."""
+    if Path(path).is_file():
+        data = OmegaConf.load(path)  # a top-level list: refused (ConfigError) by load_config below
+        declared = data.get("task") if isinstance(data, DictConfig) else None
+        if declared is not None and declared != task:
+            raise ConfigError(f"{path}: config key 'task' is {declared!r}, but the command is for {task!r}")
+    return load_config(FinetuneConfig, path, [*overrides, f"task={task}"])

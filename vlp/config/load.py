@@ -1,0 +1,109 @@
+"""Loading configs: YAML files, dotted command-line overrides, dict/YAML round trips, presets.
+
+A config is built as ``defaults <- YAML file <- overrides`` where overrides look like
+``train.steps=50 model.vision.depth=2``. Unknown keys and wrong types raise
+:class:`ConfigError` naming the offending key and where it came from. This module knows no
+schema (the dataclasses of the sibling modules); they import their checks (:func:`_choice`,
+:func:`_reject`) from here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Collection, Sequence, TypeVar
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from vlp.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def _choice(key: str, value: Any, allowed: Collection[Any]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"config key '{key}': got {value!r}, expected one of {list(allowed)}")
+
+
+def _reject(wrong: Sequence[str]) -> None:
+    """Raise one :class:`ConfigError` listing every broken cross-section rule in ``wrong`` (each
+    naming the keys to change); nothing when ``wrong`` is empty."""
+    if wrong:
+        raise ConfigError("config keys: " + "; ".join(wrong))
+
+
+def _merge(base: Any, other: Any, source: str) -> Any:
+    try:
+        return OmegaConf.merge(base, other)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        reason = str(e).splitlines()[0]
+        raise ConfigError(f"{source}: config key '{key}': {reason}") from None
+
+
+def _parse_overrides(overrides: Sequence[str]) -> Any:
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"command-line override {item!r}: expected key=value, e.g. train.steps=50")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except (OmegaConfBaseException, yaml.YAMLError) as e:
+        raise ConfigError(f"command-line overrides: {str(e).splitlines()[0]}") from None
+
+
+def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    """Build a ``schema`` instance from defaults, an optional YAML file and dotted overrides."""
+    cfg = OmegaConf.structured(schema)
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = OmegaConf.load(path)
+        except Exception as e:  # yaml.YAMLError and friends
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(data, DictConfig):
+            raise ConfigError(f"{path}: expected a mapping of config keys at the top level, got a list")
+        cfg = _merge(cfg, data, str(path))
+    if overrides:
+        cfg = _merge(cfg, _parse_overrides(overrides), "command-line override")
+    try:
+        return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raise ConfigError(f"config key '{key}': {str(e).splitlines()[0]}") from None
+
+
+def to_yaml(cfg: Any) -> str:
+    """The resolved config as YAML (what is written to ``run_dir/config.yaml``)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def from_dict(schema: type[T], data: dict[str, Any]) -> T:
+    """Rebuild a config object from a plain dict (e.g. read back from a checkpoint)."""
+    merged = _merge(OmegaConf.structured(schema), OmegaConf.create(data), "saved config")
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+
+
+def apply_overrides(cfg: T, overrides: Sequence[str]) -> T:
+    """A copy of the config object ``cfg`` with dotted overrides applied (same checks as loading)."""
+    if not overrides:
+        return cfg
+    merged = _merge(OmegaConf.structured(cfg), _parse_overrides(overrides), "command-line override")
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return OmegaConf.to_container(OmegaConf.structured(cfg))  # type: ignore[return-value]
+
+
+def resolved(cfg: Any, presets: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Fill the ``None`` fields of a vision/text config from its preset."""
+    out = dict(presets[cfg.preset])
+    for k, v in vars(cfg).items():
+        if v is not None or k not in out:
+            out[k] = v
+    return out

@@ -1,0 +1,156 @@
+"""Loss configs: ITC/ITM/MLM weights and modes, the contrastive loss zoo, SRCL regulation, LTD/ITD
+reconstruction and its Lagrange multiplier."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from vlp.config.load import _choice
+from vlp.errors import ConfigError
+
+
+@dataclass
+class SRCLConfig:
+    """Similarity-regulated ITC (docs/methods.md): per-negative weights from a frozen helper's and
+    the live model's cross-modal similarity. Used when ``loss.regulation`` is ``srcl`` or ``removal``."""
+
+    # Norm over each anchor's negatives: softmax (scaled to mean 1; delta = sharpness) or mean.
+    norm: str = "softmax"
+    # Sharpness of the softmax norm, calibrated on the paper's statistics (docs/methods.md).
+    delta: float = 1.0
+    tau_w: float = 1.0  # temperature inside s = exp(cos / tau_w); the paper has none (1.0)
+    # alpha_h (helper share) falls linearly 1 -> 0 over these optimizer steps; None: the whole run.
+    helper_span: Optional[int] = None
+    # Removal variant (ALBEF++): negatives with weight < threshold are dropped from the contrast.
+    threshold: float = 0.2
+    # Removal variant: keep SRCL weights on the surviving negatives (renormalised to mean 1)
+    # instead of leaving them unweighted (the paper's ALBEF++).
+    removal_reweight: bool = False
+    # Where helper features come from (one of the two while alpha_h > 0):
+    helper_features: Optional[str] = None  # cache folder from `vlp cache-helper-features` (no helper tax)
+    helper: Optional[str] = None  # helper checkpoint run live on each batch (augmented inputs)
+
+    def __post_init__(self) -> None:
+        _choice("loss.srcl.norm", self.norm, ["softmax", "mean"])
+        if self.delta < 0 or self.tau_w <= 0:
+            raise ConfigError(
+                f"config keys 'loss.srcl.delta'/'loss.srcl.tau_w': got {self.delta}/{self.tau_w}, "
+                "expected delta >= 0 and tau_w > 0"
+            )
+        if self.helper_span is not None and self.helper_span < 0:
+            raise ConfigError(f"config key 'loss.srcl.helper_span': got {self.helper_span}, expected >= 0 or null")
+
+
+CONTRASTIVE_LOSSES = ("infonce", "triplet", "triplet_sh", "smoothap")
+
+
+@dataclass
+class ContrastiveConfig:
+    """The contrastive term (docs/methods.md, loss zoo). ALBEF's ITC is InfoNCE with momentum
+    distillation; the other losses take the same similarities and positives."""
+
+    name: str = "infonce"  # infonce | triplet | triplet_sh | smoothap
+    tau: Optional[float] = None  # InfoNCE temperature; None: the model's learned one (ALBEF)
+    margin: float = 0.2  # triplet, triplet_sh
+    smoothap_tau: float = 0.01  # sigmoid temperature of SmoothAP
+
+    def __post_init__(self) -> None:
+        _choice("loss.contrastive.name", self.name, CONTRASTIVE_LOSSES)
+        if self.tau is not None and self.tau <= 0 or self.smoothap_tau <= 0:
+            raise ConfigError(
+                f"config keys 'loss.contrastive.tau'/'smoothap_tau': got {self.tau}/{self.smoothap_tau}, expected > 0"
+            )
+
+
+@dataclass
+class MultiplierConfig:
+    """The Lagrange multiplier of LTD's constraint: SGD ascent, projected into [0, max]."""
+
+    init: float = 1.0
+    lr: float = 5e-3
+    momentum: float = 0.9
+    dampening: float = 0.9
+    max: float = 100.0
+    # Reproduce the reference: clamp only the value used (straight-through), never the parameter.
+    straight_through: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.init <= self.max or self.lr <= 0:
+            raise ConfigError(
+                f"config keys 'loss.ltd.multiplier.init'/'max'/'lr': got {self.init}/{self.max}/{self.lr}, "
+                "expected 0 <= init <= max and lr > 0"
+            )
+
+
+@dataclass
+class LTDConfig:
+    """Latent target decoding (and its ITD baseline) on the text embedding (docs/methods.md)."""
+
+    mode: str = "off"  # off | constraint (L_con + lambda (L_rec / eta - 1)) | dual (L_con + beta L_rec)
+    decoder: str = "latent"  # latent: MLP -> sentence-encoder target (LTD); tokens: GRU -> caption (ITD)
+    eta: float = 0.2  # constraint bound on L_rec (LTD cosine scale; ITD uses 0.5-6)
+    beta: float = 1.0  # dual-mode weight
+    hidden: int = 1024  # LTD decoder hidden size
+    targets: Optional[str] = None  # file from `vlp make-targets` (decoder=latent)
+    encoder: Optional[str] = None  # if set, the targets file must come from this encoder
+    multiplier: MultiplierConfig = field(default_factory=MultiplierConfig)
+    itd_word_dim: int = 300
+    # Reproduce the reference ITD bug: log-softmax over the time axis (padding included).
+    itd_time_axis_bug: bool = False
+
+    def __post_init__(self) -> None:
+        _choice("loss.ltd.mode", self.mode, ["off", "constraint", "dual"])
+        _choice("loss.ltd.decoder", self.decoder, ["latent", "tokens"])
+        if self.eta <= 0:
+            raise ConfigError(f"config key 'loss.ltd.eta': got {self.eta}, expected > 0 (the bound divides L_rec)")
+        if self.beta < 0 or self.hidden < 1:
+            raise ConfigError(
+                f"config keys 'loss.ltd.beta'/'hidden': got {self.beta}/{self.hidden}, expected >= 0 / >= 1"
+            )
+
+
+@dataclass
+class LossConfig:
+    itc: float = 1.0
+    itm: float = 1.0
+    mlm: float = 1.0
+    distill: bool = True
+    alpha: float = 0.4  # momentum-distillation weight
+    alpha_ramp_steps: int = 1000  # alpha ramps linearly from 0 over these steps (ALBEF: epoch 0)
+    # Which bank columns are ITC positives: the own pair (ALBEF pretraining) or every entry with
+    # the same image id (ALBEF retrieval fine-tuning).
+    itc_positives: str = "pair"
+    # The in-batch part of the ITC bank: this rank's momentum features (ALBEF) or every rank's
+    # ("global": the loss no longer depends on how the global batch is split across processes).
+    itc_bank: str = "local"
+    # Where ITM hard negatives come from: this rank's batch (ALBEF) or the global batch ("global":
+    # text states and image tokens gathered with gradient, negatives drawn identically on every rank,
+    # the loss normalised by the global pair count). Across processes it needs data.text_padding=max_len.
+    itm_negatives: str = "local"
+    # MLM masks: drawn per rank and averaged per rank (ALBEF), or "global": drawn for the global batch
+    # identically on every rank and normalised by the global masked-token count. Needs
+    # data.text_padding=max_len across processes. Both global modes: the run equals one process
+    # with the global batch (docs/training.md, Multi-process).
+    mlm_masking: str = "local"
+    mlm_probability: float = 0.15
+    # ITC regulation: none (ALBEF), srcl (weighted negatives) or removal (ALBEF++: drop negatives
+    # whose SRCL weight is below loss.srcl.threshold).
+    regulation: str = "none"
+    srcl: SRCLConfig = field(default_factory=SRCLConfig)
+    contrastive: ContrastiveConfig = field(default_factory=ContrastiveConfig)
+    ltd: LTDConfig = field(default_factory=LTDConfig)
+
+    def __post_init__(self) -> None:
+        _choice("loss.itc_positives", self.itc_positives, ["pair", "image"])
+        _choice("loss.regulation", self.regulation, ["none", "srcl", "removal"])
+        _choice("loss.itc_bank", self.itc_bank, ["local", "global"])
+        _choice("loss.itm_negatives", self.itm_negatives, ["local", "global"])
+        _choice("loss.mlm_masking", self.mlm_masking, ["local", "global"])
+        if self.itc_bank == "global" and self.regulation != "none":
+            raise ConfigError(
+                f"config keys 'loss.itc_bank'/'loss.regulation': itc_bank=global with regulation="
+                f"{self.regulation} is not supported (SRCL weights a per-rank bank); use itc_bank=local"
+            )
+        if not 0.0 <= self.mlm_probability <= 1.0:
+            raise ConfigError(f"config key 'loss.mlm_probability': got {self.mlm_probability}, expected [0, 1]")

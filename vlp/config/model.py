@@ -1,0 +1,134 @@
+"""Model configs: the ViT image tower, the BERT text tower (+ fusion), the dual encoder, and the
+presets that fill the towers' unset fields (:func:`vlp.config.load.resolved`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from vlp.config.load import _choice
+from vlp.errors import ConfigError
+
+# ----------------------------------------------------------------------------- model
+
+
+@dataclass
+class VisionConfig:
+    """ViT image tower (timm). ``None`` fields are filled from the preset."""
+
+    preset: str = "tiny"  # tiny | small | base
+    arch: Optional[str] = None  # timm architecture name
+    img_size: Optional[int] = None
+    patch_size: Optional[int] = None
+    width: Optional[int] = None
+    depth: Optional[int] = None
+    heads: Optional[int] = None
+    mlp_ratio: float = 4.0
+    drop_path: float = 0.0
+    # None: random init. Otherwise a local weights file (.safetensors/.pth/.bin, open_clip .pt state
+    # dict) or a timm hub tag such as "deit_base_patch16_224.fb_in1k" (needs network); the position
+    # embedding is resized to img_size.
+    pretrained: Optional[str] = None
+    # What `pretrained` holds (docs/training.md, "Initialising the image tower"): none | timm | deit |
+    # clip | open_clip. None: "timm" when pretrained is set, else "none". clip / open_clip build the
+    # CLIP ViT layout (arch vit_base_patch16_clip_quickgelu_224 / vit_base_patch16_clip_224: pre-norm,
+    # LayerNorm eps 1e-5, QuickGELU for clip); preset base matches ViT-B/16.
+    init: Optional[str] = None
+    # Tower keys the weights may lack (fnmatch patterns); any other missing key is an error.
+    init_allow_missing: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _choice("model.vision.preset", self.preset, VISION_PRESETS)
+        if self.init is not None:
+            _choice("model.vision.init", self.init, ["none", "timm", "deit", "clip", "open_clip"])
+        if self.init == "none" and self.pretrained is not None:
+            raise ConfigError(
+                f"config keys 'model.vision.init'/'model.vision.pretrained': init=none loads no weights, "
+                f"got pretrained={self.pretrained!r}"
+            )
+
+
+@dataclass
+class TextConfig:
+    """BERT text tower (transformers) + our fusion block. ``None`` fields come from the preset."""
+
+    preset: str = "tiny"  # tiny | small | base
+    hidden: Optional[int] = None
+    layers: Optional[int] = None  # unimodal text layers
+    fusion_layers: Optional[int] = None  # fusion layers (self-attn, cross-attn, FFN)
+    heads: Optional[int] = None
+    intermediate: Optional[int] = None
+    # None: the preset's choice. "random": random init. "minilm": the offline all-MiniLM-L6-v2
+    # package. Otherwise a hub name (bert-base-uncased) or a local BERT checkpoint directory.
+    init: Optional[str] = None
+    # Tokenizer directory or hub name; None uses the bert-base-uncased vocabulary shipped
+    # with the offline MiniLM package.
+    tokenizer: Optional[str] = None
+    max_len: int = 30
+    dropout: float = 0.1
+    # ALBEF's forked tokenizer: a single text is encoded "[CLS] text" with NO trailing [SEP] (ALBEF#91,
+    # albef.md §9). Set by `vlp convert albef`; the official checkpoints need it.
+    albef_compat: bool = False
+
+    def __post_init__(self) -> None:
+        _choice("model.text.preset", self.preset, TEXT_PRESETS)
+
+
+VISION_PRESETS: dict[str, dict[str, Any]] = {
+    # CPU-sized: 64 px, 8 px patches -> 64 patch tokens + CLS.
+    "tiny": dict(arch="vit_tiny_patch16_224", img_size=64, patch_size=8, width=192, depth=4, heads=3),
+    "small": dict(arch="vit_small_patch16_224", img_size=224, patch_size=16, width=384, depth=12, heads=6),
+    # ALBEF: ViT-B/16 at 256 px, DeiT-B initialisation.
+    "base": dict(arch="vit_base_patch16_224", img_size=256, patch_size=16, width=768, depth=12, heads=12),
+}
+
+TEXT_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(hidden=192, layers=2, fusion_layers=2, heads=4, intermediate=768, init="random"),
+    # all-MiniLM-L6-v2: layers 0-2 -> text tower, layers 3-5 -> fusion block (new cross-attention).
+    "small": dict(hidden=384, layers=3, fusion_layers=3, heads=12, intermediate=1536, init="minilm"),
+    # ALBEF: bert-base-uncased, layers 0-5 text, 6-11 fusion.
+    "base": dict(hidden=768, layers=6, fusion_layers=6, heads=12, intermediate=3072, init="bert-base-uncased"),
+}
+
+
+@dataclass
+class DualConfig:
+    """Resource-constrained dual encoder (``model.arch: dual``): a timm CNN/ViT image tower and a
+    GRU text tower, each with a bias-free 2-layer projection head, trained with the contrastive
+    loss only - the spirit of the LTD paper's ResNet-50 + bi-GRU (docs/methods.md)."""
+
+    image: str = "resnet18"  # any timm model name (random init unless image_pretrained)
+    # Extra timm constructor arguments, e.g. {channels: [32, 64, 128, 256]} for a slim ResNet.
+    image_kwargs: dict[str, Any] = field(default_factory=dict)
+    image_pretrained: Optional[str] = None  # local weights file or timm hub tag
+    img_size: int = 224
+    word_dim: int = 300  # word embeddings (random init; the vocabulary is the tokenizer's)
+    gru_hidden: int = 512  # per direction
+    gru_layers: int = 1
+    bidirectional: bool = True
+    proj_hidden: int = 1024  # projection heads: feature -> proj_hidden -> embed_dim, no biases
+
+    def __post_init__(self) -> None:
+        for key in ("img_size", "word_dim", "gru_hidden", "gru_layers", "proj_hidden"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"config key 'model.dual.{key}': got {getattr(self, key)}, expected >= 1")
+
+
+@dataclass
+class ModelConfig:
+    # albef: ViT + BERT + fusion (ITC/ITM/MLM). dual: contrastive dual encoder (model.dual).
+    arch: str = "albef"
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    text: TextConfig = field(default_factory=TextConfig)
+    dual: DualConfig = field(default_factory=DualConfig)
+    embed_dim: int = 256
+    temp: float = 0.07
+    queue_size: int = 65536
+    momentum: float = 0.995
+    # Linear ramp of the EMA momentum from 0 to `momentum` over these optimizer steps. 0 = ALBEF
+    # (constant). From-scratch towers need it: a lagging twin of a random model gives collapsed
+    # targets and queue entries, and ITC never starts (see docs/training.md).
+    momentum_warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        _choice("model.arch", self.arch, ["albef", "dual"])

@@ -1,0 +1,138 @@
+"""JSON annotation files in and out, and the per-key entry rules every annotation loader shares.
+
+The loaders of :mod:`vlp.data.formats` (pretraining, retrieval) and :mod:`vlp.data.downstream_formats`
+(VQA, NLVR2) build their entry parsers from the rules here (``_object``, ``_field``, ``_text``,
+``_image``), which raise :class:`EntryError`; the parsers report through an :class:`Issues` sink
+that either raises the first problem or collects them all. Files are written atomically
+(:func:`write_atomic`, :func:`write_json_atomic`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Any, Callable, Optional, TypeVar
+
+from vlp.errors import BadJSON, DataError, EntryError
+
+T = TypeVar("T")
+
+
+class Issues:
+    """Where the entry parsers below put the problems they find: raised at once (the loaders'
+    default: the first problem stops the file) or, with ``collect=True``, recorded in ``found``
+    while parsing goes on (``vlp data check``, ``load_pairs(on_bad="skip")``). One set of rules,
+    two ways of reporting."""
+
+    def __init__(self, collect: bool = False) -> None:
+        self.collect = collect
+        self.found: list[EntryError] = []
+
+    def add(self, err: EntryError) -> None:
+        """Raise ``err``, or record it when collecting."""
+        if not self.collect:
+            raise err
+        self.found.append(err)
+
+    def get(self, rule: Callable[..., T], *args: Any) -> Optional[T]:
+        """``rule(*args)``; when collecting, the :class:`EntryError` it raises is recorded and None returned."""
+        try:
+            return rule(*args)
+        except EntryError as err:
+            if not self.collect:
+                raise
+            self.found.append(err)
+            return None
+
+
+def read_json(path: str | Path) -> Any:
+    """Parse a JSON file; errors name the file (:class:`BadJSON`, with line and column, for syntax errors)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"annotation file not found: {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise BadJSON(path, e.lineno, e.colno, e.msg) from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: invalid JSON (not UTF-8 text: byte {e.start}: {e.reason})") from None
+    except RecursionError:
+        raise DataError(f"{path}: invalid JSON (nested too deeply to parse)") from None
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        raise DataError(f"{path}: invalid JSON ({e})") from None
+
+
+def entry_list(path: Path, data: Any) -> list:
+    """The entries of an annotation file: its top level must be a JSON list."""
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON list of entries, got {type(data).__name__}")
+    return data
+
+
+def _object(path: Path, i: int, e: Any) -> dict:
+    """Entry ``i`` itself, which must be a JSON object."""
+    if not isinstance(e, dict):
+        raise EntryError(path, i, None, f"expected an object, got {type(e).__name__}")
+    return e
+
+
+def _field(path: Path, i: int, e: dict, key: str, types: tuple[type, ...], what: str) -> Any:
+    """``e[key]``, which must exist and be one of ``types`` (never a bool); ``what`` names the expectation."""
+    if key not in e:
+        raise EntryError(path, i, key, f"missing key '{key}' (expected {what})")
+    v = e[key]
+    if not isinstance(v, types) or isinstance(v, bool):
+        raise EntryError(path, i, key, f"key '{key}' is {type(v).__name__}, expected {what}")
+    return v
+
+
+def _text(path: Path, i: int, e: dict, key: str, what: str) -> str:
+    """A string field that is not empty or blank."""
+    v = _field(path, i, e, key, (str,), what)
+    if not v.strip():
+        raise EntryError(path, i, key, f"key '{key}' is an empty string, expected {what}")
+    return v
+
+
+def _image(path: Path, i: int, e: dict) -> str:
+    """The entry's ``image`` path as written (not empty)."""
+    return _text(path, i, e, "image", "an image path string")
+
+
+def resolve_image(image: str, root: Path) -> str:
+    p = Path(image)
+    return str(p if p.is_absolute() else root / p)
+
+
+def plural(n: int, one: str, many: str = "") -> str:
+    """``"1 entry"``, ``"2 entries"``: ``n`` and the noun, plural ``many`` (default ``one + "s"``)."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
+
+
+def write_atomic(path: Path, write: Callable[[IO], Any], binary: bool = False) -> None:
+    """Call ``write(file)`` on a temporary file in ``path``'s folder, then ``os.replace`` it into
+    place (mode 0644): a reader never sees a half-written file, a failure leaves nothing behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            write(f)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600 files
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json_atomic(path: Path, obj: Any, **dump_kwargs: Any) -> None:
+    """Write JSON (plus a newline) atomically; ``dump_kwargs`` go to ``json.dump``."""
+
+    def write(f: IO) -> None:
+        json.dump(obj, f, **dump_kwargs)
+        f.write("\n")
+
+    write_atomic(path, write)

@@ -1,0 +1,73 @@
+"""Helpers shared by the ``vlp prepare`` converters (:mod:`vlp.data.prepare` and its
+``prepare_*`` modules): typed access to the keys of official release files with errors that name
+file, place and key, line reading, and image existence checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+from vlp.errors import DataError
+
+# --------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------
+
+
+def _key(path: Path, where: str, obj: Any, key: str, types: tuple[type, ...], what: str) -> Any:
+    """``obj[key]`` of ``where`` in ``path``; a missing key or a wrong type is a DataError naming both."""
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: {where}: expected an object, got {type(obj).__name__}")
+    if key not in obj:
+        raise DataError(f"{path}: {where}: missing key '{key}' (expected {what})")
+    v = obj[key]
+    if not isinstance(v, types) or isinstance(v, bool):
+        raise DataError(f"{path}: {where}: key '{key}' is {type(v).__name__}, expected {what}")
+    return v
+
+
+def _text(path: Path, where: str, obj: Any, key: str, what: str) -> str:
+    """A non-empty string ``obj[key]``, stripped."""
+    v = _key(path, where, obj, key, (str,), what)
+    if not v.strip():
+        raise DataError(f"{path}: {where}: key '{key}' is empty, expected {what}")
+    return v.strip()
+
+
+def _top_list(path: Path, data: Any, key: Optional[str]) -> list:
+    """``data[key]`` (or ``data`` itself when ``key`` is None), which must be a list."""
+    if key is not None:
+        if not isinstance(data, dict) or key not in data:
+            raise DataError(f"{path}: missing top-level key '{key}' (expected an object with a list under '{key}')")
+        data = data[key]
+        if not isinstance(data, list):
+            raise DataError(f"{path}: key '{key}' is {type(data).__name__}, expected a list")
+    elif not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON list, got {type(data).__name__}")
+    return data
+
+
+def _check_images(rel_paths: Iterable[str], image_root: Optional[str | Path], source: Path) -> None:
+    """With an ``image_root``, every (relative) image must exist under it; one error with the count."""
+    if image_root is None:
+        return
+    root = Path(image_root)
+    distinct = list(dict.fromkeys(rel_paths))
+    missing = [p for p in distinct if not (root / p).is_file()]
+    if missing:
+        raise DataError(
+            f"{source}: {len(missing)} of {len(distinct)} images not found under {root}, e.g. " + ", ".join(missing[:3])
+        )
+
+
+def _absolute(root: Path, rel: str) -> str:
+    return str(root.resolve() / rel)
+
+
+def _lines(path: Path) -> list[str]:
+    if not path.is_file():
+        raise DataError(f"file not found: {path}")
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None

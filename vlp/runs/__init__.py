@@ -1,0 +1,20 @@
+"""The commands' work, one module per command family (:mod:`vlp.cli` parses and dispatches here).
+
+This is the glue layer: it reads files, builds tokenizer, model, data and task, and runs the loop
+(:mod:`vlp.train`) or the evaluators (:mod:`vlp.eval`); the layers below never touch run files.
+
+* :mod:`vlp.runs.common`: what several families share: :class:`~vlp.runs.common.Job` (one
+  training run, of any command, as handed to the loop), the run directory, image-file and queue
+  checks, the SRCL regulator and the LTD reconstruction of a task;
+* :mod:`vlp.runs.pretrain`: ``vlp pretrain``, ``vlp train-helper`` (the pretraining job);
+* :mod:`vlp.runs.finetune`: ``vlp finetune retrieval|vqa|nlvr2``, ``vlp pretrain nlvr-ta``;
+* :mod:`vlp.runs.evaluate`: ``vlp evaluate retrieval`` and its protocol presets;
+* :mod:`vlp.runs.analyze`: ``vlp analyze cocos``, ``vlp plot srcl-weights``;
+* :mod:`vlp.runs.features`: ``vlp cache-helper-features`` (SRCL helper features), ``vlp make-targets``
+  (LTD targets);
+* :mod:`vlp.runs.demo`: ``vlp demo [--full]``;
+* :mod:`vlp.runs.bench`: ``vlp bench``.
+
+A model, its config and tokenizer from a checkpoint come from :mod:`vlp.pretrained`, below this layer
+(the inference API uses it too).
+"""

@@ -1,0 +1,191 @@
+"""``vlp analyze cocos`` (how many candidates contribute to each query's gradient) and ``vlp plot
+srcl-weights`` (SRCL weights of a checkpoint on its training data): analyses of a trained model."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from torch.utils.data import DataLoader
+
+from vlp.config import apply_overrides
+from vlp.data.datasets import Collator, ImageTextDataset
+from vlp.data.formats import load_pairs
+from vlp.data.transforms import test_transform
+from vlp.pretrained import image_size, load_model
+from vlp.runs.common import build_regulator, check_images
+from vlp.weights import find_checkpoint, read_state
+
+
+@torch.no_grad()
+def run_srcl_weight_plots(
+    run: str | Path,
+    out: Optional[str | Path] = None,
+    heatmap_size: int = 10,
+    batches: int = 50,
+    alpha_h: Optional[float] = None,
+    overrides: Sequence[str] = (),
+    show_progress: bool = True,
+) -> dict[str, Path]:
+    """SRCL weights of a checkpoint on its training data (eval transform, in-batch negatives):
+    ``srcl_weights_heatmap.png`` (one batch of ``heatmap_size``, images and captions labelled) and
+    ``srcl_weights_hist.png`` (negatives over ``batches`` training batches). ``alpha_h`` defaults
+    to the schedule's value at the checkpoint's step. A run without regulation is shown with its
+    ``loss.srcl`` settings (what SRCL would do), which then need helper features."""
+    from vlp.progress import progress
+    from vlp.viz import plot_weight_heatmap, plot_weight_histogram
+
+    ckpt = find_checkpoint(run)
+    model, cfg, tokenizer = load_model(ckpt)
+    cfg = apply_overrides(cfg, overrides)
+    if cfg.loss.regulation == "none":
+        cfg.loss.regulation = "srcl"
+    regulator, cache = build_regulator(cfg)
+    device = next(model.parameters()).device
+    regulator.to(device)
+    step = int(read_state(ckpt).get("step", 0))
+    a = regulator.alpha_h(step) if alpha_h is None else alpha_h
+    samples = load_pairs(cfg.data.train, cfg.data.image_root)
+    dataset = ImageTextDataset(samples, test_transform(image_size(cfg), cfg.data.image), cache)
+    collate = Collator(tokenizer, cfg.model.text.max_len, cfg.data.text_padding)
+
+    def weights(batch: dict) -> tuple:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        img = model.encode_image(batch["images"]).feat
+        txt = model.encode_text(batch["input_ids"], batch["attention_mask"]).feat
+        img_m = model.encode_image(batch["images"], momentum=True).feat
+        txt_m = model.encode_text(batch["input_ids"], batch["attention_mask"], momentum=True).feat
+        ids = batch["image_ids"]
+        pos = torch.eye(len(ids), dtype=torch.bool, device=device)
+        same = ids[:, None] == ids[None, :]
+        helper = regulator.helper_features(batch, 0) if a > 0 else None
+        r = regulator.regulate(img @ txt_m.T, txt @ img_m.T, pos, same, helper, step, alpha_h=a)
+        return r, pos
+
+    out = Path(out) if out is not None else Path(run) / "srcl_plots"
+    out.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(0)
+    first = torch.randperm(len(dataset), generator=gen)[:heatmap_size].tolist()
+    items = [dataset[i] for i in first]
+    r, _ = weights(collate(items))
+    caps = [it["caption"] for it in items]
+    title = (
+        f"SRCL weights (i2t rows), {cfg.loss.srcl.norm} norm, delta={cfg.loss.srcl.delta:g}, alpha_h={a:.2f}, "
+        f"step {step}, batch of {len(first)}"
+    )
+    heat = plot_weight_heatmap(
+        r.w_i2t.cpu(), [dataset.samples[i].image for i in first], caps, out / "srcl_weights_heatmap.png", title
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=cfg.data.batch_size,
+        shuffle=True,
+        drop_last=True,
+        collate_fn=collate,
+        generator=torch.Generator().manual_seed(1),
+    )
+    vals = []
+    bar = progress(min(batches, len(loader)), "srcl weights", show_progress)
+    for k, batch in enumerate(loader):
+        if k == batches:
+            break
+        r, pos = weights(batch)
+        vals += [r.w_i2t[~pos].cpu(), r.w_t2i[~pos].cpu()]
+        bar.update(1)
+    bar.close()
+    hist = plot_weight_histogram(
+        torch.cat(vals),
+        out / "srcl_weights_hist.png",
+        f"negatives' weights over {len(vals) // 2} batches of {cfg.data.batch_size}, alpha_h={a:.2f}, step {step}",
+    )
+    return {"heatmap": heat, "histogram": hist}
+
+
+@torch.no_grad()
+def run_cocos(
+    checkpoint: str | Path,
+    data: Sequence[str],
+    loss: str,
+    out: str | Path,
+    threshold: float = 0.01,
+    batches: Optional[int] = None,
+    overrides: Sequence[str] = (),
+    show_progress: bool = True,
+) -> dict:
+    """COCOS (docs/methods.md): how many candidates contribute to the gradient of each query under
+    ``loss``, over one pass of ``data`` (the training split) in eval mode with test transforms, at
+    the run's batch size (``data.batch_size``, ``data.captions_per_image``; override them). Writes
+    ``out/cocos.json`` (mean and std over batches of every statistic, per direction) and
+    ``out/cocos.png`` (per-query count histograms)."""
+    from vlp.losses.cocos import cocos
+    from vlp.progress import progress
+    from vlp.viz import plot_cocos
+
+    ckpt = find_checkpoint(checkpoint)
+    model, cfg, tokenizer = load_model(ckpt)
+    cfg = apply_overrides(cfg, overrides)
+    c = cfg.loss.contrastive
+    tau = c.tau if c.tau is not None else float(getattr(model, "temp", 0.05))
+    samples = load_pairs(list(data), cfg.data.image_root)
+    check_images(samples)
+    dataset = ImageTextDataset(
+        samples, test_transform(image_size(cfg), cfg.data.image), captions_per_image=cfg.data.captions_per_image
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=cfg.data.batch_size,
+        shuffle=True,
+        drop_last=len(dataset) >= cfg.data.batch_size,
+        collate_fn=Collator(tokenizer, cfg.model.text.max_len, cfg.data.text_padding),
+        generator=torch.Generator().manual_seed(0),
+    )
+    device = next(model.parameters()).device
+    n = len(loader) if batches is None else min(batches, len(loader))
+    per_batch: dict[str, list[float]] = {}
+    counts: dict[str, list[torch.Tensor]] = {"i2t": [], "t2i": []}
+    bar = progress(n, f"cocos {loss}", show_progress)
+    random.seed(0)  # the caption drawn per image
+    for k, batch in enumerate(loader):
+        if k == n:
+            break
+        batch = {key: v.to(device) for key, v in batch.items()}
+        img = model.encode_image(batch["images"]).feat
+        txt = model.encode_text(batch["input_ids"], batch["attention_mask"]).feat
+        txt_ids = batch.get("text_image_ids", batch["image_ids"])
+        pos = batch["image_ids"][:, None] == txt_ids[None, :]
+        for direction, sim, p in (("i2t", img @ txt.T, pos), ("t2i", txt @ img.T, pos.T)):
+            stats = cocos(loss, sim, p, tau=tau, margin=c.margin, smoothap_tau=c.smoothap_tau, threshold=threshold)
+            counts[direction].append(stats.pop("counts").float().cpu())
+            for key, v in stats.items():
+                per_batch.setdefault(f"{direction}_{key}", []).append(float(v))
+        bar.update(1)
+    bar.close()
+    summary = {
+        key: {"mean": float(torch.tensor(v).nanmean()), "std": float(torch.tensor(v).std()) if len(v) > 1 else 0.0}
+        for key, v in per_batch.items()
+    }
+    record = {
+        "loss": loss,
+        "checkpoint": str(ckpt),
+        "data": [str(d) for d in data],
+        "batches": n,
+        "batch_size": cfg.data.batch_size,
+        "captions_per_image": cfg.data.captions_per_image,
+        "tau": tau,
+        "margin": c.margin,
+        "smoothap_tau": c.smoothap_tau,
+        "threshold": threshold,
+        "stats": summary,
+    }
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cocos.json").write_text(json.dumps(record, indent=2))
+    plot_cocos(
+        {d: torch.cat(v) for d, v in counts.items()},
+        out / "cocos.png",
+        f"COCOS {loss}: contributing candidates per query ({n} batches of {cfg.data.batch_size}, eval mode)",
+    )
+    return record

@@ -1,0 +1,233 @@
+"""What several command families share: the :class:`Job` every training command builds and hands
+to the loop, the run directory, image-file and queue checks, and the SRCL / LTD parts of a task."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from vlp.config import BadSampleConfig, FinetuneConfig, LTDConfig, ModelConfig, PretrainConfig, to_dict, to_yaml
+from vlp.data.datasets import BAD_SAMPLE_HINT
+from vlp.data.helper_cache import HelperCache
+from vlp.data.targets import LatentTargets
+from vlp.data.transforms import test_transform, train_transform
+from vlp.dist import launch_rank
+from vlp.errors import ConfigError, DataError
+from vlp.models.build import model_image_size
+from vlp.pretrained import image_size, load_model
+from vlp.tasks.objectives import TokenInfo
+from vlp.tasks.reconstruction import Reconstruction
+from vlp.tasks.regulation import SRCLRegulator, helper_span
+from vlp.train.loop import train
+from vlp.train.setup import make_accelerator
+from vlp.train.validation import Validation
+from vlp.version import __version__
+
+
+@dataclass
+class Job:
+    """One training run of any command (``vlp pretrain``, ``train-helper``, ``finetune
+    retrieval|vqa|nlvr2``, ``pretrain nlvr-ta``; ``vlp bench`` times its steps): what it is made of
+    and what :meth:`fit` hands to the loop (:func:`vlp.train.loop.train`).
+
+    A command builds the model and tokenizer, then the training data (``loader``, ``items``), then
+    the objective (``task``) around the model; :meth:`start` creates the run directory."""
+
+    kind: str  # the checkpoint kind, state.json "task": pretrain, retrieval, vqa, nlvr2, nlvr-ta
+    cfg: Union[PretrainConfig, FinetuneConfig]
+    model_cfg: ModelConfig
+    model: nn.Module
+    tokenizer: Any
+    task: Optional[nn.Module] = None  # the training objective around ``model``
+    loader: Optional[Iterable] = None  # a DataLoader, or the webdataset ShardLoader
+    items: int = 0  # training items: pairs, questions, statements
+    images: Optional[int] = None  # distinct training images, where counted (pretraining)
+    source: Optional[Path] = None  # the pretrained checkpoint a fine-tuning job starts from
+    transfer: dict = field(default_factory=dict)  # what loading it did (:func:`vlp.models.transfer.load_pretrained`)
+    micro_batch: Optional[int] = None  # pairs per process per forward for DeepSpeed's config (pretraining)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory (``output_dir``; created by :meth:`start`)."""
+        return Path(self.cfg.output_dir)
+
+    @property
+    def res(self) -> int:
+        """The model's input resolution."""
+        return model_image_size(self.model_cfg)
+
+    def train_transform(self):
+        return train_transform(self.res, self.cfg.data.image)
+
+    def test_transform(self):
+        return test_transform(self.res, self.cfg.data.image)
+
+    def bad_samples(self, images: Sequence) -> dict:
+        """Check the training split's image files (``images``: each with ``image`` and ``origin``;
+        :func:`check_images`) and return the training datasets' bad-sample keywords."""
+        check_images(images, self.cfg.data)
+        return bad_sample_args(self.cfg.data)
+
+    def start(self) -> Path:
+        """Create the run directory (:func:`prepare_run_dir`)."""
+        return prepare_run_dir(self.cfg)
+
+    def state(self) -> dict[str, Any]:
+        """What every checkpoint's ``state.json`` records besides the step."""
+        state = {
+            "task": self.kind,
+            "vlp_version": __version__,
+            "config": to_dict(self.cfg),
+            "model": to_dict(self.model_cfg),
+        }
+        return state | ({"pretrained": str(self.source)} if self.source is not None else {})
+
+    def accelerator(self):
+        """The run's accelerator (parameters the objective leaves unused are frozen by the task's
+        ``unused_parameters``, so DDP runs without ``find_unused_parameters``)."""
+        return make_accelerator(self.cfg.train, micro_batch=self.micro_batch)
+
+    def built(self) -> tuple[nn.Module, Iterable]:
+        """``(task, loader)``, which the command builds after the model."""
+        if self.task is None or self.loader is None:
+            raise RuntimeError(f"{self.kind} job: its task and training loader are not built yet")
+        return self.task, self.loader
+
+    def fit(self, validation: Optional[Validation] = None) -> None:
+        """Train ``task`` on ``loader`` into ``run_dir`` (``train.steps`` steps), validating if given."""
+        task, loader = self.built()
+        train(
+            task,
+            loader,
+            self.cfg.train,
+            self.run_dir,
+            self.state(),
+            accelerator=self.accelerator(),
+            validation=validation,
+            max_bad_fraction=self.cfg.data.max_bad_fraction,
+        )
+
+
+def token_info(tokenizer) -> TokenInfo:
+    return TokenInfo(len(tokenizer), tokenizer.mask_token_id, tuple(sorted(set(tokenizer.all_special_ids))))
+
+
+def check_images(samples: Sequence, data: Optional[BadSampleConfig] = None, limit: int = 5) -> None:
+    """Before training or a pass over ``samples`` (each with ``image`` and ``origin``): image files
+    that do not exist. Without ``data`` or with ``data.on_bad_sample=raise``, any fails, naming the
+    first few; with ``skip`` they are counted in one warning line (stderr, rank 0) and fail only when
+    their share exceeds ``data.max_bad_fraction`` (training replaces them)."""
+    missing = [s for s in samples if not os.path.isfile(s.image)]
+    if not missing:
+        return
+    n, total = len(missing), len(samples)
+    listed = "; ".join(f"{s.origin}: {s.image}" for s in missing[:limit])
+    if data is None:
+        raise DataError(f"{n} of {total} image files not found, e.g. {listed}")
+    if data.on_bad_sample == "raise":
+        raise DataError(f"{n} of {total} image files not found, e.g. {listed}; {BAD_SAMPLE_HINT}")
+    if n / total > data.max_bad_fraction:
+        raise DataError(
+            f"{n} of {total} image files not found ({n / total:.2%}), more than "
+            f"data.max_bad_fraction={data.max_bad_fraction:g}, e.g. {listed}"
+        )
+    if launch_rank()[0] == 0:
+        print(
+            f"vlp data: warning: {n} of {total} image files not found ({n / total:.2%}); data.on_bad_sample=skip "
+            f"replaces them at training time, e.g. {listed}",
+            file=sys.stderr,
+        )
+
+
+def bad_sample_args(data: BadSampleConfig) -> dict:
+    """The bad-sample keywords of the training datasets and the shard loader (``data.*`` keys)."""
+    return {"on_bad": data.on_bad_sample, "max_pixels": data.max_image_pixels, "min_side": data.min_image_side}
+
+
+def prepare_run_dir(cfg: Union[PretrainConfig, FinetuneConfig]) -> Path:
+    """Create the run directory; refuse one that already holds a run (nothing written is lost)
+    unless the run resumes (``train.resume``). Writes ``config.yaml`` and ``run_info.json``."""
+    run_dir = Path(cfg.output_dir)
+    if cfg.train.resume:
+        if not run_dir.is_dir():
+            raise DataError(
+                f"config key 'train.resume': output_dir {run_dir} does not exist; resume into the "
+                "directory of the run that wrote the checkpoint"
+            )
+    elif (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("step_*")):
+        raise DataError(
+            f"config key 'output_dir': {run_dir} already holds a run (metrics.jsonl or "
+            "checkpoints/); choose another output_dir or move that run away"
+        )
+    (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    if launch_rank()[0] == 0:  # versions, revision, devices, command line; a resume appends to "resumes"
+        from vlp.train.logging import write_run_info
+
+        write_run_info(run_dir, resumed=bool(cfg.train.resume))
+    return run_dir
+
+
+def check_queue(queue_size: int, batch_size: int, key: str = "data.batch_size") -> None:
+    """A feature queue receives every rank's batch each step (ALBEF): a smaller one would drop
+    features of the batch it is given (0 disables the queue)."""
+    world = launch_rank()[1]
+    if 0 < queue_size < batch_size * world:
+        raise ConfigError(
+            f"config keys 'model.queue_size'/'{key}': a queue of {queue_size} is smaller than the global "
+            f"batch ({batch_size} x {world} processes = {batch_size * world}) it receives each step; "
+            "raise model.queue_size (ALBEF: 65536) or set it to 0 (in-batch negatives only)"
+        )
+
+
+def load_targets_for(ltd: LTDConfig) -> Optional[LatentTargets]:
+    """The LTD latent targets (None unless ``loss.ltd`` decodes latent targets)."""
+    return LatentTargets.load(ltd.targets, ltd.encoder) if ltd.mode != "off" and ltd.decoder == "latent" else None
+
+
+def build_reconstruction(
+    ltd: LTDConfig, embed_dim: int, targets: Optional[LatentTargets], vocab_size: int
+) -> Optional[Reconstruction]:
+    """The LTD / ITD head and multiplier of ``loss.ltd`` (None when off)."""
+    if ltd.mode == "off":
+        return None
+    return Reconstruction(ltd, embed_dim, targets.dim if targets is not None else None, vocab_size)
+
+
+def build_regulator(
+    cfg: PretrainConfig, finetune: bool = False
+) -> tuple[Optional[SRCLRegulator], Optional[HelperCache]]:
+    """The SRCL regulator of a run (None for ``loss.regulation: none``) and the helper-feature
+    cache it reads (None in live-helper mode and when the helper is not used, e.g. fine-tuning)."""
+    mode, s = cfg.loss.regulation, cfg.loss.srcl
+    if mode == "none":
+        return None, None
+    cache, helper, dim = None, None, 1
+    if helper_span(s, cfg.train.steps, finetune) > 0:
+        if s.helper_features:
+            cache = HelperCache.load(s.helper_features)
+            dim = cache.dim
+        elif s.helper:
+            helper, hcfg, _ = load_model(s.helper, torch.device("cpu"))
+            if image_size(hcfg) != image_size(cfg) or hcfg.model.text.tokenizer != cfg.model.text.tokenizer:
+                raise ConfigError(
+                    f"config key 'loss.srcl.helper': the live helper {s.helper} must take the same "
+                    f"images ({image_size(hcfg)} px vs {image_size(cfg)} px) and tokenizer as the model"
+                )
+            dim = hcfg.model.embed_dim
+        else:
+            raise ConfigError(
+                f"config key 'loss.srcl.helper_features': loss.regulation={mode} needs helper features: "
+                "a cache from `vlp cache-helper-features` (or loss.srcl.helper for a live helper)"
+            )
+    return SRCLRegulator(s, mode, cfg.train.steps, cfg.model.queue_size, dim, finetune, helper), cache

@@ -1,0 +1,269 @@
+"""``vlp demo``: shapes world -> tiny ALBEF pretraining on CPU -> zero-shot retrieval -> table + plots;
+``--full``: + fine-tuned retrieval, VQA and NLVR2 against their baselines, one table."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from vlp.config import PretrainConfig, load_config, load_finetune_config
+from vlp.eval.metrics import chance_recall
+
+CONFIGS = Path(__file__).parent.parent / "configs"  # vlp/configs
+DEMO_CONFIG = CONFIGS / "pretrain" / "shapes_tiny.yaml"
+FINETUNE_CONFIGS = CONFIGS / "finetune"
+# NLVR2 statements of the full demo: the existence templates. A from-scratch tiny model learns them
+# within the CPU budget; the counting comparisons ("more", "same", "total", "exactly") stay at
+# chance in 750 steps and, mixed in, keep it from learning anything (docs/shapes_world.md).
+DEMO_NLVR_TEMPLATES = ("both", "contains")
+#: the stages of ``vlp demo --full`` that write a folder of their own under ``out``
+FULL_STAGES = ("pretrain", "zero_shot", "retrieval", "vqa", "nlvr_ta", "nlvr2", "nlvr2_text_only")
+
+
+def chance_table(n_images: int, n_texts: int) -> dict[str, float]:
+    """Chance level of every recall key for a random ranking."""
+    per_image = n_texts // n_images
+    out = {f"txt_r{k}": chance_recall(n_texts, per_image, k) for k in (1, 5, 10)}
+    out |= {f"img_r{k}": chance_recall(n_images, 1, k) for k in (1, 5, 10)}
+    out["txt_r_mean"] = sum(out[f"txt_r{k}"] for k in (1, 5, 10)) / 3
+    out["img_r_mean"] = sum(out[f"img_r{k}"] for k in (1, 5, 10)) / 3
+    out["r_mean"] = (out["txt_r_mean"] + out["img_r_mean"]) / 2
+    out["rsum"] = sum(out[f"{d}_r{k}"] for d in ("txt", "img") for k in (1, 5, 10))
+    return out
+
+
+def format_table(metrics: dict[str, float], chance: dict[str, float]) -> str:
+    lines = ["| metric | vlp tiny | chance | x chance |", "|---|---:|---:|---:|"]
+    for k, c in chance.items():
+        v = metrics[k]
+        lines.append(f"| {k} | {v:.2f} | {c:.2f} | {v / c:.1f}x |")
+    for k, v in metrics.items():
+        if k.endswith("_rel") or k.endswith("_precision"):
+            lines.append(f"| {k} | {v:.2f} | | |")
+    return "\n".join(lines)
+
+
+def run_demo(out: str | Path, seed: int = 0, n_train: int = 4000, overrides: Sequence[str] = ()) -> dict[str, float]:
+    """Write the world, pretrain, evaluate on the 1,000-image test split; returns the metrics."""
+    from vlp.data.synthetic import generate_world
+    from vlp.runs.evaluate import run_evaluate_retrieval
+    from vlp.runs.pretrain import run_pretrain
+    from vlp.viz import plot_losses
+
+    out = Path(out)
+    t0 = time.perf_counter()
+    world = out / "world"
+    print(f"[1/3] shapes world -> {world}")
+    paths = generate_world(world, seed=seed, n_train=n_train, n_val=200, n_test=1000)
+    run_dir = out / "run"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    cfg = load_config(
+        PretrainConfig,
+        DEMO_CONFIG,
+        [f"output_dir={run_dir}", f"data.train=[{paths['pretrain']}]", f"train.seed={seed}", *overrides],
+    )
+    print(f"[2/3] pretraining tiny ALBEF for {cfg.train.steps} steps (batch {cfg.data.batch_size}) on CPU")
+    run_pretrain(cfg)
+    t_train = time.perf_counter() - t0
+    print("[3/3] zero-shot retrieval on the 1,000-image test split")
+    res = run_evaluate_retrieval(
+        run_dir, paths["retrieval_test"], paths["relevance_test"], out, graded_relevance=paths["relevance_graded_test"]
+    )
+    plot_losses(run_dir / "metrics.jsonl", out / "loss_curves.png")
+    n_img, n_txt = res.scores_i2t.shape
+    chance = chance_table(n_img, n_txt)
+    table = format_table(res.metrics, chance)
+    (out / "results.md").write_text(table + "\n")
+    (out / "chance.json").write_text(json.dumps(chance, indent=2))
+    print()
+    print(
+        f"zero-shot retrieval, {n_img} test images / {n_txt} captions "
+        f"(score: {cfg.eval.score}, k_test: {cfg.eval.k_test})"
+    )
+    print(table)
+    print(
+        f"\ntrain {t_train / 60:.1f} min, total {(time.perf_counter() - t0) / 60:.1f} min. "
+        f"Outputs: {out}/metrics.json, loss_curves.png, retrieval_examples.png"
+    )
+    return res.metrics
+
+
+class FullDemo:
+    """The stages of ``vlp demo --full`` under ``out``: their start times, which an earlier run
+    finished (kept with ``reuse``), and the fine-tuning stages."""
+
+    def __init__(self, out: Path, seed: int, stage_overrides: dict[str, Sequence[str]], reuse: bool) -> None:
+        self.out, self.seed, self.extra, self.reuse = out, seed, stage_overrides, reuse
+        self.t0 = time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    def stage(self, name: str) -> None:
+        self.times[name] = time.perf_counter()
+        print(f"\n== [{len(self.times)}/8] {name} ({(self.times[name] - self.t0) / 60:.1f} min) ==", flush=True)
+
+    def finished(self, name: str) -> bool:
+        """Whether the stage's last output, written after everything else, is there."""
+        out = self.out
+        done = {"pretrain": out / "pretrain" / "checkpoints", "zero_shot": out / "zero_shot" / "metrics.json"}
+        path = done.get(name, out / name / "results.json")
+        return path.is_file() or (path.is_dir() and any(path.glob("step_*/model.safetensors")))
+
+    def clear(self) -> None:
+        """Remove every stage's folder but (with ``reuse``) those of finished stages."""
+        for d in FULL_STAGES:
+            if not (self.reuse and self.finished(d)):
+                shutil.rmtree(self.out / d, ignore_errors=True)
+
+    def finetune(self, task: str, name: str, pretrained: Path, files: list[str]) -> dict:
+        """Stage ``name``: fine-tune ``task`` from ``pretrained`` on ``files`` (overrides); its results."""
+        from vlp.runs.finetune import run_finetune
+
+        out = self.out
+        self.stage(name)
+        if self.finished(name):
+            print(f"reusing {out / name} (finished earlier)")
+            return json.loads((out / name / "results.json").read_text())
+        c = load_finetune_config(
+            task,
+            str(FINETUNE_CONFIGS / f"shapes_{task.replace('-', '_')}.yaml"),
+            [
+                f"output_dir={out / name}",
+                f"pretrained={pretrained}",
+                f"train.seed={self.seed}",
+                *files,
+                *self.extra.get(name, []),
+            ],
+        )
+        return run_finetune(c)
+
+
+def run_demo_full(
+    out: str | Path,
+    seed: int = 0,
+    n_train: int = 4000,
+    pretrain_steps: Optional[int] = None,
+    stage_overrides: Optional[dict[str, Sequence[str]]] = None,
+    nlvr_ta: bool = False,
+    reuse: bool = False,
+) -> dict:
+    """World -> pretrain -> zero-shot retrieval -> fine-tune retrieval, VQA, NLVR2 (and the NLVR2
+    text-only baseline) -> one table (``out/results.md``, ``out/results.json``).
+
+    ``stage_overrides`` maps a stage (pretrain, retrieval, vqa, nlvr2, nlvr2_text_only, nlvr_ta) to
+    dotted overrides. ``nlvr_ta``: run the optional text-assignment stage before NLVR2. ``reuse``:
+    keep the stages an earlier (interrupted) run of the same command finished.
+    """
+    from vlp.data.synthetic import generate_world
+    from vlp.runs.evaluate import run_evaluate_retrieval
+    from vlp.runs.pretrain import run_pretrain
+
+    out = Path(out)
+    demo = FullDemo(out, seed, stage_overrides or {}, reuse)
+    demo.stage("shapes world")
+    w = generate_world(
+        out / "world", seed=seed, n_train=n_train, n_val=200, n_test=1000, nlvr_templates=DEMO_NLVR_TEMPLATES
+    )
+    demo.clear()
+    demo.stage("pretrain")
+    if not demo.finished("pretrain"):
+        cfg = load_config(
+            PretrainConfig,
+            DEMO_CONFIG,
+            [
+                f"output_dir={out / 'pretrain'}",
+                f"data.train=[{w['pretrain']}]",
+                f"train.seed={seed}",
+                *([f"train.steps={pretrain_steps}"] if pretrain_steps else []),
+                *demo.extra.get("pretrain", []),
+            ],
+        )
+        run_pretrain(cfg)
+    demo.stage("zero-shot retrieval (pretrained checkpoint, pretraining resolution)")
+    if not demo.finished("zero_shot"):
+        run_evaluate_retrieval(out / "pretrain", w["retrieval_test"], None, out / "zero_shot")
+    results = {"zero_shot": json.loads((out / "zero_shot" / "metrics.json").read_text())}
+    results["retrieval"] = demo.finetune(
+        "retrieval",
+        "retrieval",
+        out / "pretrain",
+        [f"data.train=[{w['retrieval_train']}]", f"data.val={w['retrieval_val']}", f"data.test={w['retrieval_test']}"],
+    )
+    results["vqa"] = demo.finetune(
+        "vqa",
+        "vqa",
+        out / "pretrain",
+        [
+            f"data.train=[{w['vqa_train']}]",
+            f"data.val={w['vqa_val']}",
+            f"data.test={w['vqa_test']}",
+            f"data.answer_list={w['answer_list']}",
+        ],
+    )
+    nlvr_src = out / "pretrain"
+    if nlvr_ta:
+        demo.finetune("nlvr-ta", "nlvr_ta", out / "pretrain", [f"data.train=[{w['pretrain']}]"])
+        nlvr_src = out / "nlvr_ta"
+    nlvr_files = [f"data.train=[{w['nlvr_train']}]", f"data.val={w['nlvr_dev']}", f"data.test={w['nlvr_test']}"]
+    results["nlvr2"] = demo.finetune("nlvr2", "nlvr2", nlvr_src, nlvr_files)
+    results["nlvr2_text_only"] = demo.finetune(
+        "nlvr2", "nlvr2_text_only", nlvr_src, [*nlvr_files, "nlvr.text_only=true"]
+    )
+    return write_full_results(demo, results)
+
+
+def full_rows(r: dict) -> list[tuple]:
+    """(task, metric, value, baseline, baseline value) of the full demo's table."""
+    ret, vqa, nlvr, text_only, zs = r["retrieval"], r["vqa"], r["nlvr2"], r["nlvr2_text_only"], r["zero_shot"]
+    nlvr_kinds, text_only_name = ", ".join(DEMO_NLVR_TEMPLATES), "text-only model (images blanked)"
+    return [
+        ("retrieval (test, 1,000 images)", "r_mean", ret["test"]["r_mean"], "zero-shot, same checkpoint", zs["r_mean"]),
+        ("retrieval (test)", "txt_r1", ret["test"]["txt_r1"], "zero-shot, same checkpoint", zs["txt_r1"]),
+        ("retrieval (test)", "img_r1", ret["test"]["img_r1"], "zero-shot, same checkpoint", zs["img_r1"]),
+        (
+            "VQA (val, 600 questions)",
+            "VQA accuracy",
+            vqa["val"]["acc"],
+            "most frequent answer per question type",
+            vqa["val_baseline_most_frequent_per_type"]["acc"],
+        ),
+        (
+            f"NLVR2 (test, 2,000 statements: {nlvr_kinds})",
+            "accuracy",
+            nlvr["test"]["acc"],
+            text_only_name,
+            text_only["test"]["acc"],
+        ),
+        (
+            f"NLVR2 (dev, 400 statements: {nlvr_kinds})",
+            "accuracy",
+            nlvr["val"]["acc"],
+            text_only_name,
+            text_only["val"]["acc"],
+        ),
+    ]
+
+
+def write_full_results(demo: FullDemo, stages: dict) -> dict:
+    """The full demo's table (``results.md``, printed) and ``results.json`` (rows, every stage's
+    results, minutes); returns the latter."""
+    rows = full_rows(stages)
+    lines = ["| task | metric | vlp tiny | baseline | baseline value | margin |", "|---|---|---:|---|---:|---:|"]
+    lines += [f"| {t} | {m} | {v:.2f} | {b} | {bv:.2f} | {v - bv:+.2f} |" for t, m, v, b, bv in rows]
+    table = "\n".join(lines)
+    minutes = (time.perf_counter() - demo.t0) / 60
+    results = {
+        "rows": [dict(task=t, metric=m, value=v, baseline=b, baseline_value=bv) for t, m, v, b, bv in rows],
+        **{k: stages[k] for k in ("zero_shot", "retrieval", "vqa", "nlvr2", "nlvr2_text_only")},
+        "minutes": minutes,
+        "stage_start_minutes": {k: (v - demo.t0) / 60 for k, v in demo.times.items()},
+    }
+    (demo.out / "results.json").write_text(json.dumps(results, indent=2))
+    (demo.out / "results.md").write_text(table + "\n")
+    print(
+        f"\n{table}\n\ntotal {minutes:.1f} min. Outputs under {demo.out}/ (results.md, results.json, one folder per stage)"
+    )
+    return results

@@ -1,0 +1,155 @@
+"""``vlp evaluate retrieval``: zero-shot image-text retrieval of a checkpoint, its protocol presets,
+and the device of a (possibly multi-process) evaluation."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from vlp.config import EvalConfig, apply_overrides
+from vlp.data.formats import RetrievalSplit, load_relevance, load_retrieval_split
+from vlp.data.transforms import test_transform
+from vlp.dist import barrier, is_dist, rank, world_size
+from vlp.errors import CheckpointError, DataError
+from vlp.eval.retrieval import RetrievalResult, check_k_test, embed, evaluate_retrieval
+from vlp.pretrained import default_device, image_size, load_model
+from vlp.weights import find_checkpoint, read_state
+
+# Zero-shot protocols (docs/evaluation.md): which checkpoint kind each takes and the eval settings.
+EVAL_PRESETS: dict[str, dict] = {
+    # A raw pretrained checkpoint at its pretraining resolution (ALBEF#25), ITM re-ranking.
+    "zero-shot": {
+        "kinds": ("pretrain", "helper"),
+        "overrides": ["eval.score=itm"],
+        "about": "raw pretrained checkpoint at its pretraining resolution, ITC top-k + ITM re-rank",
+    },
+    # ALBEF/BLIP "zero-shot Flickr30k": the COCO-fine-tuned retrieval checkpoint evaluated on Flickr30k
+    # at its fine-tuning resolution, k_test 128 (ALBEF#29, #74, #89).
+    "albef-flickr": {
+        "kinds": ("retrieval",),
+        "overrides": ["eval.score=itm", "eval.k_test=128"],
+        "about": "ALBEF protocol: COCO-fine-tuned retrieval checkpoint on Flickr30k, k_test 128, ITM",
+    },
+}
+
+
+def launcher_device() -> torch.device:
+    """This process's device. Launched as several processes (torchrun, accelerate launch: the
+    launcher sets WORLD_SIZE > 1), it joins the launcher's process group, starting it if no group
+    exists yet (accelerate: NCCL on GPUs, gloo on CPU), and takes its own GPU. One process: the
+    default device, no group."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from accelerate import PartialState
+
+        return PartialState(cpu=not torch.cuda.is_available()).device
+    return default_device()
+
+
+def preset_overrides(ckpt: Path, kind: str, preset: Optional[str], overrides: Sequence[str]) -> list[str]:
+    """The overrides of ``--preset`` (if any) before the user's; a checkpoint kind the protocol (or
+    retrieval at all) does not take is refused."""
+    if preset is not None:
+        p = EVAL_PRESETS[preset]
+        if kind not in p["kinds"]:
+            raise CheckpointError(
+                f"{ckpt}: --preset {preset} takes a {' or '.join(p['kinds'])} checkpoint "
+                f"({p['about']}); this one is a {kind} checkpoint"
+            )
+        return [*p["overrides"], *overrides]
+    if kind not in ("pretrain", "helper", "retrieval"):
+        raise CheckpointError(f"{ckpt}: a {kind} checkpoint has no retrieval heads (ITC/ITM)")
+    return list(overrides)
+
+
+def run_evaluate_retrieval(
+    checkpoint: str | Path,
+    data: str | Path,
+    relevance: Optional[str | Path],
+    out: str | Path,
+    image_root: Optional[str] = None,
+    overrides: Sequence[str] = (),
+    show_progress: bool = True,
+    graded_relevance: Optional[str | Path] = None,
+    preset: Optional[str] = None,
+) -> RetrievalResult:
+    """Zero-shot retrieval of a checkpoint on a Karpathy-style split; writes ``out/metrics.json``
+    and ``out/retrieval_examples.png``. ``graded_relevance`` (a ``.npy`` [texts, images] of gains,
+    needs ``relevance``) gives the text->image nDCG graded gains instead of binary ones.
+
+    Launched as several processes, every process must call it: encoding and ITM scoring are split
+    over the ranks (:mod:`vlp.eval.retrieval`), every rank returns the same result and rank 0
+    alone prints and writes files."""
+    from vlp.data.formats import load_graded_relevance
+
+    if graded_relevance and not relevance:
+        raise DataError(
+            f"graded relevance {graded_relevance} needs the relevance file as well (--relevance / "
+            "data.relevance): R-precision, mAP and relevance-aware recall use its lists"
+        )
+    device = launcher_device()
+    main, sharded = rank() == 0, is_dist()
+    if sharded:  # after a multi-process run (vlp pretrain), rank 0 has written the newest checkpoint
+        barrier()
+    ckpt = find_checkpoint(checkpoint)
+    kind = read_state(ckpt).get("task", "pretrain")
+    overrides = preset_overrides(ckpt, kind, preset, overrides)
+    if preset is not None and main:
+        print(f"protocol {preset}: {EVAL_PRESETS[preset]['about']}")
+    show_progress = show_progress and main
+    model, cfg, tokenizer = load_model(ckpt, device)
+    cfg = apply_overrides(cfg, overrides)
+    ecfg: EvalConfig = cfg.eval
+    split = load_retrieval_split(data, image_root)
+    rel = load_relevance(relevance, split) if relevance else None
+    graded = load_graded_relevance(graded_relevance, split) if graded_relevance else None
+    check_k_test(ecfg, len(split.images), len(split.texts), split.source)  # before any encoding
+    emb = embed(
+        model,
+        split,
+        tokenizer,
+        test_transform(image_size(cfg), cfg.data.image),
+        cfg.model.text.max_len,
+        ecfg.batch_size,
+        device,
+        show_progress,
+        num_workers=ecfg.resolved_workers(),
+        precision=ecfg.precision,
+        distributed=sharded,
+        offload=ecfg.offload,
+    )
+    result = evaluate_retrieval(
+        model, emb, split, ecfg, rel, show_progress, graded_relevance=graded, distributed=sharded
+    )
+    if not main:
+        return result
+    record = {
+        **result.metrics,
+        "score": ecfg.score,
+        "k_test": ecfg.k_test,
+        "precision": ecfg.resolved_precision(device),
+        "offload": ecfg.resolved_offload(device),
+        "processes": world_size(),
+        "preset": preset,
+        "checkpoint_kind": kind,
+        "image_size": image_size(cfg),
+        "n_images": len(split.images),
+        "n_texts": len(split.texts),
+        "checkpoint": str(ckpt),
+    }
+    if rel is not None:
+        record["ndcg_gains"] = "graded" if graded is not None else "binary"
+    write_evaluation(Path(out), record, split, result, rel)
+    return result
+
+
+def write_evaluation(out: Path, record: dict, split: RetrievalSplit, result: RetrievalResult, rel) -> None:
+    """``out/metrics.json`` (``record``) and the text->image example grid ``out/retrieval_examples.png``."""
+    from vlp.viz import plot_retrieval_examples
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(record, indent=2))
+    plot_retrieval_examples(split, result.scores_t2i, out / "retrieval_examples.png", rel)

@@ -1,0 +1,89 @@
+"""``vlp cache-helper-features`` (the SRCL helper's features of a dataset, computed once) and
+``vlp make-targets`` (every caption embedded once with a sentence encoder: the LTD targets)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+from torch.utils.data import DataLoader
+
+from vlp.data.formats import load_pairs
+from vlp.data.helper_cache import write_cache
+from vlp.data.transforms import test_transform
+from vlp.errors import DataError
+from vlp.pretrained import default_device, image_size, load_model
+from vlp.runs.common import check_images
+from vlp.weights import find_checkpoint, read_state
+
+
+@torch.no_grad()
+def run_cache_helper_features(
+    helper: str | Path,
+    data: Sequence[str],
+    out: str | Path,
+    image_root: Optional[str] = None,
+    batch_size: int = 256,
+    num_workers: int = 0,
+    show_progress: bool = True,
+) -> Path:
+    """Features of every image (eval transform) and caption of ``data`` under the frozen helper,
+    written to the cache folder ``out`` that ``loss.srcl.helper_features`` points at."""
+    from vlp.data.datasets import ImageDataset
+    from vlp.data.transforms import tokenize
+    from vlp.progress import progress
+
+    if Path(out).exists():
+        raise DataError(f"{out} already exists; choose another --out or remove it")
+    ckpt = find_checkpoint(helper)
+    model, hcfg, tokenizer = load_model(ckpt)
+    device = next(model.parameters()).device
+    samples = load_pairs(list(data), image_root)
+    check_images(samples)
+    paths = {}
+    for smp in samples:
+        paths.setdefault(smp.image_key, smp.image)
+    keys = sorted(paths)
+    texts = sorted({c for smp in samples for c in smp.captions})
+    bar = progress(len(keys) + len(texts), "helper features", show_progress)
+    loader = DataLoader(
+        ImageDataset([paths[k] for k in keys], test_transform(image_size(hcfg), hcfg.data.image), "helper cache"),
+        batch_size=batch_size,
+        num_workers=num_workers,
+    )
+    image_feats = []
+    for images in loader:
+        image_feats.append(model.encode_image(images.to(device)).feat.float().cpu())
+        bar.update(len(images))
+    text_feats = []
+    for start in range(0, len(texts), batch_size):
+        tok = tokenize(tokenizer, texts[start : start + batch_size], hcfg.model.text.max_len)
+        text_feats.append(
+            model.encode_text(tok["input_ids"].to(device), tok["attention_mask"].to(device)).feat.float().cpu()
+        )
+        bar.update(len(text_feats[-1]))
+    bar.close()
+    meta = {
+        "helper": str(ckpt.resolve()),
+        "helper_step": read_state(ckpt).get("step"),
+        "data": [str(d) for d in data],
+        "image_size": image_size(hcfg),
+        "max_len": hcfg.model.text.max_len,
+    }
+    return write_cache(out, keys, torch.cat(image_feats), texts, torch.cat(text_feats), meta)
+
+
+def run_make_targets(
+    data: Sequence[str], encoder: str, out: str | Path, batch_size: int = 256, show_progress: bool = True
+) -> Path:
+    """Embed every distinct caption of the annotation files ``data`` once with a sentence encoder
+    and write the LTD targets file ``out`` (``loss.ltd.targets``)."""
+    from vlp.data.targets import encode_sentences, write_targets
+
+    if Path(out).exists():
+        raise DataError(f"{out} already exists; choose another --out or remove it")
+    captions = sorted({c for smp in load_pairs(list(data)) for c in smp.captions})
+    print(f"vlp make-targets: {len(captions)} distinct captions, encoder {encoder}")
+    vectors = encode_sentences(encoder, captions, batch_size, str(default_device()), show_progress)
+    return write_targets(out, captions, vectors, encoder, [str(Path(d).resolve()) for d in data])

@@ -1,0 +1,185 @@
+"""``vlp pretrain`` and ``vlp train-helper``: the pretraining :class:`~vlp.runs.common.Job` (model,
+task, data) of a config, and the run that trains it and evaluates zero-shot retrieval at the end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Optional, Union
+
+import torch
+from accelerate.utils import set_seed
+
+from vlp.config import PretrainConfig
+from vlp.data.datasets import Collator, ImageTextDataset, train_loader
+from vlp.data.formats import load_pairs, load_retrieval_split
+from vlp.data.helper_cache import HelperCache
+from vlp.data.targets import LatentTargets
+from vlp.data.transforms import PixelNorm, load_tokenizer, train_transform
+from vlp.dist import launch_rank
+from vlp.errors import ConfigError, DataError
+from vlp.eval.retrieval import check_k_test
+from vlp.models.albef import ALBEF, param_count
+from vlp.models.build import build_task_model
+from vlp.models.dual import DualEncoder
+from vlp.models.vision import check_vision_init, write_init_report
+from vlp.pretrained import image_size
+from vlp.runs.common import (
+    Job,
+    bad_sample_args,
+    build_reconstruction,
+    build_regulator,
+    check_images,
+    check_queue,
+    load_targets_for,
+    token_info,
+)
+from vlp.runs.evaluate import run_evaluate_retrieval
+from vlp.tasks.dual import DualTask
+from vlp.tasks.pretrain import PretrainTask
+from vlp.tasks.regulation import SRCLRegulator
+
+
+def build_model(cfg: PretrainConfig, vocab_size: int) -> Union[ALBEF, DualEncoder]:
+    return build_task_model("pretrain", cfg.model, vocab_size)
+
+
+def load_targets(cfg: PretrainConfig) -> Optional[LatentTargets]:
+    return load_targets_for(cfg.loss.ltd)
+
+
+def build_task(
+    cfg: PretrainConfig,
+    model: Union[ALBEF, DualEncoder],
+    tokenizer,
+    regulator: Optional[SRCLRegulator],
+    targets: Optional[LatentTargets],
+) -> torch.nn.Module:
+    """The training task for the config's architecture, with LTD / ITD attached if configured."""
+    rec = build_reconstruction(cfg.loss.ltd, cfg.model.embed_dim, targets, len(tokenizer))
+    if cfg.model.arch == "dual":
+        task = DualTask(model, cfg.loss, rec)
+    else:
+        task = PretrainTask(
+            model,
+            cfg.loss,
+            token_info(tokenizer),
+            cfg.train.seed,
+            regulator,
+            rec,
+            max_len=cfg.model.text.max_len,
+            text_padding=cfg.data.text_padding,
+        )
+    if cfg.data.image.uint8:
+        task.pixel_norm = PixelNorm(cfg.data.image)
+    return task
+
+
+def build_pretraining(cfg: PretrainConfig) -> Job:
+    """The pretraining job of a config (shared by ``vlp pretrain`` and ``vlp bench``): seeded model,
+    task and shuffled fixed-size-batch loader."""
+    if not cfg.data.train:
+        raise DataError("config key 'data.train': no annotation files given")
+    check_run(cfg)
+    set_seed(cfg.train.seed)
+    tokenizer = load_tokenizer(cfg.model.text)
+    regulator, cache = build_regulator(cfg)
+    targets = load_targets(cfg)
+    loader, pairs, images = build_train_loader(cfg, tokenizer, cache, targets)  # data errors before the model
+    model = build_model(cfg, len(tokenizer))
+    task = build_task(cfg, model, tokenizer, regulator, targets)
+    return Job(
+        "pretrain",
+        cfg,
+        cfg.model,
+        model,
+        tokenizer,
+        task=task,
+        loader=loader,
+        items=pairs,
+        images=images,
+        micro_batch=cfg.data.batch_size,
+    )
+
+
+def check_run(cfg: PretrainConfig) -> None:
+    """Combinations that need the launch or the evaluation data, checked before any work starts."""
+    if cfg.model.arch == "albef":
+        check_queue(cfg.model.queue_size, cfg.data.batch_size)
+        check_vision_init(cfg.model.vision)
+    if cfg.data.eval:
+        split = load_retrieval_split(cfg.data.eval, cfg.data.image_root)
+        check_k_test(cfg.eval, len(split.images), len(split.texts), f"data.eval ({split.source})")
+
+
+def build_train_loader(
+    cfg: PretrainConfig, tokenizer, cache: Optional[HelperCache], targets: Optional[LatentTargets]
+) -> tuple[Iterable, int, int]:
+    """(loader, pairs, images) of ``data.train``: ALBEF JSON files (map-style, shuffled per (seed,
+    epoch), items seeded per (seed, epoch, index), fixed-size batches; accelerate shards it over the
+    ranks: :func:`vlp.data.datasets.train_loader`) or webdataset shard folders (``data.format``;
+    the stream splits itself by rank and worker, :mod:`vlp.data.shards`). Bad samples follow
+    ``data.on_bad_sample`` (missing files are checked first: :func:`vlp.runs.common.check_images`)."""
+    d = cfg.data
+    transform = train_transform(image_size(cfg), d.image)
+    collate = Collator(tokenizer, cfg.model.text.max_len, d.text_padding)
+    if d.format == "webdataset":
+        from vlp.data.shards import ShardLoader
+
+        stream = ShardLoader(
+            d.train,
+            transform,
+            collate,
+            d.batch_size,
+            *launch_rank(),
+            num_workers=d.num_workers,
+            seed=cfg.train.seed,
+            shuffle_buffer=d.shuffle_buffer,
+            caption_mode=d.caption_mode,
+            captions_per_image=d.captions_per_image,
+            helper_cache=cache,
+            targets=targets,
+            **bad_sample_args(d),
+        )
+        return stream, stream.pairs, stream.images
+    samples = load_pairs(d.train, d.image_root, on_bad=d.on_bad_sample)
+    check_images(samples, d)
+    dataset = ImageTextDataset(samples, transform, cache, targets, d.captions_per_image, **bad_sample_args(d))
+    loader = train_loader(dataset, d.batch_size, collate, d.num_workers, cfg.train.seed)
+    return loader, len(dataset), len(dataset.key_to_id)
+
+
+def run_pretrain(cfg: PretrainConfig) -> Path:
+    """Pretrain per ``cfg``; returns the run directory (config.yaml, metrics.jsonl, checkpoints/)."""
+    job = build_pretraining(cfg)
+    run_dir = job.start()
+    print(
+        f"vlp pretrain: {job.items} pairs, {job.images} images, "
+        f"{param_count(job.model) / 1e6:.1f}M trainable parameters -> {run_dir}"
+    )
+    write_init_report(job.model, run_dir)  # vision_init_report.json + one line
+    job.fit()
+    if cfg.data.eval:
+        run_evaluate_retrieval(
+            run_dir,
+            cfg.data.eval,
+            cfg.data.relevance,
+            run_dir / "eval",
+            cfg.data.image_root,
+            graded_relevance=cfg.data.graded_relevance,
+        )
+    return run_dir
+
+
+def run_train_helper(cfg: PretrainConfig) -> Path:
+    """Train the SRCL helper: the same architecture with plain InfoNCE (ITC only, no distillation,
+    no regulation) on clean captions. Its checkpoint is what SRCL freezes."""
+    c = cfg.loss
+    wrong = [f"{k}={v}" for k, v in (("loss.itm", c.itm), ("loss.mlm", c.mlm)) if v != 0]
+    wrong += ["loss.distill=true"] if c.distill else []
+    wrong += [f"loss.regulation={c.regulation}"] if c.regulation != "none" else []
+    if wrong or c.itc <= 0:
+        raise ConfigError(
+            f"config keys {', '.join(wrong) or 'loss.itc<=0'}: a helper is trained with plain InfoNCE "
+            "(loss.itc > 0, loss.itm=0, loss.mlm=0, loss.distill=false, loss.regulation=none)"
+        )
+    return run_pretrain(cfg)

@@ -1,0 +1,125 @@
+"""The run's checkpoints, as the loop takes them: ``checkpoints/step_N`` (model, ``state.json``, the
+task's extra state and, with ``train.save_state``, every rank's training state), the best
+checkpoint of the validation (``checkpoints/best``), pruning to ``train.keep_last``, and resuming
+from ``train.resume``. The files themselves are written by :mod:`vlp.train.checkpoint` and
+:mod:`vlp.train.train_state`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+
+from vlp.config import TrainConfig
+from vlp.errors import CheckpointError
+from vlp.train.checkpoint import (
+    prune_checkpoints,
+    publish,
+    save_checkpoint,
+    set_aside_checkpoints_after,
+    staging,
+    write_parts,
+)
+from vlp.train.logging import MetricsLog
+from vlp.train.setup import Prepared, viewed_as
+from vlp.train.swa import WeightAverager
+from vlp.train.train_state import TRAIN_STATE, load_train_state, save_train_state
+from vlp.weights import find_checkpoint, read_state
+
+
+class Checkpointer:
+    """Saves and restores one run: ``module`` (what is saved of the unwrapped task, e.g. its model)
+    and the prepared optimizer and task of ``prep``. ``state`` goes into every ``state.json``, with
+    the step, the world size and the snapshot steps of ``averager``'s averages. Every rank calls
+    :meth:`save` and :meth:`resume` at the same step."""
+
+    def __init__(
+        self,
+        acc: Accelerator,
+        cfg: TrainConfig,
+        run_dir: Path,
+        prep: Prepared,
+        module: nn.Module,
+        state: Optional[dict[str, Any]] = None,
+        averager: Optional[WeightAverager] = None,
+    ) -> None:
+        self.acc, self.cfg, self.run_dir = acc, cfg, run_dir
+        self.optimizer, self.task, self.scalars = prep.optimizer, prep.inner, prep.scalars
+        self.module, self.run_state, self.averager = module, state, averager
+
+    def path(self, step: int) -> Path:
+        return self.run_dir / "checkpoints" / f"step_{step:07d}"
+
+    def extra_state(self) -> Optional[dict[str, torch.Tensor]]:
+        return self.task.extra_state() if hasattr(self.task, "extra_state") else None
+
+    def state(self, step: int, **info: Any) -> dict[str, Any]:
+        """``state.json`` of a checkpoint at ``step``, with ``info`` added."""
+        averaged = {"averaged": self.averager.history} if self.averager is not None and self.averager.history else {}
+        return {**(self.run_state or {}), "step": step, "world_size": self.acc.num_processes, **averaged, **info}
+
+    def save(self, step: int) -> None:
+        """``checkpoints/step_N``: staged in step_N.tmp/ (main process: model, state; every rank: its
+        train state), then published with a manifest by the main process, and old checkpoints pruned."""
+        acc = self.acc
+        final = self.path(step)
+        tmp = final.with_name(final.name + ".tmp")
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            tmp = staging(final)
+            with viewed_as(self.scalars, ()):
+                state = self.state(step, data_position={"batches": step * self.cfg.grad_accum_steps})
+                write_parts(tmp, self.module, state, self.extra_state())
+        acc.wait_for_everyone()
+        if self.cfg.save_state:  # optimizer, task state, RNG states: every rank writes its part
+            with viewed_as(self.scalars, ()):
+                save_train_state(tmp / TRAIN_STATE, self.optimizer, self.task, self.module, acc.process_index)
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            publish(tmp, final)
+            prune_checkpoints(self.run_dir, self.cfg.keep_last)
+        acc.wait_for_everyone()
+
+    def save_best(self, step: int, best: dict[str, Any], metrics: dict[str, Any]) -> None:
+        """``checkpoints/best`` (main process): the weights at ``step``, with the validation's
+        ``best`` and ``metrics`` in its state."""
+        with viewed_as(self.scalars, ()):
+            save_checkpoint(
+                self.run_dir / "checkpoints" / "best",
+                self.module,
+                self.state(step, best=dict(best), val=metrics),
+                self.extra_state(),
+            )
+
+    def resume(self, log: MetricsLog) -> int:
+        """Load ``train.resume``'s checkpoint (``auto``: the run directory's newest valid one) into the
+        prepared task, optimizer and RNGs; returns its step. Records of later steps are dropped from
+        the log (they are run again), and later checkpoints set aside."""
+        acc, cfg, run_dir = self.acc, self.cfg, self.run_dir
+        with viewed_as(self.scalars, ()):
+            ckpt = find_checkpoint(
+                run_dir if cfg.resume == "auto" else cfg.resume, require=[f"{TRAIN_STATE}/rng_rank0.json"]
+            )
+            saved = read_state(ckpt)
+            if saved.get("world_size", acc.num_processes) != acc.num_processes:
+                raise CheckpointError(
+                    f"config key 'train.resume': {ckpt} was written by {saved['world_size']} processes, "
+                    f"this run has {acc.num_processes}; resume with the same number of processes"
+                )
+            load_train_state(ckpt, self.optimizer, self.task, self.module, acc.process_index, acc.num_processes)
+            step = int(saved["step"])
+            if acc.is_main_process:
+                log.truncate_after(step)
+                print(f"resumed from {ckpt} at step {step} of {cfg.steps}")
+                moved = set_aside_checkpoints_after(run_dir, step)
+                if moved:
+                    print(
+                        f"moved {len(moved)} checkpoint(s) of the steps run again (or corrupted) to {moved[0].parent}: "
+                        + ", ".join(p.name for p in moved)
+                    )
+            acc.wait_for_everyone()
+        return step

@@ -1,0 +1,262 @@
+"""Reading weights and checkpoints, in one place: strict loads with explicit allowances, key
+renames, safe reading of weights files, and vlp checkpoint folders (verified against their manifest,
+newest valid one of a run).
+
+A checkpoint folder holds ``model.safetensors`` (all weights incl. momentum twins and queues),
+``state.json``, optionally ``task_state.safetensors`` (a task's non-model parts: the LTD decoder,
+lambda and its momentum) and ``manifest.json`` (each file's size and SHA-256, written last). The
+write side (staging, fsync, atomic rename, pruning) is :mod:`vlp.train.checkpoint`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import hashlib
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional
+
+import torch
+from torch import nn
+
+from vlp.errors import CheckpointError
+
+TASK_STATE = "task_state.safetensors"
+MANIFEST = "manifest.json"
+STEP_DIR = re.compile(r"step_\d+")  # checkpoints/step_0001000 (not the .tmp staging folders)
+
+
+def _matches(key: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(key, p) for p in patterns)
+
+
+def load_strict(
+    module: nn.Module,
+    state: Mapping[str, torch.Tensor],
+    *,
+    source: str,
+    allow_missing: Iterable[str] = (),
+    allow_unexpected: Iterable[str] = (),
+) -> None:
+    """Load ``state`` into ``module``; fail unless every missing/unexpected key is allowed.
+
+    ``allow_*`` are fnmatch patterns (``fusion.layer.*.crossattention.*``). Shape mismatches
+    always fail. Never a silent ``strict=False``.
+    """
+    allow_missing, allow_unexpected = list(allow_missing), list(allow_unexpected)
+    own = module.state_dict()
+    missing = [k for k in own if k not in state and not _matches(k, allow_missing)]
+    unexpected = [k for k in state if k not in own and not _matches(k, allow_unexpected)]
+    shape = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in state
+        if k in own and tuple(state[k].shape) != tuple(own[k].shape)
+    ]
+    if missing or unexpected or shape:
+        parts = [f"cannot load {source} into {type(module).__name__}:"]
+        if missing:
+            parts.append(f"  missing keys ({len(missing)}): {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        if unexpected:
+            parts.append(
+                f"  unexpected keys ({len(unexpected)}): {unexpected[:8]}{' ...' if len(unexpected) > 8 else ''}"
+            )
+        if shape:
+            parts.append(f"  shape mismatches: {shape[:8]}")
+        raise CheckpointError("\n".join(parts))
+    module.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+
+
+def rename(state: Mapping[str, torch.Tensor], rules: Iterable[tuple[str, str]]) -> dict[str, torch.Tensor]:
+    """Apply regex ``(pattern, replacement)`` rules in order to every key; drop keys mapped to ''."""
+    compiled = [(re.compile(p), r) for p, r in rules]
+    out: dict[str, torch.Tensor] = {}
+    for k, v in state.items():
+        for p, r in compiled:
+            k = p.sub(r, k)
+        if k:
+            out[k] = v
+    return out
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read weights from a .safetensors file (or a directory holding ``model.safetensors``).
+
+    ``.bin``/``.pth`` files are read with ``torch.load(weights_only=True)``: no arbitrary unpickling.
+    """
+    path = Path(path)
+    if path.is_dir():
+        for name in ("model.safetensors", "pytorch_model.bin"):
+            if (path / name).is_file():
+                path = path / name
+                break
+        else:
+            raise CheckpointError(f"{path}: no model.safetensors or pytorch_model.bin in this directory")
+    if not path.is_file():
+        raise CheckpointError(f"weights file not found: {path}")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    import pickle
+
+    try:
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # weights_only refuses anything but tensors and plain containers
+        found = re.search(r"GLOBAL (\S+)", str(e))
+        what = f"it references {found.group(1)}" if found else "it holds objects other than tensors"
+        raise CheckpointError(
+            f"{path}: refused: loading it would need arbitrary unpickling ({what}), which can run "
+            "code from the file. vlp reads .pth/.bin files only as tensors and plain containers "
+            "(torch.load weights_only=True); convert a file you trust to safetensors"
+        ) from None
+    except (RuntimeError, EOFError, OSError) as e:
+        raise CheckpointError(f"{path}: not a readable PyTorch weights file ({str(e).splitlines()[0][:300]})") from None
+    if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
+        obj = obj["model"]
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{path}: expected a state dict, got {type(obj).__name__}")
+    return obj
+
+
+def _sha256(path: Path) -> str:
+    """SHA-256 of a file, computed once per file version: a checkpoint read by several steps of one
+    job (find, then load) is hashed once; a rewritten file (new size, mtime or inode) again."""
+    st = path.stat()
+    return _sha256_of(str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256_of(path: str, _size: int, _mtime_ns: int, _inode: int) -> str:
+    digest = hashlib.sha256()  # hashlib.file_digest needs Python 3.11; vlp supports 3.10
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_checkpoint(ckpt: Path, require: Iterable[str] = ()) -> None:
+    """Check every file of ``ckpt``'s manifest (present, same size, same SHA-256) and that the
+    ``require``d relative paths exist; raises :class:`CheckpointError` naming the first problem.
+    A folder without a manifest (an older vlp, or copied by hand) is only checked for files."""
+    for rel in ("model.safetensors", *require):
+        if not (ckpt / rel).exists():
+            raise CheckpointError(f"checkpoint {ckpt}: missing {rel}")
+    mf = ckpt / MANIFEST
+    if not mf.is_file():
+        return
+    try:
+        files = json.loads(mf.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"checkpoint {ckpt}: unreadable {MANIFEST} ({e})") from None
+    for rel, meta in files.items():
+        p = ckpt / rel
+        if not p.is_file():
+            raise CheckpointError(f"checkpoint {ckpt}: {rel} is missing")
+        if p.stat().st_size != meta["bytes"]:
+            raise CheckpointError(
+                f"checkpoint {ckpt}: {rel} is {p.stat().st_size} bytes, the manifest says {meta['bytes']} (truncated)"
+            )
+        if _sha256(p) != meta["sha256"]:
+            raise CheckpointError(f"checkpoint {ckpt}: {rel} does not match its SHA-256 in {MANIFEST} (corrupted)")
+
+
+def step_checkpoints(run_dir: Path) -> list[Path]:
+    """``run_dir/checkpoints/step_N`` folders, oldest first."""
+    root = run_dir / "checkpoints"
+    return sorted(p for p in root.iterdir() if p.is_dir() and STEP_DIR.fullmatch(p.name)) if root.is_dir() else []
+
+
+def weights_to_save(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict as CPU copies, one name per tied group (the alphabetically first, as
+    safetensors' ``save_model`` keeps). Copies, because an engine may keep parameters as views
+    into one flat buffer (DeepSpeed ZeRO), which safetensors refuses to write."""
+    state = model.state_dict(keep_vars=True)
+    names: dict[int, list[str]] = {}
+    for k, v in state.items():
+        names.setdefault(id(v), []).append(k)
+    return {min(group): state[group[0]].detach().to("cpu", copy=True).contiguous() for group in names.values()}
+
+
+def find_checkpoint(path: str | Path, require: Iterable[str] = ()) -> Path:
+    """A checkpoint folder (verified), or the newest valid ``checkpoints/step_*`` of a run directory:
+    a corrupted or truncated one is reported on stderr and the previous one is tried."""
+    path = Path(path)
+    if (path / "model.safetensors").is_file() or (path / MANIFEST).is_file():
+        verify_checkpoint(path, require)
+        return path
+    candidates = step_checkpoints(path)
+    if not candidates:
+        raise CheckpointError(f"{path}: no checkpoint here (expected model.safetensors or checkpoints/step_*/)")
+    problems = []
+    for ckpt in reversed(candidates):
+        try:
+            verify_checkpoint(ckpt, require)
+        except CheckpointError as e:
+            problems.append(str(e))
+            print(f"warning: {e}; trying the previous checkpoint", file=sys.stderr)
+            continue
+        return ckpt
+    raise CheckpointError(f"{path}: no valid checkpoint ({'; '.join(problems)})")
+
+
+def read_state(ckpt: str | Path) -> dict[str, Any]:
+    p = Path(ckpt) / "state.json"
+    if not p.is_file():
+        raise CheckpointError(f"{ckpt}: missing state.json")
+    state: dict[str, Any] = json.loads(p.read_text())
+    return state
+
+
+def tied_groups(module: nn.Module) -> list[list[str]]:
+    """Names of parameters sharing one tensor (safetensors saves one name per group)."""
+    groups: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def load_weights_file(
+    model: nn.Module, path: str | Path, allow_missing: Iterable[str] = (), allow_unexpected: Iterable[str] = ()
+) -> None:
+    """Strictly load a ``.safetensors`` file into ``model``; a tied group needs one saved name."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path.parent}: missing {path.name}")
+    state = load_file(str(path))
+    aliases = [n for g in tied_groups(model) if any(n in state for n in g) for n in g if n not in state]
+    load_strict(
+        model, state, source=str(path), allow_missing=[*aliases, *allow_missing], allow_unexpected=allow_unexpected
+    )
+
+
+def load_weights(
+    model: nn.Module, ckpt: str | Path, allow_missing: Iterable[str] = (), allow_unexpected: Iterable[str] = ()
+) -> None:
+    """Strictly load ``ckpt/model.safetensors`` into ``model`` (:func:`load_weights_file`)."""
+    load_weights_file(model, Path(ckpt) / "model.safetensors", allow_missing, allow_unexpected)
+
+
+def load_task_state(ckpt: str | Path) -> dict[str, torch.Tensor]:
+    """The task state saved with a checkpoint (empty if the task had none)."""
+    from safetensors.torch import load_file
+
+    f = Path(ckpt) / TASK_STATE
+    return load_file(str(f)) if f.is_file() else {}
+
+
+def module_states(**modules: Optional[nn.Module]) -> dict[str, torch.Tensor]:
+    """Checkpointed state of a task's non-model parts, ``name.key`` -> tensor (``None`` skipped)."""
+    return {f"{n}.{k}": v for n, m in modules.items() if m is not None for k, v in m.state_dict().items()}
+
+
+def load_module_states(state: dict[str, torch.Tensor], **modules: Optional[nn.Module]) -> None:
+    """Inverse of :func:`module_states`; strict per module (names the checkpoint keys on mismatch)."""
+    for n, m in modules.items():
+        if m is not None:
+            part = {k[len(n) + 1 :]: v for k, v in state.items() if k.startswith(n + ".")}
+            load_strict(m, part, source=f"task state '{n}'")
