@@ -179,7 +179,7 @@ def _plot(a: argparse.Namespace) -> None:
 
 
 def _make_shards(a: argparse.Namespace) -> None:
-    from vlp.data.shards import write_shards
+    from vlp.data.shard_writer import write_shards
 
     _wrote(write_shards(a.data, a.out, a.image_root, a.size, a.max_per_shard, a.seed, a.quality, workers=a.workers))
 

@@ -49,18 +49,9 @@ VARIANTS = {
     "SRCL softmax delta=4": ["loss.regulation=srcl", "loss.srcl.norm=softmax", "loss.srcl.delta=4.0"],  # sharper
 }
 THRESHOLDS = {"removal 0.7": 0.7}
-METRICS = [
-    "txt_r1",
-    "txt_r5",
-    "img_r1",
-    "img_r5",
-    "img_r10",
-    "img_r1_rel",
-    "img_r5_rel",
-    "txt_r1_rel",
-    "img_r_precision",
-    "txt_r_precision",
-]
+METRICS = (
+    "txt_r1 txt_r5 img_r1 img_r5 img_r10 img_r1_rel img_r5_rel txt_r1_rel img_r_precision txt_r_precision"
+).split()
 
 
 def sample_batches(mix: Path, cache: HelperCache, batch: int, batches: int, seed: int):

@@ -21,7 +21,8 @@ from torchvision import transforms as T
 from vlp.config import DataConfig
 from vlp.data.formats import load_pairs
 from vlp.data.helper_cache import HelperCache
-from vlp.data.shards import SIZES_FILE, ShardLoader, ShardStream, iter_shard, write_shards
+from vlp.data.shard_writer import write_shards
+from vlp.data.shards import SIZES_FILE, ShardLoader, ShardStream, iter_shard
 from vlp.data.synthetic import generate_world
 from vlp.data.targets import LatentTargets, caption_key
 from vlp.errors import ConfigError, DataError

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import random
+from functools import partial
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch.utils.data import DataLoader
@@ -18,6 +19,20 @@ from vlp.data.transforms import test_transform
 from vlp.pretrained import image_size, load_model
 from vlp.runs.common import build_regulator, check_images
 from vlp.weights import find_checkpoint, read_state
+
+
+def _srcl_weights(model: Any, regulator: Any, batch: dict, device: torch.device, step: int, a: float) -> tuple:
+    """The regulator's weights of one batch (in-batch negatives) and the positives mask [B, B]."""
+    batch = {k: v.to(device) for k, v in batch.items()}
+    img = model.encode_image(batch["images"]).feat
+    txt = model.encode_text(batch["input_ids"], batch["attention_mask"]).feat
+    img_m = model.encode_image(batch["images"], momentum=True).feat
+    txt_m = model.encode_text(batch["input_ids"], batch["attention_mask"], momentum=True).feat
+    ids = batch["image_ids"]
+    pos = torch.eye(len(ids), dtype=torch.bool, device=device)
+    same = ids[:, None] == ids[None, :]
+    helper = regulator.helper_features(batch, 0) if a > 0 else None
+    return regulator.regulate(img @ txt_m.T, txt @ img_m.T, pos, same, helper, step, alpha_h=a), pos
 
 
 @torch.no_grad()
@@ -53,17 +68,7 @@ def run_srcl_weight_plots(
     collate = Collator(tokenizer, cfg.model.text.max_len, cfg.data.text_padding)
 
     def weights(batch: dict) -> tuple:
-        batch = {k: v.to(device) for k, v in batch.items()}
-        img = model.encode_image(batch["images"]).feat
-        txt = model.encode_text(batch["input_ids"], batch["attention_mask"]).feat
-        img_m = model.encode_image(batch["images"], momentum=True).feat
-        txt_m = model.encode_text(batch["input_ids"], batch["attention_mask"], momentum=True).feat
-        ids = batch["image_ids"]
-        pos = torch.eye(len(ids), dtype=torch.bool, device=device)
-        same = ids[:, None] == ids[None, :]
-        helper = regulator.helper_features(batch, 0) if a > 0 else None
-        r = regulator.regulate(img @ txt_m.T, txt @ img_m.T, pos, same, helper, step, alpha_h=a)
-        return r, pos
+        return _srcl_weights(model, regulator, batch, device, step, a)
 
     out = Path(out) if out is not None else Path(run) / "srcl_plots"
     out.mkdir(parents=True, exist_ok=True)
@@ -104,6 +109,32 @@ def run_srcl_weight_plots(
     return {"heatmap": heat, "histogram": hist}
 
 
+def _cocos_pass(
+    model: Any, loader: DataLoader, n: int, stats_of: Callable[..., dict], bar: Any
+) -> tuple[dict[str, list[float]], dict[str, list[torch.Tensor]]]:
+    """COCOS statistics of the first ``n`` batches, both directions: every statistic per batch
+    (``"i2t_<name>"`` -> values) and the per-query counts (``"i2t"``/``"t2i"`` -> [queries] per batch)."""
+    device = next(model.parameters()).device
+    per_batch: dict[str, list[float]] = {}
+    counts: dict[str, list[torch.Tensor]] = {"i2t": [], "t2i": []}
+    random.seed(0)  # the caption drawn per image
+    for k, batch in enumerate(loader):
+        if k == n:
+            break
+        batch = {key: v.to(device) for key, v in batch.items()}
+        img = model.encode_image(batch["images"]).feat
+        txt = model.encode_text(batch["input_ids"], batch["attention_mask"]).feat
+        txt_ids = batch.get("text_image_ids", batch["image_ids"])
+        pos = batch["image_ids"][:, None] == txt_ids[None, :]
+        for direction, sim, p in (("i2t", img @ txt.T, pos), ("t2i", txt @ img.T, pos.T)):
+            stats = stats_of(sim, p)
+            counts[direction].append(stats.pop("counts").float().cpu())
+            for key, v in stats.items():
+                per_batch.setdefault(f"{direction}_{key}", []).append(float(v))
+        bar.update(1)
+    return per_batch, counts
+
+
 @torch.no_grad()
 def run_cocos(
     checkpoint: str | Path,
@@ -142,26 +173,15 @@ def run_cocos(
         collate_fn=Collator(tokenizer, cfg.model.text.max_len, cfg.data.text_padding),
         generator=torch.Generator().manual_seed(0),
     )
-    device = next(model.parameters()).device
     n = len(loader) if batches is None else min(batches, len(loader))
-    per_batch: dict[str, list[float]] = {}
-    counts: dict[str, list[torch.Tensor]] = {"i2t": [], "t2i": []}
     bar = progress(n, f"cocos {loss}", show_progress)
-    random.seed(0)  # the caption drawn per image
-    for k, batch in enumerate(loader):
-        if k == n:
-            break
-        batch = {key: v.to(device) for key, v in batch.items()}
-        img = model.encode_image(batch["images"]).feat
-        txt = model.encode_text(batch["input_ids"], batch["attention_mask"]).feat
-        txt_ids = batch.get("text_image_ids", batch["image_ids"])
-        pos = batch["image_ids"][:, None] == txt_ids[None, :]
-        for direction, sim, p in (("i2t", img @ txt.T, pos), ("t2i", txt @ img.T, pos.T)):
-            stats = cocos(loss, sim, p, tau=tau, margin=c.margin, smoothap_tau=c.smoothap_tau, threshold=threshold)
-            counts[direction].append(stats.pop("counts").float().cpu())
-            for key, v in stats.items():
-                per_batch.setdefault(f"{direction}_{key}", []).append(float(v))
-        bar.update(1)
+    per_batch, counts = _cocos_pass(
+        model,
+        loader,
+        n,
+        partial(cocos, loss, tau=tau, margin=c.margin, smoothap_tau=c.smoothap_tau, threshold=threshold),
+        bar,
+    )
     bar.close()
     summary = {
         key: {"mean": float(torch.tensor(v).nanmean()), "std": float(torch.tensor(v).std()) if len(v) > 1 else 0.0}

@@ -207,6 +207,12 @@ def log_step(
     return record
 
 
+def open_log(run_dir: Path, cfg: TrainConfig, main_process: bool, state: Optional[dict[str, Any]]) -> MetricsLog:
+    """``run_dir/metrics.jsonl`` with the sinks of ``train.loggers`` (TensorBoard, W&B) behind it."""
+    sinks = open_loggers(cfg.loggers, run_dir, main_process, cfg.wandb_project, (state or {}).get("config"))
+    return MetricsLog(run_dir / "metrics.jsonl", sinks)
+
+
 def train(
     task: nn.Module,
     loader: Iterable,
@@ -229,15 +235,10 @@ def train(
     prep = prepare_training(acc, task, loader, cfg)
     check_shared_filesystem(run_dir, acc.device)  # every rank must see run_dir (checkpoints)
     task, optimizer, inner, params = prep.task, prep.optimizer, prep.inner, prep.params
-    log = MetricsLog(
-        run_dir / "metrics.jsonl",
-        open_loggers(cfg.loggers, run_dir, acc.is_main_process, cfg.wandb_project, (state or {}).get("config")),
-    )  # + TensorBoard / W&B
+    log = open_log(run_dir, cfg, acc.is_main_process, state)  # metrics.jsonl + TensorBoard / W&B
     averager = snapshot_averager(inner, prep.loader, cfg)
     ckpt = Checkpointer(acc, cfg, run_dir, prep, (checkpoint_module or (lambda t: t.model))(inner), state, averager)
-    validate = (
-        Validator(validation, acc, task, inner, cfg.steps, run_dir, log, ckpt) if validation is not None else None
-    )
+    validate = Validator(validation, acc, task, inner, cfg.steps, run_dir, log, ckpt) if validation else None
     start = ckpt.resume(log) if cfg.resume else 0
     rep = Reporter(acc, cfg, log, start)
     batches = endless_batches(prep.loader, start * micro)
@@ -271,9 +272,8 @@ def train(
                 m.end_step(skipped)
             if averager is not None:
                 averager.after_step(done)
-            rep.add_step(
-                done, outs, norm, skipped, micro, micro * pairs * acc.num_processes
-            )  # pairs: the last micro-batch's
+            # pairs: the last micro-batch's size, times the micro-steps and the processes
+            rep.add_step(done, outs, norm, skipped, micro, micro * pairs * acc.num_processes)
             # log: one read of the device per window; several processes agree on a stop signal here
             is_log_step = done % cfg.log_every == 0 or done == cfg.steps
             stopping = stop_agreed(stop, is_log_step, acc.num_processes, acc.device)

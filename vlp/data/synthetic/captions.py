@@ -12,7 +12,14 @@ import random
 from dataclasses import asdict
 from typing import Any
 
-from vlp.data.synthetic.phrases import NUMBER_WORDS, noun_phrase, parse_article_phrase, parse_noun_phrase, with_article
+from vlp.data.synthetic.phrases import (
+    NUMBER_WORDS,
+    attribute_sets,
+    noun_phrase,
+    parse_article_phrase,
+    parse_noun_phrase,
+    with_article,
+)
 from vlp.data.synthetic.predicates import (
     RELATIONS,
     CountPred,
@@ -109,33 +116,22 @@ def parse_caption(text: str) -> dict[str, Any]:
 
 # object captions: 1-3 of the 4 attributes, always shape or colour.  (All 4
 # would collide with the text of a one-object scene caption.)
-_OBJECT_SUBSETS: tuple[frozenset[str], ...] = tuple(
-    frozenset(s)
-    for s in (
-        {"color"},
-        {"shape"},
-        {"size", "color"},
-        {"size", "shape"},
-        {"color", "shape"},
-        {"color", "pos"},
-        {"shape", "pos"},
-        {"size", "color", "shape"},
-        {"size", "color", "pos"},
-        {"size", "shape", "pos"},
-        {"color", "shape", "pos"},
-    )
+_OBJECT_SUBSETS: tuple[frozenset[str], ...] = attribute_sets(
+    "color",
+    "shape",
+    "size color",
+    "size shape",
+    "color shape",
+    "color pos",
+    "shape pos",
+    "size color shape",
+    "size color pos",
+    "size shape pos",
+    "color shape pos",
 )
 # relation descriptions: non-empty subsets of {size, colour, shape} with shape or colour
-_RELATION_SUBSETS: tuple[frozenset[str], ...] = tuple(
-    frozenset(s)
-    for s in (
-        {"color"},
-        {"shape"},
-        {"size", "color"},
-        {"size", "shape"},
-        {"color", "shape"},
-        {"size", "color", "shape"},
-    )
+_RELATION_SUBSETS: tuple[frozenset[str], ...] = attribute_sets(
+    "color", "shape", "size color", "size shape", "color shape", "size color shape"
 )
 # count descriptions: any subset of {size, colour, shape} (empty = "shapes")
 _COUNT_SUBSETS: tuple[frozenset[str], ...] = (frozenset(),) + _RELATION_SUBSETS + (frozenset({"size"}),)

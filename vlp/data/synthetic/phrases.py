@@ -86,3 +86,9 @@ def parse_article_phrase(tokens: Sequence[str], nouns: tuple[str, ...] = ("shape
     if not tokens or tokens[0] not in ("a", "an"):
         raise ValueError(f"expected an article in {' '.join(tokens)!r}")
     return parse_noun_phrase(tokens[1:], plural=False, nouns=nouns)
+
+
+def attribute_sets(*specs: str) -> tuple[frozenset[str], ...]:
+    """Attribute subsets written as space-separated names, in order: ``attribute_sets("color",
+    "size shape")`` -> ``(frozenset({"color"}), frozenset({"size", "shape"}))``; ``""`` is the empty set."""
+    return tuple(frozenset(spec.split()) for spec in specs)

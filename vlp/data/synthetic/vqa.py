@@ -19,7 +19,14 @@ import random
 from collections import Counter
 from typing import Any, Sequence
 
-from vlp.data.synthetic.phrases import CELL_PHRASES, noun_phrase, parse_article_phrase, parse_noun_phrase, with_article
+from vlp.data.synthetic.phrases import (
+    CELL_PHRASES,
+    attribute_sets,
+    noun_phrase,
+    parse_article_phrase,
+    parse_noun_phrase,
+    with_article,
+)
 from vlp.data.synthetic.scene import (
     COLORS,
     MAX_OBJECTS,
@@ -78,31 +85,11 @@ _REFER_FROM: dict[str, tuple[str, ...]] = {
     "shape": ("size", "color", "pos"),
     "position": ("size", "color", "shape"),
 }
-_YESNO_SUBSETS: tuple[frozenset[str], ...] = tuple(
-    frozenset(s)
-    for s in (
-        {"color"},
-        {"shape"},
-        {"size", "color"},
-        {"size", "shape"},
-        {"color", "shape"},
-        {"size", "color", "shape"},
-        {"color", "pos"},
-        {"shape", "pos"},
-    )
+_YESNO_SUBSETS: tuple[frozenset[str], ...] = attribute_sets(
+    "color", "shape", "size color", "size shape", "color shape", "size color shape", "color pos", "shape pos"
 )
-_COUNT_SUBSETS: tuple[frozenset[str], ...] = tuple(
-    frozenset(s)
-    for s in (
-        set(),
-        {"size"},
-        {"color"},
-        {"shape"},
-        {"size", "color"},
-        {"size", "shape"},
-        {"color", "shape"},
-        {"size", "color", "shape"},
-    )
+_COUNT_SUBSETS: tuple[frozenset[str], ...] = attribute_sets(
+    "", "size", "color", "shape", "size color", "size shape", "color shape", "size color shape"
 )
 #: share of count questions about a random description (often answered "0")
 RANDOM_COUNT_SHARE = 0.25
