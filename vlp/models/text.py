@@ -243,6 +243,17 @@ def select_kv(kv: ImageKV, index: torch.Tensor) -> ImageKV:
     return [(k.index_select(0, index), v.index_select(0, index)) for k, v in kv]
 
 
+#: BertConfig key <- text preset key (vlp's TextConfig names)
+BERT_KEYS = {
+    "hidden_size": "hidden",
+    "num_hidden_layers": "layers",
+    "num_attention_heads": "heads",
+    "intermediate_size": "intermediate",
+    "hidden_dropout_prob": "dropout",
+    "attention_probs_dropout_prob": "dropout",
+}
+
+
 def build_text(cfg: TextConfig, image_width: int) -> tuple[BertModel, FusionEncoder]:
     """Text tower (HF ``BertModel``, no pooler) + fusion encoder, initialised per ``cfg.init``.
 
@@ -250,26 +261,10 @@ def build_text(cfg: TextConfig, image_width: int) -> tuple[BertModel, FusionEnco
     ``layers..layers+fusion_layers-1`` fill the fusion block (whose cross-attention is new).
     """
     r = resolved(cfg, TEXT_PRESETS)
-    bert_cfg = BertConfig(
-        vocab_size=30522,
-        hidden_size=r["hidden"],
-        num_hidden_layers=r["layers"],
-        num_attention_heads=r["heads"],
-        intermediate_size=r["intermediate"],
-        hidden_dropout_prob=r["dropout"],
-        attention_probs_dropout_prob=r["dropout"],
-        max_position_embeddings=512,
-    )
+    bert_cfg = BertConfig(vocab_size=30522, max_position_embeddings=512, **{k: r[v] for k, v in BERT_KEYS.items()})
     text = BertModel(bert_cfg, add_pooling_layer=False)
-    fusion = FusionEncoder(
-        r["hidden"],
-        r["fusion_layers"],
-        r["heads"],
-        r["intermediate"],
-        image_width,
-        r["dropout"],
-        bert_cfg.layer_norm_eps,
-    )
+    width, heads, ffn, dropout = r["hidden"], r["heads"], r["intermediate"], r["dropout"]
+    fusion = FusionEncoder(width, r["fusion_layers"], heads, ffn, image_width, dropout, bert_cfg.layer_norm_eps)
     if r["init"] and r["init"] != "random":
         init_from_bert(text, fusion, resolve_source(r["init"]), r["layers"])
     return text, fusion
