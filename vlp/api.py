@@ -42,7 +42,8 @@ from vlp.data.images import MIN_SIDE, open_image, to_rgb, upscale_tiny
 from vlp.data.transforms import test_transform, tokenize
 from vlp.errors import CheckpointError
 from vlp.eval.mode import evaluating
-from vlp.models.build import build_task_model, model_image_size
+from vlp.hardware import default_device
+from vlp.models.build import build_task_model, model_image_size, without_init_sources
 from vlp.version import __version__
 from vlp.weights import load_weights_file, weights_to_save
 
@@ -91,7 +92,7 @@ def build_inference_model(kind: str, model: ModelConfig, vocab_size: int) -> nn.
     """The model of a checkpoint kind (:func:`vlp.models.build.build_task_model`) with every
     initialisation source off (the weights come from the file) and an empty feature queue."""
     cfg = copy.deepcopy(model)
-    cfg.text.init, cfg.vision.pretrained, cfg.dual.image_pretrained = "random", None, None
+    without_init_sources(cfg)
     cfg.queue_size = 0
     return build_task_model(kind, cfg, vocab_size)
 
@@ -109,10 +110,6 @@ def load_inference_weights(model: nn.Module, path: Path) -> None:
     twin = getattr(model, "momentum", None)
     if twin is not None:
         twin.copy_from_online()
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _inference(method):

@@ -8,6 +8,8 @@ import sys
 import warnings
 from pathlib import Path
 
+import torch
+
 
 def native_bf16(cpuinfo: str, machine: str) -> bool:
     """Whether a CPU with this ``/proc/cpuinfo`` text and ``platform.machine()`` computes bf16
@@ -45,3 +47,8 @@ def warn_if_bf16_is_emulated(setting: str) -> bool:
         stacklevel=3,
     )
     return True
+
+
+def default_device() -> torch.device:
+    """The device inference and evaluation commands use when none is given: CUDA if available."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -15,12 +15,9 @@ import torch
 
 from vlp.config import ModelConfig, PretrainConfig, from_dict
 from vlp.data.transforms import load_tokenizer
-from vlp.models.build import build_task_model, model_image_size
+from vlp.hardware import default_device
+from vlp.models.build import build_task_model, model_image_size, without_init_sources
 from vlp.weights import find_checkpoint, load_weights, read_state
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def image_size(cfg: PretrainConfig) -> int:
@@ -51,9 +48,7 @@ def load_model(checkpoint: str | Path, device: Optional[torch.device] = None):
         cfg.data.image = ft.data.image
     else:
         cfg = from_dict(PretrainConfig, state["config"])
-    cfg.model.text.init = "random"  # the checkpoint holds every weight: skip initial-weight loading
-    cfg.model.vision.pretrained = None
-    cfg.model.dual.image_pretrained = None
+    without_init_sources(cfg.model)  # the checkpoint holds every weight: skip initial-weight loading
     tokenizer = load_tokenizer(cfg.model.text)
     model = build_task_model(kind, cfg.model, len(tokenizer))
     load_weights(model, ckpt)

@@ -13,6 +13,11 @@ def model_image_size(model: ModelConfig) -> int:
     return model.dual.img_size if model.arch == "dual" else resolved(model.vision, VISION_PRESETS)["img_size"]
 
 
+def without_init_sources(model: ModelConfig) -> None:
+    """Turn every initialisation source of ``model`` off (in place): the weights come from a file."""
+    model.text.init, model.vision.pretrained, model.dual.image_pretrained = "random", None, None
+
+
 def build_task_model(kind: str, model: ModelConfig, vocab_size: int) -> nn.Module:
     """The model of a checkpoint kind (``state.json`` "task"): pretraining / helper ALBEF or dual
     encoder, retrieval ALBEF (no MLM head), VQA (answer decoder), NLVR2 / NLVR TA (doubled fusion)."""

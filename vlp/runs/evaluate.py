@@ -16,7 +16,8 @@ from vlp.data.transforms import test_transform
 from vlp.dist import barrier, is_dist, rank, world_size
 from vlp.errors import CheckpointError, DataError
 from vlp.eval.retrieval import RetrievalResult, check_k_test, embed, evaluate_retrieval
-from vlp.pretrained import default_device, image_size, load_model
+from vlp.hardware import default_device
+from vlp.pretrained import image_size, load_model
 from vlp.weights import find_checkpoint, read_state
 
 # Zero-shot protocols (docs/evaluation.md): which checkpoint kind each takes and the eval settings.

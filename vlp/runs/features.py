@@ -13,7 +13,8 @@ from vlp.data.formats import load_pairs
 from vlp.data.helper_cache import write_cache
 from vlp.data.transforms import test_transform
 from vlp.errors import DataError
-from vlp.pretrained import default_device, image_size, load_model
+from vlp.hardware import default_device
+from vlp.pretrained import image_size, load_model
 from vlp.runs.common import check_images
 from vlp.weights import find_checkpoint, read_state
 
