@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from vlp.config.data import DataConfig
 from vlp.config.load import _reject
@@ -14,6 +15,11 @@ from vlp.config.train import EvalConfig, TrainConfig
 @dataclass
 class PretrainConfig:
     output_dir: str = "runs/pretrain"
+    # Start from the weights of an earlier vlp checkpoint (folder or run directory) instead of the
+    # model's initialisation: a warmed-up model that later runs continue with other settings (a
+    # queue, another loss). Queues of another size start empty, the momentum twin is copied from the
+    # loaded online weights when the checkpoint has none; optimizer and step start fresh (unlike resume).
+    init_from: Optional[str] = None
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     loss: LossConfig = field(default_factory=LossConfig)

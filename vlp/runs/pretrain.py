@@ -16,11 +16,12 @@ from vlp.data.helper_cache import HelperCache
 from vlp.data.targets import LatentTargets
 from vlp.data.transforms import PixelNorm, load_tokenizer, train_transform
 from vlp.dist import launch_rank
-from vlp.errors import ConfigError, DataError
+from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.eval.retrieval import check_k_test
 from vlp.models.albef import ALBEF, param_count
 from vlp.models.build import build_task_model
 from vlp.models.dual import DualEncoder
+from vlp.models.transfer import load_pretrained
 from vlp.models.vision import check_vision_init, write_init_report
 from vlp.pretrained import image_size
 from vlp.runs.common import (
@@ -37,6 +38,7 @@ from vlp.runs.evaluate import run_evaluate_retrieval
 from vlp.tasks.dual import DualTask
 from vlp.tasks.pretrain import PretrainTask
 from vlp.tasks.regulation import SRCLRegulator
+from vlp.weights import find_checkpoint
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int) -> Union[ALBEF, DualEncoder]:
@@ -86,6 +88,8 @@ def build_pretraining(cfg: PretrainConfig) -> Job:
     targets = load_targets(cfg)
     loader, pairs, images = build_train_loader(cfg, tokenizer, cache, targets)  # data errors before the model
     model = build_model(cfg, len(tokenizer))
+    if cfg.init_from:
+        init_weights(model, cfg.init_from)
     task = build_task(cfg, model, tokenizer, regulator, targets)
     return Job(
         "pretrain",
@@ -98,6 +102,19 @@ def build_pretraining(cfg: PretrainConfig) -> Job:
         items=pairs,
         images=images,
         micro_batch=cfg.data.batch_size,
+    )
+
+
+def init_weights(model: torch.nn.Module, source: str) -> None:
+    """``init_from``: load the newest checkpoint of ``source`` into ``model`` (:func:`load_pretrained`)."""
+    try:
+        ckpt = find_checkpoint(source)
+    except CheckpointError as e:
+        raise CheckpointError(f"config key 'init_from': {e}") from None
+    report = load_pretrained(model, ckpt)
+    print(
+        f"init_from {ckpt}: {len(report['new'])} keys left new, {len(report['dropped'])} dropped"
+        + (", momentum twin copied from the online weights" if report["momentum_copied"] else "")
     )
 
 

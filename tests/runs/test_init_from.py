@@ -1,0 +1,79 @@
+"""``init_from``: pretraining that starts from an earlier vlp checkpoint (a warmed-up model)."""
+
+import pytest
+import torch
+
+from vlp.config import PretrainConfig, load_config
+from vlp.data.synthetic import generate_world
+from vlp.errors import CheckpointError
+from vlp.runs.pretrain import build_pretraining, run_pretrain
+from vlp.weights import find_checkpoint
+
+TINY = [
+    "model.vision.depth=1",
+    "model.vision.img_size=32",
+    "model.text.layers=1",
+    "model.text.fusion_layers=1",
+    "data.batch_size=8",
+    "data.num_workers=0",
+    "train.steps=3",
+    "train.warmup_steps=1",
+    "train.progress=false",
+]
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    world = generate_world(tmp_path_factory.mktemp("w"), seed=1, n_train=24, n_val=4, n_test=8, progress=False)
+    out = tmp_path_factory.mktemp("warm") / "run"
+    cfg = load_config(
+        PretrainConfig,
+        "configs/pretrain/shapes_tiny.yaml",
+        [f"output_dir={out}", f"data.train=[{world['pretrain']}]", "model.queue_size=0", *TINY],
+    )
+    run_pretrain(cfg)
+    return world, out
+
+
+def _cfg(world, out, *extra):
+    return load_config(
+        PretrainConfig,
+        "configs/pretrain/shapes_tiny.yaml",
+        [f"output_dir={out}", f"data.train=[{world['pretrain']}]", *TINY, *extra],
+    )
+
+
+def test_init_from_loads_every_weight_twin_included(warm, tmp_path):
+    world, run = warm
+    # a queue of 16 where the warm-up run had none: the queue starts empty, everything else loads
+    job = build_pretraining(_cfg(world, tmp_path / "b", f"init_from={run}", "model.queue_size=16"))
+    from safetensors.torch import load_file
+
+    saved = load_file(str(find_checkpoint(run) / "model.safetensors"))
+    own = job.model.state_dict()
+    compared = 0
+    for k, v in saved.items():
+        if k.startswith("queue.") or k not in own:
+            continue
+        torch.testing.assert_close(own[k], v, rtol=0, atol=0)
+        compared += 1
+    assert compared > 20
+    # the momentum twin continues as saved (it lags the online weights)
+    assert "momentum.twin.vision_proj.weight" in saved
+    assert not torch.equal(saved["momentum.twin.vision_proj.weight"], saved["vision_proj.weight"])
+    assert (own["queue.ids"] == -100).all()
+
+
+def test_without_init_from_the_weights_are_fresh(warm, tmp_path):
+    world, run = warm
+    job = build_pretraining(_cfg(world, tmp_path / "c"))
+    from safetensors.torch import load_file
+
+    saved = load_file(str(find_checkpoint(run) / "model.safetensors"))
+    assert not torch.equal(job.model.state_dict()["vision_proj.weight"], saved["vision_proj.weight"])
+
+
+def test_init_from_a_missing_checkpoint_is_one_clear_error(warm, tmp_path):
+    world, _ = warm
+    with pytest.raises(CheckpointError, match="init_from.*nowhere"):
+        build_pretraining(_cfg(world, tmp_path / "d", f"init_from={tmp_path / 'nowhere'}"))
