@@ -68,9 +68,16 @@ def _nlvr_ta(a: argparse.Namespace) -> None:
 
 
 def _cache_helper(a: argparse.Namespace) -> None:
-    from vlp.runs.features import run_cache_helper_features
+    from vlp.runs.features import run_cache_helper_features, run_cache_oracle_features
 
-    _wrote(run_cache_helper_features(a.helper, a.data, a.out, a.image_root, a.batch_size, a.num_workers))
+    if (a.helper is None) == (a.oracle is None) or (a.oracle is not None) != (a.world is not None):
+        raise ConfigError(
+            "vlp cache-helper-features: give --helper CHECKPOINT, or --oracle exact|graded with --world ROOT"
+        )
+    if a.oracle is not None:
+        _wrote(run_cache_oracle_features(a.world, a.data, a.out, graded=a.oracle == "graded"))
+    else:
+        _wrote(run_cache_helper_features(a.helper, a.data, a.out, a.image_root, a.batch_size, a.num_workers))
 
 
 def _make_targets(a: argparse.Namespace) -> None:
@@ -91,6 +98,7 @@ def _evaluate_retrieval(a: argparse.Namespace) -> None:
         a.overrides,
         graded_relevance=a.graded_relevance,
         preset=a.preset,
+        caption_groups=a.caption_groups,
     )
     if rank() == 0:  # launched as several processes (docs/evaluation.md): every rank has the same metrics
         print_metrics(res.metrics)
@@ -116,11 +124,22 @@ def _make_world(a: argparse.Namespace) -> None:
         n_test=a.test_images,
         image_size=a.image_size,
         nlvr_templates=templates,
+        n_helper=a.helper_images,
     )
     for share in a.generic_share or []:
         from vlp.data.synthetic import write_generic_mix
 
         paths[f"generic_{share:g}"] = write_generic_mix(a.out, share, a.seed)
+    for spec in a.caption_kinds or []:
+        from vlp.data.synthetic import write_caption_mix
+
+        try:
+            mix = write_caption_mix(a.out, [k.strip() for k in spec.split(",") if k.strip()], a.seed)
+        except ValueError as e:
+            raise ConfigError(f"--caption-kinds {spec!r}: {e}") from None
+        paths["kinds_" + "+".join(mix.kinds)] = mix.path
+        if mix.dropped:
+            print(f"caption kinds {spec}: {len(mix.dropped)} images without such a caption left out")
     for k, p in paths.items():
         print(f"{k:22s} {p}")
 
@@ -187,10 +206,86 @@ def _make_shards(a: argparse.Namespace) -> None:
 def _cocos(a: argparse.Namespace) -> None:
     from vlp.runs.analyze import run_cocos
 
-    rec = run_cocos(a.checkpoint, a.data, a.loss, a.out, a.threshold, a.batches, a.overrides)
+    rec = run_cocos(
+        a.checkpoint, a.data, a.loss, a.out, a.threshold, a.batches, a.overrides, smoothap_inv_tau=a.smoothap_inv_tau
+    )
     for k, v in rec["stats"].items():
         print(f"  {k:24s} {v['mean']:10.3f} +- {v['std']:.3f}")
     print(f"wrote {Path(a.out) / 'cocos.json'} and cocos.png")
+
+
+def _helper_diagnostics(a: argparse.Namespace) -> None:
+    from vlp.runs.diagnostics import run_helper_diagnostics
+
+    r = run_helper_diagnostics(
+        a.cache, a.world, a.data, a.out, a.batch_size, a.queue, a.batches, a.target_weight, a.delta, a.seed, a.tau_w
+    )
+    share, auc = r["false_negative_share"], r["helper_auc"]
+    print(f"{r['kind']} helper on {r['data']}: batch {r['batch_size']}, queue {r['queue_size']}")
+    print(
+        f"  true false negatives  {100 * share['in_batch']:.1f}% of in-batch negatives, {100 * share['with_queue']:.1f}% with the queue"
+    )
+    print(f"  helper ROC-AUC        {auc['in_batch']} in batch, {auc['with_queue']} with the queue")
+    for name, w in r["weights"].items():
+        fn, tn = w["false_negatives"], w["true_negatives"]
+        print(
+            f"  delta {name:14s} {w['delta']:9.4g}: false negatives median {fn['median']:.3f} (mean {fn['mean']:.3f}), "
+            f"true negatives median {tn['median']:.3f}; {100 * w['all_negatives']['below_0_7']:.1f}% of negatives below 0.7"
+        )
+    if "delta_error" in r:
+        print(f"  delta by target weight: {r['delta_error']}")
+    _wrote(Path(a.out) / "helper_diagnostics.json")
+
+
+def _false_negatives(a: argparse.Namespace) -> None:
+    from vlp.data.synthetic import false_negative_share
+
+    rows = []
+    for q in a.queue:
+        try:
+            r = false_negative_share(a.data, a.world, a.batch_size, q, a.batches, a.seed)
+        except ValueError as e:
+            raise DataError(str(e)) from None
+        rows.append(r)
+        print(
+            f"batch {a.batch_size:4d} queue {q:6d}: {100 * r['in_batch_share']:5.1f}% of in-batch negatives are false "
+            f"({r['in_batch_per_anchor']:.1f} per anchor); with the queue i2t {100 * r['i2t_share']:.1f}% / t2i "
+            f"{100 * r['t2i_share']:.1f}% ({r['i2t_per_anchor']:.1f} / {r['t2i_per_anchor']:.1f} per anchor)"
+        )
+    if a.out:
+        write_json_atomic(Path(a.out), rows, indent=1)
+        _wrote(a.out)
+
+
+def _probes(a: argparse.Namespace) -> None:
+    from vlp.runs.probes import run_probes
+
+    r = run_probes(a.checkpoint, a.world, a.out, a.split, seed=a.seed)
+    for name, v in r["attributes"].items():
+        if "accuracy" in v:
+            print(
+                f"  {name:10s} probe accuracy {100 * v['accuracy']:5.1f}%  (majority class {100 * v['majority']:5.1f}%)"
+            )
+        else:
+            print(f"  {name:10s} {v.get('skipped', 'not probed')}")
+    _wrote(Path(a.out) / "probes.json")
+
+
+def _minimal_pairs(a: argparse.Namespace) -> None:
+    from vlp.runs.probes import run_minimal_pairs
+
+    r = run_minimal_pairs(a.checkpoint, a.world, a.out, a.captions, a.per_attribute, a.split, seed=a.seed)
+    for name, v in r["attributes"].items():
+        if "accuracy" in v:
+            print(f"  {name:10s} minimal-pair accuracy {100 * v['accuracy']:5.1f}%  ({v['n_pairs']} pairs; chance 50%)")
+    _wrote(Path(a.out) / "minimal_pairs.json")
+
+
+def _ltd_floor(a: argparse.Namespace) -> None:
+    from vlp.runs.probes import FLOOR_ATTRIBUTES, run_ltd_floor
+
+    run_ltd_floor(a.targets, a.data, a.out, a.attributes or FLOOR_ATTRIBUTES)
+    _wrote(Path(a.out) / "ltd_floor.json")
 
 
 def _convert_albef(a: argparse.Namespace) -> None:
@@ -318,7 +413,13 @@ def _add_training(sub: Any) -> None:
 def _add_features(sub: Any) -> None:
     """``vlp cache-helper-features`` (SRCL) and ``make-targets`` (LTD)."""
     s = sub.add_parser("cache-helper-features", help="compute the SRCL helper's features of a dataset once")
-    s.add_argument("--helper", required=True, help="helper checkpoint folder or run directory")
+    s.add_argument("--helper", help="helper checkpoint folder or run directory")
+    s.add_argument(
+        "--oracle",
+        choices=["exact", "graded"],
+        help="instead of a helper: the shapes world's ground-truth relevance as the helper similarity (needs --world)",
+    )
+    s.add_argument("--world", help="with --oracle: the shapes world (vlp make-world) the data files belong to")
     s.add_argument("--data", required=True, nargs="+", help="pretraining annotation file(s)")
     s.add_argument("--out", required=True, help="cache folder to create (loss.srcl.helper_features)")
     s.add_argument("--image-root", help="folder for relative image paths (default: each file's folder)")
@@ -386,7 +487,7 @@ def _add_data_tools(sub: Any) -> None:
 
 
 def _add_analyze(sub: Any) -> None:
-    """``vlp analyze cocos``."""
+    """``vlp analyze cocos|helper|false-negatives|probes|minimal-pairs|ltd-floor``."""
     s = sub.add_parser("analyze", help="analyses of a trained model")
     an = s.add_subparsers(dest="what", required=True)
     c = an.add_parser("cocos", help="count candidates contributing to each query's gradient (COCOS)")
@@ -397,9 +498,69 @@ def _add_analyze(sub: Any) -> None:
     c.add_argument("--threshold", type=float, default=0.01, help="weight threshold for infonce and smoothap")
     c.add_argument("--batches", type=int, help="stop after this many batches (default: one pass)")
     c.add_argument(
+        "--smoothap-inv-tau",
+        action="store_true",
+        help="smoothap: count the true gradient magnitude G(1-G)/tau/R^2 instead of ECIR's G(1-G)/R^2",
+    )
+    c.add_argument(
         "overrides", nargs="*", help="e.g. data.batch_size=128 data.captions_per_image=5 loss.contrastive.tau=0.1"
     )
     c.set_defaults(func=_cocos)
+
+    c = an.add_parser("helper", help="SRCL helper diagnostics on a shapes world: ROC-AUC, delta, weights of true FNs")
+    c.add_argument("--cache", required=True, help="helper feature cache (learned or oracle)")
+    c.add_argument("--world", required=True, help="the shapes world the data file belongs to")
+    c.add_argument("--data", required=True, help="pretraining annotation file the cache covers")
+    c.add_argument("--out", required=True, help="folder for helper_diagnostics.json and weight histograms")
+    c.add_argument("--batch-size", type=int, default=64)
+    c.add_argument("--queue", type=int, default=0, help="ITC queue size (negatives beyond the batch)")
+    c.add_argument("--batches", type=int, default=20)
+    c.add_argument("--target-weight", type=float, default=0.15, help="median false-negative weight delta aims at")
+    c.add_argument("--delta", type=float, help="also report the weights at this delta")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--tau-w", type=float, default=1.0, help="temperature inside s = exp(sim / tau_w)")
+    c.set_defaults(func=_helper_diagnostics)
+
+    c = an.add_parser("false-negatives", help="share of true false negatives among a training batch's negatives")
+    c.add_argument("--world", required=True, help="the shapes world the data file belongs to")
+    c.add_argument("--data", required=True, help="pretraining annotation file over the world's images")
+    c.add_argument("--batch-size", type=int, default=64)
+    c.add_argument("--queue", type=int, nargs="+", default=[0], help="queue sizes to measure")
+    c.add_argument("--batches", type=int, default=50)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", help="also write the measurements as JSON here")
+    c.set_defaults(func=_false_negatives)
+
+    c = an.add_parser("probes", help="LTD: linear attribute probes on frozen caption embeddings (shapes world)")
+    c.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory")
+    c.add_argument("--world", required=True, help="the shapes world whose held-out captions are probed")
+    c.add_argument("--out", required=True, help="folder for probes.json and probes.png")
+    c.add_argument("--split", default="test", choices=["val", "test"])
+    c.add_argument("--seed", type=int, default=0, help="seed of the probe-train / probe-test split")
+    c.set_defaults(func=_probes)
+
+    c = an.add_parser(
+        "minimal-pairs", help="LTD: does the caption score its image above one that differs in one attribute?"
+    )
+    c.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory")
+    c.add_argument("--world", required=True, help="the shapes world (its held-out scene captions)")
+    c.add_argument("--out", required=True, help="folder for minimal_pairs.json and minimal_pairs.png")
+    c.add_argument("--captions", type=int, default=200, help="scene captions (the first images of the split)")
+    c.add_argument("--per-attribute", type=int, default=2, help="distractors per caption and attribute")
+    c.add_argument("--split", default="test", choices=["val", "test"])
+    c.add_argument("--seed", type=int, default=0)
+    c.set_defaults(func=_minimal_pairs)
+
+    c = an.add_parser("ltd-floor", help="LTD: the lowest L_rec reachable when an attribute is suppressed")
+    c.add_argument("--targets", required=True, help="targets file (vlp make-targets)")
+    c.add_argument("--data", required=True, nargs="+", help="the annotation file(s) the targets serve")
+    c.add_argument("--out", required=True, help="folder for ltd_floor.json and ltd_floor.png")
+    c.add_argument(
+        "--attributes",
+        nargs="+",
+        help="attributes to hide, several joined by + (default: each attribute, size+cell+relation, caption)",
+    )
+    c.set_defaults(func=_ltd_floor)
 
 
 def _add_evaluate(sub: Any) -> None:
@@ -414,6 +575,11 @@ def _add_evaluate(sub: Any) -> None:
         "--graded-relevance", help="graded relevance .npy [texts, images] for the text->image nDCG (needs --relevance)"
     )
     r.add_argument("--image-root", help="folder for relative image paths (default: the JSON's folder)")
+    r.add_argument(
+        "--caption-groups",
+        help="caption groups JSON (a shapes world's caption_kinds_test.json): also the text->image metrics of "
+        "each group of query captions, keyed <metric>@<group>",
+    )
     r.add_argument("--out", required=True, help="output folder for metrics.json and plots")
     r.add_argument(
         "--preset",
@@ -449,6 +615,20 @@ def _add_make_world(sub: Any) -> None:
         type=float,
         action="append",
         help="also write pretrain_generic_<share>.json: this share of images captioned only generically (repeatable)",
+    )
+    s.add_argument(
+        "--caption-kinds",
+        action="append",
+        metavar="KINDS",
+        help="also write pretrain_kinds_<kinds>.json: every image keeps only its captions of these comma-separated "
+        "kinds (scene, object, relation, count), e.g. object,count (repeatable)",
+    )
+    s.add_argument(
+        "--helper-images",
+        type=int,
+        default=0,
+        help="also write helper_split.json: this many further images, disjoint from every split, with every "
+        "caption kind (an SRCL helper's training data)",
     )
     s.set_defaults(func=_make_world)
 

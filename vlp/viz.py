@@ -260,3 +260,39 @@ def plot_cocos(counts: dict[str, torch.Tensor], out: str | Path, title: str) -> 
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return Path(out)
+
+
+def plot_attribute_bars(
+    values: dict[str, float],
+    out: str | Path,
+    title: str,
+    ylabel: str,
+    reference: Optional[dict[str, float]] = None,
+    reference_label: str = "baseline",
+    line: Optional[float] = None,
+    line_label: str = "",
+) -> Path:
+    """One bar per attribute (``values``, e.g. probe accuracy), with a grey bar beside each from
+    ``reference`` (e.g. the majority-class baseline) and a dashed level ``line`` (e.g. chance 0.5);
+    the value is written above each bar (``vlp analyze probes | minimal-pairs | ltd-floor``)."""
+    names = list(values)
+    x = torch.arange(len(names), dtype=torch.float64).numpy()
+    width = 0.4 if reference else 0.6
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(names) + 1.5), 3.6))
+    bars = ax.bar(x - (width / 2 if reference else 0), [values[n] for n in names], width, label=ylabel)
+    ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    if reference:
+        ref = ax.bar(x + width / 2, [reference.get(n, 0.0) for n in names], width, color="0.7", label=reference_label)
+        ax.bar_label(ref, fmt="%.2f", fontsize=7)
+    if line is not None:
+        ax.axhline(line, color="k", ls="--", lw=1, label=line_label or None)
+    ax.set_xticks(x, names, rotation=20, fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    if reference or line_label:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return Path(out)

@@ -19,7 +19,8 @@ from vlp.config import PretrainConfig, load_config
 from vlp.data.synthetic import generate_world
 from vlp.eval.report import SeedResults, markdown_table, summarise
 from vlp.runs.evaluate import run_evaluate_retrieval
-from vlp.runs.pretrain import run_pretrain
+from vlp.runs.pretrain import run_pretrain, run_train_helper
+from vlp.weights import read_state, step_checkpoints
 
 
 def experiment_parser(
@@ -39,14 +40,38 @@ def experiment_parser(
     return p
 
 
-def prepare_world(out: Path, n_train: int, n_test: int) -> Path:
-    """``out/world``: a shapes world (seed 0, ``n_train`` / 50 / ``n_test`` images), written unless
-    an earlier run of the experiment left it there."""
+def prepare_world(out: Path, n_train: int, n_test: int, n_helper: int = 0) -> Path:
+    """``out/world``: a shapes world (seed 0, ``n_train`` / 50 / ``n_test`` images, and ``n_helper``
+    disjoint helper images), written unless an earlier run of the experiment left it there."""
     out.mkdir(parents=True, exist_ok=True)
     root = out / "world"
     if not (root / "scenes.json").exists():
-        generate_world(root, seed=0, n_train=n_train, n_val=50, n_test=n_test)
+        generate_world(root, seed=0, n_train=n_train, n_val=50, n_test=n_test, n_helper=n_helper)
     return root
+
+
+def train_once(
+    run_dir: Path, preset: str, data: Path, steps: int, overrides: Sequence[str] = (), helper: bool = False
+) -> Path:
+    """Pretrain ``preset`` on ``data`` for ``steps`` steps into ``run_dir`` unless its last
+    checkpoint is already at ``steps`` (an interrupted run resumes). ``helper``: ``vlp train-helper``
+    (plain InfoNCE). Returns the run directory."""
+    saved = step_checkpoints(run_dir)
+    if saved and read_state(saved[-1])["step"] >= steps:
+        return run_dir
+    cfg = load_config(
+        PretrainConfig,
+        preset,
+        [
+            f"output_dir={run_dir}",
+            f"data.train=[{data}]",
+            f"train.steps={steps}",
+            *overrides,
+            *(["train.resume=auto"] if saved else []),
+        ],
+    )
+    (run_train_helper if helper else run_pretrain)(cfg)
+    return run_dir
 
 
 @dataclass
@@ -63,8 +88,8 @@ class Sweep:
     steps: int
     #: (variant, seed) -> the run folder
     run_dir: Callable[[str, int], Path]
-    #: variant -> its config overrides, after output_dir, data.train, train.steps and train.seed
-    overrides: Callable[[str], list[str]]
+    #: (variant, seed) -> its config overrides, after output_dir, data.train, train.steps and train.seed
+    overrides: Callable[[str, int], list[str]]
     #: metrics -> what the progress line of a finished run shows of them
     summary: Callable[[dict[str, float]], str]
     #: width of the variant name in the progress line
@@ -75,6 +100,10 @@ class Sweep:
     timed: bool = False
     #: start of the experiment, for the elapsed time in the progress lines
     t0: float = field(default_factory=time.time)
+    #: also evaluate each group of query captions (``caption_kinds_test.json`` of the world)
+    caption_groups: bool = False
+    #: (variant, seed, run folder) -> further metrics of the trained run (probes, COCOS), recorded with the rest
+    after: Optional[Callable[[str, int, Path], dict[str, float]]] = None
 
     def run(self, seeds: Sequence[int], variants: Sequence[str]) -> None:
         for seed in seeds:
@@ -92,7 +121,7 @@ class Sweep:
                 f"data.train=[{self.data}]",
                 f"train.steps={self.steps}",
                 f"train.seed={seed}",
-                *self.overrides(name),
+                *self.overrides(name, seed),
             ],
         )
         t = time.time()
@@ -105,8 +134,12 @@ class Sweep:
             run_dir / "eval",
             graded_relevance=graded,
             show_progress=False,
+            caption_groups=self.root / "caption_kinds_test.json" if self.caption_groups else None,
         )
-        self.results.add(name, seed, {**res.metrics, "seconds": time.time() - t} if self.timed else res.metrics)
+        metrics = {**res.metrics, "seconds": time.time() - t} if self.timed else dict(res.metrics)
+        if self.after is not None:
+            metrics |= self.after(name, seed, run_dir)
+        self.results.add(name, seed, metrics)
         print(
             f"[{time.time() - self.t0:6.0f}s] {name:{self.name_width}s} seed {seed}: {self.summary(res.metrics)} "
             f"({time.time() - t:.0f}s)",
@@ -114,9 +147,13 @@ class Sweep:
         )
 
 
-def results_table(results: SeedResults, seeds: Sequence[int], metrics: Sequence[str]) -> str:
-    """The Markdown table of every variant's ``metrics``: mean ± std over the ``seeds`` it has."""
-    return markdown_table(summarise(results.data, seeds, metrics), metrics)
+def results_table(
+    results: SeedResults, seeds: Sequence[int], metrics: Sequence[str], label: Optional[Callable[[str], str]] = None
+) -> str:
+    """The Markdown table of every variant's ``metrics``: mean ± std over the ``seeds`` it has;
+    ``label`` names a variant's row (default: the variant)."""
+    summary = summarise(results.data, seeds, metrics)
+    return markdown_table({label(k) if label else k: v for k, v in summary.items()}, metrics)
 
 
 def write_report(path: Path, *paragraphs: str) -> str:

@@ -6,12 +6,14 @@ import torch
 from vlp.eval.metrics import (
     best_positive_rank,
     chance_recall,
+    grouped_text_metrics,
     map_at,
     ndcg_at,
     r_precision,
     rank_order,
     relevance_metrics,
     retrieval_metrics,
+    text_query_metrics,
 )
 
 
@@ -154,7 +156,10 @@ def test_relevance_metrics_new_keys_binary_and_graded():
         "img_ndcg25",
         "txt_map5",
         "txt_map10",
+        "txt_map5_ecir",
+        "txt_map10_ecir",
     }
+    assert m["txt_map10_ecir"] == pytest.approx(map_at(s_i2t, rel.T, 10, definition="ecir"))
     assert m["img_ndcg10"] == pytest.approx(ndcg_at(s_t2i, rel.float(), 10))  # binary gains from the lists
     assert m["txt_map5"] == pytest.approx(map_at(s_i2t, rel.T, 5))
     graded = rel.float() + 0.3 * (~rel).float()
@@ -189,3 +194,74 @@ def positives_mask_of(groups, n):
     from vlp.eval.metrics import positives_mask
 
     return positives_mask(groups, n).float()
+
+
+def test_map_ecir_definition_hand_worked():
+    # Candidates ranked in index order. Relevant: q0 at ranks 1, 3, 6 (R = 3); q1 at rank 2 (R = 1);
+    # q2 only at rank 6 (R = 1); q3 none (skipped by both definitions).
+    scores = torch.tensor([[0.9, 0.8, 0.7, 0.6, 0.5, 0.4]]).repeat(4, 1)
+    rel = torch.tensor(
+        [[1, 0, 1, 0, 0, 1], [0, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 0]], dtype=torch.bool
+    )
+    # k = 5. q0: hits at ranks 1, 3: sum P@r = 1 + 2/3 = 5/3; vlp / min(R, k) = 3 -> 5/9, ecir / H = 2 -> 5/6
+    #        q1: P@2 = 1/2 over 1 -> 1/2 both.  q2: no hit in the top 5 -> 0 both (ecir: H = 0 -> 0)
+    assert map_at(scores, rel, 5) == pytest.approx(100 * (5 / 9 + 1 / 2 + 0) / 3)  # 19/54
+    assert map_at(scores, rel, 5, definition="ecir") == pytest.approx(100 * (5 / 6 + 1 / 2 + 0) / 3)  # 4/9
+    # k = 2. q0: hit at rank 1 only: vlp 1 / min(3, 2) = 1/2, ecir 1 / 1 = 1; q1: 1/2 both; q2: 0 both
+    assert map_at(scores, rel, 2) == pytest.approx(100 / 3)
+    assert map_at(scores, rel, 2, definition="ecir") == pytest.approx(50.0)
+    # ties against the query hold for both: the tied negative ranks first -> P@2 = 1/2 over 1 hit
+    assert map_at(torch.zeros(1, 2), torch.tensor([[True, False]]), 5, definition="ecir") == pytest.approx(50.0)
+    with pytest.raises(ValueError, match="unknown mAP definition 'trec'"):
+        map_at(scores, rel, 5, definition="trec")
+
+
+def _grouped_case():
+    """8 captions (2 per image) ranking 4 images, ties included; relevance lists and graded gains."""
+    g = torch.Generator().manual_seed(3)
+    t2i = torch.randint(0, 5, (8, 4), generator=g).double()
+    txt2img = [t // 2 for t in range(8)]
+    relevant = [sorted({t // 2, (t + 1) % 4}) if t % 3 else [t // 2] for t in range(8)]
+    graded = torch.rand(8, 4, generator=g) * 0.9
+    for t, lst in enumerate(relevant):
+        graded[t, lst] = 1.0
+    return t2i, txt2img, relevant, graded
+
+
+def test_grouped_text_metrics_equal_the_metrics_of_the_sliced_matrix():
+    t2i, txt2img, relevant, graded = _grouped_case()
+    groups = {"even": [0, 2, 4, 6], "tail": [5, 6, 7], "all": list(range(8)), "none": []}
+    out = grouped_text_metrics(t2i, txt2img, groups, relevant, graded)
+    for name, idx in groups.items():
+        assert out[f"n_queries@{name}"] == len(idx)
+        if not idx:
+            assert not [k for k in out if k.endswith("@none") and not k.startswith("n_queries")]
+            continue
+        sub = t2i[idx]  # the group's queries against every image
+        img2txt = [[k for k, q in enumerate(idx) if txt2img[q] == i] for i in range(4)]
+        sub_txt2img = [txt2img[q] for q in idx]
+        full = {
+            **retrieval_metrics(sub.T.contiguous(), sub, img2txt, sub_txt2img),
+            **relevance_metrics(sub.T.contiguous(), sub, [relevant[q] for q in idx], graded=graded[idx]),
+        }
+        expected = {k: v for k, v in full.items() if k.startswith("img_")}
+        assert {k[: -len(name) - 1]: v for k, v in out.items() if k.endswith(f"@{name}") and k.startswith("img_")} == (
+            expected
+        )
+    # the whole set of queries gives the ungrouped numbers
+    assert out["img_r_precision@all"] == relevance_metrics(t2i.T, t2i, relevant)["img_r_precision"]
+    assert out["img_r1@all"] == retrieval_metrics(t2i.T, t2i, [[2 * i, 2 * i + 1] for i in range(4)], txt2img)["img_r1"]
+
+
+def test_text_query_metrics_hand_worked():
+    # 3 captions, 3 images. c0 (own image 0): image 0 ranked first; c1 (own 1): image 1 third;
+    # c2 (own 2, relevant {1, 2}): image 1 first, image 2 second.
+    t2i = torch.tensor([[0.9, 0.5, 0.1], [0.9, 0.1, 0.5], [0.1, 0.9, 0.5]])
+    m = text_query_metrics(t2i, [0, 1, 2], [[0], [1], [1, 2]], ks=(1, 2))
+    assert (m["img_r1"], m["img_r2"]) == pytest.approx((100 / 3, 200 / 3))
+    assert (m["img_r1_rel"], m["img_r2_rel"]) == pytest.approx((200 / 3, 200 / 3))
+    assert m["img_r_precision"] == pytest.approx(100 * (1 + 0 + 1) / 3)
+    groups = grouped_text_metrics(t2i, [0, 1, 2], {"a": [0, 2], "b": [1]}, [[0], [1], [1, 2]])
+    assert (groups["img_r1@a"], groups["img_r1@b"]) == (50.0, 0.0)
+    assert (groups["img_r1_rel@a"], groups["img_r_precision@b"]) == (100.0, 0.0)
+    assert "img_r1_rel@a" not in grouped_text_metrics(t2i, [0, 1, 2], {"a": [0, 2]})  # no lists: recall only

@@ -356,3 +356,57 @@ def test_auto_precision_and_loader_workers(tiny_eval, tmp_path):
     transform = test_transform(image_size(cfg), cfg.data.image)
     a, b = (embed(model, split, tok, transform, 32, 4, torch.device("cpu"), False, num_workers=w) for w in (0, 2))
     assert torch.equal(a.image_tokens, b.image_tokens) and torch.equal(a.image_feat, b.image_feat)
+
+
+def test_run_evaluate_retrieval_caption_groups(tiny_eval, tmp_path):
+    """The world's caption_kinds_test.json: per-kind and generic text->image metrics beside the
+    unchanged ungrouped ones, equal to grouped_text_metrics of the returned scores."""
+    from vlp.eval.metrics import grouped_text_metrics
+
+    world, ckpt = tiny_eval
+    args = (ckpt, world["retrieval_test"], world["relevance_test"])
+    kw = dict(overrides=["eval.k_test=2"], show_progress=False, graded_relevance=world["relevance_graded_test"])
+    plain = run_evaluate_retrieval(*args, tmp_path / "plain", **kw)
+    res = run_evaluate_retrieval(*args, tmp_path / "g", caption_groups=world["caption_kinds_test"], **kw)
+    m = json.loads((tmp_path / "g" / "metrics.json").read_text())
+    assert m["caption_groups"] == str(world["caption_kinds_test"])
+    assert {k: v for k, v in res.metrics.items() if "@" not in k} == plain.metrics
+    labels = json.loads(world["caption_kinds_test"].read_text())["labels"]
+    assert m["n_queries@scene"] == labels.count("scene") == 6
+    assert m["n_queries@generic"] == 30 - 6
+    split_rel = json.loads(world["relevance_test"].read_text())["relevant_images"]
+    graded = torch.from_numpy(np.load(world["relevance_graded_test"]))
+    groups = {"scene": [q for q, k in enumerate(labels) if k == "scene"]}
+    groups["generic"] = [q for q, k in enumerate(labels) if k != "scene"]
+    want = grouped_text_metrics(res.scores_t2i, [t // 5 for t in range(30)], groups, split_rel, graded)
+    for key in ("img_r1@scene", "img_r_precision@generic", "img_ndcg10@generic", "img_r5_rel@scene"):
+        assert m[key] == pytest.approx(want[key])
+
+
+def test_load_caption_groups_formats_and_errors(tmp_path):
+    from vlp.errors import DataError
+    from vlp.runs.evaluate import load_caption_groups
+
+    split = RetrievalSplit(["a.png", "b.png"], ["t0", "t1", "t2"], [0, 0, 1], [[0, 1], [2]], "split.json")
+    plain = tmp_path / "labels.json"
+    plain.write_text(json.dumps(["x", "y", "x"]))
+    assert load_caption_groups(plain, split) == {"x": [0, 2], "y": [1]}
+    full = tmp_path / "groups.json"
+    full.write_text(
+        json.dumps({"format": "vlp-caption-groups-v1", "labels": ["x", "y", "z"], "unions": {"xz": ["x", "z"]}})
+    )
+    assert load_caption_groups(full, split) == {"x": [0], "y": [1], "z": [2], "xz": [0, 2]}
+    assert load_caption_groups({"first": [0]}, split) == {"first": [0]}
+    with pytest.raises(
+        DataError, match=r"labels.json: key 'labels' has 2 entries, expected 3 \(captions in split.json\)"
+    ):
+        plain.write_text(json.dumps(["x", "y"]))
+        load_caption_groups(plain, split)
+    with pytest.raises(DataError, match='"format": "vlp-caption-groups-v1"'):
+        full.write_text(json.dumps({"labels": ["x", "y", "z"]}))
+        load_caption_groups(full, split)
+    with pytest.raises(DataError, match="'x' is a label already"):
+        full.write_text(json.dumps({"format": "vlp-caption-groups-v1", "labels": ["x", "y", "z"], "unions": {"x": []}}))
+        load_caption_groups(full, split)
+    with pytest.raises(DataError, match="index 3 is not a caption of split.json"):
+        load_caption_groups({"g": [0, 3]}, split)

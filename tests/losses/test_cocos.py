@@ -1,3 +1,4 @@
+import json
 import math
 
 import pytest
@@ -162,3 +163,64 @@ def test_counts_match_loops_on_random_matrices():
 def test_unknown_name_raises():
     with pytest.raises(ValueError, match="unknown"):
         cocos("hinge", S3, EYE3)
+
+
+def test_smoothap_inv_tau_counts_the_true_gradient_magnitude():
+    # The hand-worked case above (tau = 0.1, threshold 0.1), with the 1/tau factor: every
+    # contribution x 10 -> row 0: 1.187, 0.107 both > 0.1 -> 2 pairs / 1;
+    # row 1: 0.346, 0.775, 0.332, 1.113 all > 0.1 -> 4 pairs / 2 positives = 2
+    tau = 0.1
+    sim = torch.tensor([[0.5, 0.4, 0.1], [0.1, 0.3, 0.35]])
+    pos = torch.tensor([[True, False, False], [False, True, True]])
+    r0 = 1 + _g(-0.1, tau) + _g(-0.4, tau)
+    assert _c(0.5, 0.1, r0, tau) < 0.1 < _c(0.5, 0.1, r0, tau) / tau  # differs by the 1/tau factor
+    _check(cocos_smoothap(sim, pos, tau, threshold=0.1), [1, 0.5], 0, 1.5, 0.75)  # ECIR definition (default)
+    _check(cocos_smoothap(sim, pos, tau, threshold=0.1, inv_tau=True), [2, 2], 0, 4, 2.0)
+    _check(cocos("smoothap", sim, pos, smoothap_tau=tau, threshold=0.1, smoothap_inv_tau=True), [2, 2], 0, 4, 2.0)
+    # with the 1/tau factor, threshold t counts what threshold t * tau counts without it
+    s, p = _random(3)
+    for thr in (0.05, 0.5, 2.0):
+        a = cocos_smoothap(s, p, 0.05, threshold=thr, inv_tau=True)["counts"]
+        b = cocos_smoothap(s, p, 0.05, threshold=thr * 0.05)["counts"]
+        assert torch.equal(a, b)
+
+
+def test_run_cocos_passes_and_records_smoothap_inv_tau(tmp_path):
+    """``vlp analyze cocos`` plumbing: the flag reaches the count and is written to cocos.json. An
+    untrained model scores all pairs alike (G ~ 1/2, contribution ~ 0.25 / 2.5^2 = 0.04 < 0.1), so
+    at threshold 0.1 only the 1/tau factor (x 100) makes pairs count."""
+    from pathlib import Path
+
+    from vlp.config import PretrainConfig, load_config, to_dict
+    from vlp.data.synthetic import generate_world
+    from vlp.models.albef import ALBEF
+    from vlp.runs.analyze import run_cocos
+    from vlp.train.checkpoint import save_checkpoint
+
+    world = generate_world(tmp_path / "w", seed=1, n_train=4, n_val=1, n_test=1, progress=False)
+    config = Path(__file__).resolve().parents[2] / "configs" / "pretrain" / "shapes_tiny.yaml"
+    cfg = load_config(
+        PretrainConfig, config, ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=1"]
+    )
+    torch.manual_seed(0)
+    ckpt = save_checkpoint(tmp_path / "ckpt", ALBEF(cfg.model), {"task": "pretrain", "config": to_dict(cfg), "step": 0})
+    over = ["data.batch_size=4"]
+    recs = {
+        flag: run_cocos(
+            ckpt,
+            [str(world["pretrain"])],
+            "smoothap",
+            tmp_path / str(flag),
+            threshold=0.1,
+            overrides=over,
+            show_progress=False,
+            smoothap_inv_tau=flag,
+        )
+        for flag in (False, True)
+    }
+    for flag, rec in recs.items():
+        assert rec["smoothap_inv_tau"] is flag
+        assert json.loads((tmp_path / str(flag) / "cocos.json").read_text())["smoothap_inv_tau"] is flag
+    for d in ("i2t", "t2i"):
+        key = f"{d}_count_total"
+        assert recs[False]["stats"][key]["mean"] == 0.0 < recs[True]["stats"][key]["mean"]

@@ -20,8 +20,13 @@ class SRCLConfig:
     # Sharpness of the softmax norm, calibrated on the paper's statistics (docs/methods.md).
     delta: float = 1.0
     tau_w: float = 1.0  # temperature inside s = exp(cos / tau_w); the paper has none (1.0)
-    # alpha_h (helper share) falls linearly 1 -> 0 over these optimizer steps; None: the whole run.
+    # alpha_h (helper share) falls linearly 1 -> alpha_h_end over these optimizer steps; None: the whole run.
     helper_span: Optional[int] = None
+    # alpha_h after the span (a floor): 0 = the paper's fade-out; 1 = the helper alone all run (an oracle).
+    alpha_h_end: float = 0.0
+    # Momentum distillation: False = weights only in the student's logits (ALBEF/paper); True = the
+    # soft targets also come from the weighted momentum logits (docs/methods.md: the optimum shift).
+    weight_targets: bool = False
     # Removal variant (ALBEF++): negatives with weight < threshold are dropped from the contrast.
     threshold: float = 0.2
     # Removal variant: keep SRCL weights on the surviving negatives (renormalised to mean 1)
@@ -40,6 +45,10 @@ class SRCLConfig:
             )
         if self.helper_span is not None and self.helper_span < 0:
             raise ConfigError(f"config key 'loss.srcl.helper_span': got {self.helper_span}, expected >= 0 or null")
+        if not 0.0 <= self.alpha_h_end <= 1.0:
+            raise ConfigError(
+                f"config key 'loss.srcl.alpha_h_end': got {self.alpha_h_end}, expected a number in [0, 1]"
+            )
 
 
 CONTRASTIVE_LOSSES = ("infonce", "triplet", "triplet_sh", "smoothap")
@@ -74,6 +83,11 @@ class MultiplierConfig:
     max: float = 100.0
     # Reproduce the reference: clamp only the value used (straight-through), never the parameter.
     straight_through: bool = False
+    # Anti-windup: lambda stays at `init` for the first optimizer steps (no ascent, no momentum), while
+    # the randomly initialised decoder learns; 0 = the reference. The violation of those steps
+    # (L_rec / eta - 1 up to 1/eta - 1) would otherwise be integrated into a lambda that needs as
+    # many satisfied steps to come down (the fall is at most lr per step), docs/methods.md.
+    warmup_steps: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.init <= self.max or self.lr <= 0:
@@ -81,6 +95,8 @@ class MultiplierConfig:
                 f"config keys 'loss.ltd.multiplier.init'/'max'/'lr': got {self.init}/{self.max}/{self.lr}, "
                 "expected 0 <= init <= max and lr > 0"
             )
+        if self.warmup_steps < 0:
+            raise ConfigError(f"config key 'loss.ltd.multiplier.warmup_steps': got {self.warmup_steps}, expected >= 0")
 
 
 @dataclass

@@ -107,6 +107,9 @@ class DualConfig:
     gru_layers: int = 1
     bidirectional: bool = True
     proj_hidden: int = 1024  # projection heads: feature -> proj_hidden -> embed_dim, no biases
+    # BatchNorm1d(embed_dim) after each tower's projection head, before the L2 norm (the LTD
+    # reference's triplet runs). Statistics per process (no SyncBatchNorm); off: no extra keys.
+    batchnorm: bool = False
 
     def __post_init__(self) -> None:
         for key in ("img_size", "word_dim", "gru_hidden", "gru_layers", "proj_hidden"):

@@ -1,5 +1,6 @@
 """Retrieval metrics: recall@k (ALBEF ``itm_eval`` semantics), relevance-aware recall, R-precision,
-nDCG@k (graded relevance) and mAP@k.
+nDCG@k (graded relevance), mAP@k (two definitions) and the text->image metrics of groups of query
+captions.
 
 Score matrices are ``[queries, candidates]``; higher is better. Ties are counted against the
 query (a positive tied with a negative ranks below it; for graded relevance, a less relevant
@@ -9,7 +10,7 @@ perfect result. Every ranking metric here uses the same tie rule (:func:`rank_or
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 
@@ -113,15 +114,25 @@ def ndcg_at(scores: torch.Tensor, gains: torch.Tensor, k: int) -> float:
     return 100.0 * torch.cat(per_query).mean().item()
 
 
-def map_at(scores: torch.Tensor, relevant: torch.Tensor, k: int) -> float:
+MAP_DEFINITIONS = ("vlp", "ecir")
+
+
+def map_at(scores: torch.Tensor, relevant: torch.Tensor, k: int, definition: str = "vlp") -> float:
     """Mean AP@k over the queries with at least one relevant candidate (%).
 
-    ``scores`` [Q, C] float, ``relevant`` [Q, C] bool. AP@k = (1 / min(R, k)) * sum_{r<=k} P@r * rel_r,
-    R = the query's number of relevant candidates, so 100% means the top min(R, k) are all
-    relevant. (The ECIR 2022 code divides by the number of relevant candidates found in the top k
-    instead, 0 if none: one hit at rank 1 scores 1 however many were missed. See docs/evaluation.md.)
+    ``scores`` [Q, C] float, ``relevant`` [Q, C] bool; R = the query's number of relevant
+    candidates, H = the number of them in the top k.
+
+    - ``vlp``: AP@k = (1 / min(R, k)) * sum_{r<=k} P@r * rel_r, so 100% means the top min(R, k)
+      are all relevant.
+    - ``ecir`` (the ECIR 2022 code, ``average_precision``): AP@k = (1 / H) * sum_{r<=k} P@r * rel_r,
+      0 if H = 0: the precision averaged over the hits found, so one hit at rank 1 scores 100%
+      however many relevant candidates the top k missed.
+
     Ties against the query (:func:`rank_order`).
     """
+    if definition not in MAP_DEFINITIONS:
+        raise ValueError(f"unknown mAP definition {definition!r}; expected one of {MAP_DEFINITIONS}")
     k = min(k, scores.shape[1])
     per_query = []
     for b in _row_blocks(scores):
@@ -130,7 +141,8 @@ def map_at(scores: torch.Tensor, relevant: torch.Tensor, k: int) -> float:
         precision = hits.cumsum(1) / torch.arange(1, k + 1, dtype=torch.float64)
         r = rel.sum(1)
         keep = r > 0
-        per_query.append((precision * hits).sum(1)[keep] / r[keep].clamp(max=k).double())
+        denom = r.clamp(max=k).double() if definition == "vlp" else hits.sum(1).clamp(min=1)
+        per_query.append((precision * hits).sum(1)[keep] / denom[keep])
     return 100.0 * torch.cat(per_query).mean().item()
 
 
@@ -156,7 +168,8 @@ def relevance_metrics(
     image->text, a hit if any caption true of the image is in the top k. ``img_r_precision`` and
     ``txt_r_precision``: R-precision in each direction. ``img_ndcg{k}``: text->image nDCG@k with the
     ``graded`` gains if given, else binary gains from the lists. ``txt_map{k}``: image->text mAP@k,
-    relevant = the captions true of the image.
+    relevant = the captions true of the image; ``txt_map{k}_ecir`` the same under the ECIR 2022
+    definition (:func:`map_at`).
     """
     n_img = scores_i2t.shape[0]
     rel_t2i = positives_mask(relevant_images, n_img)  # [N_txt, N_img]
@@ -165,13 +178,80 @@ def relevance_metrics(
         raise ValueError(
             f"graded relevance has shape {tuple(graded.shape)}, expected {tuple(rel_t2i.shape)} (texts, images)"
         )
-    gains = graded if graded is not None else rel_t2i.float()
-    out = {f"img_r{k}_rel": v for k, v in recall_at(best_positive_rank(scores_t2i, rel_t2i), ks).items()}
+    out = _t2i_relevance(scores_t2i, rel_t2i, graded, ks, ndcg_ks)
     out |= {f"txt_r{k}_rel": v for k, v in recall_at(best_positive_rank(scores_i2t, rel_i2t), ks).items()}
-    out["img_r_precision"] = r_precision(scores_t2i, rel_t2i)
     out["txt_r_precision"] = r_precision(scores_i2t, rel_i2t)
-    out |= {f"img_ndcg{k}": ndcg_at(scores_t2i, gains, k) for k in ndcg_ks}
     out |= {f"txt_map{k}": map_at(scores_i2t, rel_i2t, k) for k in map_ks}
+    out |= {f"txt_map{k}_ecir": map_at(scores_i2t, rel_i2t, k, "ecir") for k in map_ks}
+    return out
+
+
+def _t2i_relevance(
+    scores_t2i: torch.Tensor,
+    rel: torch.Tensor,
+    graded: Optional[torch.Tensor],
+    ks: Sequence[int],
+    ndcg_ks: Sequence[int],
+) -> dict[str, float]:
+    """``img_r{k}_rel``, ``img_r_precision`` and ``img_ndcg{k}`` (``graded`` [Q, N_img] gains, or
+    binary ones from ``rel`` [Q, N_img] bool) of the text queries ``scores_t2i`` [Q, N_img]."""
+    gains = graded if graded is not None else rel.float()
+    out = {f"img_r{k}_rel": v for k, v in recall_at(best_positive_rank(scores_t2i, rel), ks).items()}
+    out["img_r_precision"] = r_precision(scores_t2i, rel)
+    out |= {f"img_ndcg{k}": ndcg_at(scores_t2i, gains, k) for k in ndcg_ks}
+    return out
+
+
+def text_query_metrics(
+    scores_t2i: torch.Tensor,
+    txt2img: Sequence[int],
+    relevant_images: Optional[Sequence[Sequence[int]]] = None,
+    graded: Optional[torch.Tensor] = None,
+    ks: Sequence[int] = KS,
+    ndcg_ks: Sequence[int] = NDCG_KS,
+) -> dict[str, float]:
+    """The text->image metrics of :func:`retrieval_metrics` and :func:`relevance_metrics` (the
+    keys starting ``img_``) for the query captions given: ``scores_t2i`` [Q, N_img], ``txt2img``
+    [Q] their own images, ``relevant_images`` their relevance lists, ``graded`` [Q, N_img] gains.
+
+    ``img_r{k}``, ``img_r_mean``; with the lists also ``img_r{k}_rel``, ``img_r_precision`` and
+    ``img_ndcg{k}`` (``graded`` gains if given, else binary). All in percent.
+    """
+    n_img = scores_t2i.shape[1]
+    ir = recall_at(best_positive_rank(scores_t2i, positives_mask([[i] for i in txt2img], n_img)), ks)
+    out = {f"img_r{k}": v for k, v in ir.items()}
+    out["img_r_mean"] = sum(ir.values()) / len(ir)
+    if relevant_images is not None:
+        out |= _t2i_relevance(scores_t2i, positives_mask(relevant_images, n_img), graded, ks, ndcg_ks)
+    return out
+
+
+def grouped_text_metrics(
+    scores_t2i: torch.Tensor,
+    txt2img: Sequence[int],
+    groups: Mapping[str, Sequence[int]],
+    relevant_images: Optional[Sequence[Sequence[int]]] = None,
+    graded: Optional[torch.Tensor] = None,
+) -> dict[str, float]:
+    """:func:`text_query_metrics` over each group of query captions (indices into the rows of
+    ``scores_t2i`` [N_txt, N_img]), keyed ``<metric>@<group>`` (``img_r1@scene``,
+    ``img_ndcg10@generic``), plus ``n_queries@<group>``. A query still ranks every image. Empty
+    groups give only ``n_queries@<group>`` = 0.
+    """
+    out: dict[str, float] = {}
+    for name, idx in groups.items():
+        idx = list(idx)
+        out[f"n_queries@{name}"] = float(len(idx))
+        if not idx:
+            continue
+        rows = torch.tensor(idx, dtype=torch.long)
+        m = text_query_metrics(
+            scores_t2i[rows],
+            [txt2img[q] for q in idx],
+            [relevant_images[q] for q in idx] if relevant_images is not None else None,
+            graded[rows] if graded is not None else None,
+        )
+        out |= {f"{key}@{name}": v for key, v in m.items()}
     return out
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Subset
@@ -36,7 +36,7 @@ from vlp.data.formats import RetrievalSplit
 from vlp.data.transforms import tokenize
 from vlp.dist import fetch_rows, gather_rows, rank, shard_bounds, world_size
 from vlp.errors import ConfigError
-from vlp.eval.metrics import relevance_metrics, retrieval_metrics
+from vlp.eval.metrics import grouped_text_metrics, relevance_metrics, retrieval_metrics
 from vlp.eval.mode import evaluating
 from vlp.models.albef import ALBEF
 from vlp.progress import progress
@@ -431,11 +431,14 @@ def evaluate_retrieval(
     show_progress: bool = True,
     graded_relevance: Optional[torch.Tensor] = None,
     distributed: bool = False,
+    caption_groups: Optional[Mapping[str, Sequence[int]]] = None,
 ) -> RetrievalResult:
     """Score all pairs and compute ALBEF retrieval metrics (+ relevance-aware ones if given).
 
     ``graded_relevance`` [N_txt, N_img] float gains >= 0 (needs ``relevant_images``) replaces the
-    binary gains of the text->image nDCG (``img_ndcg{10,25}``). ``distributed``: ``emb`` from
+    binary gains of the text->image nDCG (``img_ndcg{10,25}``). ``caption_groups`` (name -> caption
+    indices) adds the text->image metrics of each group's queries as ``<metric>@<name>``
+    (:func:`~vlp.eval.metrics.grouped_text_metrics`). ``distributed``: ``emb`` from
     :func:`embed` with ``distributed=True``; every rank calls it and gets the same result.
     Similarities and metrics are fp32 whatever ``cfg.precision``."""
     if graded_relevance is not None and relevant_images is None:
@@ -450,4 +453,6 @@ def evaluate_retrieval(
     metrics["itm_pairs"] = scored
     if relevant_images is not None:
         metrics |= relevance_metrics(i2t, t2i, relevant_images, graded=graded_relevance)
+    if caption_groups:
+        metrics |= grouped_text_metrics(t2i, split.txt2img, caption_groups, relevant_images, graded_relevance)
     return RetrievalResult(metrics, i2t, t2i)

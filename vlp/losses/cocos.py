@@ -86,18 +86,25 @@ def cocos_infonce(sim: torch.Tensor, positives: torch.Tensor, tau: float, thresh
 
 
 @torch.no_grad()
-def cocos_smoothap(sim: torch.Tensor, positives: torch.Tensor, tau: float, threshold: float = 0.01) -> Stats:
+def cocos_smoothap(
+    sim: torch.Tensor, positives: torch.Tensor, tau: float, threshold: float = 0.01, inv_tau: bool = False
+) -> Stats:
     """SmoothAP pairs (positive row i, candidate j != i) with ``G (1 - G) / R(i, Omega)^2 > threshold``.
 
     ``G = G(s_qj - s_qi; tau)`` is the clamped sigmoid of :func:`vlp.losses.contrastive.smooth_ap`, so the
-    contribution is the sigmoid derivative without its 1/tau factor. Per query count = contributing pairs
+    contribution is the sigmoid derivative without its 1/tau factor (the ECIR 2022 definition). With
+    ``inv_tau`` it is the true derivative magnitude ``G (1 - G) / tau / R(i, Omega)^2`` (ECIR's appendix A
+    g(D; tau)): the same count as ``threshold * tau`` without it. Per query count = contributing pairs
     / |P_q|. Returns ``counts`` [Q], ``valid``, ``zeros``, ``count_total`` and ``count_mean`` =
     count_total / (valid - zeros). Memory O(Q * P_max * C) (positive rows only).
     """
     idx, pmask = positive_index(positives)
     g = smoothap_sigmoids(sim, idx, tau)
     r_all = 1.0 + g.sum(2, keepdim=True)
-    hits = (g * (1.0 - g) / r_all**2 > threshold) & pmask[:, :, None]  # j = i has g = 0, never a hit
+    contribution = g * (1.0 - g) / r_all**2
+    if inv_tau:
+        contribution = contribution / tau
+    hits = (contribution > threshold) & pmask[:, :, None]  # j = i has g = 0, never a hit
     n_pos = positives.sum(1)
     return _summary(hits.sum((1, 2)) / n_pos.clamp_min(1), n_pos > 0)
 
@@ -111,12 +118,14 @@ def cocos(
     margin: float = 0.2,
     smoothap_tau: float = 0.01,
     threshold: float = 0.01,
+    smoothap_inv_tau: bool = False,
 ) -> Stats:
-    """COCOS statistics of loss ``name`` (one of ``LOSSES``) for one direction ``sim``/``positives`` [Q, C]."""
+    """COCOS statistics of loss ``name`` (one of ``LOSSES``) for one direction ``sim``/``positives`` [Q, C].
+    ``smoothap_inv_tau``: count SmoothAP's true gradient magnitude, with its 1/tau (:func:`cocos_smoothap`)."""
     if name == "infonce":
         return cocos_infonce(sim, positives, tau, threshold)
     if name in ("triplet", "triplet_sh"):
         return cocos_triplet(sim, positives, margin, hardest=name == "triplet_sh")
     if name == "smoothap":
-        return cocos_smoothap(sim, positives, smoothap_tau, threshold)
+        return cocos_smoothap(sim, positives, smoothap_tau, threshold, inv_tau=smoothap_inv_tau)
     raise ValueError(f"unknown contrastive loss {name!r}; expected one of {LOSSES}")

@@ -6,6 +6,8 @@
 - ``constrained``: ``L_con + lambda * (L_rec / eta - 1)``; ``weighted``: ``L_con + beta * L_rec``.
 - :class:`LagrangeMultiplier`: lambda as an fp32 parameter with its own SGD *ascent* (momentum,
   dampening), projected into ``[0, max]`` after every step, its state saved with checkpoints.
+- ``reconstruction_floor``: the lowest ``L_rec`` a decoder can reach when it only knows which group
+  each caption is in (the captions an encoder that suppresses an attribute cannot tell apart).
 """
 
 from __future__ import annotations
@@ -40,6 +42,25 @@ def token_nll(
     return (nll * mask.float()).sum() / logits.shape[0]
 
 
+def reconstruction_floor(targets: torch.Tensor, groups: torch.Tensor) -> float:
+    """The lowest mean ``1 - cos`` any decoder reaches when its input only tells which group each
+    caption is in: ``targets`` [N, D] (one row per caption occurrence), ``groups`` [N] long.
+
+    For a group G the best single prediction maximises ``sum_{n in G} cos(p, y_n) = p . s / |p|``
+    with ``s = sum_{n in G} y_n / |y_n|``, so ``p = s`` and the floor is
+    ``mean_n (1 - cos(y_n, normalize(mean of the unit targets of n's group)))`` (float64; a group of
+    one caption contributes 0; one group for all captions gives the caption-ignorant floor)."""
+    if targets.ndim != 2 or groups.shape != targets.shape[:1]:
+        raise ValueError(
+            f"targets [N, D] and groups [N] expected, got {tuple(targets.shape)} and {tuple(groups.shape)}"
+        )
+    unit = F.normalize(targets.detach().double().cpu(), dim=-1)
+    _, inverse = torch.unique(groups.cpu(), return_inverse=True)
+    sums = torch.zeros(int(inverse.max()) + 1, unit.shape[1], dtype=torch.float64).index_add_(0, inverse, unit)
+    cos = (unit * F.normalize(sums, dim=-1)[inverse]).sum(-1)
+    return float((1.0 - cos).clamp_min(0.0).mean())  # rounding can put cos a hair above 1
+
+
 def constrained(l_con: torch.Tensor, l_rec: torch.Tensor, lam: torch.Tensor, eta: float) -> torch.Tensor:
     """``L_con + lambda * (L_rec / eta - 1)``: the model sees the reconstruction gradient with weight
     ``lambda / eta``; lambda receives ``L_rec / eta - 1`` (positive while the bound is violated)."""
@@ -62,7 +83,9 @@ class LagrangeMultiplier(nn.Module):
     ``buf = momentum * buf + (1 - dampening) * g``; ``lambda += lr * buf``; then lambda is
     clamped into ``[0, max]`` (projection). With ``straight_through`` the parameter is left
     unprojected and only the value used is clamped (the reference; lambda then sticks at a
-    bound). Parameter and momentum buffer are fp32 and part of ``state_dict`` (exact resume).
+    bound). The first ``warmup_steps`` steps leave lambda at ``init`` and the buffer empty (the
+    momentum starts at the first step after them: anti-windup while the decoder learns).
+    Parameter and momentum buffer are fp32 and part of ``state_dict`` (exact resume).
     The gradient is averaged over the ranks here: DDP averages it like any parameter's (averaging
     again changes nothing), but DeepSpeed ZeRO reduces only the parameters of its optimizer, and
     lambda is kept out of it - without this, lambda would drift apart across ranks.
@@ -97,12 +120,13 @@ class LagrangeMultiplier(nn.Module):
         self.lam.grad = None
         g = all_reduce_(g.detach().float().clone()) / world_size()
         c, buf = self.cfg, self.momentum_buffer
-        first = self.steps == 0
+        first = self.steps == c.warmup_steps
         new_buf = torch.where(first, g, buf * c.momentum + (1.0 - c.dampening) * g)
         new_lam = self.lam + c.lr * new_buf
         if not c.straight_through:
             new_lam = new_lam.clamp(0.0, c.max)
         keep = torch.zeros((), dtype=torch.bool, device=g.device) if skipped is None else skipped.to(g.device)
-        buf.copy_(torch.where(keep, buf, new_buf))
-        self.lam.copy_(torch.where(keep, self.lam, new_lam))
+        hold = keep | (self.steps < c.warmup_steps)  # a skipped or warm-up step leaves lambda and buf
+        buf.copy_(torch.where(hold, buf, new_buf))
+        self.lam.copy_(torch.where(hold, self.lam, new_lam))
         self.steps += (~keep).long()

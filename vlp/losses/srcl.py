@@ -17,16 +17,20 @@ from typing import Sequence
 
 import torch
 
+from vlp.losses.contrastive import itc_targets
+
 MIN_WEIGHT = 1e-6  # clamp before the log
 
 
-def alpha_h_at(step: int, span: int) -> float:
-    """Helper share of the mixed similarity: 1 at step 0, linearly to 0 at ``span`` (then 0).
+def alpha_h_at(step: int, span: int, end: float = 0.0) -> float:
+    """Helper share of the mixed similarity: 1 at step 0, linearly to ``end`` at ``span`` (then
+    ``end``). ``end = 0`` is the paper's fade-out; ``end = 1`` keeps the helper alone for the whole
+    run (e.g. an oracle helper).
 
     ``span <= 0`` means no helper at all (fine-tuning: the live model alone regulates)."""
     if span <= 0:
         return 0.0
-    return max(0.0, 1.0 - step / span)
+    return 1.0 - (1.0 - end) * min(1.0, max(0.0, step / span))
 
 
 @torch.no_grad()
@@ -156,3 +160,119 @@ def calibrate_delta(
         mid = 0.5 * (lo_l + hi_l)
         lo_l, hi_l = (mid, hi_l) if frac(math.exp(mid)) < frac_below else (lo_l, mid)
     return math.exp(0.5 * (lo_l + hi_l))
+
+
+@torch.no_grad()
+def relevance_lookup(relevance: torch.Tensor, text_idx: torch.Tensor, image_idx: torch.Tensor) -> torch.Tensor:
+    """An oracle helper's "cosines": ``relevance[text_idx[a], image_idx[b]]`` -> [N_t, N_i] (fp32).
+
+    ``relevance`` [n_texts, n_images] ground-truth relevance in [0, 1] (an oracle helper cache);
+    ``text_idx`` [N_t] or [N_t, 1] and ``image_idx`` [N_i] or [N_i, 1] its row / column indices as
+    floats (the oracle cache's "features"). A negative index (an empty queue slot) gives 0: no
+    relevance, like a random negative. One gather of the output's size, whatever the table's."""
+    t = text_idx.reshape(-1).round().long()
+    i = image_idx.reshape(-1).round().long()
+    out = relevance[t.clamp_min(0)[:, None], i.clamp_min(0)[None, :]].float()
+    return out.masked_fill_((t < 0)[:, None] | (i < 0)[None, :], 0.0)
+
+
+def _lower_quantile(v: torch.Tensor, q: float) -> torch.Tensor:
+    """The ``ceil(q * n)``-th smallest of ``v`` [n] (nearest rank; q = 0.5: torch's lower median).
+    :func:`torch.kthvalue` has no size limit, unlike :func:`torch.quantile`."""
+    k = min(max(1, math.ceil(q * v.numel())), v.numel())
+    return v.kthvalue(k).values
+
+
+@torch.no_grad()
+def weight_distribution(w: torch.Tensor, levels: tuple[float, ...] = LEVELS) -> dict[str, float]:
+    """Summary of a group of weights ``w`` [N] (any shape, flattened): ``count``, ``mean``,
+    ``median`` (lower median, as :func:`calibrate_delta_for_weight` uses), ``p10``, ``p90``
+    (nearest rank) and ``below_<level>`` (share below each level). NaN for an empty group."""
+    v = w.detach().reshape(-1).float()
+    out = {"count": float(v.numel())}
+    if v.numel() == 0:
+        nan = float("nan")
+        return {**out, "mean": nan, "median": nan, "p10": nan, "p90": nan, **{level_key(lv, ""): nan for lv in levels}}
+    out.update(mean=float(v.mean()), median=float(v.median()))
+    out.update(p10=float(_lower_quantile(v, 0.1)), p90=float(_lower_quantile(v, 0.9)))
+    for lv in levels:
+        out[level_key(lv, "")] = float((v < lv).float().mean())
+    return out
+
+
+WEIGHT_STATISTICS = ("median", "mean")
+
+
+@torch.no_grad()
+def calibrate_delta_for_weight(
+    s: torch.Tensor,
+    positives: torch.Tensor,
+    false_negatives: torch.Tensor,
+    target: float = 0.15,
+    statistic: str = "median",
+    lo: float = 1e-3,
+    hi: float = 1e3,
+    iters: int = 60,
+) -> float:
+    """The ``softmax``-mode delta at which the false negatives' ``statistic`` (``median``: torch's
+    lower median, or ``mean``) weight equals ``target`` (the paper: false negatives get ~0.12,
+    "not more than 0.2").
+
+    ``s`` [Q, C] similarities (> 0), ``positives`` [Q, C] bool, ``false_negatives`` [Q, C] bool:
+    the negatives known to be false (ground truth; entries that are also positives are ignored).
+    Bisection in log-space over ``[lo, hi]``: delta -> 0 gives every weight 1, and as delta grows
+    the weight of the more similar negatives falls. Raises ``ValueError`` when there are no false
+    negatives or the target is not reached within ``[lo, hi]`` (e.g. a helper that gives false
+    negatives no higher similarity than true ones)."""
+    if statistic not in WEIGHT_STATISTICS:
+        raise ValueError(f"statistic must be one of {WEIGHT_STATISTICS}, got {statistic!r}")
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"target must be in (0, 1) (the mean weight of all negatives is 1), got {target}")
+    fn = false_negatives & ~positives
+    if not bool(fn.any()):
+        raise ValueError("calibrate_delta_for_weight: no false negatives among the negatives")
+
+    def stat(delta: float) -> float:
+        w = srcl_weights(s, positives, "softmax", delta)[fn]
+        return float(w.median() if statistic == "median" else w.mean())
+
+    at_lo, at_hi = stat(lo), stat(hi)
+    if not at_hi <= target <= at_lo:
+        raise ValueError(
+            f"calibrate_delta_for_weight: the false negatives' {statistic} weight is {at_lo:.4g} at "
+            f"delta={lo:g} and {at_hi:.4g} at delta={hi:g}; the target {target} is outside that range "
+            "(does the helper give false negatives a higher similarity than true negatives?)"
+        )
+    lo_l, hi_l = math.log(lo), math.log(hi)
+    for _ in range(iters):
+        mid = 0.5 * (lo_l + hi_l)
+        lo_l, hi_l = (mid, hi_l) if stat(math.exp(mid)) > target else (lo_l, mid)
+    return math.exp(0.5 * (lo_l + hi_l))
+
+
+@torch.no_grad()
+def distillation_optimum(
+    momentum_logits: torch.Tensor, positive: int, log_w: torch.Tensor, alpha: float, weight_targets: bool
+) -> torch.Tensor:
+    """The student's unweighted softmax at the optimum of weighted ITC with momentum distillation,
+    for one row: [C] (float64).
+
+    The student minimises ``-sum_j t_j log softmax(l + log w)_j`` over free logits ``l`` [C]; the
+    optimum is ``softmax(l + log w) = t``, so ``softmax(l)_j ∝ t_j / w_j``. The targets are
+    ``t = alpha * softmax(m) + (1 - alpha) * onehot(positive)`` (``weight_targets=False``, ALBEF's
+    targets) or ``alpha * softmax(m + log w) + (1 - alpha) * onehot(positive)``
+    (``weight_targets=True``). ``momentum_logits`` [C] (already divided by the temperature),
+    ``log_w`` [C] finite log-weights (0 for the positive). With unweighted targets a negative of
+    small weight ``w`` gets its probability inflated by ``1 / w``; with weighted targets the
+    negatives keep the momentum model's ordering, ``softmax(l)_j ∝ alpha * exp(m_j) / Z_w`` for
+    ``j != positive``."""
+    m, lw = momentum_logits.double().reshape(-1), log_w.double().reshape(-1)
+    if m.shape != lw.shape or not 0 <= positive < m.numel():
+        raise ValueError(f"momentum_logits {tuple(m.shape)} and log_w {tuple(lw.shape)} must match, positive in range")
+    if not bool(torch.isfinite(lw).all()):
+        raise ValueError("distillation_optimum needs finite log-weights (a removed entry has no optimum)")
+    pos = torch.zeros(1, m.numel(), dtype=torch.bool)
+    pos[0, positive] = True
+    t = itc_targets(pos, (m + lw if weight_targets else m)[None], alpha)[0].double()
+    p = t * torch.exp(-lw)
+    return p / p.sum()

@@ -1,7 +1,8 @@
 """Resource-constrained dual encoder: timm image tower + GRU text tower, contrastive loss only.
 
 In the spirit of the LTD paper's ResNet-50 + bi-GRU: each tower ends in a bias-free 2-layer
-projection head (feature -> ``proj_hidden`` -> ``embed_dim``) and an L2 norm. It exposes the same
+projection head (feature -> ``proj_hidden`` -> ``embed_dim``), optionally a BatchNorm1d
+(``model.dual.batchnorm``), and an L2 norm. It exposes the same
 ``encode_image`` / ``encode_text`` as :class:`~vlp.models.albef.ALBEF`, so the retrieval engine
 (``eval.score=itc``) and the analysis tools serve both.
 """
@@ -20,9 +21,11 @@ from vlp.models.albef import ImageFeatures, TextFeatures
 from vlp.models.vision import create_timm
 
 
-def projection(d_in: int, hidden: int, d_out: int) -> nn.Sequential:
-    """Linear -> ReLU -> Linear without biases (the reference's projection heads)."""
-    return nn.Sequential(nn.Linear(d_in, hidden, bias=False), nn.ReLU(), nn.Linear(hidden, d_out, bias=False))
+def projection(d_in: int, hidden: int, d_out: int, batchnorm: bool = False) -> nn.Sequential:
+    """Linear -> ReLU -> Linear without biases (the reference's projection heads), then with
+    ``batchnorm`` a BatchNorm1d(d_out) (the reference's triplet runs: before the final L2 norm)."""
+    layers = [nn.Linear(d_in, hidden, bias=False), nn.ReLU(), nn.Linear(hidden, d_out, bias=False)]
+    return nn.Sequential(*layers, *([nn.BatchNorm1d(d_out)] if batchnorm else []))
 
 
 class GRUText(nn.Module):
@@ -54,9 +57,9 @@ class DualEncoder(nn.Module):
         self.cfg = cfg
         d = cfg.dual
         self.vision = create_timm(d.image, d.image_pretrained, num_classes=0, **d.image_kwargs)
-        self.vision_proj = projection(self.vision.num_features, d.proj_hidden, cfg.embed_dim)
+        self.vision_proj = projection(self.vision.num_features, d.proj_hidden, cfg.embed_dim, d.batchnorm)
         self.text = GRUText(vocab_size, d.word_dim, d.gru_hidden, d.gru_layers, d.bidirectional)
-        self.text_proj = projection(self.text.width, d.proj_hidden, cfg.embed_dim)
+        self.text_proj = projection(self.text.width, d.proj_hidden, cfg.embed_dim, d.batchnorm)
 
     def encode_image(self, images: torch.Tensor) -> ImageFeatures:
         """``images`` [B, 3, H, W] -> pooled features (as ``tokens`` [B, 1, F]) and normalised [B, E]."""

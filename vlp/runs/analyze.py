@@ -145,12 +145,14 @@ def run_cocos(
     batches: Optional[int] = None,
     overrides: Sequence[str] = (),
     show_progress: bool = True,
+    smoothap_inv_tau: bool = False,
 ) -> dict:
     """COCOS (docs/methods.md): how many candidates contribute to the gradient of each query under
     ``loss``, over one pass of ``data`` (the training split) in eval mode with test transforms, at
     the run's batch size (``data.batch_size``, ``data.captions_per_image``; override them). Writes
     ``out/cocos.json`` (mean and std over batches of every statistic, per direction) and
-    ``out/cocos.png`` (per-query count histograms)."""
+    ``out/cocos.png`` (per-query count histograms). ``smoothap_inv_tau``: SmoothAP counts its true
+    gradient magnitude G(1-G)/tau/R^2 instead of ECIR's G(1-G)/R^2 (:func:`vlp.losses.cocos.cocos_smoothap`)."""
     from vlp.losses.cocos import cocos
     from vlp.progress import progress
     from vlp.viz import plot_cocos
@@ -179,7 +181,15 @@ def run_cocos(
         model,
         loader,
         n,
-        partial(cocos, loss, tau=tau, margin=c.margin, smoothap_tau=c.smoothap_tau, threshold=threshold),
+        partial(
+            cocos,
+            loss,
+            tau=tau,
+            margin=c.margin,
+            smoothap_tau=c.smoothap_tau,
+            threshold=threshold,
+            smoothap_inv_tau=smoothap_inv_tau,
+        ),
         bar,
     )
     bar.close()
@@ -197,6 +207,7 @@ def run_cocos(
         "tau": tau,
         "margin": c.margin,
         "smoothap_tau": c.smoothap_tau,
+        "smoothap_inv_tau": smoothap_inv_tau,
         "threshold": threshold,
         "stats": summary,
     }

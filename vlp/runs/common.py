@@ -208,7 +208,9 @@ def build_regulator(
     cfg: PretrainConfig, finetune: bool = False
 ) -> tuple[Optional[SRCLRegulator], Optional[HelperCache]]:
     """The SRCL regulator of a run (None for ``loss.regulation: none``) and the helper-feature
-    cache it reads (None in live-helper mode and when the helper is not used, e.g. fine-tuning)."""
+    cache it reads (None in live-helper mode and when the helper is not used, e.g. fine-tuning).
+    An oracle cache (``vlp.runs.features.run_cache_oracle_features``) hands its relevance table
+    to the regulator."""
     mode, s = cfg.loss.regulation, cfg.loss.srcl
     if mode == "none":
         return None, None
@@ -230,4 +232,5 @@ def build_regulator(
                 f"config key 'loss.srcl.helper_features': loss.regulation={mode} needs helper features: "
                 "a cache from `vlp cache-helper-features` (or loss.srcl.helper for a live helper)"
             )
-    return SRCLRegulator(s, mode, cfg.train.steps, cfg.model.queue_size, dim, finetune, helper), cache
+    relevance = cache.relevance if cache is not None else None  # an oracle cache: the ground-truth table
+    return SRCLRegulator(s, mode, cfg.train.steps, cfg.model.queue_size, dim, finetune, helper, relevance), cache

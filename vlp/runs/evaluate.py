@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import torch
 
 from vlp.config import EvalConfig, apply_overrides
 from vlp.data.formats import RetrievalSplit, load_relevance, load_retrieval_split
+from vlp.data.json_entries import read_json
+from vlp.data.synthetic.world import CAPTION_GROUPS_FORMAT
 from vlp.data.transforms import test_transform
 from vlp.dist import barrier, is_dist, rank, world_size
 from vlp.errors import CheckpointError, DataError
@@ -66,6 +68,55 @@ def preset_overrides(ckpt: Path, kind: str, preset: Optional[str], overrides: Se
     return list(overrides)
 
 
+CaptionGroups = Mapping[str, Sequence[int]]
+
+
+def load_caption_groups(source: str | Path | CaptionGroups, split: RetrievalSplit) -> dict[str, list[int]]:
+    """Named groups of the captions of ``split`` (name -> caption indices in ``split.texts`` order).
+
+    ``source`` is such a mapping, or a JSON file: a list with a label per caption (each label a
+    group), or an object ``{"format": "vlp-caption-groups-v1", "labels": [...], "unions": {name:
+    [label, ...]}}`` whose unions are further groups (the shapes world's ``caption_kinds_<split>.json``:
+    the kinds ``scene``, ``object``, ``relation``, ``count`` and the union ``generic``). Groups come
+    in the order of the labels' first caption, then the unions. Errors name the file and key."""
+    if isinstance(source, Mapping):
+        return _checked_groups(source, split)
+    path = Path(source)
+    data = read_json(path)
+    unions: dict = {}
+    if isinstance(data, dict):
+        if data.get("format") != CAPTION_GROUPS_FORMAT:
+            raise DataError(f'{path}: expected a list of labels or an object with "format": "{CAPTION_GROUPS_FORMAT}"')
+        labels, unions = data.get("labels"), data.get("unions", {})
+    else:
+        labels = data
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels):
+        raise DataError(f"{path}: key 'labels': expected a list of strings, one label per caption")
+    if len(labels) != len(split.texts):
+        raise DataError(
+            f"{path}: key 'labels' has {len(labels)} entries, expected {len(split.texts)} (captions in {split.source})"
+        )
+    groups: dict[str, list[int]] = {}
+    for q, label in enumerate(labels):
+        groups.setdefault(label, []).append(q)
+    if not isinstance(unions, dict) or not all(isinstance(v, list) for v in unions.values()):
+        raise DataError(f"{path}: key 'unions': expected an object of name -> list of labels")
+    for name, members in unions.items():
+        if name in groups:
+            raise DataError(f"{path}: key 'unions': {name!r} is a label already")
+        groups[name] = [q for q, label in enumerate(labels) if label in members]
+    return groups
+
+
+def _checked_groups(source: CaptionGroups, split: RetrievalSplit) -> dict[str, list[int]]:
+    """``source`` as a dict of lists; an index that is not a caption of ``split`` raises."""
+    groups = {str(name): [int(q) for q in idx] for name, idx in source.items()}
+    bad = [(n, q) for n, idx in groups.items() for q in idx if not 0 <= q < len(split.texts)]
+    if bad:
+        raise DataError(f"caption group {bad[0][0]!r}: index {bad[0][1]} is not a caption of {split.source}")
+    return groups
+
+
 def run_evaluate_retrieval(
     checkpoint: str | Path,
     data: str | Path,
@@ -76,10 +127,14 @@ def run_evaluate_retrieval(
     show_progress: bool = True,
     graded_relevance: Optional[str | Path] = None,
     preset: Optional[str] = None,
+    caption_groups: Optional[str | Path | CaptionGroups] = None,
 ) -> RetrievalResult:
     """Zero-shot retrieval of a checkpoint on a Karpathy-style split; writes ``out/metrics.json``
     and ``out/retrieval_examples.png``. ``graded_relevance`` (a ``.npy`` [texts, images] of gains,
     needs ``relevance``) gives the text->image nDCG graded gains instead of binary ones.
+    ``caption_groups`` (a file or mapping, :func:`load_caption_groups`) adds the text->image
+    metrics of each group of query captions, keyed ``<metric>@<group>`` (``img_r1@scene``,
+    ``img_r_precision@generic``; the relevance-aware ones need ``relevance``).
 
     Launched as several processes, every process must call it: encoding and ITM scoring are split
     over the ranks (:mod:`vlp.eval.retrieval`), every rank returns the same result and rank 0
@@ -107,6 +162,7 @@ def run_evaluate_retrieval(
     split = load_retrieval_split(data, image_root)
     rel = load_relevance(relevance, split) if relevance else None
     graded = load_graded_relevance(graded_relevance, split) if graded_relevance else None
+    groups = load_caption_groups(caption_groups, split) if caption_groups is not None else None
     check_k_test(ecfg, len(split.images), len(split.texts), split.source)  # before any encoding
     emb = embed(
         model,
@@ -123,7 +179,7 @@ def run_evaluate_retrieval(
         offload=ecfg.offload,
     )
     result = evaluate_retrieval(
-        model, emb, split, ecfg, rel, show_progress, graded_relevance=graded, distributed=sharded
+        model, emb, split, ecfg, rel, show_progress, graded_relevance=graded, distributed=sharded, caption_groups=groups
     )
     if not main:
         return result
@@ -143,6 +199,8 @@ def run_evaluate_retrieval(
     }
     if rel is not None:
         record["ndcg_gains"] = "graded" if graded is not None else "binary"
+    if groups is not None:
+        record["caption_groups"] = str(caption_groups) if isinstance(caption_groups, (str, Path)) else "given"
     write_evaluation(Path(out), record, split, result, rel)
     return result
 

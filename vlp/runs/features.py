@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from vlp.data.formats import load_pairs
-from vlp.data.helper_cache import write_cache
+from vlp.data.helper_cache import ORACLE_KINDS, cache_rows, index_features, write_cache
 from vlp.data.transforms import test_transform
 from vlp.errors import DataError
 from vlp.hardware import default_device
@@ -42,11 +42,7 @@ def run_cache_helper_features(
     device = next(model.parameters()).device
     samples = load_pairs(list(data), image_root)
     check_images(samples)
-    paths = {}
-    for smp in samples:
-        paths.setdefault(smp.image_key, smp.image)
-    keys = sorted(paths)
-    texts = sorted({c for smp in samples for c in smp.captions})
+    paths, keys, texts = cache_rows(samples)
     bar = progress(len(keys) + len(texts), "helper features", show_progress)
     loader = DataLoader(
         ImageDataset([paths[k] for k in keys], test_transform(image_size(hcfg), hcfg.data.image), "helper cache"),
@@ -73,6 +69,28 @@ def run_cache_helper_features(
         "max_len": hcfg.model.text.max_len,
     }
     return write_cache(out, keys, torch.cat(image_feats), texts, torch.cat(text_feats), meta)
+
+
+def run_cache_oracle_features(
+    world_root: str | Path, data_files: Sequence[str | Path], out: str | Path, graded: bool = False
+) -> Path:
+    """An oracle helper cache of ``data_files`` (annotation files over images of the shapes world
+    at ``world_root``): the world's ground-truth relevance of every caption of the files to every
+    image of them, ``relevance`` [n_texts, n_images] (1/0, or with ``graded``
+    :func:`~vlp.data.synthetic.relevance.caption_grade` in [0, 1]), with the row indices as
+    features (:mod:`vlp.data.helper_cache`). ``loss.srcl.helper_features`` may point at it like at
+    any cache: the regulator then takes the relevance as the helper's cosine."""
+    from vlp.data.synthetic import WorldTruth
+
+    if Path(out).exists():
+        raise DataError(f"{out} already exists; choose another --out or remove it")
+    samples = load_pairs([str(d) for d in data_files])
+    paths, keys, texts = cache_rows(samples)
+    table = WorldTruth.load(world_root).relevance(texts, [paths[k] for k in keys], graded)
+    kind = ORACLE_KINDS[1] if graded else ORACLE_KINDS[0]
+    meta = {"kind": kind, "world": str(Path(world_root).resolve()), "data": [str(d) for d in data_files]}
+    relevance = torch.from_numpy(table)
+    return write_cache(out, keys, index_features(len(keys)), texts, index_features(len(texts)), meta, relevance)
 
 
 def run_make_targets(

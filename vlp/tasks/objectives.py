@@ -62,8 +62,15 @@ def itc_step(
 
     ``img_m``/``txt_m`` [B, E] momentum features (no grad); ``image_ids`` [B]. ``positives``:
     ``pair`` = own pair only; ``image`` = every bank entry with the anchor's image id.
-    ``regulate``: optional negative weighting (SRCL); it only changes the student's logits, the
-    distillation targets are ALBEF's. ``contrastive``: InfoNCE (default; a fixed ``tau`` replaces
+    ``regulate``: optional negative weighting (SRCL): its log-weights are added to the student's
+    logits; the distillation targets are ALBEF's ``alpha * softmax(m) + (1 - alpha) * y`` unless the
+    :class:`Regulation` says ``weight_targets`` (``loss.srcl.weight_targets``): then they come from
+    the weighted momentum logits, ``alpha * softmax(m + log w) + (1 - alpha) * y`` (a removed
+    negative, log-weight -inf, gets target 0). At the optimum of the soft cross-entropy,
+    ``softmax(l + log w) = t``, so with ALBEF's targets the student's unweighted probability of a
+    negative is ``∝ t_j / w_j``: a down-weighted false negative is pushed *up*
+    (:func:`vlp.losses.srcl.distillation_optimum`); weighted targets cancel the ``1 / w_j``.
+    ``contrastive``: InfoNCE (default; a fixed ``tau`` replaces
     the learned temperature) or a zoo loss on the same cosines and positives (no distillation).
     ``global_bank``: the in-batch columns hold every rank's momentum features (rank order), so
     each rank's rows see the whole global batch, as one process with that batch would.
@@ -99,6 +106,8 @@ def itc_step(
         m_t2i = cosines(txt_m, bank_i) / temp
     r = regulate(cos_i2t.detach(), cos_t2i.detach(), pos, same_image) if regulate is not None else None
     lw_i2t, lw_t2i, removal = (r.log_w_i2t, r.log_w_t2i, r.removal) if r is not None else (None, None, False)
+    if r is not None and r.weight_targets:  # the soft targets see the weights too
+        m_i2t, m_t2i = m_i2t + r.log_w_i2t, m_t2i + r.log_w_t2i
     loss = 0.5 * (
         soft_infonce(sim_i2t, itc_targets(pos, m_i2t, alpha), lw_i2t, removal)
         + soft_infonce(sim_t2i, itc_targets(pos, m_t2i, alpha), lw_t2i, removal)

@@ -2,8 +2,12 @@
 
 The pure weight functions live in :mod:`vlp.losses.srcl`; this module holds what changes over
 training: the frozen helper (or its cached features), a queue of helper features kept in the same
-slots as the model's momentum queue, and ``alpha_h`` (1 -> 0 over the helper span; always 0 in
-fine-tuning, where the live model alone regulates).
+slots as the model's momentum queue, and ``alpha_h`` (1 -> ``alpha_h_end`` over the helper span;
+always 0 in fine-tuning, where the live model alone regulates).
+
+An oracle helper (a cache of the world's ground truth, :mod:`vlp.data.helper_cache`) travels the
+same path: its "features" are row indices into a relevance table the regulator holds, and its
+"cosine" of an (image, caption) is their relevance (:func:`helper_similarities`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from vlp.losses.contrastive import cosines
 from vlp.losses.srcl import (
     alpha_h_at,
     mixed_similarity,
+    relevance_lookup,
     removal_log_weights,
     srcl_weights,
     to_log_weights,
@@ -30,10 +35,30 @@ from vlp.models.momentum import FeatureQueue
 
 
 def helper_span(cfg: SRCLConfig, total_steps: int, finetune: bool = False) -> int:
-    """Optimizer steps over which alpha_h falls from 1 to 0 (0: the helper is never used)."""
+    """Optimizer steps over which alpha_h falls from 1 to ``alpha_h_end`` (0: the helper is never used)."""
     if finetune:
         return 0
     return total_steps if cfg.helper_span is None else cfg.helper_span
+
+
+@torch.no_grad()
+def helper_similarities(
+    image: torch.Tensor,
+    text: torch.Tensor,
+    queue_image: torch.Tensor,
+    queue_text: torch.Tensor,
+    relevance: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The helper's cross-modal similarities ``(i2t, t2i)``, [B, B + Q] each (fp32): the batch's
+    helper features ``image``/``text`` [B, E] against [batch | queue] (``queue_*`` [Q, E]).
+
+    Learned helper: cosines of L2-normalised features. Oracle (``relevance`` [n_texts, n_images],
+    features = row indices [., 1]): ``relevance[text, image]`` of each pair; queue slots never
+    written (index -1) count as irrelevant."""
+    bank_t, bank_i = torch.cat([text, queue_text], 0), torch.cat([image, queue_image], 0)
+    if relevance is None:
+        return cosines(image, bank_t), cosines(text, bank_i)
+    return relevance_lookup(relevance, bank_t, image).T, relevance_lookup(relevance, text, bank_i)
 
 
 @dataclass
@@ -52,6 +77,9 @@ class Regulation:
     w_i2t: torch.Tensor  # the SRCL weights themselves (plots, tests)
     w_t2i: torch.Tensor
     removal: bool = False  # log-weights may hold -inf (removed negatives)
+    # the momentum-distillation targets are also computed from the weighted momentum logits
+    # (loss.srcl.weight_targets; see vlp.tasks.objectives.itc_step)
+    weight_targets: bool = False
 
 
 class SRCLRegulator(nn.Module):
@@ -60,6 +88,8 @@ class SRCLRegulator(nn.Module):
     ``queue_size`` must equal the model's momentum-queue size: column ``B + k`` of the ITC bank
     and of the helper bank are then the same sample. ``helper_dim`` is the helper's embedding
     width. ``helper``: a frozen helper model for live mode (batches without cached features).
+    ``relevance`` [n_texts, n_images]: the table of an oracle helper cache (``helper_dim`` 1, the
+    batch's helper features are row indices into it); a non-persistent buffer (not checkpointed).
     """
 
     def __init__(
@@ -71,6 +101,7 @@ class SRCLRegulator(nn.Module):
         helper_dim: int,
         finetune: bool = False,
         helper: Optional[nn.Module] = None,
+        relevance: Optional[torch.Tensor] = None,
     ) -> None:
         super().__init__()
         if mode not in ("srcl", "removal"):
@@ -79,6 +110,15 @@ class SRCLRegulator(nn.Module):
         self.span = helper_span(cfg, total_steps, finetune)
         self.queue = FeatureQueue(queue_size if self.uses_helper else 0, dict(image=helper_dim, text=helper_dim))
         self.helper = helper
+        self.relevance: Optional[torch.Tensor]
+        if relevance is not None:
+            if helper_dim != 1 or relevance.dim() != 2:
+                raise ValueError("an oracle relevance table [n_texts, n_images] needs helper_dim 1 (index features)")
+            self.register_buffer("relevance", relevance.float(), persistent=False)
+            for name in self.queue.names:
+                self.queue.get(name).fill_(-1.0)  # empty slots: no sample, no relevance
+        else:
+            self.relevance = None
         if helper is not None:
             helper.eval()
             for p in helper.parameters():
@@ -96,13 +136,13 @@ class SRCLRegulator(nn.Module):
 
     def alpha_h(self, step: int) -> float:
         """Helper share of the mixed similarity at optimizer step ``step``."""
-        return alpha_h_at(step, self.span)
+        return alpha_h_at(step, self.span, self.cfg.alpha_h_end)
 
     @torch.no_grad()
     def helper_features(self, batch: dict[str, torch.Tensor], step: int) -> Optional[HelperFeatures]:
         """The batch's helper features: cached (``helper_image``/``helper_text`` in the batch) or
         computed live by the frozen helper. None once the helper is no longer used."""
-        if step >= self.span:  # alpha_h is 0 from here on (always, in fine-tuning)
+        if self.alpha_h(step) == 0.0:  # past the span with alpha_h_end = 0 (always, in fine-tuning)
             return None
         if "helper_image" in batch:
             return HelperFeatures(batch["helper_image"].float(), batch["helper_text"].float())
@@ -138,8 +178,10 @@ class SRCLRegulator(nn.Module):
             if a > 0:
                 if helper is None:
                     raise ConfigError("SRCL: alpha_h > 0 but no helper features for this batch")
-                h_i2t = cosines(helper.image, torch.cat([helper.text, self.queue.get("text")], 0))
-                h_t2i = cosines(helper.text, torch.cat([helper.image, self.queue.get("image")], 0))
+                q = self.queue
+                h_i2t, h_t2i = helper_similarities(
+                    helper.image, helper.text, q.get("image"), q.get("text"), self.relevance
+                )
             c = self.cfg
             w_i2t = srcl_weights(mixed_similarity(cos_i2t, h_i2t, a, c.tau_w), positives, c.norm, c.delta)
             w_t2i = srcl_weights(mixed_similarity(cos_t2i, h_t2i, a, c.tau_w), positives, c.norm, c.delta)
@@ -151,13 +193,16 @@ class SRCLRegulator(nn.Module):
             stats = weight_stats([w_i2t, w_t2i], positives)
             stats["srcl_alpha_h"] = torch.tensor(a)
             same = same_image & ~positives
-            same_w = torch.where(same, w_i2t, 0.0).sum() + torch.where(same, w_t2i, 0.0).sum()
-            stats["srcl_w_same_image"] = same_w / (2 * torch.count_nonzero(same))  # NaN without such negatives
+            stats["srcl_w_same_image"] = _mean_where([w_i2t, w_t2i], [same, same])  # NaN without such negatives
             if self.mode == "removal":
                 removed = torch.count_nonzero(torch.isneginf(lw_i2t)) + torch.count_nonzero(torch.isneginf(lw_t2i))
                 n_neg = 2 * (positives.numel() - torch.count_nonzero(positives))
                 stats["srcl_removed"] = removed / n_neg.clamp_min(1)
-        return Regulation(lw_i2t, lw_t2i, stats, w_i2t, w_t2i, self.mode == "removal")
+            if self.relevance is not None:  # oracle: the weight of the true false negatives (NaN: none, or no helper)
+                fn = [(h == 1.0) & ~positives for h in (h_i2t, h_t2i) if h is not None]
+                nan = torch.tensor(float("nan"), device=w_i2t.device)
+                stats["srcl_w_true_false_negatives"] = _mean_where([w_i2t, w_t2i], fn) if fn else nan
+        return Regulation(lw_i2t, lw_t2i, stats, w_i2t, w_t2i, self.mode == "removal", c.weight_targets)
 
     @torch.no_grad()
     def enqueue(self, image_ids: torch.Tensor, helper: Optional[HelperFeatures]) -> None:
@@ -168,3 +213,12 @@ class SRCLRegulator(nn.Module):
         self.queue.enqueue(
             all_gather_nograd(image_ids), image=all_gather_nograd(helper.image), text=all_gather_nograd(helper.text)
         )
+
+
+def _mean_where(values: list[torch.Tensor], masks: list[torch.Tensor]) -> torch.Tensor:
+    """Mean of ``values`` over the entries ``masks`` select, pooled (0-d; NaN when none)."""
+    total = torch.zeros((), device=values[0].device)
+    count = torch.zeros((), device=values[0].device)
+    for v, m in zip(values, masks):
+        total, count = total + torch.where(m, v, 0.0).sum(), count + torch.count_nonzero(m)
+    return total / count

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -9,10 +10,11 @@ import pytest
 from PIL import Image
 
 from tests.data.synthetic.conftest import SMALL, _load
+from vlp.data.synthetic.mix import write_generic_mix
 from vlp.data.synthetic.predicates import caption_matches
 from vlp.data.synthetic.relevance import compute_graded_relevance, compute_relevance
 from vlp.data.synthetic.scene import COLORS, SHAPES, SIZES, scene_from_dict
-from vlp.data.synthetic.world import generate_world, write_generic_mix
+from vlp.data.synthetic.world import CAPTION_GROUPS_FORMAT, generate_world
 
 
 def test_world_files_and_formats(world: dict[str, Path]) -> None:
@@ -27,6 +29,8 @@ def test_world_files_and_formats(world: dict[str, Path]) -> None:
         "relevance_test",
         "relevance_graded_val",
         "relevance_graded_test",
+        "caption_kinds_val",
+        "caption_kinds_test",
         "scenes",
         "root",
         "vqa_train",
@@ -158,3 +162,79 @@ def test_generic_mix_share_and_captions(world: dict[str, Path], share: float, tm
     # elsewhere: absolute image paths that still resolve
     other = _load(write_generic_mix(root, share, seed=1, out=tmp_path / "mix.json"))
     assert all(Path(e["image"]).is_file() for e in other)
+
+
+# SHA-256 of the files of generate_world(root, seed=0, n_train=40, n_val=4, n_test=20), computed
+# with the code before the helper split and the caption-kind files existed: n_helper=0 (the
+# default) must leave every one of them byte-identical.
+REFERENCE_SHA256 = {
+    "helper.json": "97079ec6fe01bcec6e286cfd75b1256936ef88cf8e74dfbaf1cac87037dd925d",
+    "pretrain.json": "36f480ada10266bc66e1bbefc13923df2848a2fb50b3ccfe7127d27ee4f12260",
+    "relevance_graded_test.npy": "c007e752d6655d3555ab390149cd59a8d0684814c83bfd3490d642f6299505cd",
+    "relevance_graded_val.npy": "66b40beba46d815bd89b1353eafa618d33372fb71a43e4b25e0c13e0edd5c363",
+    "relevance_test.json": "29b7d7c021260b7a67aadf4112174514c058f3e6e1c77ddc2c0745ea1d3ff81d",
+    "relevance_val.json": "f1c935473de559b9871d9b7d6d0fb0a6d9e576b31a2ed9698ce72e723af1d9b0",
+    "retrieval_test.json": "903082ee722ffb06aa071e87205725f7d8194741c40a651297d886fc6d622497",
+    "retrieval_train.json": "26d8157575b9b639cc0cd9b268e6c2d12135a6856c45daddabb0de36eccf9813",
+    "retrieval_val.json": "eba98fb37ab0bf1755569c5d2f3784b95fdaeafb1c390c4ab6eddaaf7466aab6",
+    "scenes.json": "734301b0c9d67bd057a1a0c6418fc47ae911c78bc6f5b8fb66364f152adfa356",
+}
+REFERENCE_WORLD = dict(seed=0, n_train=40, n_val=4, n_test=20, progress=False)
+
+
+def _sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_default_world_files_are_byte_identical_to_before_the_helper_split(tmp_path: Path) -> None:
+    paths = generate_world(tmp_path, **REFERENCE_WORLD)
+    assert {name: _sha(tmp_path / name) for name in REFERENCE_SHA256} == REFERENCE_SHA256
+    assert "helper_split" not in paths
+    assert not (tmp_path / "helper_split.json").exists() and not (tmp_path / "images" / "helper").exists()
+
+
+def test_helper_split_disjoint_images_every_kind(tmp_path: Path) -> None:
+    base = generate_world(tmp_path / "base", **REFERENCE_WORLD)
+    paths = generate_world(tmp_path / "h", **REFERENCE_WORLD, n_helper=6)
+    root = paths["root"]
+    # the other files do not depend on n_helper; scenes.json only gains the helper split
+    for key, path in base.items():
+        if key not in ("root", "scenes"):
+            assert paths[key].read_bytes() == path.read_bytes(), key
+    scenes, scenes_base = _load(paths["scenes"]), _load(base["scenes"])
+    assert {k: v for k, v in scenes["splits"].items() if k != "helper"} == scenes_base["splits"]
+    records = scenes["splits"]["helper"]
+    helper = _load(paths["helper_split"])
+    assert paths["helper_split"] == root / "helper_split.json"
+    assert [e["image"] for e in helper] == [f"images/helper/helper_{i:06d}.png" for i in range(6)]
+    assert sorted(p.name for p in (root / "images" / "helper").iterdir()) == [f"helper_{i:06d}.png" for i in range(6)]
+    kinds = set()
+    for e, r in zip(helper, records):
+        assert e["image"] == r["image"] and e["caption"] == [c["text"] for c in r["captions"]]
+        assert len(e["caption"]) == 5
+        for c in r["captions"]:
+            assert caption_matches(c["predicate"], scene_from_dict(r))
+            kinds.add(c["predicate"]["kind"])
+    assert kinds == {"scene", "object", "relation", "count"}
+    # images of their own: no helper scene is the scene of a training image at the same index
+    train = scenes["splits"]["train"]
+    assert all(h["objects"] != t["objects"] for h, t in zip(records, train))
+    # regenerating without the split removes its images and file
+    again = generate_world(root, **REFERENCE_WORLD)
+    assert "helper_split" not in again and not (root / "helper_split.json").exists()
+    assert not list((root / "images" / "helper").iterdir())
+    assert again["scenes"].read_bytes() == base["scenes"].read_bytes()
+    with pytest.raises(ValueError, match="n_helper must be >= 0"):
+        generate_world(tmp_path / "bad", **REFERENCE_WORLD, n_helper=-1)
+
+
+def test_caption_kinds_files(world: dict[str, Path]) -> None:
+    entries = _load(world["scenes"])["splits"]
+    for split in ("val", "test"):
+        kinds = _load(world[f"caption_kinds_{split}"])
+        assert kinds["format"] == CAPTION_GROUPS_FORMAT and kinds["annotation"] == f"retrieval_{split}.json"
+        assert kinds["labels"] == [c["predicate"]["kind"] for e in entries[split] for c in e["captions"]]
+        assert len(kinds["labels"]) == len(_load(world[f"relevance_{split}"])["texts"])
+        assert kinds["unions"] == {"generic": ["object", "relation", "count"]}
+    labels = _load(world["caption_kinds_test"])["labels"]
+    assert labels[::5] == ["scene"] * SMALL["n_test"]  # the scene caption comes first

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Collection, Optional, Sequence
 
 from vlp.data.synthetic.phrases import (
     NUMBER_WORDS,
@@ -38,6 +38,7 @@ __all__ = [
     "caption_text",
     "parse_caption",
     "make_captions",
+    "draw_caption",
 ]
 
 CAPTION_KINDS: tuple[str, ...] = ("scene", "object", "relation", "count")
@@ -201,18 +202,35 @@ def make_captions(scene: Scene, rng: random.Random, n: int = 5) -> list[tuple[st
         plan.append(rng.choices(kinds, weights=weights)[0])
     rng.shuffle(plan)
     for kind in plan:
-        for _ in range(64):
-            p = _SAMPLERS[kind](scene, rng)
-            t = caption_text(p)
-            if t not in seen:
-                break
-        else:  # rare: fall back to an exhaustive list of unused captions, any kind
-            pool = {caption_text(q): q for k in [kind] + kinds for q in _enumerate(scene, k)}
-            unused = sorted(t for t in pool if t not in seen)
-            if not unused:
-                raise ValueError(f"cannot write {n} distinct captions for {scene}")
-            t = rng.choice(unused)
-            p = pool[t]
+        drawn = draw_caption(scene, kind, rng, seen, fallback=kinds)
+        if drawn is None:
+            raise ValueError(f"cannot write {n} distinct captions for {scene}")
+        t, p = drawn
         seen.add(t)
         out.append((t, p.to_dict()))
     return out
+
+
+def draw_caption(
+    scene: Scene, kind: str, rng: random.Random, seen: Collection[str], fallback: Sequence[str] = ()
+) -> Optional[tuple[str, Predicate]]:
+    """A caption ``(text, predicate)`` of ``kind`` (``object``, ``relation`` or ``count``) true of
+    ``scene`` whose text is not in ``seen``, or None if the grammar has none left.
+
+    Up to 64 draws of the kind's sampler; if all are in ``seen`` (rare), a uniform choice among the
+    unused captions of the exhaustive lists of ``kind`` and the ``fallback`` kinds (sorted by text),
+    so the caption may then be of a fallback kind. A ``relation`` needs two objects.
+    """
+    if kind == "relation" and len(scene.objects) < 2:
+        return None
+    for _ in range(64):
+        p = _SAMPLERS[kind](scene, rng)
+        t = caption_text(p)
+        if t not in seen:
+            return t, p
+    pool = {caption_text(q): q for k in [kind, *fallback] for q in _enumerate(scene, k)}
+    unused = sorted(t for t in pool if t not in seen)
+    if not unused:
+        return None
+    t = rng.choice(unused)
+    return t, pool[t]

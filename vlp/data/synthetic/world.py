@@ -3,20 +3,19 @@
 :func:`generate_world` samples, captions and renders the scenes of the train, val and test
 splits and writes the pretraining, retrieval and relevance files, ``scenes.json`` and the VQA
 and NLVR2 files (:func:`write_task_files`); :func:`write_generic_mix` writes a pretraining file
-in which a share of the images is captioned only generically. The file formats are described
-in ``docs/shapes_world.md``.
+in which a share of the images is captioned only generically (:mod:`vlp.data.synthetic.mix`, with the
+other caption mixes). The file formats are described in ``docs/shapes_world.md``.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from vlp.data.synthetic.captions import make_captions
+from vlp.data.synthetic.captions import CAPTION_KINDS, make_captions
 from vlp.data.synthetic.nlvr import NLVR_TEMPLATES, check_templates, nlvr_task_files
 from vlp.data.synthetic.relevance import compute_graded_relevance, compute_relevance
 from vlp.data.synthetic.scene import (
@@ -33,16 +32,24 @@ from vlp.data.synthetic.vqa import vqa_task_files
 
 __all__ = [
     "SPLITS",
+    "HELPER_SPLIT",
     "RELEVANCE_FORMAT",
+    "CAPTION_GROUPS_FORMAT",
+    "GENERIC_KINDS",
     "generate_world",
     "write_task_files",
-    "write_generic_mix",
 ]
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
+#: the optional split of images disjoint from every other, for an SRCL helper (``n_helper``)
+HELPER_SPLIT = "helper"
 RELEVANCE_FORMAT = "vlp-relevance-v1"
+#: ``caption_kinds_<split>.json``: a label per caption of ``retrieval_<split>.json`` and named unions
+CAPTION_GROUPS_FORMAT = "vlp-caption-groups-v1"
+#: the caption kinds each true of many images (the false negatives of one another)
+GENERIC_KINDS: tuple[str, ...] = tuple(k for k in CAPTION_KINDS if k != "scene")
 
-_IMAGE_NAME = re.compile(r"^(train|val|test)_\d{6}\.png$")
+_IMAGE_NAME = re.compile(r"^(train|val|test|helper)_\d{6}\.png$")
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -70,6 +77,7 @@ def generate_world(
     vqa_per_image: int = 3,
     nlvr_per_image: int = 2,
     nlvr_templates: Sequence[str] | None = None,
+    n_helper: int = 0,
 ) -> dict[str, Path]:
     """Generate a shapes world under ``out`` and return the written paths.
 
@@ -77,22 +85,32 @@ def generate_world(
     captions only: the clean caption set of the SRCL helper),
     ``retrieval_{train,val,test}.json``, ``relevance_{val,test}.json``,
     ``relevance_graded_{val,test}.npy`` (float32 [texts, images], :func:`~vlp.data.synthetic.relevance.caption_grade`),
+    ``caption_kinds_{val,test}.json`` (the kind of each caption of ``retrieval_<split>.json``, in its
+    order, and the union ``generic`` of the non-scene kinds: the caption groups of ``vlp evaluate
+    retrieval``),
     ``scenes.json``, and the downstream tasks of :mod:`vlp.data.synthetic.vqa` and
     :mod:`vlp.data.synthetic.nlvr`:
     ``vqa_{train,val,test}.json`` (up to ``vqa_per_image`` questions per image; test without
     answers), ``vqa_test_annotations.json``, ``answer_list.json`` and
     ``nlvr_{train,dev,test}.json`` (``nlvr_per_image`` statements per image of the split, the
     ``nlvr_templates`` (default: all of ``NLVR_TEMPLATES``) in equal shares) (see
-    ``docs/shapes_world.md``).  Deterministic: the same arguments give byte-identical files and
+    ``docs/shapes_world.md``).  ``n_helper`` > 0 adds the split ``helper``: that many further
+    images (``images/helper/``, scenes from their own RNGs, hence disjoint from the other splits
+    as images) with all their captions, every kind, in ``helper_split.json`` (pretraining format)
+    and under ``splits.helper`` of ``scenes.json``: the training data of an SRCL helper that knows
+    the whole caption vocabulary without seeing a training image. ``n_helper`` = 0 writes no
+    helper file (and removes those of an earlier world): every other file is byte-identical to a
+    world without the option.  Deterministic: the same arguments give byte-identical files and
     images; the task files draw from their own RNGs, so the other files do not depend on
-    ``vqa_per_image`` / ``nlvr_per_image``.  Returns a dict with keys ``pretrain, helper,
-    retrieval_train, retrieval_val, retrieval_test, relevance_val, relevance_test,
-    relevance_graded_val, relevance_graded_test, scenes, vqa_train, vqa_val, vqa_test,
-    vqa_test_annotations, answer_list, nlvr_train, nlvr_dev, nlvr_test, root``.
+    ``vqa_per_image`` / ``nlvr_per_image`` (nor on ``n_helper``).  Returns a dict with keys
+    ``pretrain, helper, retrieval_train, retrieval_val, retrieval_test, relevance_val,
+    relevance_test, relevance_graded_val, relevance_graded_test, caption_kinds_val,
+    caption_kinds_test, scenes, vqa_train, vqa_val, vqa_test, vqa_test_annotations, answer_list,
+    nlvr_train, nlvr_dev, nlvr_test, root`` and, with ``n_helper`` > 0, ``helper_split``.
     """
     templates = check_templates(nlvr_templates if nlvr_templates is not None else NLVR_TEMPLATES)
     root = Path(out)
-    counts = {"train": n_train, "val": n_val, "test": n_test}
+    counts = {"train": n_train, "val": n_val, "test": n_test, HELPER_SPLIT: n_helper}
     for split, n in counts.items():
         if n < 0:
             raise ValueError(f"n_{split} must be >= 0")
@@ -100,6 +118,7 @@ def generate_world(
     scenes: dict[str, list[Scene]] = {}
     for split in SPLITS:
         records[split], scenes[split] = _write_split_images(root, split, counts[split], seed, image_size, progress)
+    helper = _write_helper_split(root, n_helper, seed, image_size, progress)
 
     paths = {
         "pretrain": root / "pretrain.json",
@@ -111,6 +130,8 @@ def generate_world(
         "relevance_test": root / "relevance_test.json",
         "relevance_graded_val": root / "relevance_graded_val.npy",
         "relevance_graded_test": root / "relevance_graded_test.npy",
+        "caption_kinds_val": root / "caption_kinds_val.json",
+        "caption_kinds_test": root / "caption_kinds_test.json",
         "scenes": root / "scenes.json",
     }
     texts = {s: [[c["text"] for c in r["captions"]] for r in records[s]] for s in SPLITS}
@@ -123,12 +144,31 @@ def generate_world(
             "seed": seed,
             "image_size": image_size,
             "attributes": {"shapes": list(SHAPES), "colors": list(COLORS), "sizes": list(SIZES)},
-            "splits": records,
+            "splits": records if helper is None else {**records, HELPER_SPLIT: helper[1]},
         },
     )
     images = {s: [r["image"] for r in records[s]] for s in SPLITS}
     paths.update(write_task_files(root, seed, scenes, images, vqa_per_image, nlvr_per_image, templates))
+    if helper is not None:
+        paths["helper_split"] = helper[0]
     return {**paths, "root": root}
+
+
+def _write_helper_split(
+    root: Path, n: int, seed: int, image_size: int, progress: bool
+) -> Optional[tuple[Path, list[dict[str, Any]]]]:
+    """The ``helper`` split of ``n`` images and ``helper_split.json`` (every caption of each
+    image); returns the file and the ``scenes.json`` records, or None for ``n`` = 0 (after
+    removing the helper images and file of an earlier world)."""
+    path = root / "helper_split.json"
+    if n == 0:
+        if (root / "images" / HELPER_SPLIT).is_dir():
+            _write_split_images(root, HELPER_SPLIT, 0, seed, image_size, False)  # removes the stale images
+        path.unlink(missing_ok=True)
+        return None
+    records, _ = _write_split_images(root, HELPER_SPLIT, n, seed, image_size, progress)
+    _write_json(path, [{"image": r["image"], "caption": [c["text"] for c in r["captions"]]} for r in records])
+    return path, records
 
 
 def _write_split_images(
@@ -180,11 +220,20 @@ def _write_train_files(paths: dict[str, Path], records: list[dict[str, Any]], te
 def _write_eval_files(
     paths: dict[str, Path], split: str, records: list[dict[str, Any]], texts: list[list[str]], scenes: list[Scene]
 ) -> None:
-    """``retrieval_<split>.json``, ``relevance_<split>.json`` and ``relevance_graded_<split>.npy``,
-    checking that every caption is true of its own image and that the graded relevance is 1.0
-    exactly where the caption is true."""
+    """``retrieval_<split>.json``, ``relevance_<split>.json``, ``relevance_graded_<split>.npy`` and
+    ``caption_kinds_<split>.json``, checking that every caption is true of its own image and that
+    the graded relevance is 1.0 exactly where the caption is true."""
     _write_json(paths[f"retrieval_{split}"], [{"image": r["image"], "caption": t} for r, t in zip(records, texts)])
     preds = [c["predicate"] for r in records for c in r["captions"]]
+    _write_json(
+        paths[f"caption_kinds_{split}"],
+        {
+            "format": CAPTION_GROUPS_FORMAT,
+            "annotation": paths[f"retrieval_{split}"].name,
+            "labels": [p["kind"] for p in preds],  # the captions in retrieval_<split>.json order
+            "unions": {"generic": list(GENERIC_KINDS)},
+        },
+    )
     owners = [i for i, r in enumerate(records) for _ in r["captions"]]
     relevant = compute_relevance(preds, scenes)
     for k, (own, rel) in enumerate(zip(owners, relevant)):
@@ -228,25 +277,3 @@ def write_task_files(
         paths[key] = root / name
         _write_json(paths[key], obj)
     return paths
-
-
-def write_generic_mix(root: str | Path, generic_share: float, seed: int = 0, out: str | Path | None = None) -> Path:
-    """A pretraining file over the training images of the world at ``root`` in which a share
-    ``generic_share`` of the images are described only by their generic captions (object,
-    relation, count: each true of many images, hence false negatives of one another) and the
-    rest only by their fully specified scene caption. Written to ``out`` (default
-    ``root/pretrain_generic_<share>.json``); deterministic in ``seed``."""
-    if not 0.0 <= generic_share <= 1.0:
-        raise ValueError(f"generic_share must be in [0, 1], got {generic_share}")
-    root = Path(root)
-    records = json.loads((root / "scenes.json").read_text())["splits"]["train"]
-    path = Path(out) if out is not None else root / f"pretrain_generic_{generic_share:g}.json"
-    relative = path.parent.resolve() == root.resolve()  # image paths resolve against the file's folder
-    items = []
-    for i, r in enumerate(records):
-        texts = [c["text"] for c in r["captions"]]
-        generic = world_rng(seed, "train", i, "generic-mix").random() < generic_share
-        image = r["image"] if relative else str((root / r["image"]).resolve())
-        items.append({"image": image, "caption": texts[1:] if generic and len(texts) > 1 else texts[0]})
-    _write_json(path, items)
-    return path
