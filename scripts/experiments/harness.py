@@ -141,7 +141,7 @@ class Sweep:
             metrics |= self.after(name, seed, run_dir)
         self.results.add(name, seed, metrics)
         print(
-            f"[{time.time() - self.t0:6.0f}s] {name:{self.name_width}s} seed {seed}: {self.summary(res.metrics)} "
+            f"[{time.time() - self.t0:6.0f}s] {name:{self.name_width}s} seed {seed}: {self.summary(metrics)} "
             f"({time.time() - t:.0f}s)",
             flush=True,
         )

@@ -117,8 +117,28 @@ def main(argv=None) -> int:
         f"machine. Zero-shot retrieval on the {a.test_images}-image test split (ITC cosine). COCOS: seed {seed}, "
         f"{a.cocos_batches} training batches, `{out / 'cocos.json'}`.",
         results_table(results, a.seeds, METRICS),
+        cocos_table(cocos),
     )
     return 0
+
+
+def cocos_table(cocos: dict) -> str:
+    """COCOS per run: valid queries, queries without gradient and contributing candidates per query,
+    per direction (mean ± std over batches)."""
+    rows = [
+        "| run | queries i2t / t2i | with zero gradient i2t / t2i | contributing per query i2t / t2i |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, rec in cocos.items():
+        cells = [
+            " / ".join(
+                f"{rec['stats'][f'{d}_{n}']['mean']:.2f} ± {rec['stats'][f'{d}_{n}']['std']:.2f}"
+                for d in ("i2t", "t2i")
+            )
+            for n in ("valid", "zeros", "count_mean")
+        ]
+        rows.append(f"| {key} | {' | '.join(cells)} |")
+    return "\n".join(rows)
 
 
 if __name__ == "__main__":
