@@ -75,6 +75,8 @@ def test_evaluate_retrieval_cli(run, world, tmp_path):
             str(world["retrieval_test"]),
             "--relevance",
             str(world["relevance_test"]),
+            "--caption-groups",
+            str(world["caption_kinds_test"]),
             "--out",
             str(out),
             "eval.k_test=4",
@@ -83,6 +85,9 @@ def test_evaluate_retrieval_cli(run, world, tmp_path):
     )
     assert rc == 0
     m = json.loads((out / "metrics.json").read_text())
+    # per caption kind: one scene caption per image, four generic ones
+    assert m["n_queries@scene"] == 24 and m["n_queries@generic"] == 96
+    assert 0.0 <= m["img_r_precision@generic"] <= 100.0
     keys = "txt_r1 txt_r5 txt_r10 txt_r_mean img_r1 img_r5 img_r10 img_r_mean r_mean rsum".split()
     assert all(k in m for k in keys)
     assert all(0.0 <= m[k] <= 100.0 for k in keys if k != "rsum")
