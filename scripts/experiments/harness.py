@@ -1,4 +1,4 @@
-"""Shared parts of the shapes-world experiments over seeds (``srcl_shapes.py``, ``ltd_shapes.py``).
+"""Shared parts of the shapes-world experiments over seeds (``srcl_testbed.py``, ``ltd_testbed.py``, ``zoo_testbed.py``).
 
 An experiment parses the common options (:func:`experiment_parser`), writes a shapes world under
 ``OUT/world`` (:func:`prepare_world`), pretrains every variant for every seed with the same data
