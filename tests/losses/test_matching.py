@@ -68,3 +68,23 @@ def test_itm_loss_ignores_invalid_rows():
     expected = torch.nn.functional.cross_entropy(logits[:2], labels[:2])
     assert torch.allclose(itm_loss(logits, labels, valid), expected)
     assert torch.allclose(itm_loss(logits, labels), torch.nn.functional.cross_entropy(logits, labels))
+
+
+def test_hardness_scales_the_sampling_logits():
+    sim = torch.tensor([[9.0, 0.0, 1.0, 4.0]]).repeat(4, 1)
+    n = 3000
+    # hardness 0: uniform random negatives over the valid columns (the diagonal stays masked)
+    g = gen(2)
+    draws = torch.stack([sample_hard_negatives(sim, None, g, hardness=0.0)[0][0] for _ in range(n)])
+    freq = torch.bincount(draws, minlength=4).float() / n
+    assert freq[0] == 0 and torch.allclose(freq[1:], torch.full((3,), 1 / 3), atol=0.03)
+    # hardness 0.5: softmax of half the logits
+    g = gen(3)
+    draws = torch.stack([sample_hard_negatives(sim, None, g, hardness=0.5)[0][0] for _ in range(n)])
+    freq = torch.bincount(draws, minlength=4).float() / n
+    assert torch.allclose(freq[1:], torch.softmax(torch.tensor([0.0, 0.5, 2.0]), 0), atol=0.03)
+    # hardness 1 is ALBEF's sampling, draw for draw
+    s = torch.randn(6, 6, generator=gen(4)) * 5
+    assert torch.equal(
+        sample_hard_negatives(s, None, gen(5))[0], sample_hard_negatives(s, None, gen(5), hardness=1.0)[0]
+    )

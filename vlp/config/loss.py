@@ -144,6 +144,11 @@ class LossConfig:
     # text states and image tokens gathered with gradient, negatives drawn identically on every rank,
     # the loss normalised by the global pair count). Across processes it needs data.text_padding=max_len.
     itm_negatives: str = "local"
+    # ITM hard negatives are drawn with probability softmax(itm_hardness * ITC logits): 1 = ALBEF's
+    # hard-negative mining, 0 = uniform random negatives. Where many ITC-hard negatives are true
+    # matches (generic captions, the shapes world), hard mining labels matches as non-matches and
+    # ITM stays at its prior (docs/training.md); a softer mining gives it cleaner labels.
+    itm_hardness: float = 1.0
     # MLM masks: drawn per rank and averaged per rank (ALBEF), or "global": drawn for the global batch
     # identically on every rank and normalised by the global masked-token count. Needs
     # data.text_padding=max_len across processes. Both global modes: the run equals one process
@@ -163,6 +168,8 @@ class LossConfig:
         _choice("loss.itc_bank", self.itc_bank, ["local", "global"])
         _choice("loss.itm_negatives", self.itm_negatives, ["local", "global"])
         _choice("loss.mlm_masking", self.mlm_masking, ["local", "global"])
+        if self.itm_hardness < 0:
+            raise ConfigError(f"config key 'loss.itm_hardness': got {self.itm_hardness}, expected >= 0")
         if self.itc_bank == "global" and self.regulation != "none":
             raise ConfigError(
                 f"config keys 'loss.itc_bank'/'loss.regulation': itc_bank=global with regulation="

@@ -13,8 +13,10 @@ def sample_hard_negatives(
     sim: torch.Tensor,
     image_ids: Optional[torch.Tensor] = None,
     generator: Optional[torch.Generator] = None,
+    hardness: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one negative column per row, with probability ``softmax(sim)`` over valid negatives.
+    """Draw one negative column per row, with probability ``softmax(hardness * sim)`` over valid
+    negatives (``hardness`` 1: ALBEF; 0: uniform random negatives; between: softer mining).
 
     ``sim`` [B, B] (row = anchor, column = candidate of the other modality, same batch order).
     Invalid negatives - the diagonal and, given ``image_ids`` [B], every column with the anchor's
@@ -30,7 +32,10 @@ def sample_hard_negatives(
     invalid = torch.eye(b, dtype=torch.bool, device=sim.device)
     if image_ids is not None:
         invalid |= image_ids[:, None] == image_ids[None, :]
-    s = sim.float().nan_to_num(nan=float("-inf")).masked_fill(invalid, float("-inf"))
+    s = sim.float().nan_to_num(nan=float("-inf"))
+    if hardness != 1.0:
+        s = torch.where(torch.isfinite(s), s * hardness, s)  # -inf stays -inf (0 * -inf would be NaN)
+    s = s.masked_fill(invalid, float("-inf"))
     has_valid = (~invalid).any(1)
     has_mass = torch.isfinite(s).any(1)
     probs = F.softmax(s.masked_fill(~has_mass[:, None], 0.0), dim=1)  # rows w/o mass: uniform...

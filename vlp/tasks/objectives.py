@@ -151,8 +151,10 @@ def itm_step(
     generator: Optional[torch.Generator] = None,
     image_tokens: Optional[torch.Tensor] = None,
     global_batch: bool = False,
+    hardness: float = 1.0,
 ) -> torch.Tensor:
     """ITM on B positives + B (text, hard image) + B (hard text, image) pairs in one fusion pass.
+    Negatives are drawn with probability ``softmax(hardness * sim)`` (``loss.itm_hardness``).
 
     Local (ALBEF): negatives are drawn from this rank's batch, with the in-batch ITC similarities
     ``sim_*`` [B, B] (the batch columns of :class:`ITCOutput`) and ``image_ids`` [B]; the image
@@ -167,8 +169,8 @@ def itm_step(
     (global valid count / world): the mean over ranks is the global batch's loss and DDP's
     gradient mean its gradient. On one process both modes compute the same loss.
     """
-    neg_img, ok_img = sample_hard_negatives(sim_t2i, image_ids, generator)  # per text
-    neg_txt, ok_txt = sample_hard_negatives(sim_i2t, image_ids, generator)  # per image
+    neg_img, ok_img = sample_hard_negatives(sim_t2i, image_ids, generator, hardness)  # per text
+    neg_txt, ok_txt = sample_hard_negatives(sim_i2t, image_ids, generator, hardness)  # per image
     b = txt.hidden.shape[0]
     if not global_batch:
         hidden = torch.cat([txt.hidden, txt.hidden, txt.hidden[neg_txt]], 0)

@@ -128,10 +128,12 @@ class PretrainTask(Task):
         if c.itm and global_itm:  # negatives from the global batch, drawn alike on every rank
             sims = global_batch_sims(img.feat, txt.feat, img_m.feat, txt_m.feat, itc.temp)
             ids_all = all_gather_nograd(image_ids)
-            out["itm"] = itm_step(m, kv, txt, *sims, ids_all, shared, img.tokens, global_batch=True)
+            out["itm"] = itm_step(
+                m, kv, txt, *sims, ids_all, shared, img.tokens, global_batch=True, hardness=c.itm_hardness
+            )
         elif c.itm:
             sims = itc.sim_i2t[:, itc.batch_cols].detach(), itc.sim_t2i[:, itc.batch_cols].detach()
-            out["itm"] = itm_step(m, kv, txt, *sims, image_ids, gen)
+            out["itm"] = itm_step(m, kv, txt, *sims, image_ids, gen, hardness=c.itm_hardness)
         if c.mlm:
             out["mlm"] = mlm_step(
                 m,
