@@ -162,3 +162,42 @@ def write_report(path: Path, *paragraphs: str) -> str:
     path.write_text(text + "\n")
     print(text)
     return text
+
+
+def plot_sweep(
+    results: SeedResults,
+    seeds: Sequence[int],
+    points: dict[str, float],
+    metrics: Sequence[str],
+    out: Path,
+    title: str,
+    xlabel: str,
+    baselines: Optional[dict[str, dict[str, tuple[float, float, int]]]] = None,
+) -> Optional[Path]:
+    """Each of ``metrics`` against a swept parameter: variant -> x in ``points``, mean ± std over
+    the ``seeds`` each variant has (error bars); ``baselines`` (label -> ``summarise`` row) are drawn
+    as horizontal lines. Nothing is written before any variant has a result."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = summarise({k: v for k, v in results.data.items() if k in points}, seeds, metrics)
+    if not summary:
+        return None
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.5 * len(metrics), 3.6), squeeze=False)
+    for ax, m in zip(axes[0], metrics):
+        xs = sorted((points[k], row[m]) for k, row in summary.items() if m in row)
+        ax.errorbar([x for x, _ in xs], [v[0] for _, v in xs], yerr=[v[1] for _, v in xs], marker="o", capsize=3)
+        for label, row in (baselines or {}).items():
+            if m in row:
+                ax.axhline(row[m][0], ls=":", color="gray")
+                ax.text(xs[0][0], row[m][0], f" {label}", fontsize=7, va="bottom")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(m)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

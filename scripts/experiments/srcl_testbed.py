@@ -35,10 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-from harness import Sweep, experiment_parser, prepare_world, results_table, train_once, write_report
+from harness import Sweep, experiment_parser, plot_sweep, prepare_world, results_table, train_once, write_report
 
 from vlp.data.synthetic import write_caption_mix
-from vlp.eval.report import SeedResults, slug
+from vlp.eval.report import SeedResults, slug, summarise
 from vlp.runs.diagnostics import run_helper_diagnostics
 from vlp.runs.evaluate import run_evaluate_retrieval
 from vlp.runs.features import run_cache_helper_features, run_cache_oracle_features
@@ -218,6 +218,18 @@ def main(argv=None) -> int:
             f"{t['true_negatives']['median']:.3f} |"
         )
     table = results_table(results, seeds, METRICS, label=lambda name: f"{name} (AUC {auc[arm(name)[0]]})")
+    if a.grid == "removal":
+        main = SeedResults(out / "results_main.json")
+        plot_sweep(
+            results,
+            seeds,
+            {f"helper removal {t:g}": t for t in THRESHOLDS},
+            ["img_r_precision", "img_ndcg10", "img_r_precision@generic"],
+            out / "removal_sweep.png",
+            "learned-helper removal (ALBEF++) by threshold; dotted: the main grid's arms",
+            "removal threshold",
+            summarise({k: v for k, v in main.data.items() if k in ("plain ITC", "oracle removal")}, seeds, METRICS),
+        )
     write_report(out / f"report_{a.grid}.md", "\n".join(lines), table)
     return 0
 
