@@ -17,7 +17,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from vlp.data.synthetic.captions import CAPTION_KINDS, KIND_WEIGHTS, draw_caption, parse_caption
+from vlp.data.synthetic.captions import CAPTION_KINDS, KIND_WEIGHTS, draw_caption
 from vlp.data.synthetic.oracle import WorldTruth
 from vlp.data.synthetic.relevance import SceneTable
 from vlp.data.synthetic.scene import Scene, scene_from_dict, world_rng
@@ -157,13 +157,14 @@ def write_caption_mix(
 
 
 class _Truth:
-    """Which of the file's images each caption is true of: one bool row [images] per caption
-    text, computed on first use (:class:`SceneTable`), and each caption's kind."""
+    """Which of the file's ``images`` each caption of ``texts`` is true of, by the world's ground
+    truth (:class:`WorldTruth`: its scenes and predicates): one bool row [images] per caption text,
+    computed on first use (:class:`SceneTable`), and each caption's kind."""
 
-    def __init__(self, scenes: list[Scene], texts: list[str]) -> None:
-        self.table = SceneTable(scenes)
+    def __init__(self, world: WorldTruth, images: Sequence[str], texts: list[str]) -> None:
+        self.table = SceneTable([world.scene(i) for i in images])
         self.texts = texts
-        self.preds = [parse_caption(t) for t in texts]
+        self.preds = [world.predicate(t) for t in texts]
         self.kinds = [p["kind"] for p in self.preds]
         self.rows: dict[int, np.ndarray] = {}
 
@@ -243,7 +244,7 @@ def false_negative_share(
     index = {p: k for k, p in enumerate(images)}
     texts = sorted({t for s in samples for t in s.captions})
     text_id = {t: k for k, t in enumerate(texts)}
-    truth = _Truth([world.scene(p) for p in images], texts)
+    truth = _Truth(world, images, texts)
     item_image = np.array([index[s.image] for s in samples])
     item_caps = [[text_id[t] for t in s.captions] for s in samples]
     kinds = sorted(set(truth.kinds))
