@@ -38,6 +38,8 @@ def world(tmp_path_factory) -> Path:
             "object,count",
             "--caption-kinds",
             "scene",
+            "--caption-kinds",
+            "scene:2,count",
             "--helper-images",
             "8",
         ]
@@ -51,6 +53,8 @@ def test_make_world_writes_the_caption_mixes_and_the_helper_split(world: Path) -
     scene_only = json.loads((world / "pretrain_kinds_scene.json").read_text())
     assert len(mix) == 64 and len(scene_only) == 64
     assert all(isinstance(e["caption"], str) for e in scene_only)  # one scene caption per image
+    weighted = json.loads((world / "pretrain_kinds_scene-x2+count.json").read_text())
+    assert [e["caption"][:2] for e in weighted] == [[e["caption"]] * 2 for e in scene_only]
     helper = json.loads((world / "helper_split.json").read_text())
     assert len(helper) == 8 and all(len(e["caption"]) == 5 for e in helper)
     assert {Path(e["image"]).parent.name for e in helper} == {"helper"}
@@ -63,6 +67,21 @@ def test_bad_caption_kind_is_one_clear_error(world: Path, tmp_path: Path, capsys
     assert rc == 2
     err = capsys.readouterr().err
     assert "--caption-kinds 'colour'" in err and "unknown caption kind 'colour'" in err
+    rc = main(
+        [
+            "make-world",
+            "--out",
+            str(tmp_path / "v"),
+            "--images",
+            "8",
+            "--test-images",
+            "4",
+            "--caption-kinds",
+            "scene:x",
+        ]
+    )
+    assert rc == 2
+    assert "'scene:x': expected KIND or KIND:N with a whole number N >= 1" in capsys.readouterr().err
 
 
 def test_false_negatives_command_prints_and_writes_the_library_numbers(world: Path, tmp_path: Path, capsys) -> None:

@@ -134,14 +134,31 @@ def _make_world(a: argparse.Namespace) -> None:
         from vlp.data.synthetic import write_caption_mix
 
         try:
-            mix = write_caption_mix(a.out, [k.strip() for k in spec.split(",") if k.strip()], a.seed)
+            kinds, repeats = _kind_spec(spec)
+            mix = write_caption_mix(a.out, kinds, a.seed, repeats=repeats)
         except ValueError as e:
             raise ConfigError(f"--caption-kinds {spec!r}: {e}") from None
-        paths["kinds_" + "+".join(mix.kinds)] = mix.path
+        paths[mix.path.stem.removeprefix("pretrain_")] = mix.path
         if mix.dropped:
             print(f"caption kinds {spec}: {len(mix.dropped)} images without such a caption left out")
     for k, p in paths.items():
         print(f"{k:22s} {p}")
+
+
+def _kind_spec(spec: str) -> tuple[list[str], dict[str, int]]:
+    """``scene:4,object,count`` -> (["scene", "object", "count"], {"scene": 4}); ``ValueError``
+    names a repeat that is not a whole number."""
+    kinds, repeats = [], {}
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        kind, _, times = part.partition(":")
+        kinds.append(kind.strip())
+        if times:
+            if not times.strip().isdigit():
+                raise ValueError(f"{part!r}: expected KIND or KIND:N with a whole number N >= 1")
+            repeats[kind.strip()] = int(times)
+    return kinds, repeats
 
 
 def _demo(a: argparse.Namespace) -> None:
@@ -621,7 +638,8 @@ def _add_make_world(sub: Any) -> None:
         action="append",
         metavar="KINDS",
         help="also write pretrain_kinds_<kinds>.json: every image keeps only its captions of these comma-separated "
-        "kinds (scene, object, relation, count), e.g. object,count (repeatable)",
+        "kinds (scene, object, relation, count), e.g. object,count; KIND:N lists that kind's captions N times, "
+        "so it is drawn N times as often, e.g. scene:4,object,relation,count (repeatable)",
     )
     s.add_argument(
         "--helper-images",

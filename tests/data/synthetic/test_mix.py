@@ -67,6 +67,30 @@ def test_caption_mix_top_up_is_deterministic_and_of_the_kinds(world: dict[str, P
     assert scene.added == 0 and all(isinstance(e["caption"], str) for e in _load(scene.path))
 
 
+def test_caption_mix_repeats_weight_a_kind_by_listing_it_n_times(world: dict[str, Path], tmp_path: Path) -> None:
+    records = _train(world)
+    mix = write_caption_mix(world["root"], ["scene", "object", "count"], repeats={"scene": 3})
+    assert mix.path == world["root"] / "pretrain_kinds_scene-x3+object+count.json"
+    plain = _load(write_caption_mix(world["root"], ["scene", "object", "count"], out=tmp_path / "p.json").path)
+    for e, p, r in zip(_load(mix.path), plain, records):
+        scene_caption = next(c["text"] for c in r["captions"] if c["predicate"]["kind"] == "scene")
+        caps, once = _captions(e), _captions(p)
+        assert caps.count(scene_caption) == 3 and [t for t in caps if t != scene_caption] == once[1:]
+        assert caps[:3] == [scene_caption] * 3  # repeats stay in place, in the world's order
+    assert mix.captions == sum(len(_captions(e)) for e in _load(mix.path)) == sum(len(_captions(p)) + 2 for p in plain)
+    # topped-up captions are repeated by their own kind too
+    up = write_caption_mix(
+        world["root"], ["object"], seed=1, out=tmp_path / "u.json", min_captions=4, repeats={"object": 2}
+    )
+    once = write_caption_mix(world["root"], ["object"], seed=1, out=tmp_path / "o.json", min_captions=4)
+    for e, o in zip(_load(up.path), _load(once.path)):
+        assert _captions(e) == [t for t in _captions(o) for _ in range(2)]
+    with pytest.raises(ValueError, match="'relation' is repeated but not among the kinds scene, object"):
+        write_caption_mix(world["root"], ["scene", "object"], repeats={"relation": 2}, out=tmp_path / "x.json")
+    with pytest.raises(ValueError, match="repeats of caption kind 'scene' must be an integer >= 1, got 0"):
+        write_caption_mix(world["root"], ["scene"], repeats={"scene": 0}, out=tmp_path / "x.json")
+
+
 def test_caption_kinds_are_validated() -> None:
     assert check_kinds(["count", "scene", "count"]) == ("scene", "count")
     with pytest.raises(ValueError, match=r"unknown caption kind 'colour'; .* kinds are scene, object, relation, count"):

@@ -13,7 +13,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -92,25 +92,31 @@ def check_kinds(kinds: Sequence[str]) -> tuple[str, ...]:
 
 def _top_up(
     scene: Scene, texts: list[str], own: list[str], kinds: tuple[str, ...], rng: random.Random, n: int
-) -> list[str]:
-    """Up to ``n`` further distinct captions of ``kinds`` (object, relation, count; the scene
-    caption is unique) true of ``scene``, none among the image's ``texts`` or ``own`` ones: each a
-    kind drawn with :data:`KIND_WEIGHTS`, then :func:`draw_caption`; fewer when the grammar runs out."""
+) -> list[tuple[str, str]]:
+    """Up to ``n`` further distinct captions ``(text, kind)`` of ``kinds`` (object, relation, count;
+    the scene caption is unique) true of ``scene``, none among the image's ``texts`` or ``own``
+    ones: each a kind drawn with :data:`KIND_WEIGHTS`, then :func:`draw_caption`; fewer when the
+    grammar runs out."""
     possible = [k for k in KIND_WEIGHTS if k in kinds and (k != "relation" or len(scene.objects) >= 2)]
     seen = {*texts, *own}
-    extra: list[str] = []
+    extra: list[tuple[str, str]] = []
     while possible and len(extra) < n:
         kind = rng.choices(possible, weights=[KIND_WEIGHTS[k] for k in possible])[0]
         drawn = draw_caption(scene, kind, rng, seen, fallback=possible)
         if drawn is None:  # every possible kind is exhausted
             break
         seen.add(drawn[0])
-        extra.append(drawn[0])
+        extra.append((drawn[0], drawn[1].kind))
     return extra
 
 
 def write_caption_mix(
-    root: str | Path, kinds: Sequence[str], seed: int = 0, out: str | Path | None = None, min_captions: int = 0
+    root: str | Path,
+    kinds: Sequence[str],
+    seed: int = 0,
+    out: str | Path | None = None,
+    min_captions: int = 0,
+    repeats: Mapping[str, int] | None = None,
 ) -> CaptionMix:
     """A pretraining file over the training images of the world at ``root`` in which each image
     keeps only its captions of ``kinds`` (a subset of ``scene, object, relation, count``), in the
@@ -123,21 +129,34 @@ def write_caption_mix(
     scene with ``world_rng(seed, "train", i, "caption-mix")`` (deterministic in ``seed``; a
     scene has one scene caption, so a scene-only mix stays at one). With the default 0 the file
     holds only captions of ``pretrain.json`` and ``seed`` has no effect.
+
+    ``repeats`` {kind: n >= 1} lists each caption of that kind n times in its image's list (after
+    any top-up), so the loader's uniform draw of one caption per image picks that kind n times as
+    often: a caption-kind *weight* in the plain ALBEF file format. The default name then marks the
+    kind ``<kind>-x<n>`` (``pretrain_kinds_scene-x4+object+relation+count.json``). ``captions``
+    counts the listed entries, repeats included.
     """
     kinds = check_kinds(kinds)
     if min_captions < 0:
         raise ValueError(f"min_captions must be >= 0, got {min_captions}")
+    times = dict(repeats or {})
+    for k, n in times.items():
+        if k not in kinds:
+            raise ValueError(f"caption kind {k!r} is repeated but not among the kinds {', '.join(kinds)}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"repeats of caption kind {k!r} must be an integer >= 1, got {n!r}")
+    tag = "+".join(k if times.get(k, 1) == 1 else f"{k}-x{times[k]}" for k in kinds)
     root = Path(root)
-    path = Path(out) if out is not None else root / f"pretrain_kinds_{'+'.join(kinds)}.json"
+    path = Path(out) if out is not None else root / f"pretrain_kinds_{tag}.json"
     items, dropped, added = [], [], 0
     for i, r in enumerate(_train_records(root)):
         texts = [c["text"] for c in r["captions"]]
-        own = [c["text"] for c in r["captions"] if c["predicate"]["kind"] in kinds]
+        own = [(c["text"], c["predicate"]["kind"]) for c in r["captions"] if c["predicate"]["kind"] in kinds]
         if len(own) < min_captions:
             extra = _top_up(
                 scene_from_dict(r),
                 texts,
-                own,
+                [t for t, _ in own],
                 kinds,
                 world_rng(seed, "train", i, "caption-mix"),
                 min_captions - len(own),
@@ -147,7 +166,10 @@ def write_caption_mix(
         if not own:
             dropped.append(r["image"])
             continue
-        items.append({"image": _image_field(root, path, r["image"]), "caption": own if len(own) > 1 else own[0]})
+        listed = [t for t, kind in own for _ in range(times.get(kind, 1))]
+        items.append(
+            {"image": _image_field(root, path, r["image"]), "caption": listed if len(listed) > 1 else listed[0]}
+        )
     _write_json(path, items)
     n_captions = sum(len(e["caption"]) if isinstance(e["caption"], list) else 1 for e in items)
     return CaptionMix(path, kinds, len(items), n_captions, tuple(dropped), added)
