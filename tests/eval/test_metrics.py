@@ -73,6 +73,12 @@ def test_r_precision_and_relevance_recall():
 
 def test_chance_recall():
     assert chance_recall(1000, 1, 5) == pytest.approx(0.5)
+
+
+def test_chance_recall_with_k_beyond_the_candidates_is_certain():
+    # k = 10 over 8 candidates retrieves them all (a tiny test split used to divide by zero)
+    assert chance_recall(8, 1, 10) == 100.0 and chance_recall(8, 1, 8) == 100.0
+    assert chance_recall(8, 1, 7) == pytest.approx(100.0 * 7 / 8)
     assert chance_recall(10, 10, 1) == pytest.approx(100.0)
     assert chance_recall(5000, 5, 1) == pytest.approx(0.1)
 

@@ -258,6 +258,6 @@ def grouped_text_metrics(
 def chance_recall(n_candidates: int, n_positives: int, k: int) -> float:
     """Expected recall@k (%) of a random ranking with ``n_positives`` positives among ``n_candidates``."""
     p_miss = 1.0
-    for j in range(k):
+    for j in range(min(k, n_candidates)):  # k >= n_candidates retrieves every candidate
         p_miss *= max(0.0, (n_candidates - n_positives - j) / (n_candidates - j))
     return 100.0 * (1.0 - p_miss)
