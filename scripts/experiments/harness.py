@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 
 from vlp.config import PretrainConfig, load_config
 from vlp.data.synthetic import generate_world
-from vlp.eval.report import SeedResults, markdown_table, summarise
+from vlp.eval.report import SeedResults, markdown_table, paired_differences, summarise
 from vlp.runs.evaluate import run_evaluate_retrieval
 from vlp.runs.pretrain import run_pretrain, run_train_helper
 from vlp.weights import read_state, step_checkpoints
@@ -156,9 +156,31 @@ def results_table(
     return markdown_table({label(k) if label else k: v for k, v in summary.items()}, metrics)
 
 
+def paired_table(
+    data: dict[str, dict[str, dict[str, float]]],
+    seeds: Sequence[int],
+    metrics: Sequence[str],
+    baseline_of: Callable[[str], Optional[str]],
+    variants: Optional[Sequence[str]] = None,
+) -> str:
+    """The Markdown table of each variant minus its baseline (``baseline_of(variant)``; None: no row),
+    seed by seed: mean ± std of the per-seed differences over the seeds both have. Arms that share
+    a seed share its warm-up and data order, so this spread, not the arms' own, is the noise an
+    effect must exceed."""
+    rows: dict[str, dict[str, tuple[float, float, int]]] = {}
+    for name in variants if variants is not None else list(data):
+        base = baseline_of(name)
+        if base is None or base == name or name not in data or base not in data:
+            continue
+        pair = {name: data[name], base: data[base]}
+        rows[f"{name} - {base}"] = paired_differences(pair, seeds, metrics, base)[name]
+    return markdown_table(rows, metrics) if rows else ""
+
+
 def write_report(path: Path, *paragraphs: str) -> str:
-    """Write the ``paragraphs`` (a blank line between two) to ``path`` and print them; returns the text."""
-    text = "\n\n".join(paragraphs)
+    """Write the ``paragraphs`` (a blank line between two; empty ones left out) to ``path`` and print
+    them; returns the text."""
+    text = "\n\n".join(p for p in paragraphs if p)
     path.write_text(text + "\n")
     print(text)
     return text

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import Sweep, experiment_parser, prepare_world, results_table, write_report
+from harness import Sweep, experiment_parser, paired_table, prepare_world, results_table, write_report
 
 from vlp.eval.report import SeedResults, slug
 from vlp.runs.features import run_make_targets
@@ -127,6 +127,8 @@ def main(argv=None) -> int:
         "| suppressed | L_rec floor | over captions mentioning it | captions mentioning it |\n|---|---:|---:|---:|\n"
         + floor_rows,
         results_table(results, a.seeds, METRICS),
+        "Differences from the InfoNCE baseline, seed by seed (same data order and initialisation):",
+        paired_table(results.data, a.seeds, METRICS, lambda name: "InfoNCE baseline"),
     )
     return 0
 

@@ -35,7 +35,16 @@ import sys
 import time
 from pathlib import Path
 
-from harness import Sweep, experiment_parser, plot_sweep, prepare_world, results_table, train_once, write_report
+from harness import (
+    Sweep,
+    experiment_parser,
+    paired_table,
+    plot_sweep,
+    prepare_world,
+    results_table,
+    train_once,
+    write_report,
+)
 
 from vlp.data.synthetic import write_caption_mix
 from vlp.eval.report import SeedResults, slug, summarise
@@ -86,6 +95,14 @@ METRICS = (
     "img_r_precision img_ndcg10 img_r_precision@generic img_ndcg10@generic img_r_precision@scene "
     "img_r1 img_r5_rel txt_r1 txt_r_precision"
 ).split()
+
+
+def baseline_of(name: str) -> str:
+    """The plain-ITC arm an arm is compared with: the one with the same queue / distillation suffix."""
+    for suffix in (", queue 1024", ", distillation on"):
+        if suffix in name:
+            return "plain ITC" + suffix
+    return "plain ITC"
 
 
 def arm(name: str) -> tuple[str | None, list[str]]:
@@ -230,7 +247,15 @@ def main(argv=None) -> int:
             "removal threshold",
             summarise({k: v for k, v in main.data.items() if k in ("plain ITC", "oracle removal")}, seeds, METRICS),
         )
-    write_report(out / f"report_{a.grid}.md", "\n".join(lines), table)
+    both = {**SeedResults(out / "results_main.json").data, **results.data}
+    paired = paired_table(both, seeds, METRICS, baseline_of, variants=names)
+    write_report(
+        out / f"report_{a.grid}.md",
+        "\n".join(lines),
+        table,
+        "Differences from the matching plain-ITC arm, seed by seed (same warm-up and data order):" if paired else "",
+        paired,
+    )
     return 0
 
 

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import Sweep, experiment_parser, prepare_world, results_table, train_once, write_report
+from harness import Sweep, experiment_parser, paired_table, prepare_world, results_table, train_once, write_report
 
 from vlp.eval.report import SeedResults, slug
 from vlp.runs.analyze import run_cocos
@@ -117,6 +117,8 @@ def main(argv=None) -> int:
         f"machine. Zero-shot retrieval on the {a.test_images}-image test split (ITC cosine). COCOS: seed {seed}, "
         f"{a.cocos_batches} training batches, `{out / 'cocos.json'}`.",
         results_table(results, a.seeds, METRICS),
+        "Differences from InfoNCE with the same batch layout, seed by seed (same warm-up and data order):",
+        paired_table(results.data, a.seeds, METRICS, lambda name: f"InfoNCE, {name.split(', ')[1]}"),
         cocos_table(cocos),
     )
     return 0

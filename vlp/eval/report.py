@@ -18,13 +18,37 @@ def summarise(
     results: dict[str, dict[str, dict[str, float]]], seeds: Sequence[int], metrics: Sequence[str]
 ) -> dict[str, dict[str, tuple[float, float, int]]]:
     """``results[variant][seed][metric]`` -> ``{variant: {metric: (mean, std, n)}}`` over the given
-    seeds that are present (sample std; 0 for one seed)."""
+    seeds that are present and have the metric (sample std; 0 for one seed)."""
     out = {}
     for name, per_seed in results.items():
-        vals = {m: [per_seed[str(s)][m] for s in seeds if str(s) in per_seed] for m in metrics}
+        present = [per_seed[str(s)] for s in seeds if str(s) in per_seed]
+        vals = {m: [r[m] for r in present if m in r] for m in metrics}  # a seed may lack a metric
         out[name] = {
             m: (statistics.mean(v), statistics.stdev(v) if len(v) > 1 else 0.0, len(v)) for m, v in vals.items() if v
         }
+    return out
+
+
+def paired_differences(
+    results: dict[str, dict[str, dict[str, float]]], seeds: Sequence[int], metrics: Sequence[str], baseline: str
+) -> dict[str, dict[str, tuple[float, float, int]]]:
+    """Each variant minus ``baseline``, seed by seed: ``{variant: {metric: (mean, std, n)}}`` of
+    ``results[variant][s][metric] - results[baseline][s][metric]`` over the given seeds both have
+    (sample std; 0 for one seed). Arms that share a seed share its warm-up and data order, so the
+    spread of the differences, not of the arms, says whether an effect is larger than the noise.
+    The baseline itself is left out."""
+    base = results.get(baseline, {})
+    out = {}
+    for name, per_seed in results.items():
+        if name == baseline:
+            continue
+        shared = [str(s) for s in seeds if str(s) in per_seed and str(s) in base]
+        row = {}
+        for m in metrics:
+            d = [per_seed[s][m] - base[s][m] for s in shared if m in per_seed[s] and m in base[s]]
+            if d:
+                row[m] = (statistics.mean(d), statistics.stdev(d) if len(d) > 1 else 0.0, len(d))
+        out[name] = row
     return out
 
 

@@ -1,0 +1,39 @@
+"""Seed summaries of the experiment scripts: mean ± std, paired differences, the Markdown table."""
+
+from __future__ import annotations
+
+import pytest
+
+from vlp.eval.report import markdown_table, paired_differences, summarise
+
+RESULTS = {
+    "plain": {"0": {"r": 20.0, "n": 60.0}, "1": {"r": 22.0, "n": 62.0}, "2": {"r": 24.0, "n": 61.0}},
+    "arm": {"0": {"r": 21.0, "n": 61.0}, "1": {"r": 23.5, "n": 61.0}, "2": {"r": 25.0}},
+    "late": {"1": {"r": 30.0, "n": 70.0}},
+}
+
+
+def test_summarise_is_mean_and_sample_std_over_present_seeds():
+    s = summarise(RESULTS, [0, 1, 2], ["r", "n"])
+    assert s["plain"]["r"] == pytest.approx((22.0, 2.0, 3))
+    assert s["arm"]["n"] == pytest.approx((61.0, 0.0, 2))  # seed 2 has no "n"
+    assert s["late"]["r"] == (30.0, 0.0, 1)
+
+
+def test_paired_differences_subtract_the_baseline_seed_by_seed():
+    d = paired_differences(RESULTS, [0, 1, 2], ["r", "n"], baseline="plain")
+    assert set(d) == {"arm", "late"}
+    # r: 1.0, 1.5, 1.0 -> mean 7/6, sample std sqrt(((1-7/6)^2*2 + (1.5-7/6)^2)/2) = 0.2887
+    assert d["arm"]["r"] == pytest.approx((7 / 6, 0.288675, 3), abs=1e-6)
+    assert d["arm"]["n"] == pytest.approx((0.0, 1.414214, 2), abs=1e-6)  # +1, -1 over seeds 0, 1
+    assert d["late"]["r"] == (8.0, 0.0, 1)
+    # the arms' own spread (about 2) hides what the pairing shows (about 0.3)
+    assert summarise(RESULTS, [0, 1, 2], ["r"])["arm"]["r"][1] > 6 * d["arm"]["r"][1]
+
+
+def test_markdown_table_rows_and_missing_metrics():
+    table = markdown_table(summarise(RESULTS, [0, 1], ["r", "x"]), ["r", "x"])
+    lines = table.splitlines()
+    assert lines[0] == "| variant | seeds | r | x |"
+    assert lines[2] == "| plain | 2 | 21.00 ± 1.41 | - |"
+    assert lines[4] == "| late | 1 | 30.00 ± 0.00 | - |"
