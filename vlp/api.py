@@ -43,6 +43,7 @@ from vlp.data.transforms import test_transform, tokenize
 from vlp.errors import CheckpointError
 from vlp.eval.mode import evaluating
 from vlp.hardware import default_device
+from vlp.interop.zoo import resolve_pretrained
 from vlp.models.build import build_task_model, model_image_size, without_init_sources
 from vlp.version import __version__
 from vlp.weights import load_weights_file, weights_to_save
@@ -167,11 +168,12 @@ class VLPModel:
 
     @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike, device: Optional[str | torch.device] = None, batch_size: int = 64
+        cls, name_or_path: str | os.PathLike, device: Optional[str | torch.device] = None, batch_size: int = 64
     ) -> VLPModel:
         """Load a :meth:`save_pretrained` directory, a checkpoint folder or a run directory (its
-        newest valid checkpoint). ``device``: default CUDA if available, else CPU."""
-        path = Path(path)
+        newest valid checkpoint), or a zoo tag (:func:`vlp.list_pretrained`: downloaded and converted
+        on first use, :func:`vlp.interop.zoo.fetch`). ``device``: default CUDA if available, else CPU."""
+        path = resolve_pretrained(name_or_path)
         device = torch.device(device) if device is not None else default_device()
         if (path / CONFIG).is_file():
             return cls._from_directory(path, device, batch_size)

@@ -20,11 +20,11 @@ from vlp.data.check import CHECK_KINDS, check_annotations, default_workers
 from vlp.data.formats import write_json_atomic
 from vlp.data.images import MAX_PIXELS
 from vlp.dist import OtherRankDone, launch_rank, rank
-from vlp.errors import CheckpointError, ConfigError, DataError
+from vlp.errors import CheckpointError, ConfigError, DataError, DownloadError
 from vlp.train.loop import NonFiniteError
 from vlp.train.preemption import Preempted
 
-USER_ERRORS = (ConfigError, DataError, CheckpointError)
+USER_ERRORS = (ConfigError, DataError, CheckpointError, DownloadError)
 
 
 def _wrote(path: Any) -> None:
@@ -84,6 +84,33 @@ def _make_targets(a: argparse.Namespace) -> None:
     from vlp.runs.features import run_make_targets
 
     _wrote(run_make_targets(a.data, a.encoder, a.out, a.batch_size))
+
+
+def _evaluate_classification(a: argparse.Namespace) -> None:
+    from vlp.runs.classify import run_evaluate_classification
+
+    run_evaluate_classification(
+        a.checkpoint,
+        a.data,
+        a.out,
+        classes=a.classes,
+        templates=a.templates,
+        image_root=a.image_root,
+        rerank_k=a.rerank_k,
+        batch_size=a.batch_size,
+    )
+    _wrote(Path(a.out) / "metrics.json")
+
+
+def _zoo(a: argparse.Namespace) -> None:
+    from vlp.interop.zoo import PRETRAINED, fetch, source_url
+
+    if a.what == "list":
+        for e in PRETRAINED.values():
+            note = "" if e.convertible else "  (no converter for this kind yet)"
+            print(f"{e.tag:24s} {e.kind:10s} {e.image_size:4d} px  {source_url(e)}\n{'':24s} {e.about}{note}")
+        return
+    print(fetch(a.tag, Path(a.cache) if a.cache else None))
 
 
 def _evaluate_retrieval(a: argparse.Namespace) -> None:
@@ -370,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_bench,
         _add_demo,
         _add_convert,
+        _add_zoo,
         _add_plot,
     ):  # in this order in `vlp --help`
         add(sub)
@@ -610,6 +638,21 @@ def _add_evaluate(sub: Any) -> None:
         help="e.g. eval.k_test=32 eval.score=itm+itc eval.precision=bf16 eval.itm_batch_size=256",
     )
     r.set_defaults(func=_evaluate_retrieval)
+    c = ev.add_parser(
+        "classification",
+        help="zero-shot classification: class names x prompt templates (prompt ensembles), optional ITM re-rank",
+    )
+    c.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory")
+    c.add_argument(
+        "--data", required=True, help="ImageFolder-style directory (one folder per class) or JSON [{image, label}]"
+    )
+    c.add_argument("--classes", help="class names: .txt (one per line) or JSON list (default: folders / labels)")
+    c.add_argument("--templates", help="prompt templates with {} once: .txt or JSON list (default: {})")
+    c.add_argument("--image-root", help="folder for relative image paths of a JSON list (default: its folder)")
+    c.add_argument("--rerank-k", type=int, default=0, help="re-rank each image's top k classes by ITM (0: off)")
+    c.add_argument("--batch-size", type=int, default=64)
+    c.add_argument("--out", required=True, help="output folder: metrics.json, predictions.json, confusion.png")
+    c.set_defaults(func=_evaluate_classification)
 
 
 def _add_make_world(sub: Any) -> None:
@@ -711,6 +754,17 @@ def _add_convert(sub: Any) -> None:
     c.add_argument("checkpoint", help="vlp checkpoint folder or run directory")
     c.add_argument("out", help="the .pth file to write")
     c.set_defaults(func=_convert_to_albef)
+
+
+def _add_zoo(sub: Any) -> None:
+    """``vlp zoo list|fetch``."""
+    s = sub.add_parser("zoo", help="the released ALBEF checkpoints by name: list, download + convert")
+    z = s.add_subparsers(dest="what", required=True)
+    z.add_parser("list", help="every tag VLPModel.from_pretrained accepts, with its kind, size and URL")
+    c = z.add_parser("fetch", help="download (progress bar), convert and cache a tag; prints the checkpoint folder")
+    c.add_argument("tag")
+    c.add_argument("--cache", help="cache folder (default: $VLP_CACHE or ~/.cache/vlp)")
+    s.set_defaults(func=_zoo)
 
 
 def _add_plot(sub: Any) -> None:

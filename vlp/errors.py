@@ -47,3 +47,8 @@ class BadImage(DataError):
 
 class CheckpointError(RuntimeError):
     """Weights that do not fit: names the file and the offending keys."""
+
+
+class DownloadError(RuntimeError):
+    """A file that could not be fetched (network down, HTTP error, timeout) or that arrived wrong
+    (size or SHA-256 mismatch): names the URL, where it was going, and how to do it by hand."""

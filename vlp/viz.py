@@ -296,3 +296,39 @@ def plot_attribute_bars(
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return Path(out)
+
+
+def plot_confusion(
+    matrix: torch.Tensor | Sequence[Sequence[int]], class_names: Sequence[str], path: str | Path, title: str
+) -> Path:
+    """A confusion matrix [C, C] of counts (rows: true class, columns: predicted class), coloured
+    by the share of each true class's images (rows sum to 1) and annotated with the counts
+    (``vlp evaluate classification``)."""
+    m = torch.as_tensor(matrix, dtype=torch.float64)
+    share = m / m.sum(1, keepdim=True).clamp(min=1)
+    c = len(class_names)
+    side = max(3.5, 0.55 * c + 2.0)
+    fig, ax = plt.subplots(figsize=(side + 0.8, side))
+    im = ax.imshow(share.numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
+    for i in range(c):
+        for j in range(c):
+            if m[i, j] > 0:
+                ax.text(
+                    j,
+                    i,
+                    f"{int(m[i, j])}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if share[i, j] > 0.5 else "black",
+                )
+    ax.set_xticks(range(c), list(class_names), rotation=45, ha="right", fontsize=8)
+    ax.set_yticks(range(c), list(class_names), fontsize=8)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

@@ -4,8 +4,12 @@ newest valid one of a run).
 
 A checkpoint folder holds ``model.safetensors`` (all weights incl. momentum twins and queues),
 ``state.json``, optionally ``task_state.safetensors`` (a task's non-model parts: the LTD decoder,
-lambda and its momentum) and ``manifest.json`` (each file's size and SHA-256, written last). The
-write side (staging, fsync, atomic rename, pruning) is :mod:`vlp.train.checkpoint`.
+lambda and its momentum) and ``manifest.json`` (each file's size and SHA-256, written last).
+
+The write side is here too (:func:`save_checkpoint`): written into ``NAME.tmp/``, every file
+flushed to disk, the manifest written last, then renamed to ``NAME``, so a folder under its final
+name is complete. Training (pruning, setting aside) builds on it in :mod:`vlp.train.checkpoint`;
+the ALBEF converter and the model zoo write with it without importing training code.
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ import fnmatch
 import functools
 import hashlib
 import json
+import os
 import re
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from vlp.errors import CheckpointError
@@ -260,3 +267,63 @@ def load_module_states(state: dict[str, torch.Tensor], **modules: Optional[nn.Mo
         if m is not None:
             part = {k[len(n) + 1 :]: v for k, v in state.items() if k.startswith(n + ".")}
             load_strict(m, part, source=f"task state '{n}'")
+
+
+# ----------------------------------------------------------------------------- the write side
+
+
+def save_checkpoint(
+    directory: str | Path, model: nn.Module, state: dict[str, Any], task_state: Optional[dict[str, torch.Tensor]] = None
+) -> Path:
+    """Write ``directory/model.safetensors``, ``state.json`` and (if given and non-empty)
+    ``task_state.safetensors`` atomically, with a manifest."""
+    directory = Path(directory)
+    tmp = staging(directory)
+    write_parts(tmp, model, state, task_state)
+    return publish(tmp, directory)
+
+
+def staging(directory: Path) -> Path:
+    """A fresh, empty ``directory.tmp/`` to write a checkpoint into."""
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def write_parts(
+    tmp: Path, model: nn.Module, state: dict[str, Any], task_state: Optional[dict[str, torch.Tensor]] = None
+) -> None:
+    """The main process's files of a checkpoint, into the staging folder."""
+    save_file(weights_to_save(model), str(tmp / "model.safetensors"))
+    if task_state:
+        save_file({k: v.detach().contiguous() for k, v in task_state.items()}, str(tmp / TASK_STATE))
+    (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(tmp: Path, directory: Path) -> Path:
+    """Flush every file of ``tmp``, write its manifest, and rename it to ``directory`` (replacing
+    an older folder of that name only after the new one is complete)."""
+    files = sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST)
+    entries: dict[str, dict[str, Any]] = {}
+    for p in files:
+        _fsync(p)
+        entries[p.relative_to(tmp).as_posix()] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+    (tmp / MANIFEST).write_text(json.dumps({"format": 1, "files": entries}, indent=1))
+    _fsync(tmp / MANIFEST)
+    old = directory.with_name(directory.name + ".old")
+    if directory.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(directory, old)
+    os.replace(tmp, directory)
+    _fsync(directory.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    return directory

@@ -285,13 +285,20 @@ def _run(a: argparse.Namespace) -> None:
         counts = vqa_v2(a.questions, a.annotations, a.split, a.image_root, a.out)
     elif d == "vqa-answers":
         counts = answer_list(a.annotations, a.top_k, a.out)
+    elif d == "refcoco+":
+        from vlp.data.prepare_refcoco import prepare_refcoco
+
+        paths = prepare_refcoco(a.refs, a.instances, a.out, a.dataset, a.dets, a.dets_by, a.image_prefix, a.image_root)
+        counts = {split: len(json.loads(p.read_text())) for split, p in paths.items()}
+        _print_counts(f"{a.dataset} (entries)", counts, list(paths.values()))
+        return
     else:
         counts = nlvr2(a.jsonl, a.split, a.out, a.image_root)
     _print_counts(d, counts, [a.out])
 
 
 def add_prepare_parser(sub: Any) -> None:
-    """Add ``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2`` to the subparsers ``sub``."""
+    """Add ``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|refcoco+`` to the subparsers ``sub``."""
     s = sub.add_parser("prepare", help="convert official dataset releases into vlp's (ALBEF's) annotation files")
     pp = s.add_subparsers(dest="dataset", required=True)
     for name, text in (
@@ -343,4 +350,18 @@ def add_prepare_parser(sub: Any) -> None:
     c.add_argument("--split", required=True, choices=list(NLVR_SPLITS))
     c.add_argument("--image-root", metavar="ROOT", help="if given, check that every image exists under it")
     c.add_argument("--out", required=True, metavar="JSON")
+    c = pp.add_parser(
+        "refcoco+",
+        help="refer toolkit refs(unc).p + COCO instances.json -> refcoco+_{train,val,testA,testB}.json (grounding)",
+    )
+    c.add_argument("refs", metavar="REFS_PICKLE", help="refs(unc).p (read with a restricted unpickler: data only)")
+    c.add_argument("instances", metavar="INSTANCES_JSON", help="COCO instances.json of the refs' images")
+    c.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    c.add_argument("--dataset", default="refcoco+", help="file-name prefix (refcoco, refcoco+, refcocog)")
+    c.add_argument(
+        "--dets", metavar="JSON", help="detections replacing the gold candidate boxes (ALBEF used MAttNet's)"
+    )
+    c.add_argument("--dets-by", default="image_id", choices=["image_id", "ref_id"], help="the detections' keys")
+    c.add_argument("--image-prefix", default="", help="put before each COCO file_name, e.g. train2014/")
+    c.add_argument("--image-root", metavar="ROOT", help="if given, check that every image exists under it")
     s.set_defaults(func=_run)

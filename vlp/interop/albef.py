@@ -484,9 +484,8 @@ def convert_albef_file(
     ``state.json``, ``key_report.json``) that :func:`vlp.pretrained.load_model` / ``vlp evaluate`` read."""
     from vlp.config import FINETUNE_TASKS, FinetuneConfig, ModelConfig, PretrainConfig, load_config, to_dict
     from vlp.models.build import build_task_model
-    from vlp.train.checkpoint import save_checkpoint
     from vlp.version import __version__
-    from vlp.weights import load_strict, read_state_dict
+    from vlp.weights import load_strict, read_state_dict, save_checkpoint
 
     src, out_dir = Path(src), Path(out_dir)
     state = read_state_dict(src)

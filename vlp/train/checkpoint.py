@@ -1,87 +1,35 @@
-"""Checkpoints: ``model.safetensors`` (all weights incl. momentum twins and queues) + ``state.json``,
-and ``task_state.safetensors`` for a task's non-model parts (the LTD decoder, lambda and its momentum).
+"""The run's checkpoints as training needs them: setting aside and pruning step checkpoints, and
+the shared-filesystem check of a multi-node run.
 
-Written into ``NAME.tmp/``, every file flushed to disk, a ``manifest.json`` with each file's size
-and SHA-256 written last, then renamed to ``NAME``: a folder under its final name is complete.
-Reading verifies the manifest; a run directory's newest *valid* checkpoint is used, falling back
-past corrupted or truncated ones (each reported by name).
+The checkpoint format itself, both sides, lives in the floor (:mod:`vlp.weights`): the writer
+(``save_checkpoint``: staged folder, fsync, manifest, atomic rename), re-exported here for the
+loop, and the reader (manifest verification, newest valid checkpoint of a run).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
 
 import torch
-from safetensors.torch import save_file
-from torch import nn
 
 from vlp import dist as vdist
 from vlp.errors import ConfigError
-from vlp.weights import MANIFEST, TASK_STATE, _sha256, step_checkpoints, weights_to_save
+from vlp.weights import publish, save_checkpoint, staging, step_checkpoints, write_parts
 
-
-def save_checkpoint(
-    directory: str | Path, model: nn.Module, state: dict[str, Any], task_state: Optional[dict[str, torch.Tensor]] = None
-) -> Path:
-    """Write ``directory/model.safetensors``, ``state.json`` and (if given and non-empty)
-    ``task_state.safetensors`` atomically, with a manifest."""
-    directory = Path(directory)
-    tmp = staging(directory)
-    write_parts(tmp, model, state, task_state)
-    return publish(tmp, directory)
-
-
-def staging(directory: Path) -> Path:
-    """A fresh, empty ``directory.tmp/`` to write a checkpoint into."""
-    tmp = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    return tmp
-
-
-def write_parts(
-    tmp: Path, model: nn.Module, state: dict[str, Any], task_state: Optional[dict[str, torch.Tensor]] = None
-) -> None:
-    """The main process's files of a checkpoint, into the staging folder."""
-    save_file(weights_to_save(model), str(tmp / "model.safetensors"))
-    if task_state:
-        save_file({k: v.detach().contiguous() for k, v in task_state.items()}, str(tmp / TASK_STATE))
-    (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def publish(tmp: Path, directory: Path) -> Path:
-    """Flush every file of ``tmp``, write its manifest, and rename it to ``directory`` (replacing
-    an older folder of that name only after the new one is complete)."""
-    files = sorted(p for p in tmp.rglob("*") if p.is_file() and p.name != MANIFEST)
-    manifest = {"format": 1, "files": {}}
-    for p in files:
-        _fsync(p)
-        manifest["files"][p.relative_to(tmp).as_posix()] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    _fsync(tmp / MANIFEST)
-    old = directory.with_name(directory.name + ".old")
-    if directory.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    _fsync(directory.parent)
-    shutil.rmtree(old, ignore_errors=True)
-    return directory
+__all__ = [
+    "save_checkpoint",
+    "staging",
+    "write_parts",
+    "publish",
+    "set_aside_checkpoints_after",
+    "prune_checkpoints",
+    "check_shared_filesystem",
+]
 
 
 SUPERSEDED = "superseded"

@@ -41,7 +41,13 @@ def test_world_files_and_formats(world: dict[str, Path]) -> None:
         "nlvr_train",
         "nlvr_dev",
         "nlvr_test",
+        "grounding_train",
+        "grounding_val",
+        "grounding_test",
+        *(f"classification_{a}_{s}" for a in ("shape", "colour", "count") for s in ("val", "test")),
+        *(f"classification_{a}_{f}" for a in ("shape", "colour", "count") for f in ("classes", "templates")),
     }
+    assert all(world[k].is_file() for k in world if k != "root")
     pre = _load(world["pretrain"])
     assert len(pre) == SMALL["n_train"]
     assert pre[0]["image"] == "images/train/train_000000.png"

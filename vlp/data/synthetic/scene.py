@@ -166,21 +166,26 @@ def render_scene(scene: Scene, image_size: int = 64, rng: random.Random | None =
         raise ValueError(f"image_size must be >= 9, got {image_size}")
     img = Image.new("RGB", (image_size, image_size), BACKGROUND_RGB)
     draw = ImageDraw.Draw(img)
+    for obj, (cx, cy, half) in zip(scene.objects, object_geometry(scene, image_size, rng)):
+        _draw_shape(draw, obj.shape, cx, cy, half, COLOR_RGB[obj.color])
+    return img
+
+
+def object_geometry(
+    scene: Scene, image_size: int, rng: random.Random | None = None
+) -> list[tuple[float, float, float]]:
+    """``(cx, cy, half)`` of each object of ``scene`` at ``image_size``: its centre and the half side
+    of its square bounding box, in pixels, with the jitter drawn from ``rng`` in object order (two
+    draws each; none when ``rng`` is None). :func:`render_scene` draws with exactly these."""
     cell = image_size / 3.0
+    out = []
     for obj in scene.objects:
         extent = SIZE_EXTENT[obj.size] * cell
         slack = max(0.0, (cell - extent) / 2.0 - 1.0) * JITTER_FRACTION
         jx = rng.uniform(-slack, slack) if rng is not None else 0.0
         jy = rng.uniform(-slack, slack) if rng is not None else 0.0
-        _draw_shape(
-            draw,
-            obj.shape,
-            (obj.col + 0.5) * cell + jx,
-            (obj.row + 0.5) * cell + jy,
-            extent / 2.0,
-            COLOR_RGB[obj.color],
-        )
-    return img
+        out.append(((obj.col + 0.5) * cell + jx, (obj.row + 0.5) * cell + jy, extent / 2.0))
+    return out
 
 
 def _draw_shape(

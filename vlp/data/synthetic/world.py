@@ -16,6 +16,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from vlp.data.synthetic.captions import CAPTION_KINDS, make_captions
+from vlp.data.synthetic.classification import write_classification_splits
+from vlp.data.synthetic.grounding import write_grounding_splits
 from vlp.data.synthetic.nlvr import NLVR_TEMPLATES, check_templates, nlvr_task_files
 from vlp.data.synthetic.relevance import compute_graded_relevance, compute_relevance
 from vlp.data.synthetic.scene import (
@@ -106,7 +108,12 @@ def generate_world(
     ``pretrain, helper, retrieval_train, retrieval_val, retrieval_test, relevance_val,
     relevance_test, relevance_graded_val, relevance_graded_test, caption_kinds_val,
     caption_kinds_test, scenes, vqa_train, vqa_val, vqa_test, vqa_test_annotations, answer_list,
-    nlvr_train, nlvr_dev, nlvr_test, root`` and, with ``n_helper`` > 0, ``helper_split``.
+    nlvr_train, nlvr_dev, nlvr_test, root``, the grounding splits
+    (:func:`~vlp.data.synthetic.grounding.write_grounding_splits`: ``grounding_{train,val,test}``),
+    the zero-shot classification splits of val and test
+    (:func:`~vlp.data.synthetic.classification.write_classification_splits`:
+    ``classification_<shape|colour|count>_<split>`` and their ``_classes`` / ``_templates`` files)
+    and, with ``n_helper`` > 0, ``helper_split``.
     """
     templates = check_templates(nlvr_templates if nlvr_templates is not None else NLVR_TEMPLATES)
     root = Path(out)
@@ -149,6 +156,9 @@ def generate_world(
     )
     images = {s: [r["image"] for r in records[s]] for s in SPLITS}
     paths.update(write_task_files(root, seed, scenes, images, vqa_per_image, nlvr_per_image, templates))
+    paths.update(write_grounding_splits(root))
+    for split in ("val", "test"):
+        paths.update(write_classification_splits(root, split))
     if helper is not None:
         paths["helper_split"] = helper[0]
     return {**paths, "root": root}

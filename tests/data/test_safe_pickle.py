@@ -1,0 +1,111 @@
+"""Tests for the restricted unpickler (vlp.data.safe_pickle): code-running pickles are refused
+before anything runs, plain data of every protocol and Python 2 pickles are read."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+
+from vlp.data.safe_pickle import restricted_load, restricted_loads
+from vlp.errors import DataError
+
+
+class _System:
+    """Unpickling this runs ``os.system(command)``."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+class _WriteFile:
+    """Unpickling this opens ``path`` for writing (creating it)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+class _Record:
+    """A plain class instance: pickled as a reference to this class."""
+
+    def __init__(self) -> None:
+        self.x = 1
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+def test_os_system_pickle_is_refused_and_does_not_run(tmp_path: Path, protocol: int) -> None:
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "refs.p"
+    evil.write_bytes(pickle.dumps([{"ref_id": 1}, _System(f"touch {marker}")], protocol=protocol))
+    with pytest.raises(DataError, match=r"refs\.p: refused to unpickle the global '(posix|os)\.system'"):
+        restricted_load(evil)
+    assert not marker.exists()
+    pickle.loads(evil.read_bytes())  # the pickle is really malicious: the plain unpickler runs it
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4])
+def test_file_writing_and_class_pickles_are_refused(tmp_path: Path, protocol: int) -> None:
+    target = tmp_path / "written.txt"
+    with pytest.raises(DataError, match=r"refused to unpickle the global '(builtins|__builtin__|io)\.open'"):
+        restricted_loads(pickle.dumps(_WriteFile(target), protocol=protocol), "x.p")
+    assert not target.exists()
+    with pytest.raises(DataError, match=r"refused to unpickle the global '(copy_reg|copyreg|tests\.|builtins\.object)"):
+        restricted_loads(pickle.dumps(_Record(), protocol=protocol), "x.p")
+
+
+def test_persistent_ids_are_refused() -> None:
+    import io
+
+    class WithIds(pickle.Pickler):
+        def persistent_id(self, obj):
+            return "ext-1" if obj == "secret" else None
+
+    buf = io.BytesIO()
+    WithIds(buf, protocol=2).dump(["plain", "secret"])
+    with pytest.raises(DataError, match=r"y\.p: refused to unpickle a persistent id \('ext-1'\)"):
+        restricted_loads(buf.getvalue(), "y.p")
+
+
+@pytest.mark.parametrize("protocol", [0, 1, 2, 3, 4, 5])
+def test_plain_data_round_trips(protocol: int) -> None:
+    data = [
+        {"ref_id": 7, "split": "testA", "sentences": [{"sent": "the man on the left", "sent_id": 3}]},
+        (1, 2.5, -3, 2**70, None, True, False),
+        {"nested": {"deep": [[], {}, ()]}, 5: "int key", "unicode": "café ☃"},
+        {1, 2, 3},
+        frozenset({"a", "b"}),
+    ]
+    assert restricted_loads(pickle.dumps(data, protocol=protocol)) == data
+
+
+def test_python2_pickle_with_byte_strings_longs_and_a_set() -> None:
+    # Python 2: pickle.dumps([{'sent': 'caf\xe9', 'ref_id': 5L, 'ids': set([1, 2])}], 2)
+    data = (
+        b"\x80\x02]q\x00}q\x01(U\x04sentq\x02U\x04caf\xe9q\x03U\x06ref_idq\x04\x8a\x01\x05"
+        b"U\x03idsq\x05c__builtin__\nset\nq\x06]q\x07(K\x01K\x02e\x85q\x08Rq\tua."
+    )
+    assert restricted_loads(data) == [{"sent": "café", "ref_id": 5, "ids": {1, 2}}]
+
+
+def test_python2_global_of_a_harmful_builtin_is_refused() -> None:
+    data = b"c__builtin__\neval\n(S'1+1'\ntR."  # protocol 0: __builtin__.eval('1+1')
+    with pytest.raises(DataError, match=r"'__builtin__\.eval'"):
+        restricted_loads(data, "old.p")
+
+
+def test_broken_and_missing_files(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="not a readable pickle"):
+        restricted_loads(pickle.dumps({"a": [1, 2, 3]}, protocol=2)[:-5], "cut.p")
+    with pytest.raises(DataError, match="not a readable pickle"):
+        restricted_loads(b"not a pickle at all", "junk.p")
+    with pytest.raises(DataError, match="pickle file not found"):
+        restricted_load(tmp_path / "absent.p")

@@ -1,0 +1,298 @@
+"""A model zoo by name: the released ALBEF checkpoints as tags (``albef-14m``, ``albef-vqa``, ...),
+downloaded on first use into a cache, converted with :func:`vlp.interop.albef.convert_albef_file`
+(what ``vlp convert albef`` runs) and reused after that.
+
+    from vlp import VLPModel, list_pretrained
+    list_pretrained()                            # ['albef-14m', 'albef-4m', ...]
+    m = VLPModel.from_pretrained("albef-14m")    # download, convert, verify, load
+
+Cache layout (``$VLP_CACHE``, else ``~/.cache/vlp``)::
+
+    downloads/<file>.part             a download in progress (never read)
+    downloads/<file>                  a complete download (renamed from ``.part`` once its size and,
+                                      where published, SHA-256 are checked); kept for re-conversion
+    converted/<tag>/                  the vlp checkpoint folder (model.safetensors, state.json,
+                                      manifest.json, key_report.json); reused while its manifest verifies
+    converted/<tag>.partial-<pid>/    a conversion in progress, renamed to ``<tag>`` when complete
+
+URL overrides (tests, mirrors, a local copy): ``VLP_ZOO_URL_<TAG>`` (the tag upper-cased with every
+other character ``_``, e.g. ``VLP_ZOO_URL_ALBEF_14M``) replaces one tag's URL; ``VLP_ZOO_MIRROR``
+(a base URL) serves every file under its official file name. ``file://`` URLs work as well.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import re
+import shlex
+import shutil
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from vlp.errors import CheckpointError, ConfigError, DownloadError
+from vlp.interop.albef import KINDS, KeyReport, convert_albef_file
+from vlp.progress import progress as progress_bar
+from vlp.weights import MANIFEST, find_checkpoint
+
+OFFICIAL = "https://storage.googleapis.com/sfr-pcl-data-research/ALBEF/"
+#: ALBEF layouts the release has but :func:`convert_albef_file` cannot read yet
+NOT_YET = ("ve", "grounding")
+#: what a converted folder must hold to be reused (model.safetensors is checked by the manifest)
+REQUIRED = (MANIFEST, "state.json", "key_report.json")
+TIMEOUT_S = 60.0  # per socket operation (connect, each read), not for the whole file
+CHUNK = 1 << 20
+MIRROR_ENV, URL_ENV_PREFIX, CACHE_ENV = "VLP_ZOO_MIRROR", "VLP_ZOO_URL_", "VLP_CACHE"
+#: failures of the transfer itself (refused, unreachable, HTTP status, timeout, cut off)
+NETWORK_ERRORS = (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException)
+
+
+@dataclass(frozen=True)
+class Pretrained:
+    """One released checkpoint. ``tag``: the name users type; ``url``: the official download;
+    ``kind``: the ALBEF layout handed to :func:`convert_albef_file` (``pretrain``, ``retrieval``,
+    ``vqa``, ``nlvr``; ``ve`` / ``grounding`` are listed but not convertible yet); ``image_size``:
+    the resolution it was trained at (px; the converted model keeps it); ``about``: what it is;
+    ``sha256`` / ``size``: of the file (bytes), ``None`` where not published."""
+
+    tag: str
+    url: str
+    kind: str
+    image_size: int
+    about: str
+    sha256: Optional[str] = None
+    size: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in (*KINDS, *NOT_YET):
+            raise ConfigError(f"pretrained {self.tag}: kind {self.kind!r}, expected one of {[*KINDS, *NOT_YET]}")
+        if self.sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
+            raise ConfigError(f"pretrained {self.tag}: sha256 must be 64 lower-case hex digits")
+
+    @property
+    def filename(self) -> str:
+        """The file name of the official URL (also the name under a mirror and in the cache)."""
+        return self.url.rsplit("/", 1)[-1]
+
+    @property
+    def convertible(self) -> bool:
+        return self.kind in KINDS
+
+
+# The ALBEF release (github.com/salesforce/ALBEF README, "Download"). Checksums and exact sizes are
+# not published (ALBEF.pth: about 3.25 GiB, a third-party Content-Length reading); ALBEF released no
+# SNLI-VE or fine-tuned NLVR2 weights.
+_ENTRIES = (
+    Pretrained("albef-14m", OFFICIAL + "ALBEF.pth", "pretrain", 256, "pretrained on 14M image-text pairs"),
+    Pretrained("albef-4m", OFFICIAL + "ALBEF_4M.pth", "pretrain", 256, "pretrained on 4M image-text pairs"),
+    Pretrained("albef-retrieval-coco", OFFICIAL + "mscoco.pth", "retrieval", 384, "fine-tuned for COCO retrieval"),
+    Pretrained(
+        "albef-retrieval-flickr",
+        OFFICIAL + "flickr30k.pth",
+        "retrieval",
+        384,
+        "fine-tuned for Flickr30k retrieval",
+    ),
+    Pretrained("albef-vqa", OFFICIAL + "vqa.pth", "vqa", 384, "fine-tuned for VQA v2 (+ VG QA)"),
+    Pretrained(
+        "albef-nlvr-ta",
+        OFFICIAL + "pretrain_model_nlvr.pth",
+        "nlvr",
+        256,
+        "after NLVR2 text-assignment pretraining (vlp task nlvr-ta; fine-tune it on NLVR2)",
+    ),
+    Pretrained(
+        "albef-grounding-refcoco",
+        OFFICIAL + "refcoco.pth",
+        "grounding",
+        384,
+        "fine-tuned for weakly supervised grounding on RefCOCO+ (no converter yet)",
+    ),
+)
+PRETRAINED: dict[str, Pretrained] = {e.tag: e for e in _ENTRIES}
+
+
+def list_pretrained() -> list[str]:
+    """The tags :meth:`vlp.VLPModel.from_pretrained` and :func:`fetch` accept."""
+    return list(PRETRAINED)
+
+
+def pretrained_entry(tag: str) -> Pretrained:
+    """The table entry of ``tag``; :class:`CheckpointError` listing the known tags otherwise."""
+    if tag not in PRETRAINED:
+        raise CheckpointError(f"unknown pretrained model {tag!r}; known: {', '.join(PRETRAINED)}")
+    return PRETRAINED[tag]
+
+
+def cache_dir() -> Path:
+    """``$VLP_CACHE``, else ``~/.cache/vlp``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "vlp").expanduser()
+
+
+def url_env(tag: str) -> str:
+    """The environment variable that overrides ``tag``'s URL: ``albef-14m`` -> ``VLP_ZOO_URL_ALBEF_14M``."""
+    return URL_ENV_PREFIX + re.sub(r"[^A-Z0-9]", "_", tag.upper())
+
+
+def source_url(entry: Pretrained) -> str:
+    """Where ``entry`` is downloaded from: ``VLP_ZOO_URL_<TAG>``, else ``$VLP_ZOO_MIRROR/<file>``,
+    else the official URL."""
+    if url := os.environ.get(url_env(entry.tag)):
+        return url
+    if mirror := os.environ.get(MIRROR_ENV):
+        return f"{mirror.rstrip('/')}/{entry.filename}"
+    return entry.url
+
+
+def resolve_pretrained(name_or_path: str | os.PathLike, cache: Optional[Path] = None, progress: bool = True) -> Path:
+    """An existing path as is; else a zoo tag, fetched (:func:`fetch`); else :class:`CheckpointError`
+    listing the known tags. A local folder named like a tag wins over the tag."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    name = os.fspath(name_or_path)
+    if name in PRETRAINED:
+        return fetch(name, cache, progress)
+    raise CheckpointError(
+        f"{name}: no such file or folder, and not a pretrained model name (known: {', '.join(PRETRAINED)})"
+    )
+
+
+def fetch(tag: str, cache: Optional[Path] = None, progress: bool = True) -> Path:
+    """The converted vlp checkpoint folder of ``tag``: ``<cache>/converted/<tag>`` reused when its
+    manifest verifies; else the official file downloaded (or one already downloaded reused), checked,
+    converted into a staging folder and renamed into place. ``progress``: the byte progress bar
+    and the conversion's key report on stderr. Raises :class:`DownloadError` (network, size or
+    SHA-256), :class:`CheckpointError` (unknown tag, a layout with no converter yet, conversion)."""
+    entry = pretrained_entry(tag)
+    url = source_url(entry)
+    if not entry.convertible:
+        raise CheckpointError(
+            f"{tag}: the converter for ALBEF {entry.kind!r} checkpoints is not there yet "
+            f"(vlp convert albef reads {', '.join(KINDS)}); the file is {url}"
+        )
+    root = Path(cache) if cache is not None else cache_dir()
+    out = root / "converted" / tag
+    if _usable(out, progress):
+        return out
+    src = _download(entry, url, root / "downloads" / entry.filename, out, progress)
+    report = _convert(entry, src, out)
+    if progress:
+        print(f"{tag}: {report.summary()}\nconverted into {out}", file=sys.stderr)
+    return find_checkpoint(out, REQUIRED)
+
+
+# ----------------------------------------------------------------------------- internals
+
+
+def _usable(folder: Path, warn: bool) -> bool:
+    """Whether ``folder`` is a complete converted checkpoint (manifest and key report verify)."""
+    if not folder.is_dir():
+        return False
+    try:
+        find_checkpoint(folder, REQUIRED)
+    except CheckpointError as e:
+        if warn:
+            print(f"warning: {e}; converting again", file=sys.stderr)
+        return False
+    return True
+
+
+def manual_steps(entry: Pretrained, url: str, dest: Path, out: Path) -> str:
+    """The commands that do by hand what :func:`fetch` does."""
+    d, o = shlex.quote(str(dest)), shlex.quote(str(out))
+    return (
+        f"download it yourself (e.g. curl -L -o {d} {url}), then run `vlp convert albef {d} {o} --kind "
+        f"{entry.kind}` and load it with VLPModel.from_pretrained({str(out)!r}) (from_pretrained"
+        f"({entry.tag!r}) reuses that folder)"
+    )
+
+
+def _download(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool) -> Path:
+    """``dest`` holding ``entry``'s file: an earlier complete download if it checks, else fetched
+    from ``url`` into ``dest.part``, checked, and renamed. :class:`DownloadError` on failure (the
+    partial file removed)."""
+    if dest.is_file():
+        if (problem := _problem(entry, dest)) is None:
+            return dest
+        print(f"warning: {dest}: {problem}; downloading again", file=sys.stderr)
+        dest.unlink()
+    part = dest.with_name(dest.name + ".part")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        got, length = _transfer(url, part, entry.size, f"download {entry.tag}", progress)
+        problem = f"connection closed after {got} of {length} bytes" if length is not None and got != length else None
+        problem = problem or _problem(entry, part)
+    except NETWORK_ERRORS as e:
+        part.unlink(missing_ok=True)
+        reason = e.reason if type(e) is urllib.error.URLError else e  # HTTPError's str has the status
+        raise DownloadError(
+            f"cannot download {entry.tag} from {url} ({reason}) into {dest}; {manual_steps(entry, url, dest, out)}"
+        ) from e
+    if problem is not None:
+        part.unlink(missing_ok=True)
+        raise DownloadError(
+            f"{entry.tag}: the file from {url} was refused and removed: {problem}; "
+            f"{manual_steps(entry, url, dest, out)}"
+        )
+    os.replace(part, dest)
+    return dest
+
+
+def _transfer(url: str, part: Path, size: Optional[int], desc: str, progress: bool) -> tuple[int, Optional[int]]:
+    """Stream ``url`` into ``part`` with a byte progress bar: (bytes received, Content-Length or None)."""
+    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp, open(part, "wb") as f:
+        header = resp.headers.get("Content-Length")
+        length = int(header) if header else None
+        bar = progress_bar(length or size or 0, desc, progress)
+        bar.unit, bar.unit_scale, bar.unit_divisor = "B", True, 1024
+        got = 0
+        while chunk := resp.read(CHUNK):
+            f.write(chunk)
+            got += len(chunk)
+            bar.update(len(chunk))
+        bar.close()
+    return got, length
+
+
+def _problem(entry: Pretrained, path: Path) -> Optional[str]:
+    """What is wrong with a downloaded file against ``entry``'s size and SHA-256 (None: fine or unknown)."""
+    if entry.size is not None and path.stat().st_size != entry.size:
+        return f"{path.stat().st_size} bytes, expected {entry.size}"
+    if entry.sha256 is not None:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(CHUNK), b""):
+                digest.update(chunk)
+        if digest.hexdigest() != entry.sha256:
+            return f"SHA-256 {digest.hexdigest()}, expected {entry.sha256}"
+    return None
+
+
+def _remove(folder: Path) -> None:
+    """A staging folder and the ``.tmp`` folder :func:`save_checkpoint` stages it in."""
+    for p in (folder, folder.with_name(folder.name + ".tmp")):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _convert(entry: Pretrained, src: Path, out: Path) -> KeyReport:
+    """``src`` converted into ``out.partial-<pid>`` and renamed to ``out`` once complete (the key
+    report written): a failed or interrupted conversion never leaves a folder named ``out``."""
+    staging = out.with_name(f"{out.name}.partial-{os.getpid()}")
+    _remove(staging)
+    try:
+        report = convert_albef_file(src, staging, kind=entry.kind)
+        _remove(out)  # a folder that did not verify
+        try:
+            os.replace(staging, out)
+        except OSError:  # another process put a complete one there meanwhile
+            if not _usable(out, warn=False):
+                raise
+    finally:
+        _remove(staging)
+    return report
