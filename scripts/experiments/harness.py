@@ -177,6 +177,13 @@ def paired_table(
     return markdown_table(rows, metrics) if rows else ""
 
 
+def run_minutes(results: SeedResults) -> str:
+    """The recorded wall-clock time of every run of ``results``, for a report ("412 min of runs");
+    a rerun that skips finished runs reports the same total."""
+    secs = [m["seconds"] for per_seed in results.data.values() for m in per_seed.values() if "seconds" in m]
+    return f"{sum(secs) / 60:.0f} min of runs (one thread each)" if secs else "run times not recorded"
+
+
 def write_report(path: Path, *paragraphs: str) -> str:
     """Write the ``paragraphs`` (a blank line between two; empty ones left out) to ``path`` and print
     them; returns the text."""
@@ -219,6 +226,48 @@ def plot_sweep(
         ax.set_ylabel(m)
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_arm_bars(
+    results: SeedResults,
+    seeds: Sequence[int],
+    metrics: Sequence[str],
+    out: Path,
+    title: str,
+    chance: Optional[float] = None,
+) -> Optional[Path]:
+    """Grouped bars: one group per metric, one bar per variant, mean ± std over the seeds each
+    variant has (error bars); ``chance`` a dotted line. Nothing is written before any result."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = summarise(results.data, seeds, metrics)
+    if not summary:
+        return None
+    width = 0.8 / len(summary)
+    fig, ax = plt.subplots(figsize=(1.2 * len(metrics) + 3, 3.6))
+    for i, (name, row) in enumerate(summary.items()):
+        xs = [j + (i - (len(summary) - 1) / 2) * width for j in range(len(metrics))]
+        ax.bar(
+            xs,
+            [row[m][0] if m in row else 0.0 for m in metrics],
+            width,
+            yerr=[row[m][1] if m in row else 0.0 for m in metrics],
+            capsize=2,
+            label=f"{name} (n={max(v[2] for v in row.values())})",
+        )
+    if chance is not None:
+        ax.axhline(chance, ls=":", color="gray")
+    ax.set_xticks(range(len(metrics)), list(metrics), fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

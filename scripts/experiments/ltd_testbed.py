@@ -30,7 +30,16 @@ import sys
 import time
 from pathlib import Path
 
-from harness import Sweep, experiment_parser, paired_table, prepare_world, results_table, write_report
+from harness import (
+    Sweep,
+    experiment_parser,
+    paired_table,
+    plot_arm_bars,
+    prepare_world,
+    results_table,
+    run_minutes,
+    write_report,
+)
 
 from vlp.eval.report import SeedResults, slug
 from vlp.runs.features import run_make_targets
@@ -112,6 +121,22 @@ def main(argv=None) -> int:
         plot_run_curves(
             curves, "ltd_rec", out / "ltd_rec.png", f"L_rec (dotted: eta {eta:.3g})", hlines={k: eta for k in curves}
         )
+    attrs = ("shape", "color", "size", "cell", "count")
+    plot_arm_bars(
+        results,
+        a.seeds,
+        [f"mp_{k}" for k in attrs] + ["mp_all"],
+        out / "minimal_pairs.png",
+        "minimal-pair accuracy by attribute (dotted: chance 50)",
+        chance=50.0,
+    )
+    plot_arm_bars(
+        results,
+        a.seeds,
+        [f"probe_{k}" for k in attrs],
+        out / "probes.png",
+        "linear-probe accuracy on caption embeddings",
+    )
     floor_rows = "\n".join(
         f"| {k} | {f['floor']:.4f} | {f['floor_mentioning']:.4f} | {100 * f['share_mentioning']:.0f}% |"
         for k, f in floors.items()
@@ -119,7 +144,7 @@ def main(argv=None) -> int:
     write_report(
         out / "report.md",
         f"Shapes world: {a.images} training images (5 captions each), `configs/ltd/shapes_dual.yaml` from scratch, "
-        f"{a.steps} steps, {len(a.seeds)} seeds, {(time.time() - t0) / 60:.0f} min on this machine. LTD targets: "
+        f"{a.steps} steps, {len(a.seeds)} seeds, {run_minutes(results)} on this machine. LTD targets: "
         f"all-MiniLM-L6-v2. Constraint bound eta = {eta:.4g} ({a.eta_fraction:g} x the floor of {lowest}, the lower "
         f"of the protected {' and '.join(a.protect)}). Zero-shot retrieval on the {a.test_images}-image test split (ITC cosine); probes: linear, on frozen "
         "embeddings of the test split's distinct captions (accuracy %, held-out half); mp: minimal-pair accuracy % "

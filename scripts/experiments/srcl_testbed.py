@@ -42,6 +42,7 @@ from harness import (
     plot_sweep,
     prepare_world,
     results_table,
+    run_minutes,
     train_once,
     write_report,
 )
@@ -217,7 +218,7 @@ def main(argv=None) -> int:
         f"{a.helper_steps} steps on {a.helper_images} disjoint images with every caption kind. Per seed: "
         f"{a.warmup_steps} warm-up steps of plain in-batch ITC, then {a.steps} steps per arm with a queue of {a.queue} "
         f"(unless the arm says otherwise), batch {a.batch_size}, ITC only, distillation off (unless the arm says "
-        f"otherwise); {(time.time() - t0) / 60:.0f} min on this machine. Zero-shot retrieval on the {a.test_images}-image "
+        f"otherwise); {run_minutes(results)} on this machine. Zero-shot retrieval on the {a.test_images}-image "
         "test split with ITC scores; `@generic` / `@scene`: the text->image metrics over those query captions only.",
         "",
         f"Learned helper's own zero-shot retrieval (test split): img_r1 {helper_retrieval['img_r1']:.2f}, "

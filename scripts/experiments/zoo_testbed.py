@@ -26,7 +26,16 @@ import sys
 import time
 from pathlib import Path
 
-from harness import Sweep, experiment_parser, paired_table, prepare_world, results_table, train_once, write_report
+from harness import (
+    Sweep,
+    experiment_parser,
+    paired_table,
+    prepare_world,
+    results_table,
+    run_minutes,
+    train_once,
+    write_report,
+)
 
 from vlp.eval.report import SeedResults, slug
 from vlp.runs.analyze import run_cocos
@@ -113,7 +122,7 @@ def main(argv=None) -> int:
     write_report(
         out / "report.md",
         f"Shapes world: {a.images} training images (5 captions each), `{PRESET}`, {a.warmup_steps} warm-up steps of "
-        f"InfoNCE per seed, then {a.steps} steps per arm; {len(a.seeds)} seeds; {(time.time() - t0) / 60:.0f} min on this "
+        f"InfoNCE per seed, then {a.steps} steps per arm; {len(a.seeds)} seeds; {run_minutes(results)} on this "
         f"machine. Zero-shot retrieval on the {a.test_images}-image test split (ITC cosine). COCOS: seed {seed}, "
         f"{a.cocos_batches} training batches, `{out / 'cocos.json'}`.",
         results_table(results, a.seeds, METRICS),
