@@ -1,5 +1,5 @@
 """Tiny official-ALBEF checkpoints built from the documented key patterns (albef.md §12.2), not from
-vlp's rule table: the pretrain and retrieval (``albef_state``), NLVR2 and VQA layouts. Shared by
+vlp's rule table: the pretrain and retrieval (``albef_state``), NLVR2, SNLI-VE and VQA layouts. Shared by
 tests/interop/test_albef.py (conversion) and tests/interop/test_zoo.py (download, convert, load)."""
 
 from __future__ import annotations
@@ -134,6 +134,17 @@ def albef_nlvr_state(seed: int = 0) -> dict[str, torch.Tensor]:
                     ]
                     s[pair[1]] = s[pair[0]]
         s |= _lin(H, H, g, f"cls_head{m}.0") | _lin(2, H, g, f"cls_head{m}.2")
+    return s
+
+
+def albef_ve_state(seed: int = 0) -> dict[str, torch.Tensor]:
+    """ALBEF's SNLI-VE layout (albef.md §12.2): plain BERT (no ``bert.``) of L + NF layers,
+    cross-attention in L..; ``cls_head`` = Linear(H,H), ReLU, Linear(H,3); momentum twins."""
+    g = torch.Generator().manual_seed(seed)
+    s: dict[str, torch.Tensor] = {}
+    for m in ("", "_m"):
+        s |= albef_vit(g, f"visual_encoder{m}") | albef_bert(g, f"text_encoder{m}", L + NF, L)
+        s |= _lin(H, H, g, f"cls_head{m}.0") | _lin(3, H, g, f"cls_head{m}.2")
     return s
 
 

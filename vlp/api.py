@@ -31,7 +31,7 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Sequence, Union
+from typing import Any, Iterator, NamedTuple, Optional, Sequence, Union
 
 import torch
 from PIL import Image
@@ -45,6 +45,7 @@ from vlp.eval.mode import evaluating
 from vlp.hardware import default_device
 from vlp.interop.zoo import resolve_pretrained
 from vlp.models.build import build_task_model, model_image_size, without_init_sources
+from vlp.models.gradcam import GradCAM, fusion_layer_index, gradcam, token_mean
 from vlp.version import __version__
 from vlp.weights import load_weights_file, weights_to_save
 
@@ -58,7 +59,20 @@ CONFIG, WEIGHTS, PREPROCESSOR = "config.json", "model.safetensors", "preprocesso
 #: state-dict prefixes save_pretrained leaves out (training-only state)
 DROPPED = ("momentum.", "queue.")
 RETRIEVAL_KINDS = ("pretrain", "helper", "retrieval")
-KINDS = (*RETRIEVAL_KINDS, "vqa", "nlvr2", "nlvr-ta")
+KINDS = (*RETRIEVAL_KINDS, "vqa", "nlvr2", "nlvr-ta", "ve")
+#: the SNLI-VE classes in ALBEF's order (the columns of :meth:`VLPModel.entailment`)
+VE_LABELS = ("contradiction", "neutral", "entailment")
+
+
+class Explanation(NamedTuple):
+    """What :meth:`VLPModel.explain` returns: the text's tokens ([CLS] and [SEP] included), one
+    Grad-CAM map per token [T, h, w] on the ViT's patch grid (not upsampled), the ITM match
+    probability of the pair, and the fusion layer the maps come from."""
+
+    tokens: list[str]
+    maps: torch.Tensor
+    itm_score: float
+    layer: int
 
 
 class UnsupportedKind(ValueError):
@@ -366,6 +380,60 @@ class VLPModel:
             out.append(self.model.itm_logits(fused).float().softmax(-1)[:, 1].cpu())
         return torch.cat(out)
 
+    # -- Grad-CAM ------------------------------------------------------------------------------
+
+    def _gradcam_batches(
+        self, images: Images, texts: Texts, layer: Optional[int], batch_size: Optional[int], method: str
+    ) -> Iterator[tuple[GradCAM, torch.Tensor, torch.Tensor]]:
+        """(Grad-CAM, input ids, attention mask) of aligned pairs, batch by batch, in eval mode
+        with gradients on (:func:`vlp.models.gradcam.gradcam`)."""
+        self._require(method, RETRIEVAL_KINDS, "the ITM head", fusion=True)
+        tok, bs = self.tokenize(texts), batch_size or self.batch_size
+        n_img = len(self._image_list(images))
+        if n_img != len(tok["input_ids"]):
+            raise ValueError(f"{method} takes aligned pairs: got {n_img} images and {len(tok['input_ids'])} texts")
+        ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
+        with evaluating(self.model):
+            for k, pixels in enumerate(self._image_batches(images, bs)):
+                rows = slice(k * bs, k * bs + len(pixels))
+                yield gradcam(self.model, pixels, ids[rows], mask[rows], layer), ids[rows], mask[rows]
+
+    def explain(self, image: ImageLike, text: str, layer: Optional[int] = None) -> Explanation:
+        """Grad-CAM of the ITM match logit over the cross-attention of fusion layer ``layer``
+        (default: the middle one, :func:`vlp.models.gradcam.default_layer`) for one image and one
+        text: a map [h, w] per token (ALBEF's visualisation notebook; docs in
+        :mod:`vlp.models.gradcam`). Needs gradients, so it runs in eval mode but not under
+        ``no_grad``; the model's parameters get no ``.grad``."""
+        ((cam, ids, mask),) = list(self._gradcam_batches([image], [text], layer, 1, "explain"))
+        n = int(mask[0].sum())
+        tokens = self.tokenizer.convert_ids_to_tokens(ids[0, :n].tolist())
+        score = float(cam.itm_logits.softmax(-1)[0, 1])
+        return Explanation(tokens, cam.maps[0, :n].cpu(), score, cam.layer)
+
+    def grounding_maps(
+        self,
+        images: Images,
+        texts: Texts,
+        layer: Optional[int] = None,
+        batch_size: Optional[int] = None,
+        words_only: bool = False,
+    ) -> torch.Tensor:
+        """The Grad-CAM grounding map [N, h, w] of each aligned pair (``images[i]``, ``texts[i]``):
+        the per-token maps of :meth:`explain` averaged over the text's tokens
+        (:func:`vlp.models.gradcam.token_mean`; ``words_only`` leaves out [CLS] and [SEP])."""
+        return torch.cat(
+            [
+                token_mean(cam.maps, mask, words_only).cpu()
+                for cam, _, mask in self._gradcam_batches(images, texts, layer, batch_size, "grounding_maps")
+            ]
+        )
+
+    def gradcam_layer(self, layer: Optional[int] = None) -> int:
+        """The fusion layer Grad-CAM uses for ``layer`` (None: the middle one); one the model does
+        not have raises ``ValueError``."""
+        self._require("gradcam_layer", RETRIEVAL_KINDS, "the ITM head", fusion=True)
+        return fusion_layer_index(self.model, layer)
+
     # -- VQA -----------------------------------------------------------------------------------
 
     @_inference
@@ -437,6 +505,27 @@ class VLPModel:
             out.append(self.model.classify(p0, p1, ids[rows], mask[rows]).float().softmax(-1)[:, 1].cpu())
         prob = torch.cat(out)
         return float(prob[0]) if single else prob
+
+    @_inference
+    def entailment(self, images: Images, hypotheses: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
+        """SNLI-VE: the probabilities [N, 3] that each hypothesis is contradicted by / neutral to /
+        entailed by its image (ALBEF's class order 0 / 1 / 2: :data:`VE_LABELS`); one image per
+        hypothesis. Hypotheses are cut as the VE fine-tuning cut them."""
+        self._require("entailment", ("ve",), "the SNLI-VE classifier")
+        from vlp.data.nlvr import tokenize_sentences  # lazily: vlp.data.nlvr loads the training datasets
+
+        tok = tokenize_sentences(self.tokenizer, _as_list(hypotheses, (str,)), self.preprocessor.max_len)
+        bs = batch_size or self.batch_size
+        n_img, n = len(self._image_list(images)), len(tok["input_ids"])
+        if n_img != n:
+            raise ValueError(f"entailment takes one image per hypothesis: got {n_img} images and {n} hypotheses")
+        ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
+        model: Any = self.model  # a VEModel (checked above)
+        out = []
+        for k, pix in enumerate(self._image_batches(images, bs)):
+            rows = slice(k * bs, k * bs + len(pix))
+            out.append(model.classify(pix, ids[rows], mask[rows]).float().softmax(-1).cpu())
+        return torch.cat(out)
 
     def __repr__(self) -> str:
         return (

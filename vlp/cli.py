@@ -102,6 +102,35 @@ def _evaluate_classification(a: argparse.Namespace) -> None:
     _wrote(Path(a.out) / "metrics.json")
 
 
+def _evaluate_grounding(a: argparse.Namespace) -> None:
+    from vlp.runs.grounding import run_evaluate_grounding
+
+    try:
+        run_evaluate_grounding(
+            a.checkpoint,
+            a.data,
+            a.out,
+            train=a.train,
+            layer=a.layer,
+            batch_size=a.batch_size,
+            image_root=a.image_root,
+            words_only=a.words_only,
+        )
+    except ValueError as e:  # a --layer the model does not have
+        raise ConfigError(f"--layer {a.layer}: {e}") from None
+    _wrote(Path(a.out) / "metrics.json")
+
+
+def _explain(a: argparse.Namespace) -> None:
+    from vlp.runs.explain import run_explain
+
+    try:
+        run_explain(a.checkpoint, a.image, a.text, a.out, layer=a.layer)
+    except ValueError as e:
+        raise ConfigError(f"--layer {a.layer}: {e}") from None
+    _wrote(Path(a.out) / "explain.png")
+
+
 def _zoo(a: argparse.Namespace) -> None:
     from vlp.interop.zoo import PRETRAINED, fetch, source_url
 
@@ -397,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_bench,
         _add_demo,
         _add_convert,
+        _add_explain,
         _add_zoo,
         _add_plot,
     ):  # in this order in `vlp --help`
@@ -441,6 +471,7 @@ def _add_training(sub: Any) -> None:
         ("retrieval", "image-text retrieval (ITC by image id + ITM), COCO / Flickr30k Karpathy files"),
         ("vqa", "VQA v2 (+ VG-QA): answer decoder, ranked candidate answers"),
         ("nlvr2", "NLVR2: a sentence about two images, doubled fusion layers"),
+        ("ve", "SNLI-VE: image premise + hypothesis -> entailment / neutral / contradiction"),
     ):
         _add_config_command(
             ft, task, text, f"configs/finetune/shapes_{task}.yaml", "pretrained=runs/pretrain train.epochs=1", _finetune
@@ -653,6 +684,19 @@ def _add_evaluate(sub: Any) -> None:
     c.add_argument("--batch-size", type=int, default=64)
     c.add_argument("--out", required=True, help="output folder: metrics.json, predictions.json, confusion.png")
     c.set_defaults(func=_evaluate_classification)
+    c = ev.add_parser(
+        "grounding",
+        help="weakly supervised grounding: Grad-CAM of the ITM score over a fusion layer's cross-attention picks a box",
+    )
+    c.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory (with a fusion encoder)")
+    c.add_argument("--data", required=True, help="grounding eval file (refcoco+_val.json, grounding_test.json)")
+    c.add_argument("--train", help="grounding train file: fits the fixed-position baseline reported beside")
+    c.add_argument("--layer", type=int, help="fusion layer of the Grad-CAM (default: the middle one)")
+    c.add_argument("--words-only", action="store_true", help="average the maps over words, not [CLS]/[SEP]")
+    c.add_argument("--image-root", help="folder for relative image paths (default: the file's folder)")
+    c.add_argument("--batch-size", type=int, default=32)
+    c.add_argument("--out", required=True, help="output folder: metrics.json, predictions.json, examples")
+    c.set_defaults(func=_evaluate_grounding)
 
 
 def _add_make_world(sub: Any) -> None:
@@ -745,7 +789,7 @@ def _add_convert(sub: Any) -> None:
     )
     c.add_argument("src", help="ALBEF weights ({model: state_dict} or a bare state dict; read as tensors only)")
     c.add_argument("out", help="checkpoint folder to write (model.safetensors, state.json, key_report.json)")
-    c.add_argument("--kind", default="auto", choices=["auto", "pretrain", "retrieval", "vqa", "nlvr"])
+    c.add_argument("--kind", default="auto", choices=["auto", "pretrain", "retrieval", "vqa", "nlvr", "ve"])
     c.add_argument("--image-size", type=int, help="interpolate the position embedding to this resolution")
     c.add_argument("--allow-unexpected", nargs="+", metavar="PATTERN", help="fnmatch patterns of ALBEF keys to drop")
     c.add_argument("--config", help="model YAML (ModelConfig keys, e.g. text.heads) for what shapes do not tell")
@@ -754,6 +798,17 @@ def _add_convert(sub: Any) -> None:
     c.add_argument("checkpoint", help="vlp checkpoint folder or run directory")
     c.add_argument("out", help="the .pth file to write")
     c.set_defaults(func=_convert_to_albef)
+
+
+def _add_explain(sub: Any) -> None:
+    """``vlp explain``."""
+    s = sub.add_parser("explain", help="per-word Grad-CAM heat maps of one image and text (one PNG grid)")
+    s.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory (with a fusion encoder)")
+    s.add_argument("--image", required=True)
+    s.add_argument("--text", required=True)
+    s.add_argument("--layer", type=int, help="fusion layer (default: the middle one)")
+    s.add_argument("--out", required=True, help="output folder: explain.png, explain.json")
+    s.set_defaults(func=_explain)
 
 
 def _add_zoo(sub: Any) -> None:

@@ -332,3 +332,105 @@ def plot_confusion(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def _heat_overlay(ax, image: Image.Image, heatmap: torch.Tensor, title: str) -> None:
+    """``image`` with ``heatmap`` [h, w] upsampled bicubically to its pixels (as
+    :func:`vlp.eval.grounding.box_scores` does), scaled to [0, 1] per map (ALBEF's ``getAttMap``)
+    and drawn over it in the jet colour map."""
+    import torch.nn.functional as F
+
+    w, h = image.size
+    up = F.interpolate(heatmap.detach().float().cpu()[None, None], size=(h, w), mode="bicubic", align_corners=False)
+    up = up[0, 0] - up.min()
+    if float(up.max()) > 0:
+        up = up / up.max()
+    else:  # a constant map (e.g. a word's map in the last fusion layer, where it is zero)
+        title += " (flat)"
+    ax.imshow(image)
+    ax.imshow(up.numpy(), cmap="jet", alpha=0.5, vmin=0.0, vmax=1.0)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title, fontsize=8)
+
+
+def _open_rgb(image: str | Path | Image.Image) -> Image.Image:
+    if isinstance(image, Image.Image):
+        return image.convert("RGB")
+    with Image.open(image) as im:
+        return im.convert("RGB")
+
+
+def _panel_grid(n: int, cols: int, side: float = 2.2, title_height: float = 0.3):
+    """A figure of ``n`` square panels of ``side`` inches, ``cols`` a row, ``title_height`` inches
+    above each for its title; the unused panels are hidden. Returns (figure, the n axes and the rest)."""
+    ncols = min(cols, n)
+    nrows = -(-n // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(side * ncols, (side + title_height) * nrows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.axis("off")
+    return fig, list(axes.flat)
+
+
+SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[PAD]")
+
+
+def plot_word_heatmaps(
+    image: str | Path | Image.Image,
+    tokens: Sequence[str],
+    maps: torch.Tensor,
+    out: str | Path,
+    title: Optional[str] = None,
+    cols: int = 6,
+) -> Path:
+    """One PNG grid (``vlp explain``): the image, the mean of the maps over every token (the
+    grounding map), then one panel per word token (``[CLS]``/``[SEP]``/``[PAD]`` have no panel of
+    their own) with its heat map [h, w] of ``maps`` [T, h, w] over the image, titled by the word."""
+    if maps.dim() != 3 or len(tokens) != maps.shape[0]:
+        raise ValueError(f"expected one map [h, w] per token: {len(tokens)} tokens, maps {tuple(maps.shape)}")
+    rgb = _open_rgb(image)
+    words = [i for i, t in enumerate(tokens) if t not in SPECIAL_TOKENS]
+    fig, axes = _panel_grid(2 + len(words), cols)
+    axes[0].imshow(rgb)
+    axes[0].set_xticks([])
+    axes[0].set_yticks([])
+    axes[0].set_title("image", fontsize=8)
+    _heat_overlay(axes[1], rgb, maps.mean(0), "all tokens")
+    for ax, i in zip(axes[2:], words):
+        _heat_overlay(ax, rgb, maps[i], tokens[i])
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return Path(out)
+
+
+def plot_grounding_examples(rows: Sequence[dict], out: str | Path, cols: int = 4) -> Path:
+    """Grounding examples (``vlp evaluate grounding``): per row of ``rows`` (``image`` path,
+    ``text``, ``heatmap`` [h, w], ``chosen`` and ``target`` boxes ``[x, y, w, h]``, ``hit``) the
+    image under its heat map, the target box (green, dashed) and the chosen box (white when right,
+    red when wrong), titled by the expression."""
+    from matplotlib.patches import Rectangle
+
+    if not rows:
+        raise ValueError("no grounding examples to plot")
+    fig, axes = _panel_grid(len(rows), cols, side=2.6, title_height=0.8)
+    for ax, row in zip(axes, rows):
+        text = "\n".join(textwrap.wrap(row["text"], 28))
+        _heat_overlay(
+            ax,
+            _open_rgb(row["image"]),
+            torch.as_tensor(row["heatmap"]),
+            f"{text}\n{'right' if row['hit'] else 'wrong'}",
+        )
+        chosen_colour = "white" if row["hit"] else "red"
+        for (x, y, w, h), colour, line in ((row["target"], "limegreen", "--"), (row["chosen"], chosen_colour, "-")):
+            ax.add_patch(
+                Rectangle((x - 0.5, y - 0.5), w, h, fill=False, linewidth=1.5, edgecolor=colour, linestyle=line)
+            )
+    fig.suptitle("green dashed: target; white: chosen (right), red: chosen (wrong)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return Path(out)

@@ -1,5 +1,5 @@
-"""Fine-tuning configs: ``vlp finetune retrieval|vqa|nlvr2`` and ``vlp pretrain nlvr-ta`` (downstream
-data, VQA and NLVR2 options, the run config and its cross-section rules), and
+"""Fine-tuning configs: ``vlp finetune retrieval|vqa|nlvr2|ve`` and ``vlp pretrain nlvr-ta`` (downstream
+data, VQA, NLVR2 and SNLI-VE options, the run config and its cross-section rules), and
 :func:`load_finetune_config`, which loads one for a task."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from vlp.errors import ConfigError
 
 # ----------------------------------------------------------------------------- fine-tuning
 
-FINETUNE_TASKS = ("retrieval", "vqa", "nlvr2", "nlvr-ta")
+FINETUNE_TASKS = ("retrieval", "vqa", "nlvr2", "nlvr-ta", "ve")
 
 
 @dataclass
@@ -27,7 +27,7 @@ class FinetuneDataConfig(BadSampleConfig):
     (:class:`BadSampleConfig`) apply to the training split."""
 
     # retrieval: Karpathy train files (one entry per caption, with image_id); vqa: VQA v2 / VG-QA
-    # question files; nlvr2: nlvr_train.json; nlvr-ta: pretraining files.
+    # question files; nlvr2: nlvr_train.json; nlvr-ta: pretraining files; ve: ve_train.json.
     train: list[str] = field(default_factory=list)
     val: Optional[str] = None  # validated after every epoch; the best checkpoint is kept
     test: Optional[str] = None  # evaluated once at the end with the best checkpoint
@@ -68,8 +68,14 @@ class NLVRConfig:
 
 
 @dataclass
+class VEConfig:
+    # Baseline: every premise image replaced by a constant, so the model sees only the hypothesis.
+    hypothesis_only: bool = False
+
+
+@dataclass
 class FinetuneConfig:
-    """``vlp finetune retrieval|vqa|nlvr2`` and ``vlp pretrain nlvr-ta``. The model is the
+    """``vlp finetune retrieval|vqa|nlvr2|ve`` and ``vlp pretrain nlvr-ta``. The model is the
     ``pretrained`` checkpoint's architecture (its config), changed only by ``image_size`` (the
     position embedding is interpolated) and ``model_overrides``."""
 
@@ -86,6 +92,7 @@ class FinetuneConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     vqa: VQAConfig = field(default_factory=VQAConfig)
     nlvr: NLVRConfig = field(default_factory=NLVRConfig)
+    ve: VEConfig = field(default_factory=VEConfig)
     eval_every: int = 0  # optimizer steps between validations; 0: once per epoch
 
     def __post_init__(self) -> None:

@@ -1,5 +1,5 @@
 """Downstream annotation formats (``docs/data.md``): VQA v2 / VG-QA questions, the VQA answer list,
-the VQA predictions file, and NLVR2 examples.
+the VQA predictions file, NLVR2 and SNLI-VE examples.
 
 - VQA v2 train/val: ``[{"question_id": id, "question": str, "answer": [str x 10], "image": path,
   "dataset": "vqa", "question_type": str (optional, vlp)}, ...]``; VQA test: the same without
@@ -7,10 +7,13 @@ the VQA predictions file, and NLVR2 examples.
 - VQA answer list: ``[str, ...]`` (distinct candidate answers)
 - VQA predictions (written): ``[{"question_id": id, "answer": str}, ...]``
 - NLVR2: ``[{"images": [path, path], "sentence": str, "label": "True" | "False"}, ...]``
+- SNLI-VE (ALBEF ``ve_*.json``): ``[{"image": id or path, "sentence": str, "label": "entailment" |
+  "neutral" | "contradiction"}, ...]``; an ``image`` without a file suffix is a Flickr30k id and
+  gets ALBEF's ``.jpg``
 
 Relative image paths are resolved against ``image_root`` (default: the annotation file's folder);
 VG-QA images against ``vg_root`` (default: like the VQA images). The entry parsers
-(``_vqa_question``, ``_nlvr_item``) use the shared rules of :mod:`vlp.data.json_entries`;
+(``_vqa_question``, ``_nlvr_item``, ``_ve_item``) use the shared rules of :mod:`vlp.data.json_entries`;
 :func:`vlp.data.formats.entry_problems` runs them for ``vlp data check``.
 """
 
@@ -57,6 +60,16 @@ class NLVRItem:
     images: tuple[str, str]  # resolved paths (left, right)
     sentence: str
     label: int  # 1 = "True", 0 = "False"
+    origin: str
+
+
+@dataclass(frozen=True)
+class VEItem:
+    """One SNLI-VE example: a hypothesis about an image premise."""
+
+    image: str  # resolved path
+    sentence: str  # the hypothesis
+    label: int  # index into VE_LABELS: 0 contradiction, 1 neutral, 2 entailment
     origin: str
 
 
@@ -213,6 +226,53 @@ def load_nlvr(path: str | Path, image_root: Optional[str | Path] = None) -> list
     path = Path(path)
     root = Path(image_root) if image_root else path.parent
     items = [_nlvr_item(path, i, e, root, Issues()) for i, e in enumerate(entry_list(path, read_json(path)))]
+    if not items:
+        raise DataError(f"{path}: no entries")
+    return items
+
+
+#: SNLI-VE class index -> label (ALBEF's classes 0 / 1 / 2)
+VE_LABELS: tuple[str, ...] = ("contradiction", "neutral", "entailment")
+#: what ALBEF's VE dataset appends to an image id (``'%s.jpg' % ann['image']``)
+VE_IMAGE_SUFFIX = ".jpg"
+
+
+def _ve_label(path: Path, i: int, e: dict) -> int:
+    what = '"entailment", "neutral" or "contradiction"'
+    if "label" not in e:
+        raise EntryError(path, i, "label", f"missing key 'label' (expected {what})")
+    v = e["label"]
+    if v not in VE_LABELS:
+        raise EntryError(path, i, "label", f"key 'label' is {v!r}, expected {what}")
+    return VE_LABELS.index(v)
+
+
+def ve_image_path(image: str, root: Path) -> str:
+    """An entry's ``image`` resolved against ``root``; a bare Flickr30k id (no file suffix) gets ``.jpg``."""
+    return resolve_image(image if Path(image).suffix else image + VE_IMAGE_SUFFIX, root)
+
+
+def _ve_item(path: Path, i: int, e: Any, root: Path, issues: Issues) -> Optional[VEItem]:
+    """Entry ``i`` of an SNLI-VE file, or None when it has a problem (they go to ``issues``)."""
+    e = issues.get(_object, path, i, e)
+    if e is None:
+        return None
+    n = len(issues.found)
+    image = issues.get(_image, path, i, e)
+    sentence = issues.get(_text, path, i, e, "sentence", "a non-empty hypothesis string")
+    label = issues.get(_ve_label, path, i, e)
+    if len(issues.found) > n or image is None or sentence is None or label is None:
+        return None
+    return VEItem(ve_image_path(image, root), sentence, label, f"{path} entry {i}")
+
+
+def load_ve(path: str | Path, image_root: Optional[str | Path] = None) -> list[VEItem]:
+    """Load an SNLI-VE file (ALBEF ``ve_{train,dev,test}.json``); the first bad entry raises
+    :class:`EntryError` naming file, entry and key."""
+    path = Path(path)
+    root = Path(image_root) if image_root else path.parent
+    parsed = (_ve_item(path, i, e, root, Issues()) for i, e in enumerate(entry_list(path, read_json(path))))
+    items = [it for it in parsed if it is not None]  # never None: the first problem raises
     if not items:
         raise DataError(f"{path}: no entries")
     return items

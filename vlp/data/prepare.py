@@ -22,6 +22,7 @@ from here too), with the shared helpers of :mod:`vlp.data.prepare_common`.
 - :func:`vqa_v2`, :func:`answer_list`: official VQA v2 questions / annotations -> ``vqa_*.json``
   entries and the most frequent answers (``answer_list.json``).
 - :func:`nlvr2`: official NLVR2 JSON-lines files -> ``nlvr_*.json``.
+- :func:`snli_ve`: official SNLI-VE JSON-lines files -> ``ve_*.json`` (:mod:`vlp.data.prepare_ve`).
 
 Pretraining pairs (CC3M, SBU, VG) hold absolute image paths (the resolved image folder joined with
 the file's place in it), so several of them can go into one ``data.train`` with any
@@ -38,6 +39,7 @@ from typing import Any, Optional, Sequence
 from vlp.data.json_entries import read_json, write_json_atomic
 from vlp.data.prepare_common import _absolute, _check_images, _key, _lines, _text, _top_list
 from vlp.data.prepare_nlvr import NLVR_SPLITS, nlvr2, nlvr_images
+from vlp.data.prepare_ve import VE_SPLITS, snli_ve, snli_ve_split
 from vlp.data.prepare_vg import VG_FOLDERS, visual_genome, visual_genome_qa
 from vlp.data.prepare_vqa import VQA_SPLITS, answer_list, vqa_image, vqa_v2
 from vlp.errors import DataError
@@ -46,6 +48,7 @@ __all__ = [
     "IMAGE_SUFFIXES",
     "KARPATHY_SPLITS",
     "NLVR_SPLITS",
+    "VE_SPLITS",
     "VG_FOLDERS",
     "VQA_SPLITS",
     "add_prepare_parser",
@@ -57,6 +60,8 @@ __all__ = [
     "nlvr2",
     "nlvr_images",
     "sbu",
+    "snli_ve",
+    "snli_ve_split",
     "visual_genome",
     "visual_genome_qa",
     "vqa_image",
@@ -292,13 +297,20 @@ def _run(a: argparse.Namespace) -> None:
         counts = {split: len(json.loads(p.read_text())) for split, p in paths.items()}
         _print_counts(f"{a.dataset} (entries)", counts, list(paths.values()))
         return
+    elif d == "snli-ve":
+        for src in a.jsonl:  # every name checked before any file is written
+            snli_ve_split(src)
+        for src in a.jsonl:
+            out = Path(a.out) / f"ve_{snli_ve_split(src)}.json"
+            _print_counts(f"{d} {Path(src).name}", snli_ve(src, out, a.image_root), [out])
+        return
     else:
         counts = nlvr2(a.jsonl, a.split, a.out, a.image_root)
     _print_counts(d, counts, [a.out])
 
 
 def add_prepare_parser(sub: Any) -> None:
-    """Add ``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|refcoco+`` to the subparsers ``sub``."""
+    """Add ``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|snli-ve|refcoco+`` to the subparsers ``sub``."""
     s = sub.add_parser("prepare", help="convert official dataset releases into vlp's (ALBEF's) annotation files")
     pp = s.add_subparsers(dest="dataset", required=True)
     for name, text in (
@@ -350,6 +362,10 @@ def add_prepare_parser(sub: Any) -> None:
     c.add_argument("--split", required=True, choices=list(NLVR_SPLITS))
     c.add_argument("--image-root", metavar="ROOT", help="if given, check that every image exists under it")
     c.add_argument("--out", required=True, metavar="JSON")
+    c = pp.add_parser("snli-ve", help="official snli_ve_{train,dev,test}.jsonl -> ve_{train,dev,test}.json")
+    c.add_argument("jsonl", nargs="+", metavar="SNLI_VE_JSONL", help="snli_ve_train.jsonl, snli_ve_dev.jsonl, ...")
+    c.add_argument("--image-root", metavar="ROOT", help="if given, check that every <Flickr30K_ID>.jpg exists under it")
+    c.add_argument("--out", required=True, metavar="DIR", help="output folder")
     c = pp.add_parser(
         "refcoco+",
         help="refer toolkit refs(unc).p + COCO instances.json -> refcoco+_{train,val,testA,testB}.json (grounding)",

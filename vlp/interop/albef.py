@@ -1,7 +1,7 @@
 """Official ALBEF checkpoints <-> vlp checkpoints (``vlp convert albef`` / ``vlp convert to-albef``).
 
 The key layouts are in ``albef.md`` §12.2; the renames onto vlp modules in §12.4. Each ALBEF
-checkpoint format (``pretrain``, ``retrieval``, ``vqa``, ``nlvr``) has one table of :class:`Rule`
+checkpoint format (``pretrain``, ``retrieval``, ``vqa``, ``nlvr``, ``ve``) has one table of :class:`Rule`
 (an ALBEF key template paired with a vlp key template, used in both directions) and of
 :class:`Drop` (ALBEF keys vlp does not keep, each with its reason and how export rebuilds it).
 :func:`translate` applies a table to a state dict, every key matched once, first rule wins.
@@ -28,7 +28,7 @@ import torch
 
 from vlp.errors import CheckpointError
 
-KINDS = ("pretrain", "retrieval", "vqa", "nlvr")
+KINDS = ("pretrain", "retrieval", "vqa", "nlvr", "ve")
 TWIN = "momentum.twin."
 VOCAB, POSITIONS = 30522, 512  # what vlp's text tower is built with (vlp.models.text.build_text)
 
@@ -179,6 +179,11 @@ FORMATS: dict[str, Format] = {
             Rule("ta_head.{rest}", "ta_head.{rest}", twin=False),
             Rule("vision_proj.{rest}", "vision_proj.{rest}", twin=False),
         ),
+        (_position_ids("text_encoder.embeddings."),),
+    ),
+    # SNLI-VE: retrieval-style plain BERT keys, the 3-way cls_head.{0,2}.* and the _m twins
+    "ve": Format(
+        _VISION + _text_rules("text_encoder.") + (Rule("cls_head.{rest}", "cls_head.{rest}"),),
         (_position_ids("text_encoder.embeddings."),),
     ),
 }
@@ -350,9 +355,11 @@ def detect_kind(state: dict[str, torch.Tensor]) -> str:
         layers = {int(m.group(1)) for k in state if (m := re.match(r"text_encoder\.encoder\.layer\.(\d+)\.", k))}
         if len(layers) - albef_text_layers(state) == 2 * albef_text_layers(state):
             return "nlvr"
+        if "cls_head.0.weight" in state and state["cls_head.2.weight"].shape[0] == 3:
+            return "ve"
         raise CheckpointError(
-            "a cls_head without the doubled fusion layers of NLVR2 (SNLI-VE or grounding?): "
-            "not supported; give --kind to force one"
+            "a cls_head / ta_head without the doubled fusion layers of NLVR2, and no 3-way SNLI-VE "
+            "cls_head: not supported; give --kind to force one"
         )
     if "text_encoder.bert.embeddings.word_embeddings.weight" in state:
         return "pretrain"
@@ -441,6 +448,7 @@ ALBEF_KIND = {
     "vqa": "vqa",
     "nlvr2": "nlvr",
     "nlvr-ta": "nlvr",
+    "ve": "ve",
 }
 
 
@@ -523,7 +531,7 @@ def convert_albef_file(
 
 def export_albef_checkpoint(ckpt: str | Path, out: str | Path) -> KeyReport:
     """``vlp convert to-albef``: a vlp checkpoint folder -> ``torch.save({"model": sd})`` in the
-    ALBEF layout of its task (pretrain / retrieval / vqa / nlvr)."""
+    ALBEF layout of its task (pretrain / retrieval / vqa / nlvr / ve)."""
     from vlp.pretrained import load_model
     from vlp.weights import find_checkpoint, read_state
 

@@ -20,7 +20,8 @@ def without_init_sources(model: ModelConfig) -> None:
 
 def build_task_model(kind: str, model: ModelConfig, vocab_size: int) -> nn.Module:
     """The model of a checkpoint kind (``state.json`` "task"): pretraining / helper ALBEF or dual
-    encoder, retrieval ALBEF (no MLM head), VQA (answer decoder), NLVR2 / NLVR TA (doubled fusion)."""
+    encoder, retrieval ALBEF (no MLM head), VQA (answer decoder), NLVR2 / NLVR TA (doubled fusion),
+    SNLI-VE (3-way classifier)."""
     if model.arch == "dual":
         from vlp.models.dual import DualEncoder
 
@@ -33,6 +34,10 @@ def build_task_model(kind: str, model: ModelConfig, vocab_size: int) -> nn.Modul
         from vlp.models.nlvr import NLVRModel
 
         return NLVRModel(model, head="cls" if kind == "nlvr2" else "ta")
+    if kind == "ve":
+        from vlp.models.ve import VEModel
+
+        return VEModel(model)
     from vlp.models.albef import ALBEF
 
     return ALBEF(model, mlm=kind != "retrieval")

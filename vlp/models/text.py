@@ -54,6 +54,10 @@ class Attention(nn.Module):
         self.heads, self.dropout_p = heads, dropout
         self.self = _QKV(hidden, kv_width)
         self.output = _AddNorm(hidden, hidden, dropout, eps)
+        # Opt-in capture (Grad-CAM, :mod:`vlp.models.gradcam`): when True, forward computes the
+        # attention explicitly and keeps its probabilities [B, heads, T, N] in ``probs``.
+        self.capture = False
+        self.probs: Optional[torch.Tensor] = None
 
     def _split(self, x: torch.Tensor) -> torch.Tensor:  # [B, L, H] -> [B, heads, L, H/heads]
         b, n, h = x.shape
@@ -77,12 +81,40 @@ class Attention(nn.Module):
         q = self._split(self.self.query(x))
         k, v = kv
         p = self.dropout_p if self.training else 0.0
-        if groups is None:
+        if self.capture:
+            a = self._attend_explicit(q, k, v, mask, groups, p)
+        elif groups is None:
             a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         else:
             a = groups.attend(q, k, v, mask, p)
         a = a.transpose(1, 2).reshape(x.shape)
         return self.output(a, x)
+
+    def _attend_explicit(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: Optional[torch.Tensor],
+        groups: Optional[KVGroups],
+        dropout_p: float,
+    ) -> torch.Tensor:
+        """The capture path: ``softmax(q k^T / sqrt(d))`` materialised, the same output as SDPA.
+        ``q`` [B, heads, T, d]; ``k``/``v`` [B or n_groups, heads, N, d] -> [B, heads, T, d]. The
+        probabilities (before dropout) are kept in ``self.probs``; they require grad whenever
+        gradients are on (made a leaf when nothing upstream requires grad) so a caller can take
+        ``torch.autograd.grad(score, attention.probs)``."""
+        if groups is not None:  # one K/V entry per distinct context: index them per row
+            k, v = k[groups.index], v[groups.index]
+            mask = None if mask is None else mask[groups.index]
+        scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = scores.softmax(-1)
+        if torch.is_grad_enabled() and not probs.requires_grad:
+            probs.requires_grad_()
+        self.probs = probs
+        return F.dropout(probs, dropout_p, training=dropout_p > 0) @ v
 
 
 class KVGroups:

@@ -1,4 +1,4 @@
-"""Fine-tuning: ``vlp finetune retrieval|vqa|nlvr2`` and ``vlp pretrain nlvr-ta``.
+"""Fine-tuning: ``vlp finetune retrieval|vqa|nlvr2|ve`` and ``vlp pretrain nlvr-ta``.
 
 Every run: read the pretrained checkpoint's model config, change the resolution (position
 embedding interpolated) and any ``model_overrides``, build the task model, load the weights
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, cast
 
 import torch
 from accelerate.utils import set_seed
@@ -375,20 +375,21 @@ def run_finetune_nlvr(cfg: FinetuneConfig) -> dict:
 
 
 @torch.no_grad()
-def nlvr_correct(model, loader: DataLoader, device: torch.device) -> torch.Tensor:
-    """1 for every example of ``loader`` the model classifies right, else 0: [n] long on ``device``,
-    in order. Eval mode inside, the model's modes restored after."""
+def classify_correct(model, loader: DataLoader, device: torch.device, inputs: Sequence[str]) -> torch.Tensor:
+    """1 for every example of ``loader`` that ``model.classify(*batch[inputs])`` classifies right
+    (argmax == ``labels``), else 0: [n] long on ``device``, in order. Eval mode inside, the model's
+    modes restored after."""
     out = [torch.zeros(0, dtype=torch.long, device=device)]
     with evaluating(model):
         for batch in loader:
-            logits = model.classify(
-                batch["images0"].to(device, non_blocking=True),
-                batch["images1"].to(device, non_blocking=True),
-                batch["input_ids"].to(device, non_blocking=True),
-                batch["attention_mask"].to(device, non_blocking=True),
-            )
+            logits = model.classify(*(batch[k].to(device, non_blocking=True) for k in inputs))
             out.append((logits.argmax(-1) == batch["labels"].to(device)).long())
     return torch.cat(out)
+
+
+def nlvr_correct(model, loader: DataLoader, device: torch.device) -> torch.Tensor:
+    """:func:`classify_correct` of the NLVR2 model (two images and the sentence)."""
+    return classify_correct(model, loader, device, ("images0", "images1", "input_ids", "attention_mask"))
 
 
 def nlvr_accuracy(model, loader: DataLoader, device: torch.device) -> float:
@@ -396,6 +397,56 @@ def nlvr_accuracy(model, loader: DataLoader, device: torch.device) -> float:
     inside, the model's modes restored after."""
     right = nlvr_correct(model, loader, device)
     return 100.0 * float(right.double().mean()) if len(right) else 0.0
+
+
+# ----------------------------------------------------------------------------- SNLI-VE
+
+
+def run_finetune_ve(cfg: FinetuneConfig) -> dict:
+    """ALBEF's VE: fusion [CLS] -> 3-way classifier (+ distillation); validation = dev accuracy,
+    best checkpoint; test accuracy at the end, next to the majority class of the training labels.
+    ``ve.hypothesis_only``: every premise image blanked (the hypothesis-only baseline)."""
+    from vlp.data.downstream_formats import VE_LABELS, load_ve
+    from vlp.data.ve import VECollator, VEDataset
+    from vlp.models.ve import VEModel
+    from vlp.tasks.ve import VETask
+
+    job = finetune_job(cfg)
+    d = cfg.data
+    train_items = [it for path in d.train for it in load_ve(path, d.image_root)]
+    evals = {name: load_ve(getattr(d, name), d.image_root) for name in ("val", "test") if getattr(d, name)}
+    blank = cfg.ve.hypothesis_only
+    collate = VECollator(job.tokenizer, d.max_len)
+    train_tf = ConstantImage(job.res) if blank else job.train_transform()
+    test_tf = ConstantImage(job.res) if blank else job.test_transform()
+    loader = make_loader(job, VEDataset(train_items, train_tf, **job.bad_samples(train_items)), collate, train=True)
+    start(job, loader, len(train_items))
+    task = VETask(cast(VEModel, job.model), cfg.loss.alpha, cfg.loss.alpha_ramp_steps, cfg.loss.distill)
+    inputs = ("images", "input_ids", "attention_mask")
+
+    def accuracy(items) -> float:
+        """Every rank classifies its contiguous shard of ``items``; accuracy over all of them."""
+        bounds, shard = shard_of(items)
+        loader = make_loader(job, VEDataset(shard, test_tf), collate, train=False)
+        right = classify_correct(job.model, loader, job.device, inputs)
+        return 100.0 * float(gather_rows(right, bounds).double().mean()) if len(items) else 0.0
+
+    validate = (lambda _task, _step: {"acc": accuracy(evals["val"])}) if "val" in evals else None
+    fit(job, task, validate, "acc")
+    majority = max(range(len(VE_LABELS)), key=lambda c: sum(it.label == c for it in train_items))
+    results: dict[str, Any] = {
+        "task": "ve",
+        "hypothesis_only": blank,
+        "majority_class": VE_LABELS[majority],
+        "best": str(load_best(job)),
+    }
+    for name, items in evals.items():
+        results[name] = {
+            "acc": accuracy(items),
+            "n": len(items),
+            "majority_acc": 100.0 * sum(it.label == majority for it in items) / len(items),
+        }
+    return write_results(job, results)
 
 
 def run_nlvr_ta(cfg: FinetuneConfig) -> dict:
@@ -417,6 +468,7 @@ RUNNERS: dict[str, Callable[[FinetuneConfig], dict]] = {
     "vqa": run_finetune_vqa,
     "nlvr2": run_finetune_nlvr,
     "nlvr-ta": run_nlvr_ta,
+    "ve": run_finetune_ve,
 }
 
 

@@ -44,6 +44,9 @@ def test_world_files_and_formats(world: dict[str, Path]) -> None:
         "grounding_train",
         "grounding_val",
         "grounding_test",
+        "ve_train",
+        "ve_dev",
+        "ve_test",
         *(f"classification_{a}_{s}" for a in ("shape", "colour", "count") for s in ("val", "test")),
         *(f"classification_{a}_{f}" for a in ("shape", "colour", "count") for f in ("classes", "templates")),
     }

@@ -60,3 +60,5 @@ def test_tiny_world_writes_every_task_file(tmp_path: Path) -> None:
     assert len(_load(paths["vqa_val"])) == 3 and len(_load(paths["nlvr_dev"])) == 2
     assert len(_load(paths["nlvr_test"])) == 4
     assert _load(paths["answer_list"])  # the val answers
+    # VE needs a description present in one image and absent from another: none for 1 val image
+    assert _load(paths["ve_dev"]) == [] and len(_load(paths["ve_test"])) == 6

@@ -30,6 +30,7 @@ from vlp.data.synthetic.scene import (
     scene_to_dict,
     world_rng,
 )
+from vlp.data.synthetic.ve import write_ve_splits
 from vlp.data.synthetic.vqa import vqa_task_files
 
 __all__ = [
@@ -108,7 +109,8 @@ def generate_world(
     ``pretrain, helper, retrieval_train, retrieval_val, retrieval_test, relevance_val,
     relevance_test, relevance_graded_val, relevance_graded_test, caption_kinds_val,
     caption_kinds_test, scenes, vqa_train, vqa_val, vqa_test, vqa_test_annotations, answer_list,
-    nlvr_train, nlvr_dev, nlvr_test, root``, the grounding splits
+    nlvr_train, nlvr_dev, nlvr_test, root``, the SNLI-VE triples
+    (:func:`~vlp.data.synthetic.ve.write_ve_splits`: ``ve_{train,dev,test}``), the grounding splits
     (:func:`~vlp.data.synthetic.grounding.write_grounding_splits`: ``grounding_{train,val,test}``),
     the zero-shot classification splits of val and test
     (:func:`~vlp.data.synthetic.classification.write_classification_splits`:
@@ -157,6 +159,7 @@ def generate_world(
     images = {s: [r["image"] for r in records[s]] for s in SPLITS}
     paths.update(write_task_files(root, seed, scenes, images, vqa_per_image, nlvr_per_image, templates))
     paths.update(write_grounding_splits(root))
+    paths.update(write_ve_splits(root))
     for split in ("val", "test"):
         paths.update(write_classification_splits(root, split))
     if helper is not None:

@@ -1,0 +1,98 @@
+"""`vlp finetune ve` through the command line on a tiny shapes world: checkpoints, best-by-dev, results,
+the hypothesis-only baseline, and the fine-tuned checkpoint's ALBEF export."""
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from vlp.cli import main
+from vlp.data.synthetic import generate_world
+from vlp.data.synthetic.ve import write_ve_splits
+from vlp.interop.albef import detect_kind
+from vlp.models.ve import VEModel
+from vlp.pretrained import load_model
+
+TINY = [
+    "model.vision.depth=1",
+    "model.text.layers=1",
+    "model.text.fusion_layers=1",
+    "model.embed_dim=32",
+    "data.batch_size=8",
+    "data.num_workers=0",
+    "train.steps=2",
+    "train.progress=false",
+]
+FT = [
+    "data.batch_size=8",
+    "data.eval_batch_size=16",
+    "data.num_workers=0",
+    "train.epochs=null",
+    "train.steps=4",
+    "eval_every=2",
+    "train.progress=false",
+    "train.log_every=2",
+]
+
+
+def test_finetune_ve_cli(tmp_path):
+    world = generate_world(tmp_path / "w", seed=5, n_train=16, n_val=4, n_test=4, progress=False)
+    ve = write_ve_splits(world["root"], per_image=1)
+    pre = tmp_path / "pre"
+    assert (
+        main(
+            [
+                "pretrain",
+                "--config",
+                "configs/pretrain/shapes_tiny.yaml",
+                f"output_dir={pre}",
+                f"data.train=[{world['pretrain']}]",
+                *TINY,
+            ]
+        )
+        == 0
+    )
+    data = [f"data.train=[{ve['ve_train']}]", f"data.val={ve['ve_dev']}", f"data.test={ve['ve_test']}"]
+    out = tmp_path / "ve"
+    cmd = ["finetune", "ve", "--config", "configs/finetune/shapes_ve.yaml", f"pretrained={pre}", *FT, *data]
+    assert main([*cmd, f"output_dir={out}"]) == 0
+    val = [json.loads(line) for line in (out / "val_metrics.jsonl").read_text().splitlines()]
+    assert [v["step"] for v in val] == [2, 4]
+    best = max(val, key=lambda v: v["acc"])  # ties keep the first
+    state = json.loads((out / "checkpoints" / "best" / "state.json").read_text())
+    assert state["task"] == "ve" and state["best"]["step"] == best["step"]
+    res = json.loads((out / "results.json").read_text())
+    assert res["task"] == "ve" and res["hypothesis_only"] is False and res["best"].endswith("best")
+    assert res["val"]["acc"] == best["acc"]  # the best checkpoint is what the final dev pass scores
+    assert res["test"]["n"] == 4 and 0 <= res["test"]["acc"] <= 100
+    labels = [e["label"] for e in json.loads(ve["ve_train"].read_text())]
+    assert res["majority_class"] in labels and labels.count(res["majority_class"]) == max(
+        map(labels.count, set(labels))
+    )
+    sd = load_file(str(out / "checkpoints" / "step_0000004" / "model.safetensors"))
+    assert sd["cls_head.2.weight"].shape[0] == 3 and not any(
+        k.startswith(("mlm_head", "itm_head", "queue")) for k in sd
+    )
+    model, _, _ = load_model(out, torch.device("cpu"))
+    assert isinstance(model, VEModel)
+    # the fine-tuned checkpoint exports to ALBEF's SNLI-VE layout
+    assert main(["convert", "to-albef", str(out / "checkpoints" / "best"), str(tmp_path / "ve.pth")]) == 0
+    assert detect_kind(torch.load(str(tmp_path / "ve.pth"), weights_only=True)["model"]) == "ve"
+    # the hypothesis-only baseline: constant images
+    base = tmp_path / "hyp"
+    assert main([*cmd, f"output_dir={base}", "ve.hypothesis_only=true", "train.steps=2"]) == 0
+    assert json.loads((base / "results.json").read_text())["hypothesis_only"] is True
+    # the inference API: VLPModel.entailment is the classifier's softmax, one image per hypothesis
+    from vlp.api import VE_LABELS, VLPModel
+
+    m = VLPModel.from_pretrained(out, device="cpu")
+    entries = json.loads(ve["ve_test"].read_text())
+    imgs = [str(ve["ve_test"].parent / e["image"]) for e in entries]
+    probs = m.entailment(imgs, [e["sentence"] for e in entries])
+    assert probs.shape == (len(entries), 3) and torch.allclose(probs.sum(1), torch.ones(len(entries)))
+    assert VE_LABELS == ("contradiction", "neutral", "entailment")
+    pix = m.pixel_values(imgs)
+    tok = m.tokenize([e["sentence"] for e in entries])
+    with torch.no_grad():
+        direct = m.model.classify(pix, tok["input_ids"], tok["attention_mask"]).float().softmax(-1)
+    assert torch.allclose(probs, direct, atol=1e-5)

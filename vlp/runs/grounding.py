@@ -1,0 +1,187 @@
+"""``vlp evaluate grounding``: weakly supervised visual grounding of a checkpoint by Grad-CAM (ALBEF's
+RefCOCO+ protocol, ``Grounding.py`` with ``gradcam_mode=itm``).
+
+1. each entry's grounding map: the Grad-CAM of the ITM match logit over the cross-attention of one
+   fusion layer, averaged over the expression's tokens (:meth:`vlp.api.VLPModel.grounding_maps`,
+   :mod:`vlp.models.gradcam`);
+2. every candidate box is scored by ALBEF's rule (:func:`vlp.eval.grounding.box_scores`: the map
+   upsampled bicubically to the image, summed inside the box, divided by sqrt(area)) and the best
+   one is chosen;
+3. accuracy = % of chosen boxes with IoU >= 0.5 with the target, beside two baselines: the expected
+   accuracy of a random candidate, and (given a training file) the best fixed position fitted on it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+from PIL import Image
+
+from vlp.data.grounding import GroundingEntry, read_grounding_file
+from vlp.errors import DataError
+from vlp.eval.grounding import (
+    box_scores,
+    fixed_position_prior,
+    grounding_accuracy,
+    paired_iou,
+    prior_accuracy,
+    random_candidate_accuracy,
+)
+from vlp.models.gradcam import fusion_encoder
+from vlp.progress import progress
+
+METRICS, PREDICTIONS, EXAMPLES = "metrics.json", "predictions.json", "grounding_examples.png"
+
+
+def entry_size(entry: GroundingEntry) -> tuple[int, int]:
+    """The original image's (W, H): the entry's ``image_size``, else read from the image file's header."""
+    if entry.image_size is not None:
+        return entry.image_size
+    try:
+        with Image.open(entry.image) as im:
+            return im.size
+    except OSError as e:
+        raise DataError(f"{entry.origin}: cannot read the size of image {entry.image}: {e}") from e
+
+
+def choose_boxes(
+    maps: torch.Tensor, candidates: Sequence[Sequence[Sequence[float]]], sizes: Sequence[tuple[int, int]]
+) -> tuple[list[int], list[list[float]]]:
+    """For each grounding map of ``maps`` [N, h, w], the index of its best candidate box (argmax of
+    :func:`vlp.eval.grounding.box_scores`, the first on ties) among ``candidates[i]`` [M_i, 4] on an
+    image of ``sizes[i]`` (W, H), and every candidate's score."""
+    if not len(maps) == len(candidates) == len(sizes):
+        raise ValueError(f"{len(maps)} maps, {len(candidates)} candidate lists and {len(sizes)} image sizes")
+    scores = [box_scores(m, c, s) for m, c, s in zip(maps, candidates, sizes)]
+    return [int(s.argmax()) for s in scores], [s.tolist() for s in scores]
+
+
+def _eval_boxes(entries: Sequence[GroundingEntry], what: str) -> None:
+    bad = [e.origin for e in entries if e.bbox is None or not e.candidates]
+    if bad:
+        raise DataError(f"{bad[0]}: {what} needs 'bbox' and 'candidates' in every entry ({len(bad)} without)")
+
+
+def _prior(train: str | Path, image_root: Optional[str | Path], entries, sizes) -> dict[str, Any]:
+    """The fixed-position baseline fitted on the ``train`` file, scored on ``entries``."""
+    train_entries = read_grounding_file(train, image_root, "train")
+    _eval_boxes(train_entries, "the fixed-position baseline")
+    fit = fixed_position_prior(
+        [e.candidates for e in train_entries], [e.bbox for e in train_entries], [entry_size(e) for e in train_entries]
+    )
+    acc = prior_accuracy(fit.point, [e.candidates for e in entries], [e.bbox for e in entries], sizes)
+    return {"point": list(fit.point), "train_accuracy": fit.train_accuracy, "accuracy": acc, "train": str(train)}
+
+
+def grounding_maps(
+    vm, entries: Sequence[GroundingEntry], layer: Optional[int], batch_size: int, words_only: bool, show_progress: bool
+) -> torch.Tensor:
+    """The Grad-CAM grounding map [N, h, w] of every entry (its image and text) with the loaded
+    :class:`vlp.api.VLPModel`, ``batch_size`` pairs at a time."""
+    out = []
+    with progress(len(entries), "grounding", show_progress) as bar:
+        for s in range(0, len(entries), batch_size):
+            chunk = entries[s : s + batch_size]
+            out.append(
+                vm.grounding_maps([e.image for e in chunk], [e.text for e in chunk], layer, batch_size, words_only)
+            )
+            bar.update(len(chunk))
+    return torch.cat(out)
+
+
+def run_evaluate_grounding(
+    checkpoint: str | Path,
+    data: str | Path,
+    out: str | Path,
+    train: Optional[str | Path] = None,
+    layer: Optional[int] = None,
+    batch_size: int = 32,
+    image_root: Optional[str | Path] = None,
+    words_only: bool = False,
+    device: Optional[str] = None,
+    show_progress: bool = True,
+    n_examples: int = 8,
+) -> dict[str, Any]:
+    """Grounding accuracy of a checkpoint (pretrain, helper or retrieval, with a fusion encoder) on
+    the eval grounding file ``data`` (module docstring); ``layer``: the fusion layer (default the
+    middle one), ``words_only``: average the token maps without [CLS] and [SEP] (ALBEF averages
+    all). ``train`` (a grounding train file with boxes) adds the fixed-position baseline.
+
+    Writes ``out/metrics.json`` (the returned record), ``out/predictions.json`` (per entry: the
+    chosen candidate, its IoU with the target, every candidate's score) and
+    ``out/grounding_examples.png`` (``n_examples`` entries: heat map, chosen and target box)."""
+    from vlp.api import VLPModel
+    from vlp.viz import plot_grounding_examples
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    entries = read_grounding_file(data, image_root, "eval")
+    sizes = [entry_size(e) for e in entries]
+    prior = _prior(train, image_root, entries, sizes) if train is not None else None
+    vm = VLPModel.from_pretrained(checkpoint, device=device, batch_size=batch_size)
+    used_layer = vm.gradcam_layer(layer)
+    maps = grounding_maps(vm, entries, used_layer, batch_size, words_only, show_progress)
+    chosen, scores = choose_boxes(maps, [e.candidates for e in entries], sizes)
+    boxes = [e.candidates[c] for e, c in zip(entries, chosen)]
+    targets = [e.bbox for e in entries]
+    iou = paired_iou(boxes, targets)
+    record: dict[str, Any] = {
+        "accuracy": grounding_accuracy(boxes, targets),
+        "random_candidate": random_candidate_accuracy([e.candidates for e in entries], targets),
+        "fixed_position": prior,
+        "layer": used_layer,
+        "n_fusion_layers": len(fusion_encoder(vm.model).layer),
+        "words_only": words_only,
+        "grid": list(maps.shape[1:]),
+        "n": len(entries),
+        "data": str(data),
+        "checkpoint": vm.source.get("checkpoint", str(checkpoint)),
+        "checkpoint_kind": vm.kind,
+    }
+    predictions = [
+        {
+            "ref_id": e.ref_id,
+            "text": e.text,
+            "image": e.image,
+            "chosen": c,
+            "target": e.target_index,
+            "iou": float(v),
+            "hit": bool(v >= 0.5),
+            "scores": s,
+        }
+        for e, c, v, s in zip(entries, chosen, iou.tolist(), scores)
+    ]
+    outdir = Path(out)
+    outdir.mkdir(parents=True, exist_ok=True)
+    (outdir / METRICS).write_text(json.dumps(record, indent=2) + "\n")
+    (outdir / PREDICTIONS).write_text("[\n" + ",\n".join(json.dumps(p) for p in predictions) + "\n]\n")
+    shown = sorted(
+        {round(i * (len(entries) - 1) / max(1, n_examples - 1)) for i in range(min(n_examples, len(entries)))}
+    )
+    rows = [
+        {
+            "image": entries[i].image,
+            "text": entries[i].text,
+            "heatmap": maps[i],
+            "chosen": boxes[i],
+            "target": targets[i],
+            "hit": predictions[i]["hit"],
+        }
+        for i in shown
+    ]
+    if rows:
+        plot_grounding_examples(rows, outdir / EXAMPLES)
+    _print_summary(record)
+    return record
+
+
+def _print_summary(record: dict[str, Any]) -> None:
+    prior = record["fixed_position"]
+    fixed = f", fixed position {prior['accuracy']:.2f}%" if prior else ""
+    print(
+        f"grounding on {record['n']} expressions (fusion layer {record['layer']}): accuracy {record['accuracy']:.2f}% "
+        f"(random candidate {record['random_candidate']:.2f}%{fixed})"
+    )
