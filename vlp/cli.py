@@ -136,8 +136,7 @@ def _zoo(a: argparse.Namespace) -> None:
 
     if a.what == "list":
         for e in PRETRAINED.values():
-            note = "" if e.convertible else "  (no converter for this kind yet)"
-            print(f"{e.tag:24s} {e.kind:10s} {e.image_size:4d} px  {source_url(e)}\n{'':24s} {e.about}{note}")
+            print(f"{e.tag:24s} {e.kind:10s} {e.image_size:4d} px  {source_url(e)}\n{'':24s} {e.about}")
         return
     print(fetch(a.tag, Path(a.cache) if a.cache else None))
 
@@ -472,6 +471,7 @@ def _add_training(sub: Any) -> None:
         ("vqa", "VQA v2 (+ VG-QA): answer decoder, ranked candidate answers"),
         ("nlvr2", "NLVR2: a sentence about two images, doubled fusion layers"),
         ("ve", "SNLI-VE: image premise + hypothesis -> entailment / neutral / contradiction"),
+        ("grounding", "weakly supervised grounding: ITC + ITM on referring expressions, validated by Grad-CAM boxes"),
     ):
         _add_config_command(
             ft, task, text, f"configs/finetune/shapes_{task}.yaml", "pretrained=runs/pretrain train.epochs=1", _finetune

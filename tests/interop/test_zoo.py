@@ -19,7 +19,7 @@ import torch
 from tests.albef_fakes import IMG, albef_state
 from vlp import VLPModel, list_pretrained
 from vlp.cli import main
-from vlp.errors import CheckpointError, DownloadError
+from vlp.errors import CheckpointError, ConfigError, DownloadError
 from vlp.interop import zoo
 from vlp.interop.albef import convert_albef_file
 from vlp.pretrained import load_model
@@ -69,7 +69,9 @@ def test_table_and_url_overrides(monkeypatch):
     assert tags[:2] == ["albef-14m", "albef-4m"] and "albef-grounding-refcoco" in tags and len(tags) == 7
     for e in zoo.PRETRAINED.values():
         assert e.url == zoo.OFFICIAL + e.filename and e.sha256 is None and e.image_size in (256, 384)
-    assert [e.tag for e in zoo.PRETRAINED.values() if not e.convertible] == ["albef-grounding-refcoco"]
+    assert zoo.PRETRAINED["albef-grounding-refcoco"].kind == "retrieval"  # Grounding.py trains the retrieval model
+    with pytest.raises(ConfigError, match="kind 'grounding', expected one of"):
+        zoo.Pretrained("x", "http://x/x.pth", "grounding", 384, "a layout the converter does not read")
     assert zoo.PRETRAINED["albef-retrieval-coco"].kind == "retrieval" and zoo.PRETRAINED["albef-vqa"].kind == "vqa"
     assert zoo.url_env("albef-14m") == "VLP_ZOO_URL_ALBEF_14M"
     e = zoo.pretrained_entry("albef-14m")
@@ -177,14 +179,12 @@ def test_file_mirror(cache, served, monkeypatch):
     assert zoo.fetch(TAG, progress=False) == cache / "converted" / TAG and requests == []
 
 
-def test_unknown_tag_and_layout_without_converter(cache, served):
+def test_unknown_tag(cache, served):
     _, _, requests = served
     with pytest.raises(CheckpointError, match=r"albef-nope: no such file or folder.*known: albef-14m, albef-4m"):
         VLPModel.from_pretrained("albef-nope")
     with pytest.raises(CheckpointError, match="unknown pretrained model 'albef-nope'"):
         zoo.fetch("albef-nope")
-    with pytest.raises(CheckpointError, match="converter for ALBEF 'grounding' checkpoints is not there yet.*refcoco"):
-        zoo.fetch("albef-grounding-refcoco")
     assert requests == [] and not cache.exists()
 
 
@@ -193,7 +193,7 @@ def test_cli_zoo_list_and_fetch(cache, served, capsys):
 
     assert main(["zoo", "list"]) == 0
     listed = capsys.readouterr().out
-    assert all(tag in listed for tag in list_pretrained()) and "no converter for this kind yet" in listed
+    assert all(tag in listed for tag in list_pretrained()) and "the retrieval layout" in listed
     assert main(["zoo", "fetch", TAG, "--cache", str(cache)]) == 0
     folder = Path(capsys.readouterr().out.strip().splitlines()[-1])
     assert folder == cache / "converted" / TAG and (folder / "key_report.json").is_file()

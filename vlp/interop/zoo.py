@@ -41,8 +41,6 @@ from vlp.progress import progress as progress_bar
 from vlp.weights import MANIFEST, find_checkpoint
 
 OFFICIAL = "https://storage.googleapis.com/sfr-pcl-data-research/ALBEF/"
-#: ALBEF layouts the release has but :func:`convert_albef_file` cannot read yet
-NOT_YET = ("ve", "grounding")
 #: what a converted folder must hold to be reused (model.safetensors is checked by the manifest)
 REQUIRED = (MANIFEST, "state.json", "key_report.json")
 TIMEOUT_S = 60.0  # per socket operation (connect, each read), not for the whole file
@@ -55,8 +53,8 @@ NETWORK_ERRORS = (urllib.error.URLError, TimeoutError, ConnectionError, http.cli
 @dataclass(frozen=True)
 class Pretrained:
     """One released checkpoint. ``tag``: the name users type; ``url``: the official download;
-    ``kind``: the ALBEF layout handed to :func:`convert_albef_file` (``pretrain``, ``retrieval``,
-    ``vqa``, ``nlvr``; ``ve`` / ``grounding`` are listed but not convertible yet); ``image_size``:
+    ``kind``: the ALBEF layout handed to :func:`convert_albef_file` (one of its ``KINDS``);
+    ``image_size``:
     the resolution it was trained at (px; the converted model keeps it); ``about``: what it is;
     ``sha256`` / ``size``: of the file (bytes), ``None`` where not published."""
 
@@ -69,8 +67,8 @@ class Pretrained:
     size: Optional[int] = None
 
     def __post_init__(self) -> None:
-        if self.kind not in (*KINDS, *NOT_YET):
-            raise ConfigError(f"pretrained {self.tag}: kind {self.kind!r}, expected one of {[*KINDS, *NOT_YET]}")
+        if self.kind not in KINDS:
+            raise ConfigError(f"pretrained {self.tag}: kind {self.kind!r}, expected one of {list(KINDS)}")
         if self.sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
             raise ConfigError(f"pretrained {self.tag}: sha256 must be 64 lower-case hex digits")
 
@@ -78,10 +76,6 @@ class Pretrained:
     def filename(self) -> str:
         """The file name of the official URL (also the name under a mirror and in the cache)."""
         return self.url.rsplit("/", 1)[-1]
-
-    @property
-    def convertible(self) -> bool:
-        return self.kind in KINDS
 
 
 # The ALBEF release (github.com/salesforce/ALBEF README, "Download"). Checksums and exact sizes are
@@ -106,12 +100,14 @@ _ENTRIES = (
         256,
         "after NLVR2 text-assignment pretraining (vlp task nlvr-ta; fine-tune it on NLVR2)",
     ),
+    # ALBEF's Grounding.py fine-tunes its retrieval model (models.model_retrieval.ALBEF) and saves
+    # its state dict: the grounding checkpoint has the retrieval layout.
     Pretrained(
         "albef-grounding-refcoco",
         OFFICIAL + "refcoco.pth",
-        "grounding",
+        "retrieval",
         384,
-        "fine-tuned for weakly supervised grounding on RefCOCO+ (no converter yet)",
+        "fine-tuned for weakly supervised grounding on RefCOCO+ (the retrieval layout; vlp evaluate grounding)",
     ),
 )
 PRETRAINED: dict[str, Pretrained] = {e.tag: e for e in _ENTRIES}
@@ -168,14 +164,9 @@ def fetch(tag: str, cache: Optional[Path] = None, progress: bool = True) -> Path
     manifest verifies; else the official file downloaded (or one already downloaded reused), checked,
     converted into a staging folder and renamed into place. ``progress``: the byte progress bar
     and the conversion's key report on stderr. Raises :class:`DownloadError` (network, size or
-    SHA-256), :class:`CheckpointError` (unknown tag, a layout with no converter yet, conversion)."""
+    SHA-256), :class:`CheckpointError` (unknown tag, conversion)."""
     entry = pretrained_entry(tag)
     url = source_url(entry)
-    if not entry.convertible:
-        raise CheckpointError(
-            f"{tag}: the converter for ALBEF {entry.kind!r} checkpoints is not there yet "
-            f"(vlp convert albef reads {', '.join(KINDS)}); the file is {url}"
-        )
     root = Path(cache) if cache is not None else cache_dir()
     out = root / "converted" / tag
     if _usable(out, progress):
