@@ -29,7 +29,23 @@ DEMO_CAPTION_REPEATS = {"scene": 4}
 # chance in 750 steps and, mixed in, keep it from learning anything (docs/shapes_world.md).
 DEMO_NLVR_TEMPLATES = ("both", "contains")
 #: the stages of ``vlp demo --full`` that write a folder of their own under ``out``
-FULL_STAGES = ("pretrain", "zero_shot", "retrieval", "vqa", "nlvr_ta", "nlvr2", "nlvr2_text_only")
+FULL_STAGES = (
+    "pretrain",
+    "zero_shot",
+    "retrieval",
+    "vqa",
+    "nlvr_ta",
+    "nlvr2",
+    "nlvr2_text_only",
+    "ve",
+    "ve_hypothesis_only",
+    "classification",
+)
+#: the zero-shot classification splits of the full demo, each with an ITM re-rank of the top 3
+CLASSIFICATION_ATTRS = ("shape", "colour", "count")
+CLASSIFICATION_RERANK_K = 3
+#: SNLI-VE in the full demo: one epoch over the world's training triples (3 per image)
+DEMO_VE_OVERRIDES = ("train.epochs=1",)
 
 
 def chance_table(n_images: int, n_texts: int) -> dict[str, float]:
@@ -147,6 +163,32 @@ class FullDemo:
             if not (self.reuse and self.finished(d)):
                 shutil.rmtree(self.out / d, ignore_errors=True)
 
+    def classification(self, pretrained: Path, world: dict[str, Path]) -> dict:
+        """Stage ``classification``: zero-shot classification of the test split by each of
+        :data:`CLASSIFICATION_ATTRS`, by ITC and with the ITM re-rank of the top
+        :data:`CLASSIFICATION_RERANK_K`; its results (``classification/results.json``)."""
+        from vlp.runs.classify import run_evaluate_classification
+
+        name = "classification"
+        self.stage("zero-shot classification")
+        done = self.out / name / "results.json"
+        if self.finished(name):
+            print(f"reusing {self.out / name} (finished earlier)")
+            return json.loads(done.read_text())
+        res = {
+            attr: run_evaluate_classification(
+                pretrained,
+                world[f"classification_{attr}_test"],
+                self.out / name / attr,
+                classes=world[f"classification_{attr}_classes"],
+                templates=world[f"classification_{attr}_templates"],
+                rerank_k=CLASSIFICATION_RERANK_K,
+            )
+            for attr in CLASSIFICATION_ATTRS
+        }
+        done.write_text(json.dumps(res, indent=2))
+        return res
+
     def finetune(self, task: str, name: str, pretrained: Path, files: list[str]) -> dict:
         """Stage ``name``: fine-tune ``task`` from ``pretrained`` on ``files`` (overrides); its results."""
         from vlp.runs.finetune import run_finetune
@@ -178,12 +220,14 @@ def run_demo_full(
     stage_overrides: Optional[dict[str, Sequence[str]]] = None,
     nlvr_ta: bool = False,
     reuse: bool = False,
+    n_val: int = 200,
+    n_test: int = 1000,
 ) -> dict:
     """World -> pretrain -> zero-shot retrieval -> fine-tune retrieval, VQA, NLVR2 (and the NLVR2
     text-only baseline) -> one table (``out/results.md``, ``out/results.json``).
 
-    ``stage_overrides`` maps a stage (pretrain, retrieval, vqa, nlvr2, nlvr2_text_only, nlvr_ta) to
-    dotted overrides. ``nlvr_ta``: run the optional text-assignment stage before NLVR2. ``reuse``:
+    ``stage_overrides`` maps a stage (pretrain, zero_shot, retrieval, vqa, nlvr2, nlvr2_text_only,
+    nlvr_ta, ve, ve_hypothesis_only) to dotted overrides. ``nlvr_ta``: run the optional text-assignment stage before NLVR2. ``reuse``:
     keep the stages an earlier (interrupted) run of the same command finished.
     """
     from vlp.data.synthetic import generate_world
@@ -194,7 +238,7 @@ def run_demo_full(
     demo = FullDemo(out, seed, stage_overrides or {}, reuse)
     demo.stage("shapes world")
     w = generate_world(
-        out / "world", seed=seed, n_train=n_train, n_val=200, n_test=1000, nlvr_templates=DEMO_NLVR_TEMPLATES
+        out / "world", seed=seed, n_train=n_train, n_val=n_val, n_test=n_test, nlvr_templates=DEMO_NLVR_TEMPLATES
     )
     demo.clear()
     demo.stage("pretrain")
@@ -213,7 +257,9 @@ def run_demo_full(
         run_pretrain(cfg)
     demo.stage("zero-shot retrieval (pretrained checkpoint, pretraining resolution)")
     if not demo.finished("zero_shot"):
-        run_evaluate_retrieval(out / "pretrain", w["retrieval_test"], None, out / "zero_shot")
+        run_evaluate_retrieval(
+            out / "pretrain", w["retrieval_test"], None, out / "zero_shot", overrides=demo.extra.get("zero_shot", [])
+        )
     results = {"zero_shot": json.loads((out / "zero_shot" / "metrics.json").read_text())}
     results["retrieval"] = demo.finetune(
         "retrieval",
@@ -241,6 +287,12 @@ def run_demo_full(
     results["nlvr2_text_only"] = demo.finetune(
         "nlvr2", "nlvr2_text_only", nlvr_src, [*nlvr_files, "nlvr.text_only=true"]
     )
+    ve_files = [f"data.train=[{w['ve_train']}]", f"data.val={w['ve_dev']}", f"data.test={w['ve_test']}"]
+    results["ve"] = demo.finetune("ve", "ve", out / "pretrain", [*ve_files, *DEMO_VE_OVERRIDES])
+    results["ve_hypothesis_only"] = demo.finetune(
+        "ve", "ve_hypothesis_only", out / "pretrain", [*ve_files, *DEMO_VE_OVERRIDES, "ve.hypothesis_only=true"]
+    )
+    results["classification"] = demo.classification(out / "pretrain", w)
     return write_full_results(demo, results)
 
 
@@ -260,20 +312,43 @@ def full_rows(r: dict) -> list[tuple]:
             vqa["val_baseline_most_frequent_per_type"]["acc"],
         ),
         (
-            f"NLVR2 (test, 2,000 statements: {nlvr_kinds})",
+            f"NLVR2 (test, {nlvr['test']['n']:,} statements: {nlvr_kinds})",
             "accuracy",
             nlvr["test"]["acc"],
             text_only_name,
             text_only["test"]["acc"],
         ),
         (
-            f"NLVR2 (dev, 400 statements: {nlvr_kinds})",
+            f"NLVR2 (dev, {nlvr['val']['n']:,} statements: {nlvr_kinds})",
             "accuracy",
             nlvr["val"]["acc"],
             text_only_name,
             text_only["val"]["acc"],
         ),
+        *ve_rows(r["ve"], r["ve_hypothesis_only"]),
+        *classification_rows(r["classification"]),
     ]
+
+
+def ve_rows(ve: dict, hypothesis_only: dict) -> list[tuple]:
+    """The SNLI-VE rows: test accuracy against the hypothesis-only model and the majority class."""
+    task = f"SNLI-VE (test, {ve['test']['n']:,} triples)"
+    return [
+        (task, "accuracy", ve["test"]["acc"], "hypothesis-only model (images blanked)", hypothesis_only["test"]["acc"]),
+        (task, "accuracy", ve["test"]["acc"], f"majority class ({ve['majority_class']})", ve["test"]["majority_acc"]),
+    ]
+
+
+def classification_rows(res: dict) -> list[tuple]:
+    """Zero-shot classification rows: top-1 by ITC and after the ITM re-rank, against the majority class."""
+    rows = []
+    for attr, rec in res.items():
+        task = f"zero-shot classification: {attr} (test, {rec['n_images']:,} images, {rec['n_classes']} classes)"
+        majority = f"majority class ({rec['chance']['majority_class']})"
+        rows.append((task, "top-1 (ITC)", rec["itc"]["top1"], majority, rec["chance"]["majority"]))
+        rerank = f"top-1 (ITM re-rank of the top {rec['rerank_k']})"
+        rows.append((task, rerank, rec["rerank"]["top1"], majority, rec["chance"]["majority"]))
+    return rows
 
 
 def write_full_results(demo: FullDemo, stages: dict) -> dict:
@@ -286,7 +361,19 @@ def write_full_results(demo: FullDemo, stages: dict) -> dict:
     minutes = (time.perf_counter() - demo.t0) / 60
     results = {
         "rows": [dict(task=t, metric=m, value=v, baseline=b, baseline_value=bv) for t, m, v, b, bv in rows],
-        **{k: stages[k] for k in ("zero_shot", "retrieval", "vqa", "nlvr2", "nlvr2_text_only")},
+        **{
+            k: stages[k]
+            for k in (
+                "zero_shot",
+                "retrieval",
+                "vqa",
+                "nlvr2",
+                "nlvr2_text_only",
+                "ve",
+                "ve_hypothesis_only",
+                "classification",
+            )
+        },
         "minutes": minutes,
         "stage_start_minutes": {k: (v - demo.t0) / 60 for k, v in demo.times.items()},
     }
