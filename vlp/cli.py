@@ -775,7 +775,7 @@ def _add_demo(sub: Any) -> None:
         nargs="*",
         help="config overrides, e.g. train.steps=100; with --full prefixed by the "
         "stage: pretrain:train.steps=100 vqa:train.epochs=1 (stages: pretrain zero_shot retrieval vqa nlvr_ta nlvr2 "
-        "nlvr2_text_only ve ve_hypothesis_only)",
+        "nlvr2_text_only ve ve_hypothesis_only grounding)",
     )
     s.set_defaults(func=_demo)
 

@@ -1,5 +1,5 @@
-"""Fine-tuning configs: ``vlp finetune retrieval|vqa|nlvr2|ve`` and ``vlp pretrain nlvr-ta`` (downstream
-data, VQA, NLVR2 and SNLI-VE options, the run config and its cross-section rules), and
+"""Fine-tuning configs: ``vlp finetune retrieval|vqa|nlvr2|ve|grounding`` and ``vlp pretrain nlvr-ta``
+(downstream data, VQA, NLVR2, SNLI-VE and grounding options, the run config and its cross-section rules), and
 :func:`load_finetune_config`, which loads one for a task."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from vlp.errors import ConfigError
 
 # ----------------------------------------------------------------------------- fine-tuning
 
-FINETUNE_TASKS = ("retrieval", "vqa", "nlvr2", "nlvr-ta", "ve")
+FINETUNE_TASKS = ("retrieval", "vqa", "nlvr2", "nlvr-ta", "ve", "grounding")
 
 
 @dataclass
@@ -27,7 +27,8 @@ class FinetuneDataConfig(BadSampleConfig):
     (:class:`BadSampleConfig`) apply to the training split."""
 
     # retrieval: Karpathy train files (one entry per caption, with image_id); vqa: VQA v2 / VG-QA
-    # question files; nlvr2: nlvr_train.json; nlvr-ta: pretraining files; ve: ve_train.json.
+    # question files; nlvr2: nlvr_train.json; nlvr-ta: pretraining files; ve: ve_train.json;
+    # grounding: grounding train files (refcoco+_train.json; val / test: the eval files with boxes).
     train: list[str] = field(default_factory=list)
     val: Optional[str] = None  # validated after every epoch; the best checkpoint is kept
     test: Optional[str] = None  # evaluated once at the end with the best checkpoint
@@ -74,8 +75,21 @@ class VEConfig:
 
 
 @dataclass
+class GroundingConfig:
+    """Weakly supervised grounding (``vlp finetune grounding``): how validation and test score the
+    candidate boxes, as ``vlp evaluate grounding --layer / --words-only``."""
+
+    layer: Optional[int] = None  # fusion layer whose cross-attention Grad-CAM reads; None: the middle one
+    words_only: bool = False  # average the token maps without [CLS] and [SEP] (ALBEF averages all)
+
+    def __post_init__(self) -> None:
+        if self.layer is not None and self.layer < 0:
+            raise ConfigError(f"config key 'grounding.layer': got {self.layer}, expected a fusion layer >= 0 or null")
+
+
+@dataclass
 class FinetuneConfig:
-    """``vlp finetune retrieval|vqa|nlvr2|ve`` and ``vlp pretrain nlvr-ta``. The model is the
+    """``vlp finetune retrieval|vqa|nlvr2|ve|grounding`` and ``vlp pretrain nlvr-ta``. The model is the
     ``pretrained`` checkpoint's architecture (its config), changed only by ``image_size`` (the
     position embedding is interpolated) and ``model_overrides``."""
 
@@ -85,26 +99,29 @@ class FinetuneConfig:
     image_size: Optional[int] = None  # fine-tuning resolution; None: the checkpoint's
     model_overrides: list[str] = field(default_factory=list)  # dotted model keys, e.g. [queue_size=0]
     data: FinetuneDataConfig = field(default_factory=FinetuneDataConfig)
-    # Retrieval: ITC with positives by image id (+ queue of ids) + ITM; loss.alpha / distill /
-    # alpha_ramp_steps also drive VQA and NLVR2 distillation.
+    # Retrieval and grounding: ITC with positives by image id (+ queue of ids) + ITM; loss.alpha /
+    # distill / alpha_ramp_steps also drive VQA, NLVR2 and VE distillation.
     loss: LossConfig = field(default_factory=lambda: LossConfig(mlm=0.0, itc_positives="image"))
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     vqa: VQAConfig = field(default_factory=VQAConfig)
     nlvr: NLVRConfig = field(default_factory=NLVRConfig)
     ve: VEConfig = field(default_factory=VEConfig)
+    grounding: GroundingConfig = field(default_factory=GroundingConfig)
     eval_every: int = 0  # optimizer steps between validations; 0: once per epoch
 
     def __post_init__(self) -> None:
         _choice("task", self.task, FINETUNE_TASKS)
         wrong: list[str] = []
-        if self.task == "retrieval":
-            wrong += [f"loss.mlm={self.loss.mlm} (the retrieval model has no MLM head)"] if self.loss.mlm else []
+        if self.task in ("retrieval", "grounding"):
+            wrong += [f"loss.mlm={self.loss.mlm} (the {self.task} model has no MLM head)"] if self.loss.mlm else []
             wrong += (
-                [f"loss.itc_positives={self.loss.itc_positives} (retrieval positives are by image id: image)"]
+                [f"loss.itc_positives={self.loss.itc_positives} ({self.task} positives are by image id: image)"]
                 if self.loss.itc_positives != "image"
                 else []
             )
+        if self.task != "grounding" and self.grounding != GroundingConfig():
+            wrong.append(f"grounding.* set for task={self.task} (the grounding section is for task=grounding)")
         if self.loss.regulation != "none" and self.task != "retrieval":
             wrong.append(f"loss.regulation={self.loss.regulation} (SRCL regulates ITC: retrieval only)")
         if self.image_size is not None and self.image_size < 1:

@@ -39,6 +39,7 @@ FULL_STAGES = (
     "nlvr2_text_only",
     "ve",
     "ve_hypothesis_only",
+    "grounding",
     "classification",
 )
 #: the zero-shot classification splits of the full demo, each with an ITM re-rank of the top 3
@@ -227,7 +228,7 @@ def run_demo_full(
     text-only baseline) -> one table (``out/results.md``, ``out/results.json``).
 
     ``stage_overrides`` maps a stage (pretrain, zero_shot, retrieval, vqa, nlvr2, nlvr2_text_only,
-    nlvr_ta, ve, ve_hypothesis_only) to dotted overrides. ``nlvr_ta``: run the optional text-assignment stage before NLVR2. ``reuse``:
+    nlvr_ta, ve, ve_hypothesis_only, grounding) to dotted overrides. ``nlvr_ta``: run the optional text-assignment stage before NLVR2. ``reuse``:
     keep the stages an earlier (interrupted) run of the same command finished.
     """
     from vlp.data.synthetic import generate_world
@@ -292,6 +293,12 @@ def run_demo_full(
     results["ve_hypothesis_only"] = demo.finetune(
         "ve", "ve_hypothesis_only", out / "pretrain", [*ve_files, *DEMO_VE_OVERRIDES, "ve.hypothesis_only=true"]
     )
+    results["grounding"] = demo.finetune(
+        "grounding",
+        "grounding",
+        out / "pretrain",
+        [f"data.train=[{w['grounding_train']}]", f"data.val={w['grounding_val']}", f"data.test={w['grounding_test']}"],
+    )
     results["classification"] = demo.classification(out / "pretrain", w)
     return write_full_results(demo, results)
 
@@ -326,6 +333,7 @@ def full_rows(r: dict) -> list[tuple]:
             text_only["val"]["acc"],
         ),
         *ve_rows(r["ve"], r["ve_hypothesis_only"]),
+        *grounding_rows(r["grounding"]),
         *classification_rows(r["classification"]),
     ]
 
@@ -337,6 +345,17 @@ def ve_rows(ve: dict, hypothesis_only: dict) -> list[tuple]:
         (task, "accuracy", ve["test"]["acc"], "hypothesis-only model (images blanked)", hypothesis_only["test"]["acc"]),
         (task, "accuracy", ve["test"]["acc"], f"majority class ({ve['majority_class']})", ve["test"]["majority_acc"]),
     ]
+
+
+def grounding_rows(res: dict) -> list[tuple]:
+    """The grounding rows: test accuracy (Grad-CAM box, IoU >= 0.5) against a random candidate and
+    the best fixed position fitted on the training boxes."""
+    test = res["test"]
+    task = f"grounding (test, {test['n']:,} expressions)"
+    rows = [(task, "accuracy", test["accuracy"], "random candidate", test["random_candidate"])]
+    if test.get("fixed_position"):
+        rows.append((task, "accuracy", test["accuracy"], "best fixed position", test["fixed_position"]["accuracy"]))
+    return rows
 
 
 def classification_rows(res: dict) -> list[tuple]:
@@ -371,6 +390,7 @@ def write_full_results(demo: FullDemo, stages: dict) -> dict:
                 "nlvr2_text_only",
                 "ve",
                 "ve_hypothesis_only",
+                "grounding",
                 "classification",
             )
         },

@@ -1,4 +1,4 @@
-"""Fine-tuning: ``vlp finetune retrieval|vqa|nlvr2|ve`` and ``vlp pretrain nlvr-ta``.
+"""Fine-tuning: ``vlp finetune retrieval|vqa|nlvr2|ve|grounding`` and ``vlp pretrain nlvr-ta``.
 
 Every run: read the pretrained checkpoint's model config, change the resolution (position
 embedding interpolated) and any ``model_overrides``, build the task model, load the weights
@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 
 from vlp.config import FinetuneConfig, ModelConfig, apply_overrides
 from vlp.data.datasets import Collator, ImageTextDataset, train_loader
-from vlp.data.formats import load_pairs, load_retrieval_split
+from vlp.data.formats import Sample, load_pairs, load_retrieval_split
 from vlp.data.transforms import load_tokenizer
 from vlp.dist import OtherRankDone, gather_rows, rank, shard_bounds, world_size
 from vlp.errors import ConfigError, DataError
@@ -50,9 +50,9 @@ def finetune_model_config(cfg: FinetuneConfig, source_state: dict[str, Any]) -> 
     return model
 
 
-def finetune_job(cfg: FinetuneConfig) -> Job:
-    """The job of every fine-tuning run, before its data: the task model of ``cfg.task`` with the
-    pretrained checkpoint's weights (seeded first)."""
+def finetune_job(cfg: FinetuneConfig, kind: Optional[str] = None) -> Job:
+    """The job of every fine-tuning run, before its data: the model of checkpoint kind ``kind``
+    (default ``cfg.task``) with the pretrained checkpoint's weights (seeded first)."""
     if not cfg.pretrained:
         raise ConfigError(
             "config key 'pretrained': fine-tuning starts from a vlp checkpoint (run directory or "
@@ -64,9 +64,10 @@ def finetune_job(cfg: FinetuneConfig) -> Job:
     source = find_checkpoint(cfg.pretrained)
     model_cfg = finetune_model_config(cfg, read_state(source))
     tokenizer = load_tokenizer(model_cfg.text)
-    model = build_task_model(cfg.task, model_cfg, len(tokenizer))
+    kind = kind or cfg.task
+    model = build_task_model(kind, model_cfg, len(tokenizer))
     transfer = load_pretrained(model, source)
-    return Job(cfg.task, cfg, model_cfg, model, tokenizer, source=source, transfer=transfer)
+    return Job(kind, cfg, model_cfg, model, tokenizer, source=source, transfer=transfer)
 
 
 def start(job: Job, loader: DataLoader, items: int) -> Path:
@@ -75,7 +76,7 @@ def start(job: Job, loader: DataLoader, items: int) -> Path:
     run_dir = job.start()
     report = job.transfer
     print(
-        f"vlp {job.kind}: {items} training items, from {job.source} "
+        f"vlp {cast(FinetuneConfig, job.cfg).task}: {items} training items, from {job.source} "
         f"({len(report['new'])} new tensors, {len(report['dropped'])} checkpoint tensors unused"
         f"{', momentum twins copied from the loaded weights' if report['momentum_copied'] else ''}), "
         f"{job.res} px -> {run_dir}"
@@ -137,24 +138,15 @@ def write_results(job: Job, results: dict) -> dict:
 # ----------------------------------------------------------------------------- retrieval
 
 
-def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
-    """ITC (positives by image id, id queue, optional SRCL on the live model) + ITM (same-image
-    negatives excluded); validation = ITC top-k + ITM re-rank, best by r_mean; test at the end."""
-    from vlp.dist import is_dist
-    from vlp.eval.retrieval import check_k_test, embed, evaluate_retrieval
+def contrastive_task(job: Job, samples: list[Sample]) -> tuple[Path, nn.Module]:
+    """ITC (positives by image id: ``Sample.image_key``, id queue, optional SRCL on the live model)
+    + ITM (same-image negatives excluded), no MLM: the objective of retrieval and grounding
+    fine-tuning. Builds the training loader of ``samples``, starts the run; returns its directory
+    and the :class:`vlp.tasks.pretrain.PretrainTask`."""
     from vlp.tasks.pretrain import PretrainTask
     from vlp.tasks.regulation import SRCLRegulator
-    from vlp.viz import plot_retrieval_examples
 
-    splits = {
-        s: load_retrieval_split(getattr(cfg.data, s), cfg.data.image_root)
-        for s in ("val", "test")
-        if getattr(cfg.data, s)
-    }
-    for name, split in splits.items():  # before any work
-        check_k_test(cfg.eval, len(split.images), len(split.texts), f"data.{name} ({split.source})")
-    job = finetune_job(cfg)
-    samples = load_pairs(cfg.data.train, cfg.data.image_root, on_bad=cfg.data.on_bad_sample)
+    cfg = cast(FinetuneConfig, job.cfg)
     targets = load_targets_for(cfg.loss.ltd)
     dataset = ImageTextDataset(samples, job.train_transform(), targets=targets, **job.bad_samples(samples))
     loader = make_loader(job, dataset, Collator(job.tokenizer, cfg.data.max_len, cfg.data.text_padding), train=True)
@@ -176,6 +168,26 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
         max_len=cfg.data.max_len,
         text_padding=cfg.data.text_padding,
     )
+    return run_dir, task
+
+
+def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
+    """ITC (positives by image id, id queue, optional SRCL on the live model) + ITM (same-image
+    negatives excluded); validation = ITC top-k + ITM re-rank, best by r_mean; test at the end."""
+    from vlp.dist import is_dist
+    from vlp.eval.retrieval import check_k_test, embed, evaluate_retrieval
+    from vlp.viz import plot_retrieval_examples
+
+    splits = {
+        s: load_retrieval_split(getattr(cfg.data, s), cfg.data.image_root)
+        for s in ("val", "test")
+        if getattr(cfg.data, s)
+    }
+    for name, split in splits.items():  # before any work
+        check_k_test(cfg.eval, len(split.images), len(split.texts), f"data.{name} ({split.source})")
+    job = finetune_job(cfg)
+    samples = load_pairs(cfg.data.train, cfg.data.image_root, on_bad=cfg.data.on_bad_sample)
+    run_dir, task = contrastive_task(job, samples)
 
     def evaluate(split_name: str, show: bool = False):
         """Every rank calls it: encoding and ITM re-ranking are sharded over the ranks
@@ -449,6 +461,107 @@ def run_finetune_ve(cfg: FinetuneConfig) -> dict:
     return write_results(job, results)
 
 
+# ----------------------------------------------------------------------------- grounding
+
+
+def grounding_model(job: Job):
+    """The job's in-training model as a :class:`vlp.api.VLPModel` with the evaluation preprocessing
+    a saved checkpoint of the run loads with (resolution, mean/std, ``data.max_len``), so that
+    validation scores exactly what ``vlp evaluate grounding`` scores on that checkpoint. The
+    constructor puts the model in eval mode: build it inside :func:`vlp.eval.mode.evaluating`."""
+    from vlp.api import Preprocessor, VLPModel
+
+    d = cast(FinetuneConfig, job.cfg).data
+    pre = Preprocessor(job.res, list(d.image.mean), list(d.image.std), d.max_len)
+    return VLPModel(job.model, job.kind, job.model_cfg, job.tokenizer, pre, batch_size=d.eval_batch_size)
+
+
+def grounding_layer(job: Job) -> int:
+    """The fusion layer of ``grounding.layer`` (None: the middle one); one the model lacks raises
+    :class:`ConfigError` before any training."""
+    from vlp.models.gradcam import fusion_layer_index
+
+    try:
+        return fusion_layer_index(job.model, cast(FinetuneConfig, job.cfg).grounding.layer)
+    except ValueError as e:
+        raise ConfigError(f"config key 'grounding.layer': {e}") from e
+
+
+def run_finetune_grounding(cfg: FinetuneConfig) -> dict:
+    """ALBEF's weakly supervised grounding (``Grounding.py``): ITC (every expression of one image
+    shares its id: positives by image) + ITM on (image, referring expression) pairs, no MLM, as
+    retrieval (:func:`contrastive_task`); validation = grounding accuracy on ``data.val`` (Grad-CAM
+    of the ITM score over fusion layer ``grounding.layer``, :func:`vlp.runs.grounding.ground`, the
+    scoring of ``vlp evaluate grounding``), best checkpoint by accuracy; at the end val and test with
+    the best checkpoint beside the random-candidate and the fixed-position baseline (fitted on the
+    training files' boxes, when every training entry has them). The checkpoints are of kind
+    ``retrieval`` (the model is the retrieval ALBEF)."""
+    from vlp.data.grounding import GroundingEntry, read_grounding_file
+    from vlp.runs.grounding import (
+        EXAMPLES,
+        entry_size,
+        example_indices,
+        ground,
+        plot_examples,
+        position_baseline,
+        split_metrics,
+    )
+
+    d, g = cfg.data, cfg.grounding
+    train_entries = [e for path in d.train for e in read_grounding_file(path, d.image_root, "train")]
+    evals = {s: read_grounding_file(getattr(d, s), d.image_root, "eval") for s in ("val", "test") if getattr(d, s)}
+    sizes = {s: [entry_size(e) for e in entries] for s, entries in evals.items()}
+    job = finetune_job(cfg, kind="retrieval")
+    layer = grounding_layer(job)
+    samples = [Sample(e.image, (e.text,), e.image, e.origin) for e in train_entries]  # image id = the image
+    run_dir, task = contrastive_task(job, samples)
+
+    def choose(name: str, show: bool = False) -> list[int]:
+        """Every rank grounds its contiguous shard of the split; the chosen candidate of every entry."""
+        entries, bounds = evals[name], shard_bounds(len(evals[name]), world_size())
+        lo, hi = bounds[rank()], bounds[rank() + 1]
+        chosen: list[int] = []
+        if hi > lo:
+            with evaluating(job.model):
+                vm = grounding_model(job)
+                chosen = ground(
+                    vm, entries[lo:hi], sizes[name][lo:hi], layer, d.eval_batch_size, g.words_only, show
+                ).chosen
+        return gather_rows(torch.tensor(chosen, dtype=torch.long, device=job.device), bounds).tolist()
+
+    def examples(
+        entries: list[GroundingEntry], split_sizes: list[tuple[int, int]], chosen: list[int], path: Path
+    ) -> None:
+        """The examples picture: 8 entries spread over the split, their maps and ``chosen`` boxes."""
+        shown = example_indices(len(entries), 8)
+        with evaluating(job.model):
+            picked = [entries[i] for i in shown]
+            maps = ground(grounding_model(job), picked, [split_sizes[i] for i in shown], layer, 8, g.words_only).maps
+        plot_examples(entries, shown, maps, [entries[i].candidates[chosen[i]] for i in shown], path)
+
+    def validate(_task: nn.Module, _step: int) -> dict[str, float]:
+        return {"acc": split_metrics(evals["val"], choose("val"))["accuracy"]}
+
+    fit(job, task, validate if "val" in evals else None, "acc")
+    with_boxes = all(e.bbox is not None and e.candidates for e in train_entries)
+    results: dict[str, Any] = {
+        "task": "grounding",
+        "layer": layer,
+        "words_only": g.words_only,
+        "best": str(load_best(job)),
+    }
+    for name, entries in evals.items():  # every rank grounds its shard; rank 0 writes
+        chosen = choose(name, show=cfg.train.progress and rank() == 0)
+        prior = position_baseline(train_entries, entries, sizes[name]) if with_boxes else None
+        results[name] = {**split_metrics(entries, chosen), "fixed_position": prior}
+        if rank() == 0:
+            out = run_dir / name
+            out.mkdir(exist_ok=True)
+            (out / "metrics.json").write_text(json.dumps(results[name], indent=2))
+            examples(entries, sizes[name], chosen, out / EXAMPLES)
+    return write_results(job, results)
+
+
 def run_nlvr_ta(cfg: FinetuneConfig) -> dict:
     """Text-assignment pre-training of the doubled fusion layers on pretraining data (one epoch in
     ALBEF): which of two images (or neither) a caption describes."""
@@ -469,6 +582,7 @@ RUNNERS: dict[str, Callable[[FinetuneConfig], dict]] = {
     "nlvr2": run_finetune_nlvr,
     "nlvr-ta": run_nlvr_ta,
     "ve": run_finetune_ve,
+    "grounding": run_finetune_grounding,
 }
 
 

@@ -14,13 +14,14 @@ RefCOCO+ protocol, ``Grounding.py`` with ``gradcam_mode=itm``).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
 from PIL import Image
 
-from vlp.data.grounding import GroundingEntry, read_grounding_file
+from vlp.data.grounding import Box, GroundingEntry, read_grounding_file
 from vlp.errors import DataError
 from vlp.eval.grounding import (
     box_scores,
@@ -65,15 +66,22 @@ def _eval_boxes(entries: Sequence[GroundingEntry], what: str) -> None:
         raise DataError(f"{bad[0]}: {what} needs 'bbox' and 'candidates' in every entry ({len(bad)} without)")
 
 
-def _prior(train: str | Path, image_root: Optional[str | Path], entries, sizes) -> dict[str, Any]:
-    """The fixed-position baseline fitted on the ``train`` file, scored on ``entries``."""
-    train_entries = read_grounding_file(train, image_root, "train")
+def position_baseline(
+    train_entries: Sequence[GroundingEntry], entries: Sequence[GroundingEntry], sizes: Sequence[tuple[int, int]]
+) -> dict[str, Any]:
+    """The fixed-position baseline fitted on ``train_entries`` (with boxes) and scored on ``entries``
+    (images of ``sizes`` (W, H)): the point, its accuracy (%) on the training entries and on ``entries``."""
     _eval_boxes(train_entries, "the fixed-position baseline")
     fit = fixed_position_prior(
         [e.candidates for e in train_entries], [e.bbox for e in train_entries], [entry_size(e) for e in train_entries]
     )
     acc = prior_accuracy(fit.point, [e.candidates for e in entries], [e.bbox for e in entries], sizes)
-    return {"point": list(fit.point), "train_accuracy": fit.train_accuracy, "accuracy": acc, "train": str(train)}
+    return {"point": list(fit.point), "train_accuracy": fit.train_accuracy, "accuracy": acc}
+
+
+def _prior(train: str | Path, image_root: Optional[str | Path], entries, sizes) -> dict[str, Any]:
+    """The fixed-position baseline fitted on the ``train`` file, scored on ``entries``."""
+    return {**position_baseline(read_grounding_file(train, image_root, "train"), entries, sizes), "train": str(train)}
 
 
 def grounding_maps(
@@ -90,6 +98,75 @@ def grounding_maps(
             )
             bar.update(len(chunk))
     return torch.cat(out)
+
+
+@dataclass
+class Grounded:
+    """What the model chose for N entries: their grounding maps [N, h, w], the chosen candidate of
+    each, every candidate's score, the chosen boxes and their IoU with the targets (float64 [N])."""
+
+    maps: torch.Tensor
+    chosen: list[int]
+    scores: list[list[float]]
+    boxes: list[Box]
+    iou: torch.Tensor
+
+
+def ground(
+    vm,
+    entries: Sequence[GroundingEntry],
+    sizes: Sequence[tuple[int, int]],
+    layer: int,
+    batch_size: int,
+    words_only: bool,
+    show_progress: bool = False,
+) -> Grounded:
+    """Score every candidate box of ``entries`` (images of ``sizes`` (W, H)) by the Grad-CAM map of
+    fusion layer ``layer`` of the :class:`vlp.api.VLPModel` ``vm`` and choose the best one: the
+    scoring of ``vlp evaluate grounding`` and of ``vlp finetune grounding``'s validation."""
+    maps = grounding_maps(vm, entries, layer, batch_size, words_only, show_progress)
+    chosen, scores = choose_boxes(maps, [e.candidates for e in entries], sizes)
+    boxes = [e.candidates[c] for e, c in zip(entries, chosen)]
+    iou = paired_iou(boxes, [e.bbox for e in entries])
+    return Grounded(maps, chosen, scores, boxes, iou)
+
+
+def split_metrics(entries: Sequence[GroundingEntry], chosen: Sequence[int]) -> dict[str, Any]:
+    """Accuracy (%) of the ``chosen`` candidate of each entry (IoU >= 0.5 with its target), the
+    random-candidate baseline and the number of entries."""
+    targets = [e.bbox for e in entries]
+    return {
+        "accuracy": grounding_accuracy([e.candidates[c] for e, c in zip(entries, chosen)], targets),
+        "random_candidate": random_candidate_accuracy([e.candidates for e in entries], targets),
+        "n": len(entries),
+    }
+
+
+def example_indices(n: int, n_examples: int) -> list[int]:
+    """``n_examples`` entries of ``n`` evenly spread, first and last included (fewer when n is smaller)."""
+    return sorted({round(i * (n - 1) / max(1, n_examples - 1)) for i in range(min(n_examples, n))})
+
+
+def plot_examples(
+    entries: Sequence[GroundingEntry], shown: Sequence[int], maps: torch.Tensor, boxes: Sequence[Box], path: Path
+) -> None:
+    """The examples picture: entries ``shown`` with their heat maps ``maps`` [len(shown), h, w], the
+    chosen boxes ``boxes`` (one per shown entry) and the targets."""
+    from vlp.viz import plot_grounding_examples
+
+    rows = [
+        {
+            "image": entries[i].image,
+            "text": entries[i].text,
+            "heatmap": m,
+            "chosen": b,
+            "target": entries[i].bbox,
+            "hit": float(paired_iou([b], [entries[i].bbox])[0]) >= 0.5,
+        }
+        for i, m, b in zip(shown, maps, boxes)
+    ]
+    if rows:
+        plot_grounding_examples(rows, path)
 
 
 def run_evaluate_grounding(
@@ -114,7 +191,6 @@ def run_evaluate_grounding(
     chosen candidate, its IoU with the target, every candidate's score) and
     ``out/grounding_examples.png`` (``n_examples`` entries: heat map, chosen and target box)."""
     from vlp.api import VLPModel
-    from vlp.viz import plot_grounding_examples
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -123,19 +199,16 @@ def run_evaluate_grounding(
     prior = _prior(train, image_root, entries, sizes) if train is not None else None
     vm = VLPModel.from_pretrained(checkpoint, device=device, batch_size=batch_size)
     used_layer = vm.gradcam_layer(layer)
-    maps = grounding_maps(vm, entries, used_layer, batch_size, words_only, show_progress)
-    chosen, scores = choose_boxes(maps, [e.candidates for e in entries], sizes)
-    boxes = [e.candidates[c] for e, c in zip(entries, chosen)]
-    targets = [e.bbox for e in entries]
-    iou = paired_iou(boxes, targets)
+    got = ground(vm, entries, sizes, used_layer, batch_size, words_only, show_progress)
+    metrics = split_metrics(entries, got.chosen)
     record: dict[str, Any] = {
-        "accuracy": grounding_accuracy(boxes, targets),
-        "random_candidate": random_candidate_accuracy([e.candidates for e in entries], targets),
+        "accuracy": metrics["accuracy"],
+        "random_candidate": metrics["random_candidate"],
         "fixed_position": prior,
         "layer": used_layer,
         "n_fusion_layers": len(fusion_encoder(vm.model).layer),
         "words_only": words_only,
-        "grid": list(maps.shape[1:]),
+        "grid": list(got.maps.shape[1:]),
         "n": len(entries),
         "data": str(data),
         "checkpoint": vm.source.get("checkpoint", str(checkpoint)),
@@ -152,28 +225,14 @@ def run_evaluate_grounding(
             "hit": bool(v >= 0.5),
             "scores": s,
         }
-        for e, c, v, s in zip(entries, chosen, iou.tolist(), scores)
+        for e, c, v, s in zip(entries, got.chosen, got.iou.tolist(), got.scores)
     ]
     outdir = Path(out)
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / METRICS).write_text(json.dumps(record, indent=2) + "\n")
     (outdir / PREDICTIONS).write_text("[\n" + ",\n".join(json.dumps(p) for p in predictions) + "\n]\n")
-    shown = sorted(
-        {round(i * (len(entries) - 1) / max(1, n_examples - 1)) for i in range(min(n_examples, len(entries)))}
-    )
-    rows = [
-        {
-            "image": entries[i].image,
-            "text": entries[i].text,
-            "heatmap": maps[i],
-            "chosen": boxes[i],
-            "target": targets[i],
-            "hit": predictions[i]["hit"],
-        }
-        for i in shown
-    ]
-    if rows:
-        plot_grounding_examples(rows, outdir / EXAMPLES)
+    shown = example_indices(len(entries), n_examples)
+    plot_examples(entries, shown, got.maps[shown], [got.boxes[i] for i in shown], outdir / EXAMPLES)
     _print_summary(record)
     return record
 
