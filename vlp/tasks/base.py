@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 
 from vlp.data.transforms import PixelNorm
 from vlp.dist import rank
+from vlp.losses.nlvr import accuracy, distilled_ce
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.weights import load_module_states, module_states
 
@@ -59,6 +60,22 @@ class Task(nn.Module):
             return 0.0
         r = self.alpha_ramp_steps
         return self.alpha_max * min(1.0, step / r) if r > 0 else self.alpha_max
+
+    def distilled_classification(
+        self, classify: Callable[..., torch.Tensor], args: tuple, labels: torch.Tensor, step: int, name: str
+    ) -> dict[str, torch.Tensor]:
+        """A classifier's step with momentum distillation (NLVR2, SNLI-VE): ``classify(*args)`` ->
+        logits [B, C], and with ``momentum=True`` the twin's; ``(1 - alpha) CE + alpha * soft CE``
+        against the twin's softmax (:func:`~vlp.losses.distill.distilled_ce`), the twin skipped at
+        alpha 0. Returns ``loss``, the loss under ``name``, ``acc`` and ``alpha``."""
+        alpha = self.alpha(step)
+        logits = classify(*args)
+        logits_m = None
+        if alpha > 0:
+            with torch.no_grad():
+                logits_m = classify(*args, momentum=True)
+        loss = distilled_ce(logits, labels, logits_m, alpha)
+        return {"loss": loss, name: loss.detach(), "acc": accuracy(logits, labels), "alpha": torch.tensor(alpha)}
 
     def generator(self, device: torch.device, step: Optional[int] = None) -> torch.Generator:
         """This rank's RNG for the task's draws (negative sampling, masking, pair sampling).

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from vlp.losses.contrastive import cosines
-from vlp.losses.nlvr import accuracy, assign_pairs, distilled_ce
+from vlp.losses.nlvr import accuracy, assign_pairs
 from vlp.models.nlvr import NLVRModel
 from vlp.tasks.base import Task
 
@@ -28,17 +28,8 @@ class NLVRTask(Task):
         _require_head(model, "cls", "NLVRTask")
 
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
-        m = self.model
         args = (batch["images0"], batch["images1"], batch["input_ids"], batch["attention_mask"])
-        labels = batch["labels"]
-        alpha = self.alpha(step)
-        logits = m.classify(*args)
-        logits_m = None
-        if alpha > 0:
-            with torch.no_grad():
-                logits_m = m.classify(*args, momentum=True)
-        loss = distilled_ce(logits, labels, logits_m, alpha)
-        return {"loss": loss, "nlvr": loss.detach(), "acc": accuracy(logits, labels), "alpha": torch.tensor(alpha)}
+        return self.distilled_classification(self.model.classify, args, batch["labels"], step, "nlvr")
 
 
 class TextAssignmentTask(Task):

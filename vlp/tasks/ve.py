@@ -6,7 +6,6 @@ from typing import cast
 
 import torch
 
-from vlp.losses.nlvr import accuracy, distilled_ce
 from vlp.models.ve import VEModel
 from vlp.tasks.base import Task
 
@@ -27,12 +26,4 @@ class VETask(Task):
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
         m = cast(VEModel, self.model)
         args = (batch["images"], batch["input_ids"], batch["attention_mask"])
-        labels = batch["labels"]
-        alpha = self.alpha(step)
-        logits = m.classify(*args)
-        logits_m = None
-        if alpha > 0:
-            with torch.no_grad():
-                logits_m = m.classify(*args, momentum=True)
-        loss = distilled_ce(logits, labels, logits_m, alpha)
-        return {"loss": loss, "ve": loss.detach(), "acc": accuracy(logits, labels), "alpha": torch.tensor(alpha)}
+        return self.distilled_classification(m.classify, args, batch["labels"], step, "ve")
