@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 
 from vlp.config import PretrainConfig, load_config
 from vlp.data.synthetic import generate_world
-from vlp.eval.report import SeedResults, markdown_table, paired_differences, summarise
+from vlp.eval.report import SeedResults, file_lock, markdown_table, paired_differences, summarise
 from vlp.runs.evaluate import run_evaluate_retrieval
 from vlp.runs.pretrain import run_pretrain, run_train_helper
 from vlp.weights import read_state, step_checkpoints
@@ -37,7 +37,33 @@ def experiment_parser(
     p.add_argument("--images", type=int, default=4000)
     p.add_argument("--test-images", type=int, default=1000)
     p.add_argument("--steps", type=int, default=steps)
+    p.add_argument(
+        "--shard",
+        type=shard,
+        default=(0, 1),
+        metavar="I/N",
+        help="run only the I-th of N interleaved shares of the (seed, variant) runs, e.g. 0/2 and 1/2 "
+        "on two cores; the shards record into the same results file, and a last run without --shard "
+        "writes the report",
+    )
     return p
+
+
+def shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` -> ``(I, N)`` with ``0 <= I < N``."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard expects I/N such as 0/2, got {text!r}") from None
+    if not 0 <= i < n:
+        raise argparse.ArgumentTypeError(f"--shard I/N needs 0 <= I < N, got {text!r}")
+    return i, n
+
+
+def prepare_lock(out: Path) -> Path:
+    """The lock file that shards of the experiment in ``out`` hold while they prepare what they
+    share (the world, helpers, caches, warm-ups), so only one of them builds each piece."""
+    return out / ".prepare.lock"
 
 
 def prepare_world(out: Path, n_train: int, n_test: int, n_helper: int = 0) -> Path:
@@ -105,14 +131,18 @@ class Sweep:
     #: (variant, seed, run folder) -> further metrics of the trained run (probes, COCOS), recorded with the rest
     after: Optional[Callable[[str, int, Path], dict[str, float]]] = None
 
-    def run(self, seeds: Sequence[int], variants: Sequence[str]) -> None:
-        for seed in seeds:
-            for name in variants:
-                if not self.results.has(name, seed):
-                    self._run_one(name, seed)
+    def run(self, seeds: Sequence[int], variants: Sequence[str], shard: tuple[int, int] = (0, 1)) -> None:
+        """Every (seed, variant) without a recorded result; with ``shard=(i, n)`` only every n-th
+        of them from the i-th on, so n processes can share the runs."""
+        i, n = shard
+        for seed, name in [(s, v) for s in seeds for v in variants][i::n]:
+            if not self.results.has(name, seed):
+                self._run_one(name, seed)
 
     def _run_one(self, name: str, seed: int) -> None:
         run_dir = self.results.fresh(self.run_dir(name, seed))
+        with file_lock(prepare_lock(self.results.path.parent)):  # overrides may train a shared warm-up
+            extra = self.overrides(name, seed)
         cfg = load_config(
             PretrainConfig,
             self.preset,
@@ -121,7 +151,7 @@ class Sweep:
                 f"data.train=[{self.data}]",
                 f"train.steps={self.steps}",
                 f"train.seed={seed}",
-                *self.overrides(name, seed),
+                *extra,
             ],
         )
         t = time.time()

@@ -35,13 +35,14 @@ from harness import (
     experiment_parser,
     paired_table,
     plot_arm_bars,
+    prepare_lock,
     prepare_world,
     results_table,
     run_minutes,
     write_report,
 )
 
-from vlp.eval.report import SeedResults, slug
+from vlp.eval.report import SeedResults, file_lock, slug
 from vlp.runs.features import run_make_targets
 from vlp.runs.probes import run_ltd_floor, run_minimal_pairs, run_probes
 from vlp.train.preemption import exit_status
@@ -81,16 +82,17 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     out = Path(a.out)
     t0 = time.time()
-    root = prepare_world(out, a.images, a.test_images)
-    targets = root / "targets_minilm.safetensors"
-    if not targets.exists():
-        run_make_targets([str(root / "pretrain.json")], "all-MiniLM-L6-v2", targets)
-    floor_file = out / "floor" / "ltd_floor.json"
-    if not floor_file.exists():
-        run_ltd_floor(targets, [root / "pretrain.json"], out / "floor", attributes=[*ATTRIBUTES, "caption"])
-    floors = json.loads(floor_file.read_text())["floors"]
-    lowest = min(a.protect, key=lambda x: floors[x]["floor"])
-    eta = a.eta if a.eta is not None else round(a.eta_fraction * floors[lowest]["floor"], 4)
+    with file_lock(prepare_lock(out)):  # shards (--shard) prepare one at a time
+        root = prepare_world(out, a.images, a.test_images)
+        targets = root / "targets_minilm.safetensors"
+        if not targets.exists():
+            run_make_targets([str(root / "pretrain.json")], "all-MiniLM-L6-v2", targets)
+        floor_file = out / "floor" / "ltd_floor.json"
+        if not floor_file.exists():
+            run_ltd_floor(targets, [root / "pretrain.json"], out / "floor", attributes=[*ATTRIBUTES, "caption"])
+        floors = json.loads(floor_file.read_text())["floors"]
+        lowest = min(a.protect, key=lambda x: floors[x]["floor"])
+        eta = a.eta if a.eta is not None else round(a.eta_fraction * floors[lowest]["floor"], 4)
     variants = arms(eta)
 
     results = SeedResults(out / "results.json")
@@ -111,7 +113,10 @@ def main(argv=None) -> int:
         timed=True,
         t0=t0,
         after=lambda name, seed, run: probe_metrics(name, seed, run, root),
-    ).run(a.seeds, list(variants))
+    ).run(a.seeds, list(variants), shard=a.shard)
+    if a.shard != (0, 1):
+        print(f"shard {a.shard[0]}/{a.shard[1]} done; run again without --shard for the report", flush=True)
+        return 0
 
     constraint = next(n for n in variants if n.startswith("LTD constraint"))
     curves = {f"seed {s}": out / f"{slug(constraint)}_seed{s}" / "metrics.jsonl" for s in a.seeds}

@@ -40,6 +40,7 @@ from harness import (
     experiment_parser,
     paired_table,
     plot_sweep,
+    prepare_lock,
     prepare_world,
     results_table,
     run_minutes,
@@ -48,7 +49,7 @@ from harness import (
 )
 
 from vlp.data.synthetic import write_caption_mix
-from vlp.eval.report import SeedResults, slug, summarise
+from vlp.eval.report import SeedResults, file_lock, slug, summarise
 from vlp.runs.diagnostics import run_helper_diagnostics
 from vlp.runs.evaluate import run_evaluate_retrieval
 from vlp.runs.features import run_cache_helper_features, run_cache_oracle_features
@@ -128,57 +129,63 @@ def main(argv=None) -> int:
     seeds = a.seeds or list(default_seeds)
     out = Path(a.out)
     t0 = time.time()
-    root = prepare_world(out, a.images, a.test_images, n_helper=a.helper_images)
-    mix = root / f"pretrain_kinds_{'+'.join(KINDS)}.json"
-    if not mix.exists():
-        write_caption_mix(root, KINDS, seed=0)
-    base = [f"data.batch_size={a.batch_size}", *ITC_ONLY]
+    with file_lock(prepare_lock(out)):  # shards (--shard) prepare one at a time
+        root = prepare_world(out, a.images, a.test_images, n_helper=a.helper_images)
+        mix = root / f"pretrain_kinds_{'+'.join(KINDS)}.json"
+        if not mix.exists():
+            write_caption_mix(root, KINDS, seed=0)
+        base = [f"data.batch_size={a.batch_size}", *ITC_ONLY]
 
-    # the learned helper: disjoint images, every caption kind; its own retrieval; its cache of the mix
-    helper_dir = train_once(
-        out / "helper", "configs/helper/shapes_tiny.yaml", root / "helper_split.json", a.helper_steps, base, helper=True
-    )
-    helper_eval = out / "helper" / "eval" / "metrics.json"
-    if not helper_eval.exists():
-        run_evaluate_retrieval(
-            helper_dir,
-            root / "retrieval_test.json",
-            root / "relevance_test.json",
-            helper_dir / "eval",
-            overrides=["eval.score=itc"],
-            graded_relevance=root / "relevance_graded_test.npy",
-            show_progress=False,
+        # the learned helper: disjoint images, every caption kind; its own retrieval; its cache of the mix
+        helper_dir = train_once(
+            out / "helper",
+            "configs/helper/shapes_tiny.yaml",
+            root / "helper_split.json",
+            a.helper_steps,
+            base,
+            helper=True,
         )
-    helper_retrieval = json.loads(helper_eval.read_text())
-    caches = {"helper": out / "cache_helper", "oracle": out / "cache_oracle", "graded": out / "cache_oracle_graded"}
-    if not caches["helper"].exists():
-        run_cache_helper_features(helper_dir, [str(mix)], caches["helper"])
-    if not caches["oracle"].exists():
-        run_cache_oracle_features(root, [mix], caches["oracle"])
-    if not caches["graded"].exists():
-        run_cache_oracle_features(root, [mix], caches["graded"], graded=True)
-
-    def diagnose(source: str, queue: int) -> dict:
-        """The similarity source's diagnostics with a queue of ``queue`` (computed once)."""
-        f = out / f"diagnostics_{source}_q{queue}" / "helper_diagnostics.json"
-        if not f.exists():
-            run_helper_diagnostics(
-                caches[source],
-                root,
-                mix,
-                f.parent,
-                batch_size=a.batch_size,
-                queue_size=queue,
-                batches=a.diag_batches,
-                target_weight=a.target_weight,
+        helper_eval = out / "helper" / "eval" / "metrics.json"
+        if not helper_eval.exists():
+            run_evaluate_retrieval(
+                helper_dir,
+                root / "retrieval_test.json",
+                root / "relevance_test.json",
+                helper_dir / "eval",
+                overrides=["eval.score=itc"],
+                graded_relevance=root / "relevance_graded_test.npy",
+                show_progress=False,
             )
-        return json.loads(f.read_text())
+        helper_retrieval = json.loads(helper_eval.read_text())
+        caches = {"helper": out / "cache_helper", "oracle": out / "cache_oracle", "graded": out / "cache_oracle_graded"}
+        if not caches["helper"].exists():
+            run_cache_helper_features(helper_dir, [str(mix)], caches["helper"])
+        if not caches["oracle"].exists():
+            run_cache_oracle_features(root, [mix], caches["oracle"])
+        if not caches["graded"].exists():
+            run_cache_oracle_features(root, [mix], caches["graded"], graded=True)
 
-    def queue_of(name: str) -> int:
-        sizes = [int(o.split("=")[1]) for o in arm(name)[1] if o.startswith("model.queue_size=")]
-        return sizes[-1] if sizes else a.queue
+        def diagnose(source: str, queue: int) -> dict:
+            """The similarity source's diagnostics with a queue of ``queue`` (computed once)."""
+            f = out / f"diagnostics_{source}_q{queue}" / "helper_diagnostics.json"
+            if not f.exists():
+                run_helper_diagnostics(
+                    caches[source],
+                    root,
+                    mix,
+                    f.parent,
+                    batch_size=a.batch_size,
+                    queue_size=queue,
+                    batches=a.diag_batches,
+                    target_weight=a.target_weight,
+                )
+            return json.loads(f.read_text())
 
-    diag = {s: diagnose(s, a.queue) for s in caches}
+        def queue_of(name: str) -> int:
+            sizes = [int(o.split("=")[1]) for o in arm(name)[1] if o.startswith("model.queue_size=")]
+            return sizes[-1] if sizes else a.queue
+
+        diag = {s: diagnose(s, a.queue) for s in caches}
 
     def overrides(name: str, seed: int) -> list[str]:
         source, extra = arm(name)
@@ -210,7 +217,10 @@ def main(argv=None) -> int:
         caption_groups=True,
         timed=True,
         t0=t0,
-    ).run(seeds, names)
+    ).run(seeds, names, shard=a.shard)
+    if a.shard != (0, 1):
+        print(f"shard {a.shard[0]}/{a.shard[1]} done; run again without --shard for the report", flush=True)
+        return 0
 
     auc = {None: "-", **{s: f"{d['helper_auc']['with_queue']:.3f}" for s, d in diag.items()}}
     lines = [

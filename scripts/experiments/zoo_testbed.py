@@ -30,6 +30,7 @@ from harness import (
     Sweep,
     experiment_parser,
     paired_table,
+    prepare_lock,
     prepare_world,
     results_table,
     run_minutes,
@@ -37,7 +38,7 @@ from harness import (
     write_report,
 )
 
-from vlp.eval.report import SeedResults, slug
+from vlp.eval.report import SeedResults, file_lock, slug
 from vlp.runs.analyze import run_cocos
 from vlp.train.preemption import exit_status
 
@@ -67,7 +68,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     out = Path(a.out)
     t0 = time.time()
-    root = prepare_world(out, a.images, a.test_images)
+    with file_lock(prepare_lock(out)):  # shards (--shard) prepare one at a time
+        root = prepare_world(out, a.images, a.test_images)
     data = root / "pretrain.json"
     base = ["train.progress=false"]
 
@@ -97,7 +99,10 @@ def main(argv=None) -> int:
         graded=True,
         timed=True,
         t0=t0,
-    ).run(a.seeds, a.arms)
+    ).run(a.seeds, a.arms, shard=a.shard)
+    if a.shard != (0, 1):
+        print(f"shard {a.shard[0]}/{a.shard[1]} done; run again without --shard for the report", flush=True)
+        return 0
 
     cocos_file = out / "cocos.json"
     cocos = json.loads(cocos_file.read_text()) if cocos_file.exists() else {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vlp.eval.report import markdown_table, paired_differences, summarise
+from vlp.eval.report import SeedResults, markdown_table, paired_differences, summarise
 
 RESULTS = {
     "plain": {"0": {"r": 20.0, "n": 60.0}, "1": {"r": 22.0, "n": 62.0}, "2": {"r": 24.0, "n": 61.0}},
@@ -37,3 +37,18 @@ def test_markdown_table_rows_and_missing_metrics():
     assert lines[0] == "| variant | seeds | r | x |"
     assert lines[2] == "| plain | 2 | 21.00 ± 1.41 | - |"
     assert lines[4] == "| late | 1 | 30.00 ± 0.00 | - |"
+
+
+def test_seed_results_writers_side_by_side_keep_each_others_records(tmp_path):
+    """Two shards of one experiment record into the same file: neither overwrites the other."""
+    path = tmp_path / "results.json"
+    a, b = SeedResults(path), SeedResults(path)  # both opened before either wrote
+    a.add("plain", 0, {"r1": 1.0})
+    b.add("plain", 1, {"r1": 2.0})
+    a.add("srcl", 0, {"r1": 3.0})
+    on_disk = SeedResults(path)
+    assert on_disk.data == {"plain": {"0": {"r1": 1.0}, "1": {"r1": 2.0}}, "srcl": {"0": {"r1": 3.0}}}
+    assert a.has("plain", 1)  # a learnt b's record when it merged
+    # a newer record of the same (variant, seed) replaces the file's
+    b.add("plain", 0, {"r1": 9.0})
+    assert SeedResults(path).data["plain"]["0"] == {"r1": 9.0}

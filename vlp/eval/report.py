@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
 import statistics
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 
 def slug(name: str) -> str:
@@ -64,6 +67,20 @@ def markdown_table(summary: dict[str, dict[str, tuple[float, float, int]]], metr
     return "\n".join(lines)
 
 
+@contextmanager
+def file_lock(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``path`` (created if missing) for the ``with`` block:
+    processes that share an experiment folder (``--shard``) take turns through the block. Not
+    re-entrant within one process."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class SeedResults:
     """``results[variant][seed] -> metrics`` kept in a JSON file, rewritten after every run, so an
     experiment script resumes where it stopped."""
@@ -85,5 +102,15 @@ class SeedResults:
         return run_dir
 
     def add(self, variant: str, seed: int, metrics: dict[str, float]) -> None:
-        self.data.setdefault(variant, {})[str(seed)] = metrics
-        self.path.write_text(json.dumps(self.data, indent=1))
+        """Record one run, merged with what other writers of the file (shards of the same
+        experiment, ``--shard``) recorded since: a lock file serialises the writers and the file is
+        replaced atomically, so none overwrites another's records."""
+        with file_lock(self.path.with_name(self.path.name + ".lock")):
+            if self.path.exists():
+                for name, per_seed in json.loads(self.path.read_text()).items():
+                    for s, m in per_seed.items():
+                        self.data.setdefault(name, {}).setdefault(s, m)
+            self.data.setdefault(variant, {})[str(seed)] = metrics
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            tmp.write_text(json.dumps(self.data, indent=1))
+            os.replace(tmp, self.path)

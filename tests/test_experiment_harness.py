@@ -1,0 +1,52 @@
+"""The experiment harness's sharding: shards split the (seed, variant) runs between them, skip
+recorded ones, and share one results file."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "experiments"))
+from harness import Sweep, shard  # noqa: E402
+
+from vlp.eval.report import SeedResults  # noqa: E402
+
+
+def test_shard_parses_i_of_n_and_refuses_the_rest():
+    assert shard("1/3") == (1, 3)
+    for bad in ("3/3", "-1/2", "1", "a/b"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--shard"):
+            shard(bad)
+
+
+def _sweep(results: SeedResults, done: list) -> Sweep:
+    sweep = Sweep(
+        results, Path("."), "preset", Path("d"), 1, run_dir=lambda n, s: Path(n), overrides=lambda n, s: [], summary=str
+    )
+
+    def fake_run(name: str, seed: int) -> None:  # records a result as the real run does
+        done.append((seed, name))
+        results.add(name, seed, {"r": float(seed)})
+
+    sweep._run_one = fake_run  # type: ignore[method-assign]
+    return sweep
+
+
+def test_shards_cover_every_run_once_and_share_the_results_file(tmp_path):
+    path = tmp_path / "results.json"
+    SeedResults(path).add("b", 0, {"r": 0.0})  # recorded before: skipped by whichever shard owns it
+    done0: list = []
+    done1: list = []
+    s0, s1 = _sweep(SeedResults(path), done0), _sweep(SeedResults(path), done1)
+    s0.run([0, 1], ["a", "b", "c"], shard=(0, 2))
+    s1.run([0, 1], ["a", "b", "c"], shard=(1, 2))
+    assert done0 == [(0, "a"), (0, "c"), (1, "b")]
+    assert done1 == [(1, "a"), (1, "c")]  # (0, "b") was recorded
+    assert {v: sorted(d) for v, d in SeedResults(path).data.items()} == {
+        "a": ["0", "1"],
+        "b": ["0", "1"],
+        "c": ["0", "1"],
+    }
