@@ -12,8 +12,9 @@ import argparse
 import json
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 from vlp.config import CONTRASTIVE_LOSSES, PretrainConfig, load_config, load_finetune_config
 from vlp.data.check import CHECK_KINDS, check_annotations, default_workers
@@ -102,10 +103,23 @@ def _evaluate_classification(a: argparse.Namespace) -> None:
     _wrote(Path(a.out) / "metrics.json")
 
 
+@contextmanager
+def _naming_layer(layer: Optional[int]) -> Iterator[None]:
+    """A plain ``ValueError`` from a Grad-CAM command (a ``--layer`` the model does not have) becomes
+    a :class:`ConfigError` naming ``--layer``; the user errors (a missing image, a bad checkpoint)
+    keep their own message."""
+    try:
+        yield
+    except USER_ERRORS:
+        raise
+    except ValueError as e:
+        raise ConfigError(f"--layer {layer}: {e}") from None
+
+
 def _evaluate_grounding(a: argparse.Namespace) -> None:
     from vlp.runs.grounding import run_evaluate_grounding
 
-    try:
+    with _naming_layer(a.layer):
         run_evaluate_grounding(
             a.checkpoint,
             a.data,
@@ -116,18 +130,14 @@ def _evaluate_grounding(a: argparse.Namespace) -> None:
             image_root=a.image_root,
             words_only=a.words_only,
         )
-    except ValueError as e:  # a --layer the model does not have
-        raise ConfigError(f"--layer {a.layer}: {e}") from None
     _wrote(Path(a.out) / "metrics.json")
 
 
 def _explain(a: argparse.Namespace) -> None:
     from vlp.runs.explain import run_explain
 
-    try:
+    with _naming_layer(a.layer):
         run_explain(a.checkpoint, a.image, a.text, a.out, layer=a.layer)
-    except ValueError as e:
-        raise ConfigError(f"--layer {a.layer}: {e}") from None
     _wrote(Path(a.out) / "explain.png")
 
 
@@ -265,8 +275,15 @@ def _plot(a: argparse.Namespace) -> None:
         _wrote(viz.plot_losses(_run_metrics(a.run), a.out or Path(a.run) / "loss_curves.png"))
     elif a.what == "trajectories":
         _wrote(viz.plot_trajectories(_run_metrics(a.run), a.out or Path(a.run) / "trajectories.png"))
-    else:
+    elif not a.gradcam:
         _wrote(viz.replot_retrieval(a.dir, a.out))
+    else:
+        from vlp.runs.explain import run_retrieval_gradcam
+
+        with _naming_layer(a.layer):
+            written = run_retrieval_gradcam(a.dir, a.out, a.checkpoint, a.layer)
+        for p in written:
+            _wrote(p)
 
 
 def _make_shards(a: argparse.Namespace) -> None:
@@ -840,7 +857,18 @@ def _add_plot(sub: Any) -> None:
         "retrieval", help="the text->image example grid again, from an evaluation's retrieval_examples.json"
     )
     c.add_argument("dir", help="evaluation folder (--out of vlp evaluate retrieval) or run directory (its eval/)")
-    c.add_argument("--out", help="default: retrieval_examples.png next to the JSON")
+    c.add_argument(
+        "--out",
+        help="default: retrieval_examples.png next to the JSON; with --gradcam the output folder (default: the JSON's)",
+    )
+    c.add_argument(
+        "--gradcam",
+        action="store_true",
+        help="also draw the caption's Grad-CAM over every retrieved image (retrieval_examples_gradcam.png) and "
+        "per-word maps of each top-1 image (retrieval_examples_words/)",
+    )
+    c.add_argument("--checkpoint", help="with --gradcam: the model (default: the one metrics.json records)")
+    c.add_argument("--layer", type=int, help="with --gradcam: fusion layer (default: the middle one)")
     c = pl.add_parser("srcl-weights", help="heatmap of one batch's SRCL weights + histogram over many batches")
     c.add_argument("run", help="run directory or checkpoint (its config names the helper features)")
     c.add_argument("--out", help="output folder (default: RUN/srcl_plots)")

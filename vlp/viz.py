@@ -90,27 +90,36 @@ def retrieval_rows(
     return rows
 
 
-def plot_retrieval_grid(rows: list[dict], out: str | Path) -> Path:
+def plot_retrieval_grid(
+    rows: list[dict], out: str | Path, heatmaps: Optional[Sequence[torch.Tensor]] = None, note: str = ""
+) -> Path:
     """The grid of :func:`retrieval_rows`: a caption, then its top-k images (green frame: the
-    caption's own image, orange: another image it is true of), 180 x 190 pixels per cell."""
+    caption's own image, orange: another image it is true of), 180 x 190 pixels per cell.
+    ``heatmaps``: per row, the maps [k, h, w] of its top-k images (Grad-CAM of the caption over
+    each image, ``vlp plot retrieval --gradcam``), drawn over the images; ``note`` ends the title."""
+    if heatmaps is not None and [len(h) for h in heatmaps] != [len(r["top"]) for r in rows]:
+        raise ValueError("expected one heat map per retrieved image of every row")
     k = max(len(r["top"]) for r in rows)
     fig, axes = plt.subplots(len(rows), k + 1, figsize=(1.8 * (k + 1), 1.9 * len(rows)), squeeze=False)
-    for row, info in zip(axes, rows):
+    for i, (row, info) in enumerate(zip(axes, rows)):
         row[0].axis("off")
         row[0].text(0, 0.5, "\n".join(textwrap.wrap(info["text"], 24)), fontsize=7, va="center")
         for ax in row[1 + len(info["top"]) :]:
             ax.axis("off")
         for r, (ax, item) in enumerate(zip(row[1:], info["top"])):
-            with Image.open(item["path"]) as im:
-                ax.imshow(im.convert("RGB"))
-            ax.set_xticks([])
-            ax.set_yticks([])
+            rgb = _open_rgb(item["path"])
+            if heatmaps is None:
+                ax.imshow(rgb)
+                ax.set_xticks([])
+                ax.set_yticks([])
+            else:
+                _heat_overlay(ax, rgb, heatmaps[i][r], "")
             color = {"truth": "limegreen", "relevant": "orange"}.get(item["mark"])
             for s in ax.spines.values():
                 s.set_edgecolor(color or "lightgray")
                 s.set_linewidth(4 if color else 1)
-            ax.set_title(f"#{r + 1}", fontsize=7)
-    fig.suptitle("text -> image: green = ground truth, orange = also true of the caption", fontsize=8)
+            ax.set_title(f"#{r + 1}{ax.get_title()}", fontsize=7)
+    fig.suptitle(f"text -> image: green = ground truth, orange = also true of the caption{note}", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -134,9 +143,9 @@ def plot_retrieval_examples(
     return plot_retrieval_grid(rows, out)
 
 
-def replot_retrieval(run_or_eval_dir: str | Path, out: Optional[str | Path] = None) -> Path:
-    """The retrieval grid again from the ``retrieval_examples.json`` an evaluation saved (in the
-    folder given or its ``eval/``); default output: the PNG next to it."""
+def find_retrieval_examples(run_or_eval_dir: str | Path) -> Path:
+    """The ``retrieval_examples.json`` an evaluation saved, in the folder given or its ``eval/``;
+    a folder with neither raises :class:`DataError`."""
     d = Path(run_or_eval_dir)
     found = [p for p in (d / "retrieval_examples.json", d / "eval" / "retrieval_examples.json") if p.is_file()]
     if not found:
@@ -144,8 +153,15 @@ def replot_retrieval(run_or_eval_dir: str | Path, out: Optional[str | Path] = No
             f"{d}: no retrieval_examples.json here or in {d / 'eval'}; `vlp evaluate retrieval` "
             "(or pretraining with data.eval) writes it next to retrieval_examples.png"
         )
-    rows = json.loads(found[0].read_text())["rows"]
-    return plot_retrieval_grid(rows, out or found[0].with_suffix(".png"))
+    return found[0]
+
+
+def replot_retrieval(run_or_eval_dir: str | Path, out: Optional[str | Path] = None) -> Path:
+    """The retrieval grid again from the ``retrieval_examples.json`` an evaluation saved (in the
+    folder given or its ``eval/``); default output: the PNG next to it."""
+    found = find_retrieval_examples(run_or_eval_dir)
+    rows = json.loads(found.read_text())["rows"]
+    return plot_retrieval_grid(rows, out or found.with_suffix(".png"))
 
 
 def plot_weight_heatmap(

@@ -76,3 +76,100 @@ def test_cli_explain_writes_the_grid(checkpoint, image, tmp_path) -> None:
     )
     rec = json.loads((out / "explain.json").read_text())
     assert (out / "explain.png").stat().st_size > 0 and rec["text"] == "a red circle"
+
+
+def test_cli_explain_names_a_missing_image_not_the_layer(checkpoint, tmp_path, capsys) -> None:
+    from vlp.cli import main
+
+    missing = tmp_path / "nope.png"
+    args = ["explain", "--checkpoint", str(checkpoint), "--image", str(missing), "--text", "a", "--out", str(tmp_path)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "nope.png" in err and "--layer" not in err
+
+
+def _examples(folder: Path, image_dir: Path) -> list[dict]:
+    """A retrieval_examples.json of 2 captions x their top-3 images, as `vlp evaluate retrieval` saves it."""
+    from PIL import Image
+
+    image_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, colour in enumerate([(220, 30, 30), (30, 30, 220), (30, 200, 30)]):
+        p = image_dir / f"im{i}.png"
+        im = Image.new("RGB", (64, 64), (255, 255, 255))
+        im.paste(colour, (8 + 10 * i, 8, 30 + 10 * i, 30))
+        im.save(p)
+        paths.append(str(p))
+    rows = [
+        {"query": 0, "text": "a red square", "top": [{"index": j, "path": paths[j], "mark": None} for j in (0, 1, 2)]},
+        {"query": 3, "text": "a blue square", "top": [{"index": j, "path": paths[j], "mark": None} for j in (1, 2, 0)]},
+    ]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "retrieval_examples.json").write_text(json.dumps({"direction": "t2i", "k": 3, "rows": rows}))
+    return rows
+
+
+def test_plot_retrieval_gradcam_draws_each_captions_maps_over_its_retrieved_images(
+    checkpoint, tmp_path, monkeypatch
+) -> None:
+    import vlp.viz
+    from vlp.runs.explain import run_retrieval_gradcam
+
+    run = checkpoint.parent.parent  # the run directory: eval/ has no metrics.json, so the run is the model
+    rows = _examples(run / "eval", tmp_path / "images")
+    drawn = {}
+    real = vlp.viz.plot_retrieval_grid
+
+    def spy(rows_, out, heatmaps=None, note=""):
+        drawn.update(rows=rows_, heatmaps=heatmaps, note=note)
+        return real(rows_, out, heatmaps, note)
+
+    monkeypatch.setattr(vlp.viz, "plot_retrieval_grid", spy)
+    written = run_retrieval_gradcam(run, layer=1)
+    assert written == [
+        run / "eval" / "retrieval_examples_gradcam.png",
+        run / "eval" / "retrieval_examples_words" / "query0.png",
+        run / "eval" / "retrieval_examples_words" / "query3.png",
+    ]
+    assert all(p.stat().st_size > 0 for p in written)
+    vm = VLPModel.from_pretrained(checkpoint, device="cpu")
+    assert drawn["rows"] == rows and "fusion layer 1" in drawn["note"]
+    for row, maps in zip(rows, drawn["heatmaps"]):
+        paths = [t["path"] for t in row["top"]]
+        expected = vm.grounding_maps(paths, [row["text"]] * 3, 1, words_only=True)
+        assert maps.shape == expected.shape == (3, *vm.explain(paths[0], "a", 1).maps.shape[1:])
+        torch.testing.assert_close(maps, expected)
+
+
+def test_plot_retrieval_gradcam_takes_the_checkpoint_metrics_json_records(checkpoint, tmp_path) -> None:
+    from vlp.cli import main
+
+    folder = tmp_path / "eval_out"
+    _examples(folder, tmp_path / "images")
+    (folder / "metrics.json").write_text(json.dumps({"checkpoint": str(checkpoint)}))
+    out = tmp_path / "pictures"
+    assert main(["plot", "retrieval", str(folder), "--gradcam", "--out", str(out)]) == 0
+    assert (out / "retrieval_examples_gradcam.png").stat().st_size > 0
+    assert sorted(p.name for p in (out / "retrieval_examples_words").iterdir()) == ["query0.png", "query3.png"]
+
+
+def test_plot_retrieval_gradcam_errors_name_what_is_missing(checkpoint, tmp_path, capsys) -> None:
+    from vlp.cli import main
+
+    folder = tmp_path / "eval_out"
+    _examples(folder, tmp_path / "images")
+    assert main(["plot", "retrieval", str(folder), "--gradcam"]) == 2
+    assert "pass --checkpoint" in capsys.readouterr().err
+    (folder / "metrics.json").write_text(json.dumps({"checkpoint": str(tmp_path / "gone")}))
+    assert main(["plot", "retrieval", str(folder), "--gradcam"]) == 2
+    assert "gone" in capsys.readouterr().err
+    assert main(["plot", "retrieval", str(folder), "--gradcam", "--checkpoint", str(checkpoint), "--layer", "7"]) == 2
+    assert "--layer 7" in capsys.readouterr().err
+
+
+def test_retrieval_grid_wants_one_map_per_retrieved_image(tmp_path) -> None:
+    from vlp.viz import plot_retrieval_grid
+
+    rows = _examples(tmp_path, tmp_path / "images")
+    with pytest.raises(ValueError, match="one heat map per retrieved image"):
+        plot_retrieval_grid(rows, tmp_path / "x.png", [torch.zeros(3, 4, 4), torch.zeros(2, 4, 4)])

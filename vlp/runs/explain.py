@@ -48,3 +48,63 @@ def run_explain(
     plot_word_heatmaps(rgb, result.tokens, result.maps, outdir / PNG, title=title)
     print(f"wrote {outdir / PNG} and {outdir / JSON} (ITM match {result.itm_score:.3f}, layer {result.layer})")
     return record
+
+
+def run_retrieval_gradcam(
+    run_or_eval_dir: str | Path,
+    out: Optional[str | Path] = None,
+    checkpoint: Optional[str | Path] = None,
+    layer: Optional[int] = None,
+    device: Optional[str] = None,
+) -> list[Path]:
+    """Grad-CAM pictures for the text->image examples an evaluation saved
+    (``retrieval_examples.json`` in ``run_or_eval_dir`` or its ``eval/``, :func:`vlp.viz.find_retrieval_examples`):
+
+    - ``retrieval_examples_gradcam.png``: the example grid with each retrieved image under the
+      Grad-CAM map of the row's caption (mean over its words, :meth:`VLPModel.grounding_maps`);
+    - ``retrieval_examples_words/query<q>.png``: per row, the per-word grid of :func:`run_explain`
+      for the caption and its top-1 image.
+
+    Written to ``out`` (default: next to the JSON). The model is ``checkpoint``, else the
+    ``checkpoint`` the evaluation's ``metrics.json`` records, else the run directory the ``eval/``
+    folder is in. Returns the PNGs written, the grid first."""
+    import torch
+
+    from vlp.api import VLPModel
+    from vlp.errors import DataError
+    from vlp.viz import find_retrieval_examples, plot_retrieval_grid, plot_word_heatmaps
+
+    found = find_retrieval_examples(run_or_eval_dir)
+    rows = json.loads(found.read_text())["rows"]
+    if checkpoint is None:
+        metrics = found.parent / "metrics.json"
+        recorded = json.loads(metrics.read_text()).get("checkpoint") if metrics.is_file() else None
+        if recorded is not None:
+            checkpoint = recorded
+        elif found.parent.name == "eval" and (found.parent.parent / "checkpoints").is_dir():
+            checkpoint = found.parent.parent
+        else:
+            raise DataError(
+                f"{found}: no checkpoint recorded beside it ({metrics} has no 'checkpoint') and it is not "
+                "in a run's eval/ folder; pass --checkpoint"
+            )
+    if not Path(checkpoint).exists():
+        raise DataError(f"{found}: the checkpoint {checkpoint} it was evaluated with is not there; pass --checkpoint")
+    vm = VLPModel.from_pretrained(checkpoint, device=device)
+    outdir = Path(out) if out is not None else found.parent
+    words_dir = outdir / "retrieval_examples_words"
+    words_dir.mkdir(parents=True, exist_ok=True)
+    heatmaps: list[torch.Tensor] = []
+    written = []
+    for row in rows:
+        paths = [item["path"] for item in row["top"]]
+        heatmaps.append(vm.grounding_maps(paths, [row["text"]] * len(paths), layer, words_only=True))
+        top1 = vm.explain(paths[0], row["text"], layer)
+        title = f"{row['text']!r} on its top-1 image: ITM match {top1.itm_score:.3f}, fusion layer {top1.layer}"
+        written.append(
+            plot_word_heatmaps(paths[0], top1.tokens, top1.maps, words_dir / f"query{row['query']}.png", title=title)
+        )
+    layer_used = vm.gradcam_layer(layer)
+    note = f"\nheat: Grad-CAM of the caption's ITM score, fusion layer {layer_used}"
+    grid = plot_retrieval_grid(rows, outdir / "retrieval_examples_gradcam.png", heatmaps, note)
+    return [grid, *written]
