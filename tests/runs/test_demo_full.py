@@ -12,13 +12,16 @@ PRETRAIN = ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_la
 FINETUNE = ["train.epochs=null", "train.steps=2", "train.progress=false", "data.num_workers=0", "data.batch_size=8"]
 
 
-def test_full_demo_runs_every_stage_and_writes_one_table(tmp_path: Path) -> None:
+def test_full_demo_runs_every_stage_and_writes_one_table(tmp_path: Path, capsys) -> None:
     stages = {name: list(FINETUNE) for name in FULL_STAGES if name not in ("pretrain", "zero_shot", "classification")}
     stages["pretrain"] = [*PRETRAIN, "train.progress=false", "data.num_workers=0", "data.batch_size=8"]
     stages["vqa"] = [*FINETUNE, "vqa.k_test=4"]
     stages["retrieval"] = [*FINETUNE, "eval.k_test=4"]
     stages["zero_shot"] = ["eval.k_test=4"]
     res = run_demo_full(tmp_path, n_train=16, n_val=4, n_test=8, pretrain_steps=2, stage_overrides=stages)
+    headers = [line.split("]")[0] for line in capsys.readouterr().out.splitlines() if line.startswith("== [")]
+    n = len(FULL_STAGES)  # the world and every stage but the optional text-assignment one
+    assert headers == [f"== [{i}/{n}" for i in range(1, n + 1)]
     tasks = [r["task"] for r in res["rows"]]
     assert sum(t.startswith("SNLI-VE (test") for t in tasks) == 2
     for attr in CLASSIFICATION_ATTRS:

@@ -142,14 +142,16 @@ class FullDemo:
     """The stages of ``vlp demo --full`` under ``out``: their start times, which an earlier run
     finished (kept with ``reuse``), and the fine-tuning stages."""
 
-    def __init__(self, out: Path, seed: int, stage_overrides: dict[str, Sequence[str]], reuse: bool) -> None:
-        self.out, self.seed, self.extra, self.reuse = out, seed, stage_overrides, reuse
+    def __init__(
+        self, out: Path, seed: int, stage_overrides: dict[str, Sequence[str]], reuse: bool, n_stages: int
+    ) -> None:
+        self.out, self.seed, self.extra, self.reuse, self.n_stages = out, seed, stage_overrides, reuse, n_stages
         self.t0 = time.perf_counter()
         self.times: dict[str, float] = {}
 
     def stage(self, name: str) -> None:
         self.times[name] = time.perf_counter()
-        print(f"\n== [{len(self.times)}/8] {name} ({(self.times[name] - self.t0) / 60:.1f} min) ==", flush=True)
+        print(f"\n== [{len(self.times)}/{self.n_stages}] {name} ({(self.times[name] - self.t0) / 60:.1f} min) ==", flush=True)
 
     def finished(self, name: str) -> bool:
         """Whether the stage's last output, written after everything else, is there."""
@@ -236,7 +238,8 @@ def run_demo_full(
     from vlp.runs.pretrain import run_pretrain
 
     out = Path(out)
-    demo = FullDemo(out, seed, stage_overrides or {}, reuse)
+    n_stages = 1 + len(FULL_STAGES) - (not nlvr_ta)  # the world, then every stage run
+    demo = FullDemo(out, seed, stage_overrides or {}, reuse, n_stages)
     demo.stage("shapes world")
     w = generate_world(
         out / "world", seed=seed, n_train=n_train, n_val=n_val, n_test=n_test, nlvr_templates=DEMO_NLVR_TEMPLATES
