@@ -29,6 +29,7 @@ def test_full_demo_runs_every_stage_and_writes_one_table(tmp_path: Path, capsys)
         assert [r["metric"] for r in rows] == ["top-1 (ITC)", "top-1 (ITM re-rank of the top 3)"]
         rec = res["classification"][attr]
         assert rows[0]["value"] == rec["itc"]["top1"] and rows[0]["baseline_value"] == rec["chance"]["majority"]
+        assert rows[0]["baseline"] == f"majority class ({rec['classes'][rec['chance']['majority_class']]})"
     ground = [r for r in res["rows"] if r["task"].startswith("grounding (test")]
     assert [r["baseline"] for r in ground] == ["random candidate", "best fixed position"]
     assert ground[0]["value"] == res["grounding"]["test"]["accuracy"]

@@ -366,7 +366,7 @@ def classification_rows(res: dict) -> list[tuple]:
     rows = []
     for attr, rec in res.items():
         task = f"zero-shot classification: {attr} (test, {rec['n_images']:,} images, {rec['n_classes']} classes)"
-        majority = f"majority class ({rec['chance']['majority_class']})"
+        majority = f"majority class ({rec['classes'][rec['chance']['majority_class']]})"
         rows.append((task, "top-1 (ITC)", rec["itc"]["top1"], majority, rec["chance"]["majority"]))
         rerank = f"top-1 (ITM re-rank of the top {rec['rerank_k']})"
         rows.append((task, rerank, rec["rerank"]["top1"], majority, rec["chance"]["majority"]))
