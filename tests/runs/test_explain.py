@@ -173,3 +173,17 @@ def test_retrieval_grid_wants_one_map_per_retrieved_image(tmp_path) -> None:
     rows = _examples(tmp_path, tmp_path / "images")
     with pytest.raises(ValueError, match="one heat map per retrieved image"):
         plot_retrieval_grid(rows, tmp_path / "x.png", [torch.zeros(3, 4, 4), torch.zeros(2, 4, 4)])
+
+
+def test_plot_retrieval_gradcam_of_a_finetuning_uses_its_best_checkpoint(checkpoint, tmp_path) -> None:
+    """A fine-tuning writes RUN/test/retrieval_examples.json and names its best checkpoint in RUN/results.json."""
+    from vlp.runs.explain import _evaluated_checkpoint
+
+    run = checkpoint.parent.parent
+    _examples(run / "test", tmp_path / "images")
+    assert _evaluated_checkpoint(run / "test" / "retrieval_examples.json") == run  # no results.json yet
+    (run / "results.json").write_text(json.dumps({"best": str(checkpoint)}))
+    try:
+        assert _evaluated_checkpoint(run / "test" / "retrieval_examples.json") == checkpoint
+    finally:
+        (run / "results.json").unlink()

@@ -65,9 +65,8 @@ def run_retrieval_gradcam(
     - ``retrieval_examples_words/query<q>.png``: per row, the per-word grid of :func:`run_explain`
       for the caption and its top-1 image.
 
-    Written to ``out`` (default: next to the JSON). The model is ``checkpoint``, else the
-    ``checkpoint`` the evaluation's ``metrics.json`` records, else the run directory the ``eval/``
-    folder is in. Returns the PNGs written, the grid first."""
+    Written to ``out`` (default: next to the JSON). The model is ``checkpoint``, else the one the
+    evaluation used (:func:`_evaluated_checkpoint`). Returns the PNGs written, the grid first."""
     import torch
 
     from vlp.api import VLPModel
@@ -77,17 +76,7 @@ def run_retrieval_gradcam(
     found = find_retrieval_examples(run_or_eval_dir)
     rows = json.loads(found.read_text())["rows"]
     if checkpoint is None:
-        metrics = found.parent / "metrics.json"
-        recorded = json.loads(metrics.read_text()).get("checkpoint") if metrics.is_file() else None
-        if recorded is not None:
-            checkpoint = recorded
-        elif found.parent.name == "eval" and (found.parent.parent / "checkpoints").is_dir():
-            checkpoint = found.parent.parent
-        else:
-            raise DataError(
-                f"{found}: no checkpoint recorded beside it ({metrics} has no 'checkpoint') and it is not "
-                "in a run's eval/ folder; pass --checkpoint"
-            )
+        checkpoint = _evaluated_checkpoint(found)
     if not Path(checkpoint).exists():
         raise DataError(f"{found}: the checkpoint {checkpoint} it was evaluated with is not there; pass --checkpoint")
     vm = VLPModel.from_pretrained(checkpoint, device=device)
@@ -108,3 +97,24 @@ def run_retrieval_gradcam(
     note = f"\nheat: Grad-CAM of the caption's ITM score, fusion layer {layer_used}"
     grid = plot_retrieval_grid(rows, outdir / "retrieval_examples_gradcam.png", heatmaps, note)
     return [grid, *written]
+
+
+def _evaluated_checkpoint(examples: Path) -> Path:
+    """The checkpoint behind ``examples`` (a ``retrieval_examples.json``): the ``checkpoint`` the
+    evaluation's ``metrics.json`` beside it records (``vlp evaluate retrieval``, ``vlp demo``), else,
+    in a run's folder (``RUN/eval``, or ``RUN/val`` / ``RUN/test`` of a fine-tuning), the ``best``
+    checkpoint its ``results.json`` names, else that run. Anything else raises :class:`DataError`."""
+    from vlp.errors import DataError
+
+    metrics, run = examples.parent / "metrics.json", examples.parent.parent
+    recorded = json.loads(metrics.read_text()).get("checkpoint") if metrics.is_file() else None
+    if recorded is not None:
+        return Path(recorded)
+    if (run / "checkpoints").is_dir():
+        results = run / "results.json"
+        best = json.loads(results.read_text()).get("best") if results.is_file() else None
+        return Path(best) if best else run
+    raise DataError(
+        f"{examples}: no checkpoint recorded beside it ({metrics} has no 'checkpoint') and it is not in a "
+        "run's folder; pass --checkpoint"
+    )
