@@ -151,7 +151,10 @@ class FullDemo:
 
     def stage(self, name: str) -> None:
         self.times[name] = time.perf_counter()
-        print(f"\n== [{len(self.times)}/{self.n_stages}] {name} ({(self.times[name] - self.t0) / 60:.1f} min) ==", flush=True)
+        print(
+            f"\n== [{len(self.times)}/{self.n_stages}] {name} ({(self.times[name] - self.t0) / 60:.1f} min) ==",
+            flush=True,
+        )
 
     def finished(self, name: str) -> bool:
         """Whether the stage's last output, written after everything else, is there."""
