@@ -50,3 +50,39 @@ def test_shards_cover_every_run_once_and_share_the_results_file(tmp_path):
         "b": ["0", "1"],
         "c": ["0", "1"],
     }
+
+
+def test_paired_tests_table_gives_t_and_p_per_cell():
+    from harness import paired_tests_table
+
+    data = {
+        "base": {str(s): {"r": 10.0} for s in range(5)},
+        "arm": {str(s): {"r": 10.0 + d} for s, d in enumerate([1.0, 2.0, 3.0, 2.0, 2.0])},
+    }
+    table = paired_tests_table(data, range(5), ["r"], "base", ["base", "arm", "missing"])
+    lines = table.splitlines()
+    assert lines[0] == "| variant - base | seeds | r |" and len(lines) == 3
+    assert lines[2] == "| arm | 5 | +2.00 ± 0.71 (t 6.32, p 0.0032) |"  # t = 2 / (sqrt(0.5) / sqrt(5))
+
+
+def test_ltd_matched_dual_arm_runs_after_its_constraint_arm_in_the_same_shard(tmp_path):
+    import json
+
+    from ltd_testbed import MATCHED, arms, matched_beta
+
+    names = list(arms(0.05))
+    constraint = next(n for n in names if n.startswith("LTD constraint"))
+    runs = [(s, v) for s in range(5) for v in names]
+    for i in range(2):
+        mine = runs[i::2]
+        for s in range(5):
+            assert ((s, constraint) in mine) == ((s, MATCHED) in mine)
+            if (s, MATCHED) in mine:
+                assert mine.index((s, constraint)) < mine.index((s, MATCHED))
+    run = tmp_path / "constraint_seed0"
+    run.mkdir()
+    rows = [{"step": 10, "ltd_lambda": 1.0}, {"step": 20, "ltd_lambda": 0.5}, {"step": 30, "loss": 1.0}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert matched_beta(run, 0.05) == pytest.approx(0.75 / 0.05)  # mean lambda / eta
+    with pytest.raises(RuntimeError, match="constraint arm"):
+        matched_beta(tmp_path / "missing", 0.05)

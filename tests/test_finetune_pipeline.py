@@ -227,6 +227,7 @@ def test_retrieval_finetune_with_ltd_and_srcl(world, pretrained, tmp_path):
             "loss.ltd.mode=constraint",
             f"loss.ltd.targets={targets}",
             "loss.regulation=srcl",
+            "loss.srcl.delta=1.0",
             "loss.ltd.hidden=32",
         )
         == 0

@@ -126,8 +126,12 @@ def pretrain_cfg(world, out, *extra):
 
 
 def test_cache_and_live_helper_give_the_same_weights(world, helper, cache, tmp_path):
-    cached_cfg = pretrain_cfg(world, tmp_path / "a", "loss.regulation=srcl", f"loss.srcl.helper_features={cache}")
-    live_cfg = pretrain_cfg(world, tmp_path / "b", "loss.regulation=srcl", f"loss.srcl.helper={helper}")
+    cached_cfg = pretrain_cfg(
+        world, tmp_path / "a", "loss.regulation=srcl", "loss.srcl.delta=1.0", f"loss.srcl.helper_features={cache}"
+    )
+    live_cfg = pretrain_cfg(
+        world, tmp_path / "b", "loss.regulation=srcl", "loss.srcl.delta=1.0", f"loss.srcl.helper={helper}"
+    )
     reg_cached, hc = build_regulator(cached_cfg)
     reg_live, none = build_regulator(live_cfg)
     assert hc is not None and none is None and reg_live.helper is not None
@@ -166,6 +170,7 @@ def test_regulated_pretraining_logs_weight_statistics(world, cache, tmp_path, mo
             "model.queue_size=16",
             *TINY,
             f"loss.regulation={mode}",
+            "loss.srcl.delta=1.0",
             f"loss.srcl.helper_features={cache}",
             "loss.srcl.threshold=0.5",
         ]
@@ -193,6 +198,7 @@ def test_missing_helper_features_is_one_clear_error(world, tmp_path, capsys):
             f"data.train=[{world['pretrain']}]",
             *TINY,
             "loss.regulation=srcl",
+            "loss.srcl.delta=1.0",
         ]
     )
     assert rc == 2 and "loss.srcl.helper_features" in capsys.readouterr().err
@@ -205,6 +211,7 @@ def test_missing_helper_features_is_one_clear_error(world, tmp_path, capsys):
             f"data.train=[{world['pretrain']}]",
             *TINY,
             "loss.regulation=srcl",
+            "loss.srcl.delta=1.0",
             f"loss.srcl.helper_features={tmp_path / 'nope'}",
         ]
     )
@@ -232,6 +239,7 @@ def test_cache_missing_captions_names_them(world, cache, tmp_path, capsys):
             f"data.train=[{other}]",
             *TINY,
             "loss.regulation=srcl",
+            "loss.srcl.delta=1.0",
             f"loss.srcl.helper_features={cache}",
         ]
     )
@@ -251,6 +259,7 @@ def test_plot_srcl_weights(world, cache, tmp_path):
                 f"data.train=[{world['pretrain']}]",
                 *TINY,
                 "loss.regulation=srcl",
+                "loss.srcl.delta=1.0",
                 f"loss.srcl.helper_features={cache}",
             ]
         )

@@ -73,10 +73,17 @@ def _cache_helper(a: argparse.Namespace) -> None:
 
     if (a.helper is None) == (a.oracle is None) or (a.oracle is not None) != (a.world is not None):
         raise ConfigError(
-            "vlp cache-helper-features: give --helper CHECKPOINT, or --oracle exact|graded with --world ROOT"
+            "vlp cache-helper-features: give --helper CHECKPOINT (or open_clip:ARCH[/PRETRAINED]), "
+            "or --oracle exact|graded with --world ROOT"
         )
     if a.oracle is not None:
-        _wrote(run_cache_oracle_features(a.world, a.data, a.out, graded=a.oracle == "graded"))
+        if a.oracle_auc is not None and a.oracle != "exact":
+            raise ConfigError("vlp cache-helper-features: --oracle-auc corrupts the exact oracle (--oracle exact)")
+        _wrote(
+            run_cache_oracle_features(
+                a.world, a.data, a.out, graded=a.oracle == "graded", auc=a.oracle_auc, seed=a.oracle_seed
+            )
+        )
     else:
         _wrote(run_cache_helper_features(a.helper, a.data, a.out, a.image_root, a.batch_size, a.num_workers))
 
@@ -304,8 +311,24 @@ def _cocos(a: argparse.Namespace) -> None:
 
 
 def _helper_diagnostics(a: argparse.Namespace) -> None:
+    if a.config is not None:  # the run's own helper cache, data, batch, queue and weight settings
+        cfg = load_config(PretrainConfig, a.config, a.overrides)
+        a.cache = a.cache or cfg.loss.srcl.helper_features
+        a.data = a.data or list(cfg.data.train)
+        a.image_root = a.image_root or cfg.data.image_root
+        a.batch_size = a.batch_size or cfg.data.batch_size
+        a.queue = cfg.model.queue_size if a.queue is None else a.queue
+        a.mode, a.tau_w = a.mode or cfg.loss.srcl.norm, a.tau_w or cfg.loss.srcl.tau_w
+    if not a.cache or not a.data:
+        raise ConfigError("vlp analyze helper: give --cache and --data, or --config RUN.yaml naming them")
+    a.batch_size, a.queue, a.mode, a.tau_w = a.batch_size or 64, a.queue or 0, a.mode or "softmax", a.tau_w or 1.0
+    if a.world is None:
+        _helper_calibration(a)
+        return
     from vlp.runs.diagnostics import run_helper_diagnostics
 
+    if a.mode != "softmax":
+        raise ConfigError("vlp analyze helper --world: the ground-truth report is for the softmax norm")
     r = run_helper_diagnostics(
         a.cache, a.world, a.data, a.out, a.batch_size, a.queue, a.batches, a.target_weight, a.delta, a.seed, a.tau_w
     )
@@ -323,6 +346,50 @@ def _helper_diagnostics(a: argparse.Namespace) -> None:
         )
     if "delta_error" in r:
         print(f"  delta by target weight: {r['delta_error']}")
+    _wrote(Path(a.out) / "helper_diagnostics.json")
+
+
+def _helper_calibration(a: argparse.Namespace) -> None:
+    from vlp.runs.calibration import run_helper_calibration
+
+    r = run_helper_calibration(
+        a.cache,
+        a.data,
+        a.out,
+        a.batch_size,
+        a.queue,
+        a.batches,
+        a.target_weight,
+        a.delta,
+        a.mode,
+        a.seed,
+        a.tau_w,
+        a.image_root,
+    )
+    same = r["same_image"]
+    print(
+        f"{r['kind']} helper on {', '.join(r['data'])}: batch {r['batch_size']}, queue {r['queue_size']}, {a.mode} norm"
+    )
+    print(
+        f"  known false negatives: {same['probes']} same-image captions probed; {same['in_rows']} in the rows "
+        f"({100 * same['in_rows_share']:.3f}% of {r['negatives']['with_queue']} negatives)"
+    )
+    for name, w in r["weights"].items():
+        fn, other = w["false_negatives"], w["other_negatives"]
+        head = f"delta {name:14s} {w['delta']:9.4g}" if w["delta"] is not None else f"{name} norm (no delta)"
+        print(
+            f"  {head}: same-image median {fn['median']:.3f} (p90 {fn['p90']:.3f}), other negatives median "
+            f"{other['median']:.3f}; {100 * w['all_negatives']['below_0_7']:.1f}% of negatives below 0.7, "
+            f"{100 * w['all_negatives']['below_0_2']:.1f}% below 0.2"
+        )
+    if "delta_error" in r:
+        print(f"  {r['delta_error']}")
+    if "mean_mode_floor" in r:
+        print(
+            f"  mean norm: the lowest weight a negative could get (at cosine 1): median {r['mean_mode_floor']['median']:.3f}"
+        )
+    if r["override"]:
+        print(f"  paste: {r['override']}")
     _wrote(Path(a.out) / "helper_diagnostics.json")
 
 
@@ -506,13 +573,23 @@ def _add_training(sub: Any) -> None:
 def _add_features(sub: Any) -> None:
     """``vlp cache-helper-features`` (SRCL) and ``make-targets`` (LTD)."""
     s = sub.add_parser("cache-helper-features", help="compute the SRCL helper's features of a dataset once")
-    s.add_argument("--helper", help="helper checkpoint folder or run directory")
+    s.add_argument(
+        "--helper",
+        help="helper checkpoint folder or run directory, or a frozen open_clip model open_clip:ARCH[/PRETRAINED] "
+        "(ARCH: an open_clip model name or a model-config .json file; PRETRAINED: an open_clip tag or a weights file)",
+    )
     s.add_argument(
         "--oracle",
         choices=["exact", "graded"],
         help="instead of a helper: the shapes world's ground-truth relevance as the helper similarity (needs --world)",
     )
     s.add_argument("--world", help="with --oracle: the shapes world (vlp make-world) the data files belong to")
+    s.add_argument(
+        "--oracle-auc",
+        type=float,
+        help="with --oracle exact: corrupt the truth by fixed per-pair noise to a helper of this ROC-AUC (0.5-1)",
+    )
+    s.add_argument("--oracle-seed", type=int, default=0, help="seed of the --oracle-auc noise")
     s.add_argument("--data", required=True, nargs="+", help="pretraining annotation file(s)")
     s.add_argument("--out", required=True, help="cache folder to create (loss.srcl.helper_features)")
     s.add_argument("--image-root", help="folder for relative image paths (default: each file's folder)")
@@ -600,18 +677,31 @@ def _add_analyze(sub: Any) -> None:
     )
     c.set_defaults(func=_cocos)
 
-    c = an.add_parser("helper", help="SRCL helper diagnostics on a shapes world: ROC-AUC, delta, weights of true FNs")
-    c.add_argument("--cache", required=True, help="helper feature cache (learned or oracle)")
-    c.add_argument("--world", required=True, help="the shapes world the data file belongs to")
-    c.add_argument("--data", required=True, help="pretraining annotation file the cache covers")
+    c = an.add_parser(
+        "helper",
+        help="SRCL helper diagnostics: calibrate delta on real data (same-image captions as the known false "
+        "negatives), or with --world against a shapes world's ground truth (ROC-AUC too)",
+    )
+    c.add_argument("--cache", help="helper feature cache (vlp cache-helper-features; learned, open_clip or oracle)")
+    c.add_argument("--data", nargs="+", help="pretraining annotation file(s) the cache covers")
     c.add_argument("--out", required=True, help="folder for helper_diagnostics.json and weight histograms")
-    c.add_argument("--batch-size", type=int, default=64)
-    c.add_argument("--queue", type=int, default=0, help="ITC queue size (negatives beyond the batch)")
+    c.add_argument("--config", help="a pretraining config: its helper_features, data, batch, queue and norm by default")
+    c.add_argument("--world", help="a shapes world the data belongs to: the ground-truth report instead")
+    c.add_argument("--image-root", help="folder for relative image paths (default: each file's folder)")
+    c.add_argument("--batch-size", type=int, help="per-process batch of the run (default 64)")
+    c.add_argument("--queue", type=int, help="ITC queue size of the run: negatives beyond the batch (default 0)")
     c.add_argument("--batches", type=int, default=20)
-    c.add_argument("--target-weight", type=float, default=0.15, help="median false-negative weight delta aims at")
+    c.add_argument(
+        "--target-weight",
+        type=float,
+        default=0.12,
+        help="median weight of the known false negatives delta aims at (the paper's example: 0.12)",
+    )
     c.add_argument("--delta", type=float, help="also report the weights at this delta")
+    c.add_argument("--mode", choices=["softmax", "mean"], help="weight norm (loss.srcl.norm; default softmax)")
     c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--tau-w", type=float, default=1.0, help="temperature inside s = exp(sim / tau_w)")
+    c.add_argument("--tau-w", type=float, help="temperature inside s = exp(sim / tau_w) (default 1)")
+    c.add_argument("overrides", nargs="*", help="with --config: dotted overrides, e.g. data.batch_size=32")
     c.set_defaults(func=_helper_diagnostics)
 
     c = an.add_parser("false-negatives", help="share of true false negatives among a training batch's negatives")

@@ -215,7 +215,8 @@ def plot_weight_histogram(
     """Histogram of negative weights over many batches, with the paper's 0.2 and 0.7 levels.
     ``marked``: optional named subsets (e.g. known false negatives) drawn on top."""
     fig, ax = plt.subplots(figsize=(6, 3.4))
-    hi = min(5.0, max(2.5, float(values.quantile(0.99))))  # heavier tails land in the last bin
+    k = max(1, int(0.99 * values.numel()))  # kthvalue: quantile() refuses more than 16M values
+    hi = min(5.0, max(2.5, float(values.float().kthvalue(k).values)))  # heavier tails land in the last bin
     bins = torch.linspace(0, hi, 61).numpy()
     ax.hist(values.clamp(max=hi).numpy(), bins=bins, density=True, alpha=0.6, label=f"all negatives ({len(values)})")
     for name, v in (marked or {}).items():

@@ -17,7 +17,7 @@ from typing import Callable, Optional, Sequence
 
 from vlp.config import PretrainConfig, load_config
 from vlp.data.synthetic import generate_world
-from vlp.eval.report import SeedResults, file_lock, markdown_table, paired_differences, summarise
+from vlp.eval.report import SeedResults, file_lock, markdown_table, paired_differences, paired_t_test, summarise
 from vlp.runs.evaluate import run_evaluate_retrieval
 from vlp.runs.pretrain import run_pretrain, run_train_helper
 from vlp.weights import read_state, step_checkpoints
@@ -205,6 +205,36 @@ def paired_table(
         pair = {name: data[name], base: data[base]}
         rows[f"{name} - {base}"] = paired_differences(pair, seeds, metrics, base)[name]
     return markdown_table(rows, metrics) if rows else ""
+
+
+def paired_tests_table(
+    data: dict[str, dict[str, dict[str, float]]],
+    seeds: Sequence[int],
+    metrics: Sequence[str],
+    baseline: str,
+    variants: Sequence[str],
+) -> str:
+    """The Markdown table of each variant minus ``baseline`` on ``metrics``, seed by seed, with a
+    paired t-test per cell: ``mean ± std (t, p)`` over the seeds both have (two-sided p, n - 1
+    degrees of freedom, :func:`vlp.eval.report.paired_t_test`), and ``tests``: how many cells
+    (the family a multiple-comparison correction divides by)."""
+    lines = [f"| variant - {baseline} | seeds | {' | '.join(metrics)} |", "|---|---:|" + "---:|" * len(metrics)]
+    base = data.get(baseline, {})
+    for name in variants:
+        if name == baseline or name not in data:
+            continue
+        shared = [str(s) for s in seeds if str(s) in data[name] and str(s) in base]
+        cells = []
+        for m in metrics:
+            d = [data[name][s][m] - base[s][m] for s in shared if m in data[name][s] and m in base[s]]
+            if len(d) < 2:
+                cells.append("-")
+                continue
+            t, p = paired_t_test(d)
+            mean, sd = sum(d) / len(d), (sum((x - sum(d) / len(d)) ** 2 for x in d) / (len(d) - 1)) ** 0.5
+            cells.append(f"{mean:+.2f} ± {sd:.2f} (t {t:.2f}, p {p:.3g})")
+        lines.append(f"| {name} | {len(shared)} | {' | '.join(cells)} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def run_minutes(results: SeedResults) -> str:

@@ -1,6 +1,6 @@
 """LTD testbed on the shapes world: does the constraint keep caption information the contrastive loss drops?
 
-    python scripts/experiments/ltd_testbed.py --out runs/ltd_testbed     # 3 arms x 5 seeds
+    python scripts/experiments/ltd_testbed.py --out runs/ltd_testbed     # 4 arms x 5 seeds
 
 1. writes a shapes world and embeds every training caption once with the offline all-MiniLM-L6-v2
    (``vlp make-targets``);
@@ -12,8 +12,9 @@
    (0.002-0.01) lie below the L_rec the model can reach (~0.03-0.05), so no feasible bound
    protects those: they are probed all the same;
 3. trains the resource-constrained dual encoder (``configs/ltd/shapes_dual.yaml``) for every arm
-   and seed with the same data order and steps: the InfoNCE baseline, LTD with the constraint and
-   LTD as a dual loss (beta 1);
+   and seed with the same data order and steps: the InfoNCE baseline, LTD with the constraint,
+   LTD as a dual loss with beta matched to the constraint's mean lambda / eta of the same seed, and
+   LTD as a dual loss with beta 1;
 4. evaluates zero-shot retrieval on the test split (R@k, R-precision, graded nDCG), the linear
    attribute probes on frozen caption embeddings of the held-out captions (``vlp analyze probes``)
    and minimal-pair retrieval (``vlp analyze minimal-pairs``), and writes ``OUT/results.json``,
@@ -34,6 +35,7 @@ from harness import (
     Sweep,
     experiment_parser,
     paired_table,
+    paired_tests_table,
     plot_arm_bars,
     prepare_lock,
     prepare_world,
@@ -55,12 +57,34 @@ METRICS = (
 ).split()
 
 
+MATCHED = "LTD dual (beta matched)"
+PRIMARY = ("mp_shape", "img_r_precision", "img_ndcg10")  # the pre-stated endpoints (docs/experiments.md)
+
+
 def arms(eta: float) -> dict[str, list[str]]:
+    """The arms; the matched dual arm's beta is set per seed (:func:`matched_beta`). It comes two
+    places after the constraint arm, so with two shards (every other run) both land in the same
+    shard, constraint first."""
     return {
         "InfoNCE baseline": [],
         f"LTD constraint eta {eta:.3g}": ["loss.ltd.mode=constraint", f"loss.ltd.eta={eta}"],
         "LTD dual (beta 1)": ["loss.ltd.mode=dual"],
+        MATCHED: ["loss.ltd.mode=dual"],
     }
+
+
+def matched_beta(constraint_run: Path, eta: float) -> float:
+    """The dual weight that matches the constraint run's average pull on L_rec: the constraint
+    L_con + lambda (L_rec / eta - 1) weighs L_rec by lambda / eta, so beta = mean over the logged
+    steps of lambda, divided by eta. Comparing beta with lambda itself understates that weight by
+    1 / eta (about 28x at eta 0.035)."""
+    from vlp.train.logging import read_metrics
+
+    f = constraint_run / "metrics.jsonl"
+    lams = [r["ltd_lambda"] for r in read_metrics(f) if "ltd_lambda" in r] if f.exists() else []
+    if not lams:
+        raise RuntimeError(f"{f}: no logged lambda; run the constraint arm of this seed first")
+    return sum(lams) / len(lams) / eta
 
 
 def probe_metrics(name: str, seed: int, run: Path, root: Path) -> dict[str, float]:
@@ -95,6 +119,14 @@ def main(argv=None) -> int:
         eta = a.eta if a.eta is not None else round(a.eta_fraction * floors[lowest]["floor"], 4)
     variants = arms(eta)
 
+    constraint = next(n for n in variants if n.startswith("LTD constraint"))
+
+    def overrides(name: str, seed: int) -> list[str]:
+        extra = list(variants[name])
+        if name == MATCHED:
+            extra.append(f"loss.ltd.beta={matched_beta(out / f'{slug(constraint)}_seed{seed}', eta):.6g}")
+        return ["train.progress=false", f"loss.ltd.targets={targets}", *extra]
+
     results = SeedResults(out / "results.json")
     Sweep(
         results,
@@ -103,7 +135,7 @@ def main(argv=None) -> int:
         root / "pretrain.json",
         a.steps,
         run_dir=lambda name, seed: out / f"{slug(name)}_seed{seed}",
-        overrides=lambda name, seed: ["train.progress=false", f"loss.ltd.targets={targets}", *variants[name]],
+        overrides=overrides,
         summary=lambda m: (
             f"rsum {m['rsum']:.1f} R-prec(t2i) {m['img_r_precision']:.2f} "
             f"probe size {m.get('probe_size', float('nan')):.1f} mp {m.get('mp_all', float('nan')):.1f}"
@@ -118,7 +150,6 @@ def main(argv=None) -> int:
         print(f"shard {a.shard[0]}/{a.shard[1]} done; run again without --shard for the report", flush=True)
         return 0
 
-    constraint = next(n for n in variants if n.startswith("LTD constraint"))
     curves = {f"seed {s}": out / f"{slug(constraint)}_seed{s}" / "metrics.jsonl" for s in a.seeds}
     curves = {k: v for k, v in curves.items() if v.exists()}
     if curves:
@@ -159,6 +190,16 @@ def main(argv=None) -> int:
         results_table(results, a.seeds, METRICS),
         "Differences from the InfoNCE baseline, seed by seed (same data order and initialisation):",
         paired_table(results.data, a.seeds, METRICS, lambda name: "InfoNCE baseline"),
+        "Paired t-tests on the pre-stated endpoints (docs/experiments.md), against the baseline and "
+        "between the constraint and the matched dual arm:",
+        paired_tests_table(results.data, a.seeds, PRIMARY, "InfoNCE baseline", list(variants)),
+        paired_tests_table(results.data, a.seeds, PRIMARY, MATCHED, [constraint]),
+        "beta of the matched dual arm per seed (mean lambda / eta of the constraint run): "
+        + ", ".join(
+            f"seed {s} {matched_beta(out / f'{slug(constraint)}_seed{s}', eta):.2f}"
+            for s in a.seeds
+            if (out / f"{slug(constraint)}_seed{s}" / "metrics.jsonl").exists()
+        ),
     )
     return 0
 

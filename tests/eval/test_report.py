@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from vlp.eval.report import SeedResults, markdown_table, paired_differences, summarise
+from vlp.eval.report import (
+    SeedResults,
+    markdown_table,
+    paired_differences,
+    paired_t_test,
+    student_t_two_sided,
+    summarise,
+)
 
 RESULTS = {
     "plain": {"0": {"r": 20.0, "n": 60.0}, "1": {"r": 22.0, "n": 62.0}, "2": {"r": 24.0, "n": 61.0}},
@@ -52,3 +59,29 @@ def test_seed_results_writers_side_by_side_keep_each_others_records(tmp_path):
     # a newer record of the same (variant, seed) replaces the file's
     b.add("plain", 0, {"r1": 9.0})
     assert SeedResults(path).data["plain"]["0"] == {"r1": 9.0}
+
+
+@pytest.mark.parametrize(
+    ("t", "dof", "p"),
+    [
+        (1.0, 1, 0.5),  # Cauchy: P(|T| >= 1) = 1/2
+        (3.0, 2, 1 - 3 / (11**0.5)),  # dof 2: P(|T| >= t) = 1 - t / sqrt(t^2 + 2)
+        (2.776445, 4, 0.05),  # the tables' critical values
+        (4.604095, 4, 0.01),
+        (8.610302, 4, 0.001),
+        (0.0, 4, 1.0),
+    ],
+)
+def test_student_t_two_sided_matches_closed_forms_and_tables(t, dof, p):
+    assert student_t_two_sided(t, dof) == pytest.approx(p, abs=2e-6)
+    assert student_t_two_sided(-t, dof) == pytest.approx(p, abs=2e-6)
+
+
+def test_paired_t_test_by_hand():
+    d = [1.0, 2.0, 3.0, 2.0, 2.0]  # mean 2, sample std sqrt(0.5), n 5 -> t = 2 / (sqrt(0.5) / sqrt(5))
+    t, p = paired_t_test(d)
+    assert t == pytest.approx(2 / (0.5**0.5 / 5**0.5))
+    assert p == pytest.approx(student_t_two_sided(t, 4))
+    assert 0.001 < p < 0.005  # t = 6.32 with 4 dof
+    assert paired_t_test([1.0]) != paired_t_test([1.0])  # NaN for one seed
+    assert paired_t_test([0.5, 0.5, 0.5]) == (float("inf"), 0.0)

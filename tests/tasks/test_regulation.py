@@ -23,7 +23,7 @@ def helper_feats(image_ids, dim=6):
 
 def srcl_task(queue_size, mode="srcl", total_steps=10, **srcl):
     model = tiny(queue_size=queue_size)
-    cfg = SRCLConfig(**srcl)
+    cfg = SRCLConfig(**{"delta": 1.0, **srcl})
     loss = LossConfig(alpha_ramp_steps=1, regulation=mode, srcl=cfg)
     reg = SRCLRegulator(cfg, mode, total_steps, queue_size, helper_dim=6)
     return PretrainTask(model, loss, TOKENS, regulator=reg), model, reg
@@ -48,10 +48,10 @@ def test_helper_queue_stays_aligned_with_momentum_queue_across_wraparound():
 
 
 def test_alpha_h_endpoints_and_zero_in_finetuning():
-    cfg = SRCLConfig()
+    cfg = SRCLConfig(delta=1.0)
     reg = SRCLRegulator(cfg, "srcl", total_steps=200, queue_size=4, helper_dim=6)
     assert reg.alpha_h(0) == 1.0 and reg.alpha_h(100) == 0.5 and reg.alpha_h(200) == 0.0
-    short = SRCLRegulator(SRCLConfig(helper_span=50), "srcl", total_steps=200, queue_size=4, helper_dim=6)
+    short = SRCLRegulator(SRCLConfig(helper_span=50, delta=1.0), "srcl", total_steps=200, queue_size=4, helper_dim=6)
     assert short.alpha_h(25) == 0.5 and short.alpha_h(50) == 0.0 and short.alpha_h(199) == 0.0
     ft = SRCLRegulator(cfg, "srcl", total_steps=200, queue_size=4, helper_dim=6, finetune=True)
     assert ft.alpha_h(0) == 0.0 and not ft.uses_helper and ft.queue.size == 0
@@ -70,7 +70,7 @@ def test_regulated_itc_with_uniform_weights_is_the_plain_loss():
     feats = ImageFeatures(None, v), TextFeatures(None, None, t)
     plain = itc_step(model, *feats, vm, tm, ids, alpha=0.4).loss
     h = HelperFeatures(*helper_feats([7, 1]))
-    for mode, kw in (("srcl", dict(delta=0.0)), ("removal", dict(threshold=0.0))):
+    for mode, kw in (("srcl", dict(delta=0.0)), ("removal", dict(threshold=0.0, delta=1.0))):
         reg = SRCLRegulator(SRCLConfig(**kw), mode, total_steps=10, queue_size=3, helper_dim=6)
 
         def regulate(ci, ct, pos, same, reg=reg):

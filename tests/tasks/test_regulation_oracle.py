@@ -23,7 +23,7 @@ def idx(*rows):
 
 
 def oracle(queue_size=0, **cfg):
-    return SRCLRegulator(SRCLConfig(**cfg), "srcl", 10, queue_size, helper_dim=1, relevance=RELEVANCE)
+    return SRCLRegulator(SRCLConfig(**{"delta": 1.0, **cfg}), "srcl", 10, queue_size, helper_dim=1, relevance=RELEVANCE)
 
 
 def diag(b, c):
@@ -82,17 +82,17 @@ def test_oracle_queue_lookup_and_empty_slots():
 
 def test_oracle_regulator_needs_index_features():
     with pytest.raises(ValueError, match="helper_dim 1"):
-        SRCLRegulator(SRCLConfig(), "srcl", 10, 0, helper_dim=4, relevance=RELEVANCE)
+        SRCLRegulator(SRCLConfig(delta=1.0), "srcl", 10, 0, helper_dim=4, relevance=RELEVANCE)
     assert "relevance" not in oracle(queue_size=2).state_dict()  # not checkpointed: it comes from the cache
 
 
 def test_alpha_h_floor_keeps_the_helper_after_the_span():
-    reg = SRCLRegulator(SRCLConfig(helper_span=10, alpha_h_end=0.25), "srcl", 100, 4, helper_dim=6)
+    reg = SRCLRegulator(SRCLConfig(helper_span=10, alpha_h_end=0.25, delta=1.0), "srcl", 100, 4, helper_dim=6)
     assert [reg.alpha_h(k) for k in (0, 5, 10, 99)] == pytest.approx([1.0, 0.625, 0.25, 0.25])
     batch = make_batch([0, 1])
     batch["helper_image"], batch["helper_text"] = unit(2, 6, seed=1), unit(2, 6, seed=2)
     assert reg.helper_features(batch, 99) is not None  # still regulating
-    fade = SRCLRegulator(SRCLConfig(helper_span=10), "srcl", 100, 4, helper_dim=6)
+    fade = SRCLRegulator(SRCLConfig(helper_span=10, delta=1.0), "srcl", 100, 4, helper_dim=6)
     assert fade.helper_features(batch, 10) is None  # the default fades out
 
 

@@ -41,6 +41,7 @@ def srcl_ltd(tmp_path_factory, tiny_model, pairs_file, launch_pretrain) -> list[
     assert main(["make-targets", "--data", str(pairs_file), "--out", str(tmp / "targets.safetensors")]) == 0
     return [
         "loss.regulation=srcl",
+        "loss.srcl.delta=1.0",
         f"loss.srcl.helper={tmp / 'helper'}",
         "loss.ltd.mode=constraint",
         "loss.ltd.eta=0.1",

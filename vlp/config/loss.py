@@ -15,10 +15,16 @@ class SRCLConfig:
     """Similarity-regulated ITC (docs/methods.md): per-negative weights from a frozen helper's and
     the live model's cross-modal similarity. Used when ``loss.regulation`` is ``srcl`` or ``removal``."""
 
-    # Norm over each anchor's negatives: softmax (scaled to mean 1; delta = sharpness) or mean.
+    # Norm over each anchor's negatives: softmax (scaled to mean 1; delta = sharpness) or mean
+    # (w = u / mean(u), u = 1/s: delta cancels, and no weight falls below exp(-1/tau_w) / mean(u),
+    # about 0.4-0.5 at real cosines, so mean cannot give false negatives the paper's ~0.12).
     norm: str = "softmax"
-    # Sharpness of the softmax norm, calibrated on the paper's statistics (docs/methods.md).
-    delta: float = 1.0
+    # Sharpness of the softmax norm. No default: no value regulates every helper (delta 1 gives the
+    # false negatives of real cosines weights of ~0.7, i.e. nearly ALBEF), so a softmax-norm run
+    # refuses to start until it is calibrated for its helper, batch and queue:
+    # `vlp analyze helper --cache HELPER_FEATURES --data TRAIN.json --batch-size B --queue Q --out DIR`
+    # prints the line to paste (docs/methods.md, "Calibrating delta").
+    delta: Optional[float] = None
     tau_w: float = 1.0  # temperature inside s = exp(cos / tau_w); the paper has none (1.0)
     # alpha_h (helper share) falls linearly 1 -> alpha_h_end over these optimizer steps; None: the whole run.
     helper_span: Optional[int] = None
@@ -34,11 +40,14 @@ class SRCLConfig:
     removal_reweight: bool = False
     # Where helper features come from (one of the two while alpha_h > 0):
     helper_features: Optional[str] = None  # cache folder from `vlp cache-helper-features` (no helper tax)
-    helper: Optional[str] = None  # helper checkpoint run live on each batch (augmented inputs)
+    # A vlp helper checkpoint run live on each batch (augmented inputs), or a frozen open_clip model
+    # open_clip:ARCH[/PRETRAINED]: that one cannot run live (the batch carries BERT token ids and
+    # vlp-transformed images), so it is cached once into <output_dir>/helper_features_open_clip.
+    helper: Optional[str] = None
 
     def __post_init__(self) -> None:
         _choice("loss.srcl.norm", self.norm, ["softmax", "mean"])
-        if self.delta < 0 or self.tau_w <= 0:
+        if self.delta is not None and self.delta < 0 or self.tau_w <= 0:
             raise ConfigError(
                 f"config keys 'loss.srcl.delta'/'loss.srcl.tau_w': got {self.delta}/{self.tau_w}, "
                 "expected delta >= 0 and tau_w > 0"
@@ -48,6 +57,19 @@ class SRCLConfig:
         if not 0.0 <= self.alpha_h_end <= 1.0:
             raise ConfigError(
                 f"config key 'loss.srcl.alpha_h_end': got {self.alpha_h_end}, expected a number in [0, 1]"
+            )
+
+    def require_delta(self, regulation: str) -> None:
+        """A run with ``loss.regulation`` ``srcl`` or ``removal`` in softmax norm needs
+        ``loss.srcl.delta``: one :class:`ConfigError` naming the key and the calibration command."""
+        if regulation != "none" and self.norm == "softmax" and self.delta is None:
+            raise ConfigError(
+                f"config key 'loss.srcl.delta' is not set, and loss.regulation={regulation} needs it: no default "
+                "regulates every helper (delta 1 leaves real-data false negatives at ~0.7, nearly plain ITC). "
+                "Calibrate it on the features of the model that computes the weights, at the run's batch and "
+                "queue size: `vlp analyze helper --cache HELPER_FEATURES --data TRAIN.json --batch-size B "
+                "--queue Q --out DIR` (a vlp or open_clip helper: `vlp cache-helper-features` first) prints "
+                "the line to pass, loss.srcl.delta=VALUE (docs/methods.md, 'Calibrating delta')"
             )
 
 

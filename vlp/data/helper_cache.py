@@ -7,7 +7,8 @@ path), captions by their exact text, so one cache serves any subset or order of 
 built from.
 
 ``index.json``'s ``kind`` says what the helper is: ``learned`` (a trained helper; the default when
-absent) or an oracle, ``oracle-exact`` / ``oracle-graded``: the world's ground truth. An oracle
+absent) or an oracle, ``oracle-exact`` / ``oracle-graded``: the world's ground truth, or ``oracle-noisy``: the
+exact truth corrupted to a chosen ROC-AUC (:func:`vlp.data.synthetic.oracle.noisy_relevance`). An oracle
 cache also stores ``relevance`` [N_txt, N_img] (fp32 in [0, 1]) and its "features" are the row
 indices themselves (``image`` [N_img, 1] = 0..N_img-1, ``text`` likewise, exact in fp32), so the
 batch carries indices down the same data path and the regulator looks the relevance up
@@ -31,7 +32,7 @@ from vlp.errors import DataError
 
 CACHE_FORMAT = "vlp-helper-features-v1"
 LEARNED = "learned"
-ORACLE_KINDS = ("oracle-exact", "oracle-graded")
+ORACLE_KINDS = ("oracle-exact", "oracle-graded", "oracle-noisy")
 KINDS = (LEARNED, *ORACLE_KINDS)
 
 

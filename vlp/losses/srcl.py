@@ -13,7 +13,7 @@ All functions take ``[Q, C]`` tensors (rows = anchors, columns = candidates) and
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -135,6 +135,16 @@ def weight_stats(
     return out
 
 
+def _log_bisect(falls_short: Callable[[float], bool], lo: float, hi: float, iters: int) -> float:
+    """Bisection in log-space over ``[lo, hi]``: the point where ``falls_short(delta)`` turns from
+    True (below it) to False (above it)."""
+    lo_l, hi_l = math.log(lo), math.log(hi)
+    for _ in range(iters):
+        mid = 0.5 * (lo_l + hi_l)
+        lo_l, hi_l = (mid, hi_l) if falls_short(math.exp(mid)) else (lo_l, mid)
+    return math.exp(0.5 * (lo_l + hi_l))
+
+
 @torch.no_grad()
 def calibrate_delta(
     s: torch.Tensor,
@@ -155,11 +165,7 @@ def calibrate_delta(
         w = srcl_weights(s, positives, "softmax", delta)
         return float(weight_stats(w, positives, (level,))[level_key(level)])
 
-    lo_l, hi_l = math.log(lo), math.log(hi)
-    for _ in range(iters):
-        mid = 0.5 * (lo_l + hi_l)
-        lo_l, hi_l = (mid, hi_l) if frac(math.exp(mid)) < frac_below else (lo_l, mid)
-    return math.exp(0.5 * (lo_l + hi_l))
+    return _log_bisect(lambda d: frac(d) < frac_below, lo, hi, iters)
 
 
 @torch.no_grad()
@@ -236,18 +242,76 @@ def calibrate_delta_for_weight(
         w = srcl_weights(s, positives, "softmax", delta)[fn]
         return float(w.median() if statistic == "median" else w.mean())
 
+    return _bisect_falling(stat, target, lo, hi, iters, f"the false negatives' {statistic} weight")
+
+
+def _bisect_falling(
+    stat: Callable[[float], float], target: float, lo: float, hi: float, iters: int, what: str
+) -> float:
+    """The delta in ``[lo, hi]`` where ``stat(delta)``, falling with delta, crosses ``target``;
+    ``ValueError`` naming ``what`` when the target lies outside ``[stat(hi), stat(lo)]``."""
     at_lo, at_hi = stat(lo), stat(hi)
     if not at_hi <= target <= at_lo:
         raise ValueError(
-            f"calibrate_delta_for_weight: the false negatives' {statistic} weight is {at_lo:.4g} at "
-            f"delta={lo:g} and {at_hi:.4g} at delta={hi:g}; the target {target} is outside that range "
-            "(does the helper give false negatives a higher similarity than true negatives?)"
+            f"calibrate delta: {what} is {at_lo:.4g} at delta={lo:g} and {at_hi:.4g} at delta={hi:g}; the "
+            f"target {target} is outside that range (does the helper give false negatives a higher "
+            "similarity than true negatives?)"
         )
-    lo_l, hi_l = math.log(lo), math.log(hi)
-    for _ in range(iters):
-        mid = 0.5 * (lo_l + hi_l)
-        lo_l, hi_l = (mid, hi_l) if stat(math.exp(mid)) > target else (lo_l, mid)
-    return math.exp(0.5 * (lo_l + hi_l))
+    return _log_bisect(lambda d: stat(d) > target, lo, hi, iters)
+
+
+@torch.no_grad()
+def probe_weights(
+    s: torch.Tensor, positives: torch.Tensor, s_probe: torch.Tensor, mode: str = "softmax", delta: float = 1.0
+) -> torch.Tensor:
+    """The weight each probe would get as one more negative of its row: [Q, P].
+
+    ``s`` [Q, C] and ``positives`` [Q, C] are the rows as :func:`srcl_weights` takes them (n_q
+    negatives in row q); ``s_probe`` [Q, P] (> 0; NaN marks an empty probe slot, whose weight is
+    NaN) the similarities of candidates that are not in the row, e.g. the other captions of the
+    anchor's image (known false negatives the queue may hold). Probe j of row q is weighted as if
+    the row had it as negative n_q + 1 (only itself added):
+    ``softmax``: ``(n_q + 1) exp(delta u_j) / (sum_neg exp(delta u_k) + exp(delta u_j))``;
+    ``mean``: ``(n_q + 1) u_j / (sum_neg u_k + u_j)``, with ``u = 1 / s``. Computed in float64
+    (``delta u`` reaches thousands when delta is calibrated on a sharp helper)."""
+    n_neg = (s.shape[1] - torch.count_nonzero(positives, dim=1)[:, None]).double()
+    u = torch.reciprocal(s.double()).masked_fill_(positives, float("nan"))
+    u_p = torch.reciprocal(s_probe.double())
+    if mode == "mean":
+        total = u.nansum(1, keepdim=True)
+        return ((n_neg + 1) * u_p / (total + u_p)).float()
+    if mode != "softmax":
+        raise ValueError(f"SRCL weight mode must be 'softmax' or 'mean', got {mode!r}")
+    z = torch.logsumexp((delta * u).masked_fill_(positives, float("-inf")), 1, keepdim=True)
+    log_w = torch.log(n_neg + 1) + delta * u_p - torch.logaddexp(z, delta * u_p)
+    return log_w.exp().float()
+
+
+@torch.no_grad()
+def calibrate_delta_for_probes(
+    s: torch.Tensor,
+    positives: torch.Tensor,
+    s_probe: torch.Tensor,
+    target: float = 0.12,
+    lo: float = 1e-3,
+    hi: float = 1e3,
+    iters: int = 60,
+) -> float:
+    """The ``softmax``-mode delta at which the probes' lower median weight
+    (:func:`probe_weights`; NaN slots ignored) equals ``target``: with the other captions of each
+    anchor's image as probes, the delta that gives a typical known false negative the weight the
+    paper reports (~0.12). Bisection in log-space; ``ValueError`` when there is no probe or the
+    target is out of reach within ``[lo, hi]``."""
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"target must be in (0, 1) (the mean weight of all negatives is 1), got {target}")
+    valid = ~torch.isnan(s_probe)
+    if not bool(valid.any()):
+        raise ValueError("calibrate_delta_for_probes: no probes (no image with a second caption in the rows)")
+
+    def median(delta: float) -> float:
+        return float(probe_weights(s, positives, s_probe, "softmax", delta)[valid].median())
+
+    return _bisect_falling(median, target, lo, hi, iters, "the same-image captions' median weight")
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ from vlp.data.transforms import test_transform, train_transform
 from vlp.dist import launch_rank
 from vlp.errors import ConfigError, DataError
 from vlp.models.build import model_image_size
+from vlp.models.open_clip_helper import is_open_clip_spec
 from vlp.pretrained import image_size, load_model
 from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.reconstruction import Reconstruction
@@ -219,6 +220,9 @@ def build_regulator(
         if s.helper_features:
             cache = HelperCache.load(s.helper_features)
             dim = cache.dim
+        elif is_open_clip_spec(s.helper):  # not live: cached once into output_dir (open_clip_helper_cache)
+            cache = open_clip_helper_cache(cfg)
+            dim = cache.dim
         elif s.helper:
             helper, hcfg, _ = load_model(s.helper, torch.device("cpu"))
             if image_size(hcfg) != image_size(cfg) or hcfg.model.text.tokenizer != cfg.model.text.tokenizer:
@@ -234,3 +238,109 @@ def build_regulator(
             )
     relevance = cache.relevance if cache is not None else None  # an oracle cache: the ground-truth table
     return SRCLRegulator(s, mode, cfg.train.steps, cfg.model.queue_size, dim, finetune, helper, relevance), cache
+
+
+#: the folder of ``output_dir`` that ``loss.srcl.helper=open_clip:...`` caches the helper's features in
+OPEN_CLIP_CACHE = "helper_features_open_clip"
+
+
+@torch.no_grad()
+def cache_open_clip_features(
+    spec: str,
+    data: Sequence[str],
+    out: str | Path,
+    image_root: Optional[str] = None,
+    batch_size: int = 256,
+    num_workers: int = 0,
+    show_progress: bool = True,
+    key: str = "--helper",
+) -> Path:
+    """The helper-feature cache (:mod:`vlp.data.helper_cache`, kind ``learned``) of the open_clip
+    helper ``spec`` (``open_clip:ARCH[/PRETRAINED]``, :mod:`vlp.models.open_clip_helper`) over the
+    annotation files ``data``: every image read as vlp reads images, then open_clip's own eval
+    preprocessing; every distinct raw caption through open_clip's tokenizer. Written by ``vlp
+    cache-helper-features --helper open_clip:...`` and by :func:`open_clip_helper_cache`; ``key``
+    (``--helper`` or ``loss.srcl.helper``) is named by the errors of a bad spec."""
+    from torch.utils.data import DataLoader
+
+    from vlp.data.datasets import ImageDataset
+    from vlp.data.formats import load_pairs
+    from vlp.data.helper_cache import cache_rows, write_cache
+    from vlp.models.open_clip_helper import OpenClipHelper
+    from vlp.progress import progress
+
+    if Path(out).exists():
+        raise DataError(f"{out} already exists; choose another --out or remove it")
+    helper = OpenClipHelper.load(spec, key)
+    samples = load_pairs(list(data), image_root)
+    check_images(samples)
+    paths, keys, texts = cache_rows(samples)
+    bar = progress(len(keys) + len(texts), "helper features", show_progress)
+    loader = DataLoader(
+        ImageDataset([paths[k] for k in keys], helper.preprocess, "helper cache"),
+        batch_size=batch_size,
+        num_workers=num_workers,
+    )
+    image_feats = []
+    for images in loader:
+        image_feats.append(helper.encode_image(images))
+        bar.update(len(images))
+    text_feats = []
+    for start in range(0, len(texts), batch_size):
+        text_feats.append(helper.encode_text(texts[start : start + batch_size]))
+        bar.update(len(text_feats[-1]))
+    bar.close()
+    meta = {
+        "kind": "learned",
+        "helper": spec,
+        "arch": helper.spec.model_name,
+        "pretrained": helper.pretrained,
+        "data": [str(d) for d in data],
+        "image_size": helper.image_size,
+        "context_length": helper.context_length,
+    }
+    return write_cache(out, keys, torch.cat(image_feats), texts, torch.cat(text_feats), meta)
+
+
+def open_clip_helper_cache(cfg: PretrainConfig, poll_s: float = 2.0) -> HelperCache:
+    """The helper-feature cache of ``loss.srcl.helper=open_clip:...``, used exactly as
+    ``loss.srcl.helper_features``. An open_clip helper cannot run live on the training batch (that
+    carries BERT token ids and vlp-transformed images; open_clip needs its own tokenizer and
+    preprocessing of the raw data), so its features of ``data.train`` are computed once, before the
+    first step, into ``<output_dir>/helper_features_open_clip`` (:func:`cache_open_clip_features`).
+    An existing cache (a resumed run) is reused if the same helper built it. With several processes
+    the main one (launch rank 0) builds it and the others wait until it appears (it appears whole:
+    the cache writer renames a finished folder)."""
+    import time
+
+    s, d = cfg.loss.srcl, cfg.data
+    if d.format != "json":
+        raise ConfigError(
+            f"config key 'loss.srcl.helper': an open_clip helper ({s.helper}) is cached from annotation files, "
+            f"not data.format={d.format}; build the cache with `vlp cache-helper-features --helper {s.helper}` "
+            "on the annotation files and set loss.srcl.helper_features instead"
+        )
+    out = Path(cfg.output_dir) / OPEN_CLIP_CACHE
+    rank = launch_rank()[0]
+    if rank == 0 and not out.exists():
+        print(f"loss.srcl.helper={s.helper}: caching its features of data.train into {out}")
+        cache_open_clip_features(
+            str(s.helper),
+            d.train,
+            out,
+            d.image_root,
+            num_workers=d.num_workers,
+            show_progress=cfg.train.progress,
+            key="loss.srcl.helper",
+        )
+    elif not out.exists():
+        print(f"rank {rank}: waiting for rank 0 to cache the open_clip helper's features into {out}", file=sys.stderr)
+        while not out.exists():
+            time.sleep(poll_s)
+    cache = HelperCache.load(out)
+    if cache.meta.get("helper") != s.helper:
+        raise ConfigError(
+            f"config key 'loss.srcl.helper': {out} holds the features of {cache.meta.get('helper')!r}, not of "
+            f"{s.helper!r}; remove that folder (it is rebuilt) or choose another output_dir"
+        )
+    return cache

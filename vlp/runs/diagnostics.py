@@ -99,10 +99,10 @@ def _auc(scores: torch.Tensor, labels: torch.Tensor) -> Optional[float]:
         return None
 
 
-def _finite(obj: Any) -> Any:
+def finite(obj: Any) -> Any:
     """NaN/inf floats -> None, recursively (strict JSON)."""
     if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
+        return {k: finite(v) for k, v in obj.items()}
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
     return obj
@@ -117,12 +117,12 @@ def weights_at(rows: DiagnosticRows, s: torch.Tensor, delta: float) -> tuple[tor
 def run_helper_diagnostics(
     cache: str | Path,
     world_root: str | Path,
-    data_file: str | Path,
+    data_file: str | Path | Sequence[str | Path],
     out: str | Path,
     batch_size: int = 64,
     queue_size: int = 0,
     batches: int = 20,
-    target_weight: float = 0.15,
+    target_weight: float = 0.12,
     delta: Optional[float] = None,
     seed: int = 0,
     tau_w: float = 1.0,
@@ -146,7 +146,8 @@ def run_helper_diagnostics(
     (``alpha_h = 1``): ``s = exp(helper / tau_w)``, ``softmax`` norm.
     """
     hc = HelperCache.load(cache)
-    samples = load_pairs([str(data_file)])
+    files = [data_file] if isinstance(data_file, (str, Path)) else list(data_file)
+    samples = load_pairs([str(f) for f in files])
     hc.check_covers(samples)
     rows = diagnostic_rows(hc, WorldTruth.load(world_root), samples, batch_size, queue_size, batches, seed)
     neg, fn, in_batch = rows.negatives, rows.false_negatives, rows.in_batch
@@ -155,7 +156,7 @@ def run_helper_diagnostics(
         "cache": str(cache),
         "kind": hc.kind,
         "world": str(world_root),
-        "data": str(data_file),
+        "data": ", ".join(str(f) for f in files),
         **dict(batch_size=batch_size, queue_size=queue_size, batches=batches, seed=seed, tau_w=tau_w),
         "target_weight": target_weight,
         "negatives": {"in_batch": int((neg & in_batch).sum()), "with_queue": int(neg.sum())},
@@ -176,7 +177,7 @@ def run_helper_diagnostics(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     report["weights"] = {name: _weights_report(rows, s, d, out, name) for name, d in deltas.items() if d is not None}
-    report = _finite(report)
+    report = finite(report)
     (out / REPORT).write_text(json.dumps(report, indent=1))
     return report
 

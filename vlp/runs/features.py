@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 from torch.utils.data import DataLoader
@@ -14,8 +14,9 @@ from vlp.data.helper_cache import ORACLE_KINDS, cache_rows, index_features, writ
 from vlp.data.transforms import test_transform
 from vlp.errors import DataError
 from vlp.hardware import default_device
+from vlp.models.open_clip_helper import is_open_clip_spec
 from vlp.pretrained import image_size, load_model
-from vlp.runs.common import check_images
+from vlp.runs.common import cache_open_clip_features, check_images
 from vlp.weights import find_checkpoint, read_state
 
 
@@ -30,13 +31,18 @@ def run_cache_helper_features(
     show_progress: bool = True,
 ) -> Path:
     """Features of every image (eval transform) and caption of ``data`` under the frozen helper,
-    written to the cache folder ``out`` that ``loss.srcl.helper_features`` points at."""
+    written to the cache folder ``out`` that ``loss.srcl.helper_features`` points at. ``helper``:
+    a vlp helper checkpoint or run directory, or an open_clip model ``open_clip:ARCH[/PRETRAINED]``
+    (:mod:`vlp.models.open_clip_helper`; its own eval preprocessing of the images and tokenizer of
+    the raw captions: :func:`vlp.runs.common.cache_open_clip_features`)."""
     from vlp.data.datasets import ImageDataset
     from vlp.data.transforms import tokenize
     from vlp.progress import progress
 
     if Path(out).exists():
         raise DataError(f"{out} already exists; choose another --out or remove it")
+    if is_open_clip_spec(helper):
+        return cache_open_clip_features(str(helper), data, out, image_root, batch_size, num_workers, show_progress)
     ckpt = find_checkpoint(helper)
     model, hcfg, tokenizer = load_model(ckpt)
     device = next(model.parameters()).device
@@ -72,23 +78,39 @@ def run_cache_helper_features(
 
 
 def run_cache_oracle_features(
-    world_root: str | Path, data_files: Sequence[str | Path], out: str | Path, graded: bool = False
+    world_root: str | Path,
+    data_files: Sequence[str | Path],
+    out: str | Path,
+    graded: bool = False,
+    auc: Optional[float] = None,
+    seed: int = 0,
 ) -> Path:
     """An oracle helper cache of ``data_files`` (annotation files over images of the shapes world
     at ``world_root``): the world's ground-truth relevance of every caption of the files to every
     image of them, ``relevance`` [n_texts, n_images] (1/0, or with ``graded``
     :func:`~vlp.data.synthetic.relevance.caption_grade` in [0, 1]), with the row indices as
-    features (:mod:`vlp.data.helper_cache`). ``loss.srcl.helper_features`` may point at it like at
-    any cache: the regulator then takes the relevance as the helper's cosine."""
-    from vlp.data.synthetic import WorldTruth
+    features (:mod:`vlp.data.helper_cache`). ``auc``: the exact table corrupted by noise fixed per
+    pair (``seed``) to a helper of that ROC-AUC (:func:`~vlp.data.synthetic.noisy_relevance`;
+    kind ``oracle-noisy``). ``loss.srcl.helper_features`` may point at it like at any cache: the
+    regulator then takes the relevance as the helper's cosine."""
+    from vlp.data.synthetic import WorldTruth, noisy_relevance
 
     if Path(out).exists():
         raise DataError(f"{out} already exists; choose another --out or remove it")
+    if auc is not None and graded:
+        raise DataError("an oracle cache is graded or corrupted to an AUC (from the exact table), not both")
     samples = load_pairs([str(d) for d in data_files])
     paths, keys, texts = cache_rows(samples)
     table = WorldTruth.load(world_root).relevance(texts, [paths[k] for k in keys], graded)
     kind = ORACLE_KINDS[1] if graded else ORACLE_KINDS[0]
-    meta = {"kind": kind, "world": str(Path(world_root).resolve()), "data": [str(d) for d in data_files]}
+    meta: dict[str, Any] = {
+        "kind": kind,
+        "world": str(Path(world_root).resolve()),
+        "data": [str(d) for d in data_files],
+    }
+    if auc is not None:
+        table = noisy_relevance(table, auc, seed)
+        meta.update(kind=ORACLE_KINDS[2], target_auc=auc, noise_seed=seed)
     relevance = torch.from_numpy(table)
     return write_cache(out, keys, index_features(len(keys)), texts, index_features(len(texts)), meta, relevance)
 

@@ -185,6 +185,7 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
     }
     for name, split in splits.items():  # before any work
         check_k_test(cfg.eval, len(split.images), len(split.texts), f"data.{name} ({split.source})")
+    cfg.loss.srcl.require_delta(cfg.loss.regulation)
     job = finetune_job(cfg)
     samples = load_pairs(cfg.data.train, cfg.data.image_root, on_bad=cfg.data.on_bad_sample)
     run_dir, task = contrastive_task(job, samples)

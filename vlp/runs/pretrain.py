@@ -120,6 +120,7 @@ def init_weights(model: torch.nn.Module, source: str) -> None:
 
 def check_run(cfg: PretrainConfig) -> None:
     """Combinations that need the launch or the evaluation data, checked before any work starts."""
+    cfg.loss.srcl.require_delta(cfg.loss.regulation)
     if cfg.model.arch == "albef":
         check_queue(cfg.model.queue_size, cfg.data.batch_size)
         check_vision_init(cfg.model.vision)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -50,6 +50,11 @@ class PretrainTask(Task):
         self.loss_cfg = loss
         self.tokens = tokens
         self.max_len, self.text_padding = max_len, text_padding
+
+    def log_warnings(self, record: dict[str, Any]) -> list[str]:
+        """Warnings about a log record (the training loop prints them): SRCL that hardly regulates."""
+        msg = self.regulator.check_log(record) if self.regulator is not None else None
+        return [msg] if msg else []
 
     def unused_parameters(self) -> list[str]:
         """Parameters this configuration's objective never reaches (the loop freezes them, so DDP

@@ -13,7 +13,7 @@ same path: its "features" are row indices into a relevance table the regulator h
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -24,6 +24,7 @@ from vlp.errors import ConfigError
 from vlp.losses.contrastive import cosines
 from vlp.losses.srcl import (
     alpha_h_at,
+    level_key,
     mixed_similarity,
     relevance_lookup,
     removal_log_weights,
@@ -59,6 +60,12 @@ def helper_similarities(
     if relevance is None:
         return cosines(image, bank_t), cosines(text, bank_i)
     return relevance_lookup(relevance, bank_t, image).T, relevance_lookup(relevance, text, bank_i)
+
+
+#: the first log steps of a run at which the regulation is checked (:meth:`SRCLRegulator.check_log`)
+WATCH_LOGS = 3
+#: below this share of negatives under weight 0.7 the run is close to plain ITC (the paper: ~20%)
+LOW_REGULATION = 0.01
 
 
 @dataclass
@@ -106,7 +113,10 @@ class SRCLRegulator(nn.Module):
         super().__init__()
         if mode not in ("srcl", "removal"):
             raise ConfigError(f"config key 'loss.regulation': got {mode!r}, expected 'srcl' or 'removal'")
+        cfg.require_delta(mode)
         self.cfg, self.mode = cfg, mode
+        self.delta = 1.0 if cfg.delta is None else cfg.delta  # mean norm: delta cancels
+        self.logs_checked, self.warned = 0, False
         self.span = helper_span(cfg, total_steps, finetune)
         self.queue = FeatureQueue(queue_size if self.uses_helper else 0, dict(image=helper_dim, text=helper_dim))
         self.helper = helper
@@ -183,8 +193,8 @@ class SRCLRegulator(nn.Module):
                     helper.image, helper.text, q.get("image"), q.get("text"), self.relevance
                 )
             c = self.cfg
-            w_i2t = srcl_weights(mixed_similarity(cos_i2t, h_i2t, a, c.tau_w), positives, c.norm, c.delta)
-            w_t2i = srcl_weights(mixed_similarity(cos_t2i, h_t2i, a, c.tau_w), positives, c.norm, c.delta)
+            w_i2t = srcl_weights(mixed_similarity(cos_i2t, h_i2t, a, c.tau_w), positives, c.norm, self.delta)
+            w_t2i = srcl_weights(mixed_similarity(cos_t2i, h_t2i, a, c.tau_w), positives, c.norm, self.delta)
             if self.mode == "removal":
                 lw_i2t = removal_log_weights(w_i2t, positives, c.threshold, c.removal_reweight)
                 lw_t2i = removal_log_weights(w_t2i, positives, c.threshold, c.removal_reweight)
@@ -203,6 +213,27 @@ class SRCLRegulator(nn.Module):
                 nan = torch.tensor(float("nan"), device=w_i2t.device)
                 stats["srcl_w_true_false_negatives"] = _mean_where([w_i2t, w_t2i], fn) if fn else nan
         return Regulation(lw_i2t, lw_t2i, stats, w_i2t, w_t2i, self.mode == "removal", c.weight_targets)
+
+    def check_log(self, record: dict[str, Any]) -> Optional[str]:
+        """At the first :data:`WATCH_LOGS` log steps of this process: a warning (once) when fewer than
+        :data:`LOW_REGULATION` of the negatives have a weight below 0.7 (``srcl_w_below_0_7`` of the
+        log record), i.e. SRCL barely changes ITC and the run is close to plain ALBEF."""
+        if self.warned or self.logs_checked >= WATCH_LOGS or level_key(0.7) not in record:
+            return None
+        self.logs_checked += 1
+        share, low = float(record[level_key(0.7)]), float(record.get(level_key(0.2), float("nan")))
+        if not share < LOW_REGULATION:
+            return None
+        self.warned = True
+        c = self.cfg
+        knob = f"loss.srcl.delta={c.delta:g}" if c.norm == "softmax" else "loss.srcl.norm=mean (its floor is ~0.4)"
+        return (
+            f"step {record.get('step')}: only {100 * share:.2f}% of the ITC negatives have an SRCL weight below "
+            f"0.7 ({100 * low:.2f}% below 0.2; the paper: about 20% below 0.7, false negatives near 0.12): with "
+            f"{knob} this helper hardly regulates, and the run is close to plain ITC. Calibrate delta at this batch "
+            "and queue with `vlp analyze helper --cache HELPER_FEATURES --data TRAIN.json --batch-size B --queue Q "
+            "--out DIR` (docs/methods.md, 'Calibrating delta')"
+        )
 
     @torch.no_grad()
     def enqueue(self, image_ids: torch.Tensor, helper: Optional[HelperFeatures]) -> None:

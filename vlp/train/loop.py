@@ -6,7 +6,9 @@ define ``after_optimizer_step(step, skipped=None)`` (momentum updates, the LTD m
 counts optimizer steps, ``skipped`` is a 0-d bool device tensor: the step was skipped and must
 leave no trace), ``unused_parameters()`` (names of parameters its configured objective never
 reaches: frozen before the optimizer is built, so DDP needs no ``find_unused_parameters``) and
-``extra_state()`` (tensors checkpointed next to the model). The loop knows nothing else. Between
+``extra_state()`` (tensors checkpointed next to the model) and ``log_warnings(record)`` (messages
+about a log record, printed by the main process: e.g. SRCL that hardly regulates). The loop knows
+nothing else. Between
 two log steps it reads nothing back from the device (:mod:`vlp.train.step_stats`).
 
 Set-up is :mod:`vlp.train.setup`, checkpoints :mod:`vlp.train.checkpointing`, validation
@@ -242,7 +244,10 @@ def train(
     start = ckpt.resume(log) if cfg.resume else 0
     rep = Reporter(acc, cfg, log, start)
     batches = endless_batches(prep.loader, start * micro)
-    undo = [m for m in inner.modules() if hasattr(m, "end_step")]  # feature queues: a skipped step leaves no trace
+    undo = [m for m in inner.modules() if hasattr(m, "end_step")]
+    log_warnings = getattr(
+        inner, "log_warnings", None
+    )  # the task's optional hook  # feature queues: a skipped step leaves no trace
     deepspeed = uses_deepspeed(acc)  # DeepSpeed accumulates (and scales by 1/micro) itself; no no_sync under ZeRO-2
     record: dict[str, float] = {}
     task.train()
@@ -279,6 +284,8 @@ def train(
             stopping = stop_agreed(stop, is_log_step, acc.num_processes, acc.device)
             if is_log_step:
                 record = log_step(rep, ckpt, done, lr, cfg, max_bad_fraction)
+                for msg in log_warnings(record) if rep.main and log_warnings is not None else []:
+                    print(f"warning: {msg}", file=sys.stderr)
             rep.bar.update(1)
             saved = bool(cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != cfg.steps)  # checkpoint
             if saved:

@@ -18,7 +18,8 @@ Modules, each importing only the ones above it:
 ``captions``    predicate <-> caption text, and the five captions of an image
 ``relevance``   exact and graded relevance of captions to images, vectorised (``SceneTable``)
 ``oracle``      ``WorldTruth``: the ground truth of a world for any of its annotation files
-                (the oracle SRCL helper, the false negatives of SRCL diagnostics)
+                (the oracle SRCL helper, the false negatives of SRCL diagnostics), and
+                ``noisy_relevance``: that truth corrupted to a helper of a chosen ROC-AUC
 ``vqa``         VQA questions, their answers and simulated annotators
 ``nlvr``        NLVR2 statements about image pairs and their labels
 ``world``       the world writer: ``generate_world`` (images, annotation, relevance and task
@@ -42,7 +43,7 @@ from vlp.data.synthetic.mix import (
     write_generic_mix,
 )
 from vlp.data.synthetic.nlvr import NLVR_TEMPLATES, check_templates
-from vlp.data.synthetic.oracle import WorldTruth
+from vlp.data.synthetic.oracle import WorldTruth, noisy_relevance
 from vlp.data.synthetic.predicates import caption_matches
 from vlp.data.synthetic.scene import Obj, Scene, scene_from_dict
 from vlp.data.synthetic.world import generate_world
@@ -54,6 +55,7 @@ __all__ = [
     "Obj",
     "Scene",
     "WorldTruth",
+    "noisy_relevance",
     "caption_matches",
     "check_templates",
     "false_negative_share",

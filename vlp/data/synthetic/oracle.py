@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 
 from vlp.data.synthetic.captions import parse_caption
 from vlp.data.synthetic.relevance import compute_graded_relevance, compute_relevance
 from vlp.data.synthetic.scene import Scene, scene_from_dict
 from vlp.errors import DataError
 
-__all__ = ["WorldTruth"]
+__all__ = ["WorldTruth", "noisy_relevance"]
 
 
 class WorldTruth:
@@ -69,3 +70,24 @@ class WorldTruth:
         for row, relevant in enumerate(compute_relevance(preds, scenes)):
             out[row, relevant] = 1.0
         return out
+
+
+def noisy_relevance(relevance: np.ndarray, auc: float, seed: int = 0) -> np.ndarray:
+    """An exact oracle's table corrupted to a helper of a given quality: ``Phi(r + sigma * z)``
+    with ``z`` standard normal noise fixed per (caption, image) pair and ``sigma = 1 / (sqrt(2)
+    Phi^-1(auc))``, so that the ROC-AUC of the result at telling relevant (``r = 1``) from
+    irrelevant (``r = 0``) pairs is ``auc`` in expectation: ``P(1 + sigma z1 > sigma z0) =
+    Phi(1 / (sigma sqrt 2))``. ``Phi`` (the normal CDF, monotone) keeps the values in (0, 1), as
+    an oracle cache requires, without changing any ranking.
+
+    ``relevance`` [n_texts, n_images] in {0, 1}; ``auc`` in (0.5, 1); returns float32 of the same
+    shape, the same for the same ``seed``."""
+    if not 0.5 < auc < 1.0:
+        raise ValueError(f"auc must be in (0.5, 1), got {auc}")
+    if not np.isin(relevance, (0.0, 1.0)).all():
+        raise ValueError("noisy_relevance corrupts an exact (0/1) relevance table")
+    sigma = 1.0 / (2.0**0.5 * float(torch.special.ndtri(torch.tensor(auc, dtype=torch.float64))))
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randn(relevance.shape, generator=gen, dtype=torch.float64)
+    noisy = torch.special.ndtr(torch.from_numpy(relevance).double() + sigma * z)
+    return noisy.clamp_(1e-7, 1 - 1e-7).float().numpy()

@@ -1,0 +1,204 @@
+"""A frozen open_clip model as the SRCL helper (``open_clip:ARCH[/PRETRAINED]``): spec parsing, the
+feature cache against open_clip's own outputs, clear errors, and the cache ``build_regulator``
+builds into the run directory. A tiny open_clip model from a model-config JSON, random weights."""
+
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import open_clip
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from vlp.cli import main
+from vlp.config import PretrainConfig, load_config
+from vlp.data.formats import load_pairs
+from vlp.data.helper_cache import HelperCache
+from vlp.errors import ConfigError, DataError
+from vlp.models.open_clip_helper import OpenClipHelper, parse_open_clip_spec
+from vlp.runs.common import OPEN_CLIP_CACHE, build_regulator, open_clip_helper_cache
+from vlp.runs.features import run_cache_helper_features
+
+TINY_CLIP = {
+    "embed_dim": 32,
+    "vision_cfg": {"image_size": 32, "layers": 2, "width": 64, "head_width": 32, "patch_size": 8},
+    "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 2},
+}
+CAPTIONS = [
+    ["a red circle", "a red circle above a blue square"],
+    ["two green triangles"],
+    ["a red circle", "one large yellow square to the left of a small purple circle next to a big grey one"],
+    ["three blue squares"],
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The model config, its random weights, 4 non-square images of other sizes than the model's
+    and an annotation file over them."""
+    root = tmp_path_factory.mktemp("oc")
+    config = root / "tiny-oc-test.json"
+    config.write_text(json.dumps(TINY_CLIP))
+    open_clip.add_model_config(config)
+    torch.manual_seed(0)
+    model = open_clip.create_model("tiny-oc-test")
+    weights = root / "tiny_weights.pt"
+    torch.save(model.state_dict(), weights)
+    rng = np.random.default_rng(0)
+    entries = []
+    for i, caps in enumerate(CAPTIONS):
+        side = 24 + 8 * i
+        path = root / "images" / f"img{i}.png"
+        path.parent.mkdir(exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (side, side + 4, 3), dtype=np.uint8)).save(path)
+        entries.append({"image": f"images/img{i}.png", "caption": caps, "image_id": f"img{i}"})
+    ann = root / "pretrain.json"
+    ann.write_text(json.dumps(entries))
+    return {"root": root, "config": config, "weights": weights, "ann": ann, "spec": f"open_clip:{config}/{weights}"}
+
+
+@pytest.fixture(scope="module")
+def reference(files):
+    """open_clip's own model, eval preprocessing and tokenizer, loaded independently of vlp."""
+    model, _, preprocess = open_clip.create_model_and_transforms("tiny-oc-test", pretrained=str(files["weights"]))
+    return model.eval(), preprocess, open_clip.get_tokenizer("tiny-oc-test")
+
+
+def check_against_reference(cache_dir, files, reference):
+    model, preprocess, tokenizer = reference
+    cache = HelperCache.load(cache_dir)
+    samples = load_pairs([files["ann"]])
+    cache.check_covers(samples)
+    keys = sorted(cache.image_index, key=cache.image_index.get)
+    texts = sorted(cache.text_index, key=cache.text_index.get)
+    paths = {s.image_key: s.image for s in samples}
+    with torch.no_grad():
+        images = torch.stack([preprocess(Image.open(paths[k]).convert("RGB")) for k in keys])
+        want_img = F.normalize(model.encode_image(images), dim=-1)
+        want_txt = F.normalize(model.encode_text(tokenizer(texts)), dim=-1)
+    assert cache.kind == "learned" and cache.dim == TINY_CLIP["embed_dim"]
+    assert cache.image.dtype == torch.float32 and cache.text.dtype == torch.float32
+    torch.testing.assert_close(cache.image, want_img, atol=1e-5, rtol=0)
+    torch.testing.assert_close(cache.text, want_txt, atol=1e-5, rtol=0)
+    assert set(texts) == {c for caps in CAPTIONS for c in caps}
+    return cache
+
+
+@pytest.mark.parametrize(
+    "spec,arch,pretrained",
+    [
+        ("open_clip:ViT-B-16", "ViT-B-16", None),
+        ("open_clip:ViT-B-16/laion2b_s34b_b88k", "ViT-B-16", "laion2b_s34b_b88k"),
+        ("open_clip:ViT-B-16//abs/w.pt", "ViT-B-16", "/abs/w.pt"),
+        ("open_clip:cfg/tiny.json", "cfg/tiny.json", None),
+        ("open_clip:/a/b.json/w/x.safetensors", "/a/b.json", "w/x.safetensors"),
+        ("open_clip:/a/b.json//abs/w.pt", "/a/b.json", "/abs/w.pt"),
+        ("open_clip:/a/cfg.json.d/tiny.json/openai", "/a/cfg.json.d/tiny.json", "openai"),
+    ],
+)
+def test_spec_grammar(spec, arch, pretrained):
+    p = parse_open_clip_spec(spec)
+    assert (p.arch, p.pretrained) == (arch, pretrained)
+    assert p.model_name == (arch[:-5].rsplit("/", 1)[-1] if arch.endswith(".json") else arch)
+
+
+def test_cache_equals_open_clip_outputs(files, reference, tmp_path):
+    out = run_cache_helper_features(files["spec"], [str(files["ann"])], tmp_path / "cache", show_progress=False)
+    cache = check_against_reference(out, files, reference)
+    meta = json.loads((out / "index.json").read_text())
+    assert meta["helper"] == files["spec"] and meta["arch"] == "tiny-oc-test"
+    assert meta["pretrained"] == str(files["weights"].resolve())
+    assert meta["image_size"] == 32 and meta["context_length"] == 16 and meta["kind"] == "learned"
+    assert cache.image.shape == (4, 32) and meta["num_texts"] == len(cache.text_index)
+
+
+def test_cli_writes_the_same_cache(files, reference, tmp_path):
+    out = tmp_path / "cli_cache"
+    argv = ["cache-helper-features", "--helper", files["spec"], "--data", str(files["ann"]), "--out", str(out)]
+    assert main([*argv, "--batch-size", "3"]) == 0
+    check_against_reference(out, files, reference)
+
+
+@pytest.mark.parametrize(
+    "helper,error,words",
+    [
+        ("open_clip:NoSuchViT-X", ConfigError, ["unknown open_clip architecture 'NoSuchViT-X'", "ViT-B-16"]),
+        ("open_clip:", ConfigError, ["no ARCH", "open_clip:ARCH[/PRETRAINED]"]),
+        ("open_clip:ViT-B-16/", ConfigError, ["empty PRETRAINED"]),
+        ("open_clip:{root}/missing.json", DataError, ["missing.json not found", "expected an existing .json"]),
+        ("open_clip:{root}/pretrain.json", DataError, ["not an open_clip model config", "embed_dim"]),
+        ("open_clip:{config}/{root}/nope.pt", DataError, ["weights file", "nope.pt not found"]),
+        ("open_clip:{config}/laion9b", ConfigError, ["neither a file nor an open_clip pretrained tag", "none"]),
+        ("open_clip:ViT-B-16/laion9b", ConfigError, ["laion2b_s34b_b88k"]),
+    ],
+)
+def test_bad_spec_is_one_clear_error(files, helper, error, words):
+    helper = helper.format(root=files["root"], config=files["config"])
+    for key, where in [("loss.srcl.helper", "config key 'loss.srcl.helper'"), ("--helper", "--helper")]:
+        with pytest.raises(error) as e:
+            OpenClipHelper.load(helper, key, torch.device("cpu"))
+        assert str(e.value).startswith(where) and all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_bad_spec_on_the_command_line(files, tmp_path, capsys):
+    argv = ["--helper", "open_clip:NoSuchViT-X", "--data", str(files["ann"]), "--out", str(tmp_path / "c")]
+    rc = main(["cache-helper-features", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "--helper" in err and "unknown open_clip architecture" in err
+    assert not (tmp_path / "c").exists()
+
+
+def srcl_config(files, out_dir, helper=None):
+    return load_config(
+        PretrainConfig,
+        "configs/pretrain/shapes_tiny.yaml",
+        [
+            f"output_dir={out_dir}",
+            f"data.train=[{files['ann']}]",
+            "loss.regulation=srcl",
+            "loss.srcl.delta=2.0",
+            f"loss.srcl.helper={helper or files['spec']}",
+            "train.progress=false",
+        ],
+    )
+
+
+def test_build_regulator_caches_the_open_clip_helper_in_the_run(files, reference, tmp_path):
+    cfg = srcl_config(files, tmp_path / "run")
+    assert cfg.loss.srcl.helper == files["spec"]
+    reg, cache = build_regulator(cfg)
+    out = tmp_path / "run" / OPEN_CLIP_CACHE
+    assert reg is not None and cache is not None and cache.path == out
+    assert reg.helper is None and reg.queue.get("text").shape[1] == TINY_CLIP["embed_dim"]
+    check_against_reference(out, files, reference)
+    stamp = (out / "features.safetensors").stat().st_mtime_ns
+    _, again = build_regulator(cfg)  # a resumed run: reused, not rebuilt
+    assert (out / "features.safetensors").stat().st_mtime_ns == stamp and torch.equal(again.image, cache.image)
+    other = srcl_config(files, tmp_path / "run", f"open_clip:{files['config']}")
+    with pytest.raises(ConfigError, match="holds the features of"):
+        build_regulator(other)
+
+
+def test_other_processes_wait_for_the_main_one(files, tmp_path, monkeypatch):
+    """Rank 1 neither builds the cache nor reads a half-written one: it waits until rank 0's folder appears."""
+    built = run_cache_helper_features(files["spec"], [str(files["ann"])], tmp_path / "built", show_progress=False)
+    cfg = srcl_config(files, tmp_path / "run")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    out = tmp_path / "run" / OPEN_CLIP_CACHE
+    out.parent.mkdir()
+
+    def rank0() -> None:
+        time.sleep(0.3)
+        os.replace(built, out)
+
+    t = threading.Thread(target=rank0)
+    t.start()
+    start = time.monotonic()
+    cache = open_clip_helper_cache(cfg, poll_s=0.05)
+    t.join()
+    assert time.monotonic() - start >= 0.25 and cache.path == out and len(cache.image_index) == 4
