@@ -72,6 +72,7 @@ def build(a, regulation: str, live: bool, device: torch.device, targets: Optiona
             "model.vision.pretrained=null",
             f"model.queue_size={a.queue}",
             f"loss.regulation={regulation}",
+            "loss.srcl.delta=4.0",  # a calibrated-range value; the cost does not depend on it
             f"train.steps={10**6}",
             *ltd,
         ],

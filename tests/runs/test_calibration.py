@@ -114,6 +114,7 @@ def test_calibration_without_a_world_gives_the_hand_computed_delta(tmp_path):
     assert rep["override"] == f"loss.srcl.norm=softmax loss.srcl.delta={rep['delta']['target_weight']:.4g}"
     saved = json.loads((tmp_path / "out" / "helper_diagnostics.json").read_text())
     assert saved["delta"] == rep["delta"] and saved["override"] == rep["override"]
+    assert (tmp_path / "out" / "override.txt").read_text() == rep["override"] + "\n"
     for name in rep["weights"]:
         assert (tmp_path / "out" / f"weights_{name}.png").stat().st_size > 0
 
@@ -124,6 +125,7 @@ def test_calibration_in_mean_mode_reports_its_floor(tmp_path):
     a1, n = math.exp(-C1), B - 1
     assert rep["delta"] == {"rule_20pct": None, "target_weight": None}
     assert "mean mode" in rep["delta_error"] and rep["override"] is None
+    assert not (tmp_path / "out" / "override.txt").exists()
     assert rep["weights"]["mean"]["false_negatives"]["median"] == pytest.approx((n + 1) * a1 / (n + a1), rel=1e-5)
     assert rep["mean_mode_floor"]["median"] == pytest.approx(math.exp(-1.0), rel=1e-5)  # every u of a row is 1
 
@@ -205,3 +207,19 @@ def test_low_regulation_warns_once_at_the_first_log_steps():
         assert reg.check_log({**low, "srcl_w_below_0_7": 0.2}) is None
     assert reg.check_log(low) is None  # only the first log steps are checked
     assert regulator().check_log({"step": 10, "loss": 1.0}) is None  # no SRCL statistics in the record
+
+
+def test_delta_one_hardly_regulates_a_realistic_row():
+    """docs/methods.md: at delta 1, 65,600 negatives at cosines 0.1-0.3 and false negatives at
+    0.5-0.7 give the latter weights of 0.72-0.81 and put no negative below 0.7."""
+    from vlp.losses.srcl import srcl_weights
+
+    n = 65_600
+    cos = 0.1 + 0.2 * torch.rand(1, n, generator=torch.Generator().manual_seed(0))
+    cos[0, 0] = 0.8
+    pos = torch.zeros(1, n, dtype=torch.bool)
+    pos[0, 0] = True
+    s = torch.exp(cos)
+    w = probe_weights(s, pos, torch.exp(torch.tensor([[0.5, 0.6, 0.7]])), "softmax", 1.0)[0]
+    assert [round(float(x), 2) for x in w] == [0.81, 0.76, 0.72]
+    assert float((srcl_weights(s, pos, "softmax", 1.0)[~pos] < 0.7).float().mean()) == 0.0

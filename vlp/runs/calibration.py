@@ -14,7 +14,7 @@ probes: only the overall distribution and the 20% rule are reported.
 
 The report has the structure of the world's ground-truth report (:mod:`vlp.runs.diagnostics`):
 ``delta.target_weight``, ``delta.rule_20pct``, ``weights.<name>``, and ``override``: the line to
-paste (``loss.srcl.delta=...``).
+paste (``loss.srcl.delta=...``), also written to ``override.txt``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from vlp.tasks.regulation import helper_similarities
 
 #: the paper's example weight of a false negative (App. F: ~0.12, "not more than 0.2")
 TARGET_WEIGHT = 0.12
+#: the overrides to pass to the run, one line (``vlp pretrain ... $(cat DIR/override.txt)``)
+OVERRIDE = "override.txt"
 #: at most this many weights go into a histogram (a random subset beyond it)
 PLOT_VALUES = 2_000_000
 
@@ -218,4 +220,8 @@ def run_helper_calibration(
     report["override"] = f"loss.srcl.norm=softmax loss.srcl.delta={chosen:.4g}" if chosen is not None else None
     report = finite(report)
     (out / REPORT).write_text(json.dumps(report, indent=1))
+    if report["override"]:  # for `vlp pretrain ... $(cat DIR/override.txt)`
+        (out / OVERRIDE).write_text(report["override"] + "\n")
+    else:
+        (out / OVERRIDE).unlink(missing_ok=True)
     return report
