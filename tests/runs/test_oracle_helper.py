@@ -151,34 +151,37 @@ def test_diagnostics_with_a_learned_cache(world, tmp_path):
     assert all(math.isfinite(w["true_negatives"]["mean"]) for w in rep["weights"].values())
 
 
-def test_pretraining_with_the_oracle_all_run(world, exact, tmp_path):
-    """loader -> task -> regulator with an oracle cache: alpha_h stays 1 (alpha_h_end=1), the true
-    false negatives are logged and get weights below 1, weighted targets train."""
+def oracle_run(world, exact, run_dir, *overrides: str):
+    """A 4-step tiny pretraining regulated by the exact oracle all run (alpha_h_end=1)."""
     from vlp.runs.pretrain import run_pretrain
-    from vlp.train.logging import read_metrics
 
     tiny = ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=1", "data.num_workers=0"]
+    base = [f"output_dir={run_dir}", f"data.train=[{world / 'pretrain.json'}]", *tiny, "data.batch_size=16"]
+    srcl = ["loss.regulation=srcl", f"loss.srcl.helper_features={exact}", "loss.srcl.alpha_h_end=1.0"]
     cfg = load_config(
         PretrainConfig,
         "configs/pretrain/shapes_tiny.yaml",
-        [
-            f"output_dir={tmp_path / 'run'}",
-            f"data.train=[{world / 'pretrain.json'}]",
-            *tiny,
-            "data.batch_size=16",
-            "model.queue_size=32",
-            "train.steps=4",
-            "train.log_every=2",
-            "train.warmup_steps=1",
-            "train.progress=false",
-            "loss.regulation=srcl",
-            f"loss.srcl.helper_features={exact}",
-            "loss.srcl.delta=4.0",
-            "loss.srcl.alpha_h_end=1.0",
-            "loss.srcl.weight_targets=true",
-        ],
+        [*base, "train.steps=4", "train.progress=false", *srcl, *overrides],
     )
-    rows = read_metrics(run_pretrain(cfg) / "metrics.jsonl")
+    return run_pretrain(cfg)
+
+
+def test_pretraining_with_the_oracle_all_run(world, exact, tmp_path):
+    """loader -> task -> regulator with an oracle cache: alpha_h stays 1 (alpha_h_end=1), the true
+    false negatives are logged and get weights below 1, weighted targets train."""
+    from vlp.train.logging import read_metrics
+
+    run = oracle_run(
+        world,
+        exact,
+        tmp_path / "run",
+        "model.queue_size=32",
+        "train.log_every=2",
+        "train.warmup_steps=1",
+        "loss.srcl.delta=4.0",
+        "loss.srcl.weight_targets=true",
+    )
+    rows = read_metrics(run / "metrics.jsonl")
     assert len(rows) == 2
     for r in rows:
         assert r["srcl_alpha_h"] == 1.0 and math.isfinite(r["loss"])
@@ -188,27 +191,6 @@ def test_pretraining_with_the_oracle_all_run(world, exact, tmp_path):
 
 def test_a_run_that_hardly_regulates_warns(world, exact, tmp_path, capfd):
     """delta 0.001 leaves every weight at ~1: the loop prints the low-regulation warning once."""
-    from vlp.runs.pretrain import run_pretrain
-
-    tiny = ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=1", "data.num_workers=0"]
-    cfg = load_config(
-        PretrainConfig,
-        "configs/pretrain/shapes_tiny.yaml",
-        [
-            f"output_dir={tmp_path / 'run'}",
-            f"data.train=[{world / 'pretrain.json'}]",
-            *tiny,
-            "data.batch_size=16",
-            "model.queue_size=0",
-            "train.steps=4",
-            "train.log_every=1",
-            "train.progress=false",
-            "loss.regulation=srcl",
-            f"loss.srcl.helper_features={exact}",
-            "loss.srcl.delta=0.001",
-            "loss.srcl.alpha_h_end=1.0",
-        ],
-    )
-    run_pretrain(cfg)
+    oracle_run(world, exact, tmp_path / "run", "model.queue_size=0", "train.log_every=1", "loss.srcl.delta=0.001")
     err = capfd.readouterr().err
     assert err.count("hardly regulates") == 1 and "loss.srcl.delta=0.001" in err
