@@ -325,71 +325,25 @@ def _helper_diagnostics(a: argparse.Namespace) -> None:
     if a.world is None:
         _helper_calibration(a)
         return
-    from vlp.runs.diagnostics import run_helper_diagnostics
+    from vlp.runs.diagnostics import diagnostics_summary, run_helper_diagnostics
 
     if a.mode != "softmax":
         raise ConfigError("vlp analyze helper --world: the ground-truth report is for the softmax norm")
     r = run_helper_diagnostics(
         a.cache, a.world, a.data, a.out, a.batch_size, a.queue, a.batches, a.target_weight, a.delta, a.seed, a.tau_w
     )
-    share, auc = r["false_negative_share"], r["helper_auc"]
-    print(f"{r['kind']} helper on {r['data']}: batch {r['batch_size']}, queue {r['queue_size']}")
-    print(
-        f"  true false negatives  {100 * share['in_batch']:.1f}% of in-batch negatives, {100 * share['with_queue']:.1f}% with the queue"
-    )
-    print(f"  helper ROC-AUC        {auc['in_batch']} in batch, {auc['with_queue']} with the queue")
-    for name, w in r["weights"].items():
-        fn, tn = w["false_negatives"], w["true_negatives"]
-        print(
-            f"  delta {name:14s} {w['delta']:9.4g}: false negatives median {fn['median']:.3f} (mean {fn['mean']:.3f}), "
-            f"true negatives median {tn['median']:.3f}; {100 * w['all_negatives']['below_0_7']:.1f}% of negatives below 0.7"
-        )
-    if "delta_error" in r:
-        print(f"  delta by target weight: {r['delta_error']}")
+    print(diagnostics_summary(r))
     _wrote(Path(a.out) / "helper_diagnostics.json")
 
 
 def _helper_calibration(a: argparse.Namespace) -> None:
-    from vlp.runs.calibration import run_helper_calibration
+    from vlp.runs.calibration import calibration_summary, run_helper_calibration
 
     r = run_helper_calibration(
-        a.cache,
-        a.data,
-        a.out,
-        a.batch_size,
-        a.queue,
-        a.batches,
-        a.target_weight,
-        a.delta,
-        a.mode,
-        a.seed,
-        a.tau_w,
+        a.cache, a.data, a.out, a.batch_size, a.queue, a.batches, a.target_weight, a.delta, a.mode, a.seed, a.tau_w,
         a.image_root,
-    )
-    same = r["same_image"]
-    print(
-        f"{r['kind']} helper on {', '.join(r['data'])}: batch {r['batch_size']}, queue {r['queue_size']}, {a.mode} norm"
-    )
-    print(
-        f"  known false negatives: {same['probes']} same-image captions probed; {same['in_rows']} in the rows "
-        f"({100 * same['in_rows_share']:.3f}% of {r['negatives']['with_queue']} negatives)"
-    )
-    for name, w in r["weights"].items():
-        fn, other = w["false_negatives"], w["other_negatives"]
-        head = f"delta {name:14s} {w['delta']:9.4g}" if w["delta"] is not None else f"{name} norm (no delta)"
-        print(
-            f"  {head}: same-image median {fn['median']:.3f} (p90 {fn['p90']:.3f}), other negatives median "
-            f"{other['median']:.3f}; {100 * w['all_negatives']['below_0_7']:.1f}% of negatives below 0.7, "
-            f"{100 * w['all_negatives']['below_0_2']:.1f}% below 0.2"
-        )
-    if "delta_error" in r:
-        print(f"  {r['delta_error']}")
-    if "mean_mode_floor" in r:
-        print(
-            f"  mean norm: the lowest weight a negative could get (at cosine 1): median {r['mean_mode_floor']['median']:.3f}"
-        )
-    if r["override"]:
-        print(f"  paste: {r['override']}")
+    )  # fmt: skip
+    print(calibration_summary(r))
     _wrote(Path(a.out) / "helper_diagnostics.json")
 
 

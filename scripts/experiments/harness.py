@@ -10,6 +10,7 @@ report whose table gives the mean ± std over seeds (:func:`results_table`, :fun
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,8 +232,7 @@ def paired_tests_table(
                 cells.append("-")
                 continue
             t, p = paired_t_test(d)
-            mean, sd = sum(d) / len(d), (sum((x - sum(d) / len(d)) ** 2 for x in d) / (len(d) - 1)) ** 0.5
-            cells.append(f"{mean:+.2f} ± {sd:.2f} (t {t:.2f}, p {p:.3g})")
+            cells.append(f"{statistics.mean(d):+.2f} ± {statistics.stdev(d):.2f} (t {t:.2f}, p {p:.3g})")
         lines.append(f"| {name} | {len(shared)} | {' | '.join(cells)} |")
     return "\n".join(lines) if len(lines) > 2 else ""
 

@@ -102,12 +102,14 @@ def calibration_rows(
         # i2t probes: the image's other captions; t2i probe: the caption's own image (if it has another caption)
         others = [sorted(caps_of_image[int(i)] - {int(c)}) for i, c in zip(img, cap)]
         width = max(1, max(len(o) for o in others))
+        rows = torch.tensor([r for r, o in enumerate(others) for _ in o], dtype=torch.long)
+        slots = torch.tensor([k for o in others for k in range(len(o))], dtype=torch.long)
         i2t = torch.full((b, width), float("nan"))
         t2i = torch.full((b, width), float("nan"))
-        for r, o in enumerate(others):
-            if o:
-                i2t[r, : len(o)] = _pair_similarity(cache, torch.tensor(o), img[r].repeat(len(o)))
-                t2i[r, 0] = _pair_similarity(cache, cap[r : r + 1], img[r : r + 1])[0]
+        if len(rows):  # one lookup for every probe of the batch
+            i2t[rows, slots] = _pair_similarity(cache, torch.tensor([t for o in others for t in o]), img[rows])
+            has = torch.tensor([bool(o) for o in others])
+            t2i[has, 0] = _pair_similarity(cache, cap[has], img[has])
         h_rows += [h_i2t, h_t2i]
         same_rows += [same, same]
         probe_rows += [i2t, t2i]
@@ -151,6 +153,35 @@ def _weights_report(
         "all_negatives": weight_distribution(all_neg),
         "plot": plot.name,
     }
+
+
+def calibration_summary(r: dict[str, Any]) -> str:
+    """The lines ``vlp analyze helper`` prints of a report of :func:`run_helper_calibration`."""
+    same = r["same_image"]
+    lines = [
+        f"{r['kind']} helper on {', '.join(r['data'])}: batch {r['batch_size']}, queue {r['queue_size']}, "
+        f"{r['mode']} norm",
+        f"  known false negatives: {same['probes']} same-image captions probed; {same['in_rows']} in the rows "
+        f"({100 * same['in_rows_share']:.3f}% of {r['negatives']['with_queue']} negatives)",
+    ]
+    for name, w in r["weights"].items():
+        fn, other, every = w["false_negatives"], w["other_negatives"], w["all_negatives"]
+        head = f"delta {name:14s} {w['delta']:9.4g}" if w["delta"] is not None else f"{name} norm (no delta)"
+        lines.append(
+            f"  {head}: same-image median {fn['median']:.3f} (p90 {fn['p90']:.3f}), other negatives median "
+            f"{other['median']:.3f}; {100 * every['below_0_7']:.1f}% of negatives below 0.7, "
+            f"{100 * every['below_0_2']:.1f}% below 0.2"
+        )
+    if "delta_error" in r:
+        lines.append(f"  {r['delta_error']}")
+    if "mean_mode_floor" in r:
+        lines.append(
+            "  mean norm: the lowest weight a negative could get (at cosine 1): median "
+            f"{r['mean_mode_floor']['median']:.3f}"
+        )
+    if r["override"]:
+        lines.append(f"  paste: {r['override']}")
+    return "\n".join(lines)
 
 
 def run_helper_calibration(

@@ -7,7 +7,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -245,6 +245,52 @@ OPEN_CLIP_CACHE = "helper_features_open_clip"
 
 
 @torch.no_grad()
+def write_feature_cache(
+    out: str | Path,
+    data: Sequence[str],
+    image_root: Optional[str],
+    transform: Callable[[Any], torch.Tensor],
+    encode_image: Callable[[torch.Tensor], torch.Tensor],
+    encode_text: Callable[[list[str]], torch.Tensor],
+    meta: dict[str, Any],
+    batch_size: int = 256,
+    num_workers: int = 0,
+    show_progress: bool = True,
+) -> Path:
+    """A helper-feature cache (:mod:`vlp.data.helper_cache`) of the annotation files ``data``:
+    every image through ``transform`` then ``encode_image`` (a batch [N, 3, H, W] -> [N, E]),
+    every distinct caption through ``encode_text`` (a list of N strings -> [N, E]), in batches of
+    ``batch_size``, with a progress bar; ``meta`` goes into ``index.json`` with the data files."""
+    from torch.utils.data import DataLoader
+
+    from vlp.data.datasets import ImageDataset
+    from vlp.data.formats import load_pairs
+    from vlp.data.helper_cache import cache_rows, write_cache
+    from vlp.progress import progress
+
+    samples = load_pairs(list(data), image_root)
+    check_images(samples)
+    paths, keys, texts = cache_rows(samples)
+    bar = progress(len(keys) + len(texts), "helper features", show_progress)
+    loader = DataLoader(
+        ImageDataset([paths[k] for k in keys], transform, "helper cache"),
+        batch_size=batch_size,
+        num_workers=num_workers,
+    )
+    image_feats = []
+    for images in loader:
+        image_feats.append(encode_image(images).float().cpu())
+        bar.update(len(images))
+    text_feats = []
+    for start in range(0, len(texts), batch_size):
+        text_feats.append(encode_text(texts[start : start + batch_size]).float().cpu())
+        bar.update(len(text_feats[-1]))
+    bar.close()
+    meta = {**meta, "data": [str(d) for d in data]}
+    return write_cache(out, keys, torch.cat(image_feats), texts, torch.cat(text_feats), meta)
+
+
+@torch.no_grad()
 def cache_open_clip_features(
     spec: str,
     data: Sequence[str],
@@ -261,45 +307,31 @@ def cache_open_clip_features(
     preprocessing; every distinct raw caption through open_clip's tokenizer. Written by ``vlp
     cache-helper-features --helper open_clip:...`` and by :func:`open_clip_helper_cache`; ``key``
     (``--helper`` or ``loss.srcl.helper``) is named by the errors of a bad spec."""
-    from torch.utils.data import DataLoader
-
-    from vlp.data.datasets import ImageDataset
-    from vlp.data.formats import load_pairs
-    from vlp.data.helper_cache import cache_rows, write_cache
     from vlp.models.open_clip_helper import OpenClipHelper
-    from vlp.progress import progress
 
     if Path(out).exists():
         raise DataError(f"{out} already exists; choose another --out or remove it")
     helper = OpenClipHelper.load(spec, key)
-    samples = load_pairs(list(data), image_root)
-    check_images(samples)
-    paths, keys, texts = cache_rows(samples)
-    bar = progress(len(keys) + len(texts), "helper features", show_progress)
-    loader = DataLoader(
-        ImageDataset([paths[k] for k in keys], helper.preprocess, "helper cache"),
-        batch_size=batch_size,
-        num_workers=num_workers,
-    )
-    image_feats = []
-    for images in loader:
-        image_feats.append(helper.encode_image(images))
-        bar.update(len(images))
-    text_feats = []
-    for start in range(0, len(texts), batch_size):
-        text_feats.append(helper.encode_text(texts[start : start + batch_size]))
-        bar.update(len(text_feats[-1]))
-    bar.close()
     meta = {
         "kind": "learned",
         "helper": spec,
         "arch": helper.spec.model_name,
         "pretrained": helper.pretrained,
-        "data": [str(d) for d in data],
         "image_size": helper.image_size,
         "context_length": helper.context_length,
     }
-    return write_cache(out, keys, torch.cat(image_feats), texts, torch.cat(text_feats), meta)
+    return write_feature_cache(
+        out,
+        data,
+        image_root,
+        helper.preprocess,
+        helper.encode_image,
+        helper.encode_text,
+        meta,
+        batch_size,
+        num_workers,
+        show_progress,
+    )
 
 
 def open_clip_helper_cache(cfg: PretrainConfig, poll_s: float = 2.0) -> HelperCache:

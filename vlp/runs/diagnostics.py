@@ -182,6 +182,26 @@ def run_helper_diagnostics(
     return report
 
 
+def diagnostics_summary(r: dict[str, Any]) -> str:
+    """The lines ``vlp analyze helper --world`` prints of a report of :func:`run_helper_diagnostics`."""
+    share, auc = r["false_negative_share"], r["helper_auc"]
+    lines = [
+        f"{r['kind']} helper on {r['data']}: batch {r['batch_size']}, queue {r['queue_size']}",
+        f"  true false negatives  {100 * share['in_batch']:.1f}% of in-batch negatives, "
+        f"{100 * share['with_queue']:.1f}% with the queue",
+        f"  helper ROC-AUC        {auc['in_batch']} in batch, {auc['with_queue']} with the queue",
+    ]
+    for name, w in r["weights"].items():
+        fn, tn = w["false_negatives"], w["true_negatives"]
+        lines.append(
+            f"  delta {name:14s} {w['delta']:9.4g}: false negatives median {fn['median']:.3f} (mean {fn['mean']:.3f}), "
+            f"true negatives median {tn['median']:.3f}; {100 * w['all_negatives']['below_0_7']:.1f}% of negatives below 0.7"
+        )
+    if "delta_error" in r:
+        lines.append(f"  delta by target weight: {r['delta_error']}")
+    return "\n".join(lines)
+
+
 def _weights_report(rows: DiagnosticRows, s: torch.Tensor, delta: float, out: Path, name: str) -> dict[str, Any]:
     """Both groups' weight distributions at ``delta`` and their histogram ``out/weights_<name>.png``."""
     from vlp.viz import plot_weight_histogram

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
-from torch.utils.data import DataLoader
 
 from vlp.data.formats import load_pairs
 from vlp.data.helper_cache import ORACLE_KINDS, cache_rows, index_features, write_cache
@@ -16,7 +15,7 @@ from vlp.errors import DataError
 from vlp.hardware import default_device
 from vlp.models.open_clip_helper import is_open_clip_spec
 from vlp.pretrained import image_size, load_model
-from vlp.runs.common import cache_open_clip_features, check_images
+from vlp.runs.common import cache_open_clip_features, write_feature_cache
 from vlp.weights import find_checkpoint, read_state
 
 
@@ -35,9 +34,7 @@ def run_cache_helper_features(
     a vlp helper checkpoint or run directory, or an open_clip model ``open_clip:ARCH[/PRETRAINED]``
     (:mod:`vlp.models.open_clip_helper`; its own eval preprocessing of the images and tokenizer of
     the raw captions: :func:`vlp.runs.common.cache_open_clip_features`)."""
-    from vlp.data.datasets import ImageDataset
     from vlp.data.transforms import tokenize
-    from vlp.progress import progress
 
     if Path(out).exists():
         raise DataError(f"{out} already exists; choose another --out or remove it")
@@ -46,35 +43,29 @@ def run_cache_helper_features(
     ckpt = find_checkpoint(helper)
     model, hcfg, tokenizer = load_model(ckpt)
     device = next(model.parameters()).device
-    samples = load_pairs(list(data), image_root)
-    check_images(samples)
-    paths, keys, texts = cache_rows(samples)
-    bar = progress(len(keys) + len(texts), "helper features", show_progress)
-    loader = DataLoader(
-        ImageDataset([paths[k] for k in keys], test_transform(image_size(hcfg), hcfg.data.image), "helper cache"),
-        batch_size=batch_size,
-        num_workers=num_workers,
-    )
-    image_feats = []
-    for images in loader:
-        image_feats.append(model.encode_image(images.to(device)).feat.float().cpu())
-        bar.update(len(images))
-    text_feats = []
-    for start in range(0, len(texts), batch_size):
-        tok = tokenize(tokenizer, texts[start : start + batch_size], hcfg.model.text.max_len)
-        text_feats.append(
-            model.encode_text(tok["input_ids"].to(device), tok["attention_mask"].to(device)).feat.float().cpu()
-        )
-        bar.update(len(text_feats[-1]))
-    bar.close()
+
+    def encode_text(texts: list[str]) -> torch.Tensor:
+        tok = tokenize(tokenizer, texts, hcfg.model.text.max_len)
+        return model.encode_text(tok["input_ids"].to(device), tok["attention_mask"].to(device)).feat
+
     meta = {
         "helper": str(ckpt.resolve()),
         "helper_step": read_state(ckpt).get("step"),
-        "data": [str(d) for d in data],
         "image_size": image_size(hcfg),
         "max_len": hcfg.model.text.max_len,
     }
-    return write_cache(out, keys, torch.cat(image_feats), texts, torch.cat(text_feats), meta)
+    return write_feature_cache(
+        out,
+        data,
+        image_root,
+        test_transform(image_size(hcfg), hcfg.data.image),
+        lambda images: model.encode_image(images.to(device)).feat,
+        encode_text,
+        meta,
+        batch_size,
+        num_workers,
+        show_progress,
+    )
 
 
 def run_cache_oracle_features(
