@@ -47,8 +47,13 @@ def _train_helper(a: argparse.Namespace) -> None:
 
 
 def _bench(a: argparse.Namespace) -> None:
-    from vlp.runs.bench import format_bench, run_bench
+    from vlp.runs.bench import format_bench, format_count_ops, run_bench, run_count_ops
 
+    if a.count_ops:
+        counted = run_count_ops(load_config(PretrainConfig, a.config, a.overrides), a.warmup, a.out)
+        if rank() == 0:
+            print(format_count_ops(counted))
+        return
     result = run_bench(load_config(PretrainConfig, a.config, a.overrides), a.steps, a.warmup, a.peak_tflops, a.out)
     if rank() == 0:
         print(format_bench(result))
@@ -812,6 +817,12 @@ def _add_bench(sub: Any) -> None:
         type=float,
         default=None,
         help="device peak per process for MFU, e.g. 989 (H100 SXM dense bf16)",
+    )
+    s.add_argument(
+        "--count-ops",
+        action="store_true",
+        help="count one training step after the warm-up at the dispatcher instead of timing: kernel-launching "
+        "ops, casts, device syncs, module calls per forward (the CPU proxies of GPU host time)",
     )
     s.add_argument("--out", default=None, help="also write the result as JSON here")
     s.add_argument("overrides", nargs="*", help="config overrides, e.g. data.batch_size=64")

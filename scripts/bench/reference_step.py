@@ -27,7 +27,7 @@ Single process only; ALBEF's objective as configured by default: all three losse
 
 The benchmark times full training steps (forward, backward, AdamW, momentum update) of the
 reference and of vlp's step as ``vlp pretrain`` runs it (``vlp.runs.pretrain.build_pretraining``, the
-accelerator, ``vlp.train.loop.optimizer_step``), from the same initial weights, interleaved
+accelerator, ``vlp.train.step.optimizer_step``), from the same initial weights, interleaved
 round-robin (``--steps`` steps each per round) on the same pre-loaded batches. Both run fp32;
 ``--vlp-precision bf16`` runs vlp under bf16 autocast (``train.precision=bf16``) against the fp32
 reference, as the original trains in fp32:
@@ -434,9 +434,9 @@ def main(argv=None) -> int:
 
     # the training stack (accelerate etc.) only for the benchmark, not for importing the step
     from vlp.runs.pretrain import build_pretraining
-    from vlp.train.loop import optimizer_step, set_lr
     from vlp.train.optim import build_optimizer
     from vlp.train.setup import apply_train_options
+    from vlp.train.step import optimizer_step, set_lr
 
     overrides = list(PRESETS[a.preset])
     if a.world:

@@ -40,8 +40,8 @@ def test_lr_scale_groups_and_schedule():
     import torch
 
     from vlp.errors import ConfigError
-    from vlp.train.loop import set_lr
     from vlp.train.optim import build_optimizer, lr_scale_of
+    from vlp.train.step import set_lr
 
     model = ALBEF(ModelConfig(queue_size=8))
     assert lr_scale_of("vision.blocks.0.attn.qkv.weight", {"vision": 0.1}) == ("vision", 0.1)

@@ -13,15 +13,22 @@ def distilled_ce(
     labels: torch.Tensor,
     momentum_logits: Optional[torch.Tensor] = None,
     alpha: float = 0.0,
+    denominator: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``(1 - alpha) * CE(logits, labels) + alpha * soft CE(logits, softmax(momentum_logits))``.
 
-    ``logits``/``momentum_logits`` [B, C], ``labels`` [B] long. Means over the batch; the
+    ``logits``/``momentum_logits`` [B, C], ``labels`` [B] long; rows labelled -100 count for
+    nothing (the empty slots of a fixed-capacity gather). Sums over the rows divided by
+    ``denominator`` (default: the number of labelled rows, at least 1; so a mean over the batch,
+    and 0 when no row is labelled), computed on the device without reading the count back. The
     momentum targets get no gradient. ``alpha == 0`` or no momentum logits: plain CE.
     """
+    valid = labels != -100
     logp = F.log_softmax(logits.float(), dim=-1)
-    ce = F.nll_loss(logp, labels)
-    if momentum_logits is None or alpha == 0.0:
-        return ce
-    soft = -(F.softmax(momentum_logits.detach().float(), dim=-1) * logp).sum(-1).mean()
-    return (1.0 - alpha) * ce + alpha * soft
+    per_row = -logp.gather(1, labels.clamp_min(0)[:, None])[:, 0]
+    if momentum_logits is not None and alpha != 0.0:
+        soft = -(F.softmax(momentum_logits.detach().float(), dim=-1) * logp).sum(-1)
+        per_row = (1.0 - alpha) * per_row + alpha * soft
+    if denominator is None:
+        denominator = valid.sum().clamp_min(1)
+    return torch.where(valid, per_row, torch.zeros_like(per_row)).sum() / denominator

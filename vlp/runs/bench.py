@@ -4,7 +4,7 @@ The model, task and loader are those of ``vlp pretrain`` (:func:`vlp.runs.pretra
 the config's real data. After ``warmup`` untimed steps, each of ``steps`` steps is timed in four
 phases, with a device synchronisation between them: data (next batch, on the device), forward
 (every loss), backward, optimizer (clipping, step, zero_grad, momentum update: the loop's own
-:func:`vlp.train.loop.optimizer_step`). FLOP per pair come from
+:func:`vlp.train.step.optimizer_step`). FLOP per pair come from
 :mod:`vlp.flops` at each batch's padded text length; MFU = achieved FLOP/s / (peak x processes).
 """
 
@@ -26,8 +26,11 @@ from vlp.errors import ConfigError
 from vlp.flops import step_flops
 from vlp.models.albef import param_count
 from vlp.runs.pretrain import build_pretraining
-from vlp.train.loop import endless_batches, optimizer_step, set_lr
+from vlp.train.dispatch_counts import DispatchCounter
+from vlp.train.loop import endless_batches
 from vlp.train.setup import prepare_training
+from vlp.train.step import optimizer_step, set_lr, train_step
+from vlp.train.step_stats import StepStats
 from vlp.version import __version__
 
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -117,10 +120,72 @@ def run_bench(
         "torch": torch.__version__,
         "config": to_dict(cfg),
     }
-    if out is not None and acc.is_main_process:
+    _write(result, out, acc.is_main_process)
+    return result
+
+
+def _write(result: dict[str, Any], out: Optional[str | Path], main: bool) -> None:
+    if out is not None and main:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=2))
+
+
+def momentum_weights(model: torch.nn.Module) -> list[torch.Tensor]:
+    """The momentum twin's parameters (their casts are counted apart: autocast does not cache them)."""
+    twin = getattr(model, "momentum", None)
+    return list(twin.parameters()) if isinstance(twin, torch.nn.Module) else []
+
+
+def run_count_ops(cfg: PretrainConfig, warmup: int = 1, out: Optional[str | Path] = None) -> dict[str, Any]:
+    """``vlp bench --count-ops``: run ``warmup`` training steps (the loop's own
+    :func:`vlp.train.step.train_step`), then count one more at the dispatcher
+    (:class:`~vlp.train.dispatch_counts.DispatchCounter`): kernel-launching ops, casts (those of
+    the momentum weights apart), device synchronisations, module calls per forward; per phase."""
+    if warmup < 0:
+        raise ConfigError(f"vlp bench: --warmup must be >= 0, got {warmup}")
+    cfg.train.steps = max(cfg.train.steps, warmup + 1)
+    job = build_pretraining(cfg)
+    acc = job.accelerator()
+    prep = prepare_training(acc, *job.built(), cfg.train)
+    stats = StepStats(acc.device, cfg.train.max_nonfinite_steps, acc.num_processes)
+    batches = endless_batches(prep.loader)
+    prep.task.train()
+    args = (acc, prep.task, prep.inner, prep.optimizer, prep.params)
+    for step in range(warmup):
+        train_step(*args, batches, step, cfg.train, stats)
+    counter = DispatchCounter(watch=momentum_weights(job.model))
+    with counter:
+        train_step(*args, batches, warmup, cfg.train, stats, phase=counter.phase)
+    result: dict[str, Any] = {
+        **counter.summary(),
+        "date": date.today().isoformat(),
+        "device": _device_name(acc.device),
+        "precision": cfg.train.precision,
+        "batch_per_process": cfg.data.batch_size,
+        "counted_step": warmup + 1,
+        "vlp_version": __version__,
+        "torch": torch.__version__,
+        "config": to_dict(cfg),
+    }
+    _write(result, out, acc.is_main_process)
     return result
+
+
+def format_count_ops(r: dict[str, Any]) -> str:
+    lines = [
+        f"one training step (step {r['counted_step']}, {r['precision']}, batch {r['batch_per_process']}) "
+        f"on {r['device']}",
+        f"kernel-launching ops   {r['kernel_ops_per_step']}",
+        f"casts                  {r['casts_per_step']} ({r['casts_of_watched_per_step']} of momentum weights)",
+        f"device syncs           {r['syncs_per_step']}",
+        f"module calls/forward   {r['module_calls_per_forward']}",
+        "per phase              "
+        + ", ".join(
+            f"{p} {v['kernel_ops']} ops / {v['casts']} casts / {v['syncs']} syncs" for p, v in r["per_phase"].items()
+        ),
+    ]
+    lines += [f"  sync: {site} x{n}" for site, n in r["sync_sites"].items()]
+    return "\n".join(lines)
 
 
 def format_bench(r: dict[str, Any]) -> str:

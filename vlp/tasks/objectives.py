@@ -15,7 +15,7 @@ from vlp.config import ContrastiveConfig
 from vlp.dist import all_gather_nograd, all_gather_with_grad, own_rows, world_size
 from vlp.losses.contrastive import contrastive_loss, cosines, itc_targets, soft_infonce
 from vlp.losses.matching import itm_loss, sample_hard_negatives
-from vlp.losses.mlm import mask_tokens, mlm_loss
+from vlp.losses.mlm import gather_masked, mask_tokens, mlm_capacity, mlm_loss
 from vlp.models.albef import ALBEF, ImageFeatures, TextFeatures
 from vlp.models.text import ImageKV, select_kv
 from vlp.tasks.regulation import Regulation
@@ -28,6 +28,14 @@ class TokenInfo:
     vocab_size: int
     mask_id: int
     special_ids: tuple[int, ...]  # never selected for MLM ([CLS], [SEP], [PAD], ...)
+    _on_device: dict[str, torch.Tensor] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def special_ids_on(self, device: torch.device) -> torch.Tensor:
+        """``special_ids`` as a tensor on ``device``, copied there once (not at every step)."""
+        key = str(device)
+        if key not in self._on_device:
+            self._on_device[key] = torch.tensor(self.special_ids, dtype=torch.long).to(device)
+        return self._on_device[key]
 
 
 @dataclass
@@ -216,32 +224,24 @@ def mlm_step(
     tokens divided by (global masked count / world), as :func:`itm_step` does for its pairs.
     """
     total = None
+    special = tokens.special_ids_on(input_ids.device)
+    draw = (tokens.mask_id, tokens.vocab_size, probability, generator, length)
     if global_batch:
         ids_all, mask_all = all_gather_nograd(input_ids), all_gather_nograd(attention_mask)
-        masked, labels = mask_tokens(
-            ids_all, mask_all, tokens.special_ids, tokens.mask_id, tokens.vocab_size, probability, generator, length
-        )
+        masked, labels = mask_tokens(ids_all, mask_all, special, *draw)
         total = (labels != -100).sum().clamp_min(1) / world_size()
         own = own_rows(input_ids.shape[0])
         masked, labels = masked[own], labels[own]
     else:
-        masked, labels = mask_tokens(
-            input_ids,
-            attention_mask,
-            tokens.special_ids,
-            tokens.mask_id,
-            tokens.vocab_size,
-            probability,
-            generator,
-            length,
-        )
-    sel = labels != -100
+        masked, labels = mask_tokens(input_ids, attention_mask, special, *draw)
+    # the masked positions in a fixed number of slots: no boolean indexing, no device sync
+    index, labels = gather_masked(labels, mlm_capacity(labels.numel(), probability))
     fused = model.fuse(model.text_states(masked, attention_mask), attention_mask, image_kv)
-    logits = model.mlm_logits(fused[sel])
+    logits = model.mlm_logits(fused.flatten(0, 1)[index])
     logits_m = None
     if image_tokens_m is not None and alpha > 0:
         with torch.no_grad():
             h_m = model.text_states(masked, attention_mask, momentum=True)
             fused_m = model.fuse(h_m, attention_mask, image_tokens_m, momentum=True)
-            logits_m = model.mlm_logits(fused_m[sel], momentum=True)
-    return mlm_loss(logits, labels[sel], logits_m, alpha, total)
+            logits_m = model.mlm_logits(fused_m.flatten(0, 1)[index], momentum=True)
+    return mlm_loss(logits, labels, logits_m, alpha, total)

@@ -92,6 +92,10 @@ class PretrainTask(Task):
             )
 
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
+        with self.model.momentum.lowered():  # bf16 copies of the twin's weights under a bf16 autocast
+            return self._forward(batch, step)
+
+    def _forward(self, batch: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
         m, c = self.model, self.loss_cfg
         batch = self.on_device(batch)
         images, ids, mask, image_ids = batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"]
@@ -163,5 +167,5 @@ class PretrainTask(Task):
             reg.enqueue(image_ids, helper)  # same step, same slots as the momentum queue
         out.update(itc.stats)
         out["temp"] = m.temp.detach()
-        out["alpha"] = torch.tensor(alpha)
+        out["alpha"] = torch.full((), alpha, device=images.device)  # a fill, not a copy from host memory
         return out

@@ -18,7 +18,6 @@ Set-up is :mod:`vlp.train.setup`, checkpoints :mod:`vlp.train.checkpointing`, va
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import sys
 from pathlib import Path
@@ -30,7 +29,6 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from vlp.config import TrainConfig
-from vlp.dist import any_over_ranks
 from vlp.errors import DataError
 from vlp.train.checkpoint import check_shared_filesystem
 from vlp.train.checkpointing import Checkpointer
@@ -39,7 +37,8 @@ from vlp.train.logging import MetricsLog
 from vlp.train.optim import lr_at
 from vlp.train.preemption import preempted, stop_agreed, stop_signals
 from vlp.train.reporting import Reporter
-from vlp.train.setup import make_accelerator, prepare_training, uses_deepspeed
+from vlp.train.setup import make_accelerator, prepare_training
+from vlp.train.step import train_step
 from vlp.train.swa import snapshot_averager
 from vlp.train.validation import Validation, Validator
 
@@ -62,76 +61,6 @@ class TrainTask(Protocol):
 class NonFiniteError(RuntimeError):
     """``train.max_nonfinite_steps`` consecutive steps had a non-finite loss or gradient (or one did,
     under DeepSpeed, which cannot skip a step); a checkpoint of the last good state was saved."""
-
-
-def set_lr(optimizer: torch.optim.Optimizer, step: int, cfg: TrainConfig) -> float:
-    """The scheduled learning rate of ``step`` (0-based) into every parameter group, times the
-    group's ``lr_scale`` (``train.lr_scale``); returns the unscaled rate."""
-    lr = lr_at(step, cfg)
-    for g in optimizer.param_groups:
-        g["lr"] = lr * g.get("lr_scale", 1.0)
-    return lr
-
-
-def clip_gradients(acc: Accelerator, params: list[torch.Tensor], cfg: TrainConfig) -> Optional[torch.Tensor]:
-    """Clip to ``train.grad_clip``; returns the total gradient norm before clipping, or None under
-    DeepSpeed (whose engine clips its own gradient partitions, inside ``acc.backward``)."""
-    if uses_deepspeed(acc):
-        return None
-    if cfg.grad_clip:
-        return acc.clip_grad_norm_(params, cfg.grad_clip)
-    grads = [p.grad for p in params if p.grad is not None]
-    return torch.nn.utils.get_total_norm(grads) if grads else None
-
-
-def non_finite(outs: list[dict[str, torch.Tensor]], norm: Optional[torch.Tensor]) -> torch.Tensor:
-    """Whether a step's losses or its gradient norm are not finite (a 0-d bool tensor, no sync)."""
-    vals = [o["loss"].detach().float().reshape(()) for o in outs] + (
-        [norm.float().reshape(())] if norm is not None else []
-    )
-    return ~torch.isfinite(torch.stack(vals)).all()
-
-
-def skips_on_device(optimizer: Any) -> bool:
-    """Whether the optimizer (behind accelerate's wrapper) skips a step on a device flag: torch's
-    fused Adam/AdamW read ``found_inf`` inside their kernel, with no host synchronisation."""
-    inner = getattr(optimizer, "optimizer", optimizer)
-    return isinstance(inner, torch.optim.Adam | torch.optim.AdamW) and bool(inner.defaults.get("fused"))
-
-
-def optimizer_step(
-    acc: Accelerator,
-    optimizer: torch.optim.Optimizer,
-    inner: nn.Module,
-    params: list[torch.Tensor],
-    step: int,
-    cfg: TrainConfig,
-    clipped: bool = False,
-    skipped: Optional[torch.Tensor] = None,
-) -> None:
-    """Clip (unless ``clipped``), step, clear every gradient of the task (the self-optimised LTD
-    multiplier's too), then the task's post-step hook (momentum EMA, LTD multiplier).
-
-    ``skipped`` (0-d bool on the device): the step must leave no trace. A fused optimizer skips on
-    the device (``found_inf``); another reads the flag (a host synchronisation); under DeepSpeed
-    the engine has already stepped inside ``backward`` and skips a non-finite gradient itself."""
-    if not clipped:
-        clip_gradients(acc, params, cfg)
-    if skipped is None or uses_deepspeed(acc):
-        optimizer.step()
-    elif skips_on_device(optimizer):
-        torch_opt = getattr(optimizer, "optimizer", optimizer)
-        torch_opt.found_inf = skipped.to(torch.float32)
-        try:
-            optimizer.step()
-        finally:
-            del torch_opt.found_inf
-    elif not bool(skipped):
-        optimizer.step()
-    if hasattr(inner, "after_optimizer_step"):  # before the gradients go: the LTD multiplier steps on its own
-        inner.after_optimizer_step(step + 1, skipped=skipped)
-    optimizer.zero_grad(set_to_none=True)
-    inner.zero_grad(set_to_none=True)
 
 
 def endless_batches(loader: Iterable, start: int = 0) -> Iterator[Any]:
@@ -244,41 +173,19 @@ def train(
     start = ckpt.resume(log) if cfg.resume else 0
     rep = Reporter(acc, cfg, log, start)
     batches = endless_batches(prep.loader, start * micro)
-    undo = [m for m in inner.modules() if hasattr(m, "end_step")]
-    log_warnings = getattr(
-        inner, "log_warnings", None
-    )  # the task's optional hook  # feature queues: a skipped step leaves no trace
-    deepspeed = uses_deepspeed(acc)  # DeepSpeed accumulates (and scales by 1/micro) itself; no no_sync under ZeRO-2
+    log_warnings = getattr(inner, "log_warnings", None)  # the task's optional hook
     record: dict[str, float] = {}
     task.train()
     with stop_signals() as stop, log:  # SIGTERM / SIGUSR1: checkpoint at the next step boundary; log closes its sinks
         for step in range(start, cfg.steps):
-            lr = set_lr(optimizer, step, cfg)
-            for m in undo:
-                m.begin_step()
-            outs = []
-            for i in range(micro):  # gradients of `micro` batches, one optimizer step (docs/training.md)
-                batch = rep.fetch(batches)  # fetch a batch (the wait is the window's data time)
-                # forward and backward; DDP synchronises the gradients at the last micro-step only
-                with acc.no_sync(task) if i < micro - 1 and not deepspeed else contextlib.nullcontext():
-                    out = task(batch, step=step)
-                    acc.backward(out["loss"] if deepspeed else out["loss"] / micro)
-                outs.append(out)
-                pairs, bad = inner.batch_report(batch)
-                rep.stats.add_bad_samples(bad)
-            # clip, agree over the ranks on finiteness, step: no update when any rank saw a non-finite loss or
-            # gradient (weights, optimizer, momentum twins, queues and LTD multiplier stay; decided on the device)
-            norm = clip_gradients(acc, params, cfg)
-            skipped = rep.stats.skip(any_over_ranks([non_finite(outs, norm)], device=acc.device)[0])
+            lr = lr_at(step, cfg)
+            # forward, backward, clip, non-finite check, optimizer, EMA, queues, statistics: no host read
+            result = train_step(acc, task, inner, optimizer, params, lambda: rep.fetch(batches), step, cfg, rep.stats)
             done = step + 1
-            optimizer_step(acc, optimizer, inner, params, step, cfg, clipped=True, skipped=skipped)
-            # hooks: the queues keep or undo the step, weight averaging; the step into the window
-            for m in undo:
-                m.end_step(skipped)
-            if averager is not None:
+            if averager is not None:  # weight averaging
                 averager.after_step(done)
             # pairs: the last micro-batch's size, times the micro-steps and the processes
-            rep.add_step(done, outs, norm, skipped, micro, micro * pairs * acc.num_processes)
+            rep.add_step(micro, micro * result.pairs * acc.num_processes)
             # log: one read of the device per window; several processes agree on a stop signal here
             is_log_step = done % cfg.log_every == 0 or done == cfg.steps
             stopping = stop_agreed(stop, is_log_step, acc.num_processes, acc.device)

@@ -7,9 +7,8 @@ progress bar, and the run's running count of samples and bad samples (the bad-sa
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator
 
-import torch
 from accelerate import Accelerator
 
 from vlp.config import TrainConfig
@@ -44,18 +43,9 @@ class Reporter:
         self.data_time += time.perf_counter() - t0
         return batch
 
-    def add_step(
-        self,
-        step: int,
-        outs: list[dict[str, torch.Tensor]],
-        norm: Optional[torch.Tensor],
-        skipped: torch.Tensor,
-        micro_batches: int,
-        pairs: int,
-    ) -> None:
-        """Optimizer step ``step`` (1-based) of ``micro_batches`` forwards with outputs ``outs``, over
-        ``pairs`` pairs on all ranks (see :meth:`StepStats.add_step`; nothing is read back)."""
-        self.stats.add_step(step, outs, norm, skipped)
+    def add_step(self, micro_batches: int, pairs: int) -> None:
+        """One optimizer step of ``micro_batches`` forwards over ``pairs`` pairs on all ranks (its
+        statistics went to :attr:`stats` in :func:`vlp.train.step.train_step`)."""
         self.micro_steps += micro_batches
         self.pairs += pairs
 

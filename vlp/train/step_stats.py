@@ -3,7 +3,7 @@
 A GPU runs ahead of the host only while the host never waits for a result. So nothing a step
 produces is read back during the step: losses are summed on the device, the skip decision for a
 non-finite step is a device tensor the optimizer and the stateful modules obey
-(:func:`vlp.train.loop.optimizer_step`), and the window is read with one transfer at the log step
+(:func:`vlp.train.step.optimizer_step`), and the window is read with one transfer at the log step
 (:meth:`StepStats.read`).
 """
 
