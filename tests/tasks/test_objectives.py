@@ -135,8 +135,10 @@ def test_losses_normalised_by_a_given_total_are_sums_over_it() -> None:
 
 def test_global_modes_on_one_process_equal_the_local_ones(tokenizer) -> None:
     data = batch(tokenizer, "longest")  # image 2 has two captions: same-image exclusion matters
-    local = LossConfig(alpha_ramp_steps=1)
-    global_ = LossConfig(alpha_ramp_steps=1, itc_bank="global", itm_negatives="global", mlm_masking="global")
+    local = LossConfig(alpha_ramp_steps=1, mlm_probability=0.4)  # every step masks some of the 6 short captions
+    global_ = LossConfig(
+        alpha_ramp_steps=1, mlm_probability=0.4, itc_bank="global", itm_negatives="global", mlm_masking="global"
+    )
     a, b = step(local, data), step(global_, data)
     assert all(r["itm"] > 0 and r["mlm"] > 0 for r in a[0])
     assert_same(a, b)

@@ -149,9 +149,22 @@ def global_batch_sims(
     return cosines(i, t_m) / temp, cosines(t, i_m) / temp
 
 
-def itm_step(
+@dataclass
+class ITMPairs:
+    """The 3B pairs of an ITM step, ready for one fusion pass: B positives, B (text, hard image)
+    and B (hard text, image). Their image K/V are ``kv_index`` [3B] rows of the batch's K/V
+    (local negatives) or ``kv`` itself (global negatives, projected from gathered tokens)."""
+
+    hidden: torch.Tensor  # [3B, T, H] text states
+    mask: torch.Tensor  # [3B, T]
+    kv_index: Optional[torch.Tensor]  # [3B] rows of the batch's image K/V, or None
+    kv: Optional[ImageKV]  # the pairs' own K/V when kv_index is None
+    valid: torch.Tensor  # [3B] bool: the positives, and negatives that could be drawn
+    total: Optional[torch.Tensor]  # global mode: global valid pairs / world
+
+
+def itm_pairs(
     model: ALBEF,
-    image_kv: ImageKV,
     txt: TextFeatures,
     sim_i2t: torch.Tensor,
     sim_t2i: torch.Tensor,
@@ -160,13 +173,13 @@ def itm_step(
     image_tokens: Optional[torch.Tensor] = None,
     global_batch: bool = False,
     hardness: float = 1.0,
-) -> torch.Tensor:
-    """ITM on B positives + B (text, hard image) + B (hard text, image) pairs in one fusion pass.
-    Negatives are drawn with probability ``softmax(hardness * sim)`` (``loss.itm_hardness``).
+) -> ITMPairs:
+    """ITM's positives and hard negatives. Negatives are drawn with probability
+    ``softmax(hardness * sim)`` (``loss.itm_hardness``).
 
     Local (ALBEF): negatives are drawn from this rank's batch, with the in-batch ITC similarities
-    ``sim_*`` [B, B] (the batch columns of :class:`ITCOutput`) and ``image_ids`` [B]; the image
-    K/V are projected once and indexed for the negatives.
+    ``sim_*`` [B, B] (the batch columns of :class:`ITCOutput`) and ``image_ids`` [B]; the pairs
+    index the batch's image K/V (projected once).
 
     ``global_batch``: negatives come from the whole global batch. ``sim_*`` [world*B, world*B] and
     ``image_ids`` [world*B] cover the global batch (:func:`global_batch_sims`, gathered ids), and
@@ -180,49 +193,76 @@ def itm_step(
     neg_img, ok_img = sample_hard_negatives(sim_t2i, image_ids, generator, hardness)  # per text
     neg_txt, ok_txt = sample_hard_negatives(sim_i2t, image_ids, generator, hardness)  # per image
     b = txt.hidden.shape[0]
+    total, kv, kv_index = None, None, None
     if not global_batch:
         hidden = torch.cat([txt.hidden, txt.hidden, txt.hidden[neg_txt]], 0)
         mask = torch.cat([txt.mask, txt.mask, txt.mask[neg_txt]], 0)
-        idx = torch.cat([torch.arange(b, device=neg_img.device), neg_img, torch.arange(b, device=neg_img.device)])
-        kv, total = select_kv(image_kv, idx), None
+        own = torch.arange(b, device=neg_img.device)
+        kv_index = torch.cat([own, neg_img, own])
     else:
         if image_tokens is None:
-            raise ValueError("itm_step(global_batch=True) needs the image tokens")
+            raise ValueError("itm_pairs(global_batch=True) needs the image tokens")
         total = (ok_img.sum() + ok_txt.sum() + ok_img.numel()) / world_size()  # global valid pairs / world
-        own = own_rows(b)
-        neg_img, ok_img, neg_txt, ok_txt = neg_img[own], ok_img[own], neg_txt[own], ok_txt[own]
+        own_r = own_rows(b)
+        neg_img, ok_img, neg_txt, ok_txt = neg_img[own_r], ok_img[own_r], neg_txt[own_r], ok_txt[own_r]
         hidden_all, mask_all = all_gather_with_grad(txt.hidden), all_gather_nograd(txt.mask)
         hidden = torch.cat([txt.hidden, txt.hidden, hidden_all[neg_txt]], 0)
         mask = torch.cat([txt.mask, txt.mask, mask_all[neg_txt]], 0)
-        kv_neg = model.image_kv(all_gather_with_grad(image_tokens)[neg_img])
-        kv = [(torch.cat([k, k_n, k]), torch.cat([v, v_n, v])) for (k, v), (k_n, v_n) in zip(image_kv, kv_neg)]
-    logits = model.itm_logits(model.fuse(hidden, mask, kv))
-    labels = (torch.arange(3 * b, device=logits.device) < b).long()  # B positives, then 2B negatives
+        kv = model.image_kv(all_gather_with_grad(image_tokens)[neg_img])
     valid = torch.cat([torch.ones(b, dtype=torch.bool, device=ok_img.device), ok_img, ok_txt])
-    return itm_loss(logits, labels, valid, total)
+    return ITMPairs(hidden, mask, kv_index, kv, valid, total)
 
 
-def mlm_step(
-    model: ALBEF,
+def pair_kv(pairs: ITMPairs, image_kv: ImageKV) -> ImageKV:
+    """The K/V the pairs attend to: rows of the batch's ``image_kv``, or (global negatives) the
+    positives' K/V followed by the negatives' own, per layer."""
+    if pairs.kv_index is not None:
+        return select_kv(image_kv, pairs.kv_index)
+    assert pairs.kv is not None
+    return [(torch.cat([k, k_n, k]), torch.cat([v, v_n, v])) for (k, v), (k_n, v_n) in zip(image_kv, pairs.kv)]
+
+
+def itm_loss_at(model: ALBEF, fused: torch.Tensor, pairs: ITMPairs) -> torch.Tensor:
+    """ITM loss of the pairs' fused states [3B, T, H] (B positives, then 2B negatives)."""
+    logits = model.itm_logits(fused)
+    b3 = logits.shape[0]
+    labels = (torch.arange(b3, device=logits.device) < b3 // 3).long()
+    return itm_loss(logits, labels, pairs.valid, pairs.total)
+
+
+def itm_step(model: ALBEF, image_kv: ImageKV, txt: TextFeatures, *args, **kwargs) -> torch.Tensor:
+    """ITM on B positives + 2B hard negatives in one fusion pass (:func:`itm_pairs`'s arguments
+    after ``image_kv``, the batch's cross-attention K/V)."""
+    pairs = itm_pairs(model, txt, *args, **kwargs)
+    return itm_loss_at(model, model.fuse(pairs.hidden, pairs.mask, pair_kv(pairs, image_kv)), pairs)
+
+
+@dataclass
+class MaskedText:
+    """One MLM draw for this rank's rows: the masked ids, and the masked tokens gathered into a
+    fixed number of slots (no boolean indexing: no device sync)."""
+
+    ids: torch.Tensor  # [B, T] input ids with the selected tokens masked
+    index: torch.Tensor  # [C] flat indices into [B * T] of the masked tokens (:func:`gather_masked`)
+    labels: torch.Tensor  # [C] their original ids, -100 in the empty slots
+    total: Optional[torch.Tensor]  # global mode: global masked count / world
+
+
+def draw_masks(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    image_kv: ImageKV,
-    image_tokens_m: Optional[torch.Tensor],
     tokens: TokenInfo,
     probability: float,
-    alpha: float,
     generator: Optional[torch.Generator] = None,
     length: Optional[int] = None,
     global_batch: bool = False,
-) -> torch.Tensor:
-    """Masked LM through all layers with cross-attention; the head runs only at masked positions.
-
-    ``input_ids``/``attention_mask`` [B, T]; ``length``: the tokenizer's max_len, so the masks do not
-    depend on the padding (:func:`mask_tokens`). ``global_batch``: the masks are drawn for the
-    gathered [world*B, T] batch with ``generator`` seeded identically on every rank (each rank keeps
-    its rows; T must be the same on every rank) and the loss is this rank's sum over its masked
-    tokens divided by (global masked count / world), as :func:`itm_step` does for its pairs.
-    """
+) -> MaskedText:
+    """BERT masking of ``input_ids``/``attention_mask`` [B, T] (:func:`mask_tokens`). ``length``:
+    the tokenizer's max_len, so the masks do not depend on the padding. ``global_batch``: the
+    masks are drawn for the gathered [world*B, T] batch with ``generator`` seeded identically on
+    every rank (each rank keeps its rows; T must be the same on every rank) and the loss will be
+    this rank's sum over its masked tokens divided by (global masked count / world), as
+    :func:`itm_pairs` does for its pairs."""
     total = None
     special = tokens.special_ids_on(input_ids.device)
     draw = (tokens.mask_id, tokens.vocab_size, probability, generator, length)
@@ -234,14 +274,18 @@ def mlm_step(
         masked, labels = masked[own], labels[own]
     else:
         masked, labels = mask_tokens(input_ids, attention_mask, special, *draw)
-    # the masked positions in a fixed number of slots: no boolean indexing, no device sync
     index, labels = gather_masked(labels, mlm_capacity(labels.numel(), probability))
-    fused = model.fuse(model.text_states(masked, attention_mask), attention_mask, image_kv)
-    logits = model.mlm_logits(fused.flatten(0, 1)[index])
+    return MaskedText(masked, index, labels, total)
+
+
+def mlm_loss_at(
+    model: ALBEF, fused: torch.Tensor, fused_m: Optional[torch.Tensor], draw: MaskedText, alpha: float
+) -> torch.Tensor:
+    """Masked LM loss of the fused states of the masked text [B, T, H] (the twin's, or None: no
+    distillation); the head runs only at the masked positions' slots."""
+    logits = model.mlm_logits(fused.flatten(0, 1)[draw.index])
     logits_m = None
-    if image_tokens_m is not None and alpha > 0:
+    if fused_m is not None:
         with torch.no_grad():
-            h_m = model.text_states(masked, attention_mask, momentum=True)
-            fused_m = model.fuse(h_m, attention_mask, image_tokens_m, momentum=True)
-            logits_m = model.mlm_logits(fused_m.flatten(0, 1)[index], momentum=True)
-    return mlm_loss(logits, labels, logits_m, alpha, total)
+            logits_m = model.mlm_logits(fused_m.flatten(0, 1)[draw.index], momentum=True)
+    return mlm_loss(logits, draw.labels, logits_m, alpha, draw.total)

@@ -11,7 +11,15 @@ from vlp.dist import all_gather_nograd, world_size
 from vlp.errors import ConfigError
 from vlp.models.albef import ALBEF
 from vlp.tasks.base import Task
-from vlp.tasks.objectives import TokenInfo, enqueue, global_batch_sims, itc_step, itm_step, mlm_step
+from vlp.tasks.objectives import (
+    TokenInfo,
+    draw_masks,
+    enqueue,
+    global_batch_sims,
+    itc_step,
+    itm_step,
+    mlm_loss_at,
+)
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.tasks.regulation import SRCLRegulator
 
@@ -105,6 +113,11 @@ class PretrainTask(Task):
         alpha = self.alpha(step)
         m.clamp_temp()
 
+        # MLM masks first: every random draw of the step comes before the encoders run
+        draw = None
+        if c.mlm:
+            gen_mlm = shared if global_mlm else gen
+            draw = draw_masks(ids, mask, self.tokens, c.mlm_probability, gen_mlm, self.max_len, global_mlm)
         img = m.encode_image(images)
         txt = m.encode_text(ids, mask)
         with torch.no_grad():
@@ -143,20 +156,13 @@ class PretrainTask(Task):
         elif c.itm:
             sims = itc.sim_i2t[:, itc.batch_cols].detach(), itc.sim_t2i[:, itc.batch_cols].detach()
             out["itm"] = itm_step(m, kv, txt, *sims, image_ids, gen, hardness=c.itm_hardness)
-        if c.mlm:
-            out["mlm"] = mlm_step(
-                m,
-                ids,
-                mask,
-                kv,
-                img_m.tokens,
-                self.tokens,
-                c.mlm_probability,
-                alpha,
-                shared if global_mlm else gen,
-                self.max_len,
-                global_batch=global_mlm,
-            )
+        if draw is not None:
+            fused = m.fuse(m.text_states(draw.ids, mask), mask, kv)
+            fused_m = None
+            if alpha > 0:
+                with torch.no_grad():
+                    fused_m = m.fuse(m.text_states(draw.ids, mask, momentum=True), mask, img_m.tokens, momentum=True)
+            out["mlm"] = mlm_loss_at(m, fused, fused_m, draw, alpha)
         weights = dict(itc=c.itc, itm=c.itm, mlm=c.mlm)
         out["loss"] = sum(weights[k] * v for k, v in out.items())
         if self.reconstruction is not None:
