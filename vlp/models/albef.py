@@ -106,6 +106,21 @@ class ALBEF(nn.Module):
         feat = F.normalize(self._m("text_proj", momentum)(hidden[:, 0]).float(), dim=-1)
         return TextFeatures(hidden, attention_mask, feat)
 
+    def encode_text_and_masked(
+        self, input_ids: torch.Tensor, masked_ids: torch.Tensor, attention_mask: torch.Tensor, momentum: bool = False
+    ) -> tuple[TextFeatures, torch.Tensor]:
+        """:meth:`encode_text` of ``input_ids`` [B, T] and the text states [B, T, H] of ``masked_ids``
+        (the MLM input, same mask) in one pass of the text layers over [2B, T]: half the launches
+        of two passes, and each weight read once. Rows do not interact, so the results are those
+        of two passes."""
+        b = input_ids.shape[0]
+        both = self.text_states(
+            torch.cat([input_ids, masked_ids]), torch.cat([attention_mask, attention_mask]), momentum
+        )
+        hidden = both[:b]
+        feat = F.normalize(self._m("text_proj", momentum)(hidden[:, 0]).float(), dim=-1)
+        return TextFeatures(hidden, attention_mask, feat), both[b:]
+
     def image_kv(self, image_tokens: Union[torch.Tensor, Sequence[torch.Tensor]], momentum: bool = False) -> ImageKV:
         """Cross-attention K/V for every fusion layer, projected once (reuse across passes)."""
         return self._m("fusion", momentum).image_kv(image_tokens)

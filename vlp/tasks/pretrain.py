@@ -9,16 +9,21 @@ import torch
 from vlp.config import LossConfig
 from vlp.dist import all_gather_nograd, world_size
 from vlp.errors import ConfigError
-from vlp.models.albef import ALBEF
+from vlp.models.albef import ALBEF, TextFeatures
+from vlp.models.text import ImageKV, select_kv
 from vlp.tasks.base import Task
 from vlp.tasks.objectives import (
+    ITMPairs,
+    MaskedText,
     TokenInfo,
     draw_masks,
     enqueue,
     global_batch_sims,
     itc_step,
-    itm_step,
+    itm_loss_at,
+    itm_pairs,
     mlm_loss_at,
+    pair_kv,
 )
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.tasks.regulation import SRCLRegulator
@@ -99,6 +104,38 @@ class PretrainTask(Task):
                 f"the same length: set data.text_padding=max_len (got {self.text_padding})"
             )
 
+    def _text(
+        self, ids: torch.Tensor, mask: torch.Tensor, draw: Optional[MaskedText], momentum: bool
+    ) -> tuple[TextFeatures, Optional[torch.Tensor]]:
+        """Text features of the captions, and the text states of the masked captions when MLM
+        needs them: one text pass over both."""
+        if draw is None:
+            return self.model.encode_text(ids, mask, momentum), None
+        return self.model.encode_text_and_masked(ids, draw.ids, mask, momentum)
+
+    def _fuse(
+        self, kv: Optional[ImageKV], pairs: Optional[ITMPairs], h_masked: Optional[torch.Tensor], mask: torch.Tensor
+    ) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """The fused states of the ITM pairs [3B, T, H] and of the masked captions [B, T, H], in one
+        pass of the fusion layers over their 4B rows (the masked captions attend to their own
+        images). With local negatives the rows index the batch's K/V; with global negatives, whose
+        K/V are projected from gathered tokens, the batch's K/V are appended to the pairs'."""
+        m = self.model
+        if kv is None or (pairs is None and h_masked is None):
+            return None, None
+        if pairs is None:
+            return None, m.fuse(h_masked, mask, kv)
+        if h_masked is None:
+            return m.fuse(pairs.hidden, pairs.mask, pair_kv(pairs, kv)), None
+        b3 = pairs.hidden.shape[0]
+        if pairs.kv_index is not None:
+            own = torch.arange(h_masked.shape[0], device=h_masked.device)
+            rows_kv = select_kv(kv, torch.cat([pairs.kv_index, own]))
+        else:
+            rows_kv = [(torch.cat([k_p, k]), torch.cat([v_p, v])) for (k_p, v_p), (k, v) in zip(pair_kv(pairs, kv), kv)]
+        fused = m.fuse(torch.cat([pairs.hidden, h_masked]), torch.cat([pairs.mask, mask]), rows_kv)
+        return fused[:b3], fused[b3:]
+
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
         with self.model.momentum.lowered():  # bf16 copies of the twin's weights under a bf16 autocast
             return self._forward(batch, step)
@@ -118,11 +155,12 @@ class PretrainTask(Task):
         if c.mlm:
             gen_mlm = shared if global_mlm else gen
             draw = draw_masks(ids, mask, self.tokens, c.mlm_probability, gen_mlm, self.max_len, global_mlm)
+        distill_mlm = draw is not None and alpha > 0
         img = m.encode_image(images)
-        txt = m.encode_text(ids, mask)
+        txt, h_masked = self._text(ids, mask, draw, momentum=False)
         with torch.no_grad():
             img_m = m.encode_image(images, momentum=True)
-            txt_m = m.encode_text(ids, mask, momentum=True)
+            txt_m, h_masked_m = self._text(ids, mask, draw if distill_mlm else None, momentum=True)
 
         out: dict[str, torch.Tensor] = {}
         reg, helper, regulate = self.regulator, None, None
@@ -147,22 +185,23 @@ class PretrainTask(Task):
         )
         kv = m.image_kv(img.tokens) if c.itm or c.mlm else None  # cross-attention K/V once, for ITM and MLM
         out["itc"] = itc.loss
+        pairs = None
         if c.itm and global_itm:  # negatives from the global batch, drawn alike on every rank
             sims = global_batch_sims(img.feat, txt.feat, img_m.feat, txt_m.feat, itc.temp)
             ids_all = all_gather_nograd(image_ids)
-            out["itm"] = itm_step(
-                m, kv, txt, *sims, ids_all, shared, img.tokens, global_batch=True, hardness=c.itm_hardness
-            )
+            pairs = itm_pairs(m, txt, *sims, ids_all, shared, img.tokens, global_batch=True, hardness=c.itm_hardness)
         elif c.itm:
             sims = itc.sim_i2t[:, itc.batch_cols].detach(), itc.sim_t2i[:, itc.batch_cols].detach()
-            out["itm"] = itm_step(m, kv, txt, *sims, image_ids, gen, hardness=c.itm_hardness)
+            pairs = itm_pairs(m, txt, *sims, image_ids, gen, hardness=c.itm_hardness)
+        fused_itm, fused_mlm = self._fuse(kv, pairs, h_masked, mask)
+        if pairs is not None:
+            out["itm"] = itm_loss_at(m, fused_itm, pairs)
         if draw is not None:
-            fused = m.fuse(m.text_states(draw.ids, mask), mask, kv)
             fused_m = None
-            if alpha > 0:
+            if distill_mlm:
                 with torch.no_grad():
-                    fused_m = m.fuse(m.text_states(draw.ids, mask, momentum=True), mask, img_m.tokens, momentum=True)
-            out["mlm"] = mlm_loss_at(m, fused, fused_m, draw, alpha)
+                    fused_m = m.fuse(h_masked_m, mask, img_m.tokens, momentum=True)
+            out["mlm"] = mlm_loss_at(m, fused_mlm, fused_m, draw, alpha)
         weights = dict(itc=c.itc, itm=c.itm, mlm=c.mlm)
         out["loss"] = sum(weights[k] * v for k, v in out.items())
         if self.reconstruction is not None:
