@@ -47,6 +47,20 @@ def _train_helper(a: argparse.Namespace) -> None:
 
 
 def _bench(a: argparse.Namespace) -> None:
+    if a.loader_only:
+        from vlp.data.loader_bench import format_loader_bench, parse_size, run_loader_bench
+
+        if a.count_ops:
+            raise ConfigError("vlp bench: --loader-only and --count-ops are separate benchmarks: give one")
+        if a.images and a.source_size:
+            raise ConfigError("vlp bench --loader-only: --source-size applies to generated images, not to --images")
+        cfg = load_config(PretrainConfig, a.config, a.overrides)
+        size = parse_size(a.source_size) if a.source_size else (500, 375)
+        loaded = run_loader_bench(cfg, a.images, a.n_images, a.workers, size, out=a.out)
+        print(format_loader_bench(loaded))
+        if a.out:
+            _wrote(a.out)
+        return
     from vlp.runs.bench import format_bench, format_count_ops, run_bench, run_count_ops
 
     if a.count_ops:
@@ -823,6 +837,29 @@ def _add_bench(sub: Any) -> None:
         action="store_true",
         help="count one training step after the warm-up at the dispatcher instead of timing: kernel-launching "
         "ops, casts, device syncs, module calls per forward (the CPU proxies of GPU host time)",
+    )
+    s.add_argument(
+        "--loader-only",
+        action="store_true",
+        help="time the training image pipeline instead (open, decode, training transform) in loader "
+        "workers: images/s per worker, full and JPEG draft-mode decoding; data.train is not read",
+    )
+    s.add_argument(
+        "--images",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="--loader-only: image files or folders of .jpg/.jpeg/.png (default: generated photo-like JPEGs)",
+    )
+    s.add_argument("--workers", type=int, default=1, help="--loader-only: loader worker processes (0: in-process)")
+    s.add_argument(
+        "--n-images",
+        type=int,
+        default=None,
+        help="--loader-only: images to generate (default 200), or the first N of --images (default all)",
+    )
+    s.add_argument(
+        "--source-size", default=None, metavar="WxH", help="--loader-only: generated images' size (default 500x375)"
     )
     s.add_argument("--out", default=None, help="also write the result as JSON here")
     s.add_argument("overrides", nargs="*", help="config overrides, e.g. data.batch_size=64")

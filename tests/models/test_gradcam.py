@@ -21,7 +21,7 @@ def test_capture_path_probabilities_and_gradient_by_hand() -> None:
     """One query per head, 5 keys (image [CLS] + 2x2 patches): scores q.k / sqrt(2) chosen as
     log 1, log 2, log 3, log 1, log 1, so the probabilities are [1, 2, 3, 1, 1] / 8; with the last
     key masked, [1, 2, 3, 1, 0] / 7. For S = sum(g * (P @ V)), dS/dP[n] = g . V[n]."""
-    att = Attention(hidden=4, heads=2, kv_width=4, dropout=0.0, eps=1e-12)
+    att = Attention(hidden=4, heads=2, kv_width=4, dropout=0.0, eps=1e-12, cross=True)
     r2 = math.sqrt(2.0)
     q = torch.tensor([r2, 0.0]).expand(1, 2, 1, 2)  # [B, heads, T, d]: scores = k[:, 0]
     logs = torch.tensor([0.0, math.log(2), math.log(3), 0.0, 0.0])
@@ -122,7 +122,7 @@ def _by_hand(model: _TinyFused, images: torch.Tensor, ids: torch.Tensor, mask: t
     lay = model.fusion.layer[0]
     x = model.embed(ids)
     tmask = mask.bool()[:, None, None, :]
-    x = lay.attention(x, lay.attention.project_kv(x), tmask)
+    x = lay.attention(x, None, tmask)  # self-attention
     ca = lay.crossattention
     k, v = ca.project_kv(model.encode_image(images).tokens)
     q = ca._split(ca.self.query(x))

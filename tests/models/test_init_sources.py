@@ -29,7 +29,9 @@ def test_base_style_text_init_from_a_local_bert_directory(tmp_path):
     )
     assert torch.equal(text.embeddings.token_type_embeddings.weight, sd["embeddings.token_type_embeddings.weight"])
     # BERT layers 2, 3 -> fusion layers 0, 1 by name; cross-attention is new (K/V from the image width)
-    assert torch.equal(fusion.layer[0].attention.self.key.weight, sd["encoder.layer.2.attention.self.key.weight"])
+    assert torch.equal(
+        fusion.state_dict()["layer.0.attention.self.key.weight"], sd["encoder.layer.2.attention.self.key.weight"]
+    )
     assert torch.equal(fusion.layer[1].output.LayerNorm.weight, sd["encoder.layer.3.output.LayerNorm.weight"])
     assert fusion.layer[0].crossattention.self.key.weight.shape == (32, 48)
 

@@ -58,7 +58,7 @@ def test_small_preset_loads_minilm_layers_by_name():
     ext = (1.0 - mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
     expected = ref_att(hs[3], attention_mask=ext)[0]
     x = hs[3]
-    got = fusion.layer[0].attention(x, fusion.layer[0].attention.project_kv(x), mask.bool()[:, None, None, :])
+    got = fusion.layer[0].attention(x, None, mask.bool()[:, None, None, :])  # self-attention: Q, K, V of x
     assert torch.allclose(got[:, :5], expected[:, :5], atol=1e-5)
     assert torch.equal(fusion.layer[2].output.dense.weight, ref.encoder.layer[5].output.dense.weight)
 

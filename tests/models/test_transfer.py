@@ -82,7 +82,7 @@ def test_load_pretrained_into_vqa_and_nlvr_models_maps_every_part(tmp_path):
     assert torch.equal(vqa.decoder.lm_head.transform.dense.weight, src.mlm_head.transform.dense.weight)
     assert torch.equal(vqa.decoder.lm_head.bias, src.mlm_head.bias)
     assert torch.equal(
-        vqa.decoder.encoder.layer[0].attention.self.query.weight, src.fusion.layer[0].attention.self.query.weight
+        vqa.decoder.encoder.layer[0].attention.self.qkv.weight, src.fusion.layer[0].attention.self.qkv.weight
     )
     assert torch.equal(vqa.momentum["decoder"].lm_head.bias, src.momentum["mlm_head"].bias)
     nlvr = NLVRModel(_cfg())

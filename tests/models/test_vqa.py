@@ -173,7 +173,7 @@ def test_adapt_pretrained_copies_fusion_embeddings_and_mlm_head(tmp_path):
         albef.momentum["fusion"].layer[1].crossattention.output.dense.weight,
     )
     assert not torch.equal(
-        twin.encoder.layer[0].attention.self.query.weight, vqa.decoder.encoder.layer[0].attention.self.query.weight
+        twin.encoder.layer[0].attention.self.qkv.weight, vqa.decoder.encoder.layer[0].attention.self.qkv.weight
     )
     assert torch.equal(vqa.decoder.lm_head.bias, albef.mlm_head.bias)
     assert torch.equal(vqa.decoder.lm_head.decoder.weight, albef.text.embeddings.word_embeddings.weight)

@@ -50,6 +50,26 @@ def summary(t: torch.Tensor, key: str) -> list[float]:
     return [x.sum().item(), x.norm().item(), (x @ d).item()]
 
 
+def checkpoint_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every gradient under its checkpoint name (``state_dict``'s: tied weights under each name; a
+    fused Q/K/V or K/V projection's gradient split as its weights are)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    grads = {}
+    for name in model.state_dict():
+        if name in params:
+            if params[name].grad is not None:
+                grads[name] = params[name].grad
+            continue
+        if name.count(".") < 2:
+            continue
+        prefix, part, kind = name.rsplit(".", 2)  # e.g. fusion.layer.0.attention.self / key / weight
+        for fused, parts in (("qkv", ("query", "key", "value")), ("kv", ("key", "value"))):
+            p = params.get(f"{prefix}.{fused}.{kind}")
+            if p is not None and part in parts and p.grad is not None:
+                grads[name] = p.grad.chunk(len(parts), 0)[parts.index(part)]
+    return grads
+
+
 def run() -> dict[str, dict[str, list[float]]]:
     torch.manual_seed(0)
     vision = VisionConfig(depth=2, img_size=32, patch_size=8)
@@ -68,11 +88,14 @@ def run() -> dict[str, dict[str, list[float]]]:
         losses["loss"].backward()
         if step == 1:
             out["losses"] = {k: [losses[k].item()] for k in ("itc", "itm", "mlm", "loss")}
-            for name, sd in model.state_dict(keep_vars=True).items():
-                if isinstance(sd, torch.nn.Parameter) and sd.grad is not None:
-                    out["grads"][name] = summary(sd.grad, name)
+            for name, grad in checkpoint_grads(model).items():
+                out["grads"][name] = summary(grad, name)
         optimizer_step(None, optimizer, task, params, step, cfg, clipped=True)  # type: ignore[arg-type]
     for name, v in model.state_dict().items():
+        # An attention's key bias has no effect (it adds the same q.b to every score of a query):
+        # its gradient is rounding noise around 0, which Adam turns into steps of size lr
+        if name.endswith("self.key.bias"):
+            continue
         if name.startswith("momentum.") or name.startswith("queue."):
             out["after"][name] = summary(v, name)
     return out

@@ -26,11 +26,49 @@ ImageKV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class _QKV(nn.Module):
-    def __init__(self, hidden: int, kv_width: int) -> None:
+    """The projections of an attention. Self-attention fuses Q, K and V into one ``qkv`` Linear
+    [3H, H] (one matmul, and under autocast one cast of the input and of each weight, instead of
+    three); cross-attention keeps ``query`` on the text and ``key`` / ``value`` on the context
+    (projected once per step for every fusion pass; NLVR2 ties them across layer pairs).
+
+    Checkpoints keep BERT's names: ``state_dict`` splits ``qkv`` into ``query`` / ``key`` /
+    ``value`` (``.weight`` and ``.bias``) and ``load_state_dict`` joins them, so BERT and ALBEF
+    checkpoints, the converters and saved vlp checkpoints load unchanged."""
+
+    PARTS = ("query", "key", "value")
+
+    def __init__(self, hidden: int, kv_width: int, cross: bool) -> None:
         super().__init__()
-        self.query = nn.Linear(hidden, hidden)
-        self.key = nn.Linear(kv_width, hidden)
-        self.value = nn.Linear(kv_width, hidden)
+        self.cross = cross
+        if cross:
+            self.query = nn.Linear(hidden, hidden)
+            self.key = nn.Linear(kv_width, hidden)
+            self.value = nn.Linear(kv_width, hidden)
+        else:  # initialised as three Linears would be (the same random draws, in the same order)
+            parts = [nn.Linear(hidden, hidden) for _ in self.PARTS]
+            self.qkv = nn.Linear(hidden, 3 * hidden, device="meta")  # no draws of its own
+            self.qkv.weight = nn.Parameter(torch.cat([p.weight.detach() for p in parts]))
+            self.qkv.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]))
+            self.register_state_dict_post_hook(_QKV._split_state)
+            self.register_load_state_dict_pre_hook(_QKV._join_state)
+
+    @staticmethod
+    def _split_state(module: _QKV, state: dict, prefix: str, local_metadata: dict) -> None:
+        for kind in ("weight", "bias"):
+            whole = state.pop(f"{prefix}qkv.{kind}")
+            for name, part in zip(_QKV.PARTS, whole.chunk(3, 0)):
+                state[f"{prefix}{name}.{kind}"] = part if isinstance(whole, nn.Parameter) else part.clone()
+
+    @staticmethod
+    def _join_state(module: _QKV, state: dict, prefix: str, *args: object) -> None:
+        for kind in ("weight", "bias"):
+            keys = [f"{prefix}{name}.{kind}" for name in _QKV.PARTS]
+            if all(k in state for k in keys):  # else torch reports the missing / unexpected keys
+                state[f"{prefix}qkv.{kind}"] = torch.cat([state.pop(k) for k in keys], 0)
+
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Self-attention queries, keys and values, each [B, T, H], of ``x`` [B, T, H]."""
+        return self.qkv(x).chunk(3, -1)
 
 
 class _AddNorm(nn.Module):
@@ -47,12 +85,12 @@ class _AddNorm(nn.Module):
 class Attention(nn.Module):
     """Multi-head attention with BERT naming, post-LN residual, PyTorch SDPA."""
 
-    def __init__(self, hidden: int, heads: int, kv_width: int, dropout: float, eps: float) -> None:
+    def __init__(self, hidden: int, heads: int, kv_width: int, dropout: float, eps: float, cross: bool) -> None:
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden size {hidden} is not divisible by {heads} heads")
         self.heads, self.dropout_p = heads, dropout
-        self.self = _QKV(hidden, kv_width)
+        self.self = _QKV(hidden, kv_width, cross)
         self.output = _AddNorm(hidden, hidden, dropout, eps)
         # Opt-in capture (Grad-CAM, :mod:`vlp.models.gradcam`): when True, forward computes the
         # attention explicitly and keeps its probabilities [B, heads, T, N] in ``probs``.
@@ -64,22 +102,26 @@ class Attention(nn.Module):
         return x.view(b, n, self.heads, h // self.heads).transpose(1, 2)
 
     def project_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """K/V of ``context`` [B, N, kv_width] -> two [B, heads, N, head_dim]."""
+        """Cross-attention K/V of ``context`` [B, N, kv_width] -> two [B, heads, N, head_dim]."""
         return self._split(self.self.key(context)), self._split(self.self.value(context))
 
     def forward(
         self,
         x: torch.Tensor,
-        kv: tuple[torch.Tensor, torch.Tensor],
+        kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
         mask: Optional[torch.Tensor] = None,
         groups: Optional[KVGroups] = None,
     ) -> torch.Tensor:
-        """``x`` [B, T, H] attends to ``kv``; ``mask`` [B, 1, 1, N] bool (True = attend).
+        """``x`` [B, T, H] attends to ``kv`` (cross-attention: :meth:`project_kv` of the context), or
+        to itself when ``kv`` is None (self-attention: Q, K, V in one projection); ``mask``
+        [B, 1, 1, N] bool (True = attend).
 
         ``groups``: ``kv`` (and ``mask``) hold one entry per distinct context, shared by the rows
         ``groups.index`` maps to it (:class:`KVGroups`), instead of one per row."""
-        q = self._split(self.self.query(x))
-        k, v = kv
+        if kv is None:
+            q, k, v = (self._split(t) for t in self.self.project_qkv(x))
+        else:
+            q, (k, v) = self._split(self.self.query(x)), kv
         p = self.dropout_p if self.training else 0.0
         if self.capture:
             a = self._attend_explicit(q, k, v, mask, groups, p)
@@ -177,8 +219,8 @@ class FusionLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.causal = causal
-        self.attention = Attention(hidden, heads, hidden, dropout, eps)
-        self.crossattention = Attention(hidden, heads, image_width, dropout, eps)
+        self.attention = Attention(hidden, heads, hidden, dropout, eps, cross=False)
+        self.crossattention = Attention(hidden, heads, image_width, dropout, eps, cross=True)
         self.intermediate = nn.Module()
         self.intermediate.dense = nn.Linear(hidden, intermediate)
         self.output = _AddNorm(intermediate, hidden, dropout, eps)
@@ -196,7 +238,7 @@ class FusionLayer(nn.Module):
         ``groups``: ``image_kv`` / ``image_mask`` hold one entry per distinct image (:class:`KVGroups`)."""
         if self.causal:
             text_mask = causal_mask(text_mask)
-        x = self.attention(x, self.attention.project_kv(x), text_mask)
+        x = self.attention(x, None, text_mask)
         x = self.crossattention(x, image_kv, image_mask, groups)
         return self.output(F.gelu(self.intermediate.dense(x)), x)
 

@@ -1,0 +1,546 @@
+"""``vlp bench --loader-only``: images per second that one loader worker delivers to training.
+
+A training run at 1,300 pairs/s needs 1,300 decoded, augmented images per second from the host's
+cores. This benchmark times what a training loader worker does per image: open and decode the file
+(:func:`vlp.data.images.open_image`, as training does), apply the config's *training* transform
+(:func:`vlp.data.transforms.train_transform` at the model's resolution, ``data.image``), under the
+per-item seeds of training, in the real training dataset (:class:`vlp.data.datasets.ImageTextDataset`)
+and ``workers`` DataLoader worker processes.
+
+**Images.** Files the user names (``--images``: folders of .jpg/.jpeg/.png, or files), or ``n``
+photo-sized JPEGs written here into a temporary folder (:func:`write_test_jpegs`): shapes-world
+scenes (:func:`vlp.data.synthetic.scene.render_scene`) at ``size`` with a smooth colour field and
+pixel noise on top, so that they compress like photos (about 50 KB at 500x375, quality 90).
+
+**Three decodes.** ``full``: as training loads images today. ``draft``: JPEG draft-mode decoding
+chosen per image (:func:`open_image_draft`, the rule in :func:`draft_scale`): libjpeg decodes at
+1/2, 1/4 or 1/8 scale when *every* crop the transform can take is still at least the output
+resolution. ``draft-crop``: chosen per crop (:func:`open_crop_draft`): the crop's box is drawn from
+the file's size first (the same random draws as the transform), and the JPEG decoded at the largest
+reduced scale at which *that* crop is still at least the output resolution. Neither changes what
+the network sees beyond the decoder's own downscaling (no crop is ever upsampled where the full
+decode would have downsampled it). Training does not use them yet (wiring them in touches
+``vlp/data/images.py``, ``vlp/data/datasets.py``, ``vlp/data/shards.py`` and
+``vlp/runs/pretrain.py``); the bench reports each, so the gain is known before it is wired.
+
+Timing: each item is timed inside its worker (``time.perf_counter``, CLOCK_MONOTONIC on Linux, one
+clock for all processes) from the dataset's ``__getitem__`` entry to the image tensor
+``[3, res, res]``; the worker stacks batches of ``batch`` (``[B, 3, res, res]``, as a training
+collator does) and ships them to the main process. ``images_per_s`` is the timed items over the span
+from the first timed item's start to the last one's end (so it includes the worker's idle time
+while it waits on the main process), after ``warmup`` untimed items per worker. Each decode runs
+``rounds`` times, the decodes alternating (a busy machine slows each alike), with fresh workers each
+time; the median round is reported. A draft decode that would reduce no image (scale 1 throughout)
+is the full decode and is not timed again (``not_timed``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+import warnings
+from collections import Counter
+from datetime import date
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from torchvision import transforms as T
+from torchvision.transforms import functional as TF
+
+from vlp.config import PretrainConfig
+from vlp.data.datasets import ImageTextDataset, SeededIndex, seed_of
+from vlp.data.formats import Sample
+from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image, to_rgb, upscale_tiny
+from vlp.data.synthetic.scene import render_scene, sample_scene, world_rng
+from vlp.data.transforms import train_transform
+from vlp.errors import ConfigError
+from vlp.version import __version__
+
+#: file suffixes ``--images`` folders are searched for (case-insensitive)
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+#: images generated when the user names none
+DEFAULT_N = 200
+#: libjpeg's reduced decoding scales (1/d), largest first
+JPEG_SCALES = (8, 4, 2, 1)
+#: RandomResizedCrop's aspect-ratio range (torchvision's default, which :func:`train_transform` uses)
+CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
+#: the decodes the bench times: as training loads today, JPEG draft mode chosen per image
+#: (:func:`draft_scale`), and chosen per crop (:func:`open_crop_draft`)
+DECODES = ("full", "draft", "draft-crop")
+
+
+# ----------------------------------------------------------------------------- draft decoding
+
+
+def min_crop_side(width: int, height: int, crop_scale: Optional[Sequence[float]], ratio=CROP_RATIO) -> int:
+    """The shortest side (pixels) of any crop that the training transform can take from a
+    ``width`` x ``height`` image before resizing it to ``res`` x ``res``.
+
+    ``crop_scale`` None (``Resize((res, res))``, no crop): the whole image, ``min(width, height)``.
+    Otherwise torchvision's RandomResizedCrop: a sampled crop of area fraction ``s >= s_min`` and
+    aspect ratio ``r`` in ``ratio`` has sides ``round(sqrt(A s r))`` x ``round(sqrt(A s / r))``, so
+    its shorter side is at least ``floor(sqrt(A s_min min(r_lo, 1/r_hi)))``; when 10 draws fail,
+    its fallback is the centre crop of the whole width or height (ratio clamped to ``ratio``), whose
+    shorter side is ``min(width, height)``. The result is the smaller of the two bounds."""
+    whole = min(width, height)
+    if crop_scale is None:
+        return whole
+    r_min = min(ratio[0], 1.0 / ratio[1])
+    return min(whole, math.floor(math.sqrt(width * height * crop_scale[0] * r_min)))
+
+
+def draft_scale(width: int, height: int, res: int, crop_scale: Optional[Sequence[float]], ratio=CROP_RATIO) -> int:
+    """The JPEG draft reduction ``d`` (1, 2, 4 or 8: decode at 1/d scale) for a ``width`` x
+    ``height`` image whose crop is resized to ``res`` x ``res``.
+
+    **Rule:** the largest ``d`` such that every crop the transform can take from the reduced image
+    (``width // d`` x ``height // d``; libjpeg gives ``ceil``, at least that) still has both sides
+    ``>= res`` (:func:`min_crop_side`); 1 when none does. So with ``d > 1`` every crop is resized
+    *down* (or kept) to ``res``: draft decoding never makes the network input upsampled where the
+    full decode would have been downsampled, and the crop's position and relative size are drawn as
+    before (RandomResizedCrop draws them relative to the image; only pixel rounding differs).
+
+    With ``crop_scale [0.2, 1.0]`` at 256 px this needs ``sqrt(W H 0.15) / d >= 256``: 500x375 and
+    1280x960 photos stay at ``d = 1``, 2000x1500 decodes at ``d = 2``; with ``[0.5, 1.0]``
+    1280x960 gets ``d = 2`` and 2000x1500 ``d = 4``."""
+    return next(d for d in JPEG_SCALES if d == 1 or min_crop_side(width // d, height // d, crop_scale, ratio) >= res)
+
+
+def open_image_draft(
+    path: str,
+    origin: str,
+    res: int,
+    crop_scale: Optional[Sequence[float]],
+    max_pixels: int = MAX_PIXELS,
+    min_side: int = MIN_SIDE,
+) -> Image.Image:
+    """:func:`vlp.data.images.open_image` with JPEG draft-mode decoding: a JPEG is decoded by
+    libjpeg at 1/d scale, ``d = draft_scale(width, height, res, crop_scale)`` (1: full size);
+    other formats decode fully. The pixel limit is checked on the file's full size, as
+    ``open_image`` does. Any problem is left to ``open_image``, which raises the same
+    :class:`~vlp.errors.BadImage` (same message) as training does."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the limit is checked here
+            with Image.open(path) as im:
+                w, h = im.size
+                if max_pixels and w * h > max_pixels:
+                    raise _LeaveToOpenImage
+                d = draft_scale(w, h, res, crop_scale) if im.format == "JPEG" else 1
+                if d > 1:
+                    im.draft("RGB", (w // d, h // d))
+                im.load()
+                rgb = to_rgb(im)
+    except _OPEN_ERRORS:  # missing, unidentified, truncated, too large, ...: open_image's error and message
+        return open_image(path, origin, max_pixels, min_side)
+    return upscale_tiny(rgb, min_side)
+
+
+class _LeaveToOpenImage(Exception):
+    """An image the draft decoders leave to ``open_image`` (which refuses it, or opens it in full)."""
+
+
+#: what the draft decoders leave to ``open_image``: its own cases (Pillow's errors) and theirs
+_OPEN_ERRORS = (_LeaveToOpenImage, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+
+
+class DraftImageTextDataset(ImageTextDataset):
+    """:class:`~vlp.data.datasets.ImageTextDataset` whose images open with :func:`open_image_draft`
+    for a transform that crops to ``res`` with ``crop_scale`` (the only change: :meth:`image`)."""
+
+    def __init__(self, *args: Any, res: int, crop_scale: Optional[Sequence[float]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.res, self.crop_scale = res, crop_scale
+
+    def image(self, path: str, origin: str) -> Image.Image:
+        return open_image_draft(path, origin, self.res, self.crop_scale, self.max_pixels, self.min_side)
+
+
+def split_crop(transform: Callable) -> tuple[Any, Callable]:
+    """(crop step, the rest) of a :func:`~vlp.data.transforms.train_transform`: its first step
+    (``RandomResizedCrop`` or ``Resize((res, res))``) and a Compose of the others (flip,
+    RandAugment, to tensor: image ``[3, res, res]``)."""
+    steps = list(transform.transforms)
+    if not isinstance(steps[0], (T.RandomResizedCrop, T.Resize)):
+        raise TypeError(f"expected a training transform starting with a crop or resize, got {steps[0]!r}")
+    return steps[0], T.Compose(steps[1:])
+
+
+def crop_draft_scale(crop_w: int, crop_h: int, size: Sequence[int]) -> int:
+    """The JPEG draft reduction ``d`` for *one* crop of ``crop_w`` x ``crop_h`` source pixels that
+    is resized to ``size`` (height, width): the largest of 8, 4, 2 with ``crop_w // d >= width``
+    and ``crop_h // d >= height``, else 1. The crop is then still resized *down* (or kept) from the
+    reduced image, never up where the full decode would have gone down."""
+    return next(d for d in JPEG_SCALES if d == 1 or (crop_w // d >= size[1] and crop_h // d >= size[0]))
+
+
+def open_crop_draft(
+    path: str, origin: str, crop: Any, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE
+) -> tuple[Image.Image, int]:
+    """``crop(open_image(path))`` with JPEG draft decoding chosen *per crop*: the crop's box is drawn
+    first, from the file's size alone (``RandomResizedCrop.get_params``: the same random draws, in
+    the same order, as the training transform on the full image, so a seeded item gets the same
+    box), then the JPEG is decoded at 1/d (:func:`crop_draft_scale`) and the box, mapped to the
+    reduced image, is resized (the transform's interpolation, bicubic) to ``crop.size``. With d = 1 the result is
+    the transform's own, pixel for pixel. Non-JPEGs, tiny images (upscaled first) and every problem
+    take ``open_image`` and ``crop`` as they are (same errors). Returns (RGB image, d)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the limit is checked here
+            with Image.open(path) as im:
+                w, h = im.size
+                if (max_pixels and w * h > max_pixels) or im.format != "JPEG" or min(w, h) < min_side:
+                    raise _LeaveToOpenImage
+                if isinstance(crop, T.RandomResizedCrop):
+                    top, left, ch, cw = crop.get_params(im, crop.scale, crop.ratio)
+                else:
+                    top, left, ch, cw = 0, 0, h, w
+                size = list(crop.size)
+                d = crop_draft_scale(cw, ch, size)
+                drafted = im.draft("RGB", (w // d, h // d)) if d > 1 else None
+                im.load()
+                rgb = to_rgb(im)
+    except _OPEN_ERRORS:  # non-JPEG, tiny, missing, truncated, too large, ...: as training does today
+        return crop(open_image(path, origin, max_pixels, min_side)), 1
+    f = w / drafted[1][2] if drafted is not None else 1.0  # the scale libjpeg applied (d)
+    if rgb.size == (w, h):  # not reduced: the transform's own crop
+        return TF.resized_crop(rgb, top, left, ch, cw, size, crop.interpolation, antialias=crop.antialias), 1
+    box = (left / f, top / f, min(rgb.width, (left + cw) / f), min(rgb.height, (top + ch) / f))
+    return rgb.resize((size[1], size[0]), TF.pil_modes_mapping[crop.interpolation], box=box), round(f)
+
+
+class CropDraftImageTextDataset(ImageTextDataset):
+    """:class:`~vlp.data.datasets.ImageTextDataset` whose :meth:`image` opens *and crops*
+    (:func:`open_crop_draft`, with ``crop``, the first step of the training transform), its
+    ``transform`` being the remaining steps; ``last_scale``: the draft scale of the last image."""
+
+    def __init__(self, *args: Any, crop: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.crop, self.last_scale = crop, 1
+
+    def image(self, path: str, origin: str) -> Image.Image:
+        im, self.last_scale = open_crop_draft(path, origin, self.crop, self.max_pixels, self.min_side)
+        return im
+
+
+# ----------------------------------------------------------------------------- test images
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"1280x960"`` -> (1280, 960); a :class:`ConfigError` otherwise."""
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise ConfigError(f"vlp bench: --source-size must be WIDTHxHEIGHT, e.g. 500x375, got {text!r}") from None
+    if w < 16 or h < 16:
+        raise ConfigError(f"vlp bench: --source-size must be at least 16x16, got {text!r}")
+    return w, h
+
+
+def find_images(paths: Sequence[str | Path]) -> list[Path]:
+    """The image files of ``paths``: a file as it is, a folder's .jpg/.jpeg/.png files (recursively,
+    sorted). A path that does not exist, or a folder without images, is a :class:`ConfigError`."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_file():
+            found.append(p)
+        elif p.is_dir():
+            files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+            if not files:
+                raise ConfigError(f"vlp bench --images: no {'/'.join(IMAGE_SUFFIXES)} files in folder {p}")
+            found += files
+        else:
+            hint = "; a config override? give overrides before --images" if "=" in p.name else ""
+            raise ConfigError(
+                f"vlp bench --images: {p} does not exist (expected an image file or a folder of images{hint})"
+            )
+    if not found:
+        raise ConfigError("vlp bench --images: no image given")
+    return found
+
+
+def photo_like(im: Image.Image, seed: int, noise: float = 6.0, field: float = 25.0) -> Image.Image:
+    """``im`` with a smooth random colour field (std ``field``, 1/16 resolution, bicubic) and
+    per-pixel Gaussian noise (std ``noise``) added: texture that JPEG cannot compress away, so the
+    file is photo-sized (about 50 KB at 500x375, quality 90, against 5 KB for the flat drawing)."""
+    w, h = im.size
+    g = np.random.default_rng(seed)
+    low = g.normal(128.0, field, (h // 16 + 2, w // 16 + 2, 3))
+    smooth = Image.fromarray(np.clip(low, 0, 255).astype(np.uint8)).resize((w, h), Image.Resampling.BICUBIC)
+    a = np.asarray(im, np.float32) + np.asarray(smooth, np.float32) - 128.0 + g.normal(0.0, noise, (h, w, 3))
+    return Image.fromarray(np.clip(a, 0, 255).astype(np.uint8))
+
+
+def write_test_jpegs(folder: Path, n: int, size: tuple[int, int] = (500, 375), quality: int = 90, seed: int = 0):
+    """Write ``n`` JPEGs ``bench_00000.jpg`` ... of ``size`` (width, height) at ``quality`` into
+    ``folder``: shapes-world scenes rendered at the longer side, resized to ``size``, made
+    :func:`photo_like`. Deterministic in ``seed``. Returns their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    w, h = size
+    paths = []
+    for i in range(n):
+        rng = world_rng(seed, "loader-bench", i, "scene")
+        im = render_scene(sample_scene(rng), max(w, h), rng).resize((w, h), Image.Resampling.BILINEAR)
+        path = folder / f"bench_{i:05d}.jpg"
+        photo_like(im, seed_of("loader-bench", seed, i)).save(path, "JPEG", quality=quality)
+        paths.append(path)
+    return paths
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+class _Timed(Dataset):
+    """Item ``k`` of ``keys`` from ``dataset``, timed: (image [3, res, res], start, end in seconds of
+    ``time.perf_counter``, the process's CPU seconds spent on it, the dataset's ``last_scale``
+    (per-crop draft scale) if it has one)."""
+
+    def __init__(self, dataset: Dataset, keys: Sequence[SeededIndex]) -> None:
+        self.dataset, self.keys = dataset, list(keys)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, k: int) -> tuple[torch.Tensor, float, float, float, Optional[int]]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        image = self.dataset[self.keys[k]]["image"]
+        cpu, t1 = time.process_time() - c0, time.perf_counter()
+        return image, t0, t1, cpu, getattr(self.dataset, "last_scale", None)
+
+
+def _header(s: Sample) -> tuple[int, int, Optional[str]]:
+    """(width, height, format) of a sample's image file; a file Pillow cannot open raises
+    ``open_image``'s :class:`~vlp.errors.BadImage`, naming it."""
+    try:
+        with Image.open(s.image) as im:
+            return im.width, im.height, im.format
+    except Exception:
+        open_image(s.image, s.origin, 0, 1)  # raises with the reason
+        raise
+
+
+def _collate(items: list) -> tuple[torch.Tensor, list[tuple[float, float, float, Optional[int]]]]:
+    """A batch of :class:`_Timed` items: images stacked ``[B, 3, res, res]`` (in the worker, as a
+    training collator does), and each item's (start, end, CPU seconds, scale)."""
+    return torch.stack([it[0] for it in items]), [it[1:] for it in items]
+
+
+def time_loader(dataset: Dataset, n: int, workers: int, warmup: int, seed: int = 0, batch: int = 8) -> dict[str, Any]:
+    """Load at least ``warmup`` untimed items per worker process (whole batches), then items
+    ``0..n-1`` of ``dataset`` (indices cycled, seeded as training's epoch 0), through a DataLoader
+    of batches of ``batch`` with ``workers`` processes (0: in this process). Returns
+    ``images_per_s`` (over the span of the timed items), ``ms`` / ``cpu_ms`` (each timed item's
+    wall-clock / CPU milliseconds),
+    ``scales`` (the per-crop draft scales the dataset reported, if any) and the images'
+    ``output_shape`` / ``output_dtype`` (``[3, res, res]``, float32 or uint8)."""
+    n_warm = math.ceil(warmup / batch) * batch * max(workers, 1)
+    keys = [SeededIndex(k % len(dataset), seed_of("item", seed, 0, k % len(dataset))) for k in range(n_warm + n)]
+    loader = DataLoader(_Timed(dataset, keys), batch_size=batch, num_workers=workers, collate_fn=_collate)
+    spans, cpu, scales, last, k = [], [], Counter(), torch.empty(0), 0
+    for images, timings in loader:
+        for t0, t1, c, scale in timings:
+            if k >= n_warm:
+                spans.append((t0, t1))
+                cpu.append(c)
+                if scale is not None:
+                    scales[scale] += 1
+            k += 1
+        last = images[0]
+    wall = max(t1 for _, t1 in spans) - min(t0 for t0, _ in spans)
+    return {
+        "images_per_s": n / wall,
+        "ms": [1000 * (t1 - t0) for t0, t1 in spans],
+        "cpu_ms": [1000 * c for c in cpu],
+        "scales": scales,
+        "output_shape": list(last.shape),
+        "output_dtype": str(last.dtype).replace("torch.", ""),
+    }
+
+
+def summarize(rounds: Sequence[dict[str, Any]], workers: int) -> dict[str, Any]:
+    """One decode's figures over its rounds (:func:`time_loader` results): the median round's
+    images/s (total and per worker process, 0 workers counting as one), the median and mean ms per
+    image over every timed item, the median CPU ms per image (``cpu_ms_per_image``; its inverse,
+    ``images_per_cpu_s``, is what one worker would deliver on a core of its own) and each round's
+    images/s."""
+    rate = statistics.median(r["images_per_s"] for r in rounds)
+    ms = [m for r in rounds for m in r["ms"]]
+    cpu_ms = statistics.median(m for r in rounds for m in r["cpu_ms"])
+    scales = sum((r["scales"] for r in rounds), Counter())
+    return {
+        "images_per_s": rate,
+        "images_per_s_per_worker": rate / max(workers, 1),
+        "ms_per_image": statistics.median(ms),
+        "ms_per_image_mean": statistics.mean(ms),
+        "cpu_ms_per_image": cpu_ms,
+        "images_per_cpu_s": 1000 / cpu_ms,
+        "images_per_s_rounds": [r["images_per_s"] for r in rounds],
+        **({"crop_draft_scales": {str(k): v for k, v in sorted(scales.items())}} if scales else {}),
+        "output_shape": rounds[-1]["output_shape"],
+        "output_dtype": rounds[-1]["output_dtype"],
+    }
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``) and the cores this process may use."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{name}, {cores} cores"
+
+
+def run_loader_bench(
+    cfg: PretrainConfig,
+    images: Optional[Sequence[str | Path]] = None,
+    n: Optional[int] = None,
+    workers: int = 1,
+    size: tuple[int, int] = (500, 375),
+    quality: int = 90,
+    out: Optional[str | Path] = None,
+    warmup: int = 5,
+    decodes: Sequence[str] = DECODES,
+    rounds: int = 3,
+    batch: int = 8,
+) -> dict[str, Any]:
+    """Time the training image pipeline of ``cfg`` (module doc) and return (and write to ``out``
+    as JSON) the result. ``images``: files / folders to read (``n``: the first ``n`` of them, default
+    all); None: ``n`` (default :data:`DEFAULT_N`) generated JPEGs of ``size`` at ``quality``.
+    ``data.train`` is not read. The top-level rates are those of the first of ``decodes`` (``full``:
+    as training loads today); ``by_decode`` holds each decode's."""
+    from vlp.pretrained import image_size
+
+    if workers < 0 or warmup < 0 or rounds < 1 or batch < 1 or (n is not None and n < 1):
+        raise ConfigError(
+            f"vlp bench --loader-only: --workers and warmup must be >= 0, --n-images, rounds and batch >= 1, "
+            f"got {workers} / {warmup} / {n} / {rounds} / {batch}"
+        )
+    unknown = [d for d in decodes if d not in DECODES]
+    if unknown or not decodes:
+        raise ConfigError(f"vlp bench --loader-only: decodes must be among {list(DECODES)}, got {list(decodes)}")
+    res, icfg, d = image_size(cfg), cfg.data.image, cfg.data
+    with tempfile.TemporaryDirectory(prefix="vlp-loader-bench-") as tmp:
+        if images is None:
+            paths = write_test_jpegs(Path(tmp), n or DEFAULT_N, size, quality, cfg.train.seed)
+        else:
+            paths = find_images(images)[:n]
+        samples = [Sample(str(p), ("a photo",), str(p), f"loader bench image {i}") for i, p in enumerate(paths)]
+        sizes, scales, crop_max = [], Counter(), 1
+        for s in samples:
+            w, h, fmt = _header(s)
+            sizes.append((w, h))
+            scales[draft_scale(w, h, res, icfg.crop_scale) if fmt == "JPEG" else 1] += 1
+            crop_max = max(crop_max, crop_draft_scale(w, h, (res, res)) if fmt == "JPEG" else 1)
+        transform: Callable = train_transform(res, icfg)
+        crop, rest = split_crop(transform)
+        common = {"max_pixels": d.max_image_pixels, "min_side": d.min_image_side}  # on_bad None: errors raise
+        datasets = {
+            "full": lambda: ImageTextDataset(samples, transform, **common),
+            "draft": lambda: DraftImageTextDataset(samples, transform, res=res, crop_scale=icfg.crop_scale, **common),
+            "draft-crop": lambda: CropDraftImageTextDataset(samples, rest, crop=crop, **common),
+        }
+        same = {"draft": set(scales) == {1}, "draft-crop": crop_max == 1}  # decodes exactly as "full" does
+        not_timed = {k: "no image is reduced: the full decode" for k in decodes[1:] if same.get(k)}
+        decodes = [k for k in decodes if k not in not_timed]
+        timed: dict[str, list] = {name: [] for name in decodes}
+        for _ in range(rounds):  # decodes alternate, so that a busy machine slows each alike
+            for name in decodes:
+                timed[name].append(time_loader(datasets[name](), len(paths), workers, warmup, cfg.train.seed, batch))
+        by_decode = {name: summarize(v, workers) for name, v in timed.items()}
+        mean_kb = statistics.mean(p.stat().st_size for p in paths) / 1024
+    source_sizes = Counter(f"{w}x{h}" for w, h in sizes)
+    main = by_decode[decodes[0]]
+    for v in by_decode.values():
+        v["speedup"] = v["images_per_s"] / main["images_per_s"]
+    result: dict[str, Any] = {
+        "date": date.today().isoformat(),
+        "device": cpu_name(),
+        "workers": workers,
+        "images_per_s": main["images_per_s"],
+        "images_per_s_per_worker": main["images_per_s_per_worker"],
+        "ms_per_image": main["ms_per_image"],
+        "decode": decodes[0],
+        "by_decode": by_decode,
+        "not_timed": not_timed,
+        "draft_scale": scales.most_common(1)[0][0],
+        "draft_scales": {str(k): v for k, v in sorted(scales.items())},
+        "image_size": res,
+        "output_shape": main["output_shape"],
+        "output_dtype": main["output_dtype"],
+        "uint8": icfg.uint8,
+        "crop_scale": icfg.crop_scale,
+        "hflip": icfg.hflip,
+        "randaugment": icfg.randaugment,
+        "images": "given" if images is not None else "generated",
+        "n_images": len(paths),
+        "warmup_per_worker": warmup,
+        "rounds": rounds,
+        "batch": batch,
+        "source_size": source_sizes.most_common(1)[0][0] if len(source_sizes) == 1 else "mixed",
+        "source_sizes": dict(source_sizes.most_common(5)),
+        "jpeg_quality": quality if images is None else None,
+        "mean_file_kb": mean_kb,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "pillow": Image.__version__,
+        "libjpeg_turbo": _libjpeg_turbo(),
+        "vlp_version": __version__,
+    }
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _libjpeg_turbo() -> Optional[bool]:
+    try:
+        from PIL import features
+
+        return bool(features.check_feature("libjpeg_turbo"))
+    except Exception:  # an old Pillow without the feature check
+        return None
+
+
+def format_loader_bench(r: dict[str, Any]) -> str:
+    """The short table ``vlp bench --loader-only`` prints."""
+    lines = [
+        f"loader bench on {r['device']}: {r['n_images']} {r['images']} images, {r['source_size']}, "
+        f"{r['mean_file_kb']:.0f} KB on average -> {r['image_size']} px "
+        f"({'uint8' if r['uint8'] else 'float'} output, crop_scale {r['crop_scale']}, "
+        f"hflip {r['hflip']}, randaugment {r['randaugment']}), {r['workers']} worker(s)",
+        f"{'decode':<40}{'images/s':>10}{'per worker':>12}{'ms/image':>10}{'CPU ms/image':>14}",
+    ]
+    labels = {
+        "full": "full (as training loads today)",
+        "draft": f"draft, per image (1/{r['draft_scale']})",
+        "draft-crop": "draft, per crop",
+    }
+    for name, v in r["by_decode"].items():
+        label = labels[name] + (f" {_scales(v['crop_draft_scales'])}" if "crop_draft_scales" in v else "")
+        lines.append(
+            f"{label:<40}{v['images_per_s']:>10.1f}{v['images_per_s_per_worker']:>12.1f}{v['ms_per_image']:>10.2f}"
+            f"{v['cpu_ms_per_image']:>14.2f}"
+        )
+    lines += [f"{labels[k]:<40}not timed: {why}" for k, why in r["not_timed"].items()]
+    return "\n".join(lines)
+
+
+def _scales(counts: dict[str, int]) -> str:
+    """``{"1": 30, "2": 170}`` -> ``(1/2: 85%)``: the share of crops decoded at each reduced scale."""
+    total = sum(counts.values())
+    reduced = [f"1/{k}: {100 * v / total:.0f}%" for k, v in counts.items() if k != "1"]
+    return f"({', '.join(reduced)})" if reduced else "(none reduced)"
