@@ -21,6 +21,8 @@ from vlp.train.setup import make_accelerator, prepare_training
 from vlp.train.step import train_step
 from vlp.train.step_stats import StepStats
 
+TOKENS = TokenInfo(30522, 103, (0, 101, 102))
+
 
 def counted(fn):
     with DispatchCounter() as c:
@@ -105,7 +107,9 @@ def test_a_whole_pretraining_step_makes_no_device_sync(precision):
     vision = VisionConfig(depth=1, img_size=32, patch_size=8)
     model = ALBEF(ModelConfig(vision=vision, text=TextConfig(layers=1, fusion_layers=1), queue_size=8, embed_dim=8))
     task = PretrainTask(
-        model, LossConfig(alpha_ramp_steps=4, mlm_probability=0.5), TokenInfo(30522, 103, (0, 101, 102))
+        model,
+        LossConfig(alpha_ramp_steps=4, mlm_probability=0.5, mlm_slots="fixed"),
+        TokenInfo(30522, 103, (0, 101, 102)),
     )
     cfg = TrainConfig(steps=4, lr=1e-4, warmup_steps=2, grad_clip=1.0, precision=precision, progress=False)
     acc = make_accelerator(cfg)
@@ -122,3 +126,21 @@ def test_a_whole_pretraining_step_makes_no_device_sync(precision):
     assert set(s["per_phase"]) >= {"forward", "backward", "optimizer", "statistics"}
     assert s["syncs_per_step"] == 0, s["sync_sites"]
     assert s["casts_of_watched_per_step"] == 0
+
+
+def test_exact_mlm_slots_cost_one_sync_and_auto_is_exact_off_cuda():
+    """``loss.mlm_slots=exact`` (what ``auto`` picks on a CPU, where a sync costs nothing and the
+    head's extra slots do) gathers the masked tokens with one ``nonzero``."""
+    from vlp.tasks.objectives import draw_masks
+
+    ids = torch.randint(1000, 2000, (4, 9))
+    mask = torch.ones_like(ids)
+    TOKENS.special_ids_on(ids.device)  # copied to the device once, at the first step
+    labels = {}
+    for slots, syncs in (("exact", 1), ("auto", 1), ("fixed", 0)):
+        with DispatchCounter() as c:
+            draw = draw_masks(ids, mask, TOKENS, 0.3, torch.Generator().manual_seed(0), slots=slots)
+        assert c.summary()["syncs_per_step"] == syncs, slots
+        labels[slots] = draw.labels
+    assert labels["fixed"].numel() == 36  # capacity min(36, 0.3 * 36 + 8 sigma + 8)
+    assert torch.equal(labels["fixed"][labels["fixed"] != -100], labels["exact"])  # same tokens, same order

@@ -77,14 +77,18 @@ def mlm_capacity(positions: int, probability: float) -> int:
     return min(positions, math.ceil(p * positions + 8 * math.sqrt(positions * p * (1 - p))) + 8)
 
 
-def gather_masked(labels: torch.Tensor, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The masked positions of ``labels`` [B, T] (label != -100) in row-major order, in ``capacity``
-    slots, without a device synchronisation (boolean indexing would wait for the count).
+def gather_masked(labels: torch.Tensor, capacity: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The masked positions of ``labels`` [B, T] (label != -100) in row-major order.
 
-    Returns ``(index [capacity], labels [capacity])``: flat indices into [B * T] (a stable sort
-    puts the masked positions first), and their labels, -100 in the slots past the last masked token.
+    ``capacity`` slots: without a device synchronisation (a stable sort puts the masked positions
+    first; boolean indexing would wait for the count). None: exactly the M masked positions (one
+    sync). Returns ``(index [C], labels [C])``: flat indices into [B * T], and their labels, -100
+    in the slots past the last masked token.
     """
     flat = labels.flatten()
     chosen = flat != -100
+    if capacity is None:
+        index = chosen.nonzero()[:, 0]
+        return index, flat[index]
     index = torch.argsort((~chosen).to(torch.uint8), stable=True)[:capacity]
     return index, torch.where(chosen[index], flat[index], torch.full_like(flat[index], -100))

@@ -256,13 +256,16 @@ def draw_masks(
     generator: Optional[torch.Generator] = None,
     length: Optional[int] = None,
     global_batch: bool = False,
+    slots: str = "fixed",
 ) -> MaskedText:
     """BERT masking of ``input_ids``/``attention_mask`` [B, T] (:func:`mask_tokens`). ``length``:
     the tokenizer's max_len, so the masks do not depend on the padding. ``global_batch``: the
     masks are drawn for the gathered [world*B, T] batch with ``generator`` seeded identically on
     every rank (each rank keeps its rows; T must be the same on every rank) and the loss will be
     this rank's sum over its masked tokens divided by (global masked count / world), as
-    :func:`itm_pairs` does for its pairs."""
+    :func:`itm_pairs` does for its pairs. ``slots`` (``loss.mlm_slots``): ``fixed`` gathers the
+    masked tokens into :func:`mlm_capacity` slots without a device sync, ``exact`` exactly (one
+    sync), ``auto`` fixed on CUDA and exact elsewhere."""
     total = None
     special = tokens.special_ids_on(input_ids.device)
     draw = (tokens.mask_id, tokens.vocab_size, probability, generator, length)
@@ -274,7 +277,8 @@ def draw_masks(
         masked, labels = masked[own], labels[own]
     else:
         masked, labels = mask_tokens(input_ids, attention_mask, special, *draw)
-    index, labels = gather_masked(labels, mlm_capacity(labels.numel(), probability))
+    fixed = slots == "fixed" or (slots == "auto" and labels.device.type == "cuda")
+    index, labels = gather_masked(labels, mlm_capacity(labels.numel(), probability) if fixed else None)
     return MaskedText(masked, index, labels, total)
 
 

@@ -154,7 +154,7 @@ class PretrainTask(Task):
         draw = None
         if c.mlm:
             gen_mlm = shared if global_mlm else gen
-            draw = draw_masks(ids, mask, self.tokens, c.mlm_probability, gen_mlm, self.max_len, global_mlm)
+            draw = draw_masks(ids, mask, self.tokens, c.mlm_probability, gen_mlm, self.max_len, global_mlm, c.mlm_slots)
         distill_mlm = draw is not None and alpha > 0
         img = m.encode_image(images)
         txt, h_masked = self._text(ids, mask, draw, momentum=False)
