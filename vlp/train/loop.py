@@ -38,7 +38,7 @@ from vlp.train.optim import lr_at
 from vlp.train.preemption import preempted, stop_agreed, stop_signals
 from vlp.train.reporting import Reporter
 from vlp.train.setup import make_accelerator, prepare_training
-from vlp.train.step import train_step
+from vlp.train.step import stateful_modules, train_step
 from vlp.train.swa import snapshot_averager
 from vlp.train.validation import Validation, Validator
 
@@ -174,13 +174,16 @@ def train(
     rep = Reporter(acc, cfg, log, start)
     batches = endless_batches(prep.loader, start * micro)
     log_warnings = getattr(inner, "log_warnings", None)  # the task's optional hook
+    undo = stateful_modules(inner)  # feature queues: a skipped step leaves no trace
     record: dict[str, float] = {}
     task.train()
     with stop_signals() as stop, log:  # SIGTERM / SIGUSR1: checkpoint at the next step boundary; log closes its sinks
         for step in range(start, cfg.steps):
             lr = lr_at(step, cfg)
             # forward, backward, clip, non-finite check, optimizer, EMA, queues, statistics: no host read
-            result = train_step(acc, task, inner, optimizer, params, lambda: rep.fetch(batches), step, cfg, rep.stats)
+            result = train_step(
+                acc, task, inner, optimizer, params, lambda: rep.fetch(batches), step, cfg, rep.stats, undo=undo
+            )
             done = step + 1
             if averager is not None:  # weight averaging
                 averager.after_step(done)

@@ -104,6 +104,11 @@ class StepResult:
     pairs: int  # the last micro-batch's pairs on this rank
 
 
+def stateful_modules(inner: nn.Module) -> list[nn.Module]:
+    """The modules that keep or undo a step's writes (``begin_step`` / ``end_step``: feature queues)."""
+    return [m for m in inner.modules() if hasattr(m, "end_step")]
+
+
 def _no_phase(name: str) -> ContextManager[None]:
     return contextlib.nullcontext()
 
@@ -119,16 +124,18 @@ def train_step(
     cfg: TrainConfig,
     stats: StepStats,
     phase: Callable[[str], ContextManager[None]] = _no_phase,
+    undo: Optional[list[nn.Module]] = None,
 ) -> StepResult:
     """Optimizer step ``step`` (0-based) of ``task`` (the prepared task; ``inner`` unwrapped).
 
     ``batches``: the next micro-batch (an iterator, or a callable that returns it: the loop times
     its wait). ``stats``: the window's device-side accumulators, which get the step.
     ``phase(name)``: a context for each phase (``data``, ``forward``, ``backward``, ``optimizer``,
-    ``statistics``; :class:`~vlp.train.dispatch_counts.DispatchCounter` attributes ops with it)."""
+    ``statistics``; :class:`~vlp.train.dispatch_counts.DispatchCounter` attributes ops with it).
+    ``undo``: :func:`stateful_modules` of ``inner``, found once by the caller (else at every step)."""
     micro, deepspeed = cfg.grad_accum_steps, uses_deepspeed(acc)
     fetch = batches if callable(batches) else (lambda: next(batches))  # type: ignore[arg-type]
-    undo = [m for m in inner.modules() if hasattr(m, "end_step")]
+    undo = stateful_modules(inner) if undo is None else undo
     set_lr(optimizer, step, cfg)
     for m in undo:
         m.begin_step()
