@@ -48,7 +48,7 @@ def _train_helper(a: argparse.Namespace) -> None:
 
 def _bench(a: argparse.Namespace) -> None:
     if a.loader_only:
-        from vlp.data.loader_bench import format_loader_bench, parse_size, run_loader_bench
+        from vlp.runs.loader_bench import format_loader_bench, parse_size, run_loader_bench
 
         if a.count_ops:
             raise ConfigError("vlp bench: --loader-only and --count-ops are separate benchmarks: give one")

@@ -38,6 +38,8 @@ class PretrainTask(Task):
     ITM/MLM modes need ``max_len`` across processes).
     """
 
+    model: ALBEF
+
     def __init__(
         self,
         model: ALBEF,

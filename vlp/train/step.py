@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator, Optional
+from typing import Any, Callable, ContextManager, Iterator, Optional, cast
 
 import torch
 from accelerate import Accelerator
@@ -80,16 +80,17 @@ def optimizer_step(
     if skipped is None or uses_deepspeed(acc):
         optimizer.step()
     elif skips_on_device(optimizer):
-        torch_opt = getattr(optimizer, "optimizer", optimizer)
+        torch_opt: Any = getattr(optimizer, "optimizer", optimizer)
         torch_opt.found_inf = skipped.to(torch.float32)
         try:
             optimizer.step()
         finally:
-            del torch_opt.found_inf
+            delattr(torch_opt, "found_inf")
     elif not bool(skipped):
         optimizer.step()
-    if hasattr(inner, "after_optimizer_step"):  # before the gradients go: the LTD multiplier steps on its own
-        inner.after_optimizer_step(step + 1, skipped=skipped)
+    hook = getattr(inner, "after_optimizer_step", None)
+    if hook is not None:  # before the gradients go: the LTD multiplier steps on its own
+        hook(step + 1, skipped=skipped)
     optimizer.zero_grad(set_to_none=True)
     inner.zero_grad(set_to_none=True)
 
@@ -136,9 +137,10 @@ def train_step(
     micro, deepspeed = cfg.grad_accum_steps, uses_deepspeed(acc)
     fetch = batches if callable(batches) else (lambda: next(batches))  # type: ignore[arg-type]
     undo = stateful_modules(inner) if undo is None else undo
+    hooks: Any = inner  # the task's hooks (batch_report, ...) and the modules' begin_step / end_step
     set_lr(optimizer, step, cfg)
     for m in undo:
-        m.begin_step()
+        cast(Any, m).begin_step()
     outs, pairs = [], 0
     for i in range(micro):  # gradients of `micro` batches, one optimizer step (docs/training.md)
         with phase("data"):
@@ -151,7 +153,7 @@ def train_step(
                 acc.backward(out["loss"] if deepspeed else out["loss"] / micro)
         outs.append(out)
         with phase("statistics"):
-            pairs, bad = inner.batch_report(batch)
+            pairs, bad = hooks.batch_report(batch)
             stats.add_bad_samples(bad)
     # clip, agree over the ranks on finiteness, step: no update when any rank saw a non-finite loss or
     # gradient (weights, optimizer, momentum twins, queues and LTD multiplier stay; decided on the device)
@@ -160,7 +162,7 @@ def train_step(
         skipped = stats.skip(any_over_ranks([non_finite(outs, norm)], device=acc.device)[0])
         optimizer_step(acc, optimizer, inner, params, step, cfg, clipped=True, skipped=skipped)
         for m in undo:  # the queues keep or undo the step
-            m.end_step(skipped)
+            cast(Any, m).end_step(skipped)
     with phase("statistics"):
         stats.add_step(step + 1, outs, norm, skipped)
     return StepResult(outs, norm, skipped, pairs)

@@ -169,7 +169,8 @@ def split_crop(transform: Callable) -> tuple[Any, Callable]:
     """(crop step, the rest) of a :func:`~vlp.data.transforms.train_transform`: its first step
     (``RandomResizedCrop`` or ``Resize((res, res))``) and a Compose of the others (flip,
     RandAugment, to tensor: image ``[3, res, res]``)."""
-    steps = list(transform.transforms)
+    composed: Any = transform  # a torchvision Compose
+    steps = list(composed.transforms)
     if not isinstance(steps[0], (T.RandomResizedCrop, T.Resize)):
         raise TypeError(f"expected a training transform starting with a crop or resize, got {steps[0]!r}")
     return steps[0], T.Compose(steps[1:])
@@ -343,9 +344,11 @@ def time_loader(dataset: Dataset, n: int, workers: int, warmup: int, seed: int =
     ``scales`` (the per-crop draft scales the dataset reported, if any) and the images'
     ``output_shape`` / ``output_dtype`` (``[3, res, res]``, float32 or uint8)."""
     n_warm = math.ceil(warmup / batch) * batch * max(workers, 1)
-    keys = [SeededIndex(k % len(dataset), seed_of("item", seed, 0, k % len(dataset))) for k in range(n_warm + n)]
+    size = len(dataset)  # type: ignore[arg-type]
+    keys = [SeededIndex(k % size, seed_of("item", seed, 0, k % size)) for k in range(n_warm + n)]
     loader = DataLoader(_Timed(dataset, keys), batch_size=batch, num_workers=workers, collate_fn=_collate)
-    spans, cpu, scales, last, k = [], [], Counter(), torch.empty(0), 0
+    scales: Counter[int] = Counter()
+    spans, cpu, last, k = [], [], torch.empty(0), 0
     for images, timings in loader:
         for t0, t1, c, scale in timings:
             if k >= n_warm:
@@ -375,7 +378,7 @@ def summarize(rounds: Sequence[dict[str, Any]], workers: int) -> dict[str, Any]:
     rate = statistics.median(r["images_per_s"] for r in rounds)
     ms = [m for r in rounds for m in r["ms"]]
     cpu_ms = statistics.median(m for r in rounds for m in r["cpu_ms"])
-    scales = sum((r["scales"] for r in rounds), Counter())
+    scales: Counter[int] = sum((r["scales"] for r in rounds), Counter())
     return {
         "images_per_s": rate,
         "images_per_s_per_worker": rate / max(workers, 1),
@@ -439,7 +442,8 @@ def run_loader_bench(
         else:
             paths = find_images(images)[:n]
         samples = [Sample(str(p), ("a photo",), str(p), f"loader bench image {i}") for i, p in enumerate(paths)]
-        sizes, scales, crop_max = [], Counter(), 1
+        scales: Counter[int] = Counter()
+        sizes, crop_max = [], 1
         for s in samples:
             w, h, fmt = _header(s)
             sizes.append((w, h))
@@ -447,7 +451,7 @@ def run_loader_bench(
             crop_max = max(crop_max, crop_draft_scale(w, h, (res, res)) if fmt == "JPEG" else 1)
         transform: Callable = train_transform(res, icfg)
         crop, rest = split_crop(transform)
-        common = {"max_pixels": d.max_image_pixels, "min_side": d.min_image_side}  # on_bad None: errors raise
+        common: dict[str, Any] = {"max_pixels": d.max_image_pixels, "min_side": d.min_image_side}  # errors raise
         datasets = {
             "full": lambda: ImageTextDataset(samples, transform, **common),
             "draft": lambda: DraftImageTextDataset(samples, transform, res=res, crop_scale=icfg.crop_scale, **common),

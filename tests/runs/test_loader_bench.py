@@ -1,4 +1,4 @@
-"""``vlp bench --loader-only`` (:mod:`vlp.data.loader_bench`): the result, the images it reads, its
+"""``vlp bench --loader-only`` (:mod:`vlp.runs.loader_bench`): the result, the images it reads, its
 errors, and the JPEG draft-decoding rule. No timing thresholds: speed targets live in the benchmark."""
 
 import json
@@ -14,7 +14,9 @@ from vlp.cli import main
 from vlp.config import ImageConfig, PretrainConfig, load_config
 from vlp.data.datasets import seeded_rng
 from vlp.data.images import open_image
-from vlp.data.loader_bench import (
+from vlp.data.transforms import train_transform
+from vlp.errors import BadImage, ConfigError, DataError
+from vlp.runs.loader_bench import (
     crop_draft_scale,
     draft_scale,
     find_images,
@@ -26,8 +28,6 @@ from vlp.data.loader_bench import (
     split_crop,
     write_test_jpegs,
 )
-from vlp.data.transforms import train_transform
-from vlp.errors import BadImage, ConfigError, DataError
 
 TINY = "configs/pretrain/shapes_tiny.yaml"  # 64 px, no crop
 ALBEF_AUG = ["data.image.crop_scale=[0.2,1.0]", "data.image.hflip=true", "data.image.randaugment=true"]
