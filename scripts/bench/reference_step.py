@@ -58,7 +58,7 @@ import sys
 import time
 from datetime import date
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -106,15 +106,30 @@ def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:  # [B, L, H] -> [B, hea
     return x.view(b, n, heads, h // heads).permute(0, 2, 1, 3)
 
 
+def _projections(att: nn.Module) -> tuple[Callable, Callable, Callable]:
+    """The query, key and value projections of ``att``: a self-attention's fused ``qkv`` Linear split
+    into its three row blocks (BERT's query / key / value), a cross-attention's own three Linears."""
+    s = att.self
+    if not hasattr(s, "qkv"):
+        return s.query, s.key, s.value
+    (wq, wk, wv), (bq, bk, bv) = s.qkv.weight.chunk(3), s.qkv.bias.chunk(3)
+    return (
+        lambda t: F.linear(t, wq, bq),
+        lambda t: F.linear(t, wk, bk),
+        lambda t: F.linear(t, wv, bv),
+    )
+
+
 def eager_attention(
     att: nn.Module, x: torch.Tensor, context: torch.Tensor, additive_mask: Optional[torch.Tensor], training: bool
 ) -> torch.Tensor:
     """One BERT-style attention block of vlp's fusion layer (``att``: ``vlp.models.text.Attention``),
     written out: Q from ``x`` [B, T, H], K/V projected from ``context`` [B, N, W] here and now,
     matmul, softmax, dropout, matmul, output dense + residual + LayerNorm."""
-    q = _heads(att.self.query(x), att.heads)
-    k = _heads(att.self.key(context), att.heads)
-    v = _heads(att.self.value(context), att.heads)
+    query, key, value = _projections(att)
+    q = _heads(query(x), att.heads)
+    k = _heads(key(context), att.heads)
+    v = _heads(value(context), att.heads)
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if additive_mask is not None:
         scores = scores + additive_mask
