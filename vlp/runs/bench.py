@@ -1,15 +1,17 @@
 """``vlp bench``: time pretraining steps of a config, phase by phase, with the analytic FLOP count.
 
 The model, task and loader are those of ``vlp pretrain`` (:func:`vlp.runs.pretrain.build_pretraining`), on
-the config's real data. After ``warmup`` untimed steps, each of ``steps`` steps is timed in four
-phases, with a device synchronisation between them: data (next batch, on the device), forward
-(every loss), backward, optimizer (clipping, step, zero_grad, momentum update: the loop's own
-:func:`vlp.train.step.optimizer_step`). FLOP per pair come from
+the config's real data, and the step is the loop's own (:func:`vlp.train.step.train_step`). After
+``warmup`` untimed steps, each of ``steps`` steps is timed in five phases, with a device
+synchronisation around each: data (next batch, on the device), forward (every loss), backward,
+optimizer (clipping, the non-finite check, step, zero_grad, momentum update, the queues' keep or
+undo) and statistics (the step's device-side log accumulators). FLOP per pair come from
 :mod:`vlp.flops` at each batch's padded text length; MFU = achieved FLOP/s / (peak x processes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import resource
@@ -17,7 +19,7 @@ import statistics
 import time
 from datetime import date
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -29,11 +31,11 @@ from vlp.runs.pretrain import build_pretraining
 from vlp.train.dispatch_counts import DispatchCounter
 from vlp.train.loop import endless_batches
 from vlp.train.setup import prepare_training
-from vlp.train.step import optimizer_step, set_lr, train_step
+from vlp.train.step import stateful_modules, train_step
 from vlp.train.step_stats import StepStats
 from vlp.version import __version__
 
-PHASES = ("data", "forward", "backward", "optimizer")
+PHASES = ("data", "forward", "backward", "optimizer", "statistics")
 
 
 def _device_name(device: torch.device) -> str:
@@ -72,26 +74,36 @@ def run_bench(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times: dict[str, list[float]] = {p: [] for p in PHASES}
+    spent: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+
+    @contextlib.contextmanager
+    def timed(phase: str) -> Iterator[None]:  # the step's phases, with a device sync around each
+        t0 = sync()
+        yield
+        spent[phase] += sync() - t0
+
+    stats = StepStats(device, cfg.train.max_nonfinite_steps, acc.num_processes)
+    undo = stateful_modules(inner)
     flops, pairs = 0.0, 0
     batches = endless_batches(loader)
+    last: dict[str, Any] = {}
+
+    def fetch() -> Any:
+        last["batch"] = next(batches)
+        return last["batch"]
+
     task.train()
     for step in range(warmup + steps):
-        t0 = sync()
-        batch = next(batches)
-        t1 = sync()
-        set_lr(optimizer, step, cfg.train)
-        loss = task(batch, step=step)["loss"]
-        t2 = sync()
-        acc.backward(loss)
-        t3 = sync()
-        optimizer_step(acc, optimizer, inner, params, step, cfg.train)
-        t4 = sync()
+        spent.update(dict.fromkeys(PHASES, 0.0))
+        train_step(acc, task, inner, optimizer, params, fetch, step, cfg.train, stats, phase=timed, undo=undo)
         if step >= warmup:
-            for p, dt in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
-                times[p].append(dt)
-            b = len(batch["input_ids"]) * acc.num_processes
-            flops += step_flops(cfg, batch["input_ids"].shape[1]) * b
+            for p in PHASES:
+                times[p].append(spent[p])
+            b = len(last["batch"]["input_ids"]) * acc.num_processes
+            flops += step_flops(cfg, last["batch"]["input_ids"].shape[1]) * b
             pairs += b
+        if (step + 1) % cfg.train.log_every == 0:
+            stats.read()  # as the loop does at a log step: the window's records do not pile up
     total = sum(sum(v) for v in times.values())
     ms = {p: 1000 * statistics.mean(v) for p, v in times.items()}
     ms["step"] = sum(ms.values())
