@@ -54,3 +54,22 @@ def test_momentum_twin_stays_fp32_with_bf16_online():
     assert twin["lin"].weight.dtype == torch.float32
     twin.update()
     assert twin["lin"].weight.dtype == torch.float32
+
+
+def test_the_sync_free_ema_in_groups_equals_lerp_and_a_skipped_step_keeps_the_twin():
+    """The loop's EMA gets its skip flag as a device tensor: twin += w (online - twin) in groups of
+    at most ``EMA_CHUNK`` elements (here tiny: a tensor alone, then three together)."""
+    torch.manual_seed(0)
+    online = {"a": nn.Linear(300, 200), "b": nn.Linear(50, 7)}
+    twin = MomentumTwin(online, 0.9)
+    twin.EMA_CHUNK = 1000
+    assert twin._chunks() == [(0, 1), (1, 4)]
+    with torch.no_grad():
+        for p in [*online["a"].parameters(), *online["b"].parameters()]:
+            p.add_(torch.randn_like(p))
+    want = [t + 0.1 * (o - t) for t, o in zip(twin._twin_params, twin._online_params)]
+    twin.update(None, torch.tensor(False))
+    assert all(torch.allclose(t, w, atol=1e-6) for t, w in zip(twin._twin_params, want))
+    kept = [t.clone() for t in twin._twin_params]
+    twin.update(None, torch.tensor(True))
+    assert all(torch.equal(t, k) for t, k in zip(twin._twin_params, kept))

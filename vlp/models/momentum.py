@@ -89,11 +89,27 @@ class MomentumTwin(nn.Module):
             torch._foreach_lerp_(self._twin_params, src, 1.0 - m)
             return
         # a skipped step blends with weight 0. A 0-d tensor weight would resolve to the Scalar
-        # overload and be read back (a device sync), so: twin += w * (online - twin), w on the device
+        # overload and be read back (a device sync), so: twin += w * (online - twin), w on the device,
+        # in groups of at most EMA_CHUNK elements (the difference is a temporary copy)
         weight = (1.0 - m) * (~skipped).to(device=self._twin_params[0].device, dtype=torch.float32)
-        delta = torch._foreach_sub(src, self._twin_params)
-        torch._foreach_mul_(delta, weight)
-        torch._foreach_add_(self._twin_params, delta)
+        for lo, hi in self._chunks():
+            delta = torch._foreach_sub(src[lo:hi], self._twin_params[lo:hi])
+            torch._foreach_mul_(delta, weight)
+            torch._foreach_add_(self._twin_params[lo:hi], delta)
+
+    #: elements per group of the sync-free EMA: its temporary is at most 128 MiB of fp32
+    EMA_CHUNK = 32 * 2**20
+
+    def _chunks(self) -> list[tuple[int, int]]:
+        """``(lo, hi)`` ranges of the twin's parameter list of at most :attr:`EMA_CHUNK` elements each
+        (a larger tensor alone)."""
+        bounds, lo, size = [], 0, 0
+        for i, p in enumerate(self._twin_params):
+            if size and size + p.numel() > self.EMA_CHUNK:
+                bounds.append((lo, i))
+                lo, size = i, 0
+            size += p.numel()
+        return [*bounds, (lo, len(self._twin_params))]
 
 
 class FeatureQueue(nn.Module):
