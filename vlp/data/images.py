@@ -4,6 +4,7 @@ files and decompression bombs refused, each problem one :class:`BadImage` naming
 from __future__ import annotations
 
 import warnings
+from typing import Callable, Optional
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -32,10 +33,18 @@ def to_rgb(im: Image.Image) -> Image.Image:
     return im.convert("RGB")
 
 
-def open_image(path: str, origin: str, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> Image.Image:
+def open_image(
+    path: str,
+    origin: str,
+    max_pixels: int = MAX_PIXELS,
+    min_side: int = MIN_SIDE,
+    before_load: Optional[Callable[[Image.Image], None]] = None,
+) -> Image.Image:
     """Open ``path`` fully decoded as RGB. ``origin`` (e.g. ``ann.json entry 12``) starts every
     error message. Images over ``max_pixels`` (0: no limit) are refused before decoding; those with
-    a side below ``min_side`` are upscaled so that it reaches ``min_side``."""
+    a side below ``min_side`` are upscaled so that it reaches ``min_side``. ``before_load(im)``: called
+    with the opened, not yet decoded image once its size passed the limit (e.g. to choose a JPEG
+    draft scale, ``im.draft``)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the limit is checked here
@@ -46,6 +55,8 @@ def open_image(path: str, origin: str, max_pixels: int = MAX_PIXELS, min_side: i
                         f"{origin}: image {path} is {w}x{h} = {w * h} pixels, more than the limit of "
                         f"{max_pixels} (decompression-bomb guard, data.max_image_pixels)"
                     )
+                if before_load is not None:
+                    before_load(im)
                 im.load()
                 rgb = to_rgb(im)
     except BadImage:

@@ -55,7 +55,7 @@ def itm_loss(
     """Mean cross-entropy of ``logits`` [N, 2] against ``labels`` [N] over rows with ``valid`` [N].
 
     ``total`` (scalar): divide the sum over the valid rows by ``total`` instead of their count (the
-    global normalisation of :func:`vlp.tasks.objectives.itm_step`)."""
+    global normalisation of :func:`vlp.tasks.objectives.itm_pairs`)."""
     ce = F.cross_entropy(logits.float(), labels, reduction="none")
     w = torch.ones_like(ce) if valid is None else valid.float()
     if total is not None:

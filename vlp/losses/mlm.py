@@ -64,7 +64,7 @@ def mlm_loss(
     D = mean over masked positions of ``-sum_v softmax(momentum)_v * log_softmax(logits)_v`` -
     both over the vocabulary axis. ``total`` (scalar): divide the sum over the masked positions by
     ``total`` instead of their count (the global normalisation of
-    :func:`vlp.tasks.objectives.mlm_step`). No masked token: 0, with a gradient.
+    :func:`vlp.tasks.objectives.draw_masks`). No masked token: 0, with a gradient.
     """
     return distilled_ce(logits, labels, momentum_logits, alpha, total)
 

@@ -43,7 +43,6 @@ import platform
 import statistics
 import tempfile
 import time
-import warnings
 from collections import Counter
 from datetime import date
 from pathlib import Path
@@ -59,7 +58,7 @@ from torchvision.transforms import functional as TF
 from vlp.config import PretrainConfig
 from vlp.data.datasets import ImageTextDataset, SeededIndex, seed_of
 from vlp.data.formats import Sample
-from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image, to_rgb, upscale_tiny
+from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
 from vlp.data.synthetic.scene import render_scene, sample_scene, world_rng
 from vlp.data.transforms import train_transform
 from vlp.errors import ConfigError
@@ -125,32 +124,15 @@ def open_image_draft(
 ) -> Image.Image:
     """:func:`vlp.data.images.open_image` with JPEG draft-mode decoding: a JPEG is decoded by
     libjpeg at 1/d scale, ``d = draft_scale(width, height, res, crop_scale)`` (1: full size);
-    other formats decode fully. The pixel limit is checked on the file's full size, as
-    ``open_image`` does. Any problem is left to ``open_image``, which raises the same
-    :class:`~vlp.errors.BadImage` (same message) as training does."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the limit is checked here
-            with Image.open(path) as im:
-                w, h = im.size
-                if max_pixels and w * h > max_pixels:
-                    raise _LeaveToOpenImage
-                d = draft_scale(w, h, res, crop_scale) if im.format == "JPEG" else 1
-                if d > 1:
-                    im.draft("RGB", (w // d, h // d))
-                im.load()
-                rgb = to_rgb(im)
-    except _OPEN_ERRORS:  # missing, unidentified, truncated, too large, ...: open_image's error and message
-        return open_image(path, origin, max_pixels, min_side)
-    return upscale_tiny(rgb, min_side)
+    other formats decode fully. Limits and errors are ``open_image``'s own."""
 
+    def reduce(im: Image.Image) -> None:
+        if im.format == "JPEG":
+            d = draft_scale(im.width, im.height, res, crop_scale)
+            if d > 1:
+                im.draft("RGB", (im.width // d, im.height // d))
 
-class _LeaveToOpenImage(Exception):
-    """An image the draft decoders leave to ``open_image`` (which refuses it, or opens it in full)."""
-
-
-#: what the draft decoders leave to ``open_image``: its own cases (Pillow's errors) and theirs
-_OPEN_ERRORS = (_LeaveToOpenImage, OSError, SyntaxError, ValueError, Image.DecompressionBombError)
+    return open_image(path, origin, max_pixels, min_side, before_load=reduce)
 
 
 class DraftImageTextDataset(ImageTextDataset):
@@ -193,25 +175,25 @@ def open_crop_draft(
     box), then the JPEG is decoded at 1/d (:func:`crop_draft_scale`) and the box, mapped to the
     reduced image, is resized (the transform's interpolation, bicubic) to ``crop.size``. With d = 1 the result is
     the transform's own, pixel for pixel. Non-JPEGs, tiny images (upscaled first) and every problem
-    take ``open_image`` and ``crop`` as they are (same errors). Returns (RGB image, d)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the limit is checked here
-            with Image.open(path) as im:
-                w, h = im.size
-                if (max_pixels and w * h > max_pixels) or im.format != "JPEG" or min(w, h) < min_side:
-                    raise _LeaveToOpenImage
-                if isinstance(crop, T.RandomResizedCrop):
-                    top, left, ch, cw = crop.get_params(im, crop.scale, crop.ratio)
-                else:
-                    top, left, ch, cw = 0, 0, h, w
-                size = list(crop.size)
-                d = crop_draft_scale(cw, ch, size)
-                drafted = im.draft("RGB", (w // d, h // d)) if d > 1 else None
-                im.load()
-                rgb = to_rgb(im)
-    except _OPEN_ERRORS:  # non-JPEG, tiny, missing, truncated, too large, ...: as training does today
-        return crop(open_image(path, origin, max_pixels, min_side)), 1
+    take ``open_image`` and ``crop`` as they are; limits and errors are ``open_image``'s. Returns
+    (RGB image, d)."""
+    drawn: dict[str, Any] = {}
+
+    def reduce(im: Image.Image) -> None:  # JPEGs not upscaled as tiny: draw the box, choose d
+        w, h = im.size
+        if im.format != "JPEG" or min(w, h) < min_side:
+            return
+        if isinstance(crop, T.RandomResizedCrop):
+            box = crop.get_params(im, crop.scale, crop.ratio)
+        else:
+            box = (0, 0, h, w)
+        d = crop_draft_scale(box[3], box[2], list(crop.size))
+        drawn.update(box=box, full=(w, h), drafted=im.draft("RGB", (w // d, h // d)) if d > 1 else None)
+
+    rgb = open_image(path, origin, max_pixels, min_side, before_load=reduce)
+    if not drawn:  # non-JPEG or tiny: as training does today
+        return crop(rgb), 1
+    (top, left, ch, cw), (w, h), drafted, size = drawn["box"], drawn["full"], drawn["drafted"], list(crop.size)
     f = w / drafted[1][2] if drafted is not None else 1.0  # the scale libjpeg applied (d)
     if rgb.size == (w, h):  # not reduced: the transform's own crop
         return TF.resized_crop(rgb, top, left, ch, cw, size, crop.interpolation, antialias=crop.antialias), 1

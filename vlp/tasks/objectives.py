@@ -230,13 +230,6 @@ def itm_loss_at(model: ALBEF, fused: torch.Tensor, pairs: ITMPairs) -> torch.Ten
     return itm_loss(logits, labels, pairs.valid, pairs.total)
 
 
-def itm_step(model: ALBEF, image_kv: ImageKV, txt: TextFeatures, *args, **kwargs) -> torch.Tensor:
-    """ITM on B positives + 2B hard negatives in one fusion pass (:func:`itm_pairs`'s arguments
-    after ``image_kv``, the batch's cross-attention K/V)."""
-    pairs = itm_pairs(model, txt, *args, **kwargs)
-    return itm_loss_at(model, model.fuse(pairs.hidden, pairs.mask, pair_kv(pairs, image_kv)), pairs)
-
-
 @dataclass
 class MaskedText:
     """One MLM draw for this rank's rows: the masked ids, and the masked tokens gathered into a

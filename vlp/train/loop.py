@@ -34,7 +34,6 @@ from vlp.train.checkpoint import check_shared_filesystem
 from vlp.train.checkpointing import Checkpointer
 from vlp.train.loggers import open_loggers
 from vlp.train.logging import MetricsLog
-from vlp.train.optim import lr_at
 from vlp.train.preemption import preempted, stop_agreed, stop_signals
 from vlp.train.reporting import Reporter
 from vlp.train.setup import make_accelerator, prepare_training
@@ -179,7 +178,6 @@ def train(
     task.train()
     with stop_signals() as stop, log:  # SIGTERM / SIGUSR1: checkpoint at the next step boundary; log closes its sinks
         for step in range(start, cfg.steps):
-            lr = lr_at(step, cfg)
             # forward, backward, clip, non-finite check, optimizer, EMA, queues, statistics: no host read
             result = train_step(
                 acc, task, inner, optimizer, params, lambda: rep.fetch(batches), step, cfg, rep.stats, undo=undo
@@ -193,7 +191,7 @@ def train(
             is_log_step = done % cfg.log_every == 0 or done == cfg.steps
             stopping = stop_agreed(stop, is_log_step, acc.num_processes, acc.device)
             if is_log_step:
-                record = log_step(rep, ckpt, done, lr, cfg, max_bad_fraction)
+                record = log_step(rep, ckpt, done, result.lr, cfg, max_bad_fraction)
                 for msg in log_warnings(record) if rep.main and log_warnings is not None else []:
                     print(f"warning: {msg}", file=sys.stderr)
             rep.bar.update(1)

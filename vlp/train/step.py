@@ -103,6 +103,7 @@ class StepResult:
     norm: Optional[torch.Tensor]  # gradient norm before clipping (None under DeepSpeed)
     skipped: torch.Tensor  # 0-d bool: non-finite on some rank, or the run has halted
     pairs: int  # the last micro-batch's pairs on this rank
+    lr: float  # the step's scheduled learning rate (before each group's lr_scale)
 
 
 def stateful_modules(inner: nn.Module) -> list[nn.Module]:
@@ -138,7 +139,7 @@ def train_step(
     fetch = batches if callable(batches) else (lambda: next(batches))  # type: ignore[arg-type]
     undo = stateful_modules(inner) if undo is None else undo
     hooks: Any = inner  # the task's hooks (batch_report, ...) and the modules' begin_step / end_step
-    set_lr(optimizer, step, cfg)
+    lr = set_lr(optimizer, step, cfg)
     for m in undo:
         cast(Any, m).begin_step()
     outs, pairs = [], 0
@@ -165,4 +166,4 @@ def train_step(
             cast(Any, m).end_step(skipped)
     with phase("statistics"):
         stats.add_step(step + 1, outs, norm, skipped)
-    return StepResult(outs, norm, skipped, pairs)
+    return StepResult(outs, norm, skipped, pairs, lr)
