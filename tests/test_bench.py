@@ -112,5 +112,5 @@ def test_count_ops_holds_the_base_step_to_its_launch_and_sync_budget(world, tmp_
     assert r["syncs_per_step"] == 0, r["sync_sites"]
     assert r["casts_of_watched_per_step"] == 0  # the twin runs on its bf16 copies
     assert 1000 < r["kernel_ops_per_step"] <= 2800
-    assert r["casts_per_step"] <= 900  # 894 now; the target is 800 (docs/performance.md)
+    assert 300 < r["casts_per_step"] <= 800
     assert r["module_calls_per_forward"] <= 1000

@@ -77,9 +77,7 @@ def assert_losses_equal(out, ref_out):
 def test_reference_is_eager_and_structured_like_the_original(pair):
     _, task, ref = pair
     assert not any(getattr(m, "fused_attn", False) for m in ref.model.modules())
-    assert ref.model.text.config._attn_implementation == "eager"
-    assert ref.model.momentum["text"].config._attn_implementation == "eager"
-    assert task.model.text.config._attn_implementation == "sdpa"  # vlp's own model is untouched
+    assert any(getattr(m, "fused_attn", False) for m in task.model.modules())  # vlp's own model is untouched
     # one pair per distinct parameter: the MLM decoder tied to the word embeddings is updated once
     n_twin = sum(1 for _ in ref.model.momentum.twin.parameters())
     assert len(ref.pairs) == n_twin and len({id(p_m) for _, p_m in ref.pairs}) == n_twin
@@ -126,7 +124,7 @@ def test_same_losses_gradients_momentum_and_queue(pair):
     assert checked > 40 and {
         "temp",
         "itm_head.weight",
-        "fusion.layer.0.crossattention.self.key.weight",
+        "fusion.layer.0.crossattention.self.kv.weight",
         "text.embeddings.word_embeddings.weight",
     } <= {n for n, p in grads_vlp.items() if p.grad is not None and p.grad.abs().max() > 0}
 

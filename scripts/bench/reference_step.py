@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import json
 import math
 import platform
@@ -67,7 +68,7 @@ from torch import nn
 from vlp.config import LossConfig, PretrainConfig, load_config
 from vlp.errors import ConfigError
 from vlp.models.albef import ALBEF, param_count
-from vlp.models.text import FusionEncoder
+from vlp.models.text import FusionEncoder, TextEncoder
 from vlp.tasks.objectives import TokenInfo
 
 PRESETS = {
@@ -91,14 +92,12 @@ PRESETS = {
 
 
 def use_eager_attention(model: ALBEF) -> None:
-    """Switch the ViT (online and momentum) to timm's unfused attention and the BERT text towers
-    to transformers' eager attention. The fusion encoder is run by :func:`fusion_forward`."""
+    """Switch the ViT (online and momentum) to timm's unfused attention. The text towers and the
+    fusion encoder are run by :func:`text_forward` and :func:`fusion_forward`."""
     for tower in (model.vision, model.momentum["vision"]):
         for m in tower.modules():
             if hasattr(m, "fused_attn"):
                 m.fused_attn = False
-    for tower in (model.text, model.momentum["text"]):
-        tower.set_attn_implementation("eager")
 
 
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:  # [B, L, H] -> [B, heads, L, H/heads]
@@ -107,17 +106,15 @@ def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:  # [B, L, H] -> [B, hea
 
 
 def _projections(att: nn.Module) -> tuple[Callable, Callable, Callable]:
-    """The query, key and value projections of ``att``: a self-attention's fused ``qkv`` Linear split
-    into its three row blocks (BERT's query / key / value), a cross-attention's own three Linears."""
+    """The query, key and value projections of ``att``, BERT's three Linears written out from vlp's
+    fused ones: a self-attention's ``qkv`` split into its three row blocks, a cross-attention's
+    ``query`` and its ``kv`` split into two."""
     s = att.self
-    if not hasattr(s, "qkv"):
-        return s.query, s.key, s.value
-    (wq, wk, wv), (bq, bk, bv) = s.qkv.weight.chunk(3), s.qkv.bias.chunk(3)
-    return (
-        lambda t: F.linear(t, wq, bq),
-        lambda t: F.linear(t, wk, bk),
-        lambda t: F.linear(t, wv, bv),
-    )
+    if hasattr(s, "qkv"):
+        ws, bs = s.qkv.weight.chunk(3), s.qkv.bias.chunk(3)
+    else:
+        ws, bs = (s.query.weight, *s.kv.weight.chunk(2)), (s.query.bias, *s.kv.bias.chunk(2))
+    return tuple(functools.partial(F.linear, weight=w, bias=b) for w, b in zip(ws, bs))  # type: ignore[return-value]
 
 
 def eager_attention(
@@ -139,17 +136,24 @@ def eager_attention(
 
 
 def fusion_forward(
-    fusion: FusionEncoder, text_hidden: torch.Tensor, text_mask: torch.Tensor, image_tokens: torch.Tensor
+    fusion: FusionEncoder, text_hidden: torch.Tensor, text_mask: torch.Tensor, image_tokens: Optional[torch.Tensor]
 ) -> torch.Tensor:
     """vlp's fusion layers (self-attention, cross-attention to ``image_tokens`` [B, N, W], FFN),
-    eager, with the image K/V projected inside every layer of every call. Returns [B, T, H]."""
+    eager, with the image K/V projected inside every layer of every call. Returns [B, T, H].
+    Layers without cross-attention (the text tower's) take ``image_tokens=None``."""
     add = (1.0 - text_mask[:, None, None, :].to(text_hidden.dtype)) * torch.finfo(text_hidden.dtype).min
     x = text_hidden
     for layer in fusion.layer:
         x = eager_attention(layer.attention, x, x, add, fusion.training)
-        x = eager_attention(layer.crossattention, x, image_tokens, None, fusion.training)
+        if layer.crossattention is not None:
+            x = eager_attention(layer.crossattention, x, image_tokens, None, fusion.training)
         x = layer.output(F.gelu(layer.intermediate.dense(x)), x)
     return x
+
+
+def text_forward(text: TextEncoder, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """vlp's BERT text tower, eager: embeddings, then BERT layers with additive-mask attention."""
+    return fusion_forward(text.encoder, text.embeddings(input_ids=ids), mask, None)
 
 
 # --------------------------------------------------------------------------- the reference step
@@ -217,7 +221,7 @@ class ReferenceALBEFStep(nn.Module):
 
         image_embeds = md.vision.forward_features(image)
         image_feat = F.normalize(md.vision_proj(image_embeds[:, 0, :]), dim=-1)
-        text_embeds = md.text(input_ids=ids, attention_mask=att).last_hidden_state
+        text_embeds = text_forward(md.text, ids, att)
         text_feat = F.normalize(md.text_proj(text_embeds[:, 0, :]), dim=-1)
 
         # ----- ITC with momentum features, queues and momentum distillation
@@ -226,7 +230,7 @@ class ReferenceALBEFStep(nn.Module):
             image_embeds_m = tw["vision"].forward_features(image)
             image_feat_m = F.normalize(tw["vision_proj"](image_embeds_m[:, 0, :]), dim=-1)
             image_feat_all = torch.cat([image_feat_m, md.queue.image.clone().detach()], dim=0)
-            text_out_m = tw["text"](input_ids=ids, attention_mask=att).last_hidden_state
+            text_out_m = text_forward(tw["text"], ids, att)
             text_feat_m = F.normalize(tw["text_proj"](text_out_m[:, 0, :]), dim=-1)
             text_feat_all = torch.cat([text_feat_m, md.queue.text.clone().detach()], dim=0)
             sim_i2t_m = image_feat_m @ text_feat_all.t() / md.temp
@@ -277,13 +281,13 @@ class ReferenceALBEFStep(nn.Module):
             masked_ids, labels = self.mask(ids, att)
         else:
             masked_ids, labels = mlm
-        text_mlm = md.text(input_ids=masked_ids, attention_mask=att).last_hidden_state
+        text_mlm = text_forward(md.text, masked_ids, att)
         fused = fusion_forward(md.fusion, text_mlm, att, image_embeds)
         prediction_scores = md.mlm_head(fused)  # [B, T, V]
         vocab = prediction_scores.shape[-1]
         if c.distill:
             with torch.no_grad():
-                text_mlm_m = tw["text"](input_ids=masked_ids, attention_mask=att).last_hidden_state
+                text_mlm_m = text_forward(tw["text"], masked_ids, att)
                 fused_m = fusion_forward(tw["fusion"], text_mlm_m, att, image_embeds_m)
                 soft_labels = F.softmax(tw["mlm_head"](fused_m), dim=-1)
         selected = labels != -100

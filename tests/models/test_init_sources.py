@@ -25,7 +25,8 @@ def test_base_style_text_init_from_a_local_bert_directory(tmp_path):
     text, fusion = build_text(cfg, image_width=48)
     sd = bert.state_dict()
     assert torch.equal(
-        text.encoder.layer[1].attention.self.query.weight, sd["encoder.layer.1.attention.self.query.weight"]
+        text.state_dict()["encoder.layer.1.attention.self.query.weight"],
+        sd["encoder.layer.1.attention.self.query.weight"],
     )
     assert torch.equal(text.embeddings.token_type_embeddings.weight, sd["embeddings.token_type_embeddings.weight"])
     # BERT layers 2, 3 -> fusion layers 0, 1 by name; cross-attention is new (K/V from the image width)
@@ -33,7 +34,7 @@ def test_base_style_text_init_from_a_local_bert_directory(tmp_path):
         fusion.state_dict()["layer.0.attention.self.key.weight"], sd["encoder.layer.2.attention.self.key.weight"]
     )
     assert torch.equal(fusion.layer[1].output.LayerNorm.weight, sd["encoder.layer.3.output.LayerNorm.weight"])
-    assert fusion.layer[0].crossattention.self.key.weight.shape == (32, 48)
+    assert fusion.state_dict()["layer.0.crossattention.self.key.weight"].shape == (32, 48)
 
 
 def test_text_init_with_too_few_layers_fails_naming_keys(tmp_path):

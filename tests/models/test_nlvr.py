@@ -71,33 +71,32 @@ def test_cross_attention_key_value_shared_within_pairs_only(where):
     fusion = m.fusion if where == "online" else m.momentum["fusion"]
     for i in range(F_LAYERS):
         even, odd = fusion.layer[2 * i], fusion.layer[2 * i + 1]
-        assert odd.crossattention.self.key is even.crossattention.self.key
-        assert odd.crossattention.self.value is even.crossattention.self.value
+        assert odd.crossattention.self.kv is even.crossattention.self.kv
         assert odd.crossattention.self.query is not even.crossattention.self.query
         assert odd.crossattention.output is not even.crossattention.output
         assert odd.attention is not even.attention and odd.intermediate is not even.intermediate
         assert odd.output is not even.output
         if i + 1 < F_LAYERS:  # not shared across pairs
-            assert fusion.layer[2 * i + 2].crossattention.self.key is not even.crossattention.self.key
+            assert fusion.layer[2 * i + 2].crossattention.self.kv is not even.crossattention.self.kv
     if where == "twin":  # the twin's tie is its own, not the online module
-        assert m.momentum["fusion"].layer[1].crossattention.self.key is not m.fusion.layer[0].crossattention.self.key
-        assert not m.momentum["fusion"].layer[1].crossattention.self.key.weight.requires_grad
-    # one parameter per tied pair: 2 tensors x 2 (key, value) x F pairs fewer than the names
+        assert m.momentum["fusion"].layer[1].crossattention.self.kv is not m.fusion.layer[0].crossattention.self.kv
+        assert not m.momentum["fusion"].layer[1].crossattention.self.kv.weight.requires_grad
+    # one parameter per tied pair: 2 tensors (the fused K/V weight and bias) x F pairs fewer than the names
     names = len(dict(fusion.named_parameters(remove_duplicate=False)))
-    assert names - len(list(fusion.parameters())) == 4 * F_LAYERS
+    assert names - len(list(fusion.parameters())) == 2 * F_LAYERS
 
 
 def test_shared_key_value_get_both_layers_gradients_and_twin_follows():
     m = nlvr()
     m.train(False)
     m.classify(*inputs()).sum().backward()
-    g = m.fusion.layer[0].crossattention.self.key.weight.grad
+    g = m.fusion.layer[0].crossattention.self.kv.weight.grad
     assert g is not None and g.abs().sum() > 0
     with torch.no_grad():
-        m.fusion.layer[1].crossattention.self.value.weight.add_(1.0)
+        m.fusion.layer[1].crossattention.self.kv.weight.add_(1.0)
     m.after_optimizer_step(1)  # EMA over the deduplicated parameter list: tie intact in the twin
     twin = m.momentum["fusion"]
-    assert torch.equal(twin.layer[0].crossattention.self.value.weight, twin.layer[1].crossattention.self.value.weight)
+    assert torch.equal(twin.layer[0].crossattention.self.kv.weight, twin.layer[1].crossattention.self.kv.weight)
 
 
 def test_classify_runs_one_vit_pass_and_alternates_images():
@@ -180,7 +179,7 @@ def test_expand_pretraining_checkpoint_into_cls_model(tmp_path):
     )
     assert_expanded(model, src, momentum=False)
     assert_expanded(model, src, momentum=True)
-    assert model.fusion.layer[1].crossattention.self.key is model.fusion.layer[0].crossattention.self.key
+    assert model.fusion.layer[1].crossattention.self.kv is model.fusion.layer[0].crossattention.self.kv
     # the new head keeps its initialisation, online and twin alike
     assert all(torch.equal(model.cls_head.state_dict()[k], v) for k, v in head_before.items())
     assert all(torch.equal(model.momentum["cls_head"].state_dict()[k], v) for k, v in head_before.items())
@@ -201,7 +200,7 @@ def test_ta_checkpoint_into_cls_model_copies_momentum_after_loading(tmp_path):
     ta = nlvr("ta", seed=3)
     perturb(ta, 4)
     state = on_disk(ta, tmp_path, "ta")
-    assert "fusion.layer.1.crossattention.self.key.weight" not in state  # one name per tied pair
+    assert "fusion.layer.1.crossattention.self.kv.weight" not in state  # one name per tied pair
     model = nlvr(seed=5)
     adapted, allow = NLVRModel.adapt_pretrained(state, model)
     assert sorted(allow) == ["cls_head.*", "momentum.twin.*"]
@@ -217,7 +216,7 @@ def test_ta_checkpoint_into_cls_model_copies_momentum_after_loading(tmp_path):
     for k, v in ta.fusion.state_dict().items():
         assert torch.equal(model.fusion.state_dict()[k], v), k
     twin = model.momentum["fusion"]
-    assert twin.layer[1].crossattention.self.key is twin.layer[0].crossattention.self.key
+    assert twin.layer[1].crossattention.self.kv is twin.layer[0].crossattention.self.kv
 
 
 def test_finetuned_checkpoint_round_trip_is_unchanged(tmp_path):

@@ -1,10 +1,10 @@
 import pytest
 import torch
-from transformers import BertModel
+from transformers import BertConfig, BertModel
 
 from vlp.config import TextConfig
 from vlp.errors import CheckpointError
-from vlp.models.text import FusionEncoder, build_text, select_kv
+from vlp.models.text import FusionEncoder, TextEncoder, build_text, select_kv
 from vlp.sources import minilm_path
 from vlp.weights import load_strict
 
@@ -51,7 +51,7 @@ def test_small_preset_loads_minilm_layers_by_name():
     ids = torch.tensor([[101, 1037, 2417, 4418, 102, 0]])
     mask = torch.tensor([[1, 1, 1, 1, 1, 0]])
     hs = ref(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
-    ours = text(input_ids=ids, attention_mask=mask).last_hidden_state
+    ours = text(ids, mask)
     assert torch.allclose(ours[:, :5], hs[3][:, :5], atol=1e-5)  # text tower == MiniLM layers 0-2
     # fusion layer 0 holds MiniLM layer 3: its self-attention block reproduces HF's
     ref_att = ref.encoder.layer[3].attention
@@ -74,3 +74,29 @@ def test_load_strict_names_missing_and_unexpected_keys():
     state["layer.0.output.dense.weight"] = torch.zeros(3, 3)
     with pytest.raises(CheckpointError, match="shape mismatches"):
         load_strict(f, state, source="x", allow_unexpected=["layer.0.extra"])
+
+
+def test_text_encoder_is_hf_bert_with_fused_qkv():
+    """vlp's text tower draws HF BertModel's initial weights from the same random state, saves them
+    under BERT's names, and computes the same states, in eval and (same dropout draws) in training."""
+    cfg = BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    torch.manual_seed(0)
+    hf = BertModel(cfg, add_pooling_layer=False)
+    after_hf = torch.rand(4)
+    torch.manual_seed(0)
+    ours = TextEncoder(cfg)
+    assert torch.equal(torch.rand(4), after_hf)  # the same number of draws
+    assert hasattr(ours.encoder.layer[0].attention.self, "qkv")
+    theirs, mine = hf.state_dict(), ours.state_dict()
+    assert set(theirs) == set(mine)
+    assert all(torch.equal(theirs[k], mine[k]) for k in mine)
+    ids = torch.randint(1000, 2000, (2, 7))
+    mask = torch.ones_like(ids)
+    mask[1, 4:] = 0
+    for train in (False, True):
+        hf.train(train), ours.train(train)
+        torch.manual_seed(1)
+        want = hf(input_ids=ids, attention_mask=mask).last_hidden_state
+        torch.manual_seed(1)
+        got = ours(ids, mask)
+        torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=1e-6, rtol=1e-6)

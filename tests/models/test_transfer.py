@@ -51,7 +51,7 @@ def test_load_pretrained_into_retrieval_model(tmp_path):
         dst.momentum["text"].embeddings.word_embeddings.weight, src.momentum["text"].embeddings.word_embeddings.weight
     )
     assert torch.equal(
-        dst.fusion.layer[0].crossattention.self.key.weight, src.fusion.layer[0].crossattention.self.key.weight
+        dst.fusion.layer[0].crossattention.self.kv.weight, src.fusion.layer[0].crossattention.self.kv.weight
     )
     assert dst.vision.pos_embed.shape[1] == 1 + 12 * 12 and torch.equal(
         dst.vision.pos_embed[:, 0], src.vision.pos_embed[:, 0]

@@ -220,13 +220,13 @@ def test_adapt_pretrained_leaves_mismatched_cross_kv_new(tmp_path):
     torch.manual_seed(0)
     albef = ALBEF(cfg)
     vqa = VQAModel(cfg)
-    before = vqa.decoder.encoder.layer[0].crossattention.self.key.weight.clone()
+    before = vqa.decoder.encoder.layer[0].crossattention.self.kv.weight.clone()
     new, allow = VQAModel.adapt_pretrained(saved_state(albef, tmp_path), vqa)
     kv = [k for k in allow if not k.startswith("queue.")]
     assert len(kv) == 2 * 2 * 2 * 2  # (online, twin) x 2 layers x (key, value) x (weight, bias)
     assert all(".crossattention.self.key." in k or ".crossattention.self.value." in k for k in kv)
     load_strict(vqa, new, source="pretrain", allow_missing=allow)
-    assert torch.equal(vqa.decoder.encoder.layer[0].crossattention.self.key.weight, before)  # left new
+    assert torch.equal(vqa.decoder.encoder.layer[0].crossattention.self.kv.weight, before)  # left new
     assert_copied(vqa, albef, skip_cross_kv=True)
     assert torch.equal(
         vqa.decoder.encoder.layer[0].crossattention.self.query.weight,

@@ -94,9 +94,13 @@ def run(slots: str = "exact") -> dict[str, dict[str, list[float]]]:
         optimizer_step(None, optimizer, task, params, step, cfg, clipped=True)  # type: ignore[arg-type]
     for name, v in model.state_dict().items():
         # An attention's key bias has no effect (it adds the same q.b to every score of a query):
-        # its gradient is rounding noise around 0, which Adam turns into steps of size lr
+        # its gradient is rounding noise around 0, which Adam turns into steps of size lr. The
+        # ViT's fused qkv bias is compared without its key third.
         if name.endswith("self.key.bias"):
             continue
+        if name.endswith("attn.qkv.bias"):
+            q, _, v = v.chunk(3)
+            v = torch.cat([q, v])
         if name.startswith("momentum.") or name.startswith("queue."):
             out["after"][name] = summary(v, name)
     return out

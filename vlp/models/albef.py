@@ -6,7 +6,6 @@ The model computes features; it never tokenizes, reads files or computes losses 
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
@@ -96,8 +95,7 @@ class ALBEF(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, momentum: bool = False
     ) -> torch.Tensor:
         """Unimodal text layers: ids [B, T] -> hidden [B, T, H]."""
-        text = self._m("text", momentum)
-        return text(input_ids=input_ids, attention_mask=prepared_mask(text, attention_mask)).last_hidden_state
+        return self._m("text", momentum)(input_ids, attention_mask)
 
     def encode_text(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, momentum: bool = False
@@ -150,14 +148,6 @@ class ALBEF(nn.Module):
         """Non-reentrant activation checkpointing in the online ViT blocks, text layers and every
         fusion block (task models' too); the momentum twins run without gradient and are untouched."""
         self.vision.set_grad_checkpointing(enable)
-        t, kwargs = self.text, {"use_reentrant": False}
-        new_api = hasattr(t, "activation_checkpointing_enable")  # transformers >= 5 naming
-        if not enable:
-            (t.activation_checkpointing_disable if new_api else t.gradient_checkpointing_disable)()
-        elif new_api:
-            t.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            t.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         for name, module in self.named_modules():
             if isinstance(module, FusionEncoder) and not name.startswith("momentum."):
                 module.grad_checkpointing = enable
@@ -167,11 +157,10 @@ class ALBEF(nn.Module):
         twins' too) is compiled in place; identical blocks share one compiled graph, the code
         between blocks (losses, sampling, queues) stays eager. Returns the number of blocks."""
         from timm.models.vision_transformer import Block
-        from transformers.models.bert.modeling_bert import BertLayer
 
         from vlp.models.text import FusionLayer
 
-        blocks = [m for m in self.modules() if isinstance(m, (Block, BertLayer, FusionLayer))]
+        blocks = [m for m in self.modules() if isinstance(m, (Block, FusionLayer))]
         for block in blocks:
             block.compile(backend=backend)
         return len(blocks)
@@ -187,24 +176,6 @@ class ALBEF(nn.Module):
         """EMA update of the momentum twins (ALBEF's start-of-forward update, moved here); none
         when ``skipped`` (a 0-d bool device tensor) is true."""
         self.momentum.update(self.momentum_at(step), skipped)
-
-
-@functools.lru_cache(maxsize=1)
-def _transformers_major() -> int:
-    import transformers
-
-    return int(transformers.__version__.split(".")[0])
-
-
-def prepared_mask(text: nn.Module, mask: torch.Tensor) -> torch.Tensor:
-    """The padding mask [B, T] as the text tower's SDPA attention takes it, [B, 1, 1, T] bool (True =
-    attend). transformers >= 5 builds that itself from a 2D mask, but first asks ``mask.all()`` to
-    skip masks without padding - a device-to-host read at every text encoding, which stalls a GPU
-    step. A 4D mask is used as given. Other attention implementations and older transformers get
-    the 2D mask."""
-    if mask.dim() != 2 or getattr(text.config, "_attn_implementation", None) != "sdpa" or _transformers_major() < 5:
-        return mask
-    return mask[:, None, None, :].bool()
 
 
 def param_count(module: nn.Module, trainable_only: bool = True) -> int:

@@ -2,7 +2,7 @@
 
 The fusion block has ``2F`` layers (F = the configured fusion-layer count): even layers attend to
 image 0, odd layers to image 1, and layers ``2i``/``2i+1`` share one cross-attention key and value
-projection (the same ``nn.Linear`` objects). Pretrained fusion layer ``N`` initialises both ``2N``
+projection (the same fused ``kv`` Linear). Pretrained fusion layer ``N`` initialises both ``2N``
 and ``2N+1`` (:meth:`NLVRModel.adapt_pretrained`).
 
 Two heads: ``cls`` (NLVR2 fine-tuning, True/False on the [CLS] fused state, with momentum twins
@@ -64,7 +64,7 @@ class NLVRModel(ALBEF):
         """Tie the cross-attention K/V of each layer pair and add the head (before the twin)."""
         for i in range(self.base_fusion_layers):
             even, odd = self.fusion.layer[2 * i].crossattention.self, self.fusion.layer[2 * i + 1].crossattention.self
-            odd.key, odd.value = even.key, even.value
+            odd.kv = even.kv
         hidden = self.text.config.hidden_size
         if self.head_type == "cls":
             self.cls_head = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 2))

@@ -1,8 +1,10 @@
-"""BERT text tower (HF transformers) and our fusion block (self-attn, cross-attn to image, FFN).
+"""BERT's text tower and our fusion block (self-attn, cross-attn to image, FFN), one layer type.
 
-Parameter names follow BERT's post-LN layer (``attention.self.query``, ``crossattention.output.
-LayerNorm``, ``intermediate.dense``, ``output.dense`` ...) so BERT layers 6-11, and ALBEF's fusion
-layers with their cross-attention, load into :class:`FusionEncoder` by name.
+:class:`FusionLayer` is BERT's post-LN layer with an optional cross-attention. Parameter names
+follow BERT (``attention.self.query``, ``crossattention.output.LayerNorm``, ``intermediate.dense``,
+``output.dense`` ...), so BERT layers 0-5 load into :class:`TextEncoder` (HF ``BertEmbeddings`` +
+layers without cross-attention) and BERT layers 6-11, and ALBEF's fusion layers with their
+cross-attention, into :class:`FusionEncoder` by name.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from transformers import BertConfig, BertModel
+from transformers.models.bert.modeling_bert import BertEmbeddings
 
 from vlp.config import TEXT_PRESETS, TextConfig, resolved
 from vlp.sources import resolve_source
@@ -26,49 +29,64 @@ ImageKV = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class _QKV(nn.Module):
-    """The projections of an attention. Self-attention fuses Q, K and V into one ``qkv`` Linear
-    [3H, H] (one matmul, and under autocast one cast of the input and of each weight, instead of
-    three); cross-attention keeps ``query`` on the text and ``key`` / ``value`` on the context
-    (projected once per step for every fusion pass; NLVR2 ties them across layer pairs).
+    """The projections of an attention, fused: self-attention projects Q, K and V with one ``qkv``
+    Linear [3H, H]; cross-attention has ``query`` on the text and one ``kv`` Linear [2H, W] on the
+    context (projected once per step for every fusion pass; NLVR2 ties it across layer pairs). One
+    matmul instead of three (two), and under autocast one cast of the input and of each weight.
 
-    Checkpoints keep BERT's names: ``state_dict`` splits ``qkv`` into ``query`` / ``key`` /
-    ``value`` (``.weight`` and ``.bias``) and ``load_state_dict`` joins them, so BERT and ALBEF
-    checkpoints, the converters and saved vlp checkpoints load unchanged."""
+    Checkpoints keep BERT's names: ``state_dict`` splits ``qkv`` / ``kv`` into ``query`` / ``key``
+    / ``value`` (``.weight`` and ``.bias``) and ``load_state_dict`` joins them, so BERT and ALBEF
+    checkpoints, the converters and saved vlp checkpoints load unchanged. Initialised as the
+    separate Linears would be (the same random draws, in the same order)."""
 
-    PARTS = ("query", "key", "value")
+    #: fused Linear -> the BERT Linears it holds, in row order
+    FUSED = {"qkv": ("query", "key", "value"), "kv": ("key", "value")}
 
     def __init__(self, hidden: int, kv_width: int, cross: bool) -> None:
         super().__init__()
         self.cross = cross
         if cross:
             self.query = nn.Linear(hidden, hidden)
-            self.key = nn.Linear(kv_width, hidden)
-            self.value = nn.Linear(kv_width, hidden)
-        else:  # initialised as three Linears would be (the same random draws, in the same order)
-            parts = [nn.Linear(hidden, hidden) for _ in self.PARTS]
-            self.qkv = nn.Linear(hidden, 3 * hidden, device="meta")  # no draws of its own
-            self.qkv.weight = nn.Parameter(torch.cat([p.weight.detach() for p in parts]))
-            self.qkv.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]))
-            self.register_state_dict_post_hook(_QKV._split_state)
-            self.register_load_state_dict_pre_hook(_QKV._join_state)
+            self.kv = _fused([nn.Linear(kv_width, hidden) for _ in self.FUSED["kv"]])
+        else:
+            self.qkv = _fused([nn.Linear(hidden, hidden) for _ in self.FUSED["qkv"]])
+        self.register_state_dict_post_hook(_QKV._split_state)
+        self.register_load_state_dict_pre_hook(_QKV._join_state)
 
     @staticmethod
     def _split_state(module: _QKV, state: dict, prefix: str, local_metadata: dict) -> None:
-        for kind in ("weight", "bias"):
-            whole = state.pop(f"{prefix}qkv.{kind}")
-            for name, part in zip(_QKV.PARTS, whole.chunk(3, 0)):
-                state[f"{prefix}{name}.{kind}"] = part if isinstance(whole, nn.Parameter) else part.clone()
+        for fused, parts in _QKV.FUSED.items():
+            for kind in ("weight", "bias"):
+                whole = state.pop(f"{prefix}{fused}.{kind}", None)
+                if whole is None:
+                    continue
+                for name, part in zip(parts, whole.chunk(len(parts), 0)):
+                    state[f"{prefix}{name}.{kind}"] = part if isinstance(whole, nn.Parameter) else part.clone()
 
     @staticmethod
     def _join_state(module: _QKV, state: dict, prefix: str, *args: object) -> None:
+        fused = "kv" if module.cross else "qkv"
         for kind in ("weight", "bias"):
-            keys = [f"{prefix}{name}.{kind}" for name in _QKV.PARTS]
+            keys = [f"{prefix}{name}.{kind}" for name in _QKV.FUSED[fused]]
             if all(k in state for k in keys):  # else torch reports the missing / unexpected keys
-                state[f"{prefix}qkv.{kind}"] = torch.cat([state.pop(k) for k in keys], 0)
+                state[f"{prefix}{fused}.{kind}"] = torch.cat([state.pop(k) for k in keys], 0)
 
     def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Self-attention queries, keys and values, each [B, T, H], of ``x`` [B, T, H]."""
         return self.qkv(x).chunk(3, -1)
+
+    def project_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Cross-attention keys and values, each [B, N, H], of ``context`` [B, N, W]."""
+        return self.kv(context).chunk(2, -1)
+
+
+def _fused(parts: list[nn.Linear]) -> nn.Linear:
+    """One Linear holding ``parts`` stacked by rows (their weights, not new draws)."""
+    d_in = parts[0].in_features
+    whole = nn.Linear(d_in, sum(p.out_features for p in parts), device="meta")  # no draws of its own
+    whole.weight = nn.Parameter(torch.cat([p.weight.detach() for p in parts]))
+    whole.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]))
+    return whole
 
 
 class _AddNorm(nn.Module):
@@ -103,7 +121,8 @@ class Attention(nn.Module):
 
     def project_kv(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-attention K/V of ``context`` [B, N, kv_width] -> two [B, heads, N, head_dim]."""
-        return self._split(self.self.key(context)), self._split(self.self.value(context))
+        k, v = self.self.project_kv(context)
+        return self._split(k), self._split(v)
 
     def forward(
         self,
@@ -199,7 +218,8 @@ class KVGroups:
 
 
 class FusionLayer(nn.Module):
-    """Self-attention -> cross-attention to image tokens -> FFN (post-LN).
+    """Self-attention -> cross-attention to image tokens -> FFN (post-LN); with ``image_width=None``
+    no cross-attention (a BERT text layer).
 
     Self-attention is bidirectional by default; ``causal=True`` (the VQA answer decoder) lets
     position ``i`` attend only to valid positions ``j <= i``. The cross-attention context may be
@@ -212,7 +232,7 @@ class FusionLayer(nn.Module):
         hidden: int,
         heads: int,
         intermediate: int,
-        image_width: int,
+        image_width: Optional[int],
         dropout: float,
         eps: float,
         causal: bool = False,
@@ -220,7 +240,9 @@ class FusionLayer(nn.Module):
         super().__init__()
         self.causal = causal
         self.attention = Attention(hidden, heads, hidden, dropout, eps, cross=False)
-        self.crossattention = Attention(hidden, heads, image_width, dropout, eps, cross=True)
+        self.crossattention: Optional[Attention] = None
+        if image_width is not None:
+            self.crossattention = Attention(hidden, heads, image_width, dropout, eps, cross=True)
         self.intermediate = nn.Module()
         self.intermediate.dense = nn.Linear(hidden, intermediate)
         self.output = _AddNorm(intermediate, hidden, dropout, eps)
@@ -229,17 +251,19 @@ class FusionLayer(nn.Module):
         self,
         x: torch.Tensor,
         text_mask: torch.Tensor,
-        image_kv: tuple[torch.Tensor, torch.Tensor],
+        image_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
         image_mask: Optional[torch.Tensor] = None,
         groups: Optional[KVGroups] = None,
     ) -> torch.Tensor:
         """``x`` [B, T, H]; ``text_mask`` [B, 1, 1, T] bool (True = token); ``image_kv`` two
-        [B, heads, N, head_dim]; ``image_mask`` [B, 1, 1, N] bool or None. Returns [B, T, H].
-        ``groups``: ``image_kv`` / ``image_mask`` hold one entry per distinct image (:class:`KVGroups`)."""
+        [B, heads, N, head_dim] (None without cross-attention); ``image_mask`` [B, 1, 1, N] bool or
+        None. Returns [B, T, H]. ``groups``: ``image_kv`` / ``image_mask`` hold one entry per
+        distinct image (:class:`KVGroups`)."""
         if self.causal:
             text_mask = causal_mask(text_mask)
         x = self.attention(x, None, text_mask)
-        x = self.crossattention(x, image_kv, image_mask, groups)
+        if self.crossattention is not None:
+            x = self.crossattention(x, image_kv, image_mask, groups)
         return self.output(F.gelu(self.intermediate.dense(x)), x)
 
 
@@ -248,6 +272,7 @@ class FusionEncoder(nn.Module):
 
     With a list of image inputs, layer ``i`` attends to element ``i mod len(list)`` (NLVR2).
     ``causal=True`` makes every layer's self-attention causal (the VQA answer decoder).
+    ``image_width=None``: no cross-attention (the text tower's layers), called without ``image``.
     """
 
     def __init__(
@@ -256,7 +281,7 @@ class FusionEncoder(nn.Module):
         layers: int,
         heads: int,
         intermediate: int,
-        image_width: int,
+        image_width: Optional[int],
         dropout: float = 0.1,
         eps: float = 1e-12,
         causal: bool = False,
@@ -271,13 +296,13 @@ class FusionEncoder(nn.Module):
     def image_kv(self, image_tokens: Union[torch.Tensor, Sequence[torch.Tensor]]) -> ImageKV:
         """Project image tokens [B, N, W] to every layer's cross-attention K/V once."""
         imgs = [image_tokens] if isinstance(image_tokens, torch.Tensor) else list(image_tokens)
-        return [lay.crossattention.project_kv(imgs[i % len(imgs)]) for i, lay in enumerate(self.layer)]
+        return [_cross(lay).project_kv(imgs[i % len(imgs)]) for i, lay in enumerate(self.layer)]
 
     def forward(
         self,
         hidden: torch.Tensor,
         text_mask: torch.Tensor,
-        image: Union[torch.Tensor, Sequence[torch.Tensor], ImageKV],
+        image: Union[torch.Tensor, Sequence[torch.Tensor], ImageKV, None] = None,
         image_mask: Optional[torch.Tensor] = None,
         image_index: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
@@ -287,10 +312,14 @@ class FusionEncoder(nn.Module):
         ``image_index`` [B] (optional): ``image`` (and ``image_mask``) hold one entry per distinct
         image and text row b attends to entry ``image_index[b]``; each image's K/V are broadcast to
         its rows (:class:`KVGroups`), not copied per row. Same result as indexing them per row."""
-        kv = image if _is_kv(image) else self.image_kv(image)
+        kv: Sequence[Optional[tuple[torch.Tensor, torch.Tensor]]]
+        if image is None:  # the text tower's layers
+            kv = [None] * len(self.layer)
+        else:
+            kv = image if _is_kv(image) else self.image_kv(image)  # type: ignore[arg-type]
         tmask = text_mask.bool()[:, None, None, :]
         imask = None if image_mask is None else image_mask.bool()[:, None, None, :]
-        groups = None if image_index is None else KVGroups(image_index, kv[0][0].shape[0])
+        groups = None if image_index is None or kv[0] is None else KVGroups(image_index, kv[0][0].shape[0])
         recompute = self.grad_checkpointing and self.training and torch.is_grad_enabled()
         for lay, layer_kv in zip(self.layer, kv):
             if recompute:
@@ -308,6 +337,12 @@ def causal_mask(text_mask: torch.Tensor) -> torch.Tensor:
     return text_mask & tri
 
 
+def _cross(layer: nn.Module) -> Attention:
+    if layer.crossattention is None:
+        raise ValueError("these layers have no cross-attention (a text tower's): there is no image K/V to project")
+    return layer.crossattention
+
+
 def _is_kv(x: object) -> bool:
     return isinstance(x, list) and len(x) > 0 and isinstance(x[0], tuple)
 
@@ -315,6 +350,53 @@ def _is_kv(x: object) -> bool:
 def select_kv(kv: ImageKV, index: torch.Tensor) -> ImageKV:
     """Rows ``index`` [M] of every layer's K/V (gradients flow back to the shared projection)."""
     return [(k.index_select(0, index), v.index_select(0, index)) for k, v in kv]
+
+
+class TextEncoder(nn.Module):
+    """BERT's text tower: HF ``BertEmbeddings`` -> :class:`FusionLayer` s without cross-attention
+    (self-attention with one ``qkv`` projection, FFN, post-LN), in BERT's parameter names
+    (``embeddings.*``, ``encoder.layer.{i}.attention.self.query.weight`` ...), so BERT and ALBEF
+    checkpoints load by name. ``config``: its ``BertConfig``.
+
+    The same computation as HF's ``BertModel`` without pooler (SDPA attention; the same dropout
+    draws in training), and initialised as it is from the same random state (BERT's N(0, 0.02)
+    Linear and embedding weights, zero biases, unit LayerNorms), but without its per-call mask
+    preparation or separate Q, K and V launches."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.embeddings = BertEmbeddings(c)
+        self.encoder = FusionEncoder(
+            c.hidden_size,
+            c.num_hidden_layers,
+            c.num_attention_heads,
+            c.intermediate_size,
+            image_width=None,
+            dropout=c.hidden_dropout_prob,
+            eps=c.layer_norm_eps,
+        )
+        bert_init(self, c.initializer_range)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``input_ids`` [B, T], ``attention_mask`` [B, T] (1 = token) -> hidden states [B, T, H]."""
+        return self.encoder(self.embeddings(input_ids=input_ids), attention_mask)
+
+
+@torch.no_grad()
+def bert_init(module: nn.Module, std: float) -> None:
+    """BERT's initialisation, module by module in registration order (HF ``BertModel``'s draws):
+    Linear and embedding weights N(0, ``std``), zero biases and padding rows, unit LayerNorms."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            m.weight.normal_(0.0, std)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            m.bias.zero_()
+        elif isinstance(m, nn.Embedding) and m.padding_idx is not None:
+            m.weight[m.padding_idx].zero_()
+        elif isinstance(m, nn.LayerNorm):
+            m.weight.fill_(1.0)
+            m.bias.zero_()
 
 
 #: BertConfig key <- text preset key (vlp's TextConfig names)
@@ -328,15 +410,15 @@ BERT_KEYS = {
 }
 
 
-def build_text(cfg: TextConfig, image_width: int) -> tuple[BertModel, FusionEncoder]:
-    """Text tower (HF ``BertModel``, no pooler) + fusion encoder, initialised per ``cfg.init``.
+def build_text(cfg: TextConfig, image_width: int) -> tuple[TextEncoder, FusionEncoder]:
+    """Text tower (:class:`TextEncoder`) + fusion encoder, initialised per ``cfg.init``.
 
     With an init source, its embeddings and layers ``0..layers-1`` fill the text tower and layers
     ``layers..layers+fusion_layers-1`` fill the fusion block (whose cross-attention is new).
     """
     r = resolved(cfg, TEXT_PRESETS)
     bert_cfg = BertConfig(vocab_size=30522, max_position_embeddings=512, **{k: r[v] for k, v in BERT_KEYS.items()})
-    text = BertModel(bert_cfg, add_pooling_layer=False)
+    text = TextEncoder(bert_cfg)
     width, heads, ffn, dropout = r["hidden"], r["heads"], r["intermediate"], r["dropout"]
     fusion = FusionEncoder(width, r["fusion_layers"], heads, ffn, image_width, dropout, bert_cfg.layer_norm_eps)
     if r["init"] and r["init"] != "random":
@@ -344,7 +426,7 @@ def build_text(cfg: TextConfig, image_width: int) -> tuple[BertModel, FusionEnco
     return text, fusion
 
 
-def init_from_bert(text: BertModel, fusion: FusionEncoder, source: str, n_text: int) -> None:
+def init_from_bert(text: TextEncoder, fusion: FusionEncoder, source: str, n_text: int) -> None:
     """Load a BERT checkpoint (directory, weights file or hub name) into text + fusion, strictly."""
     if Path(source).exists():
         state = read_state_dict(source)

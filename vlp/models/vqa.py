@@ -20,7 +20,7 @@ from vlp.errors import CheckpointError
 from vlp.losses.vqa import first_token_topk, select_answers, sequence_nll
 from vlp.models.albef import ALBEF
 from vlp.models.heads import MLMHead
-from vlp.models.text import FusionEncoder, ImageKV, select_kv
+from vlp.models.text import FusionEncoder, ImageKV, bert_init, select_kv
 
 #: Cross-attention context of the decoder: question states [A, T, H] or their projected K/V.
 QuestionContext = Union[torch.Tensor, ImageKV]
@@ -39,7 +39,7 @@ class AnswerDecoder(nn.Module):
         super().__init__()
         c = bert_config
         self.embeddings = BertEmbeddings(c)
-        _bert_init_embeddings(self.embeddings, c.initializer_range)
+        bert_init(self.embeddings, c.initializer_range)
         self.encoder = FusionEncoder(
             c.hidden_size,
             n_layers,
@@ -71,15 +71,6 @@ class AnswerDecoder(nn.Module):
         h = self.embeddings(input_ids=answer_ids)
         h = self.encoder(h, answer_mask, question, question_mask)
         return self.lm_head(h)
-
-
-@torch.no_grad()
-def _bert_init_embeddings(emb: BertEmbeddings, std: float) -> None:
-    """BERT's initialisation (as the HF text tower gets): N(0, std) tables, zero padding row."""
-    for table in (emb.word_embeddings, emb.position_embeddings, emb.token_type_embeddings):
-        table.weight.normal_(0.0, std)
-        if table.padding_idx is not None:
-            table.weight[table.padding_idx].zero_()
 
 
 class VQAModel(ALBEF):
