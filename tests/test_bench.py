@@ -114,3 +114,32 @@ def test_count_ops_holds_the_base_step_to_its_launch_and_sync_budget(world, tmp_
     assert 1000 < r["kernel_ops_per_step"] <= 2800
     assert 300 < r["casts_per_step"] <= 800
     assert r["module_calls_per_forward"] <= 1000
+
+
+def test_compiled_step_is_one_graph_without_recompiles_through_the_ramps(world, tmp_path, capsys):
+    """``train.compile=full`` (issue 28): the forward, online and twin, is one graph with no break,
+    and 20 steps through the lr warm-up, the alpha ramp and the momentum ramp compile nothing after
+    the first step. Dynamo's capture is backend-independent; the "eager" backend skips codegen."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    out = tmp_path / "ops.json"
+    args = [
+        "bench",
+        "--count-ops",
+        "--warmup",
+        "19",
+        "--config",
+        "configs/pretrain/shapes_tiny.yaml",
+        "--out",
+        str(out),
+    ]
+    ramps = ["train.warmup_steps=10", "loss.alpha_ramp_steps=10", "model.momentum_warmup_steps=10"]
+    compiled = ["train.compile=full", "train.compile_backend=eager", "data.text_padding=max_len"]
+    assert main([*args, f"data.train=[{world['pretrain']}]", *SMALL, "data.batch_size=4", *ramps, *compiled]) == 0
+    assert "train.compile=full: 1 graphs, 0 graph breaks, 0 compiled after step 1" in capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert r["graphs_per_step"] == [1] * 20 and r["graph_breaks"] == 0
+    # what runs outside the graphs: the optimizer and the statistics, without a sync
+    assert set(r["per_phase"]) == {"optimizer", "statistics"} and r["syncs_per_step"] == 0
+    torch._dynamo.reset()

@@ -1,6 +1,6 @@
 import torch
 
-from vlp.losses.matching import itm_loss, sample_hard_negatives
+from vlp.losses.matching import itm_loss, race_noise, sample_hard_negatives
 
 
 def gen(seed=0):
@@ -88,3 +88,18 @@ def test_hardness_scales_the_sampling_logits():
     assert torch.equal(
         sample_hard_negatives(s, None, gen(5))[0], sample_hard_negatives(s, None, gen(5), hardness=1.0)[0]
     )
+
+
+def test_the_exponential_race_is_multinomials_draw_without_its_sync():
+    """``argmax(p / q)``, q ~ Exp(1), is torch.multinomial(p, 1)'s own algorithm: the same columns
+    from the same generator state (so the ITM negatives did not change when multinomial went)."""
+    for seed in range(5):
+        p = torch.rand(6, 9, generator=gen(100 + seed)) ** 4
+        p[2] = 0.0
+        p[2, 5] = 1.0  # a one-hot row
+        want = torch.multinomial(p, 1, generator=gen(seed)).squeeze(1)
+        assert torch.equal((p / race_noise(6, 9, p.device, gen(seed))).argmax(1), want)
+    sim, ids = torch.randn(5, 5), torch.tensor([0, 0, 1, 2, 3])
+    drawn = sample_hard_negatives(sim, ids, gen(7))
+    given = sample_hard_negatives(sim, ids, noise=race_noise(5, 5, sim.device, gen(7)))
+    assert all(torch.equal(a, b) for a, b in zip(drawn, given))

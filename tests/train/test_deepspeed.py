@@ -72,12 +72,15 @@ def test_zero2_trains_like_ddp_under_bf16(runs: dict[str, Path], runs_io) -> Non
     fp32); vlp makes it reduce in fp32. After one optimizer step the losses are DDP's (with bf16
     reduction step 2's ITM loss was off by 2.5e-4); later, bf16 activations amplify the float noise
     of two AdamW implementations (fused under DDP, ZeRO's own), so the comparison loosens to 1e-3, and
-    the weights' movement differs by a median 2e-3 of itself (8e-3 with bf16 reduction)."""
+    the weights' movement differs by a median 2e-3 of itself (8e-3 with bf16 reduction). Step 2 is
+    compared to 2e-5: the two optimizers' fp32 noise (~1e-7) flips the bf16 rounding of a few
+    weights, which moved its MLM loss by 3e-6 once the K/V projections were fused - ten times below
+    the defect's 2.5e-4."""
     read = runs_io[0]
     ddp, zero2 = read(runs["ddp_bf16"]), read(runs["zero2_bf16"])
     for i, (a, b) in enumerate(zip(ddp, zero2)):
         for key in ("itc", "itm", "mlm", "loss", "temp"):
-            rel = 1e-6 if i < 2 else 1e-3
+            rel = (1e-6, 2e-5)[i] if i < 2 else 1e-3
             assert b[key] == pytest.approx(a[key], rel=rel), (key, a, b)
     start, x, y = read(runs["ddp_bf16"], 2), read(runs["ddp_bf16"], STEPS), read(runs["zero2_bf16"], STEPS)
     rel = sorted(

@@ -27,7 +27,7 @@ def test_no_decay_on_norms_biases_pos_embed_cls_temp_and_no_momentum_params():
     assert all(
         n.endswith("bias") or "norm" in n.lower() or n in ("temp", "vision.pos_embed", "vision.cls_token") for n in nd
     )
-    assert "vision.blocks.0.attn.qkv.weight" in d and "fusion.layer.0.crossattention.self.key.weight" in d
+    assert "vision.blocks.0.attn.qkv.weight" in d and "fusion.layer.0.crossattention.self.kv.weight" in d
     assert not any(n.startswith("momentum.") for n in d | nd)
     n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == n_trainable

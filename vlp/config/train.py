@@ -64,10 +64,17 @@ class TrainConfig:
     # micro-batch draws its ITC in-batch negatives and ITM hard negatives from itself; the queue
     # receives every micro-batch (docs/training.md, "Gradient accumulation").
     grad_accum_steps: int = 1
-    # torch.compile each transformer block (ViT blocks, text layers, fusion layers; the momentum
-    # twins' too) - regional compilation: one compiled graph per block type, reused by every layer.
-    compile: bool = False
+    # torch.compile: "off"; "blocks" (or true) each transformer block (ViT blocks, text layers,
+    # fusion layers; the momentum twins' too) - regional compilation, one compiled graph per block
+    # type, reused by every layer; "full" the pretraining step's whole forward (online and twin
+    # encoders, losses, queue writes) as one graph, with its random draws made before it (needs
+    # data.text_padding=max_len). docs/performance.md, "A step that compiles whole".
+    compile: str = "off"
     compile_backend: str = "inductor"  # any torch.compile backend ("eager": capture only, no codegen)
+    # Replay the compiled step as CUDA graphs (train.compile=full with torch.compile's
+    # "reduce-overhead" mode): one launch per graph instead of one per kernel. Without CUDA, or
+    # when torch cannot capture the step, the run goes on without them, after one warning.
+    cuda_graphs: bool = False
     # With every checkpoint, the training state (optimizer, task tensors outside the model, RNG
     # states of every rank; JSON + safetensors, no pickle) in checkpoints/step_N/train_state/,
     # which train.resume continues from.
@@ -87,6 +94,13 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         _choice("train.precision", self.precision, ["fp32", "bf16"])
+        self.compile = {"true": "blocks", "false": "off"}.get(str(self.compile).lower(), str(self.compile))
+        _choice("train.compile", self.compile, ["off", "blocks", "full"])
+        if self.cuda_graphs and self.compile != "full":
+            raise ConfigError(
+                f"config keys 'train.cuda_graphs'/'train.compile': CUDA graphs replay the compiled step: "
+                f"set train.compile=full (got {self.compile!r})"
+            )
         for name in self.loggers:
             _choice("train.loggers", name, ["tensorboard", "wandb"])
         if self.steps < 1:

@@ -28,16 +28,17 @@ from vlp.config import CONTRASTIVE_LOSSES
 
 
 def itc_targets(
-    positives: torch.Tensor, momentum_logits: Optional[torch.Tensor] = None, alpha: float = 0.0
+    positives: torch.Tensor, momentum_logits: Optional[torch.Tensor] = None, alpha: float | torch.Tensor = 0.0
 ) -> torch.Tensor:
     """Target distribution per query row.
 
     ``positives`` [Q, C] bool -> uniform over each row's positives; with ``momentum_logits`` [Q, C]
-    and ``alpha`` > 0 (momentum distillation): ``alpha * softmax(m) + (1 - alpha) * y``.
+    and ``alpha`` > 0 (momentum distillation): ``alpha * softmax(m) + (1 - alpha) * y``. A 0-d
+    tensor ``alpha`` (a compiled step's) always blends: at 0 that is ``y`` exactly.
     """
     y = positives.float()
     y = y / y.sum(1, keepdim=True).clamp_min(1.0)
-    if momentum_logits is None or alpha == 0.0:
+    if momentum_logits is None or (not isinstance(alpha, torch.Tensor) and alpha == 0.0):
         return y
     return alpha * F.softmax(momentum_logits.float(), dim=1) + (1.0 - alpha) * y
 

@@ -12,7 +12,7 @@ def distilled_ce(
     logits: torch.Tensor,
     labels: torch.Tensor,
     momentum_logits: Optional[torch.Tensor] = None,
-    alpha: float = 0.0,
+    alpha: float | torch.Tensor = 0.0,
     denominator: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``(1 - alpha) * CE(logits, labels) + alpha * soft CE(logits, softmax(momentum_logits))``.
@@ -21,12 +21,13 @@ def distilled_ce(
     nothing (the empty slots of a fixed-capacity gather). Sums over the rows divided by
     ``denominator`` (default: the number of labelled rows, at least 1; so a mean over the batch,
     and 0 when no row is labelled), computed on the device without reading the count back. The
-    momentum targets get no gradient. ``alpha == 0`` or no momentum logits: plain CE.
+    momentum targets get no gradient. ``alpha == 0`` or no momentum logits: plain CE (a 0-d
+    tensor ``alpha``, a compiled step's, always blends: at 0 that is plain CE).
     """
     valid = labels != -100
     logp = F.log_softmax(logits.float(), dim=-1)
     per_row = -logp.gather(1, labels.clamp_min(0)[:, None])[:, 0]
-    if momentum_logits is not None and alpha != 0.0:
+    if momentum_logits is not None and (isinstance(alpha, torch.Tensor) or alpha != 0.0):
         soft = -(F.softmax(momentum_logits.detach().float(), dim=-1) * logp).sum(-1)
         per_row = (1.0 - alpha) * per_row + alpha * soft
     if denominator is None:

@@ -14,6 +14,7 @@ def sample_hard_negatives(
     image_ids: Optional[torch.Tensor] = None,
     generator: Optional[torch.Generator] = None,
     hardness: float = 1.0,
+    noise: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one negative column per row, with probability ``softmax(hardness * sim)`` over valid
     negatives (``hardness`` 1: ALBEF; 0: uniform random negatives; between: softer mining).
@@ -22,7 +23,12 @@ def sample_hard_negatives(
     Invalid negatives - the diagonal and, given ``image_ids`` [B], every column with the anchor's
     image id - are set to -inf *before* the softmax, so a dominant diagonal cannot underflow the
     row. NaN similarities count as -inf; a row whose valid entries are all -inf falls back to
-    uniform over its valid negatives. One ``multinomial`` call, no host sync.
+    uniform over its valid negatives.
+
+    The draw is ``argmax(p / q)`` with ``q`` ~ Exp(1) per entry (the exponential race: column j
+    wins with probability p_j), which is what ``torch.multinomial(p, 1)`` computes, with the same
+    draws from ``generator``, minus its host-synchronising check of ``p``. ``noise`` [B, B]:
+    :func:`race_noise` drawn beforehand (outside a compiled graph) instead of ``generator``.
 
     Returns ``(index [B] long, valid [B] bool)``; ``valid`` is False for rows that have no valid
     negative at all (batch of 1, or every item from the anchor's image). Their index points at the
@@ -42,8 +48,13 @@ def sample_hard_negatives(
     uniform_valid = (~invalid).float()
     probs = torch.where(has_mass[:, None], probs, uniform_valid)  # ... over the valid negatives
     probs = torch.where(has_valid[:, None], probs, torch.eye(b, device=sim.device))
-    idx = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    return idx, has_valid
+    q = race_noise(probs.shape[0], probs.shape[1], probs.device, generator) if noise is None else noise
+    return (probs / q).argmax(1), has_valid
+
+
+def race_noise(rows: int, cols: int, device: torch.device, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Exp(1) draws [rows, cols] fp32 for :func:`sample_hard_negatives` (``multinomial``'s own)."""
+    return torch.empty(rows, cols, dtype=torch.float32, device=device).exponential_(1.0, generator=generator)
 
 
 def itm_loss(

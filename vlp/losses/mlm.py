@@ -54,7 +54,7 @@ def mlm_loss(
     logits: torch.Tensor,
     labels: torch.Tensor,
     momentum_logits: Optional[torch.Tensor] = None,
-    alpha: float = 0.0,
+    alpha: float | torch.Tensor = 0.0,
     total: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``(1 - alpha) * CE + alpha * D`` over masked positions.

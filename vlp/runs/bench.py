@@ -163,13 +163,23 @@ def run_count_ops(cfg: PretrainConfig, warmup: int = 1, out: Optional[str | Path
     batches = endless_batches(prep.loader)
     prep.task.train()
     args = (acc, prep.task, prep.inner, prep.optimizer, prep.params)
+    graphs = []  # dynamo's compiled graphs after each step (train.compile)
     for step in range(warmup):
         train_step(*args, batches, step, cfg.train, stats)
-    counter = DispatchCounter(watch=momentum_weights(job.model))
+        graphs.append(dynamo_counts())
+    # a compiled step's forward and backward run as graphs, uncounted (see format_count_ops)
+    paused = ("forward", "backward") if cfg.train.compile == "full" else ()
+    counter = DispatchCounter(watch=momentum_weights(job.model), pause=paused)
     with counter:
         train_step(*args, batches, warmup, cfg.train, stats, phase=counter.phase)
+    graphs.append(dynamo_counts())
     result: dict[str, Any] = {
         **counter.summary(),
+        "compile": cfg.train.compile,
+        "graphs": graphs[-1]["graphs"],
+        "graph_breaks": graphs[-1]["graph_breaks"],
+        "graphs_compiled_after_step_1": graphs[-1]["graphs"] - graphs[0]["graphs"],
+        "graphs_per_step": [g["graphs"] for g in graphs],
         "date": date.today().isoformat(),
         "device": _device_name(acc.device),
         "precision": cfg.train.precision,
@@ -181,6 +191,14 @@ def run_count_ops(cfg: PretrainConfig, warmup: int = 1, out: Optional[str | Path
     }
     _write(result, out, acc.is_main_process)
     return result
+
+
+def dynamo_counts() -> dict[str, int]:
+    """torch.compile's totals so far in this process: graphs compiled (each recompile is one more)
+    and graph breaks."""
+    from torch._dynamo.utils import counters
+
+    return {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
 
 
 def format_count_ops(r: dict[str, Any]) -> str:
@@ -197,6 +215,15 @@ def format_count_ops(r: dict[str, Any]) -> str:
         ),
     ]
     lines += [f"  sync: {site} x{n}" for site, n in r["sync_sites"].items()]
+    if r["compile"] != "off":
+        lines.append(
+            f"train.compile={r['compile']}: {r['graphs']} graphs, {r['graph_breaks']} graph breaks, "
+            f"{r['graphs_compiled_after_step_1']} compiled after step 1 (per step: {r['graphs_per_step']})"
+        )
+        if r["compile"] == "full":
+            lines.append(
+                "  forward and backward run as compiled graphs: the counts above are the step's work outside them"
+            )
     return "\n".join(lines)
 
 

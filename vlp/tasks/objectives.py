@@ -14,7 +14,7 @@ import torch
 from vlp.config import ContrastiveConfig
 from vlp.dist import all_gather_nograd, all_gather_with_grad, own_rows, world_size
 from vlp.losses.contrastive import contrastive_loss, cosines, itc_targets, soft_infonce
-from vlp.losses.matching import itm_loss, sample_hard_negatives
+from vlp.losses.matching import itm_loss, race_noise, sample_hard_negatives
 from vlp.losses.mlm import gather_masked, mask_tokens, mlm_capacity, mlm_loss
 from vlp.models.albef import ALBEF, ImageFeatures, TextFeatures
 from vlp.models.text import ImageKV, select_kv
@@ -60,7 +60,7 @@ def itc_step(
     img_m: torch.Tensor,
     txt_m: torch.Tensor,
     image_ids: torch.Tensor,
-    alpha: float,
+    alpha: float | torch.Tensor,
     positives: str = "pair",
     regulate: Optional[Regulate] = None,
     contrastive: Optional[ContrastiveConfig] = None,
@@ -173,6 +173,7 @@ def itm_pairs(
     image_tokens: Optional[torch.Tensor] = None,
     global_batch: bool = False,
     hardness: float = 1.0,
+    noise: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
 ) -> ITMPairs:
     """ITM's positives and hard negatives. Negatives are drawn with probability
     ``softmax(hardness * sim)`` (``loss.itm_hardness``).
@@ -189,9 +190,12 @@ def itm_pairs(
     from the gathered tokens. The loss is this rank's sum over valid pairs divided by
     (global valid count / world): the mean over ranks is the global batch's loss and DDP's
     gradient mean its gradient. On one process both modes compute the same loss.
+
+    ``noise``: :func:`itm_noise` drawn beforehand, used instead of ``generator`` (the same draws).
     """
-    neg_img, ok_img = sample_hard_negatives(sim_t2i, image_ids, generator, hardness)  # per text
-    neg_txt, ok_txt = sample_hard_negatives(sim_i2t, image_ids, generator, hardness)  # per image
+    noise_img, noise_txt = noise if noise is not None else (None, None)
+    neg_img, ok_img = sample_hard_negatives(sim_t2i, image_ids, generator, hardness, noise_img)  # per text
+    neg_txt, ok_txt = sample_hard_negatives(sim_i2t, image_ids, generator, hardness, noise_txt)  # per image
     b = txt.hidden.shape[0]
     total, kv, kv_index = None, None, None
     if not global_batch:
@@ -211,6 +215,14 @@ def itm_pairs(
         kv = model.image_kv(all_gather_with_grad(image_tokens)[neg_img])
     valid = torch.cat([torch.ones(b, dtype=torch.bool, device=ok_img.device), ok_img, ok_txt])
     return ITMPairs(hidden, mask, kv_index, kv, valid, total)
+
+
+def itm_noise(
+    rows: int, device: torch.device, generator: Optional[torch.Generator]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draws of :func:`itm_pairs`' two samplings (an image per text, then a text per image),
+    each [rows, rows] (rows: the batch, or the global batch), in the order it would make them."""
+    return race_noise(rows, rows, device, generator), race_noise(rows, rows, device, generator)
 
 
 def pair_kv(pairs: ITMPairs, image_kv: ImageKV) -> ImageKV:
@@ -276,7 +288,7 @@ def draw_masks(
 
 
 def mlm_loss_at(
-    model: ALBEF, fused: torch.Tensor, fused_m: Optional[torch.Tensor], draw: MaskedText, alpha: float
+    model: ALBEF, fused: torch.Tensor, fused_m: Optional[torch.Tensor], draw: MaskedText, alpha: float | torch.Tensor
 ) -> torch.Tensor:
     """Masked LM loss of the fused states of the masked text [B, T, H] (the twin's, or None: no
     distillation); the head runs only at the masked positions' slots."""

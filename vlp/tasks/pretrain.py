@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -21,12 +22,21 @@ from vlp.tasks.objectives import (
     global_batch_sims,
     itc_step,
     itm_loss_at,
+    itm_noise,
     itm_pairs,
     mlm_loss_at,
     pair_kv,
 )
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.tasks.regulation import SRCLRegulator
+
+
+@dataclass
+class StepDraws:
+    """The random draws of a pretraining step (:meth:`PretrainTask.draws`)."""
+
+    masks: Optional[MaskedText]  # MLM's masked captions and labels (None without MLM)
+    negatives: Optional[tuple[torch.Tensor, torch.Tensor]]  # ITM's races (:func:`itm_noise`), None without ITM
 
 
 class PretrainTask(Task):
@@ -65,6 +75,8 @@ class PretrainTask(Task):
         self.loss_cfg = loss
         self.tokens = tokens
         self.max_len, self.text_padding = max_len, text_padding
+        self._compiled: Optional[Callable[..., dict[str, torch.Tensor]]] = None  # train.compile=full
+        self._cuda_graphs = False  # ... replayed as CUDA graphs (train.cuda_graphs)
 
     def log_warnings(self, record: dict[str, Any]) -> list[str]:
         """Warnings about a log record (the training loop prints them): SRCL that hardly regulates."""
@@ -139,25 +151,78 @@ class PretrainTask(Task):
         return fused[:b3], fused[b3:]
 
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
-        with self.model.momentum.lowered():  # bf16 copies of the twin's weights under a bf16 autocast
-            return self._forward(batch, step)
-
-    def _forward(self, batch: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
+        """The step's losses and statistics (0-d tensors; ``loss`` the weighted sum)."""
         m, c = self.model, self.loss_cfg
         batch = self.on_device(batch)
-        images, ids, mask, image_ids = batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"]
         self._check_text_gathers()
-        gen, shared = self.generator(images.device, step), self.shared_generator(images.device, step)
-        global_itm, global_mlm = c.itm_negatives == "global", c.mlm_masking == "global"
-        alpha = self.alpha(step)
         m.clamp_temp()
+        draws = self.draws(batch, step)
+        alpha = self.alpha(step)
+        distill_mlm = draws.masks is not None and alpha > 0
+        if self._compiled is not None:  # train.compile=full: alpha enters as a tensor, no per-step guard
+            alpha_in: float | torch.Tensor = torch.full((), alpha, device=batch["images"].device)
+            distill_mlm = draws.masks is not None and c.distill  # the graph does not change at alpha 0
+            losses = self._compiled
+            if self._cuda_graphs:  # a new step: the graphs' earlier outputs may be overwritten
+                torch.compiler.cudagraph_mark_step_begin()
+        else:
+            alpha_in, losses = alpha, self._losses
+        with m.momentum.lowered():  # bf16 copies of the twin's weights under a bf16 autocast
+            return losses(batch, draws, alpha_in, distill_mlm, step)
 
-        # MLM masks first: every random draw of the step comes before the encoders run
-        draw = None
+    def draws(self, batch: dict[str, torch.Tensor], step: int) -> StepDraws:
+        """Every random draw of the step, made before the encoders run (outside a compiled graph):
+        the MLM masks, then the ITM negatives' exponential races, from the task's generators."""
+        c = self.loss_cfg
+        images, ids, mask = batch["images"], batch["input_ids"], batch["attention_mask"]
+        gen, shared = self.generator(images.device, step), self.shared_generator(images.device, step)
+        masks = negatives = None
         if c.mlm:
+            global_mlm = c.mlm_masking == "global"
+            slots = "fixed" if self._compiled is not None else c.mlm_slots
             gen_mlm = shared if global_mlm else gen
-            draw = draw_masks(ids, mask, self.tokens, c.mlm_probability, gen_mlm, self.max_len, global_mlm, c.mlm_slots)
-        distill_mlm = draw is not None and alpha > 0
+            masks = draw_masks(ids, mask, self.tokens, c.mlm_probability, gen_mlm, self.max_len, global_mlm, slots)
+        if c.itm:
+            global_itm = c.itm_negatives == "global"
+            rows = ids.shape[0] * (world_size() if global_itm else 1)
+            negatives = itm_noise(rows, images.device, shared if global_itm else gen)
+        return StepDraws(masks, negatives)
+
+    def compile_full(self, backend: str = "inductor", mode: Optional[str] = None) -> None:
+        """``train.compile=full``: the step's forward (online and twin encoders, losses, queue
+        writes) as one compiled graph. Its random draws are made before it (:meth:`draws`), alpha
+        enters as a tensor, the text has a fixed length (``data.text_padding=max_len``) and the
+        masked tokens fixed slots, so neither the warm-up nor the ramps recompile it. ``mode``:
+        torch.compile's (``reduce-overhead``: CUDA graphs)."""
+        unsupported = [
+            k
+            for k, bad in (
+                ("loss.regulation", self.regulator is not None),
+                ("loss.ltd.mode", self.reconstruction is not None),
+                ("data.text_padding (needs max_len)", self.text_padding != "max_len"),
+                ("loss.mlm_slots=exact", self.loss_cfg.mlm_slots == "exact"),
+            )
+            if bad
+        ]
+        if unsupported:
+            raise ConfigError(
+                f"config key 'train.compile': 'full' compiles the ALBEF objective with a fixed text "
+                f"length; unsupported here: {unsupported} (train.compile=blocks works with all of them)"
+            )
+        self._compiled = torch.compile(self._losses, backend=backend, mode=mode, fullgraph=True, dynamic=False)
+        self._cuda_graphs = mode == "reduce-overhead"
+
+    def _losses(
+        self,
+        batch: dict[str, torch.Tensor],
+        draws: StepDraws,
+        alpha: float | torch.Tensor,
+        distill_mlm: bool,
+        step: int,
+    ) -> dict[str, torch.Tensor]:
+        m, c = self.model, self.loss_cfg
+        images, ids, mask, image_ids = batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"]
+        draw = draws.masks
         img = m.encode_image(images)
         txt, h_masked = self._text(ids, mask, draw, momentum=False)
         with torch.no_grad():
@@ -188,13 +253,23 @@ class PretrainTask(Task):
         kv = m.image_kv(img.tokens) if c.itm or c.mlm else None  # cross-attention K/V once, for ITM and MLM
         out["itc"] = itc.loss
         pairs = None
-        if c.itm and global_itm:  # negatives from the global batch, drawn alike on every rank
+        if c.itm and c.itm_negatives == "global":  # negatives from the global batch, drawn alike on every rank
             sims = global_batch_sims(img.feat, txt.feat, img_m.feat, txt_m.feat, itc.temp)
             ids_all = all_gather_nograd(image_ids)
-            pairs = itm_pairs(m, txt, *sims, ids_all, shared, img.tokens, global_batch=True, hardness=c.itm_hardness)
+            pairs = itm_pairs(
+                m,
+                txt,
+                *sims,
+                ids_all,
+                None,
+                img.tokens,
+                global_batch=True,
+                hardness=c.itm_hardness,
+                noise=draws.negatives,
+            )
         elif c.itm:
             sims = itc.sim_i2t[:, itc.batch_cols].detach(), itc.sim_t2i[:, itc.batch_cols].detach()
-            pairs = itm_pairs(m, txt, *sims, image_ids, gen, hardness=c.itm_hardness)
+            pairs = itm_pairs(m, txt, *sims, image_ids, None, hardness=c.itm_hardness, noise=draws.negatives)
         fused_itm, fused_mlm = self._fuse(kv, pairs, h_masked, mask)
         if pairs is not None:
             out["itm"] = itm_loss_at(m, fused_itm, pairs)
@@ -214,5 +289,6 @@ class PretrainTask(Task):
             reg.enqueue(image_ids, helper)  # same step, same slots as the momentum queue
         out.update(itc.stats)
         out["temp"] = m.temp.detach()
-        out["alpha"] = torch.full((), alpha, device=images.device)  # a fill, not a copy from host memory
+        # a fill, not a copy from host memory
+        out["alpha"] = alpha.float() if isinstance(alpha, torch.Tensor) else torch.full((), alpha, device=images.device)
         return out

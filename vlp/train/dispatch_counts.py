@@ -29,7 +29,7 @@ from collections import Counter
 from typing import Any, Iterable, Iterator
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
 aten = torch.ops.aten
@@ -133,13 +133,18 @@ class DispatchCounter(TorchDispatchMode):
 
     ``watch``: tensors whose casts are counted apart (``casts_of_watched``), matched by storage.
     ``ignore``: phases not counted (``data``: the loader's work runs in worker processes, on the host).
+    ``pause``: phases during which the mode is lifted altogether, uncounted (a compiled graph refuses
+    to run under a dispatch mode, and its fused kernels would not reach the dispatcher anyway).
     Use as a context manager; switch the phase with ``with counter.phase("backward"):``. Each
     synchronisation is reported with the innermost line of code outside torch that caused it.
     """
 
-    def __init__(self, watch: Iterable[torch.Tensor] = (), ignore: Iterable[str] = ("data",)) -> None:
+    def __init__(
+        self, watch: Iterable[torch.Tensor] = (), ignore: Iterable[str] = ("data",), pause: Iterable[str] = ()
+    ) -> None:
         super().__init__()
-        self.ignore = frozenset(ignore)
+        self.pause = frozenset(pause)
+        self.ignore = frozenset(ignore) | self.pause
         self.current = "step"
         self.kernel: Counter[str] = Counter()  # phase -> kernel-launching ops
         self.casts: Counter[str] = Counter()
@@ -156,7 +161,11 @@ class DispatchCounter(TorchDispatchMode):
         """Attribute the ops of the block to phase ``name``."""
         before, self.current = self.current, name
         try:
-            yield
+            if name in self.pause:
+                with _disable_current_modes():
+                    yield
+            else:
+                yield
         finally:
             self.current = before
 

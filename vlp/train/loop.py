@@ -36,7 +36,7 @@ from vlp.train.loggers import open_loggers
 from vlp.train.logging import MetricsLog
 from vlp.train.preemption import preempted, stop_agreed, stop_signals
 from vlp.train.reporting import Reporter
-from vlp.train.setup import make_accelerator, prepare_training
+from vlp.train.setup import make_accelerator, prepare_training, warn_if_cuda_graphs_skipped
 from vlp.train.step import stateful_modules, train_step
 from vlp.train.swa import snapshot_averager
 from vlp.train.validation import Validation, Validator
@@ -183,6 +183,8 @@ def train(
                 acc, task, inner, optimizer, params, lambda: rep.fetch(batches), step, cfg, rep.stats, undo=undo
             )
             done = step + 1
+            if step == start:
+                warn_if_cuda_graphs_skipped(cfg)
             if averager is not None:  # weight averaging
                 averager.after_step(done)
             # pairs: the last micro-batch's size, times the micro-steps and the processes

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional, cast
 
 import torch
 from accelerate import Accelerator
@@ -111,26 +112,60 @@ def configure_deepspeed(ds: dict[str, Any], cfg: TrainConfig, micro_batch: Optio
 
 def apply_train_options(task: nn.Module, cfg: TrainConfig) -> None:
     """Model-side switches of the train config (before ``prepare``): activation checkpointing,
-    regional compilation."""
+    compilation (``train.compile``: regional, or the whole step's forward)."""
     model = getattr(task, "model", None)
-    for key, on, method in (
-        ("grad_checkpointing", cfg.grad_checkpointing, "set_grad_checkpointing"),
-        ("compile", cfg.compile, "compile_blocks"),
+    for key, on, owner, method in (
+        ("grad_checkpointing", cfg.grad_checkpointing, model, "set_grad_checkpointing"),
+        ("compile=blocks", cfg.compile == "blocks", model, "compile_blocks"),
+        ("compile=full", cfg.compile == "full", task, "compile_full"),
     ):
-        if on and not hasattr(model, method):
-            raise ConfigError(
-                f"config key 'train.{key}': not available for {type(model).__name__} (ALBEF-family models only)"
-            )
+        if on and not hasattr(owner, method):
+            what = "ALBEF-family models" if owner is model else "pretraining"
+            raise ConfigError(f"config key 'train.{key}': not available for {type(owner).__name__} ({what} only)")
     if cfg.grad_checkpointing:
         model.set_grad_checkpointing(True)
-    if cfg.compile:
-        # a block that fails to compile is an error, not a silent fall-back to eager; when a block
+    if cfg.compile != "off":
+        # a graph that fails to compile is an error, not a silent fall-back to eager; when a block
         # hits torch's recompile limit (a new text length per batch: use data.text_padding=max_len),
         # torch logs "hit config.recompile_limit" and runs it eagerly
         import torch._dynamo
 
         torch._dynamo.config.suppress_errors = False
+    if cfg.compile == "blocks":
         model.compile_blocks(cfg.compile_backend)
+    elif cfg.compile == "full":
+        cast(Any, task).compile_full(cfg.compile_backend, cuda_graph_mode(cfg))
+
+
+def cuda_graph_mode(cfg: TrainConfig) -> Optional[str]:
+    """torch.compile's mode for ``train.cuda_graphs``: ``reduce-overhead`` (CUDA graph trees) when
+    CUDA is there, else None after one warning (the run goes on without CUDA graphs)."""
+    if not cfg.cuda_graphs:
+        return None
+    if not torch.cuda.is_available():
+        warnings.warn(
+            "train.cuda_graphs: CUDA graphs need a CUDA device; running the compiled step without them", stacklevel=2
+        )
+        return None
+    return "reduce-overhead"
+
+
+def warn_if_cuda_graphs_skipped(cfg: TrainConfig) -> bool:
+    """After the first compiled step: one warning when ``train.cuda_graphs`` is on but torch could
+    not capture (part of) the step as CUDA graphs - it then runs those graphs without them (its
+    log, ``TORCH_LOGS=perf_hints``, gives the reason). Returns whether it warned."""
+    if not (cfg.cuda_graphs and torch.cuda.is_available()):
+        return False
+    from torch._dynamo.utils import counters
+
+    skipped = counters["inductor"]["cudagraph_skips"]
+    if skipped:
+        warnings.warn(
+            f"train.cuda_graphs: torch could not capture {skipped} graph(s) of the step as CUDA graphs and runs "
+            "them without (TORCH_LOGS=perf_hints says why)",
+            stacklevel=2,
+        )
+    return bool(skipped)
 
 
 class DeviceLoader:
