@@ -21,8 +21,9 @@ from torchvision import transforms as T
 from vlp.config import DataConfig
 from vlp.data.formats import load_pairs
 from vlp.data.helper_cache import HelperCache
+from vlp.data.shard_format import SIZES_FILE, ShardInfo, iter_shard
 from vlp.data.shard_writer import write_shards
-from vlp.data.shards import SIZES_FILE, ShardLoader, ShardStream, iter_shard
+from vlp.data.shards import ShardLoader, ShardStream
 from vlp.data.synthetic import generate_world
 from vlp.data.targets import LatentTargets, caption_key
 from vlp.errors import ConfigError, DataError
@@ -76,6 +77,10 @@ def loader(dirs: list[Path], **kw) -> ShardLoader:
     return ShardLoader(dirs, **{**args, **kw})
 
 
+def vlp_shard(path: Path, images: int = 1) -> ShardInfo:
+    return ShardInfo(path, images, images, 0)
+
+
 def pairs_of(batches: list[dict]) -> list[tuple[int, str]]:
     return [(i, c) for b in batches for i, c in zip(b["ids"], b["caps"])]
 
@@ -96,15 +101,15 @@ def test_writer_counts_captions_ids_and_sizes(world: Path, shards: Path) -> None
     assert sum(v["pairs"] for v in sizes.values()) == IMAGES * CAPTIONS
     written: Counter = Counter()
     for name, v in sizes.items():
-        raws = list(iter_shard(shards / name, v["images"]))
+        raws = list(iter_shard(ShardInfo(shards / name, v["images"], v["pairs"], 0), check_count=True))
         assert sum(len(r.meta["captions"]) for r in raws) == v["pairs"]
         for r in raws:
             written.update((r.meta["image_id"], c) for c in r.meta["captions"])
             assert r.meta["source"] == str(world)
-            with Image.open(io.BytesIO(r.jpg)) as im:
+            with Image.open(io.BytesIO(r.image)) as im:
                 assert im.format == "JPEG" and im.size == (16, 16)  # 32 px squares, shorter side -> 16
     assert written == source_pairs(world)  # every caption exactly once, ids = sorted image keys
-    first = [r.meta["image_id"] for r in iter_shard(shards / "shard-00000.tar")]
+    first = [r.meta["image_id"] for r in iter_shard(vlp_shard(shards / "shard-00000.tar"))]
     assert first != sorted(first) or first[0] != 0  # globally shuffled before writing
 
 
@@ -115,8 +120,8 @@ def test_writer_resizes_the_shorter_side_and_never_upscales(tmp_path: Path) -> N
     ann.write_text(json.dumps([{"image": "wide.png", "caption": "red"}, {"image": "small.png", "caption": ["g", "h"]}]))
     out = write_shards([ann], tmp_path / "out", size=10, show_progress=False)
     got = {}
-    for r in iter_shard(out / "shard-00000.tar"):
-        with Image.open(io.BytesIO(r.jpg)) as im:
+    for r in iter_shard(vlp_shard(out / "shard-00000.tar")):
+        with Image.open(io.BytesIO(r.image)) as im:
             got[tuple(r.meta["captions"])] = im.size
     assert got == {("red",): (20, 10), ("g", "h"): (6, 12)}
     assert json.loads((out / SIZES_FILE).read_text()) == {"shard-00000.tar": {"images": 2, "pairs": 3}}
@@ -161,7 +166,7 @@ def test_two_ranks_two_workers_split_the_epoch(shards: Path) -> None:
             mine = pairs_of(batches[w::2])
             shards_of = ranks[r].stream.reader_shards(0, w)
             expected = {
-                (r_.meta["image_id"], c) for s in shards_of for r_ in iter_shard(s.path) for c in r_.meta["captions"]
+                (r_.meta["image_id"], c) for s in shards_of for r_ in iter_shard(s) for c in r_.meta["captions"]
             }
             assert len(expected) == 30 and set(mine) <= expected
             assert len(mine) == (32 if w == 0 else 28)
@@ -277,7 +282,7 @@ def test_stale_sizes_json_is_reported(shards: Path, tmp_path: Path) -> None:
     sizes["shard-00000.tar"]["images"] = 4
     (d / SIZES_FILE).write_text(json.dumps(sizes))
     with pytest.raises(DataError, match="3 samples, but .*sizes.json says 4"):
-        list(iter_shard(d / "shard-00000.tar", 4))
+        list(iter_shard(vlp_shard(d / "shard-00000.tar", 4), check_count=True))
 
 
 def test_pretrain_from_shards_end_to_end(shards: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -85,6 +85,9 @@ class DataConfig(BadSampleConfig):
     # webdataset only: expand = one pair per caption (ALBEF's pair-level epoch); sample = one
     # random caption (or captions_per_image of them) per image and epoch.
     caption_mode: str = "expand"  # expand | sample
+    # webdataset, img2dataset's shards: the key of {key}.json holding the caption (else vlp's
+    # "captions" list, else {key}.txt).
+    caption_key: str = "caption"
 
     def __post_init__(self) -> None:
         self.check_bad_sample_keys()

@@ -1,7 +1,7 @@
 """Writing webdataset tar shards from ALBEF annotation files (``vlp make-shards``): images grouped
 with their captions, resized and JPEG-encoded in worker processes, written with webdataset's
 ``TarWriter`` (mtime 0: byte-identical shards for the same inputs) plus ``sizes.json``. The format
-and the reading side are :mod:`vlp.data.shards`.
+and the reading side are :mod:`vlp.data.shard_format` and :mod:`vlp.data.shards`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from PIL import Image, UnidentifiedImageError
 
 from vlp.data.formats import load_pairs
 from vlp.data.json_entries import write_atomic
-from vlp.data.shards import SHARD_NAME, SIZES_FILE
+from vlp.data.shard_format import SHARD_NAME, SIZES_FILE
 from vlp.errors import DataError
 
 

@@ -1,12 +1,11 @@
-"""Webdataset tar shards: written once from ALBEF JSON, streamed as fixed-size batches.
+"""Webdataset tar shards streamed as fixed-size batches: vlp's own (written once from ALBEF JSON by
+``vlp make-shards``) or img2dataset's, as downloaded.
 
-**Format** (``docs/data.md``, "Streaming shards"). A shard folder holds ``shard-00000.tar``, ...
-and ``sizes.json`` = ``{"shard-00000.tar": {"images": n, "pairs": m}, ...}``. Each tar holds one
-sample per image: ``{key}.jpg`` (shorter side resized to ``size``, JPEG) and ``{key}.json`` =
-``{"captions": [...], "image_key": ..., "image_id": ..., "source": ...}``; ``image_id`` is the
-image's index in the sorted image keys of the whole folder (as :class:`ImageTextDataset` numbers
-them) and ``image_key`` is the key of :func:`vlp.data.formats.load_pairs` (helper caches are
-indexed by it). Shards are written with webdataset's ``TarWriter`` and read back with the
+**Format** (``docs/data.md``, "Streaming shards"; the two layouts and their indexes:
+:mod:`vlp.data.shard_format`). In vlp's, ``{key}.json`` = ``{"captions": [...], "image_key": ...,
+"image_id": ..., "source": ...}``; ``image_id`` is the image's index in the sorted image keys of
+the whole folder (as :class:`ImageTextDataset` numbers them) and ``image_key`` is the key of
+:func:`vlp.data.formats.load_pairs` (helper caches are indexed by it). Shards are read with the
 standard :mod:`tarfile` module (no webdataset pipeline at read time: the splitting, shuffling and
 resume rules below are ours and fit in this file).
 
@@ -30,9 +29,7 @@ without decoding, stays exact) and ``batch["bad_samples"]`` counts it.
 from __future__ import annotations
 
 import io
-import json
 import random
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
@@ -45,123 +42,14 @@ from vlp.data.datasets import make_item, pick_captions, replace_bad, seed_of, se
 from vlp.data.formats import Sample
 from vlp.data.helper_cache import HelperCache
 from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
+from vlp.data.shard_format import ShardInfo, iter_shard, read_sizes
 from vlp.data.targets import LatentTargets
 from vlp.errors import DataError
 
-SIZES_FILE = "sizes.json"
-SHARD_NAME = "shard-{:05d}.tar"
 CAPTION_MODES = ("expand", "sample")
-_MAKE_HINT = "write shards with `vlp make-shards --data ANNOTATIONS.json --out DIR` (or scripts/make_shards.py)"
 
 
 # ----------------------------------------------------------------------------- reading
-
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """One shard of a folder, with its counts from ``sizes.json``."""
-
-    path: Path
-    images: int
-    pairs: int
-    id_offset: int  # added to the shard's image ids (folders after the first continue the numbering)
-
-
-def read_sizes(dirs: Sequence[str | Path]) -> list[ShardInfo]:
-    """The shards of ``dirs`` in order (folder, then name). Image ids of folder k are offset by the
-    images of folders 0..k-1, so they stay contiguous and distinct over all folders."""
-    shards: list[ShardInfo] = []
-    offset = 0
-    for d in map(Path, dirs):
-        f = d / SIZES_FILE
-        if d.is_file():
-            raise DataError(f"{d} is a file; data.format=webdataset expects shard folders in data.train ({_MAKE_HINT})")
-        if not f.is_file():
-            raise DataError(f"{d}: no {SIZES_FILE} (not a complete shard folder); {_MAKE_HINT}")
-        try:
-            sizes = json.loads(f.read_text())
-        except json.JSONDecodeError as e:
-            raise DataError(f"{f}: line {e.lineno} column {e.colno}: invalid JSON ({e.msg})") from None
-        if not isinstance(sizes, dict) or not sizes:
-            raise DataError(f'{f}: expected an object {{shard name: {{"images": n, "pairs": m}}}}')
-        images = 0
-        for name in sorted(sizes):
-            v = sizes[name]
-            ok = isinstance(v, dict) and all(isinstance(v.get(k), int) and v[k] > 0 for k in ("images", "pairs"))
-            if not ok or v["pairs"] < v["images"]:
-                raise DataError(f'{f}: entry {name!r} is {v!r}, expected {{"images": n, "pairs": m}} with 0 < n <= m')
-            if not (d / name).is_file():
-                raise DataError(f"{f}: shard {name} is listed but {d / name} does not exist")
-            shards.append(ShardInfo(d / name, v["images"], v["pairs"], offset))
-            images += v["images"]
-        offset += images
-    if not shards:
-        raise DataError(f"data.train: no shard folders given ({_MAKE_HINT})")
-    return shards
-
-
-@dataclass(frozen=True)
-class RawSample:
-    """One undecoded shard sample."""
-
-    key: str
-    meta: dict[str, Any]
-    jpg: bytes
-    shard: Path
-
-
-def iter_shard(path: Path, expected: Optional[int] = None, images: bool = True) -> Iterator[RawSample]:
-    """Stream the samples of one tar (``{key}.jpg`` + ``{key}.json``, members of a key adjacent).
-
-    ``images=False`` skips the JPEG bytes (seeks over them; ``jpg`` is empty). ``expected``: the
-    sample count from ``sizes.json``; a different count raises :class:`DataError`."""
-    n = 0
-    try:
-        with tarfile.open(path, mode="r|" if images else "r:") as tf:
-            key, parts = None, {}
-            for m in tf:
-                if not m.isfile():
-                    continue
-                k, _, ext = m.name.rpartition("/")[2].partition(".")
-                if k != key and key is not None:
-                    yield _raw(path, key, parts)
-                    n, parts = n + 1, {}
-                key = k
-                if ext == "json" or (ext == "jpg" and images):
-                    parts[ext] = tf.extractfile(m).read()
-                elif ext == "jpg":
-                    parts[ext] = b""
-            if key is not None:
-                yield _raw(path, key, parts)
-                n += 1
-    except (tarfile.TarError, OSError) as e:
-        raise DataError(f"{path}: cannot read shard: {e}") from None
-    if expected is not None and n != expected:
-        raise DataError(
-            f"{path}: {n} samples, but {path.parent / SIZES_FILE} says {expected}; the folder is stale "
-            f"or damaged ({_MAKE_HINT})"
-        )
-
-
-def _raw(path: Path, key: str, parts: dict[str, bytes]) -> RawSample:
-    if "jpg" not in parts or "json" not in parts:
-        raise DataError(f"{path}: sample {key!r} has {sorted(parts)}, expected both 'jpg' and 'json'")
-    try:
-        meta = json.loads(parts["json"])
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: sample {key!r}: invalid {key}.json ({e.msg})") from None
-    caps = meta.get("captions") if isinstance(meta, dict) else None
-    if (
-        not isinstance(caps, list)
-        or not caps
-        or not isinstance(meta.get("image_id"), int)
-        or not isinstance(meta.get("image_key"), str)
-    ):
-        raise DataError(
-            f"{path}: sample {key!r}: {key}.json needs 'captions' (non-empty list), 'image_id' (int) "
-            "and 'image_key' (string)"
-        )
-    return RawSample(key, meta, parts["jpg"], path)
 
 
 def shuffle_buffer(items: Iterable[Any], size: int, rng: random.Random) -> Iterator[Any]:
@@ -195,9 +83,9 @@ class _Unit:
     image_id: int
     image_key: str
     captions: tuple[str, ...]
-    jpg: bytes
+    image: bytes  # encoded
     where: str  # "shard.tar sample KEY", for errors
-    member: str  # "KEY.jpg", the image's name in the tar
+    member: str  # "KEY.jpg" (or .png, ...), the image's name in the tar
 
 
 class _Member(io.BytesIO):
@@ -273,14 +161,14 @@ class ShardStream(IterableDataset):
 
     def _expand(self, shards: Sequence[ShardInfo], rng: random.Random) -> Iterator[_Unit]:
         for info in shards:
-            for raw in iter_shard(info.path, info.images):
+            for raw in iter_shard(info, check_count=True):
                 caps, iid, key = raw.meta["captions"], raw.meta["image_id"] + info.id_offset, raw.meta["image_key"]
-                where, member = f"{info.path} sample {raw.key}", f"{raw.key}.jpg"
+                where, member = f"{info.path} sample {raw.key}", raw.member
                 if self.caption_mode == "expand":
                     for c in caps:
-                        yield _Unit(iid, key, (c,), raw.jpg, where, member)
+                        yield _Unit(iid, key, (c,), raw.image, where, member)
                 else:
-                    yield _Unit(iid, key, tuple(pick_captions(caps, self.k, rng)), raw.jpg, where, member)
+                    yield _Unit(iid, key, tuple(pick_captions(caps, self.k, rng)), raw.image, where, member)
 
     def reader_batches(self, epoch: int, worker: int, start: int = 0) -> Iterator[tuple[int, list[_Unit]]]:
         """(batch index in the rank's epoch, units) of reader ``worker``, from global batch ``start`` on;
@@ -312,7 +200,7 @@ class ShardStream(IterableDataset):
         return self.collator(items)
 
     def _item(self, u: _Unit) -> dict:
-        image = open_image(_Member(u.jpg, u.member), u.where, self.max_pixels, self.min_side)  # type: ignore[arg-type]
+        image = open_image(_Member(u.image, u.member), u.where, self.max_pixels, self.min_side)  # type: ignore[arg-type]
         try:
             return make_item(
                 self.transform(image), u.image_id, u.image_key, u.captions, self.k > 1, self.helper_cache, self.targets
@@ -338,7 +226,7 @@ def scan_samples(shards: Sequence[ShardInfo]) -> list[Sample]:
     """Every shard sample as a :class:`Sample` (no image path), reading only the JSON members."""
     out = []
     for info in shards:
-        for raw in iter_shard(info.path, info.images, images=False):
+        for raw in iter_shard(info, images=False, check_count=True):
             out.append(Sample("", tuple(raw.meta["captions"]), raw.meta["image_key"], f"{info.path} sample {raw.key}"))
     return out
 
@@ -359,7 +247,9 @@ def _check_loader_args(
 
 
 class ShardLoader:
-    """Batches of one rank streamed from shard folders (each with ``sizes.json``); see the module doc.
+    """Batches of one rank streamed from shard folders (vlp's or img2dataset's, or brace patterns of
+    tars: :mod:`vlp.data.shard_format`; ``caption_key``: img2dataset's caption key in ``{key}.json``);
+    see the module doc.
 
     ``len(loader)`` is the number of full batches per epoch, the same on every rank. Iterating
     yields the batches of the current epoch from the current position; :meth:`set_epoch` moves
@@ -392,10 +282,11 @@ class ShardLoader:
         on_bad: str = "raise",
         max_pixels: int = MAX_PIXELS,
         min_side: int = MIN_SIDE,
+        caption_key: str = "caption",
     ) -> None:
         _check_loader_args(caption_mode, captions_per_image, batch_size, shuffle_buffer, rank, world_size)
         self.dirs = [str(d) for d in dirs]
-        shards = read_sizes(dirs)
+        shards = read_sizes(dirs, caption_key)
         self.images = sum(s.images for s in shards)
         self.pairs = sum(s.pairs for s in shards)
         self.num_workers = num_workers

@@ -163,16 +163,16 @@ def run_count_ops(cfg: PretrainConfig, warmup: int = 1, out: Optional[str | Path
     batches = endless_batches(prep.loader)
     prep.task.train()
     args = (acc, prep.task, prep.inner, prep.optimizer, prep.params)
-    graphs = []  # dynamo's compiled graphs after each step (train.compile)
+    graphs, before = [], dynamo_counts()  # dynamo's graphs after each step (train.compile), this run's
     for step in range(warmup):
         train_step(*args, batches, step, cfg.train, stats)
-        graphs.append(dynamo_counts())
+        graphs.append(dynamo_counts(before))
     # a compiled step's forward and backward run as graphs, uncounted (see format_count_ops)
     paused = ("forward", "backward") if cfg.train.compile == "full" else ()
     counter = DispatchCounter(watch=momentum_weights(job.model), pause=paused)
     with counter:
         train_step(*args, batches, warmup, cfg.train, stats, phase=counter.phase)
-    graphs.append(dynamo_counts())
+    graphs.append(dynamo_counts(before))
     result: dict[str, Any] = {
         **counter.summary(),
         "compile": cfg.train.compile,
@@ -193,12 +193,13 @@ def run_count_ops(cfg: PretrainConfig, warmup: int = 1, out: Optional[str | Path
     return result
 
 
-def dynamo_counts() -> dict[str, int]:
-    """torch.compile's totals so far in this process: graphs compiled (each recompile is one more)
-    and graph breaks."""
+def dynamo_counts(since: Optional[dict[str, int]] = None) -> dict[str, int]:
+    """torch.compile's totals in this process (minus ``since``, an earlier reading): graphs compiled
+    (each recompile is one more) and graph breaks."""
     from torch._dynamo.utils import counters
 
-    return {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
+    now = {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values())}
+    return {k: v - (since or {}).get(k, 0) for k, v in now.items()}
 
 
 def format_count_ops(r: dict[str, Any]) -> str:

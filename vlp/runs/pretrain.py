@@ -156,6 +156,7 @@ def build_train_loader(
             captions_per_image=d.captions_per_image,
             helper_cache=cache,
             targets=targets,
+            caption_key=d.caption_key,
             **bad_sample_args(d),
         )
         return stream, stream.pairs, stream.images

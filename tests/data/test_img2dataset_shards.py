@@ -1,0 +1,224 @@
+"""img2dataset's shards as downloaded (issue 29, part 1): ``{key}.{jpg,png,webp}`` with a caption in
+``{key}.txt`` or ``{key}.json``, counts from ``_stats.json`` or one scan indexed outside the
+(read-only) data folder, brace patterns, exact resume, clear errors for malformed members."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from torchvision import transforms as T
+
+from vlp.data.shard_format import ShardInfo, index_dir, iter_shard, read_sizes
+from vlp.data.shards import ShardLoader
+from vlp.errors import DataError
+
+SHARDS, PER_SHARD = 4, 5  # 20 images, one caption each
+FORMATS = ("jpg", "png", "webp")
+
+
+def encoded(i: int, fmt: str) -> bytes:
+    img = Image.new("RGB", (24 + i % 3, 20), ((40 * i) % 256, 90, 200 - 5 * i))
+    buf = io.BytesIO()
+    img.save(buf, format={"jpg": "JPEG"}.get(fmt, fmt.upper()))
+    return buf.getvalue()
+
+
+def add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tf.addfile(info, io.BytesIO(data))
+
+
+def write_img2dataset(folder: Path, stats: bool = True, caption_in: str = "json") -> Path:
+    """What img2dataset writes: NNNNN.tar with {key}.jpg|png|webp, {key}.txt, {key}.json (caption,
+    url, key, status) and NNNNN_stats.json; keys are shard * 10^4 + index, zero-padded."""
+    folder.mkdir(parents=True)
+    for s in range(SHARDS):
+        with tarfile.open(folder / f"{s:05d}.tar", "w") as tf:
+            for j in range(PER_SHARD):
+                i = s * PER_SHARD + j
+                key = f"{s:05d}{j:04d}"
+                fmt = FORMATS[i % len(FORMATS)]
+                add(tf, f"{key}.{fmt}", encoded(i, fmt))
+                caption = f"a photo number {i}"
+                if caption_in in ("txt", "both"):
+                    add(tf, f"{key}.txt", caption.encode())
+                meta = {"url": f"http://example.com/{i}.jpg", "key": key, "status": "success"}
+                if caption_in in ("json", "both"):
+                    meta["caption"] = caption
+                add(tf, f"{key}.json", json.dumps(meta).encode())
+        if stats:
+            (folder / f"{s:05d}_stats.json").write_text(json.dumps({"count": PER_SHARD + 2, "successes": PER_SHARD}))
+    return folder
+
+
+def collect(items: list[dict]) -> dict:
+    return {
+        "ids": [it["image_id"] for it in items],
+        "caps": [it["caption"] for it in items],
+        "images": torch.stack([it["image"] for it in items]),
+    }
+
+
+def loader(dirs: list, **kw) -> ShardLoader:
+    args = dict(
+        transform=T.Compose([T.RandomResizedCrop(8, scale=(0.5, 1.0)), T.ToTensor()]),
+        collator=collect,
+        batch_size=4,
+        shuffle_buffer=6,
+        seed=1,
+        verbose=False,
+    )
+    return ShardLoader(dirs, **{**args, **kw})
+
+
+@pytest.fixture(scope="module")
+def downloaded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_img2dataset(tmp_path_factory.mktemp("i2d") / "cc")
+
+
+def test_an_epoch_reads_every_image_once_with_its_caption(downloaded: Path) -> None:
+    ld = loader([downloaded])
+    assert (ld.images, ld.pairs, len(ld)) == (20, 20, 5)  # counts from _stats.json's successes
+    seen = [(i, c) for b in ld for i, c in zip(b["ids"], b["caps"])]
+    # ids: position in the folder (shard order, then member order), contiguous and distinct
+    assert sorted(seen) == [(i, f"a photo number {i}") for i in range(20)]
+    keys = [r.meta["image_key"] for r in iter_shard(read_sizes([downloaded])[1])]
+    assert keys == [f"00001{j:04d}" for j in range(PER_SHARD)]  # image keys are img2dataset's keys
+
+
+def test_caption_key_txt_members_and_a_brace_pattern(tmp_path: Path) -> None:
+    txt = write_img2dataset(tmp_path / "txt", caption_in="txt")
+    caps = {c for b in loader([txt]) for c in b["caps"]}
+    assert caps == {f"a photo number {i}" for i in range(20)}
+    custom = tmp_path / "alt"
+    write_img2dataset(custom, caption_in="txt")
+    for s in range(SHARDS):  # a json caption under another key wins over the .txt
+        path = custom / f"{s:05d}.tar"
+        with tarfile.open(path) as tf:
+            members = [(m.name, tf.extractfile(m).read()) for m in tf.getmembers()]
+        with tarfile.open(path, "w") as tf:
+            for name, data in members:
+                if name.endswith(".json"):
+                    data = json.dumps({**json.loads(data), "alt_text": "ALT " + name}).encode()
+                add(tf, name, data)
+    caps = {c for b in loader([custom], caption_key="alt_text") for c in b["caps"]}
+    assert all(c.startswith("ALT ") for c in caps) and len(caps) == 20
+    # a brace pattern picks tars: two of the four shards
+    ld = loader([f"{txt}/{{00001..00002}}.tar"])
+    ids = [i for b in ld for i in b["ids"]]
+    assert ld.images == 10 and len(ids) == len(set(ids)) == 8 and set(ids) <= set(range(10))  # 2 batches of 4
+
+
+def test_a_read_only_folder_without_stats_is_scanned_once(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("VLP_CACHE", str(tmp_path / "cache"))
+    folder = write_img2dataset(tmp_path / "ro", stats=False)
+    before = sorted(p.name for p in folder.iterdir())
+    for p in [folder, *folder.iterdir()]:
+        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    try:
+        assert loader([folder]).images == 20
+        assert "indexing 4 shard(s)" in capsys.readouterr().out
+        assert loader([folder]).images == 20  # from the index this time
+        assert "indexing" not in capsys.readouterr().out
+    finally:
+        for p in [folder, *folder.iterdir()]:
+            p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing written into the data folder
+    assert index_dir() == tmp_path / "cache" / "shard_index" and len(list(index_dir().iterdir())) == 1
+    # a changed tar is indexed again
+    with tarfile.open(folder / "00000.tar", "a") as tf:
+        add(tf, "000009999.jpg", encoded(0, "jpg"))
+        add(tf, "000009999.txt", b"one more")
+    assert loader([folder]).images == 21 and "indexing" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("start", [2, 3])
+def test_resume_reproduces_the_rest_of_the_epoch(downloaded: Path, start: int) -> None:
+    ld = loader([downloaded], rank=1, world_size=2, num_workers=2, batch_size=2)
+    ld.set_epoch(1)
+    full = list(ld)
+    resumed = loader([downloaded], rank=1, world_size=2, num_workers=2, batch_size=2)
+    resumed.load_state_dict({**ld.state_dict(), "epoch": 1, "batches_done": start})
+    resumed.set_epoch(1)
+    rest = list(resumed)
+    assert len(rest) == len(full) - start > 0
+    for a, b in zip(rest, full[start:]):
+        assert a["ids"] == b["ids"] and a["caps"] == b["caps"] and torch.equal(a["images"], b["images"])
+
+
+def broken_member(tmp_path: Path, name: str, data: bytes) -> ShardInfo:
+    path = tmp_path / "00000.tar"
+    with tarfile.open(path, "w") as tf:
+        add(tf, "000000000.jpg", encoded(0, "jpg"))
+        add(tf, name, data)
+    return ShardInfo(path, 1, 1, 0, "img2dataset")
+
+
+@pytest.mark.parametrize(
+    "name, data, message",
+    [
+        ("000000000.json", b"[" * 100_000, r"invalid 000000000.json \(RecursionError"),
+        ("000000000.json", json.dumps({"caption": [123, None, {}]}).encode(), "no caption under 'caption'"),
+        ("000000000.json", b'{"caption": "caf\xe9"}', r"invalid 000000000.json \(UnicodeDecodeError"),
+        ("000000000.txt", b"caf\xe9", "000000000.txt is not UTF-8"),
+        ("000000000.txt", b"  \n", "000000000.txt is empty"),
+        ("000000000.url", b"http://x", r"expected a caption in 000000000.txt or 000000000.json"),
+    ],
+)
+def test_a_malformed_member_is_one_data_error_naming_shard_and_member(tmp_path, name, data, message) -> None:
+    with pytest.raises(DataError, match=message) as e:
+        list(iter_shard(broken_member(tmp_path, name, data)))
+    assert "00000.tar: sample '000000000'" in str(e.value)
+
+
+def test_an_image_less_sample_and_an_empty_folder_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "00000.tar"
+    with tarfile.open(path, "w") as tf:
+        add(tf, "000000000.txt", b"a caption")
+    with pytest.raises(
+        DataError, match=r"sample '000000000' has \['txt'\], expected an image \(jpg, jpeg, png, webp\)"
+    ):
+        list(iter_shard(ShardInfo(path, 1, 1, 0, "img2dataset")))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="no sizes.json and no .tar files"):
+        read_sizes([tmp_path / "empty"])
+    with pytest.raises(DataError, match=r"2 of 3 tars do not exist"):
+        read_sizes([f"{tmp_path}/{{00000..00002}}.tar"])
+
+
+def test_pretrain_on_img2dataset_shards(downloaded: Path, tmp_path: Path, capsys) -> None:
+    from vlp.cli import main
+
+    run = tmp_path / "run"
+    overrides = [
+        f"output_dir={run}",
+        "data.format=webdataset",
+        f"data.train=[{downloaded}]",
+        "data.batch_size=4",
+        "data.num_workers=0",
+        "data.shuffle_buffer=8",
+        "train.steps=2",
+        "train.log_every=1",
+        "train.warmup_steps=0",
+        "train.progress=false",
+        "model.vision.depth=1",
+        "model.vision.img_size=32",
+        "model.text.layers=1",
+        "model.text.fusion_layers=1",
+        "model.queue_size=8",
+    ]
+    assert main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", *overrides]) == 0
+    assert "vlp pretrain: 20 pairs, 20 images" in capsys.readouterr().out
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2] and all(math.isfinite(r["loss"]) for r in records)
+    assert os.access(downloaded, os.R_OK)

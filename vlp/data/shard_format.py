@@ -1,0 +1,270 @@
+"""What a shard folder holds, in the two layouts vlp reads: its index (shards and their counts) and
+its samples (tar members), without decoding images.
+
+**vlp's own** (``vlp make-shards``): ``shard-00000.tar``, ... with ``sizes.json`` =
+``{"shard-00000.tar": {"images": n, "pairs": m}, ...}``; a sample is ``{key}.jpg`` and
+``{key}.json`` = ``{"captions": [...], "image_key": ..., "image_id": ...}``.
+
+**img2dataset's** (CC3M, CC12M, LAION, DataComp as downloaded): any ``*.tar`` files, a sample being
+``{key}.{jpg,jpeg,png,webp}`` with its caption in ``{key}.txt`` or in a key of ``{key}.json``
+(``caption_key``, default ``caption``; else vlp's ``captions`` list). No vlp file is needed in
+the folder, which may be read-only: each shard's count comes from img2dataset's
+``{shard}_stats.json`` (``successes``) when present, else from one scan of the tar, kept in an
+index outside the data folder (:func:`index_dir`) and reused while the tars' sizes and times are
+unchanged. A sample's ``image_key`` is its key, its ``image_id`` its position in the folder
+(shard order, then member order): contiguous and distinct. A data entry may also be a brace
+pattern of tars, ``cc12m/{00000..01242}.tar``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+from vlp.data.json_entries import write_atomic
+from vlp.errors import DataError
+
+SIZES_FILE = "sizes.json"
+SHARD_NAME = "shard-{:05d}.tar"
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+MAKE_HINT = (
+    "write shards with `vlp make-shards --data ANNOTATIONS.json --out DIR`, or point data.train at "
+    "img2dataset's tar folder"
+)
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard, with its counts. ``id_offset`` is added to its samples' image ids: folders after
+    the first continue the numbering (vlp layout: the folder's ids; img2dataset: each shard's)."""
+
+    path: Path
+    images: int
+    pairs: int
+    id_offset: int
+    layout: str = "vlp"  # vlp | img2dataset
+    caption_key: str = "caption"  # img2dataset: the caption's key in {key}.json
+
+
+@dataclass(frozen=True)
+class RawSample:
+    """One undecoded shard sample: ``meta`` has ``captions``, ``image_key`` and ``image_id`` (within
+    its folder (vlp) or shard (img2dataset)); ``image`` is the encoded image, named ``member``."""
+
+    key: str
+    meta: dict[str, Any]
+    image: bytes
+    member: str
+    shard: Path
+
+
+def read_sizes(dirs: Sequence[str | Path], caption_key: str = "caption") -> list[ShardInfo]:
+    """The shards of ``dirs`` (shard folders, or brace patterns of tars) in order (entry, then
+    name). Image ids of entry k are offset by the images of entries 0..k-1."""
+    shards: list[ShardInfo] = []
+    offset = 0
+    for entry in dirs:
+        found = _entry_shards(str(entry), offset, caption_key)
+        shards += found
+        offset += sum(s.images for s in found)
+    if not shards:
+        raise DataError(f"data.train: no shard folders given ({MAKE_HINT})")
+    return shards
+
+
+def _entry_shards(entry: str, offset: int, caption_key: str) -> list[ShardInfo]:
+    if "{" in entry and ".." in entry:  # a brace pattern of img2dataset tars
+        import braceexpand
+
+        tars = [Path(p) for p in braceexpand.braceexpand(entry)]
+        missing = [str(p) for p in tars if not p.is_file()]
+        if missing:
+            raise DataError(
+                f"data.train entry {entry!r}: {len(missing)} of {len(tars)} tars do not exist, e.g. {missing[0]}"
+            )
+        return _img2dataset(tars, offset, caption_key)
+    d = Path(entry)
+    if d.is_file():
+        raise DataError(f"{d} is a file; data.format=webdataset expects shard folders in data.train ({MAKE_HINT})")
+    if (d / SIZES_FILE).is_file():
+        return _vlp_folder(d, offset)
+    tars = sorted(d.glob("*.tar")) if d.is_dir() else []
+    if not tars:
+        raise DataError(f"{d}: no {SIZES_FILE} and no .tar files (not a shard folder); {MAKE_HINT}")
+    return _img2dataset(tars, offset, caption_key)
+
+
+def _vlp_folder(d: Path, offset: int) -> list[ShardInfo]:
+    f = d / SIZES_FILE
+    try:
+        sizes = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{f}: line {e.lineno} column {e.colno}: invalid JSON ({e.msg})") from None
+    if not isinstance(sizes, dict) or not sizes:
+        raise DataError(f'{f}: expected an object {{shard name: {{"images": n, "pairs": m}}}}')
+    out = []
+    for name in sorted(sizes):
+        v = sizes[name]
+        ok = isinstance(v, dict) and all(isinstance(v.get(k), int) and v[k] > 0 for k in ("images", "pairs"))
+        if not ok or v["pairs"] < v["images"]:
+            raise DataError(f'{f}: entry {name!r} is {v!r}, expected {{"images": n, "pairs": m}} with 0 < n <= m')
+        if not (d / name).is_file():
+            raise DataError(f"{f}: shard {name} is listed but {d / name} does not exist")
+        out.append(ShardInfo(d / name, v["images"], v["pairs"], offset))
+    return out
+
+
+def _img2dataset(tars: list[Path], offset: int, caption_key: str) -> list[ShardInfo]:
+    """img2dataset tars: one caption per image, so images = pairs; counts from ``_stats.json``
+    or the scan index. Shards without samples are left out."""
+    counts = _stats_counts(tars)
+    if counts is None:
+        counts = _scanned_counts(tars, caption_key)
+    out = []
+    for tar, n in zip(tars, counts):
+        if n > 0:
+            out.append(ShardInfo(tar, n, n, offset, "img2dataset", caption_key))
+            offset += n
+    return out
+
+
+def _stats_counts(tars: list[Path]) -> Optional[list[int]]:
+    """Each tar's ``successes`` from img2dataset's ``{name}_stats.json``; None unless every tar has one."""
+    counts = []
+    for tar in tars:
+        f = tar.with_name(tar.stem + "_stats.json")
+        if not f.is_file():
+            return None
+        try:
+            n = json.loads(f.read_text()).get("successes")
+        except (json.JSONDecodeError, AttributeError):
+            raise DataError(f"{f}: expected img2dataset's stats, a JSON object with 'successes'") from None
+        if not isinstance(n, int) or n < 0:
+            raise DataError(f"{f}: 'successes' is {n!r}, expected a count >= 0")
+        counts.append(n)
+    return counts
+
+
+def index_dir() -> Path:
+    """Where scan indexes of img2dataset folders are kept: ``$VLP_CACHE/shard_index``, else
+    ``$XDG_CACHE_HOME/vlp/shard_index``, else ``~/.cache/vlp/shard_index``."""
+    if os.environ.get("VLP_CACHE"):
+        return Path(os.environ["VLP_CACHE"]) / "shard_index"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "vlp" / "shard_index"
+
+
+def _scanned_counts(tars: list[Path], caption_key: str) -> list[int]:
+    """Samples per tar from one scan (captions parsed, images skipped), kept in :func:`index_dir`
+    under a digest of the tars' paths, sizes and modification times."""
+    stamp = [(str(t.resolve()), t.stat().st_size, t.stat().st_mtime_ns) for t in tars]
+    digest = hashlib.sha256(json.dumps([stamp, caption_key]).encode()).hexdigest()[:32]
+    f = index_dir() / f"{digest}.json"
+    if f.is_file():
+        try:
+            counts = json.loads(f.read_text())["counts"]
+            if isinstance(counts, list) and len(counts) == len(tars) and all(isinstance(n, int) for n in counts):
+                return counts
+        except (json.JSONDecodeError, KeyError, TypeError):
+            pass  # a damaged index is rebuilt
+    print(f"indexing {len(tars)} shard(s) without _stats.json (once; kept in {f.parent})", flush=True)
+    counts = [sum(1 for _ in iter_shard(ShardInfo(t, 0, 0, 0, "img2dataset", caption_key), images=False)) for t in tars]
+    f.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(f, lambda out: out.write(json.dumps({"tars": stamp, "counts": counts})))
+    return counts
+
+
+def iter_shard(info: ShardInfo, images: bool = True, check_count: bool = False) -> Iterator[RawSample]:
+    """Stream the samples of one tar (the members of a key adjacent, as webdataset writes them).
+
+    ``images=False`` skips the image bytes (seeks over them; ``image`` is empty). ``check_count``:
+    a sample count other than the index's (``info.images``) raises :class:`DataError`."""
+    path, n = info.path, 0
+    wanted = IMAGE_EXTS + ("json", "txt")
+    try:
+        with tarfile.open(path, mode="r|" if images else "r:") as tf:
+            key, parts = None, {}
+            for m in tf:
+                if not m.isfile():
+                    continue
+                k, _, ext = m.name.rpartition("/")[2].partition(".")
+                if k != key and key is not None:
+                    yield _raw(info, n, key, parts)
+                    n, parts = n + 1, {}
+                key, ext = k, ext.lower()
+                if ext in wanted:
+                    f = tf.extractfile(m)
+                    parts[ext] = f.read() if (images or ext not in IMAGE_EXTS) and f is not None else b""
+            if key is not None:
+                yield _raw(info, n, key, parts)
+                n += 1
+    except (tarfile.TarError, OSError) as e:
+        raise DataError(f"{path}: cannot read shard: {e}") from None
+    if check_count and n != info.images:
+        where = path.parent / SIZES_FILE if info.layout == "vlp" else "its _stats.json / scan index"
+        raise DataError(
+            f"{path}: {n} samples, but {where} says {info.images}; the folder is stale or damaged ({MAKE_HINT})"
+        )
+
+
+def _raw(info: ShardInfo, index: int, key: str, parts: dict[str, bytes]) -> RawSample:
+    path = info.path
+    if info.layout == "vlp":
+        if "jpg" not in parts or "json" not in parts:
+            raise DataError(f"{path}: sample {key!r} has {sorted(parts)}, expected both 'jpg' and 'json'")
+        meta = _json(path, key, parts["json"])
+        caps = meta.get("captions")
+        if not isinstance(caps, list) or not caps or not isinstance(meta.get("image_id"), int):
+            raise DataError(
+                f"{path}: sample {key!r}: {key}.json needs 'captions' (non-empty list), 'image_id' (int) "
+                "and 'image_key' (string)"
+            )
+        if not isinstance(meta.get("image_key"), str):
+            raise DataError(f"{path}: sample {key!r}: {key}.json needs 'image_key' (string)")
+        return RawSample(key, meta, parts["jpg"], f"{key}.jpg", path)
+    ext = next((e for e in IMAGE_EXTS if e in parts), None)
+    if ext is None:
+        raise DataError(f"{path}: sample {key!r} has {sorted(parts)}, expected an image ({', '.join(IMAGE_EXTS)})")
+    captions = _captions(info, key, parts)
+    return RawSample(key, {"captions": captions, "image_key": key, "image_id": index}, parts[ext], f"{key}.{ext}", path)
+
+
+def _json(path: Path, key: str, data: bytes) -> dict:
+    try:
+        meta = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise DataError(f"{path}: sample {key!r}: invalid {key}.json ({type(e).__name__}: {str(e)[:80]})") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{path}: sample {key!r}: {key}.json is {type(meta).__name__}, expected an object")
+    return meta
+
+
+def _captions(info: ShardInfo, key: str, parts: dict[str, bytes]) -> list[str]:
+    """An img2dataset sample's caption: ``{key}.json``'s ``caption_key`` (or vlp's ``captions``
+    list), else ``{key}.txt``."""
+    path = info.path
+    if "json" in parts:
+        meta = _json(path, key, parts["json"])
+        value = meta.get(info.caption_key, meta.get("captions"))
+        caps = [value] if isinstance(value, str) else value
+        if isinstance(caps, list) and caps and all(isinstance(c, str) and c.strip() for c in caps):
+            return caps
+        if "txt" not in parts:
+            raise DataError(
+                f"{path}: sample {key!r}: {key}.json has no caption under {info.caption_key!r} (data.caption_key) "
+                f"or 'captions', and there is no {key}.txt"
+            )
+    if "txt" not in parts:
+        raise DataError(f"{path}: sample {key!r} has {sorted(parts)}, expected a caption in {key}.txt or {key}.json")
+    try:
+        text = parts["txt"].decode("utf-8").strip()
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: sample {key!r}: {key}.txt is not UTF-8 (byte {e.start})") from None
+    if not text:
+        raise DataError(f"{path}: sample {key!r}: {key}.txt is empty")
+    return [text]
