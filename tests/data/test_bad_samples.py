@@ -100,8 +100,8 @@ BAD_KINDS: dict[str, tuple[str, Callable[[Path], None] | None, str]] = {
     "too_many_pixels": (
         "huge.png",
         lambda p: Image.new("RGB", (80, 70), (1, 2, 3)).save(p),
-        "image {path} is 80x70 = 5600 pixels, more than the limit of 5000 (decompression-bomb guard, "
-        "data.max_image_pixels)",
+        "image {path} is 80x70 RGB = 16800 bytes decoded, more than the limit of 15000 (an 8-bit RGB image "
+        "of 5000 pixels: the decompression-bomb guard, data.max_image_pixels)",
     ),
 }
 
@@ -254,7 +254,9 @@ def test_build_train_loader_wires_the_keys(tmp_path: Path, tok) -> None:
     cfg.data.max_image_pixels, cfg.data.on_bad_sample = 5000, "raise"
     loader, pairs, images = build_train_loader(cfg, tok, None, None)
     assert (pairs, images) == (N, N)
-    with pytest.raises(DataError, match=re.escape("5600 pixels, more than the limit of 5000") + ".*" + re.escape(HINT)):
+    with pytest.raises(
+        DataError, match=re.escape("16800 bytes decoded, more than the limit of 15000") + ".*" + re.escape(HINT)
+    ):
         list(loader)
     cfg.data.on_bad_sample = "skip"
     loader, _, _ = build_train_loader(cfg, tok, None, None)

@@ -200,8 +200,8 @@ def test_every_problem_of_every_entry_is_reported(tmp_path: Path) -> None:
         (
             "big.png",
             "error",
-            "image {path} is 400x300 = 120000 pixels, more than the limit of 100000 "
-            "(decompression-bomb guard, data.max_image_pixels)",
+            "image {path} is 400x300 RGB = 360000 bytes decoded, more than the limit of 300000 "
+            "(an 8-bit RGB image of 100000 pixels: the decompression-bomb guard, data.max_image_pixels)",
         ),
         ("tiny.png", "warning", "image {path} is 2x2, shorter side below 16 pixels (training upscales it)"),
     ],
@@ -359,8 +359,8 @@ def test_cli_exit_status_and_output(tmp_path: Path, img: Path, capsys: pytest.Ca
     assert capsys.readouterr().out.splitlines() == [
         f"{good} entry 1: warning: image {img / 'tiny.png'} is 2x2, shorter side below 16 pixels (training upscales it)",
         f"{bad} entry 1: key 'caption' is empty (whitespace only: '  '), expected a caption with words",
-        f"{bad} entry 1: image {img / 'big.png'} is 400x300 = 120000 pixels, more than the limit of 100000 "
-        "(decompression-bomb guard, data.max_image_pixels)",
+        f"{bad} entry 1: image {img / 'big.png'} is 400x300 RGB = 360000 bytes decoded, more than the limit of "
+        "300000 (an 8-bit RGB image of 100000 pixels: the decompression-bomb guard, data.max_image_pixels)",
         f"{good}: 2 entries (pairs, detected)",
         f"{bad}: 2 entries (pairs, detected)",
         "checked 2 files, 4 entries, 3 images: 2 errors, 1 warning",

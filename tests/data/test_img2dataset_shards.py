@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import math
-import os
 import stat
 import tarfile
 from pathlib import Path
@@ -171,7 +170,7 @@ def broken_member(tmp_path: Path, name: str, data: bytes) -> ShardInfo:
         ("000000000.json", json.dumps({"caption": [123, None, {}]}).encode(), "no caption under 'caption'"),
         ("000000000.json", b'{"caption": "caf\xe9"}', r"invalid 000000000.json \(UnicodeDecodeError"),
         ("000000000.txt", b"caf\xe9", "000000000.txt is not UTF-8"),
-        ("000000000.txt", b"  \n", "000000000.txt is empty"),
+        ("000000000.txt", b"  \n", "the caption in 000000000.txt is an empty string, expected a caption"),
         ("000000000.url", b"http://x", r"expected a caption in 000000000.txt or 000000000.json"),
     ],
 )
@@ -196,7 +195,11 @@ def test_an_image_less_sample_and_an_empty_folder_are_named(tmp_path: Path) -> N
         read_sizes([f"{tmp_path}/{{00000..00002}}.tar"])
 
 
-def test_pretrain_on_img2dataset_shards(downloaded: Path, tmp_path: Path, capsys) -> None:
+def test_pretrain_on_img2dataset_shards_and_resume_mid_epoch(downloaded: Path, tmp_path: Path, capsys) -> None:
+    """A few steps on img2dataset-style shards (jpg/png/webp + json, no vlp index), then a resume from
+    the mid-epoch step-2 checkpoint logs what the uninterrupted run logged."""
+    import shutil
+
     from vlp.cli import main
 
     run = tmp_path / "run"
@@ -207,8 +210,9 @@ def test_pretrain_on_img2dataset_shards(downloaded: Path, tmp_path: Path, capsys
         "data.batch_size=4",
         "data.num_workers=0",
         "data.shuffle_buffer=8",
-        "train.steps=2",
+        "train.steps=4",
         "train.log_every=1",
+        "train.ckpt_every=2",
         "train.warmup_steps=0",
         "train.progress=false",
         "model.vision.depth=1",
@@ -218,7 +222,19 @@ def test_pretrain_on_img2dataset_shards(downloaded: Path, tmp_path: Path, capsys
         "model.queue_size=8",
     ]
     assert main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", *overrides]) == 0
-    assert "vlp pretrain: 20 pairs, 20 images" in capsys.readouterr().out
-    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2] and all(math.isfinite(r["loss"]) for r in records)
-    assert os.access(downloaded, os.R_OK)
+    assert "vlp pretrain: 20 pairs, 20 images" in capsys.readouterr().out  # 5 batches an epoch
+
+    def read(r: Path) -> list[dict]:
+        return [json.loads(line) for line in (r / "metrics.jsonl").read_text().splitlines()]
+
+    full = read(run)
+    assert [r["step"] for r in full] == [1, 2, 3, 4] and all(math.isfinite(r["loss"]) for r in full)
+    again = tmp_path / "resumed"
+    shutil.copytree(run, again)
+    shutil.rmtree(again / "checkpoints" / "step_0000004")
+    assert main(["pretrain", "--config", str(again / "config.yaml"), f"output_dir={again}", "train.resume=auto"]) == 0
+    resumed = read(again)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for x, y in zip(full[2:], resumed[2:]):
+        for key in ("loss", "itc", "itm", "mlm", "temp"):
+            assert y[key] == pytest.approx(x[key], rel=1e-6, abs=1e-7), (key, x, y)

@@ -39,7 +39,8 @@ class BadSampleConfig:
     # skip only: a run stops (or is refused up front, for missing image files) when more than this
     # share of its samples is bad.
     max_bad_fraction: float = 0.05
-    # Images with more pixels are bad samples (decompression-bomb guard, Pillow's limit); 0: no limit.
+    # Images whose decoded bytes exceed an 8-bit RGB image of this many pixels are bad samples
+    # (decompression-bomb guard, Pillow's pixel limit; 16-bit / RGBA count 2 / 4 bytes a pixel); 0: no limit.
     max_image_pixels: int = 89_478_485
     # Images whose shorter side is below this are upscaled to it (bicubic, aspect kept) before the transforms.
     min_image_side: int = 16

@@ -77,6 +77,8 @@ __all__ = [
     "load_answer_list",
     "load_graded_relevance",
     "load_nlvr",
+    "MAX_CAPTION_CHARS",
+    "caption_problem",
     "load_pairs",
     "load_pairs_checked",
     "load_relevance",
@@ -112,6 +114,25 @@ class RetrievalSplit:
     source: str
 
 
+#: a caption longer than this (in characters) is refused: a page or a dump, not a caption
+MAX_CAPTION_CHARS = 10_000
+
+
+def caption_problem(c: str) -> Optional[str]:
+    """Why caption ``c`` cannot be trained on (completing "is ..."), or None: empty or whitespace
+    only, not encodable as UTF-8 (a lone surrogate, which JSON's ``\\ud800`` escapes can carry and
+    the tokenizer refuses), or longer than :data:`MAX_CAPTION_CHARS`."""
+    if not c.strip():
+        return ("an empty string" if not c else f"empty (whitespace only: {c!r})") + ", expected a caption with words"
+    try:
+        c.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return f"not text the tokenizer can encode: a lone surrogate {c[err.start]!r} at character {err.start}"
+    if len(c) > MAX_CAPTION_CHARS:
+        return f"{len(c)} characters long, longer than {MAX_CAPTION_CHARS} characters"
+    return None
+
+
 def _captions(path: Path, i: int, e: dict, issues: Issues, allow_str: bool = True) -> Optional[tuple[str, ...]]:
     """The entry's good captions: ``caption`` is a string or (only, with ``allow_str=False``) a
     non-empty list of strings. Each bad caption (not a string, empty or whitespace-only) goes to
@@ -126,11 +147,11 @@ def _captions(path: Path, i: int, e: dict, issues: Issues, allow_str: bool = Tru
     good = []
     for k, c in [(None, v)] if isinstance(v, str) else enumerate(v):
         where = "key 'caption'" if k is None else f"key 'caption' item {k}"
+        problem = caption_problem(c) if isinstance(c, str) else None
         if not isinstance(c, str):
             issues.add(EntryError(path, i, "caption", f"{where} is {type(c).__name__}, expected a caption string"))
-        elif not c.strip():
-            blank = "an empty string" if not c else f"empty (whitespace only: {c!r})"
-            issues.add(EntryError(path, i, "caption", f"{where} is {blank}, expected a caption with words"))
+        elif problem is not None:
+            issues.add(EntryError(path, i, "caption", f"{where} is {problem}"))
         else:
             good.append(c)
     return tuple(good) or None

@@ -3,6 +3,8 @@ files and decompression bombs refused, each problem one :class:`BadImage` naming
 
 from __future__ import annotations
 
+import os
+import stat
 import warnings
 from typing import Callable, Optional
 
@@ -11,21 +13,29 @@ from PIL import Image, UnidentifiedImageError
 
 from vlp.errors import BadImage
 
-#: pixel count above which an image is refused (Pillow's own decompression-bomb threshold)
+#: pixel count of the decompression-bomb guard (Pillow's own threshold): an image is refused when
+#: its decoded bytes exceed those of an 8-bit RGB image of this many pixels (:func:`decoded_bytes`)
 MAX_PIXELS = 89_478_485
+#: decoded bytes per pixel of Pillow's modes (others: one byte per band)
+_MODE_BYTES = {"1": 1, "I": 4, "F": 4, "I;16": 2, "I;16B": 2, "I;16L": 2, "I;16N": 2}
 #: images whose shorter side is below this are upscaled (bicubic, aspect kept) before any transform
 MIN_SIDE = 16
 #: what transparent pixels are composited onto
 BACKGROUND = (255, 255, 255)
 
 
+def decoded_bytes(im: Image.Image) -> int:
+    """Bytes of ``im`` decoded in its own mode: width x height x bytes per pixel."""
+    return im.width * im.height * _MODE_BYTES.get(im.mode, len(im.getbands()))
+
+
 def to_rgb(im: Image.Image) -> Image.Image:
     """Grayscale, 16-bit, CMYK, palette and alpha images as 8-bit RGB; transparency is composited
-    onto :data:`BACKGROUND` (dropping alpha would expose whatever colour transparent pixels hold)."""
+    onto :data:`BACKGROUND` (dropping alpha would expose whatever colour transparent pixels hold).
+    16-bit, 32-bit and float images are scaled to 8 bits (by 255/65535 when any value exceeds 255,
+    then clipped to [0, 255]) a block of rows at a time, so the temporaries stay small."""
     if im.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
-        a = np.asarray(im, dtype=np.float64)
-        scale = 255.0 / 65535.0 if a.max(initial=0.0) > 255 else 1.0
-        im = Image.fromarray(np.clip(a * scale, 0, 255).astype(np.uint8), "L")
+        im = Image.fromarray(_to_8bit(np.asarray(im)), "L")
     if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
         rgba = im.convert("RGBA")
         background = Image.new("RGBA", rgba.size, BACKGROUND + (255,))
@@ -46,14 +56,16 @@ def open_image(
     with the opened, not yet decoded image once its size passed the limit (e.g. to choose a JPEG
     draft scale, ``im.draft``)."""
     try:
+        _regular_file(path, origin)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the limit is checked here
             with Image.open(path) as im:
                 w, h = im.size
-                if max_pixels and w * h > max_pixels:
+                if max_pixels and decoded_bytes(im) > 3 * max_pixels:
                     raise BadImage(
-                        f"{origin}: image {path} is {w}x{h} = {w * h} pixels, more than the limit of "
-                        f"{max_pixels} (decompression-bomb guard, data.max_image_pixels)"
+                        f"{origin}: image {path} is {w}x{h} {im.mode} = {decoded_bytes(im)} bytes decoded, more "
+                        f"than the limit of {3 * max_pixels} (an 8-bit RGB image of {max_pixels} pixels: the "
+                        "decompression-bomb guard, data.max_image_pixels)"
                     )
                 if before_load is not None:
                     before_load(im)
@@ -72,6 +84,35 @@ def open_image(
     except (OSError, SyntaxError, ValueError) as e:  # truncated or corrupt data (Pillow raises all three)
         raise BadImage(f"{origin}: cannot read image {path}: truncated or corrupt ({e})") from None
     return upscale_tiny(rgb, min_side)
+
+
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _to_8bit(a: np.ndarray, rows: int = 256) -> np.ndarray:
+    """``a`` [H, W] (16/32-bit integers or floats) as uint8: ``clip(a * scale, 0, 255)`` truncated,
+    scale 255/65535 when the maximum exceeds 255 else 1; float64 only ``rows`` rows at a time."""
+    scale = 255.0 / 65535.0 if a.max(initial=0) > 255 else 1.0
+    out = np.empty(a.shape, dtype=np.uint8)
+    for lo in range(0, a.shape[0], rows):
+        out[lo : lo + rows] = np.clip(a[lo : lo + rows].astype(np.float64) * scale, 0, 255)
+    return out
+
+
+def _regular_file(path: object, origin: str) -> None:
+    """Refuse a path that names something other than a regular file before opening it (opening a
+    FIFO blocks until a writer comes). File objects (shard members) pass."""
+    if not isinstance(path, (str, os.PathLike)):
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise BadImage(f"{origin}: image file not found: {path}") from None
+    if stat.S_ISDIR(mode):
+        raise BadImage(f"{origin}: {path} is a directory, not an image file")
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "a socket or other special file")
+        raise BadImage(f"{origin}: {path} is not a regular file ({kind}), not an image file")
 
 
 def upscale_tiny(im: Image.Image, min_side: int = MIN_SIDE) -> Image.Image:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
+from vlp.data.formats import caption_problem
 from vlp.data.json_entries import write_atomic
 from vlp.errors import DataError
 
@@ -226,6 +227,10 @@ def _raw(info: ShardInfo, index: int, key: str, parts: dict[str, bytes]) -> RawS
             )
         if not isinstance(meta.get("image_key"), str):
             raise DataError(f"{path}: sample {key!r}: {key}.json needs 'image_key' (string)")
+        bad = [c for c in caps if not isinstance(c, str)]
+        if bad:
+            raise DataError(f"{path}: sample {key!r}: {key}.json 'captions' holds {bad[0]!r}, expected caption strings")
+        meta["captions"] = [_checked(path, key, f"{key}.json", c) for c in caps]
         return RawSample(key, meta, parts["jpg"], f"{key}.jpg", path)
     ext = next((e for e in IMAGE_EXTS if e in parts), None)
     if ext is None:
@@ -252,8 +257,8 @@ def _captions(info: ShardInfo, key: str, parts: dict[str, bytes]) -> list[str]:
         meta = _json(path, key, parts["json"])
         value = meta.get(info.caption_key, meta.get("captions"))
         caps = [value] if isinstance(value, str) else value
-        if isinstance(caps, list) and caps and all(isinstance(c, str) and c.strip() for c in caps):
-            return caps
+        if isinstance(caps, list) and caps and all(isinstance(c, str) for c in caps):
+            return [_checked(path, key, f"{key}.json", c) for c in caps]
         if "txt" not in parts:
             raise DataError(
                 f"{path}: sample {key!r}: {key}.json has no caption under {info.caption_key!r} (data.caption_key) "
@@ -265,6 +270,11 @@ def _captions(info: ShardInfo, key: str, parts: dict[str, bytes]) -> list[str]:
         text = parts["txt"].decode("utf-8").strip()
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: sample {key!r}: {key}.txt is not UTF-8 (byte {e.start})") from None
-    if not text:
-        raise DataError(f"{path}: sample {key!r}: {key}.txt is empty")
-    return [text]
+    return [_checked(path, key, f"{key}.txt", text)]
+
+
+def _checked(path: Path, key: str, member: str, caption: str) -> str:
+    problem = caption_problem(caption)
+    if problem is not None:
+        raise DataError(f"{path}: sample {key!r}: the caption in {member} is {problem}")
+    return caption
