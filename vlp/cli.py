@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
 from vlp.config import CONTRASTIVE_LOSSES, PretrainConfig, load_config, load_finetune_config
-from vlp.data.check import CHECK_KINDS, check_annotations, default_workers
+from vlp.data.check import CHECK_KINDS, CheckReport, check_annotations, check_shards, default_workers, is_shard_entry
 from vlp.data.formats import write_json_atomic
 from vlp.data.images import MAX_PIXELS
 from vlp.dist import OtherRankDone, launch_rank, rank
@@ -438,15 +438,27 @@ def _data_check(a: argparse.Namespace) -> int:
         raise ConfigError(f"--max-pixels must be >= 0 (0: no limit), got {a.max_pixels}")
     if a.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {a.workers}")
-    report = check_annotations(
-        a.files,
-        image_root=a.images,
-        images=not a.no_images,
-        max_pixels=a.max_pixels,
-        kind=a.kind,
-        workers=a.workers,
-        show_progress=True,
-    )
+    shards = [f for f in a.files if is_shard_entry(f)]
+    files = [f for f in a.files if f not in shards]
+    report = CheckReport()
+    if files:
+        report = check_annotations(
+            files,
+            image_root=a.images,
+            images=not a.no_images,
+            max_pixels=a.max_pixels,
+            kind=a.kind,
+            workers=a.workers,
+            show_progress=True,
+        )
+    if shards:  # shard folders (vlp's or img2dataset's) or brace patterns of tars
+        found = check_shards(
+            shards, images=not a.no_images, max_pixels=a.max_pixels, caption_key=a.caption_key, show_progress=True
+        )
+        report.files += found.files
+        report.problems += found.problems
+        if found.images_checked is not None:
+            report.images_checked = (report.images_checked or 0) + found.images_checked
     print("\n".join(report.lines()))
     if a.json:
         write_json_atomic(Path(a.json), report.to_json(), indent=2)
@@ -603,7 +615,12 @@ def _add_data_tools(sub: Any) -> None:
         "check",
         help="check annotation files and their images, reporting every problem (exit status 1 when there are errors)",
     )
-    c.add_argument("files", nargs="+", metavar="ANN_JSON", help="annotation file(s)")
+    c.add_argument(
+        "files",
+        nargs="+",
+        metavar="ANN_JSON|SHARDS",
+        help="annotation file(s), shard folder(s) (vlp's or img2dataset's) or brace patterns of tars",
+    )
     g = c.add_mutually_exclusive_group()
     g.add_argument("--images", metavar="ROOT", help="folder for relative image paths (default: each file's folder)")
     g.add_argument("--no-images", action="store_true", help="check the annotations only, open no image")
@@ -621,6 +638,9 @@ def _add_data_tools(sub: Any) -> None:
         help="refuse images with more pixels (data.max_image_pixels; 0: no limit)",
     )
     c.add_argument("--workers", type=int, default=default_workers(), metavar="N", help="threads opening images")
+    c.add_argument(
+        "--caption-key", default="caption", metavar="KEY", help="img2dataset shards: the caption's key in {key}.json"
+    )
     c.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
     c.set_defaults(func=_data_check)
 

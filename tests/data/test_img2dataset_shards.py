@@ -238,3 +238,39 @@ def test_pretrain_on_img2dataset_shards_and_resume_mid_epoch(downloaded: Path, t
     for x, y in zip(full[2:], resumed[2:]):
         for key in ("loss", "itc", "itm", "mlm", "temp"):
             assert y[key] == pytest.approx(x[key], rel=1e-6, abs=1e-7), (key, x, y)
+
+
+def test_data_check_reads_shards_and_names_every_bad_member(tmp_path: Path, capsys) -> None:
+    """``vlp data check SHARD_DIR``: every member of every shard, each bad one named with its shard."""
+    from vlp.cli import main
+
+    good = write_img2dataset(tmp_path / "good")
+    assert main(["data", "check", str(good), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"{good}: 20 entries (img2dataset shards: 4 shards)" in out and "20 images: 0 errors" in out
+    bad = write_img2dataset(tmp_path / "bad")
+    path = bad / "00002.tar"
+    with tarfile.open(path) as tf:
+        members = [(m.name, tf.extractfile(m).read()) for m in tf.getmembers()]
+    with tarfile.open(path, "w") as tf:
+        for name, data in members:
+            if name == "000020000.png":
+                data = data[: len(data) // 2]  # a truncated PNG
+            elif name == "000020001.json":
+                data = b'{"caption": 7}'
+            elif name == "000020002.json":
+                data = b"[" * 100_000
+            add(tf, name, data)
+    assert main(["data", "check", str(bad), "--workers", "1"]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}: sample '000020000': cannot read image 000020000.png: truncated or corrupt" in out
+    assert f"{path}: sample '000020001': 000020001.json has no caption under 'caption'" in out
+    assert f"{path}: sample '000020002': invalid 000020002.json (RecursionError" in out
+    assert "3 errors" in out
+    # without images only the members' text is read: the truncated PNG goes unnoticed
+    assert main(["data", "check", str(bad), "--no-images"]) == 1
+    out = capsys.readouterr().out
+    assert "2 errors" in out and "images not checked" in out
+    (tmp_path / "nothing").mkdir()
+    assert main(["data", "check", str(tmp_path / "nothing")]) == 1
+    assert "no sizes.json and no .tar files" in capsys.readouterr().out

@@ -370,3 +370,11 @@ def test_a_corrupt_member_raises_or_is_replaced_within_its_batch(shards: Path, t
         a["ids"] == b["ids"] and a["bad"] == b["bad"] and torch.equal(a["images"], b["images"])
         for a, b in zip(rest, batches[k:], strict=True)
     )
+
+
+def test_data_check_reads_a_vlp_shard_folder(shards: Path, capsys: pytest.CaptureFixture) -> None:
+    from vlp.cli import main
+
+    assert main(["data", "check", str(shards), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"{shards}: {IMAGES} entries (vlp shards: 8 shards)" in out and f"{IMAGES} images: 0 errors" in out

@@ -282,6 +282,65 @@ def check_annotations(
     return report
 
 
+def is_shard_entry(arg: str | Path) -> bool:
+    """Whether a ``vlp data check`` argument names shards (a folder, or a brace pattern of tars)
+    rather than an annotation file."""
+    text = str(arg)
+    return Path(text).is_dir() or ("{" in text and ".." in text and text.endswith(".tar"))
+
+
+def check_shards(
+    entries: Sequence[str | Path],
+    images: bool = True,
+    max_pixels: int = MAX_PIXELS,
+    caption_key: str = "caption",
+    show_progress: bool = False,
+) -> CheckReport:
+    """Check shard folders (vlp's or img2dataset's) or brace patterns of tars, every member of every
+    shard: each malformed sample (its JSON, its captions, a missing image or caption member) is one
+    problem naming the shard and the sample; with ``images`` each image is decoded as training does
+    (:func:`open_image`); a shard whose sample count is not its index's is a problem. A folder that
+    is not a shard folder at all is one problem. One summary line per entry; a progress bar over
+    the shards."""
+    from vlp.data.shard_format import MemberFile, iter_shard, read_sizes
+    from vlp.progress import progress
+
+    report = CheckReport(images_checked=0 if images else None)
+    plans = []
+    for entry in entries:
+        try:
+            plans.append((str(entry), read_sizes([entry], caption_key)))
+        except DataError as e:
+            report.problems.append(Problem(str(entry), None, None, str(e).removeprefix(f"{entry}: ")))
+            report.files.append(FileSummary(str(entry), None, False, 0))
+    bar = progress(sum(len(shards) for _, shards in plans), "checking shards", enabled=show_progress)
+    for entry, shards in plans:
+        samples = 0
+        for info in shards:
+            prefix, errors = f"{info.path}: ", []
+            try:
+                for raw in iter_shard(info, images=images, check_count=True, errors=errors):
+                    samples += 1
+                    if images:
+                        origin = f"{info.path}: sample {raw.key!r}"
+                        try:
+                            open_image(MemberFile(raw.image, raw.member), origin, max_pixels, min_side=0)  # type: ignore[arg-type]
+                        except BadImage as e:
+                            report.problems.append(
+                                Problem(str(info.path), None, raw.member, str(e).removeprefix(prefix))
+                            )
+                        report.images_checked = (report.images_checked or 0) + 1
+            except DataError as e:  # an unreadable tar, or a count other than the index's
+                errors.append(e)
+            report.problems += [Problem(str(info.path), None, None, str(e).removeprefix(prefix)) for e in errors]
+            samples += sum(": sample " in str(e) for e in errors)
+            bar.update(1)
+        layout = shards[0].layout if shards else "vlp"
+        report.files.append(FileSummary(entry, f"{layout} shards: {plural(len(shards), 'shard')}", False, samples))
+    bar.close()
+    return report
+
+
 def default_workers() -> int:
     """Image-checking threads by default: the CPUs this process may use, at most 8."""
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))

@@ -19,6 +19,7 @@ pattern of tars, ``cc12m/{00000..01242}.tar``.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import tarfile
@@ -180,13 +181,27 @@ def _scanned_counts(tars: list[Path], caption_key: str) -> list[int]:
     return counts
 
 
-def iter_shard(info: ShardInfo, images: bool = True, check_count: bool = False) -> Iterator[RawSample]:
+def iter_shard(
+    info: ShardInfo, images: bool = True, check_count: bool = False, errors: Optional[list[DataError]] = None
+) -> Iterator[RawSample]:
     """Stream the samples of one tar (the members of a key adjacent, as webdataset writes them).
 
     ``images=False`` skips the image bytes (seeks over them; ``image`` is empty). ``check_count``:
-    a sample count other than the index's (``info.images``) raises :class:`DataError`."""
+    a sample count other than the index's (``info.images``) raises :class:`DataError`. ``errors``:
+    a malformed sample's :class:`DataError` is appended there and the sample left out (it still
+    counts), instead of raised."""
     path, n = info.path, 0
     wanted = IMAGE_EXTS + ("json", "txt")
+
+    def sample(key: str, parts: dict[str, bytes]) -> Optional[RawSample]:
+        try:
+            return _raw(info, n, key, parts)
+        except DataError as e:
+            if errors is None:
+                raise
+            errors.append(e)
+            return None
+
     try:
         with tarfile.open(path, mode="r|" if images else "r:") as tf:
             key, parts = None, {}
@@ -195,14 +210,18 @@ def iter_shard(info: ShardInfo, images: bool = True, check_count: bool = False) 
                     continue
                 k, _, ext = m.name.rpartition("/")[2].partition(".")
                 if k != key and key is not None:
-                    yield _raw(info, n, key, parts)
+                    raw = sample(key, parts)
+                    if raw is not None:
+                        yield raw
                     n, parts = n + 1, {}
                 key, ext = k, ext.lower()
                 if ext in wanted:
                     f = tf.extractfile(m)
                     parts[ext] = f.read() if (images or ext not in IMAGE_EXTS) and f is not None else b""
             if key is not None:
-                yield _raw(info, n, key, parts)
+                raw = sample(key, parts)
+                if raw is not None:
+                    yield raw
                 n += 1
     except (tarfile.TarError, OSError) as e:
         raise DataError(f"{path}: cannot read shard: {e}") from None
@@ -278,3 +297,14 @@ def _checked(path: Path, key: str, member: str, caption: str) -> str:
     if problem is not None:
         raise DataError(f"{path}: sample {key!r}: the caption in {member} is {problem}")
     return caption
+
+
+class MemberFile(io.BytesIO):
+    """The bytes of a shard member, named (``KEY.jpg``) for :func:`vlp.data.images.open_image`'s messages."""
+
+    def __init__(self, data: bytes, name: str) -> None:
+        super().__init__(data)
+        self.name = name
+
+    def __str__(self) -> str:
+        return self.name

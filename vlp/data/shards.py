@@ -28,7 +28,6 @@ without decoding, stays exact) and ``batch["bad_samples"]`` counts it.
 
 from __future__ import annotations
 
-import io
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +41,7 @@ from vlp.data.datasets import make_item, pick_captions, replace_bad, seed_of, se
 from vlp.data.formats import Sample
 from vlp.data.helper_cache import HelperCache
 from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
-from vlp.data.shard_format import ShardInfo, iter_shard, read_sizes
+from vlp.data.shard_format import MemberFile, ShardInfo, iter_shard, read_sizes
 from vlp.data.targets import LatentTargets
 from vlp.errors import DataError
 
@@ -86,17 +85,6 @@ class _Unit:
     image: bytes  # encoded
     where: str  # "shard.tar sample KEY", for errors
     member: str  # "KEY.jpg" (or .png, ...), the image's name in the tar
-
-
-class _Member(io.BytesIO):
-    """The bytes of a shard member, named (``KEY.jpg``) for :func:`open_image`'s messages."""
-
-    def __init__(self, data: bytes, name: str) -> None:
-        super().__init__(data)
-        self.name = name
-
-    def __str__(self) -> str:
-        return self.name
 
 
 class ShardStream(IterableDataset):
@@ -200,7 +188,7 @@ class ShardStream(IterableDataset):
         return self.collator(items)
 
     def _item(self, u: _Unit) -> dict:
-        image = open_image(_Member(u.image, u.member), u.where, self.max_pixels, self.min_side)  # type: ignore[arg-type]
+        image = open_image(MemberFile(u.image, u.member), u.where, self.max_pixels, self.min_side)  # type: ignore[arg-type]
         try:
             return make_item(
                 self.transform(image), u.image_id, u.image_key, u.captions, self.k > 1, self.helper_cache, self.targets
