@@ -561,6 +561,18 @@ def test_too_many_bad_samples_stop_the_run_after_a_checkpoint(tmp_path):
     assert read_state(step_dir(tmp_path, stop))["step"] == stop
 
 
+def test_a_resume_carries_the_samples_seen_and_the_bad_ones(tmp_path):
+    """The bad-sample share is judged over the whole run: a resume starts from the checkpoint's
+    counts (state.json ``samples``), it neither resets them nor counts them again."""
+    assert 12 * BATCH < BAD_SHARE_AFTER <= 13 * BATCH
+    train(Toy(), loader(bad=[4, 4, 4, 4]), cfg(steps=12, ckpt_every=6), tmp_path, max_bad_fraction=0.1)
+    assert read_state(step_dir(tmp_path, 12))["samples"] == {"seen": 12 * BATCH, "bad": 12 * 4}
+    assert read_state(step_dir(tmp_path, 6))["samples"] == {"seen": 6 * BATCH, "bad": 6 * 4}
+    with pytest.raises(DataError, match=r"^52 of the 104 samples loaded so far were bad \(50.0%\)"):
+        train(Toy(), loader(bad=[4, 4, 4, 4]), cfg(steps=20, resume="auto"), tmp_path, max_bad_fraction=0.1)
+    assert read_state(step_dir(tmp_path, 13))["samples"] == {"seen": 13 * BATCH, "bad": 13 * 4}
+
+
 # ----------------------------------------------------------------------------- 6. config checks
 
 

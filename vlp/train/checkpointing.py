@@ -8,7 +8,7 @@ from ``train.resume``. The files themselves are written by :mod:`vlp.train.check
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from accelerate import Accelerator
@@ -50,6 +50,10 @@ class Checkpointer:
         self.acc, self.cfg, self.run_dir = acc, cfg, run_dir
         self.optimizer, self.task, self.scalars = prep.optimizer, prep.inner, prep.scalars
         self.module, self.run_state, self.averager = module, state, averager
+        # the run's sample counts ({"seen": n, "bad": k}) for every state.json (set by the loop), and
+        # those of the checkpoint a resume started from
+        self.samples: Optional[Callable[[], dict[str, int]]] = None
+        self.resumed_samples: dict[str, int] = {"seen": 0, "bad": 0}
 
     def path(self, step: int) -> Path:
         return self.run_dir / "checkpoints" / f"step_{step:07d}"
@@ -60,7 +64,15 @@ class Checkpointer:
     def state(self, step: int, **info: Any) -> dict[str, Any]:
         """``state.json`` of a checkpoint at ``step``, with ``info`` added."""
         averaged = {"averaged": self.averager.history} if self.averager is not None and self.averager.history else {}
-        return {**(self.run_state or {}), "step": step, "world_size": self.acc.num_processes, **averaged, **info}
+        samples = {"samples": self.samples()} if self.samples is not None else {}
+        return {
+            **(self.run_state or {}),
+            "step": step,
+            "world_size": self.acc.num_processes,
+            **averaged,
+            **samples,
+            **info,
+        }
 
     def save(self, step: int) -> None:
         """``checkpoints/step_N``: staged in step_N.tmp/ (main process: model, state; every rank: its
@@ -112,6 +124,9 @@ class Checkpointer:
                 )
             load_train_state(ckpt, self.optimizer, self.task, self.module, acc.process_index, acc.num_processes)
             step = int(saved["step"])
+            counts = saved.get("samples")
+            if isinstance(counts, dict):  # checkpoints from before the counts were saved start from 0
+                self.resumed_samples = {k: int(counts.get(k, 0)) for k in ("seen", "bad")}
             if acc.is_main_process:
                 log.truncate_after(step)
                 print(f"resumed from {ckpt} at step {step} of {cfg.steps}")

@@ -170,7 +170,8 @@ def train(
     ckpt = Checkpointer(acc, cfg, run_dir, prep, (checkpoint_module or (lambda t: t.model))(inner), state, averager)
     validate = Validator(validation, acc, task, inner, cfg.steps, run_dir, log, ckpt) if validation else None
     start = ckpt.resume(log) if cfg.resume else 0
-    rep = Reporter(acc, cfg, log, start)
+    rep = Reporter(acc, cfg, log, start, ckpt.resumed_samples)
+    ckpt.samples = rep.sample_counts  # into every state.json
     batches = endless_batches(prep.loader, start * micro)
     log_warnings = getattr(inner, "log_warnings", None)  # the task's optional hook
     undo = stateful_modules(inner)  # feature queues: a skipped step leaves no trace

@@ -7,7 +7,7 @@ progress bar, and the run's running count of samples and bad samples (the bad-sa
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from accelerate import Accelerator
 
@@ -20,16 +20,24 @@ from vlp.train.step_stats import StepStats, Window
 class Reporter:
     """The log of a run that starts at step ``start``: ``stats`` (device side) and the host-side
     counters of the current window, the progress bar (``bar``), and ``seen_total`` / ``bad_total``:
-    samples (all ranks) loaded since the start of this process, and the bad ones among them."""
+    samples (all ranks) loaded since the run began (``seen``: carried over from the checkpoint a
+    resume starts from), and the bad ones among them."""
 
-    def __init__(self, acc: Accelerator, cfg: TrainConfig, log: MetricsLog, start: int) -> None:
+    def __init__(
+        self, acc: Accelerator, cfg: TrainConfig, log: MetricsLog, start: int, seen: Optional[dict[str, int]] = None
+    ) -> None:
         self.log, self.main = log, acc.is_main_process
         self.bar = progress(cfg.steps, "train", cfg.progress and acc.is_main_process)
         self.bar.update(start)
         self.stats = StepStats(acc.device, cfg.max_nonfinite_steps, acc.num_processes)
-        self.seen_total = self.bad_total = 0
+        self.seen_total, self.bad_total = (seen or {}).get("seen", 0), (seen or {}).get("bad", 0)
         self.elapsed = 0.0
         self.next_window()
+
+    def sample_counts(self) -> dict[str, int]:
+        """``{"seen": n, "bad": k}``: the run's samples and bad samples so far (checkpointed, so a
+        resume continues the judgement of ``data.max_bad_fraction``)."""
+        return {"seen": self.seen_total, "bad": self.bad_total}
 
     def next_window(self) -> None:
         """Start the host-side counters of a new window."""
