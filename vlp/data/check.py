@@ -317,7 +317,7 @@ def check_shards(
     for entry, shards in plans:
         samples = 0
         for info in shards:
-            prefix, errors = f"{info.path}: ", []
+            prefix, errors = f"{info.path}: ", list[DataError]()
             try:
                 for raw in iter_shard(info, images=images, check_count=True, errors=errors):
                     samples += 1
@@ -332,8 +332,8 @@ def check_shards(
                         report.images_checked = (report.images_checked or 0) + 1
             except DataError as e:  # an unreadable tar, or a count other than the index's
                 errors.append(e)
-            report.problems += [Problem(str(info.path), None, None, str(e).removeprefix(prefix)) for e in errors]
-            samples += sum(": sample " in str(e) for e in errors)
+            report.problems += [Problem(str(info.path), None, None, str(err).removeprefix(prefix)) for err in errors]
+            samples += sum(": sample " in str(err) for err in errors)
             bar.update(1)
         layout = shards[0].layout if shards else "vlp"
         report.files.append(FileSummary(entry, f"{layout} shards: {plural(len(shards), 'shard')}", False, samples))
