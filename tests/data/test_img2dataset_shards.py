@@ -195,18 +195,35 @@ def test_an_image_less_sample_and_an_empty_folder_are_named(tmp_path: Path) -> N
         read_sizes([f"{tmp_path}/{{00000..00002}}.tar"])
 
 
-def test_pretrain_on_img2dataset_shards_and_resume_mid_epoch(downloaded: Path, tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_pretrain_on_img2dataset_shards_and_resume_mid_epoch(
+    downloaded: Path, tmp_path: Path, capsys, corrupt: bool
+) -> None:
     """A few steps on img2dataset-style shards (jpg/png/webp + json, no vlp index), then a resume from
-    the mid-epoch step-2 checkpoint logs what the uninterrupted run logged."""
+    the mid-epoch step-2 checkpoint logs what the uninterrupted run logged; with corrupt images too
+    (each takes one more unit from the stream: the checkpoint keeps each reader's position)."""
     import shutil
 
     from vlp.cli import main
 
+    data = downloaded
+    if corrupt:  # the first image of every shard cut short
+        data = tmp_path / "corrupt"
+        shutil.copytree(downloaded, data)
+        for tar in sorted(data.glob("*.tar")):
+            with tarfile.open(tar) as tf:
+                members = [(m.name, tf.extractfile(m).read()) for m in tf.getmembers()]
+            with tarfile.open(tar, "w") as tf:
+                first = members[0][0]
+                for name, blob in members:
+                    add(tf, name, blob[: len(blob) // 3] if name == first else blob)
     run = tmp_path / "run"
     overrides = [
         f"output_dir={run}",
         "data.format=webdataset",
-        f"data.train=[{downloaded}]",
+        f"data.train=[{data}]",
+        "data.on_bad_sample=skip",
+        "data.max_bad_fraction=0.5",
         "data.batch_size=4",
         "data.num_workers=0",
         "data.shuffle_buffer=8",
@@ -229,6 +246,8 @@ def test_pretrain_on_img2dataset_shards_and_resume_mid_epoch(downloaded: Path, t
 
     full = read(run)
     assert [r["step"] for r in full] == [1, 2, 3, 4] and all(math.isfinite(r["loss"]) for r in full)
+    bad = [r["bad_samples"] for r in full]
+    assert (sum(bad[:2]) > 0 and sum(bad) >= 2) if corrupt else sum(bad) == 0
     again = tmp_path / "resumed"
     shutil.copytree(run, again)
     shutil.rmtree(again / "checkpoints" / "step_0000004")
@@ -236,7 +255,7 @@ def test_pretrain_on_img2dataset_shards_and_resume_mid_epoch(downloaded: Path, t
     resumed = read(again)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     for x, y in zip(full[2:], resumed[2:]):
-        for key in ("loss", "itc", "itm", "mlm", "temp"):
+        for key in ("loss", "itc", "itm", "mlm", "temp", "bad_samples"):
             assert y[key] == pytest.approx(x[key], rel=1e-6, abs=1e-7), (key, x, y)
 
 

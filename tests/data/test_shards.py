@@ -338,7 +338,10 @@ def corrupt_first_jpeg(shard: Path) -> tuple[str, int]:
     return key, meta["image_id"]
 
 
-def test_a_corrupt_member_raises_or_is_replaced_within_its_batch(shards: Path, tmp_path: Path) -> None:
+def test_a_corrupt_member_raises_or_is_replaced_from_the_stream(shards: Path, tmp_path: Path, capfd) -> None:
+    """``raise`` names shard and member; ``skip`` leaves the sample out and takes the stream's next
+    unit in its place (not another sample of the same batch, which a corrupt shard would fill):
+    the same order without it, named once on stderr and counted once."""
     bad_dir = tmp_path / "bad"
     shutil.copytree(shards, bad_dir)
     shard = bad_dir / "shard-00000.tar"
@@ -351,25 +354,44 @@ def test_a_corrupt_member_raises_or_is_replaced_within_its_batch(shards: Path, t
         + re.escape("; set data.on_bad_sample=skip to replace bad samples"),
         str(e.value),
     ), str(e.value)
+    capfd.readouterr()
+    for mode in ("sample", "expand"):
+        intact = list(loader([shards], caption_mode=mode))
+        batches = list(loader([bad_dir], caption_mode=mode, on_bad="skip"))
+        assert len(batches) == len(intact) and all(b["images"].shape == (4, 3, 8, 8) for b in batches)
+        want = [(i, c) for b in intact for i, c in zip(b["ids"], b["caps"])]
+        got = [(i, c) for b in batches for i, c in zip(b["ids"], b["caps"])]
+        first = [i for i, _ in want].index(bad_id)
+        assert got[:first] == want[:first] and bad_id not in [i for i, _ in got]
+        after = [u for u in want[first:] if u[0] != bad_id][:3]
+        assert got[first : first + len(after)] == after  # the stream goes on
+        assert sum(b["bad"] for b in batches) == 1 and batches[first // 4]["bad"] == 1  # once, all captions
+        err = capfd.readouterr().err
+        assert err.count(f"skipped a bad sample: {shard} sample {key}: cannot read image") == 1
 
-    intact = list(loader([shards], caption_mode="sample"))
-    ld = loader([bad_dir], caption_mode="sample", on_bad="skip")
-    batches = list(ld)
-    assert len(batches) == len(intact) == IMAGES // 4
-    assert all(b["images"].shape == (4, 3, 8, 8) for b in batches)  # the batch keeps its size
-    assert [b["bad"] for b in batches] == [int(bad_id in b["ids"]) for b in intact]  # counted once, where it was
-    ids = [i for b in batches for i in b["ids"]]
-    assert bad_id not in ids and len(set(ids)) == IMAGES - 1  # replaced by another image of its batch
-    (k,) = [j for j, b in enumerate(intact) if bad_id in b["ids"]]
-    slot = intact[k]["ids"].index(bad_id)
-    assert batches[k]["ids"][slot] in intact[k]["ids"]
-    assert [b["ids"] for j, b in enumerate(batches) if j != k] == [b["ids"] for j, b in enumerate(intact) if j != k]
-    ld.set_position(0, k)  # a resume at the batch with the corrupt member replays it, replacement included
-    rest = list(ld)
-    assert all(
-        a["ids"] == b["ids"] and a["bad"] == b["bad"] and torch.equal(a["images"], b["images"])
-        for a, b in zip(rest, batches[k:], strict=True)
-    )
+
+def test_a_resume_after_a_bad_sample_is_exact(shards: Path, tmp_path: Path) -> None:
+    """A bad sample takes one more unit from its reader's stream, which a resume cannot see without
+    decoding: the position of every reader (``position()``, checkpointed per rank) says it."""
+    bad_dir = tmp_path / "bad"
+    shutil.copytree(shards, bad_dir)
+    corrupt_first_jpeg(bad_dir / "shard-00003.tar")
+    corrupt_first_jpeg(bad_dir / "shard-00006.tar")
+    ld = loader([bad_dir], caption_mode="expand", on_bad="skip", num_workers=2)
+    full, positions = [], []
+    for b in ld:
+        full.append(b)
+        positions.append(ld.position())
+    bad_at = [k for k, b in enumerate(full) if b["bad"]]
+    assert bad_at and sum(b["bad"] for b in full) == 2
+    for k in (bad_at[0] + 1, len(full) - 3):
+        resumed = loader([bad_dir], caption_mode="expand", on_bad="skip", num_workers=2)
+        pos = positions[k - 1]
+        resumed.set_position(pos["epoch"], pos["batches_done"], pos["reader_units"])
+        rest = list(resumed)
+        assert len(rest) == len(full) - k
+        for a, b in zip(rest, full[k:]):
+            assert a["ids"] == b["ids"] and a["caps"] == b["caps"] and torch.equal(a["images"], b["images"])
 
 
 def test_data_check_reads_a_vlp_shard_folder(shards: Path, capsys: pytest.CaptureFixture) -> None:

@@ -67,6 +67,7 @@ def test_loop_schedule_hooks_logs_and_checkpoints(tmp_path, precision):
         "task": "toy",
         "step": 12,
         "world_size": 1,
+        "samples": {"seen": 12 * 8, "bad": 0},  # the run's samples, as of its last log step
         "data_position": {"batches": 12},
     }
 

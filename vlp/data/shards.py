@@ -19,16 +19,18 @@ rank, worker) and yields its quota of batches (batch ``i`` of a rank comes from 
 The batches of an epoch are a function of (seed, epoch, rank, world_size, workers) only, and
 :meth:`ShardLoader.set_position` restarts an epoch at any batch without decoding the skipped ones.
 
-**Bad samples.** A sample whose image does not decode (a corrupt member) follows
-``data.on_bad_sample`` (:func:`vlp.data.datasets.replace_bad`): ``raise`` names the shard and the
-sample key; ``skip`` replaces it by another sample of the same batch drawn with (seed, epoch, rank,
-batch index, position), so the batch keeps its size, no later batch moves (a resume, which skips
-without decoding, stays exact) and ``batch["bad_samples"]`` counts it.
+**Bad samples.** A sample whose image does not decode, or a malformed member, follows
+``data.on_bad_sample``: ``raise`` names the shard and the sample key; ``skip`` names it on stderr,
+counts it once in ``batch["bad_samples"]`` and takes the reader's next unit in its place (a corrupt
+shard costs its bad samples, not its batches). The units each reader took are tracked per batch
+(:meth:`ShardLoader.position`, checkpointed per rank), so a resume after bad samples seeks to
+the exact unit without decoding the skipped ones.
 """
 
 from __future__ import annotations
 
 import random
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
@@ -37,7 +39,15 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from vlp.data.datasets import make_item, pick_captions, replace_bad, seed_of, seeded_rng, stop_proof_workers
+from vlp.data.datasets import (
+    BAD_SAMPLE_HINT,
+    MAX_REPLACEMENTS,
+    make_item,
+    pick_captions,
+    seed_of,
+    seeded_rng,
+    stop_proof_workers,
+)
 from vlp.data.formats import Sample
 from vlp.data.helper_cache import HelperCache
 from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
@@ -85,6 +95,7 @@ class _Unit:
     image: bytes  # encoded
     where: str  # "shard.tar sample KEY", for errors
     member: str  # "KEY.jpg" (or .png, ...), the image's name in the tar
+    error: Optional[str] = None  # a malformed sample: its DataError, raised when it is decoded
 
 
 class ShardStream(IterableDataset):
@@ -122,6 +133,7 @@ class ShardStream(IterableDataset):
         units = sum(s.pairs if caption_mode == "expand" else s.images for s in self.shards)
         self.n_batches = batches_per_rank(units, batch_size, world_size)
         self.epoch, self.start = 0, 0
+        self.units_done: dict[int, int] = {}  # reader -> units taken before ``start`` (a resume's)
 
     # -- plan (cheap, no I/O)
 
@@ -149,7 +161,9 @@ class ShardStream(IterableDataset):
 
     def _expand(self, shards: Sequence[ShardInfo], rng: random.Random) -> Iterator[_Unit]:
         for info in shards:
-            for raw in iter_shard(info, check_count=True):
+            errors: list[DataError] = []
+            for raw in iter_shard(info, check_count=True, errors=errors):
+                yield from self._malformed(errors)
                 caps, iid, key = raw.meta["captions"], raw.meta["image_id"] + info.id_offset, raw.meta["image_key"]
                 where, member = f"{info.path} sample {raw.key}", raw.member
                 if self.caption_mode == "expand":
@@ -157,37 +171,76 @@ class ShardStream(IterableDataset):
                         yield _Unit(iid, key, (c,), raw.image, where, member)
                 else:
                     yield _Unit(iid, key, tuple(pick_captions(caps, self.k, rng)), raw.image, where, member)
+            yield from self._malformed(errors)
 
-    def reader_batches(self, epoch: int, worker: int, start: int = 0) -> Iterator[tuple[int, list[_Unit]]]:
-        """(batch index in the rank's epoch, units) of reader ``worker``, from global batch ``start`` on;
-        the skipped units are read but not decoded."""
+    @staticmethod
+    def _malformed(errors: list[DataError]) -> Iterator[_Unit]:
+        """A malformed sample (its DataError) as a unit that fails to decode: the bad-sample policy
+        handles it like an image that does not decode."""
+        while errors:
+            e = str(errors.pop(0))
+            yield _Unit(-1, "", ("",), b"", e, "", error=e)
+
+    def reader_batches(
+        self, epoch: int, worker: int, start: int = 0, units_done: Optional[int] = None
+    ) -> Iterator[tuple[int, Any]]:
+        """(batch index in the rank's epoch, collated batch) of reader ``worker`` from global batch
+        ``start`` on. The skipped units are read but not decoded: ``units_done`` of them (the
+        reader's position a checkpoint recorded, which counts the units its bad samples took), else
+        B per skipped batch (exact when no bad sample came before). Each batch carries
+        ``stream_position`` = (worker, units taken so far)."""
         W, B = self.workers, self.batch_size
         skip, quota = worker_batches(start, W, worker), worker_batches(self.n_batches, W, worker)
         units = self.units(epoch, worker)
-        for j in range(quota):
-            batch = [next(units) for _ in range(B)]
-            if j >= skip:
-                yield j * W + worker, batch
+        taken = skip * B if units_done is None else units_done
+        for _ in range(taken):
+            next(units)
+        known_bad: set[str] = set()
+        for j in range(skip, quota):
+            index = j * W + worker
+            batch, taken = self.fill(epoch, index, units, taken, known_bad)
+            if isinstance(batch, dict):
+                batch["stream_position"] = torch.tensor([worker, taken])
+            yield index, batch
 
-    def decode(self, epoch: int, index: int, units: Sequence[_Unit]) -> Any:
-        """Decode, transform and collate one batch. The global ``random`` and torch CPU RNGs are seeded
-        with (seed, epoch, rank, batch index) for the transforms and restored afterwards, so
-        augmentations too are the same after a resume (and the caller's random streams untouched).
-        A unit that does not decode follows the bad-sample policy (module doc)."""
+    def fill(self, epoch: int, index: int, units: Iterator[_Unit], taken: int, known_bad: set[str]) -> tuple[Any, int]:
+        """Decode, transform and collate batch ``index`` from the reader's ``units``; returns it and
+        the units taken so far. The global ``random`` and torch CPU RNGs are seeded with (seed,
+        epoch, rank, batch index) for the transforms and restored afterwards, so augmentations too
+        are the same after a resume (and the caller's random streams untouched). A unit that does
+        not decode follows the bad-sample policy: ``raise`` stops; ``skip`` names it on stderr,
+        counts it once (``known_bad``: its other captions' units are passed over) and takes the
+        next unit of the stream in its place."""
+        items: list[dict] = []
+        bad, streak = 0, 0
         with seeded_rng(seed_of("augment", self.seed, epoch, self.rank, index)):
-            items = [
-                replace_bad(
-                    lambda k, _attempt: self._item(units[k]),
-                    j,
-                    len(units),
-                    self.on_bad,
-                    seed_of("replace", self.seed, epoch, self.rank, index, j),
-                )
-                for j in range(len(units))
-            ]
-        return self.collator(items)
+            while len(items) < self.batch_size:
+                u = next(units)
+                taken += 1
+                if u.where in known_bad:
+                    continue
+                try:
+                    items.append(self._item(u))
+                    streak = 0
+                except DataError as e:
+                    if self.on_bad != "skip":
+                        raise DataError(f"{e}; {BAD_SAMPLE_HINT}") from None
+                    known_bad.add(u.where)
+                    bad, streak = bad + 1, streak + 1
+                    print(f"vlp data: skipped a bad sample: {e}", file=sys.stderr, flush=True)
+                    if streak > MAX_REPLACEMENTS:
+                        raise DataError(
+                            f"{e}; and the {MAX_REPLACEMENTS} samples before it in this reader's stream were bad "
+                            "too (data.on_bad_sample=skip): check the shards with `vlp data check`"
+                        ) from None
+        for it in items:
+            it["bad_samples"] = 0
+        items[0]["bad_samples"] = bad
+        return self.collator(items), taken
 
     def _item(self, u: _Unit) -> dict:
+        if u.error is not None:
+            raise DataError(u.error)
         image = open_image(MemberFile(u.image, u.member), u.where, self.max_pixels, self.min_side)  # type: ignore[arg-type]
         try:
             return make_item(
@@ -206,8 +259,8 @@ class ShardStream(IterableDataset):
         if n != self.workers:
             raise RuntimeError(f"ShardStream planned for {self.workers} workers but runs in {n}")
         worker = (d + self.start) % self.workers
-        for index, units in self.reader_batches(self.epoch, worker, self.start):
-            yield self.decode(self.epoch, index, units)
+        for _, batch in self.reader_batches(self.epoch, worker, self.start, self.units_done.get(worker)):
+            yield batch
 
 
 def scan_samples(shards: Sequence[ShardInfo]) -> list[Sample]:
@@ -316,6 +369,7 @@ class ShardLoader:
                 f"full batch of {batch_size} per rank x {world_size} ranks"
             )
         self.epoch, self.batches_done = 0, 0
+        self.reader_units: dict[int, int] = {}  # reader -> units it took this epoch (bad samples included)
         if verbose and rank == 0:
             what = (
                 "expand: one pair per caption"
@@ -335,19 +389,26 @@ class ShardLoader:
         """Move to ``epoch``; a different epoch starts at its first batch, the current one keeps its position
         (so ``set_position(e, n)`` then ``set_epoch(e)`` resumes at batch n)."""
         if epoch != self.epoch:
-            self.epoch, self.batches_done = epoch, 0
+            self.epoch, self.batches_done, self.reader_units = epoch, 0, {}
 
-    def set_position(self, epoch: int, batches_done: int) -> None:
-        """The next iteration yields batches ``batches_done``, ``batches_done + 1``, ... of ``epoch``."""
+    def set_position(self, epoch: int, batches_done: int, reader_units: Optional[dict[int, int]] = None) -> None:
+        """The next iteration yields batches ``batches_done``, ``batches_done + 1``, ... of ``epoch``.
+        ``reader_units``: :meth:`position`'s readers of a checkpoint at that batch (the units each
+        reader took, bad samples included), which makes the resume exact after bad samples too."""
         if not 0 <= batches_done <= len(self):
             raise DataError(f"resume position: batch {batches_done} of epoch {epoch}, expected 0..{len(self)}")
         self.epoch, self.batches_done = epoch, batches_done
+        self.reader_units = {int(k): int(v) for k, v in (reader_units or {}).items()}
 
-    def state_dict(self) -> dict[str, int]:
+    def position(self) -> dict[str, Any]:
+        """Where this rank's stream is: epoch, batches done, and the units each reader took (the
+        part of a checkpoint that only this rank knows)."""
+        return {"epoch": self.epoch, "batches_done": self.batches_done, "reader_units": dict(self.reader_units)}
+
+    def state_dict(self) -> dict[str, Any]:
         s = self.stream
         return {
-            "epoch": self.epoch,
-            "batches_done": self.batches_done,
+            **self.position(),
             "batches_per_epoch": len(self),
             "seed": s.seed,
             "world_size": s.world_size,
@@ -355,7 +416,7 @@ class ShardLoader:
             "batch_size": s.batch_size,
         }
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at a saved position; the plan (seed, world size, workers, batch size, data) must match."""
         mine = self.state_dict()
         keys = ("batches_per_epoch", "seed", "world_size", "num_workers", "batch_size")
@@ -365,10 +426,11 @@ class ShardLoader:
                 "cannot resume the shard stream exactly: "
                 + ", ".join(f"{k} was {state.get(k)} and is {mine[k]}" for k in diff)
             )
-        self.set_position(state["epoch"], state["batches_done"])
+        self.set_position(state["epoch"], state["batches_done"], state.get("reader_units"))
 
     def __iter__(self) -> Iterator[Any]:
         self.stream.epoch, self.stream.start = self.epoch, self.batches_done
+        self.stream.units_done = dict(self.reader_units) if self.batches_done else {}
         nw = self.num_workers
         # A private generator for the workers' base seed: the caller's torch RNG is not drawn from.
         gen = torch.Generator().manual_seed(seed_of("loader", self.stream.seed, self.epoch) % 2**63)
@@ -384,7 +446,10 @@ class ShardLoader:
         )
         for batch in loader:
             self.batches_done += 1
+            if isinstance(batch, dict) and "stream_position" in batch:
+                reader, taken = batch.pop("stream_position").tolist()
+                self.reader_units[int(reader)] = int(taken)
             yield batch
         if self.batches_done != len(self):
             raise RuntimeError(f"shard stream ended after {self.batches_done} of {len(self)} batches")
-        self.batches_done = 0
+        self.batches_done, self.reader_units = 0, {}

@@ -54,6 +54,8 @@ class Checkpointer:
         # those of the checkpoint a resume started from
         self.samples: Optional[Callable[[], dict[str, int]]] = None
         self.resumed_samples: dict[str, int] = {"seen": 0, "bad": 0}
+        self.loader = prep.loader  # a stream that knows its position (shards) has it checkpointed per rank
+        self.resumed_stream: Optional[dict] = None
 
     def path(self, step: int) -> Path:
         return self.run_dir / "checkpoints" / f"step_{step:07d}"
@@ -89,7 +91,15 @@ class Checkpointer:
         acc.wait_for_everyone()
         if self.cfg.save_state:  # optimizer, task state, RNG states: every rank writes its part
             with viewed_as(self.scalars, ()):
-                save_train_state(tmp / TRAIN_STATE, self.optimizer, self.task, self.module, acc.process_index)
+                position = getattr(self.loader, "position", None)
+                save_train_state(
+                    tmp / TRAIN_STATE,
+                    self.optimizer,
+                    self.task,
+                    self.module,
+                    acc.process_index,
+                    position() if position is not None else None,
+                )
         acc.wait_for_everyone()
         if acc.is_main_process:
             publish(tmp, final)
@@ -122,7 +132,9 @@ class Checkpointer:
                     f"config key 'train.resume': {ckpt} was written by {saved['world_size']} processes, "
                     f"this run has {acc.num_processes}; resume with the same number of processes"
                 )
-            load_train_state(ckpt, self.optimizer, self.task, self.module, acc.process_index, acc.num_processes)
+            self.resumed_stream = load_train_state(
+                ckpt, self.optimizer, self.task, self.module, acc.process_index, acc.num_processes
+            )
             step = int(saved["step"])
             counts = saved.get("samples")
             if isinstance(counts, dict):  # checkpoints from before the counts were saved start from 0

@@ -62,16 +62,19 @@ class NonFiniteError(RuntimeError):
     under DeepSpeed, which cannot skip a step); a checkpoint of the last good state was saved."""
 
 
-def endless_batches(loader: Iterable, start: int = 0) -> Iterator[Any]:
+def endless_batches(loader: Iterable, start: int = 0, stream: Optional[dict[str, Any]] = None) -> Iterator[Any]:
     """Batches over epochs without end, from batch ``start`` of the whole sequence (resume): a
-    loader with ``set_position`` seeks there itself, others skip the first batches of the epoch."""
+    loader with ``set_position`` seeks there itself (with its checkpointed ``stream`` position,
+    when there is one: its readers' units), others skip the first batches of the epoch."""
     epoch, skip = divmod(start, len(loader)) if start else (0, 0)
     while True:
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         source = loader
         if skip and hasattr(loader, "set_position"):
-            loader.set_position(epoch, skip)
+            units = (stream or {}).get("reader_units")
+            same = stream is not None and (stream.get("epoch"), stream.get("batches_done")) == (epoch, skip)
+            loader.set_position(epoch, skip, *([units] if same and units else []))
         elif skip:
             source = (
                 skip_first_batches(loader, skip)
@@ -172,7 +175,7 @@ def train(
     start = ckpt.resume(log) if cfg.resume else 0
     rep = Reporter(acc, cfg, log, start, ckpt.resumed_samples)
     ckpt.samples = rep.sample_counts  # into every state.json
-    batches = endless_batches(prep.loader, start * micro)
+    batches = endless_batches(prep.loader, start * micro, ckpt.resumed_stream)
     log_warnings = getattr(inner, "log_warnings", None)  # the task's optional hook
     undo = stateful_modules(inner)  # feature queues: a skipped step leaves no trace
     record: dict[str, float] = {}

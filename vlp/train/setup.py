@@ -181,8 +181,12 @@ class DeviceLoader:
     def set_epoch(self, epoch: int) -> None:
         self.loader.set_epoch(epoch)
 
-    def set_position(self, epoch: int, batches: int) -> None:
-        self.loader.set_position(epoch, batches)
+    def set_position(self, epoch: int, batches: int, *stream: Any) -> None:
+        self.loader.set_position(epoch, batches, *stream)
+
+    def position(self) -> Optional[dict[str, Any]]:
+        position = getattr(self.loader, "position", None)
+        return position() if position is not None else None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for batch in self.loader:

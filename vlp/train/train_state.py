@@ -69,8 +69,11 @@ def _outside(key: str, prefix: Optional[str]) -> bool:
     return prefix is None or (prefix != "" and not key.startswith(prefix + "."))
 
 
-def save_train_state(directory: Path, optimizer: Any, task: nn.Module, model: nn.Module, rank: int) -> None:
-    """Every rank calls this (into the staging folder of the checkpoint being written)."""
+def save_train_state(
+    directory: Path, optimizer: Any, task: nn.Module, model: nn.Module, rank: int, stream: Optional[dict] = None
+) -> None:
+    """Every rank calls this (into the staging folder of the checkpoint being written). ``stream``:
+    this rank's data-stream position (a shard loader's ``position()``), kept with its RNG states."""
     directory.mkdir(parents=True, exist_ok=True)
     zero = zero_optimizer(optimizer)
     if rank == 0:
@@ -81,12 +84,15 @@ def save_train_state(directory: Path, optimizer: Any, task: nn.Module, model: nn
         save_tree(directory / f"optimizer_rank{rank}", zero.optimizer.state_dict())
     elif rank == 0:
         save_tree(directory / "optimizer", optimizer.state_dict())
-    save_tree(directory / f"rng_rank{rank}", rng_state())
+    save_tree(directory / f"rng_rank{rank}", {**rng_state(), **({"stream": stream} if stream is not None else {})})
 
 
-def load_train_state(ckpt: Path, optimizer: Any, task: nn.Module, model: nn.Module, rank: int, world: int) -> None:
+def load_train_state(
+    ckpt: Path, optimizer: Any, task: nn.Module, model: nn.Module, rank: int, world: int
+) -> Optional[dict]:
     """Inverse of :func:`save_train_state` plus the model weights of ``ckpt``, strictly: every
-    tensor of the task comes from the checkpoint (zero-size buffers - a disabled queue - excepted)."""
+    tensor of the task comes from the checkpoint (zero-size buffers - a disabled queue - excepted).
+    Returns this rank's saved data-stream position, or None."""
     directory = ckpt / TRAIN_STATE
     load_weights(model, ckpt)
     prefix = model_prefix(task, model)
@@ -107,4 +113,6 @@ def load_train_state(ckpt: Path, optimizer: Any, task: nn.Module, model: nn.Modu
     rng = directory / f"rng_rank{rank}"
     if not rng.with_suffix(".json").is_file():
         raise CheckpointError(f"{directory}: no {rng.name}.json for rank {rank}")
-    set_rng_state(load_tree(rng))
+    saved = load_tree(rng)
+    set_rng_state(saved)
+    return saved.get("stream")
