@@ -37,14 +37,16 @@ def add(tf: tarfile.TarFile, name: str, data: bytes) -> None:
     tf.addfile(info, io.BytesIO(data))
 
 
-def write_img2dataset(folder: Path, stats: bool = True, caption_in: str = "json") -> Path:
+def write_img2dataset(
+    folder: Path, stats: bool = True, caption_in: str = "json", shards: int = SHARDS, per_shard: int = PER_SHARD
+) -> Path:
     """What img2dataset writes: NNNNN.tar with {key}.jpg|png|webp, {key}.txt, {key}.json (caption,
     url, key, status) and NNNNN_stats.json; keys are shard * 10^4 + index, zero-padded."""
     folder.mkdir(parents=True)
-    for s in range(SHARDS):
+    for s in range(shards):
         with tarfile.open(folder / f"{s:05d}.tar", "w") as tf:
-            for j in range(PER_SHARD):
-                i = s * PER_SHARD + j
+            for j in range(per_shard):
+                i = s * per_shard + j
                 key = f"{s:05d}{j:04d}"
                 fmt = FORMATS[i % len(FORMATS)]
                 add(tf, f"{key}.{fmt}", encoded(i, fmt))
@@ -56,7 +58,7 @@ def write_img2dataset(folder: Path, stats: bool = True, caption_in: str = "json"
                     meta["caption"] = caption
                 add(tf, f"{key}.json", json.dumps(meta).encode())
         if stats:
-            (folder / f"{s:05d}_stats.json").write_text(json.dumps({"count": PER_SHARD + 2, "successes": PER_SHARD}))
+            (folder / f"{s:05d}_stats.json").write_text(json.dumps({"count": per_shard + 2, "successes": per_shard}))
     return folder
 
 
@@ -293,3 +295,46 @@ def test_data_check_reads_shards_and_names_every_bad_member(tmp_path: Path, caps
     (tmp_path / "nothing").mkdir()
     assert main(["data", "check", str(tmp_path / "nothing")]) == 1
     assert "no sizes.json and no .tar files" in capsys.readouterr().out
+
+
+def test_one_corrupt_shard_of_40_costs_its_samples_not_the_run(tmp_path: Path, capfd) -> None:
+    """Issue 29's case: 1 shard of 40 with every image corrupt (2.5% of the data), shuffle buffer 16,
+    data.max_bad_fraction 0.05. Before, every failed replacement from the same batch counted and
+    the run stopped at 17% "bad"; now each bad sample counts once, is named once, and the run
+    completes its epoch."""
+    from vlp.cli import main
+
+    data = write_img2dataset(tmp_path / "web", shards=40, per_shard=10)
+    broken = data / "00017.tar"
+    with tarfile.open(broken) as tf:
+        members = [(m.name, tf.extractfile(m).read()) for m in tf.getmembers()]
+    with tarfile.open(broken, "w") as tf:
+        for name, blob in members:
+            add(tf, name, blob if name.endswith((".json", ".txt")) else b"not an image at all")
+    run = tmp_path / "run"
+    overrides = [
+        f"output_dir={run}",
+        "data.format=webdataset",
+        f"data.train=[{data}]",
+        "data.on_bad_sample=skip",
+        "data.max_bad_fraction=0.05",
+        "data.batch_size=8",
+        "data.num_workers=0",
+        "data.shuffle_buffer=16",
+        "train.steps=50",  # one epoch: 400 images / 8
+        "train.log_every=10",
+        "train.warmup_steps=0",
+        "train.progress=false",
+        "model.vision.depth=1",
+        "model.vision.img_size=32",
+        "model.text.layers=1",
+        "model.text.fusion_layers=1",
+        "model.queue_size=8",
+    ]
+    assert main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", *overrides]) == 0
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [10, 20, 30, 40, 50]
+    assert sum(r["bad_samples"] for r in records) == 10  # the shard's 10 images, once each
+    err = capfd.readouterr().err
+    named = [line for line in err.splitlines() if "skipped a bad sample" in line]
+    assert len(named) == 10 and all(f"{broken} sample 0001700" in line for line in named)
