@@ -62,7 +62,12 @@ def load_strict(
         for k in state
         if k in own and tuple(state[k].shape) != tuple(own[k].shape)
     ]
-    if missing or unexpected or shape:
+    dtype = [
+        f"{k}: checkpoint {state[k].dtype} vs model {own[k].dtype}"
+        for k in state
+        if k in own and _kind_differs(state[k], own[k])
+    ]
+    if missing or unexpected or shape or dtype:
         parts = [f"cannot load {source} into {type(module).__name__}:"]
         if missing:
             parts.append(f"  missing keys ({len(missing)}): {missing[:8]}{' ...' if len(missing) > 8 else ''}")
@@ -72,8 +77,29 @@ def load_strict(
             )
         if shape:
             parts.append(f"  shape mismatches: {shape[:8]}")
+        if dtype:
+            parts.append(f"  dtype mismatches: {dtype[:8]}")
         raise CheckpointError("\n".join(parts))
     module.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
+
+
+def _kind_differs(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors hold different kinds of numbers (floating, complex, bool, integer): a
+    float16 checkpoint loads into a float32 model, a bool or integer tensor where the model has
+    floats (a damaged or foreign file) does not."""
+
+    def kind(t: torch.Tensor) -> str:
+        return (
+            "complex"
+            if t.is_complex()
+            else "float"
+            if t.is_floating_point()
+            else "bool"
+            if t.dtype == torch.bool
+            else "int"
+        )
+
+    return kind(a) != kind(b)
 
 
 def rename(state: Mapping[str, torch.Tensor], rules: Iterable[tuple[str, str]]) -> dict[str, torch.Tensor]:
@@ -158,6 +184,19 @@ def verify_checkpoint(ckpt: Path, require: Iterable[str] = ()) -> None:
         files = json.loads(mf.read_text())["files"]
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"checkpoint {ckpt}: unreadable {MANIFEST} ({e})") from None
+    well_formed = (
+        isinstance(files, dict)
+        and "model.safetensors" in files
+        and all(
+            isinstance(m, dict) and isinstance(m.get("bytes"), int) and isinstance(m.get("sha256"), str)
+            for m in files.values()
+        )
+    )
+    if not well_formed:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: malformed {MANIFEST}: 'files' must map every file, model.safetensors "
+            'included, to {"bytes": n, "sha256": "..."} (corrupted)'
+        )
     for rel, meta in files.items():
         p = ckpt / rel
         if not p.is_file():
@@ -200,6 +239,8 @@ def find_checkpoint(path: str | Path, require: Iterable[str] = ()) -> Path:
     problems = []
     for ckpt in reversed(candidates):
         try:
+            if ckpt.is_symlink():  # a run writes its own step folders; a link points at another run's
+                raise CheckpointError(f"checkpoint {ckpt} is a symbolic link (to {ckpt.resolve()}), refused")
             verify_checkpoint(ckpt, require)
         except CheckpointError as e:
             problems.append(str(e))

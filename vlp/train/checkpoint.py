@@ -53,8 +53,10 @@ def set_aside_checkpoints_after(run_dir: Path, step: int) -> list[Path]:
 
 
 def prune_checkpoints(run_dir: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` step checkpoints (``best`` is never touched)."""
-    old = step_checkpoints(run_dir)[:-keep] if keep > 0 else []
+    """Delete all but the newest ``keep`` step checkpoints (``best`` is never touched). A step
+    folder that is a symbolic link is not the run's own: it is neither counted nor followed."""
+    own = [p for p in step_checkpoints(run_dir) if not p.is_symlink()]
+    old = own[:-keep] if keep > 0 else []
     for p in old:
         shutil.rmtree(p)
     return old

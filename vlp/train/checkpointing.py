@@ -28,7 +28,7 @@ from vlp.train.logging import MetricsLog
 from vlp.train.setup import Prepared, viewed_as
 from vlp.train.swa import WeightAverager
 from vlp.train.train_state import TRAIN_STATE, load_train_state, save_train_state
-from vlp.weights import find_checkpoint, read_state
+from vlp.weights import find_checkpoint, read_state, step_checkpoints
 
 
 class Checkpointer:
@@ -122,6 +122,12 @@ class Checkpointer:
         prepared task, optimizer and RNGs; returns its step. Records of later steps are dropped from
         the log (they are run again), and later checkpoints set aside."""
         acc, cfg, run_dir = self.acc, self.cfg, self.run_dir
+        if cfg.resume == "auto" and not step_checkpoints(run_dir):  # killed before its first checkpoint
+            if acc.is_main_process:
+                log.truncate_after(0)
+                print(f"train.resume=auto: no checkpoint in {run_dir} yet; starting from step 0")
+            acc.wait_for_everyone()
+            return 0
         with viewed_as(self.scalars, ()):
             ckpt = find_checkpoint(
                 run_dir if cfg.resume == "auto" else cfg.resume, require=[f"{TRAIN_STATE}/rng_rank0.json"]
