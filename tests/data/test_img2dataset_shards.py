@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
-from torchvision import transforms as T
 
+from tests.data.test_shards import loader as shard_loader
 from vlp.data.shard_format import ShardInfo, index_dir, iter_shard, read_sizes
 from vlp.data.shards import ShardLoader
 from vlp.errors import DataError
@@ -62,24 +62,17 @@ def write_img2dataset(
     return folder
 
 
-def collect(items: list[dict]) -> dict:
-    return {
-        "ids": [it["image_id"] for it in items],
-        "caps": [it["caption"] for it in items],
-        "images": torch.stack([it["image"] for it in items]),
-    }
-
-
 def loader(dirs: list, **kw) -> ShardLoader:
-    args = dict(
-        transform=T.Compose([T.RandomResizedCrop(8, scale=(0.5, 1.0)), T.ToTensor()]),
-        collator=collect,
-        batch_size=4,
-        shuffle_buffer=6,
-        seed=1,
-        verbose=False,
-    )
-    return ShardLoader(dirs, **{**args, **kw})
+    """test_shards' loader (random crops, the test collator), with this file's buffer and seed."""
+    return shard_loader(dirs, **{"shuffle_buffer": 6, "seed": 1, **kw})
+
+
+def tiny_run(run: Path, data: Path, *extra: str) -> list[str]:
+    """Overrides of a tiny `vlp pretrain` on the shards in ``data`` (bad samples skipped) into ``run``."""
+    model = ["model.vision.depth=1", "model.vision.img_size=32", "model.text.layers=1", "model.text.fusion_layers=1"]
+    data_keys = ["data.format=webdataset", f"data.train=[{data}]", "data.on_bad_sample=skip", "data.num_workers=0"]
+    train = ["train.warmup_steps=0", "train.progress=false"]
+    return [f"output_dir={run}", *data_keys, *extra, *train, *model, "model.queue_size=8"]
 
 
 @pytest.fixture(scope="module")
@@ -220,26 +213,8 @@ def test_pretrain_on_img2dataset_shards_and_resume_mid_epoch(
                 for name, blob in members:
                     add(tf, name, blob[: len(blob) // 3] if name == first else blob)
     run = tmp_path / "run"
-    overrides = [
-        f"output_dir={run}",
-        "data.format=webdataset",
-        f"data.train=[{data}]",
-        "data.on_bad_sample=skip",
-        "data.max_bad_fraction=0.5",
-        "data.batch_size=4",
-        "data.num_workers=0",
-        "data.shuffle_buffer=8",
-        "train.steps=4",
-        "train.log_every=1",
-        "train.ckpt_every=2",
-        "train.warmup_steps=0",
-        "train.progress=false",
-        "model.vision.depth=1",
-        "model.vision.img_size=32",
-        "model.text.layers=1",
-        "model.text.fusion_layers=1",
-        "model.queue_size=8",
-    ]
+    overrides = tiny_run(run, data, "data.max_bad_fraction=0.5", "data.batch_size=4", "data.shuffle_buffer=8")
+    overrides += ["train.steps=4", "train.log_every=1", "train.ckpt_every=2"]
     assert main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", *overrides]) == 0
     assert "vlp pretrain: 20 pairs, 20 images" in capsys.readouterr().out  # 5 batches an epoch
 
@@ -312,25 +287,8 @@ def test_one_corrupt_shard_of_40_costs_its_samples_not_the_run(tmp_path: Path, c
         for name, blob in members:
             add(tf, name, blob if name.endswith((".json", ".txt")) else b"not an image at all")
     run = tmp_path / "run"
-    overrides = [
-        f"output_dir={run}",
-        "data.format=webdataset",
-        f"data.train=[{data}]",
-        "data.on_bad_sample=skip",
-        "data.max_bad_fraction=0.05",
-        "data.batch_size=8",
-        "data.num_workers=0",
-        "data.shuffle_buffer=16",
-        "train.steps=50",  # one epoch: 400 images / 8
-        "train.log_every=10",
-        "train.warmup_steps=0",
-        "train.progress=false",
-        "model.vision.depth=1",
-        "model.vision.img_size=32",
-        "model.text.layers=1",
-        "model.text.fusion_layers=1",
-        "model.queue_size=8",
-    ]
+    overrides = tiny_run(run, data, "data.max_bad_fraction=0.05", "data.batch_size=8", "data.shuffle_buffer=16")
+    overrides += ["train.steps=50", "train.log_every=10"]  # one epoch: 400 images / 8
     assert main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", *overrides]) == 0
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [10, 20, 30, 40, 50]

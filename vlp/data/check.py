@@ -285,8 +285,10 @@ def check_annotations(
 def is_shard_entry(arg: str | Path) -> bool:
     """Whether a ``vlp data check`` argument names shards (a folder, or a brace pattern of tars)
     rather than an annotation file."""
+    from vlp.data.shard_format import is_brace_pattern
+
     text = str(arg)
-    return Path(text).is_dir() or ("{" in text and ".." in text and text.endswith(".tar"))
+    return Path(text).is_dir() or (is_brace_pattern(text) and text.endswith(".tar"))
 
 
 def check_shards(
@@ -317,7 +319,8 @@ def check_shards(
     for entry, shards in plans:
         samples = 0
         for info in shards:
-            prefix, errors = f"{info.path}: ", list[DataError]()
+            prefix, errors = f"{info.path}: ", list[DataError]()  # one per malformed sample
+            shard_error: list[DataError] = []
             try:
                 for raw in iter_shard(info, images=images, check_count=True, errors=errors):
                     samples += 1
@@ -331,9 +334,11 @@ def check_shards(
                             )
                         report.images_checked = (report.images_checked or 0) + 1
             except DataError as e:  # an unreadable tar, or a count other than the index's
-                errors.append(e)
-            report.problems += [Problem(str(info.path), None, None, str(err).removeprefix(prefix)) for err in errors]
-            samples += sum(": sample " in str(err) for err in errors)
+                shard_error.append(e)
+            samples += len(errors)
+            report.problems += [
+                Problem(str(info.path), None, None, str(err).removeprefix(prefix)) for err in errors + shard_error
+            ]
             bar.update(1)
         layout = shards[0].layout if shards else "vlp"
         report.files.append(FileSummary(entry, f"{layout} shards: {plural(len(shards), 'shard')}", False, samples))

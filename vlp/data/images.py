@@ -100,17 +100,16 @@ def _to_8bit(a: np.ndarray, rows: int = 256) -> np.ndarray:
 
 
 def _regular_file(path: object, origin: str) -> None:
-    """Refuse a path that names something other than a regular file before opening it (opening a
-    FIFO blocks until a writer comes). File objects (shard members) pass."""
+    """Refuse a path that names a special file (FIFO, device, socket) before opening it: opening a
+    FIFO blocks until a writer comes. File objects (shard members) pass; a missing path and a
+    directory are left to :func:`open_image`'s own messages."""
     if not isinstance(path, (str, os.PathLike)):
         return
     try:
         mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise BadImage(f"{origin}: image file not found: {path}") from None
-    if stat.S_ISDIR(mode):
-        raise BadImage(f"{origin}: {path} is a directory, not an image file")
-    if not stat.S_ISREG(mode):
+    except OSError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
         kind = next((name for test, name in _NOT_REGULAR if test(mode)), "a socket or other special file")
         raise BadImage(f"{origin}: {path} is not a regular file ({kind}), not an image file")
 

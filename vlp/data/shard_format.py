@@ -79,8 +79,13 @@ def read_sizes(dirs: Sequence[str | Path], caption_key: str = "caption") -> list
     return shards
 
 
+def is_brace_pattern(entry: str) -> bool:
+    """Whether a ``data.train`` entry is a brace pattern of tars (``cc12m/{00000..01242}.tar``)."""
+    return "{" in entry and ".." in entry
+
+
 def _entry_shards(entry: str, offset: int, caption_key: str) -> list[ShardInfo]:
-    if "{" in entry and ".." in entry:  # a brace pattern of img2dataset tars
+    if is_brace_pattern(entry):  # a brace pattern of img2dataset tars
         import braceexpand
 
         tars = [Path(p) for p in braceexpand.braceexpand(entry)]

@@ -212,7 +212,7 @@ class ShardStream(IterableDataset):
         counts it once (``known_bad``: its other captions' units are passed over) and takes the
         next unit of the stream in its place."""
         items: list[dict] = []
-        bad, streak = 0, 0
+        bad = 0  # bad units since the last good one, carried by the next item
         with seeded_rng(seed_of("augment", self.seed, epoch, self.rank, index)):
             while len(items) < self.batch_size:
                 u = next(units)
@@ -220,22 +220,21 @@ class ShardStream(IterableDataset):
                 if u.where in known_bad:
                     continue
                 try:
-                    items.append(self._item(u))
-                    streak = 0
+                    item = self._item(u)
                 except DataError as e:
                     if self.on_bad != "skip":
                         raise DataError(f"{e}; {BAD_SAMPLE_HINT}") from None
                     known_bad.add(u.where)
-                    bad, streak = bad + 1, streak + 1
+                    bad += 1
                     print(f"vlp data: skipped a bad sample: {e}", file=sys.stderr, flush=True)
-                    if streak > MAX_REPLACEMENTS:
+                    if bad > MAX_REPLACEMENTS:
                         raise DataError(
                             f"{e}; and the {MAX_REPLACEMENTS} samples before it in this reader's stream were bad "
                             "too (data.on_bad_sample=skip): check the shards with `vlp data check`"
                         ) from None
-        for it in items:
-            it["bad_samples"] = 0
-        items[0]["bad_samples"] = bad
+                    continue
+                item["bad_samples"], bad = bad, 0  # the bad units it replaced
+                items.append(item)
         return self.collator(items), taken
 
     def _item(self, u: _Unit) -> dict:
