@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import resource
+import struct
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,67 @@ def test_broken_and_missing_files(tmp_path: Path) -> None:
         restricted_loads(b"not a pickle at all", "junk.p")
     with pytest.raises(DataError, match="pickle file not found"):
         restricted_load(tmp_path / "absent.p")
+
+
+# --------------------------------------------------------------------------- memory bounds
+
+
+def _int_list(n: int) -> bytes:
+    """Protocol-2 opcodes that push a list of ``n`` 4-byte ints (APPENDS)."""
+    return b"](" + b"".join(b"J" + struct.pack("<i", i) for i in range(n)) + b"e"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x80\x02Nr\xff\xff\xff\x7f.",  # 9 bytes: LONG_BINPUT 2**31-1 sizes the memo to gigabytes
+        b"\x80\x02Nr\x00\x00\x00\x12.",  # 9 bytes: ~4.9 GB of memo table on CPython 3.11
+        b"(lp123456789\n.",  # protocol 0: PUT with a large decimal index
+    ],
+)
+def test_a_memo_index_beyond_the_file_is_refused_before_loading(data: bytes) -> None:
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(DataError, match=r"bomb\.p: .*memo index \d+ .*a file of \d+ bytes"):
+        restricted_loads(data, "bomb.p")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: nothing was allocated
+
+
+def test_a_length_beyond_the_file_is_refused_before_allocating() -> None:
+    data = b"\x80\x03B\xff\xff\xff\x7f" + b"x" * 10 + b"."  # BINBYTES declaring 2 GiB
+    with pytest.raises(DataError, match=r"len\.p: not a readable pickle \(.*2147483647 bytes.*only 11 remain"):
+        restricted_loads(data, "len.p")
+
+
+def test_set_calls_copying_a_shared_list_are_bounded() -> None:
+    # set(L) 2,000 times on one memoized list of 2,000 ints: a 20 KB file that copies 4M elements
+    n = k = 2_000
+    data = b"\x80\x02" + _int_list(n) + b"q\x000" + b"c__builtin__\nset\nq\x010"
+    data += b"](" + b"h\x01h\x00\x85R" * k + b"e."
+    assert len(data) < 25_000
+    with pytest.raises(DataError, match=r"sets\.p: .*set/frozenset calls copy more than \d+ elements"):
+        restricted_loads(data, "sets.p")
+    small = b"\x80\x02" + _int_list(50) + b"q\x000" + b"c__builtin__\nset\nq\x010](" + b"h\x01h\x00\x85R" * 3 + b"e."
+    assert restricted_loads(small) == [set(range(50))] * 3  # what real files do stays readable
+
+
+def test_shared_references_that_expand_past_the_bound_are_refused() -> None:
+    x: list = [0]
+    for _ in range(40):  # 2**40 elements when followed as a tree, ~300 bytes pickled
+        x = [x, x]
+    with pytest.raises(DataError, match=r"dag\.p: .*expands to more than \d+ elements.*shared references"):
+        restricted_loads(pickle.dumps(x, protocol=2), "dag.p")
+    big = list(range(10_000))
+    wide = pickle.dumps([big] * 10_000, protocol=2)  # 80 KB holding 10**8 elements when followed
+    assert len(wide) < 100_000
+    with pytest.raises(DataError, match="expands to more than"):
+        restricted_loads(wide, "wide.p")
+    shared = {"cat": "person"}
+    ok = [{"ref": i, "meta": shared, "sent": [f"s{i}"]} for i in range(1000)]
+    assert restricted_loads(pickle.dumps(ok, protocol=2)) == ok  # ordinary sharing passes
+
+
+def test_a_container_that_holds_itself_is_refused() -> None:
+    loop: list = [1]
+    loop.append(loop)
+    with pytest.raises(DataError, match=r"cycle\.p: .*holds itself"):
+        restricted_loads(pickle.dumps(loop, protocol=2), "cycle.p")
