@@ -2,6 +2,7 @@
 initialised checkpoints written in the formats pretraining and fine-tuning write."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from vlp import VLPModel
@@ -26,6 +28,7 @@ from vlp.config import (
 )
 from vlp.data import transforms
 from vlp.data.formats import RetrievalSplit
+from vlp.errors import CheckpointError
 from vlp.eval.retrieval import embed
 from vlp.models.albef import ALBEF
 from vlp.models.build import build_task_model
@@ -34,6 +37,7 @@ from vlp.models.vqa import VQAModel
 from vlp.pretrained import image_size, load_model
 from vlp.train.checkpoint import save_checkpoint
 from vlp.version import __version__
+from vlp.weights import MANIFEST
 
 ROOT = Path(__file__).parents[1]
 CPU = torch.device("cpu")
@@ -144,7 +148,7 @@ def test_saved_directory_holds_exactly_the_documented_files(pretrained, run_dir)
     written = set(m.tokenizer.save_pretrained(str(out.parent / "tok")))
     tok_files = {Path(p).name for p in written}
     assert "tokenizer_config.json" in tok_files and tok_files <= TOKENIZER_FILES
-    assert {p.name for p in out.iterdir()} == {CONFIG, WEIGHTS, PREPROCESSOR} | tok_files
+    assert {p.name for p in out.iterdir()} == {CONFIG, WEIGHTS, PREPROCESSOR, MANIFEST} | tok_files
     cfg = json.loads((out / CONFIG).read_text())
     assert (cfg["format"], cfg["kind"], cfg["vlp_version"], cfg["architecture"]) == (
         "vlp-pretrained",
@@ -166,13 +170,39 @@ def test_saved_directory_holds_exactly_the_documented_files(pretrained, run_dir)
     assert (out / WEIGHTS).stat().st_size < 0.6 * (run_dir / "checkpoints" / "step_0000002" / WEIGHTS).stat().st_size
     # saving again replaces the directory; a foreign non-empty directory is refused
     assert m2.save_pretrained(out) == out
-    assert {p.name for p in out.iterdir()} == {CONFIG, WEIGHTS, PREPROCESSOR} | tok_files
+    assert {p.name for p in out.iterdir()} == {CONFIG, WEIGHTS, PREPROCESSOR, MANIFEST} | tok_files
     foreign = out.parent / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep")
     with pytest.raises(FileExistsError, match="not a vlp save_pretrained directory"):
         m.save_pretrained(foreign)
     assert (foreign / "notes.txt").read_text() == "keep"
+
+
+def test_a_changed_or_truncated_file_of_a_saved_directory_is_refused(pretrained, tmp_path):
+    out = shutil.copytree(pretrained[2], tmp_path / "copy")
+    files = json.loads((out / MANIFEST).read_text())["files"]
+    assert set(files) == {p.name for p in out.iterdir()} - {MANIFEST}
+    weights = bytearray((out / WEIGHTS).read_bytes())
+    weights[-100] ^= 0xFF  # inside the tensor data: safetensors itself would load it
+    (out / WEIGHTS).write_bytes(bytes(weights))
+    with pytest.raises(CheckpointError, match=r"model.safetensors does not match its SHA-256 in manifest.json"):
+        VLPModel.from_pretrained(out, device="cpu")
+    shutil.copy(pretrained[2] / WEIGHTS, out / WEIGHTS)
+    with open(out / PREPROCESSOR, "a") as f:
+        f.write(" ")
+    with pytest.raises(CheckpointError, match=r"preprocessor.json is \d+ bytes, the manifest says"):
+        VLPModel.from_pretrained(out, device="cpu")
+
+
+def test_a_full_disk_while_saving_leaves_no_staging_folder(pretrained, tmp_path, monkeypatch):
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr("safetensors.torch.save_file", full)  # what safetensors raises on a full disk
+    with pytest.raises(CheckpointError, match=r"cannot write .*saved: no space left on the device \(.* free in "):
+        pretrained[1].save_pretrained(tmp_path / "saved")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_encoders_match_the_retrieval_evaluator(pretrained, run_dir, images):

@@ -210,7 +210,8 @@ def test_run_info_written_and_a_resume_appends(tmp_path, monkeypatch):
     prepare_run_dir(resumed)
     again = json.loads((run_dir / "run_info.json").read_text())
     assert {k: v for k, v in again.items() if k != "resumes"} == {k: v for k, v in info.items() if k != "resumes"}
-    assert len(again["resumes"]) == 2 and set(again["resumes"][0]) == RUN_INFO_KEYS - {"resumes"}
+    assert len(again["resumes"]) == 2 and set(again["resumes"][0]) == RUN_INFO_KEYS - {"resumes"} | {"config_changes"}
+    assert again["resumes"][0]["config_changes"] == {}
 
 
 def test_git_revision_reads_the_checkout_files(tmp_path, monkeypatch):

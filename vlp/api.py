@@ -16,7 +16,10 @@ A ``save_pretrained`` directory (docs/api.md) holds exactly:
 * the tokenizer files of ``tokenizer.save_pretrained`` (``tokenizer.json``, ``tokenizer_config.json``
   with transformers 5);
 * ``preprocessor.json``: image size, resize mode, mean/std, minimum image side, caption cleaning,
-  ``max_len`` and padding.
+  ``max_len`` and padding;
+* ``manifest.json``: every other file's size and SHA-256, written last (as in a checkpoint folder);
+  :meth:`VLPModel.from_pretrained` checks them all before loading (a directory written by an older
+  vlp, without one, loads unchecked).
 
 Loading such a directory goes through no training code (no :mod:`vlp.runs`, no loaders); a
 checkpoint folder or run directory is read with :func:`vlp.pretrained.load_model` (manifest verified).
@@ -28,7 +31,6 @@ import copy
 import functools
 import json
 import os
-import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Optional, Sequence, Union
@@ -47,7 +49,7 @@ from vlp.interop.zoo import resolve_pretrained
 from vlp.models.build import build_task_model, model_image_size, without_init_sources
 from vlp.models.gradcam import GradCAM, fusion_layer_index, gradcam, token_mean
 from vlp.version import __version__
-from vlp.weights import load_weights_file, weights_to_save
+from vlp.weights import load_weights_file, publish, removed_on_failure, staging, verify_checkpoint, weights_to_save
 
 #: what an image argument may be: a path, a PIL image, or a preprocessed tensor [3, H, W]
 ImageLike = Union[str, os.PathLike, Image.Image, torch.Tensor]
@@ -197,6 +199,7 @@ class VLPModel:
     def _from_directory(cls, path: Path, device: torch.device, batch_size: int) -> VLPModel:
         from transformers import BertTokenizerFast
 
+        verify_checkpoint(path, (CONFIG, PREPROCESSOR))  # every file against manifest.json (if it has one)
         config = json.loads((path / CONFIG).read_text())
         if config.get("format") != FORMAT:
             raise CheckpointError(
@@ -264,17 +267,13 @@ class VLPModel:
         out = Path(directory)
         if out.exists() and any(out.iterdir()) and not (out / CONFIG).is_file():
             raise FileExistsError(f"{out} exists and is not a vlp save_pretrained directory; choose another")
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_file(inference_weights(self.model), str(tmp / WEIGHTS), metadata={"format": "pt"})
-        (tmp / CONFIG).write_text(json.dumps(self.config_dict(), indent=2) + "\n")
-        (tmp / PREPROCESSOR).write_text(json.dumps(asdict(self.preprocessor), indent=2) + "\n")
-        self.tokenizer.save_pretrained(str(tmp))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-        return out
+        tmp = staging(out)
+        with removed_on_failure(tmp, out):
+            save_file(inference_weights(self.model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+            (tmp / CONFIG).write_text(json.dumps(self.config_dict(), indent=2) + "\n")
+            (tmp / PREPROCESSOR).write_text(json.dumps(asdict(self.preprocessor), indent=2) + "\n")
+            self.tokenizer.save_pretrained(str(tmp))
+            return publish(tmp, out)
 
     def config_dict(self) -> dict:
         """The content of ``config.json``."""

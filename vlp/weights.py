@@ -8,12 +8,14 @@ lambda and its momentum) and ``manifest.json`` (each file's size and SHA-256, wr
 
 The write side is here too (:func:`save_checkpoint`): written into ``NAME.tmp/``, every file
 flushed to disk, the manifest written last, then renamed to ``NAME``, so a folder under its final
-name is complete. Training (pruning, setting aside) builds on it in :mod:`vlp.train.checkpoint`;
+name is complete; a write that fails (a full disk) removes ``NAME.tmp/`` and raises one
+:class:`CheckpointError` naming the folder and its free space (:func:`removed_on_failure`). Training (pruning, setting aside) builds on it in :mod:`vlp.train.checkpoint`;
 the ALBEF converter and the model zoo write with it without importing training code.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import functools
 import hashlib
@@ -22,8 +24,9 @@ import os
 import re
 import shutil
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Iterator, Mapping, Optional
 
 import torch
 from safetensors.torch import save_file
@@ -317,11 +320,57 @@ def save_checkpoint(
     directory: str | Path, model: nn.Module, state: dict[str, Any], task_state: Optional[dict[str, torch.Tensor]] = None
 ) -> Path:
     """Write ``directory/model.safetensors``, ``state.json`` and (if given and non-empty)
-    ``task_state.safetensors`` atomically, with a manifest."""
+    ``task_state.safetensors`` atomically, with a manifest (:func:`removed_on_failure`)."""
     directory = Path(directory)
     tmp = staging(directory)
-    write_parts(tmp, model, state, task_state)
-    return publish(tmp, directory)
+    with removed_on_failure(tmp, directory):
+        write_parts(tmp, model, state, task_state)
+        return publish(tmp, directory)
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """Whether ``e`` reports a full disk or quota: ``OSError`` ENOSPC/EDQUOT, or the safetensors
+    writer's error carrying the OS error (``No space left on device (os error 28)``)."""
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    text = str(e)
+    return any(m in text for m in ("No space left on device", "os error 28", "StorageFull", "Disk quota exceeded"))
+
+
+def free_space(path: Path) -> str:
+    """The free space of the filesystem holding ``path`` (its nearest existing ancestor), e.g. ``"12.0 MiB"``."""
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    free = float(shutil.disk_usage(existing).free)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if free < 1024 or unit == "GiB":
+            return f"{free:.0f} bytes" if unit == "bytes" else f"{free:.1f} {unit}"
+        free /= 1024
+    raise AssertionError("unreachable")
+
+
+def write_failure(e: BaseException, target: Path) -> BaseException:
+    """What to raise for ``e``, an error while writing ``target``: a :class:`CheckpointError` naming
+    the folder and its free space for a full disk, ``e`` itself otherwise."""
+    if not is_disk_full(e):
+        return e
+    return CheckpointError(
+        f"cannot write {target}: no space left on the device ({free_space(target.parent)} free in "
+        f"{target.parent}); free some space (e.g. train.keep_last to keep fewer checkpoints) and resume"
+    )
+
+
+@contextmanager
+def removed_on_failure(tmp: Path, target: Path) -> Iterator[None]:
+    """Writing into the staging folder ``tmp`` of ``target``: on any failure ``tmp`` is removed (the
+    earlier ``target``, if any, is untouched); a full disk raises :func:`write_failure`'s one error."""
+    try:
+        yield
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        failure = write_failure(e, target)
+        if failure is e:
+            raise
+        raise failure from None
 
 
 def staging(directory: Path) -> Path:

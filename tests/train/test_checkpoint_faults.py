@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from tests.train.test_reliability import Toy, cfg, loader, step_dir
@@ -82,3 +83,38 @@ def test_resume_auto_without_any_checkpoint_starts_from_the_beginning(tmp_path: 
     assert find_checkpoint(run) == step_dir(run, 3)
     with pytest.raises(CheckpointError, match="no checkpoint here"):  # an explicit path still has to exist
         train(Toy(), loader(), cfg(steps=3, resume=str(tmp_path / "nothing")), tmp_path / "other")
+
+
+def test_a_full_disk_stops_the_run_with_one_error_and_no_staging_folder(tmp_path: Path, monkeypatch) -> None:
+    """The second checkpoint's weights hit a full disk (the error safetensors raises, os error 28)."""
+    import vlp.weights
+
+    real, calls = vlp.weights.save_file, []
+
+    def filling(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(vlp.weights, "save_file", filling)
+    run = tmp_path / "run"
+    torch.manual_seed(0)
+    with pytest.raises(
+        CheckpointError, match=r"cannot write .*step_0000004: no space left on the device \(.* free in "
+    ):
+        train(Toy(), loader(), cfg(ckpt_every=2), run)
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_0000002"]  # no step_0000004.tmp
+    assert find_checkpoint(run) == step_dir(run, 2)  # the earlier checkpoint is untouched
+
+
+def test_a_failure_that_is_not_a_full_disk_is_raised_as_it_is(tmp_path: Path, monkeypatch) -> None:
+    import vlp.train.checkpointing
+
+    def broken(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(vlp.train.checkpointing, "save_train_state", broken)
+    with pytest.raises(PermissionError):
+        train(Toy(), loader(), cfg(ckpt_every=2), tmp_path / "run")
+    assert list((tmp_path / "run" / "checkpoints").iterdir()) == []

@@ -86,6 +86,10 @@ class TrainConfig:
     # this many consecutive ones save a checkpoint and stop the run with an error.
     max_nonfinite_steps: int = 5
     resume: Optional[str] = None  # a checkpoint folder or run directory, or "auto": this run's newest
+    # Config keys (or sections, e.g. model.text) a resume may change although that alters the run
+    # (batch size, seed, model shape, steps, ...); any other such change is refused, listing them
+    # (vlp.config.resume; logging, checkpoint cadence, speed knobs and eval.* may always change).
+    resume_allow_changes: list[str] = field(default_factory=list)
     progress: bool = True
     average: AverageConfig = field(default_factory=AverageConfig)
     # Extra metric sinks next to metrics.jsonl (always written): tensorboard (RUN/tb/), wandb.

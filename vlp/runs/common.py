@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from vlp.config import BadSampleConfig, FinetuneConfig, LTDConfig, ModelConfig, PretrainConfig, to_dict, to_yaml
+from vlp.config.resume import resume_changes
 from vlp.data.datasets import BAD_SAMPLE_HINT
 from vlp.data.helper_cache import HelperCache
 from vlp.data.targets import LatentTargets
@@ -165,6 +166,7 @@ def prepare_run_dir(cfg: Union[PretrainConfig, FinetuneConfig]) -> Path:
                 f"config key 'train.resume': output_dir {run_dir} does not exist; resume into the "
                 "directory of the run that wrote the checkpoint"
             )
+        changes = compare_with_saved(cfg, run_dir)
     elif (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("step_*")):
         raise DataError(
             f"config key 'output_dir': {run_dir} already holds a run (metrics.jsonl or "
@@ -175,8 +177,40 @@ def prepare_run_dir(cfg: Union[PretrainConfig, FinetuneConfig]) -> Path:
     if launch_rank()[0] == 0:  # versions, revision, devices, command line; a resume appends to "resumes"
         from vlp.train.logging import write_run_info
 
-        write_run_info(run_dir, resumed=bool(cfg.train.resume))
+        write_run_info(run_dir, resumed=bool(cfg.train.resume), config_changes=changes if cfg.train.resume else None)
     return run_dir
+
+
+def saved_config(resume: str, run_dir: Path) -> Optional[Path]:
+    """The ``config.yaml`` the run being resumed was started with: that of the run directory holding
+    the checkpoint ``resume`` names (``RUN/checkpoints/step_N``), else ``run_dir``'s; None if neither exists."""
+    named = Path(resume)
+    candidates = [named.parent.parent / "config.yaml"] if named.parent.name == "checkpoints" else []
+    candidates += [named / "config.yaml"] if resume != "auto" else []
+    return next((p for p in [*candidates, run_dir / "config.yaml"] if p.is_file()), None)
+
+
+def compare_with_saved(cfg: Union[PretrainConfig, FinetuneConfig], run_dir: Path) -> dict[str, list[Any]]:
+    """The changes ``cfg`` makes to the saved config of the run it resumes (``{key: [old, new]}``);
+    :class:`ConfigError` for those that alter the run and are not in ``train.resume_allow_changes``
+    (:func:`vlp.config.resume.resume_changes`). A run without a saved config is not compared (a warning)."""
+    from omegaconf import OmegaConf
+
+    assert cfg.train.resume
+    path = saved_config(cfg.train.resume, run_dir)
+    if path is None:
+        print(
+            f"vlp: warning: no config.yaml of the resumed run in {run_dir}: the config is not compared", file=sys.stderr
+        )
+        return {}
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(path))
+    except Exception as e:  # yaml errors and friends
+        raise ConfigError(f"{path}: the resumed run's config is not readable YAML ({e})") from None
+    if not isinstance(saved, dict):
+        raise ConfigError(f"{path}: the resumed run's config is not a mapping of config keys")
+    changes = resume_changes(saved, to_dict(cfg), cfg.train.resume_allow_changes, str(path))
+    return {k: list(v) for k, v in changes.items()}
 
 
 def check_queue(queue_size: int, batch_size: int, key: str = "data.batch_size") -> None:

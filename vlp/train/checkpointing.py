@@ -7,6 +7,7 @@ from ``train.resume``. The files themselves are written by :mod:`vlp.train.check
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -14,6 +15,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
+from vlp import dist as vdist
 from vlp.config import TrainConfig
 from vlp.errors import CheckpointError
 from vlp.train.checkpoint import (
@@ -28,7 +30,7 @@ from vlp.train.logging import MetricsLog
 from vlp.train.setup import Prepared, viewed_as
 from vlp.train.swa import WeightAverager
 from vlp.train.train_state import TRAIN_STATE, load_train_state, save_train_state
-from vlp.weights import find_checkpoint, read_state, step_checkpoints
+from vlp.weights import find_checkpoint, read_state, step_checkpoints, write_failure
 
 
 class Checkpointer:
@@ -78,18 +80,21 @@ class Checkpointer:
 
     def save(self, step: int) -> None:
         """``checkpoints/step_N``: staged in step_N.tmp/ (main process: model, state; every rank: its
-        train state), then published with a manifest by the main process, and old checkpoints pruned."""
+        train state), then published with a manifest by the main process, and old checkpoints pruned.
+        If any rank fails to write its part (a full disk), the staging folder is removed and every
+        rank raises: :class:`CheckpointError` naming the folder and its free space on the rank that
+        failed (:func:`vlp.weights.write_failure`), and one saying so on the others."""
         acc = self.acc
         final = self.path(step)
         tmp = final.with_name(final.name + ".tmp")
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            tmp = staging(final)
+
+        def main_parts() -> None:
+            staging(final)
             with viewed_as(self.scalars, ()):
                 state = self.state(step, data_position={"batches": step * self.cfg.grad_accum_steps})
                 write_parts(tmp, self.module, state, self.extra_state())
-        acc.wait_for_everyone()
-        if self.cfg.save_state:  # optimizer, task state, RNG states: every rank writes its part
+
+        def rank_parts() -> None:  # optimizer, task state, RNG states: every rank writes its part
             with viewed_as(self.scalars, ()):
                 position = getattr(self.loader, "position", None)
                 save_train_state(
@@ -100,11 +105,36 @@ class Checkpointer:
                     acc.process_index,
                     position() if position is not None else None,
                 )
-        acc.wait_for_everyone()
-        if acc.is_main_process:
+
+        def publish_parts() -> None:
             publish(tmp, final)
             prune_checkpoints(self.run_dir, self.cfg.keep_last)
+
         acc.wait_for_everyone()
+        self._together(main_parts if acc.is_main_process else None, tmp, final)
+        self._together(rank_parts if self.cfg.save_state else None, tmp, final)
+        self._together(publish_parts if acc.is_main_process else None, tmp, final)
+
+    def _together(self, work: Optional[Callable[[], None]], tmp: Path, final: Path) -> None:
+        """Run this rank's ``work`` (None: nothing to do), then learn from every rank whether one
+        failed (one all-reduce, also the barrier between the phases); if so, remove ``tmp`` (main
+        process) and raise on every rank."""
+        failure: Optional[Exception] = None
+        if work is not None:
+            try:
+                work()
+            except Exception as e:
+                failure = e
+        if not bool(vdist.any_over_ranks([failure is not None], device=self.acc.device).item()):
+            return
+        if self.acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if failure is None:
+            raise CheckpointError(f"checkpoint {final}: another process failed to write its part (its error says why)")
+        raised = write_failure(failure, final)
+        if raised is failure:
+            raise failure
+        raise raised from None
 
     def save_best(self, step: int, best: dict[str, Any], metrics: dict[str, Any]) -> None:
         """``checkpoints/best`` (main process): the weights at ``step``, with the validation's

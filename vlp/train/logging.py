@@ -166,11 +166,15 @@ def run_info() -> dict[str, Any]:
     }
 
 
-def write_run_info(run_dir: str | Path, resumed: bool = False) -> Path:
+def write_run_info(
+    run_dir: str | Path, resumed: bool = False, config_changes: Optional[dict[str, list[Any]]] = None
+) -> Path:
     """``RUN/run_info.json``: the first start's :func:`run_info`; a resume appends its own to
-    ``resumes``."""
+    ``resumes``, with the ``config_changes`` it made (``{key: [old, new]}``)."""
     path = Path(run_dir) / "run_info.json"
     info = run_info()
+    if config_changes is not None:
+        info["config_changes"] = config_changes
     if resumed and path.is_file():
         first = json.loads(path.read_text())
         first.setdefault("resumes", []).append(info)

@@ -1,0 +1,98 @@
+"""A resume compares its config with the one the run was started with (issue 29, part 4): changes
+that alter the run (batch size, seed, model shape, text length) are refused in one error listing
+them, unless named in ``train.resume_allow_changes``; logging and speed knobs may change; what
+changed is recorded in ``run_info.json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vlp.config import ConfigError, PretrainConfig, apply_overrides
+from vlp.config.resume import resume_changes
+from vlp.runs.common import prepare_run_dir
+
+
+@pytest.fixture
+def started(tmp_path: Path) -> PretrainConfig:
+    """A config whose run directory was prepared (config.yaml written), as a first start does."""
+    cfg = apply_overrides(PretrainConfig(), [f"output_dir={tmp_path / 'run'}", "data.batch_size=8", "train.seed=3"])
+    prepare_run_dir(cfg)
+    return cfg
+
+
+def resumed(cfg: PretrainConfig, *overrides: str) -> PretrainConfig:
+    return apply_overrides(cfg, ["train.resume=auto", *overrides])
+
+
+def test_the_same_config_resumes_and_records_no_change(started: PretrainConfig) -> None:
+    run = prepare_run_dir(resumed(started))
+    info = json.loads((run / "run_info.json").read_text())
+    assert info["resumes"][-1]["config_changes"] == {}
+
+
+def test_changes_that_alter_the_run_are_refused_in_one_error(started: PretrainConfig) -> None:
+    run = Path(started.output_dir)
+    before = (run / "config.yaml").read_text()
+    new = resumed(started, "data.batch_size=16", "train.seed=4", "model.text.max_len=20", "model.vision.depth=2")
+    with pytest.raises(ConfigError) as e:
+        prepare_run_dir(new)
+    msg = str(e.value)
+    for part in (
+        "data.batch_size: 8 -> 16",
+        "train.seed: 3 -> 4",
+        "model.text.max_len: 30 -> 20",
+        "model.vision.depth",
+    ):
+        assert part in msg
+    assert "4 key(s) that alter the run" in msg and str(run / "config.yaml") in msg
+    assert "train.resume_allow_changes=[model.vision.depth,model.text.max_len,data.batch_size,train.seed]" in msg
+    assert (run / "config.yaml").read_text() == before  # nothing written
+
+
+def test_named_changes_are_accepted_and_recorded(started: PretrainConfig) -> None:
+    new = resumed(
+        started,
+        "data.batch_size=16",
+        "model.text.max_len=20",
+        "train.resume_allow_changes=[data.batch_size,model.text]",
+    )
+    run = prepare_run_dir(new)
+    info = json.loads((run / "run_info.json").read_text())
+    changes = info["resumes"][-1]["config_changes"]
+    assert changes["data.batch_size"] == [8, 16] and changes["model.text.max_len"] == [30, 20]
+    assert "batch_size: 16" in (run / "config.yaml").read_text()
+
+
+def test_logging_speed_and_eval_keys_may_change(started: PretrainConfig) -> None:
+    new = resumed(started, "train.progress=false", "train.compile=blocks", "train.keep_last=3", "eval.batch_size=4")
+    run = prepare_run_dir(new)
+    changes = json.loads((run / "run_info.json").read_text())["resumes"][-1]["config_changes"]
+    assert changes["train.compile"] == ["off", "blocks"] and changes["eval.batch_size"] == [128, 4]
+
+
+def test_worker_count_may_change_for_json_data_but_not_for_a_shard_stream() -> None:
+    saved = {"data": {"format": "json", "num_workers": 2}}
+    assert resume_changes(saved, {"data": {"format": "json", "num_workers": 4}}, [], "c.yaml") == {
+        "data.num_workers": (2, 4)
+    }
+    shards = {"data": {"format": "webdataset", "num_workers": 2}}
+    with pytest.raises(ConfigError, match=r"data.num_workers: 2 -> 4"):
+        resume_changes(shards, {"data": {"format": "webdataset", "num_workers": 4}}, [], "c.yaml")
+
+
+def test_an_unknown_allowed_key_is_refused(started: PretrainConfig) -> None:
+    with pytest.raises(ConfigError, match=r"resume_allow_changes': no such config key or section: \['data.batch'\]"):
+        prepare_run_dir(resumed(started, "train.resume_allow_changes=[data.batch]"))
+
+
+def test_the_config_of_the_run_holding_a_named_checkpoint_is_compared(started: PretrainConfig, tmp_path: Path) -> None:
+    step = Path(started.output_dir) / "checkpoints" / "step_0000002"
+    step.mkdir(parents=True)
+    elsewhere = tmp_path / "continued"
+    elsewhere.mkdir()
+    new = apply_overrides(started, [f"output_dir={elsewhere}", f"train.resume={step}", "train.seed=9"])
+    with pytest.raises(ConfigError, match=r"train.seed: 3 -> 9"):
+        prepare_run_dir(new)
