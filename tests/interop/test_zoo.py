@@ -1,17 +1,28 @@
 """The model zoo: tag -> download (from an http.server on 127.0.0.1, or a file:// mirror) -> convert ->
-verify -> reuse, and its failures (checksum, unreachable URL, interrupted conversion, unknown tag)."""
+verify -> reuse, and its failures (checksum, unreachable URL, interrupted conversion, unknown tag; an
+HTML page or a cut-off body served with status 200, a stalled or trickling server, two fetches into
+one cache at once)."""
 
 from __future__ import annotations
 
 import hashlib
 import http.server
+import io
+import os
+import pickle
 import re
 import shlex
 import shutil
 import socket
+import struct
+import subprocess
+import sys
 import threading
+import time
+import zipfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -26,6 +37,20 @@ from vlp.pretrained import load_model
 
 TAG, FILE = "albef-4m", "ALBEF_4M.pth"
 CPU = torch.device("cpu")
+REPO = Path(__file__).resolve().parents[2]
+HTML = b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head><body>Please sign in</body></html>\n"
+#: path -> what the served handler does instead of serving the file (set by a test, cleared by ``cache``)
+ROUTES: dict[str, Callable[[http.server.BaseHTTPRequestHandler], None]] = {}
+
+
+def _reply(handler: http.server.BaseHTTPRequestHandler, body: bytes, length: bool = True) -> None:
+    """Status 200 with ``body``; without ``length`` no Content-Length: the body ends when the connection closes."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/html" if body.startswith(b"<") else "application/octet-stream")
+    if length:
+        handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +66,10 @@ def served(tmp_path_factory):
 
         def do_GET(self):
             requests.append(self.path)
-            super().do_GET()
+            if (route := ROUTES.get(self.path)) is not None:
+                route(self)
+            else:
+                super().do_GET()
 
         def log_message(self, *args):
             pass
@@ -58,10 +86,13 @@ def cache(tmp_path, monkeypatch, served):
     """``$VLP_CACHE`` in tmp_path, ``albef-4m`` pointed at the local server, the request log emptied."""
     _, base, requests = served
     requests.clear()
-    monkeypatch.delenv(zoo.MIRROR_ENV, raising=False)
+    ROUTES.clear()
+    for name in (zoo.MIRROR_ENV, "VLP_ZOO_TIMEOUT_S", "VLP_ZOO_DEADLINE_S"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(zoo.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv(zoo.url_env(TAG), f"{base}/{FILE}")
-    return tmp_path / "cache"
+    yield tmp_path / "cache"
+    ROUTES.clear()
 
 
 def test_table_and_url_overrides(monkeypatch):
@@ -199,3 +230,207 @@ def test_cli_zoo_list_and_fetch(cache, served, capsys):
     assert folder == cache / "converted" / TAG and (folder / "key_report.json").is_file()
     assert main(["zoo", "fetch", "no-such-tag"]) == 2
     assert "albef-4m" in capsys.readouterr().err  # the error lists the known tags
+
+
+# ----------------------------------------------------------------------------- a bad file is never kept
+
+
+def _checkpoints(root: Path) -> dict[str, bytes]:
+    """Files the download check must pass (True) or refuse (the message it must give)."""
+    good = (root / FILE).read_bytes()
+    legacy, legacy4 = io.BytesIO(), io.BytesIO()
+    torch.save({"model": {"w": torch.ones(3)}}, legacy, _use_new_zipfile_serialization=False)
+    torch.save({"model": {"w": torch.ones(3)}}, legacy4, _use_new_zipfile_serialization=False, pickle_protocol=4)
+    magic = torch.serialization.MAGIC_NUMBER
+    flipped = bytearray(good)  # one byte of the largest tensor flipped: same size, the CRC-32 fails
+    with zipfile.ZipFile(io.BytesIO(good)) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+    name_len, extra_len = struct.unpack("<HH", flipped[info.header_offset + 26 : info.header_offset + 30])
+    flipped[info.header_offset + 30 + name_len + extra_len + info.file_size // 2] ^= 0xFF
+    other_zip = io.BytesIO()
+    with zipfile.ZipFile(other_zip, "w") as z:
+        z.writestr("notes/readme.txt", "not a checkpoint")
+    return {
+        "zip": good,
+        "legacy": legacy.getvalue(),
+        "legacy4": legacy4.getvalue(),  # pickle protocol 4: a FRAME opcode before the magic number
+        "not a PyTorch checkpoint \\(starts with '<!DOCTYPE html": HTML,
+        "empty file": b"",
+        "truncated zip": good[: len(good) // 2],
+        "damaged zip: .*data/\\d+ fails its CRC-32": bytes(flipped),
+        "not a torch.save archive \\(no <folder>/data.pkl": other_zip.getvalue(),
+        "a pickle but not a legacy torch.save file \\(another pickle": pickle.dumps({"model": {}}, protocol=2),
+        "a pickle but not a legacy torch.save file \\(magic number 0x3039": pickle.dumps(12345, protocol=2),
+        "protocol version 1000, expected 1001": pickle.dumps(magic, protocol=2) + pickle.dumps(1000, protocol=2),
+    }
+
+
+def test_download_check_reads_the_container_without_unpickling(served, tmp_path, monkeypatch):
+    root, _, _ = served
+    cases = _checkpoints(root)
+
+    def never(*args, **kwargs):
+        raise AssertionError("the download check unpickled the file")
+
+    for module, name in ((torch, "load"), (pickle, "load"), (pickle, "loads"), (pickle, "Unpickler")):
+        monkeypatch.setattr(module, name, never)
+    entry = zoo.PRETRAINED[TAG]  # no size, no SHA-256 published
+    for expected, body in cases.items():
+        path = tmp_path / "file.pth"
+        path.write_bytes(body)
+        problem = zoo._problem(entry, path)
+        if expected in ("zip", "legacy", "legacy4"):
+            assert problem is None, (expected, problem)
+        else:
+            assert problem is not None and re.search(expected, problem), (expected, problem)
+
+
+@pytest.mark.parametrize("body", ["html", "cut"])
+def test_bad_body_is_refused_removed_and_asked_for_again(cache, served, body):
+    """An HTML page with status 200, or half the zip with no Content-Length (the connection closed)."""
+    root, base, requests = served
+    good = (root / FILE).read_bytes()
+    if body == "html":
+        ROUTES[f"/{FILE}"] = lambda h: _reply(h, HTML)
+    else:
+        ROUTES[f"/{FILE}"] = lambda h: _reply(h, good[: len(good) * 2 // 3], length=False)
+    dest = cache / "downloads" / FILE
+    with pytest.raises(DownloadError) as err:
+        zoo.fetch(TAG, progress=False)
+    msg = str(err.value)
+    expected = "not a PyTorch checkpoint (starts with '<!DOCTYPE html" if body == "html" else "truncated zip"
+    assert expected in msg and TAG in msg and f"{base}/{FILE}" in msg and str(dest) in msg, msg
+    assert not dest.exists() and not dest.with_name(FILE + ".part").exists()
+    assert not (cache / "converted" / TAG).exists()
+    ROUTES.clear()  # the server serves the real file now: the next fetch asks again and keeps it
+    out = zoo.fetch(TAG, progress=False)
+    assert out == cache / "converted" / TAG and dest.read_bytes() == good
+    assert requests == [f"/{FILE}"] * 2
+
+
+def test_bad_file_already_in_the_cache_is_removed_and_downloaded_again(cache, served, capsys):
+    """What an older vlp kept: an HTML page as the download. It is not reused."""
+    root, _, requests = served
+    dest = cache / "downloads" / FILE
+    dest.parent.mkdir(parents=True)
+    dest.write_bytes(HTML)
+    out = zoo.fetch(TAG, progress=False)
+    assert out == cache / "converted" / TAG and requests == [f"/{FILE}"]
+    assert dest.read_bytes() == (root / FILE).read_bytes()
+    err = capsys.readouterr().err
+    assert str(dest) in err and "not a PyTorch checkpoint" in err and "downloading again" in err
+
+
+@pytest.mark.parametrize("server", ["trickle", "stall"])
+def test_slow_server_gives_up_within_the_deadline_or_read_timeout(cache, served, monkeypatch, server):
+    """trickle: 16 bytes every 0.2 s (each read succeeds), ended by the whole-download deadline;
+    stall: 100 bytes then nothing, ended by the per-read timeout. Either server stops after 8 s."""
+    root, base, requests = served
+    stop = threading.Event()
+
+    def slow(h):
+        h.send_response(200)
+        h.send_header("Content-Length", str(10**8))
+        h.end_headers()
+        end = time.monotonic() + 8.0
+        try:
+            h.wfile.write(b"PK\x03\x04" + b"x" * 96)
+            while not stop.wait(0.2 if server == "trickle" else 8.0) and time.monotonic() < end:
+                if server == "trickle":
+                    h.wfile.write(b"x" * 16)
+        except OSError:  # the client gave up
+            pass
+
+    ROUTES[f"/{FILE}"] = slow
+    monkeypatch.setenv("VLP_ZOO_DEADLINE_S", "1" if server == "trickle" else "600")
+    monkeypatch.setenv("VLP_ZOO_TIMEOUT_S", "5" if server == "trickle" else "0.5")
+    start = time.monotonic()
+    try:
+        with pytest.raises(DownloadError) as err:
+            zoo.fetch(TAG, progress=False)
+        elapsed = time.monotonic() - start
+    finally:
+        stop.set()
+    msg = str(err.value)
+    expected = (
+        "deadline of 1 s (VLP_ZOO_DEADLINE_S)" if server == "trickle" else "no data for 0.5 s (VLP_ZOO_TIMEOUT_S)"
+    )
+    assert expected in msg and f"{base}/{FILE}" in msg and str(cache / "downloads" / FILE) in msg, msg
+    assert elapsed < 3.0, elapsed
+    assert list((cache / "downloads").iterdir()) == [] and requests == [f"/{FILE}"]
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("VLP_ZOO_DEADLINE_S", "soon"),
+        ("VLP_ZOO_TIMEOUT_S", "0"),
+        ("VLP_ZOO_DEADLINE_S", "-3"),
+        ("VLP_ZOO_TIMEOUT_S", "nan"),
+        ("VLP_ZOO_DEADLINE_S", "inf"),
+    ],
+)
+def test_time_limit_variables_are_checked(cache, served, monkeypatch, name, value):
+    _, _, requests = served
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=f"{name}={value}: expected a positive number of seconds"):
+        zoo.fetch(TAG, progress=False)
+    assert requests == []
+
+
+def _wait_for(condition: Callable[[], bool], what: str, limit: float = 60.0) -> None:
+    end = time.monotonic() + limit
+    while not condition():
+        assert time.monotonic() < end, f"waited {limit:g} s for {what}"
+        time.sleep(0.05)
+
+
+def test_two_processes_fetching_into_one_cache_wait_for_each_other(cache, served, tmp_path):
+    """This process (a, in a thread) downloads while the server holds the second half of the file
+    back; another process (b), started meanwhile, waits for a's lock instead of downloading too,
+    then reuses a's converted folder. (a runs here: a fresh process would spend ~10 s importing
+    what the conversion needs.)"""
+    root, _, requests = served
+    good = (root / FILE).read_bytes()
+    release = threading.Event()
+
+    def held(h):
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(good)))
+        h.end_headers()
+        h.wfile.write(good[: len(good) // 2])
+        release.wait(60)
+        h.wfile.write(good[len(good) // 2 :])
+
+    ROUTES[f"/{FILE}"] = held
+    got: dict[str, object] = {}
+
+    def fetch_a() -> None:
+        try:
+            got["a"] = zoo.fetch(TAG, progress=False)
+        except BaseException as e:  # reported by the assert below
+            got["a"] = e
+
+    a = threading.Thread(target=fetch_a)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    b_err, b_out = tmp_path / "b.err", tmp_path / "b.out"
+    b = None
+    try:
+        a.start()
+        _wait_for(lambda: len(requests) == 1 or not a.is_alive(), "a's request")
+        with open(b_err, "w") as err, open(b_out, "w") as out:
+            code = f"from vlp.interop import zoo; print(zoo.fetch({TAG!r}))"  # progress=True: says it waits
+            b = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=out, stderr=err, cwd=REPO)
+        _wait_for(lambda: b.poll() is not None or "waiting for" in b_err.read_text() or len(requests) > 1, "b to wait")
+    finally:
+        release.set()
+        a.join(60)
+        b_code = b.wait(120) if b is not None else None
+    out = cache / "converted" / TAG
+    assert got == {"a": out} and b_code == 0, (got, b_err.read_text())
+    assert requests == [f"/{FILE}"], b_err.read_text()  # b did not download again
+    assert f"{TAG}: waiting for another fetch into {cache}" in b_err.read_text()
+    assert b_out.read_text().split() == [str(out)]
+    assert sorted(p.name for p in (cache / "downloads").iterdir()) == [FILE]
+    assert sorted(p.name for p in (cache / "converted").iterdir()) == [TAG]
+    zoo.find_checkpoint(out, zoo.REQUIRED)

@@ -9,11 +9,25 @@ downloaded on first use into a cache, converted with :func:`vlp.interop.albef.co
 Cache layout (``$VLP_CACHE``, else ``~/.cache/vlp``)::
 
     downloads/<file>.part             a download in progress (never read)
-    downloads/<file>                  a complete download (renamed from ``.part`` once its size and,
-                                      where published, SHA-256 are checked); kept for re-conversion
+    downloads/<file>                  a complete download, renamed from ``.part`` once it checks; kept
+                                      for re-conversion, checked again before each reuse
     converted/<tag>/                  the vlp checkpoint folder (model.safetensors, state.json,
                                       manifest.json, key_report.json); reused while its manifest verifies
     converted/<tag>.partial-<pid>/    a conversion in progress, renamed to ``<tag>`` when complete
+    locks/<tag>.lock, locks/<file>.lock   empty lock files (kept; see below)
+
+The cache never keeps a bad file. A download is checked before it is renamed into place: its size and
+SHA-256 where published (no ALBEF file has them), its Content-Length, and the file itself as a PyTorch
+checkpoint container, without unpickling (:func:`vlp.interop.download.torch_file_problem`: a zip's
+central directory and CRCs, or the legacy pickle header). A file that fails, at download or at reuse,
+is removed, so the next fetch asks the server again. Each socket read times out after
+``$VLP_ZOO_TIMEOUT_S`` (60 s) and the whole download after ``$VLP_ZOO_DEADLINE_S`` (6 h) (the
+defaults: ``TIMEOUT_S`` and ``DEADLINE_S`` of :mod:`vlp.interop.download`).
+
+Two fetches into one cache, from threads or processes, wait for each other: a fetch that does not
+find a verified converted folder takes the tag's lock (then the file's) before it downloads or
+converts, and looks for the folder again once it holds it; the one that waited reuses what the other
+made. The waiting one says so on stderr (with ``progress``).
 
 URL overrides (tests, mirrors, a local copy): ``VLP_ZOO_URL_<TAG>`` (the tag upper-cased with every
 other character ``_``, e.g. ``VLP_ZOO_URL_ALBEF_14M``) replaces one tag's URL; ``VLP_ZOO_MIRROR``
@@ -30,21 +44,18 @@ import shlex
 import shutil
 import sys
 import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from vlp.errors import CheckpointError, ConfigError, DownloadError
 from vlp.interop.albef import KINDS, KeyReport, convert_albef_file
-from vlp.progress import progress as progress_bar
+from vlp.interop.download import CHUNK, deadline_s, file_lock, timeout_s, torch_file_problem, transfer
 from vlp.weights import MANIFEST, find_checkpoint
 
 OFFICIAL = "https://storage.googleapis.com/sfr-pcl-data-research/ALBEF/"
 #: what a converted folder must hold to be reused (model.safetensors is checked by the manifest)
 REQUIRED = (MANIFEST, "state.json", "key_report.json")
-TIMEOUT_S = 60.0  # per socket operation (connect, each read), not for the whole file
-CHUNK = 1 << 20
 MIRROR_ENV, URL_ENV_PREFIX, CACHE_ENV = "VLP_ZOO_MIRROR", "VLP_ZOO_URL_", "VLP_CACHE"
 #: failures of the transfer itself (refused, unreachable, HTTP status, timeout, cut off)
 NETWORK_ERRORS = (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException)
@@ -162,17 +173,30 @@ def resolve_pretrained(name_or_path: str | os.PathLike, cache: Optional[Path] = 
 def fetch(tag: str, cache: Optional[Path] = None, progress: bool = True) -> Path:
     """The converted vlp checkpoint folder of ``tag``: ``<cache>/converted/<tag>`` reused when its
     manifest verifies; else the official file downloaded (or one already downloaded reused), checked,
-    converted into a staging folder and renamed into place. ``progress``: the byte progress bar
-    and the conversion's key report on stderr. Raises :class:`DownloadError` (network, size or
-    SHA-256), :class:`CheckpointError` (unknown tag, conversion)."""
+    converted into a staging folder and renamed into place. A fetch that downloads or converts
+    holds the tag's and the file's locks (``<cache>/locks/``): a second fetch into the same cache
+    waits, then reuses the folder the first one made. ``progress``: the byte progress bar, the
+    conversion's key report and any wait on stderr. Raises :class:`DownloadError` (network, time
+    limit, size, SHA-256, not a complete PyTorch checkpoint), :class:`ConfigError` (a malformed
+    ``VLP_ZOO_TIMEOUT_S`` / ``VLP_ZOO_DEADLINE_S``), :class:`CheckpointError` (unknown tag,
+    conversion)."""
     entry = pretrained_entry(tag)
     url = source_url(entry)
+    timeout_s(), deadline_s()  # malformed values fail before any wait or request
     root = Path(cache) if cache is not None else cache_dir()
     out = root / "converted" / tag
-    if _usable(out, progress):
+    if _usable(out, warn=False):  # no lock needed to read a verified folder
         return out
-    src = _download(entry, url, root / "downloads" / entry.filename, out, progress)
-    report = _convert(entry, src, out)
+    tag_lock, download_lock = root / "locks" / f"{tag}.lock", root / "locks" / f"{entry.filename}.lock"
+
+    def waiting(lock: Path) -> Optional[str]:
+        return f"{tag}: waiting for another fetch into {root} (lock {lock})" if progress else None
+
+    with file_lock(tag_lock, waiting(tag_lock)), file_lock(download_lock, waiting(download_lock)):
+        if _usable(out, progress):  # made by the fetch this one waited for
+            return out
+        src = _download(entry, url, root / "downloads" / entry.filename, out, progress)
+        report = _convert(entry, src, out)
     if progress:
         print(f"{tag}: {report.summary()}\nconverted into {out}", file=sys.stderr)
     return find_checkpoint(out, REQUIRED)
@@ -205,18 +229,19 @@ def manual_steps(entry: Pretrained, url: str, dest: Path, out: Path) -> str:
 
 
 def _download(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool) -> Path:
-    """``dest`` holding ``entry``'s file: an earlier complete download if it checks, else fetched
-    from ``url`` into ``dest.part``, checked, and renamed. :class:`DownloadError` on failure (the
-    partial file removed)."""
+    """``dest`` holding ``entry``'s file: an earlier complete download if it checks (else it is
+    removed), else fetched from ``url`` into ``dest.part``, checked (:func:`_problem`) and renamed.
+    :class:`DownloadError` on failure, the partial or refused file removed. The caller holds the
+    file's lock."""
     if dest.is_file():
         if (problem := _problem(entry, dest)) is None:
             return dest
-        print(f"warning: {dest}: {problem}; downloading again", file=sys.stderr)
+        print(f"warning: {dest}: {problem}; removed, downloading again from {url}", file=sys.stderr)
         dest.unlink()
     part = dest.with_name(dest.name + ".part")
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
-        got, length = _transfer(url, part, entry.size, f"download {entry.tag}", progress)
+        got, length = transfer(url, part, entry.size, f"download {entry.tag}", progress)
         problem = f"connection closed after {got} of {length} bytes" if length is not None and got != length else None
         problem = problem or _problem(entry, part)
     except NETWORK_ERRORS as e:
@@ -225,43 +250,33 @@ def _download(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool
         raise DownloadError(
             f"cannot download {entry.tag} from {url} ({reason}) into {dest}; {manual_steps(entry, url, dest, out)}"
         ) from e
+    except BaseException:  # a full disk, an interrupt: no partial file left either
+        part.unlink(missing_ok=True)
+        raise
     if problem is not None:
         part.unlink(missing_ok=True)
         raise DownloadError(
-            f"{entry.tag}: the file from {url} was refused and removed: {problem}; "
+            f"{entry.tag}: the file downloaded from {url} into {dest} was refused and removed: {problem}; "
             f"{manual_steps(entry, url, dest, out)}"
         )
     os.replace(part, dest)
     return dest
 
 
-def _transfer(url: str, part: Path, size: Optional[int], desc: str, progress: bool) -> tuple[int, Optional[int]]:
-    """Stream ``url`` into ``part`` with a byte progress bar: (bytes received, Content-Length or None)."""
-    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as resp, open(part, "wb") as f:
-        header = resp.headers.get("Content-Length")
-        length = int(header) if header else None
-        bar = progress_bar(length or size or 0, desc, progress)
-        bar.unit, bar.unit_scale, bar.unit_divisor = "B", True, 1024
-        got = 0
-        while chunk := resp.read(CHUNK):
-            f.write(chunk)
-            got += len(chunk)
-            bar.update(len(chunk))
-        bar.close()
-    return got, length
-
-
 def _problem(entry: Pretrained, path: Path) -> Optional[str]:
-    """What is wrong with a downloaded file against ``entry``'s size and SHA-256 (None: fine or unknown)."""
+    """What is wrong with a downloaded file (None: fine): its size against ``entry``'s, then its
+    SHA-256 against ``entry``'s; without a published SHA-256, whether it is a complete PyTorch
+    checkpoint container (:func:`vlp.interop.download.torch_file_problem`; never unpickled)."""
     if entry.size is not None and path.stat().st_size != entry.size:
         return f"{path.stat().st_size} bytes, expected {entry.size}"
-    if entry.sha256 is not None:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(CHUNK), b""):
-                digest.update(chunk)
-        if digest.hexdigest() != entry.sha256:
-            return f"SHA-256 {digest.hexdigest()}, expected {entry.sha256}"
+    if entry.sha256 is None:
+        return torch_file_problem(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            digest.update(chunk)
+    if digest.hexdigest() != entry.sha256:
+        return f"SHA-256 {digest.hexdigest()}, expected {entry.sha256}"
     return None
 
 
