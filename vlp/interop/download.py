@@ -26,15 +26,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator, Optional
 
+from filelock import FileLock, Timeout
 from torch.serialization import MAGIC_NUMBER, PROTOCOL_VERSION
 
 from vlp.errors import ConfigError
 from vlp.progress import progress as progress_bar
-
-try:  # POSIX
-    import fcntl
-except ImportError:  # pragma: no cover - Windows: the filelock package (a dependency of torch)
-    fcntl = None  # type: ignore[assignment]
 
 TIMEOUT_S = 60.0  # per socket operation (connect, each read), not for the whole file
 DEADLINE_S = 6 * 3600.0  # the whole download: about 1.3 Mbit/s for the 3.25 GiB ALBEF.pth
@@ -190,34 +186,19 @@ def _pickled_int(stream: IO[bytes]) -> Optional[int]:
 
 @contextmanager
 def file_lock(path: Path, waiting: Optional[str] = None) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (created if missing, never deleted: removing a lock file
-    another process waits on would let a third one in). Another holder, in this process or another,
-    is waited for; ``waiting`` is then printed on stderr first. POSIX ``flock``; elsewhere the
-    ``filelock`` package."""
+    """Hold an exclusive lock on ``path`` (the ``filelock`` package: ``flock`` on POSIX; the file is
+    created if missing and never deleted, since removing a lock file another process waits on would
+    let a third one in). Another holder, in this process or another, is waited for; ``waiting`` is
+    then printed on stderr first."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    if fcntl is None:  # pragma: no cover - not POSIX
-        from filelock import FileLock, Timeout
-
-        lock = FileLock(str(path))
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            if waiting:
-                print(waiting, file=sys.stderr, flush=True)
-            lock.acquire()
-        try:
-            yield
-        finally:
-            lock.release()
-        return
-    with open(path, "a+b") as f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if waiting:
-                print(waiting, file=sys.stderr, flush=True)
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    lock = FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        if waiting:
+            print(waiting, file=sys.stderr, flush=True)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
