@@ -18,7 +18,8 @@ from typing import Callable, Optional, Sequence
 
 from vlp.config import PretrainConfig, load_config
 from vlp.data.synthetic import generate_world
-from vlp.eval.report import SeedResults, file_lock, markdown_table, paired_differences, paired_t_test, summarise
+from vlp.eval.report import SeedResults, markdown_table, paired_differences, paired_t_test, summarise
+from vlp.locks import file_lock
 from vlp.runs.evaluate import run_evaluate_retrieval
 from vlp.runs.pretrain import run_pretrain, run_train_helper
 from vlp.weights import read_state, step_checkpoints

@@ -44,7 +44,8 @@ from harness import (
     write_report,
 )
 
-from vlp.eval.report import SeedResults, file_lock, slug
+from vlp.eval.report import SeedResults, slug
+from vlp.locks import file_lock
 from vlp.runs.features import run_make_targets
 from vlp.runs.probes import run_ltd_floor, run_minimal_pairs, run_probes
 from vlp.train.preemption import exit_status

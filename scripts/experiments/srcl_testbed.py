@@ -57,7 +57,8 @@ from harness import (
 )
 
 from vlp.data.synthetic import write_caption_mix
-from vlp.eval.report import SeedResults, file_lock, slug, summarise
+from vlp.eval.report import SeedResults, slug, summarise
+from vlp.locks import file_lock
 from vlp.runs.diagnostics import run_helper_diagnostics
 from vlp.runs.evaluate import run_evaluate_retrieval
 from vlp.runs.features import run_cache_helper_features, run_cache_oracle_features

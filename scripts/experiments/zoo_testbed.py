@@ -38,7 +38,8 @@ from harness import (
     write_report,
 )
 
-from vlp.eval.report import SeedResults, file_lock, slug
+from vlp.eval.report import SeedResults, slug
+from vlp.locks import file_lock
 from vlp.runs.analyze import run_cocos
 from vlp.train.preemption import exit_status
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
 import os
 import shutil
 import statistics
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Sequence
+
+from vlp.locks import file_lock
 
 
 def slug(name: str) -> str:
@@ -108,20 +108,6 @@ def markdown_table(summary: dict[str, dict[str, tuple[float, float, int]]], metr
             + " |"
         )
     return "\n".join(lines)
-
-
-@contextmanager
-def file_lock(path: str | Path) -> Iterator[None]:
-    """Hold an exclusive lock on the file ``path`` (created if missing) for the ``with`` block:
-    processes that share an experiment folder (``--shard``) take turns through the block. Not
-    re-entrant within one process."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 class SeedResults:

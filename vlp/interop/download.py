@@ -1,6 +1,6 @@
 """The model zoo's downloads: the transfer (a per-read timeout and a whole-download deadline), the
 check a downloaded PyTorch checkpoint passes before it enters the cache (read as a container, never
-unpickled), and the file lock that makes two fetches into one cache wait for each other.
+unpickled); two fetches into one cache wait for each other through :func:`vlp.locks.file_lock`.
 
 Time limits (seconds, positive; the environment variables win over the defaults):
 
@@ -18,15 +18,12 @@ import math
 import os
 import pickletools
 import re
-import sys
 import time
 import urllib.request
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator, Optional
+from typing import IO, Optional
 
-from filelock import FileLock, Timeout
 from torch.serialization import MAGIC_NUMBER, PROTOCOL_VERSION
 
 from vlp.errors import ConfigError
@@ -182,23 +179,3 @@ def _pickled_int(stream: IO[bytes]) -> Optional[int]:
     except ValueError:  # cut off (the header is read from the first bytes only) or not a pickle
         return None
     return values[0] if len(values) == 1 else None
-
-
-@contextmanager
-def file_lock(path: Path, waiting: Optional[str] = None) -> Iterator[None]:
-    """Hold an exclusive lock on ``path`` (the ``filelock`` package: ``flock`` on POSIX; the file is
-    created if missing and never deleted, since removing a lock file another process waits on would
-    let a third one in). Another holder, in this process or another, is waited for; ``waiting`` is
-    then printed on stderr first."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path))
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        if waiting:
-            print(waiting, file=sys.stderr, flush=True)
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()

@@ -50,7 +50,8 @@ from typing import Optional
 
 from vlp.errors import CheckpointError, ConfigError, DownloadError
 from vlp.interop.albef import KINDS, KeyReport, convert_albef_file
-from vlp.interop.download import CHUNK, deadline_s, file_lock, timeout_s, torch_file_problem, transfer
+from vlp.interop.download import CHUNK, deadline_s, timeout_s, torch_file_problem, transfer
+from vlp.locks import file_lock
 from vlp.weights import MANIFEST, find_checkpoint
 
 OFFICIAL = "https://storage.googleapis.com/sfr-pcl-data-research/ALBEF/"
