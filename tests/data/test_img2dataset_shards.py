@@ -296,3 +296,13 @@ def test_one_corrupt_shard_of_40_costs_its_samples_not_the_run(tmp_path: Path, c
     err = capfd.readouterr().err
     named = [line for line in err.splitlines() if "skipped a bad sample" in line]
     assert len(named) == 10 and all(f"{broken} sample 0001700" in line for line in named)
+
+
+def test_data_check_of_1000_shards_reports_progress(tmp_path: Path, capsys) -> None:
+    from vlp.cli import main
+
+    many = write_img2dataset(tmp_path / "many", shards=1000, per_shard=1)
+    assert main(["data", "check", str(many), "--no-images"]) == 0
+    captured = capsys.readouterr()
+    assert f"{many}: 1000 entries (img2dataset shards: 1000 shards)" in captured.out
+    assert "checking shards" in captured.err and "1000/1000" in captured.err  # the bar over the shards
