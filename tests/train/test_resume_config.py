@@ -96,3 +96,14 @@ def test_the_config_of_the_run_holding_a_named_checkpoint_is_compared(started: P
     new = apply_overrides(started, [f"output_dir={elsewhere}", f"train.resume={step}", "train.seed=9"])
     with pytest.raises(ConfigError, match=r"train.seed: 3 -> 9"):
         prepare_run_dir(new)
+
+
+def test_a_run_killed_before_its_first_checkpoint_points_to_resume_auto(tmp_path: Path) -> None:
+    from vlp.errors import DataError
+
+    cfg = apply_overrides(PretrainConfig(), [f"output_dir={tmp_path / 'run'}"])
+    run = prepare_run_dir(cfg)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')  # killed after a step, before a checkpoint
+    with pytest.raises(DataError, match=r"already holds a run .*--resume auto starts it again from step 0"):
+        prepare_run_dir(cfg)
+    assert prepare_run_dir(resumed(cfg)) == run  # and that is accepted

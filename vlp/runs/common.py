@@ -168,9 +168,14 @@ def prepare_run_dir(cfg: Union[PretrainConfig, FinetuneConfig]) -> Path:
             )
         changes = compare_with_saved(cfg, run_dir)
     elif (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("step_*")):
+        fresh = (
+            ""
+            if any((run_dir / "checkpoints").glob("step_*"))
+            else " (it has no checkpoint yet: --resume auto starts it again from step 0)"
+        )
         raise DataError(
             f"config key 'output_dir': {run_dir} already holds a run (metrics.jsonl or "
-            "checkpoints/); choose another output_dir or move that run away"
+            f"checkpoints/); choose another output_dir, move that run away, or continue it with --resume auto{fresh}"
         )
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
