@@ -78,6 +78,8 @@ def test_worker_count_may_change_for_json_data_but_not_for_a_shard_stream() -> N
     assert resume_changes(saved, {"data": {"format": "json", "num_workers": 4}}, [], "c.yaml") == {
         "data.num_workers": (2, 4)
     }
+    moved = resume_changes({"output_dir": "/old/run"}, {"output_dir": "/new/run"}, [], "c.yaml")
+    assert moved == {"output_dir": ("/old/run", "/new/run")}  # a run directory copied elsewhere
     shards = {"data": {"format": "webdataset", "num_workers": 2}}
     with pytest.raises(ConfigError, match=r"data.num_workers: 2 -> 4"):
         resume_changes(shards, {"data": {"format": "webdataset", "num_workers": 4}}, [], "c.yaml")

@@ -18,6 +18,7 @@ __all__ = ["HARMLESS", "flatten", "resume_changes"]
 
 #: keys (or sections, ending in ".") whose change leaves the training itself as it was
 HARMLESS = (
+    "output_dir",  # where the run lives (a run directory moved or copied elsewhere), not what it does
     "train.progress",
     "train.loggers",
     "train.wandb_project",
