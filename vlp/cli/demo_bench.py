@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from typing import Any, Sequence
 
 from vlp.cli.common import call, wrote
@@ -41,8 +42,8 @@ def _loader_bench(a: argparse.Namespace) -> None:
     if a.images and a.source_size:
         raise ConfigError("vlp bench --loader-only: --source-size applies to generated images, not to --images")
     cfg = load_config(PretrainConfig, a.config, a.overrides)
-    size = {"size": parse_size(a.source_size)} if a.source_size else {}
-    print(format_loader_bench(run_loader_bench(cfg, a.images, a.n_images, a.workers, out=a.out, **size)))
+    bench = partial(run_loader_bench, cfg, a.images, a.n_images, a.workers, out=a.out)
+    print(format_loader_bench(bench(size=parse_size(a.source_size)) if a.source_size else bench()))
     if a.out:
         wrote(a.out)
 
