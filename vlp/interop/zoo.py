@@ -157,6 +157,15 @@ def source_url(entry: Pretrained) -> str:
     return entry.url
 
 
+def format_pretrained() -> str:
+    """The table ``vlp zoo list`` prints: each tag with its kind, image size and download URL, and
+    what it is below."""
+    return "\n".join(
+        f"{e.tag:24s} {e.kind:10s} {e.image_size:4d} px  {source_url(e)}\n{'':24s} {e.about}"
+        for e in PRETRAINED.values()
+    )
+
+
 def resolve_pretrained(name_or_path: str | os.PathLike, cache: Optional[Path] = None, progress: bool = True) -> Path:
     """An existing path as is; else a zoo tag, fetched (:func:`fetch`); else :class:`CheckpointError`
     listing the known tags. A local folder named like a tag wins over the tag."""

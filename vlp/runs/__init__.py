@@ -15,6 +15,9 @@ This is the glue layer: it reads files, builds tokenizer, model, data and task, 
 * :mod:`vlp.runs.demo`: ``vlp demo [--full]``;
 * :mod:`vlp.runs.bench`: ``vlp bench``.
 
+A command prints what its run function returns as a family's ``format_*`` function words it
+(:func:`vlp.runs.bench.format_bench`, :func:`vlp.runs.evaluate.format_metrics`, ...).
+
 A model, its config and tokenizer from a checkpoint come from :mod:`vlp.pretrained`, below this layer
 (the inference API uses it too).
 """

@@ -220,3 +220,9 @@ def run_cocos(
         f"COCOS {loss}: contributing candidates per query ({n} batches of {cfg.data.batch_size}, eval mode)",
     )
     return record
+
+
+def format_cocos(record: dict[str, Any]) -> str:
+    """The table ``vlp analyze cocos`` prints of a record of :func:`run_cocos`: each statistic's mean
+    and standard deviation."""
+    return "\n".join(f"  {k:24s} {v['mean']:10.3f} +- {v['std']:.3f}" for k, v in record["stats"].items())

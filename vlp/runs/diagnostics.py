@@ -21,9 +21,10 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from vlp.data.formats import Sample, load_pairs
+from vlp.data.formats import Sample, load_pairs, write_json_atomic
 from vlp.data.helper_cache import HelperCache, cache_rows
-from vlp.data.synthetic import WorldTruth, training_batches
+from vlp.data.synthetic import WorldTruth, false_negative_share, training_batches
+from vlp.errors import DataError
 from vlp.eval.separation import roc_auc
 from vlp.losses.srcl import calibrate_delta, calibrate_delta_for_weight, srcl_weights, weight_distribution
 from vlp.tasks.regulation import helper_similarities
@@ -200,6 +201,39 @@ def diagnostics_summary(r: dict[str, Any]) -> str:
     if "delta_error" in r:
         lines.append(f"  delta by target weight: {r['delta_error']}")
     return "\n".join(lines)
+
+
+def run_false_negatives(
+    data_file: str | Path,
+    world_root: str | Path,
+    batch_size: int = 64,
+    queue_sizes: Sequence[int] = (0,),
+    batches: int = 50,
+    seed: int = 0,
+    out: Optional[str | Path] = None,
+) -> list[dict[str, Any]]:
+    """``vlp analyze false-negatives``: the share of true false negatives among a training batch's
+    negatives (:func:`~vlp.data.synthetic.false_negative_share`), for each queue size; also written
+    to ``out`` as JSON. A data file the measurement cannot use is a :class:`DataError`."""
+    rows = []
+    for queue_size in queue_sizes:
+        try:
+            rows.append(false_negative_share(data_file, world_root, batch_size, queue_size, batches, seed))
+        except ValueError as e:
+            raise DataError(str(e)) from None
+    if out:
+        write_json_atomic(Path(out), rows, indent=1)
+    return rows
+
+
+def format_false_negatives(rows: Sequence[dict[str, Any]]) -> str:
+    """The lines ``vlp analyze false-negatives`` prints of :func:`run_false_negatives`: one per queue size."""
+    return "\n".join(
+        f"batch {r['batch_size']:4d} queue {r['queue_size']:6d}: {100 * r['in_batch_share']:5.1f}% of in-batch negatives "
+        f"are false ({r['in_batch_per_anchor']:.1f} per anchor); with the queue i2t {100 * r['i2t_share']:.1f}% / t2i "
+        f"{100 * r['t2i_share']:.1f}% ({r['i2t_per_anchor']:.1f} / {r['t2i_per_anchor']:.1f} per anchor)"
+        for r in rows
+    )
 
 
 def _weights_report(rows: DiagnosticRows, s: torch.Tensor, delta: float, out: Path, name: str) -> dict[str, Any]:

@@ -212,3 +212,8 @@ def write_evaluation(out: Path, record: dict, split: RetrievalSplit, result: Ret
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(record, indent=2))
     plot_retrieval_examples(split, result.scores_t2i, out / "retrieval_examples.png", rel)
+
+
+def format_metrics(metrics: Mapping[str, float]) -> str:
+    """The lines ``vlp evaluate retrieval`` prints of a result's metrics: one ``name value`` each."""
+    return "\n".join(f"  {k:18s} {v:8.2f}" for k, v in metrics.items())

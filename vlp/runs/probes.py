@@ -361,3 +361,27 @@ def _parse(text: str) -> dict[str, Any]:
 def _mentions(pred: dict[str, Any], spec: frozenset[str]) -> bool:
     """Does hiding ``spec`` change the predicate (does the caption mention one of the attributes)?"""
     return removed_key(pred, spec) != removed_key(pred, ())
+
+
+def format_probes(report: dict[str, Any]) -> str:
+    """The table ``vlp analyze probes`` prints of a report of :func:`run_probes`: each attribute's
+    probe accuracy beside its majority class, or why it was not probed."""
+    lines = []
+    for name, v in report["attributes"].items():
+        if "accuracy" in v:
+            lines.append(
+                f"  {name:10s} probe accuracy {100 * v['accuracy']:5.1f}%  (majority class {100 * v['majority']:5.1f}%)"
+            )
+        else:
+            lines.append(f"  {name:10s} {v.get('skipped', 'not probed')}")
+    return "\n".join(lines)
+
+
+def format_minimal_pairs(report: dict[str, Any]) -> str:
+    """The table ``vlp analyze minimal-pairs`` prints of a report of :func:`run_minimal_pairs`: each
+    attribute's minimal-pair accuracy."""
+    return "\n".join(
+        f"  {name:10s} minimal-pair accuracy {100 * v['accuracy']:5.1f}%  ({v['n_pairs']} pairs; chance 50%)"
+        for name, v in report["attributes"].items()
+        if "accuracy" in v
+    )

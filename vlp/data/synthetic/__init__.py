@@ -46,7 +46,7 @@ from vlp.data.synthetic.nlvr import NLVR_TEMPLATES, check_templates
 from vlp.data.synthetic.oracle import WorldTruth, noisy_relevance
 from vlp.data.synthetic.predicates import caption_matches
 from vlp.data.synthetic.scene import Obj, Scene, scene_from_dict
-from vlp.data.synthetic.world import generate_world
+from vlp.data.synthetic.world import format_world_files, generate_world
 
 __all__ = [
     "Distractor",
@@ -61,6 +61,7 @@ __all__ = [
     "false_negative_share",
     "training_batches",
     "generate_world",
+    "format_world_files",
     "sample_distractors",
     "scene_from_dict",
     "write_caption_mix",

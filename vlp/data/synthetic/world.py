@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -165,6 +165,11 @@ def generate_world(
     if helper is not None:
         paths["helper_split"] = helper[0]
     return {**paths, "root": root}
+
+
+def format_world_files(paths: Mapping[str, Path]) -> str:
+    """The table ``vlp make-world`` prints of the files it wrote: one ``name path`` each."""
+    return "\n".join(f"{k:22s} {p}" for k, p in paths.items())
 
 
 def _write_helper_split(

@@ -1,0 +1,96 @@
+"""Command line: ``vlp pretrain [nlvr-ta] | finetune retrieval|vqa|nlvr2|ve|grounding | train-helper |
+cache-helper-features | make-targets | make-shards | data check | prepare | analyze | evaluate |
+make-world | bench | demo | convert | explain | zoo | plot``.
+
+Only parsing and dispatch, one module per command family: :mod:`~vlp.cli.train`,
+:mod:`~vlp.cli.evaluate`, :mod:`~vlp.cli.data`, :mod:`~vlp.cli.convert` (and the zoo),
+:mod:`~vlp.cli.lab` (analyses and plots), :mod:`~vlp.cli.demo_bench`. Each command is one call into
+its family's module of :mod:`vlp.runs` (or into a data, conversion or plotting tool), and prints what
+that call returns, tables formatted there. Those modules are imported inside the handlers, when their
+command runs: ``vlp --help`` and the data tools stay light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Callable, Optional, Sequence
+
+from vlp.cli import convert, data, demo_bench, evaluate, lab, train
+from vlp.cli.common import USER_ERRORS
+from vlp.dist import OtherRankDone, launch_rank
+from vlp.train.loop import NonFiniteError
+from vlp.train.preemption import Preempted
+
+__all__ = ["MULTI_PROCESS", "USER_ERRORS", "build_parser", "main"]
+
+#: The commands in the order of ``vlp --help``.
+ORDER = (
+    "pretrain",
+    "pretrain-nlvr-ta",
+    "finetune",
+    "train-helper",
+    "cache-helper-features",
+    "make-targets",
+    "make-shards",
+    "data",
+    "prepare",
+    "analyze",
+    "evaluate",
+    "make-world",
+    "bench",
+    "demo",
+    "convert",
+    "explain",
+    "zoo",
+    "plot",
+)
+
+#: Commands that split their work over the processes of a launch (torchrun, accelerate launch);
+#: the others (make-world, make-shards, make-targets, cache-helper-features, analyze, plot, demo)
+#: run on rank 0 only.
+MULTI_PROCESS = frozenset({"pretrain", "pretrain-nlvr-ta", "train-helper", "finetune", "evaluate", "bench"})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``vlp`` and every command of every family, in :data:`ORDER`."""
+    adders: dict[str, Callable[[Any], None]] = {}
+    for family in (train, data, lab, evaluate, demo_bench, convert):
+        adders.update(family.COMMANDS)
+    if set(adders) != set(ORDER):
+        raise AssertionError(f"vlp.cli.ORDER and the families' commands differ: {sorted(set(adders) ^ set(ORDER))}")
+    p = argparse.ArgumentParser(prog="vlp", description="ALBEF-style vision-language pretraining.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name in ORDER:
+        adders[name](sub)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run one ``vlp`` command; its exit status: 2 for a user error (config, data, checkpoint,
+    download), 1 for a run that went non-finite or a data check that found errors, else 0."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["pretrain", "nlvr-ta"]:
+        argv = ["pretrain-nlvr-ta", *argv[2:]]
+    args = build_parser().parse_args(argv)
+    if getattr(args, "resume", None):
+        args.overrides = [*args.overrides, f"train.resume={args.resume}"]
+    if args.command not in MULTI_PROCESS and launch_rank()[0] != 0:
+        return 0  # launched as several processes: this command's files are made by rank 0 alone
+    try:
+        status = args.func(args)  # None, or an exit status (data check: 1 when it found errors)
+    except OtherRankDone:
+        return 0
+    except Preempted as e:
+        if launch_rank()[0] == 0:
+            print(f"vlp: {e}", file=sys.stderr)
+        return 0
+    except USER_ERRORS as e:
+        print(f"vlp: error: {e}", file=sys.stderr)
+        return 2
+    except NonFiniteError as e:  # the run's own numbers, not its input: status 1
+        print(f"vlp: error: {e}", file=sys.stderr)
+        return 1
+    return int(status or 0)

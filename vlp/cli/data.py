@@ -1,0 +1,287 @@
+"""The data commands: ``vlp cache-helper-features`` (SRCL) and ``make-targets`` (LTD), ``make-shards``,
+``data check``, ``prepare DATASET`` and ``make-world`` (the synthetic shapes world)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from vlp.cli.common import call, wrote
+from vlp.data.check import CHECK_KINDS, CheckReport, check_annotations, check_shards, default_workers, is_shard_entry
+from vlp.data.formats import write_json_atomic
+from vlp.data.images import MAX_PIXELS
+from vlp.errors import ConfigError
+
+
+def _cache_helper(a: argparse.Namespace) -> None:
+    from vlp.runs.features import run_cache_helper_features, run_cache_oracle_features
+
+    if (a.helper is None) == (a.oracle is None) or (a.oracle is not None) != (a.world is not None):
+        raise ConfigError(
+            "vlp cache-helper-features: give --helper CHECKPOINT (or open_clip:ARCH[/PRETRAINED]), "
+            "or --oracle exact|graded with --world ROOT"
+        )
+    if a.oracle is not None:
+        if a.oracle_auc is not None and a.oracle != "exact":
+            raise ConfigError("vlp cache-helper-features: --oracle-auc corrupts the exact oracle (--oracle exact)")
+        wrote(
+            run_cache_oracle_features(
+                a.world, a.data, a.out, graded=a.oracle == "graded", auc=a.oracle_auc, seed=a.oracle_seed
+            )
+        )
+    else:
+        wrote(call(run_cache_helper_features, a))
+
+
+def _make_targets(a: argparse.Namespace) -> None:
+    from vlp.runs.features import run_make_targets
+
+    wrote(call(run_make_targets, a))
+
+
+def _make_shards(a: argparse.Namespace) -> None:
+    from vlp.data.shard_writer import write_shards
+
+    wrote(call(write_shards, a, files=a.data, out_dir=a.out))
+
+
+def _data_check(a: argparse.Namespace) -> int:
+    """``vlp data check``: print every problem and a summary; exit status 1 when there are errors."""
+    if a.max_pixels < 0:
+        raise ConfigError(f"--max-pixels must be >= 0 (0: no limit), got {a.max_pixels}")
+    if a.workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {a.workers}")
+    shards = [f for f in a.files if is_shard_entry(f)]
+    files = [f for f in a.files if f not in shards]
+    report = CheckReport()
+    if files:
+        report = check_annotations(
+            files,
+            image_root=a.images,
+            images=not a.no_images,
+            max_pixels=a.max_pixels,
+            kind=a.kind,
+            workers=a.workers,
+            show_progress=True,
+        )
+    if shards:  # shard folders (vlp's or img2dataset's) or brace patterns of tars
+        found = check_shards(
+            shards, images=not a.no_images, max_pixels=a.max_pixels, caption_key=a.caption_key, show_progress=True
+        )
+        report.files += found.files
+        report.problems += found.problems
+        if found.images_checked is not None:
+            report.images_checked = (report.images_checked or 0) + found.images_checked
+    print("\n".join(report.lines()))
+    if a.json:
+        write_json_atomic(Path(a.json), report.to_json(), indent=2)
+        wrote(a.json)
+    return 0 if report.ok else 1
+
+
+def _make_world(a: argparse.Namespace) -> None:
+    from vlp.data.synthetic import format_world_files, generate_world
+
+    templates = None
+    if a.nlvr_templates:
+        from vlp.data.synthetic import check_templates
+
+        try:
+            templates = check_templates([t.strip() for t in a.nlvr_templates.split(",") if t.strip()])
+        except ValueError as e:
+            raise ConfigError(f"--nlvr-templates {a.nlvr_templates!r}: {e}") from None
+    paths = call(
+        generate_world,
+        a,
+        n_train=a.images,
+        n_val=a.val_images,
+        n_test=a.test_images,
+        nlvr_templates=templates,
+        n_helper=a.helper_images,
+    )
+    for share in a.generic_share or []:
+        from vlp.data.synthetic import write_generic_mix
+
+        paths[f"generic_{share:g}"] = write_generic_mix(a.out, share, a.seed)
+    for spec in a.caption_kinds or []:
+        from vlp.data.synthetic import write_caption_mix
+
+        try:
+            kinds, repeats = _kind_spec(spec)
+            mix = write_caption_mix(a.out, kinds, a.seed, repeats=repeats)
+        except ValueError as e:
+            raise ConfigError(f"--caption-kinds {spec!r}: {e}") from None
+        paths[mix.path.stem.removeprefix("pretrain_")] = mix.path
+        if mix.dropped:
+            print(f"caption kinds {spec}: {len(mix.dropped)} images without such a caption left out")
+    print(format_world_files(paths))
+
+
+def _kind_spec(spec: str) -> tuple[list[str], dict[str, int]]:
+    """``scene:4,object,count`` -> (["scene", "object", "count"], {"scene": 4}); ``ValueError``
+    names a repeat that is not a whole number."""
+    kinds, repeats = [], {}
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        kind, _, times = part.partition(":")
+        kinds.append(kind.strip())
+        if times:
+            if not times.strip().isdigit():
+                raise ValueError(f"{part!r}: expected KIND or KIND:N with a whole number N >= 1")
+            repeats[kind.strip()] = int(times)
+    return kinds, repeats
+
+
+def _add_cache_helper(sub: Any) -> None:
+    """``vlp cache-helper-features`` (SRCL)."""
+    s = sub.add_parser("cache-helper-features", help="compute the SRCL helper's features of a dataset once")
+    s.add_argument(
+        "--helper",
+        help="helper checkpoint folder or run directory, or a frozen open_clip model open_clip:ARCH[/PRETRAINED] "
+        "(ARCH: an open_clip model name or a model-config .json file; PRETRAINED: an open_clip tag or a weights file)",
+    )
+    s.add_argument(
+        "--oracle",
+        choices=["exact", "graded"],
+        help="instead of a helper: the shapes world's ground-truth relevance as the helper similarity (needs --world)",
+    )
+    s.add_argument("--world", help="with --oracle: the shapes world (vlp make-world) the data files belong to")
+    s.add_argument(
+        "--oracle-auc",
+        type=float,
+        help="with --oracle exact: corrupt the truth by fixed per-pair noise to a helper of this ROC-AUC (0.5-1)",
+    )
+    s.add_argument("--oracle-seed", type=int, default=0, help="seed of the --oracle-auc noise")
+    s.add_argument("--data", required=True, nargs="+", help="pretraining annotation file(s)")
+    s.add_argument("--out", required=True, help="cache folder to create (loss.srcl.helper_features)")
+    s.add_argument("--image-root", help="folder for relative image paths (default: each file's folder)")
+    s.add_argument("--batch-size", type=int, default=256)
+    s.add_argument("--num-workers", type=int, default=0)
+    s.set_defaults(func=_cache_helper)
+
+
+def _add_make_targets(sub: Any) -> None:
+    """``vlp make-targets`` (LTD)."""
+    s = sub.add_parser("make-targets", help="embed every caption once with a sentence encoder (LTD targets)")
+    s.add_argument("--data", required=True, nargs="+", help="annotation file(s) (pretraining or retrieval-train)")
+    s.add_argument(
+        "--encoder",
+        default="all-MiniLM-L6-v2",
+        help="sentence-transformers name or local path (default: the offline all-MiniLM-L6-v2)",
+    )
+    s.add_argument("--out", required=True, help="targets file to create (loss.ltd.targets)")
+    s.add_argument("--batch-size", type=int, default=256)
+    s.set_defaults(func=_make_targets)
+
+
+def _add_make_shards(sub: Any) -> None:
+    """``vlp make-shards``."""
+    s = sub.add_parser(
+        "make-shards", help="write annotation files + images as webdataset tar shards (data.format=webdataset)"
+    )
+    s.add_argument("--data", required=True, nargs="+", help="pretraining / retrieval-train annotation file(s)")
+    s.add_argument("--out", required=True, help="shard folder to create (shard-NNNNN.tar + sizes.json)")
+    s.add_argument("--image-root", help="folder for relative image paths (default: each file's folder)")
+    s.add_argument("--size", type=int, default=256, help="shorter image side after resizing (never upscaled)")
+    s.add_argument("--max-per-shard", type=int, default=5000, help="images per shard")
+    s.add_argument("--seed", type=int, default=0, help="seed of the global shuffle before writing")
+    s.add_argument("--quality", type=int, default=90, help="JPEG quality")
+    s.add_argument("--workers", type=int, default=0, help="processes that resize and encode (0: this one)")
+    s.set_defaults(func=_make_shards)
+
+
+def _add_data(sub: Any) -> None:
+    """``vlp data check``."""
+    s = sub.add_parser("data", help="annotation data tools")
+    dt = s.add_subparsers(dest="what", required=True)
+    c = dt.add_parser(
+        "check",
+        help="check annotation files and their images, reporting every problem (exit status 1 when there are errors)",
+    )
+    c.add_argument(
+        "files",
+        nargs="+",
+        metavar="ANN_JSON|SHARDS",
+        help="annotation file(s), shard folder(s) (vlp's or img2dataset's) or brace patterns of tars",
+    )
+    g = c.add_mutually_exclusive_group()
+    g.add_argument("--images", metavar="ROOT", help="folder for relative image paths (default: each file's folder)")
+    g.add_argument("--no-images", action="store_true", help="check the annotations only, open no image")
+    c.add_argument(
+        "--kind",
+        default="auto",
+        choices=CHECK_KINDS,
+        help="annotation format (default auto: nlvr / vqa / pairs from the entries' keys)",
+    )
+    c.add_argument(
+        "--max-pixels",
+        type=int,
+        default=MAX_PIXELS,
+        metavar="N",
+        help="refuse images with more pixels (data.max_image_pixels; 0: no limit)",
+    )
+    c.add_argument("--workers", type=int, default=default_workers(), metavar="N", help="threads opening images")
+    c.add_argument(
+        "--caption-key", default="caption", metavar="KEY", help="img2dataset shards: the caption's key in {key}.json"
+    )
+    c.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
+    c.set_defaults(func=_data_check)
+
+
+def _add_prepare(sub: Any) -> None:
+    """``vlp prepare coco|flickr30k|cc3m|sbu|vg|vqa|vqa-answers|nlvr2|...`` (:mod:`vlp.data.prepare`)."""
+    from vlp.data.prepare import add_prepare_parser
+
+    add_prepare_parser(sub)
+
+
+def _add_make_world(sub: Any) -> None:
+    """``vlp make-world``."""
+    s = sub.add_parser("make-world", help="write the synthetic shapes world")
+    s.add_argument("--out", required=True)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--images", type=int, default=4000, help="training images")
+    s.add_argument("--val-images", type=int, default=200)
+    s.add_argument("--test-images", type=int, default=1000)
+    s.add_argument("--image-size", type=int, default=64)
+    s.add_argument(
+        "--nlvr-templates",
+        default=None,
+        help="comma-separated NLVR statement templates (default: all of more, contains, exactly, both, "
+        "one_image, neither, total, same)",
+    )
+    s.add_argument(
+        "--generic-share",
+        type=float,
+        action="append",
+        help="also write pretrain_generic_<share>.json: this share of images captioned only generically (repeatable)",
+    )
+    s.add_argument(
+        "--caption-kinds",
+        action="append",
+        metavar="KINDS",
+        help="also write pretrain_kinds_<kinds>.json: every image keeps only its captions of these comma-separated "
+        "kinds (scene, object, relation, count), e.g. object,count; KIND:N lists that kind's captions N times, "
+        "so it is drawn N times as often, e.g. scene:4,object,relation,count (repeatable)",
+    )
+    s.add_argument(
+        "--helper-images",
+        type=int,
+        default=0,
+        help="also write helper_split.json: this many further images, disjoint from every split, with every "
+        "caption kind (an SRCL helper's training data)",
+    )
+    s.set_defaults(func=_make_world)
+
+
+#: This family's commands, each with the function that adds it to ``vlp``'s subparsers.
+COMMANDS = {
+    "cache-helper-features": _add_cache_helper,
+    "make-targets": _add_make_targets,
+    "make-shards": _add_make_shards,
+    "data": _add_data,
+    "prepare": _add_prepare,
+    "make-world": _add_make_world,
+}

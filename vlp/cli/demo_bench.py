@@ -1,0 +1,143 @@
+"""``vlp demo [--full]`` (the whole pipeline on the shapes world, on CPU: :mod:`vlp.runs.demo`) and
+``vlp bench`` (timing pretraining steps or the image pipeline: :mod:`vlp.runs.bench`,
+:mod:`~vlp.runs.loader_bench`)."""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+from typing import Any, Sequence
+
+from vlp.cli.common import call, wrote
+from vlp.config import PretrainConfig, load_config
+from vlp.dist import rank
+from vlp.errors import ConfigError
+
+
+def _bench(a: argparse.Namespace) -> None:
+    if a.loader_only:
+        _loader_bench(a)
+        return
+    from vlp.runs.bench import format_bench, format_count_ops, run_bench, run_count_ops
+
+    cfg = load_config(PretrainConfig, a.config, a.overrides)
+    if a.count_ops:
+        counted = call(run_count_ops, a, cfg=cfg)
+        if rank() == 0:
+            print(format_count_ops(counted))
+        return
+    result = call(run_bench, a, cfg=cfg)
+    if rank() == 0:
+        print(format_bench(result))
+        if a.out:
+            wrote(a.out)
+
+
+def _loader_bench(a: argparse.Namespace) -> None:
+    """``vlp bench --loader-only`` (its own warm-up: ``--warmup`` is the training steps')."""
+    from vlp.runs.loader_bench import format_loader_bench, parse_size, run_loader_bench
+
+    if a.count_ops:
+        raise ConfigError("vlp bench: --loader-only and --count-ops are separate benchmarks: give one")
+    if a.images and a.source_size:
+        raise ConfigError("vlp bench --loader-only: --source-size applies to generated images, not to --images")
+    cfg = load_config(PretrainConfig, a.config, a.overrides)
+    bench = partial(run_loader_bench, cfg, a.images, a.n_images, a.workers, out=a.out)
+    print(format_loader_bench(bench(size=parse_size(a.source_size)) if a.source_size else bench()))
+    if a.out:
+        wrote(a.out)
+
+
+def _demo(a: argparse.Namespace) -> None:
+    from vlp.runs.demo import run_demo, run_demo_full
+
+    if a.full:
+        call(run_demo_full, a, n_train=a.images, stage_overrides=_stage_overrides(a.overrides))
+    else:
+        call(run_demo, a, n_train=a.images)
+
+
+def _stage_overrides(items: Sequence[str]) -> dict[str, list[str]]:
+    """``vlp demo --full``'s ``STAGE:key=value`` overrides, by stage."""
+    stages: dict[str, list[str]] = {}
+    for item in items:
+        name, _, override = item.partition(":")
+        if not override:
+            raise ConfigError(f"vlp demo --full override {item!r}: expected STAGE:key=value, e.g. vqa:train.epochs=1")
+        stages.setdefault(name, []).append(override)
+    return stages
+
+
+def _add_bench(sub: Any) -> None:
+    """``vlp bench``."""
+    s = sub.add_parser(
+        "bench", help="time pretraining steps of a config: pairs/s, ms per phase, peak memory, FLOP per pair, MFU"
+    )
+    s.add_argument("--config", required=True, help="pretraining YAML (its data.train is read)")
+    s.add_argument("--steps", type=int, default=20, help="timed steps")
+    s.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    s.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="device peak per process for MFU, e.g. 989 (H100 SXM dense bf16)",
+    )
+    s.add_argument(
+        "--count-ops",
+        action="store_true",
+        help="count one training step after the warm-up at the dispatcher instead of timing: kernel-launching "
+        "ops, casts, device syncs, module calls per forward (the CPU proxies of GPU host time)",
+    )
+    s.add_argument(
+        "--loader-only",
+        action="store_true",
+        help="time the training image pipeline instead (open, decode, training transform) in loader "
+        "workers: images/s per worker, full and JPEG draft-mode decoding; data.train is not read",
+    )
+    s.add_argument(
+        "--images",
+        nargs="+",
+        default=None,
+        metavar="PATH",
+        help="--loader-only: image files or folders of .jpg/.jpeg/.png (default: generated photo-like JPEGs)",
+    )
+    s.add_argument("--workers", type=int, default=1, help="--loader-only: loader worker processes (0: in-process)")
+    s.add_argument(
+        "--n-images",
+        type=int,
+        default=None,
+        help="--loader-only: images to generate (default 200), or the first N of --images (default all)",
+    )
+    s.add_argument(
+        "--source-size", default=None, metavar="WxH", help="--loader-only: generated images' size (default 500x375)"
+    )
+    s.add_argument("--out", default=None, help="also write the result as JSON here")
+    s.add_argument("overrides", nargs="*", help="config overrides, e.g. data.batch_size=64")
+    s.set_defaults(func=_bench)
+
+
+def _add_demo(sub: Any) -> None:
+    """``vlp demo [--full]``."""
+    s = sub.add_parser("demo", help="world -> pretrain tiny model -> zero-shot retrieval, on CPU")
+    s.add_argument("--out", default="demo_out")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--images", type=int, default=4000, help="training images")
+    s.add_argument(
+        "--full",
+        action="store_true",
+        help="pretrain -> fine-tune retrieval, VQA, NLVR2 -> one table (`make demo-full`)",
+    )
+    s.add_argument("--nlvr-ta", action="store_true", help="with --full: run NLVR2 text-assignment pre-training first")
+    s.add_argument("--reuse", action="store_true", help="with --full: keep the stages an interrupted run finished")
+    s.add_argument(
+        "overrides",
+        nargs="*",
+        help="config overrides, e.g. train.steps=100; with --full prefixed by the "
+        "stage: pretrain:train.steps=100 vqa:train.epochs=1 (stages: pretrain zero_shot retrieval vqa nlvr_ta nlvr2 "
+        "nlvr2_text_only ve ve_hypothesis_only grounding)",
+    )
+    s.set_defaults(func=_demo)
+
+
+#: This family's commands, each with the function that adds it to ``vlp``'s subparsers.
+COMMANDS = {"bench": _add_bench, "demo": _add_demo}

@@ -1,0 +1,269 @@
+"""The lab's commands: ``vlp analyze cocos|helper|false-negatives|probes|minimal-pairs|ltd-floor``
+(analyses of a trained model, its helper or its data: :mod:`vlp.runs.analyze`,
+:mod:`~vlp.runs.calibration`, :mod:`~vlp.runs.diagnostics`, :mod:`~vlp.runs.probes`) and ``vlp plot
+losses|trajectories|retrieval|srcl-weights`` (plots of a run, :mod:`vlp.viz`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from vlp.cli.common import call, naming_layer, wrote
+from vlp.config import CONTRASTIVE_LOSSES, PretrainConfig, load_config
+from vlp.errors import ConfigError, DataError
+
+
+def _cocos(a: argparse.Namespace) -> None:
+    from vlp.runs.analyze import format_cocos, run_cocos
+
+    print(format_cocos(call(run_cocos, a)))
+    print(f"wrote {Path(a.out) / 'cocos.json'} and cocos.png")
+
+
+def _helper_settings_of_run(a: argparse.Namespace) -> None:
+    """With ``--config``: the run's own helper cache, data, batch, queue and weight settings where
+    the command line gives none."""
+    cfg = load_config(PretrainConfig, a.config, a.overrides)
+    a.cache = a.cache or cfg.loss.srcl.helper_features
+    a.data = a.data or list(cfg.data.train)
+    a.image_root = a.image_root or cfg.data.image_root
+    a.batch_size = a.batch_size or cfg.data.batch_size
+    a.queue = cfg.model.queue_size if a.queue is None else a.queue
+    a.mode, a.tau_w = a.mode or cfg.loss.srcl.norm, a.tau_w or cfg.loss.srcl.tau_w
+
+
+def _helper_diagnostics(a: argparse.Namespace) -> None:
+    """``vlp analyze helper``: the calibration on real data, or with ``--world`` the ground-truth
+    report. Options neither given nor in ``--config`` take the run function's defaults."""
+    if a.config is not None:
+        _helper_settings_of_run(a)
+    if not a.cache or not a.data:
+        raise ConfigError("vlp analyze helper: give --cache and --data, or --config RUN.yaml naming them")
+    if a.world is None:
+        from vlp.runs.calibration import calibration_summary, run_helper_calibration
+
+        print(calibration_summary(call(run_helper_calibration, a, queue_size=a.queue)))
+    else:
+        from vlp.runs.diagnostics import diagnostics_summary, run_helper_diagnostics
+
+        if a.mode not in (None, "softmax"):
+            raise ConfigError("vlp analyze helper --world: the ground-truth report is for the softmax norm")
+        r = call(run_helper_diagnostics, a, world_root=a.world, data_file=a.data, queue_size=a.queue)
+        print(diagnostics_summary(r))
+    wrote(Path(a.out) / "helper_diagnostics.json")
+
+
+def _false_negatives(a: argparse.Namespace) -> None:
+    from vlp.runs.diagnostics import format_false_negatives, run_false_negatives
+
+    rows = call(run_false_negatives, a, data_file=a.data, world_root=a.world, queue_sizes=a.queue)
+    print(format_false_negatives(rows))
+    if a.out:
+        wrote(a.out)
+
+
+def _probes(a: argparse.Namespace) -> None:
+    from vlp.runs.probes import format_probes, run_probes
+
+    print(format_probes(call(run_probes, a, run=a.checkpoint, world_root=a.world)))
+    wrote(Path(a.out) / "probes.json")
+
+
+def _minimal_pairs(a: argparse.Namespace) -> None:
+    from vlp.runs.probes import format_minimal_pairs, run_minimal_pairs
+
+    r = call(run_minimal_pairs, a, run=a.checkpoint, world_root=a.world, n_captions=a.captions)
+    print(format_minimal_pairs(r))
+    wrote(Path(a.out) / "minimal_pairs.json")
+
+
+def _ltd_floor(a: argparse.Namespace) -> None:
+    from vlp.runs.probes import run_ltd_floor
+
+    call(run_ltd_floor, a, targets_file=a.targets, data_files=a.data)
+    wrote(Path(a.out) / "ltd_floor.json")
+
+
+def _run_metrics(run: str) -> Path:
+    path = Path(run) / "metrics.jsonl"
+    if not path.is_file():
+        raise DataError(f"{run}: no metrics.jsonl (expected a run directory)")
+    return path
+
+
+def _plot(a: argparse.Namespace) -> None:
+    """``vlp plot losses|trajectories|retrieval`` (plots of a run's files, :mod:`vlp.viz`) and
+    ``srcl-weights`` (an analysis of a checkpoint)."""
+    if a.what == "srcl-weights":
+        from vlp.runs.analyze import run_srcl_weight_plots
+
+        for p in call(run_srcl_weight_plots, a).values():
+            wrote(p)
+        return
+    from vlp import viz
+
+    if a.what == "losses":
+        wrote(viz.plot_losses(_run_metrics(a.run), a.out or Path(a.run) / "loss_curves.png"))
+    elif a.what == "trajectories":
+        wrote(viz.plot_trajectories(_run_metrics(a.run), a.out or Path(a.run) / "trajectories.png"))
+    elif not a.gradcam:
+        wrote(viz.replot_retrieval(a.dir, a.out))
+    else:
+        from vlp.runs.explain import run_retrieval_gradcam
+
+        with naming_layer(a.layer):
+            written = call(run_retrieval_gradcam, a, run_or_eval_dir=a.dir)
+        for p in written:
+            wrote(p)
+
+
+def _add_cocos(an: Any) -> None:
+    """``vlp analyze cocos``."""
+    c = an.add_parser("cocos", help="count candidates contributing to each query's gradient (COCOS)")
+    c.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory")
+    c.add_argument("--data", required=True, nargs="+", help="training annotation file(s)")
+    c.add_argument("--loss", required=True, choices=CONTRASTIVE_LOSSES)
+    c.add_argument("--out", required=True, help="output folder for cocos.json and cocos.png")
+    c.add_argument("--threshold", type=float, default=0.01, help="weight threshold for infonce and smoothap")
+    c.add_argument("--batches", type=int, help="stop after this many batches (default: one pass)")
+    c.add_argument(
+        "--smoothap-inv-tau",
+        action="store_true",
+        help="smoothap: count the true gradient magnitude G(1-G)/tau/R^2 instead of ECIR's G(1-G)/R^2",
+    )
+    c.add_argument(
+        "overrides", nargs="*", help="e.g. data.batch_size=128 data.captions_per_image=5 loss.contrastive.tau=0.1"
+    )
+    c.set_defaults(func=_cocos)
+
+
+def _add_helper(an: Any) -> None:
+    """``vlp analyze helper``."""
+    c = an.add_parser(
+        "helper",
+        help="SRCL helper diagnostics: calibrate delta on real data (same-image captions as the known false "
+        "negatives), or with --world against a shapes world's ground truth (ROC-AUC too)",
+    )
+    c.add_argument("--cache", help="helper feature cache (vlp cache-helper-features; learned, open_clip or oracle)")
+    c.add_argument("--data", nargs="+", help="pretraining annotation file(s) the cache covers")
+    c.add_argument("--out", required=True, help="folder for helper_diagnostics.json and weight histograms")
+    c.add_argument("--config", help="a pretraining config: its helper_features, data, batch, queue and norm by default")
+    c.add_argument("--world", help="a shapes world the data belongs to: the ground-truth report instead")
+    c.add_argument("--image-root", help="folder for relative image paths (default: each file's folder)")
+    c.add_argument("--batch-size", type=int, help="per-process batch of the run (default 64)")
+    c.add_argument("--queue", type=int, help="ITC queue size of the run: negatives beyond the batch (default 0)")
+    c.add_argument("--batches", type=int, default=20)
+    c.add_argument(
+        "--target-weight",
+        type=float,
+        default=0.12,
+        help="median weight of the known false negatives delta aims at (the paper's example: 0.12)",
+    )
+    c.add_argument("--delta", type=float, help="also report the weights at this delta")
+    c.add_argument("--mode", choices=["softmax", "mean"], help="weight norm (loss.srcl.norm; default softmax)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--tau-w", type=float, help="temperature inside s = exp(sim / tau_w) (default 1)")
+    c.add_argument("overrides", nargs="*", help="with --config: dotted overrides, e.g. data.batch_size=32")
+    c.set_defaults(func=_helper_diagnostics)
+
+
+def _add_false_negatives(an: Any) -> None:
+    """``vlp analyze false-negatives``."""
+    c = an.add_parser("false-negatives", help="share of true false negatives among a training batch's negatives")
+    c.add_argument("--world", required=True, help="the shapes world the data file belongs to")
+    c.add_argument("--data", required=True, help="pretraining annotation file over the world's images")
+    c.add_argument("--batch-size", type=int, default=64)
+    c.add_argument("--queue", type=int, nargs="+", default=[0], help="queue sizes to measure")
+    c.add_argument("--batches", type=int, default=50)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", help="also write the measurements as JSON here")
+    c.set_defaults(func=_false_negatives)
+
+
+def _add_probes(an: Any) -> None:
+    """``vlp analyze probes`` and ``minimal-pairs`` (LTD, on a shapes world)."""
+    c = an.add_parser("probes", help="LTD: linear attribute probes on frozen caption embeddings (shapes world)")
+    c.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory")
+    c.add_argument("--world", required=True, help="the shapes world whose held-out captions are probed")
+    c.add_argument("--out", required=True, help="folder for probes.json and probes.png")
+    c.add_argument("--split", default="test", choices=["val", "test"])
+    c.add_argument("--seed", type=int, default=0, help="seed of the probe-train / probe-test split")
+    c.set_defaults(func=_probes)
+
+    c = an.add_parser(
+        "minimal-pairs", help="LTD: does the caption score its image above one that differs in one attribute?"
+    )
+    c.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory")
+    c.add_argument("--world", required=True, help="the shapes world (its held-out scene captions)")
+    c.add_argument("--out", required=True, help="folder for minimal_pairs.json and minimal_pairs.png")
+    c.add_argument("--captions", type=int, default=200, help="scene captions (the first images of the split)")
+    c.add_argument("--per-attribute", type=int, default=2, help="distractors per caption and attribute")
+    c.add_argument("--split", default="test", choices=["val", "test"])
+    c.add_argument("--seed", type=int, default=0)
+    c.set_defaults(func=_minimal_pairs)
+
+
+def _add_ltd_floor(an: Any) -> None:
+    """``vlp analyze ltd-floor``."""
+    c = an.add_parser("ltd-floor", help="LTD: the lowest L_rec reachable when an attribute is suppressed")
+    c.add_argument("--targets", required=True, help="targets file (vlp make-targets)")
+    c.add_argument("--data", required=True, nargs="+", help="the annotation file(s) the targets serve")
+    c.add_argument("--out", required=True, help="folder for ltd_floor.json and ltd_floor.png")
+    c.add_argument(
+        "--attributes",
+        nargs="+",
+        help="attributes to hide, several joined by + (default: each attribute, size+cell+relation, caption)",
+    )
+    c.set_defaults(func=_ltd_floor)
+
+
+def _add_analyze(sub: Any) -> None:
+    """``vlp analyze cocos|helper|false-negatives|probes|minimal-pairs|ltd-floor``."""
+    s = sub.add_parser("analyze", help="analyses of a trained model")
+    an = s.add_subparsers(dest="what", required=True)
+    for add in (_add_cocos, _add_helper, _add_false_negatives, _add_probes, _add_ltd_floor):
+        add(an)
+
+
+def _add_plot(sub: Any) -> None:
+    """``vlp plot losses|trajectories|retrieval|srcl-weights``."""
+    s = sub.add_parser("plot", help="plots of a run")
+    s.set_defaults(func=_plot)  # one handler, by `what`
+    pl = s.add_subparsers(dest="what", required=True)
+    c = pl.add_parser("losses", help="loss curves from RUN/metrics.jsonl")
+    c.add_argument("run")
+    c.add_argument("--out")
+    c = pl.add_parser(
+        "trajectories",
+        help="alpha, temp (and ltd_lambda, ltd_violation, srcl_alpha_h when logged) from RUN/metrics.jsonl",
+    )
+    c.add_argument("run")
+    c.add_argument("--out", help="default: RUN/trajectories.png")
+    c = pl.add_parser(
+        "retrieval", help="the text->image example grid again, from an evaluation's retrieval_examples.json"
+    )
+    c.add_argument("dir", help="evaluation folder (--out of vlp evaluate retrieval) or run directory (its eval/)")
+    c.add_argument(
+        "--out",
+        help="default: retrieval_examples.png next to the JSON; with --gradcam the output folder (default: the JSON's)",
+    )
+    c.add_argument(
+        "--gradcam",
+        action="store_true",
+        help="also draw the caption's Grad-CAM over every retrieved image (retrieval_examples_gradcam.png) and "
+        "per-word maps of each top-1 image (retrieval_examples_words/)",
+    )
+    c.add_argument("--checkpoint", help="with --gradcam: the model (default: the one metrics.json records)")
+    c.add_argument("--layer", type=int, help="with --gradcam: fusion layer (default: the middle one)")
+    c = pl.add_parser("srcl-weights", help="heatmap of one batch's SRCL weights + histogram over many batches")
+    c.add_argument("run", help="run directory or checkpoint (its config names the helper features)")
+    c.add_argument("--out", help="output folder (default: RUN/srcl_plots)")
+    c.add_argument("--heatmap-size", type=int, default=10, help="batch size of the labelled heatmap")
+    c.add_argument("--batches", type=int, default=50, help="training batches in the histogram")
+    c.add_argument("--alpha-h", type=float, help="helper share (default: the schedule at the checkpoint's step)")
+    c.add_argument("overrides", nargs="*", help="e.g. loss.srcl.delta=2 loss.srcl.helper_features=DIR")
+
+
+#: This family's commands, each with the function that adds it to ``vlp``'s subparsers.
+COMMANDS = {"analyze": _add_analyze, "plot": _add_plot}

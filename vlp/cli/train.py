@@ -1,0 +1,125 @@
+"""The training commands: ``vlp pretrain``, ``pretrain nlvr-ta``, ``finetune
+retrieval|vqa|nlvr2|ve|grounding`` and ``train-helper``. Each reads a YAML config, dotted overrides
+and ``--resume``, and runs its family's module of :mod:`vlp.runs`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Callable
+
+from vlp.config import PretrainConfig, load_config, load_finetune_config
+from vlp.dist import rank
+
+
+def _pretrain(a: argparse.Namespace) -> None:
+    from vlp.runs.pretrain import run_pretrain
+
+    run_dir = run_pretrain(load_config(PretrainConfig, a.config, a.overrides))
+    if rank() == 0:
+        print(f"done: {run_dir}")
+
+
+def _train_helper(a: argparse.Namespace) -> None:
+    from vlp.runs.pretrain import run_train_helper
+
+    print(f"done: {run_train_helper(load_config(PretrainConfig, a.config, a.overrides))}")
+
+
+def _finetune(a: argparse.Namespace) -> None:
+    from vlp.runs.finetune import run_finetune
+
+    print(json.dumps(run_finetune(load_finetune_config(a.task, a.config, a.overrides)), indent=2))
+
+
+def _nlvr_ta(a: argparse.Namespace) -> None:
+    from vlp.runs.finetune import run_finetune
+
+    print(f"done: {run_finetune(load_finetune_config('nlvr-ta', a.config, a.overrides))['checkpoint']}")
+
+
+def add_resume(s: argparse.ArgumentParser) -> None:
+    """``--resume auto|CHECKPOINT`` of the training commands: the same as the override ``train.resume=...``
+    (:func:`vlp.cli.main` appends it to the overrides)."""
+    s.add_argument(
+        "--resume",
+        metavar="auto|CHECKPOINT",
+        help="continue a run: 'auto' = the newest valid checkpoint of its output_dir, or a checkpoint folder "
+        "(= train.resume=...; docs/training.md, Runs that survive)",
+    )
+
+
+def _add_config_command(
+    sub: Any, name: str, text: str, example: str, overrides: str, func: Callable[[argparse.Namespace], None]
+) -> None:
+    """A training command: ``--config`` YAML, dotted overrides and ``--resume``."""
+    s = sub.add_parser(name, help=text)
+    s.add_argument("--config", required=True, help=f"YAML config (e.g. {example})")
+    s.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {overrides}")
+    add_resume(s)
+    s.set_defaults(func=func)
+
+
+def _add_pretrain(sub: Any) -> None:
+    """``vlp pretrain``."""
+    _add_config_command(
+        sub,
+        "pretrain",
+        "pretrain ITC + ITM + MLM",
+        "configs/pretrain/shapes_tiny.yaml",
+        "train.steps=50 model.vision.depth=2",
+        _pretrain,
+    )
+
+
+def _add_nlvr_ta(sub: Any) -> None:
+    """``vlp pretrain-nlvr-ta``: :func:`vlp.cli.main` rewrites ``vlp pretrain nlvr-ta ...`` to it."""
+    _add_config_command(
+        sub,
+        "pretrain-nlvr-ta",
+        "= `vlp pretrain nlvr-ta`: text-assignment pre-training of the doubled NLVR2 fusion layers",
+        "configs/finetune/shapes_nlvr_ta.yaml",
+        "train.epochs=1",
+        _nlvr_ta,
+    )
+
+
+#: ``vlp finetune TASK``: each task and its help.
+FINETUNE_TASKS = (
+    ("retrieval", "image-text retrieval (ITC by image id + ITM), COCO / Flickr30k Karpathy files"),
+    ("vqa", "VQA v2 (+ VG-QA): answer decoder, ranked candidate answers"),
+    ("nlvr2", "NLVR2: a sentence about two images, doubled fusion layers"),
+    ("ve", "SNLI-VE: image premise + hypothesis -> entailment / neutral / contradiction"),
+    ("grounding", "weakly supervised grounding: ITC + ITM on referring expressions, validated by Grad-CAM boxes"),
+)
+
+
+def _add_finetune(sub: Any) -> None:
+    """``vlp finetune retrieval|vqa|nlvr2|ve|grounding``."""
+    s = sub.add_parser("finetune", help="fine-tune a pretrained checkpoint on a downstream task")
+    ft = s.add_subparsers(dest="task", required=True)
+    for task, text in FINETUNE_TASKS:
+        _add_config_command(
+            ft, task, text, f"configs/finetune/shapes_{task}.yaml", "pretrained=runs/pretrain train.epochs=1", _finetune
+        )
+
+
+def _add_train_helper(sub: Any) -> None:
+    """``vlp train-helper``."""
+    _add_config_command(
+        sub,
+        "train-helper",
+        "train the frozen SRCL helper (ITC-only InfoNCE on clean captions)",
+        "configs/helper/shapes_tiny.yaml",
+        "train.steps=50",
+        _train_helper,
+    )
+
+
+#: This family's commands, each with the function that adds it to ``vlp``'s subparsers.
+COMMANDS = {
+    "pretrain": _add_pretrain,
+    "pretrain-nlvr-ta": _add_nlvr_ta,
+    "finetune": _add_finetune,
+    "train-helper": _add_train_helper,
+}
