@@ -110,7 +110,7 @@ def _scan(data: bytes, source: str) -> None:
     size raise :class:`DataError`."""
     try:
         for op, arg, pos in pickletools.genops(data):
-            if op.name in _PUTS and int(arg) > len(data):
+            if op.name in _PUTS and isinstance(arg, int) and arg > len(data):
                 raise DataError(
                     f"{source}: not a readable pickle (byte {pos}: memo index {arg} is beyond what a file of "
                     f"{len(data)} bytes can fill; refused before allocating for it)"

@@ -214,7 +214,9 @@ def compare_with_saved(cfg: Union[PretrainConfig, FinetuneConfig], run_dir: Path
         raise ConfigError(f"{path}: the resumed run's config is not readable YAML ({e})") from None
     if not isinstance(saved, dict):
         raise ConfigError(f"{path}: the resumed run's config is not a mapping of config keys")
-    changes = resume_changes(saved, to_dict(cfg), cfg.train.resume_allow_changes, str(path))
+    changes = resume_changes(
+        {str(k): v for k, v in saved.items()}, to_dict(cfg), cfg.train.resume_allow_changes, str(path)
+    )
     return {k: list(v) for k, v in changes.items()}
 
 
