@@ -132,6 +132,16 @@ class FinetuneConfig:
             wrong.append("data.image.uint8=true (uint8 images normalised on the device: pretraining only)")
         _reject(wrong)
 
+    def check_given(self, given: dict[str, str]) -> None:
+        """Both ``train.steps`` and ``train.epochs`` set (in the file or on the command line) is an
+        error naming both: each sets the run's length, and epochs would silently win."""
+        if self.train.epochs is not None and "train.steps" in given:
+            raise ConfigError(
+                f"config keys 'train.steps'/'train.epochs': both set the run's length (train.steps="
+                f"{self.train.steps} ({given['train.steps']}), train.epochs={self.train.epochs} "
+                f"({given.get('train.epochs', 'default')})); keep one: train.epochs=null trains for train.steps"
+            )
+
 
 def load_finetune_config(task: str, path: str, overrides: Sequence[str]) -> FinetuneConfig:
     """A fine-tuning config for ``task``; the file's own ``task:`` key, if any, must agree."""

@@ -53,8 +53,11 @@ def _parse_overrides(overrides: Sequence[str]) -> Any:
 
 
 def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
-    """Build a ``schema`` instance from defaults, an optional YAML file and dotted overrides."""
+    """Build a ``schema`` instance from defaults, an optional YAML file and dotted overrides. A
+    schema with a ``check_given(given)`` method is then handed the keys the file and the overrides
+    set (``{dotted key: "PATH" or "command line"}``), for rules about what was set."""
     cfg = OmegaConf.structured(schema)
+    given: dict[str, str] = {}
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -66,15 +69,33 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
         if not isinstance(data, DictConfig):
             raise ConfigError(f"{path}: expected a mapping of config keys at the top level, got a list")
         cfg = _merge(cfg, data, str(path))
+        given.update(dict.fromkeys(_keys(data), str(path)))
     if overrides:
-        cfg = _merge(cfg, _parse_overrides(overrides), "command-line override")
+        parsed = _parse_overrides(overrides)
+        cfg = _merge(cfg, parsed, "command-line override")
+        given.update(dict.fromkeys(_keys(parsed), "command line"))
     try:
-        return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+        obj = OmegaConf.to_object(cfg)
     except ConfigError:
         raise
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
         raise ConfigError(f"config key '{key}': {str(e).splitlines()[0]}") from None
+    check = getattr(obj, "check_given", None)
+    if check is not None:  # rules about which keys were set, not only their values
+        check(given)
+    return obj  # type: ignore[return-value]
+
+
+def _keys(tree: DictConfig, prefix: str = "") -> list[str]:
+    """The dotted leaf keys set in ``tree`` (a YAML file's or the overrides' own keys)."""
+    out: list[str] = []
+    for k, v in tree.items():
+        if isinstance(v, DictConfig) and len(v):
+            out += _keys(v, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}")
+    return out
 
 
 def to_yaml(cfg: Any) -> str:

@@ -30,6 +30,8 @@ class PretrainConfig:
         """Cross-section rules; each names the keys to change."""
         c, arch = self.loss, self.model.arch
         wrong: list[str] = []
+        if self.train.epochs is not None:  # pretraining runs train.steps; epochs would be ignored
+            wrong.append(f"train.epochs={self.train.epochs} (fine-tuning only: pretraining runs train.steps)")
         if arch == "dual":
             wrong += [
                 f"loss.{k}={getattr(c, k)} (the dual encoder has no fusion, ITM or MLM)"
