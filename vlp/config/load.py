@@ -91,10 +91,11 @@ def _keys(tree: DictConfig, prefix: str = "") -> list[str]:
     """The dotted leaf keys set in ``tree`` (a YAML file's or the overrides' own keys)."""
     out: list[str] = []
     for k, v in tree.items():
+        key = prefix + str(k)
         if isinstance(v, DictConfig) and len(v):
-            out += _keys(v, f"{prefix}{k}.")
+            out += _keys(v, key + ".")
         else:
-            out.append(f"{prefix}{k}")
+            out.append(key)
     return out
 
 
