@@ -2,6 +2,7 @@
 initialised checkpoints written in the formats pretraining and fine-tuning write."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -168,6 +169,11 @@ def test_saved_directory_holds_exactly_the_documented_files(pretrained, run_dir)
     assert set(saved) == {k for k in full if not k.startswith(("momentum.", "queue."))}
     assert all(torch.equal(v, full[k]) for k, v in saved.items())
     assert (out / WEIGHTS).stat().st_size < 0.6 * (run_dir / "checkpoints" / "step_0000002" / WEIGHTS).stat().st_size
+    mask = os.umask(0)
+    os.umask(mask)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {
+        p.name: oct(0o666 & ~mask) for p in out.iterdir()
+    }  # readable by colleagues as the umask allows (safetensors alone writes 0600)
     # saving again replaces the directory; a foreign non-empty directory is refused
     assert m2.save_pretrained(out) == out
     assert {p.name for p in out.iterdir()} == {CONFIG, WEIGHTS, PREPROCESSOR, MANIFEST} | tok_files
@@ -199,7 +205,7 @@ def test_a_full_disk_while_saving_leaves_no_staging_folder(pretrained, tmp_path,
     def full(*args, **kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr("safetensors.torch.save_file", full)  # what safetensors raises on a full disk
+    monkeypatch.setattr("vlp.weights.save_file", full)  # what safetensors raises on a full disk
     with pytest.raises(CheckpointError, match=r"cannot write .*saved: no space left on the device \(.* free in "):
         pretrained[1].save_pretrained(tmp_path / "saved")
     assert list(tmp_path.iterdir()) == []

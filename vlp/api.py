@@ -49,7 +49,15 @@ from vlp.interop.zoo import resolve_pretrained
 from vlp.models.build import build_task_model, model_image_size, without_init_sources
 from vlp.models.gradcam import GradCAM, fusion_layer_index, gradcam, token_mean
 from vlp.version import __version__
-from vlp.weights import load_weights_file, publish, removed_on_failure, staging, verify_checkpoint, weights_to_save
+from vlp.weights import (
+    load_weights_file,
+    publish,
+    removed_on_failure,
+    save_tensors,
+    staging,
+    verify_checkpoint,
+    weights_to_save,
+)
 
 #: what an image argument may be: a path, a PIL image, or a preprocessed tensor [3, H, W]
 ImageLike = Union[str, os.PathLike, Image.Image, torch.Tensor]
@@ -262,14 +270,12 @@ class VLPModel:
         """Write ``config.json``, ``model.safetensors`` (no momentum twins or queues), the tokenizer
         files and ``preprocessor.json`` into ``directory`` (written next to it, then renamed). An
         existing directory is replaced only if it is empty or an earlier ``save_pretrained`` output."""
-        from safetensors.torch import save_file
-
         out = Path(directory)
         if out.exists() and any(out.iterdir()) and not (out / CONFIG).is_file():
             raise FileExistsError(f"{out} exists and is not a vlp save_pretrained directory; choose another")
         tmp = staging(out)
         with removed_on_failure(tmp, out):
-            save_file(inference_weights(self.model), str(tmp / WEIGHTS), metadata={"format": "pt"})
+            save_tensors(inference_weights(self.model), tmp / WEIGHTS, metadata={"format": "pt"})
             (tmp / CONFIG).write_text(json.dumps(self.config_dict(), indent=2) + "\n")
             (tmp / PREPROCESSOR).write_text(json.dumps(asdict(self.preprocessor), indent=2) + "\n")
             self.tokenizer.save_pretrained(str(tmp))

@@ -316,6 +316,21 @@ def load_module_states(state: dict[str, torch.Tensor], **modules: Optional[nn.Mo
 # ----------------------------------------------------------------------------- the write side
 
 
+def umask_mode() -> int:
+    """The mode a new file gets from the process umask (``0o644`` under the usual ``022``)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: Optional[dict[str, str]] = None) -> Path:
+    """``safetensors``' ``save_file``, with the file's mode following the umask as every other file
+    vlp writes (``save_file`` itself creates it ``0600``: unreadable by colleagues on a shared cluster)."""
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, umask_mode())
+    return Path(path)
+
+
 def save_checkpoint(
     directory: str | Path, model: nn.Module, state: dict[str, Any], task_state: Optional[dict[str, torch.Tensor]] = None
 ) -> Path:
@@ -385,9 +400,9 @@ def write_parts(
     tmp: Path, model: nn.Module, state: dict[str, Any], task_state: Optional[dict[str, torch.Tensor]] = None
 ) -> None:
     """The main process's files of a checkpoint, into the staging folder."""
-    save_file(weights_to_save(model), str(tmp / "model.safetensors"))
+    save_tensors(weights_to_save(model), tmp / "model.safetensors")
     if task_state:
-        save_file({k: v.detach().contiguous() for k, v in task_state.items()}, str(tmp / TASK_STATE))
+        save_tensors({k: v.detach().contiguous() for k, v in task_state.items()}, tmp / TASK_STATE)
     (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
 
 

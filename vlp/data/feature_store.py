@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from vlp.errors import DataError
+from vlp.weights import save_tensors
 
 
 def write_features(path: str | Path, tensors: dict[str, torch.Tensor], header: dict[str, Any]) -> Path:
@@ -25,11 +25,7 @@ def write_features(path: str | Path, tensors: dict[str, torch.Tensor], header: d
         raise DataError(f"{path} already exists; choose another --out or remove it")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    save_file(
-        {k: v.contiguous() for k, v in tensors.items()},
-        str(tmp),
-        metadata={k: json.dumps(v) for k, v in header.items()},
-    )
+    save_tensors({k: v.contiguous() for k, v in tensors.items()}, tmp, {k: json.dumps(v) for k, v in header.items()})
     os.replace(tmp, path)
     return path
 

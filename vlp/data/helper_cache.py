@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from vlp.data.formats import Sample
 from vlp.errors import DataError
+from vlp.weights import save_tensors
 
 CACHE_FORMAT = "vlp-helper-features-v1"
 LEARNED = "learned"
@@ -163,7 +164,7 @@ def write_cache(
     tensors = {"image": image.float().contiguous(), "text": text.float().contiguous()}
     if relevance is not None:
         tensors["relevance"] = relevance.float().contiguous()
-    save_file(tensors, str(tmp / "features.safetensors"))
+    save_tensors(tensors, tmp / "features.safetensors")
     index = {
         "format": CACHE_FORMAT,
         **meta,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Optional, TypeVar
 
 from vlp.errors import BadJSON, DataError, EntryError
+from vlp.weights import umask_mode
 
 T = TypeVar("T")
 
@@ -114,13 +115,13 @@ def plural(n: int, one: str, many: str = "") -> str:
 
 def write_atomic(path: Path, write: Callable[[IO], Any], binary: bool = False) -> None:
     """Call ``write(file)`` on a temporary file in ``path``'s folder, then ``os.replace`` it into
-    place (mode 0644): a reader never sees a half-written file, a failure leaves nothing behind."""
+    place (its mode following the umask): a reader never sees a half-written file, a failure leaves nothing behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
             write(f)
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600 files
+        os.chmod(tmp, umask_mode())  # mkstemp creates 0600 files
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from vlp.errors import CheckpointError
+from vlp.weights import save_tensors
 
 _TENSOR, _TUPLE, _ITEMS, _ARRAY = "__tensor__", "__tuple__", "__items__", "__ndarray__"
 
@@ -67,7 +68,7 @@ def save_tree(stem: Path, obj: Any) -> list[Path]:
     skeleton = _encode(obj, stem.name, tensors)
     files = [stem.with_suffix(".json"), stem.with_suffix(".safetensors")]
     files[0].write_text(json.dumps(skeleton))
-    save_file(tensors, str(files[1]))
+    save_tensors(tensors, files[1])
     return files
 
 
