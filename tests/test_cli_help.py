@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+import pytest
+
 from vlp.cli import build_parser
 
 GOLDEN = Path(__file__).with_name("cli_help_golden.json")
@@ -101,3 +103,13 @@ if __name__ == "__main__":
         sys.exit("python tests/test_cli_help.py --write   (rewrites the golden commands and options)")
     GOLDEN.write_text(json.dumps(snapshot(), indent=1) + "\n")
     print(f"wrote {GOLDEN}")
+
+
+def test_a_gradcam_error_names_layer_only_when_one_was_given() -> None:
+    from vlp.cli.common import naming_layer
+    from vlp.errors import ConfigError
+
+    for layer, expected in ((None, "^a fusion encoder with 0 layers"), (7, "^--layer 7: a fusion encoder")):
+        with pytest.raises(ConfigError, match=expected):
+            with naming_layer(layer):
+                raise ValueError("a fusion encoder with 0 layers has no cross-attention")

@@ -41,12 +41,13 @@ def _required(param: Optional[inspect.Parameter]) -> bool:
 
 @contextmanager
 def naming_layer(layer: Optional[int]) -> Iterator[None]:
-    """A plain ``ValueError`` from a Grad-CAM command (a ``--layer`` the model does not have) becomes
-    a :class:`ConfigError` naming ``--layer``; the user errors (a missing image, a bad checkpoint)
+    """A plain ``ValueError`` from a Grad-CAM command (a ``--layer`` the model does not have, or a
+    model without cross-attention) becomes a :class:`ConfigError`, naming ``--layer`` when one was
+    given; the user errors (a missing image, a bad checkpoint)
     keep their own message."""
     try:
         yield
     except USER_ERRORS:
         raise
     except ValueError as e:
-        raise ConfigError(f"--layer {layer}: {e}") from None
+        raise ConfigError(f"--layer {layer}: {e}" if layer is not None else str(e)) from None

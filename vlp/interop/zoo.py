@@ -232,7 +232,7 @@ def manual_steps(entry: Pretrained, url: str, dest: Path, out: Path) -> str:
     """The commands that do by hand what :func:`fetch` does."""
     d, o = shlex.quote(str(dest)), shlex.quote(str(out))
     return (
-        f"download it yourself (e.g. curl -L -o {d} {url}), then run `vlp convert albef {d} {o} --kind "
+        f"download it yourself (e.g. curl -L --create-dirs -o {d} {url}), then run `vlp convert albef {d} {o} --kind "
         f"{entry.kind}` and load it with VLPModel.from_pretrained({str(out)!r}) (from_pretrained"
         f"({entry.tag!r}) reuses that folder)"
     )
@@ -256,6 +256,7 @@ def _download(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool
         problem = problem or _problem(entry, part)
     except NETWORK_ERRORS as e:
         part.unlink(missing_ok=True)
+        _remove_if_empty(dest.parent)
         reason = e.reason if type(e) is urllib.error.URLError else e  # HTTPError's str has the status
         raise DownloadError(
             f"cannot download {entry.tag} from {url} ({reason}) into {dest}; {manual_steps(entry, url, dest, out)}"
@@ -265,12 +266,21 @@ def _download(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool
         raise
     if problem is not None:
         part.unlink(missing_ok=True)
+        _remove_if_empty(dest.parent)
         raise DownloadError(
             f"{entry.tag}: the file downloaded from {url} into {dest} was refused and removed: {problem}; "
             f"{manual_steps(entry, url, dest, out)}"
         )
     os.replace(part, dest)
     return dest
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Remove ``folder`` if a failed download left it empty (made for that download alone)."""
+    try:
+        folder.rmdir()
+    except OSError:  # not empty (other downloads), or already gone
+        pass
 
 
 def _problem(entry: Pretrained, path: Path) -> Optional[str]:
