@@ -27,7 +27,7 @@ import random
 import signal
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import torch
 from PIL import Image
@@ -36,6 +36,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from vlp.data.formats import Sample
 from vlp.data.helper_cache import HelperCache
 from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
+from vlp.data.sample_table import SampleTable
 from vlp.data.targets import LatentTargets
 from vlp.data.transforms import tokenize
 from vlp.errors import DataError
@@ -304,6 +305,10 @@ def make_item(
 class ImageTextDataset(ItemDataset):
     """(image, caption, image id) items; a list of captions yields a random one per load.
 
+    The samples are held as a :class:`SampleTable` (a list of samples is packed into one), so
+    forked loader workers share them without copy-on-write growth; image ids are the ranks of the
+    image keys in sorted order (``key_to_id``).
+
     ``captions_per_image`` k > 1 gives image-level items with k of the image's captions (distinct
     while it has enough, cycled otherwise). With a :class:`HelperCache`, items also carry the
     frozen SRCL helper's cached features of the image and of the chosen caption
@@ -322,7 +327,7 @@ class ImageTextDataset(ItemDataset):
         min_side: int = MIN_SIDE,
     ) -> None:
         super().__init__(on_bad, max_pixels, min_side)
-        self.samples = list(samples)
+        self.samples = SampleTable.of(samples)  # numpy arrays: forked workers share them
         self.transform = transform
         self.helper_cache = helper_cache
         self.targets = targets
@@ -330,8 +335,11 @@ class ImageTextDataset(ItemDataset):
         for store in (helper_cache, targets):
             if store is not None:
                 store.check_covers(self.samples)
-        keys = sorted({s.image_key for s in self.samples})
-        self.key_to_id = {k: i for i, k in enumerate(keys)}  # contiguous int per image
+
+    @property
+    def key_to_id(self) -> Mapping[str, int]:
+        """The contiguous id of each image key (its rank among the sorted keys)."""
+        return self.samples.key_to_id
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -341,7 +349,7 @@ class ImageTextDataset(ItemDataset):
         caps = pick_captions(s.captions, self.captions_per_image)
         return make_item(
             self.transform(self.image(s.image, s.origin)),
-            self.key_to_id[s.image_key],
+            int(self.samples.image_ids[i]),
             s.image_key,
             caps,
             self.captions_per_image > 1,

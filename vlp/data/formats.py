@@ -53,6 +53,7 @@ from vlp.data.json_entries import (
     write_atomic,
     write_json_atomic,
 )
+from vlp.data.sample_table import Sample, SampleTable, TableBuilder
 from vlp.errors import BadJSON, DataError, EntryError
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ __all__ = [
     "NLVRItem",
     "RetrievalSplit",
     "Sample",
+    "SampleTable",
     "VQAQuestion",
     "entry_list",
     "entry_problems",
@@ -91,16 +93,6 @@ __all__ = [
     "write_json_atomic",
     "write_vqa_predictions",
 ]
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One training item: an image, its caption(s), and a key identifying the image."""
-
-    image: str  # resolved path
-    captions: tuple[str, ...]
-    image_key: str  # image_id when given, else the image path
-    origin: str  # "file.json entry 12", for error messages
 
 
 @dataclass
@@ -164,9 +156,10 @@ def _image_key(path: Path, i: int, e: dict, image: Optional[str]) -> Optional[st
     return _field(path, i, e, "image_id", (str, int), "a string or int")
 
 
-def _pair(path: Path, i: int, e: Any, root: Path, issues: Issues) -> Optional[Sample]:
-    """Entry ``i`` of a pretraining / retrieval-train file as a :class:`Sample` holding its good
-    captions, or None when a key is bad or no caption is good (the problems go to ``issues``)."""
+def _pair(path: Path, i: int, e: Any, root: Path, issues: Issues) -> Optional[tuple[str, tuple[str, ...], str]]:
+    """Entry ``i`` of a pretraining / retrieval-train file: (resolved image path, its good captions,
+    its key: ``image_id`` or the image as written), or None when a key is bad or no caption is
+    good (the problems go to ``issues``). The sample's ``image_key`` is ``f"{path}:{key}"``."""
     e = issues.get(_object, path, i, e)
     if e is None:
         return None
@@ -175,7 +168,7 @@ def _pair(path: Path, i: int, e: Any, root: Path, issues: Issues) -> Optional[Sa
     key = issues.get(_image_key, path, i, e, image)
     if image is None or captions is None or key is None:
         return None
-    return Sample(resolve_image(image, root), captions, f"{path}:{key}", f"{path} entry {i}")
+    return resolve_image(image, root), captions, str(key)
 
 
 #: ``load_pairs(on_bad=...)``: raise at the first bad entry, or leave bad entries and captions out
@@ -204,36 +197,42 @@ class Dropped:
 
 def load_pairs_checked(
     paths: Sequence[str | Path], image_root: Optional[str | Path] = None, on_bad: str = "raise"
-) -> tuple[list[Sample], Dropped]:
+) -> tuple[SampleTable, Dropped]:
     """:func:`load_pairs`, also returning what ``on_bad="skip"`` left out (see there)."""
     if on_bad not in ON_BAD:
         raise ValueError(f"on_bad must be one of {list(ON_BAD)}, got {on_bad!r}")
     issues = Issues(collect=on_bad == "skip")
-    samples: list[Sample] = []
+    table = TableBuilder()
     entries = captions = 0
     for path in map(Path, paths):
         root = Path(image_root) if image_root else path.parent
-        for i, e in enumerate(entry_list(path, read_json(path))):
+        source = table.source(f"{path}:", f"{path} entry ")
+        data = entry_list(path, read_json(path))
+        for i in range(len(data)):
+            e, data[i] = data[i], None  # the parsed entry is freed once it is in the table
             before = len(issues.found)
-            sample = _pair(path, i, e, root, issues)
-            if sample is None:
+            pair = _pair(path, i, e, root, issues)
+            if pair is None:
                 entries += 1
             else:
-                samples.append(sample)
+                table.add(source, *pair, str(i))
                 captions += len(issues.found) - before
+        del data
     dropped = Dropped(entries, captions, tuple(issues.found))
     if dropped.problems:
         print(f"vlp: warning: {dropped.message()}", file=sys.stderr)
-    if not samples:
+    if not len(table):
         left_out = f" ({plural(entries, 'bad entry', 'bad entries')} left out)" if entries else ""
         raise DataError(f"no training entries in {[str(p) for p in paths]}{left_out}")
-    return samples, dropped
+    return table.build(), dropped
 
 
 def load_pairs(
     paths: Sequence[str | Path], image_root: Optional[str | Path] = None, on_bad: str = "raise"
-) -> list[Sample]:
-    """Load pretraining or retrieval-train files (the format is read per entry) into samples.
+) -> SampleTable:
+    """Load pretraining or retrieval-train files (the format is read per entry) into samples: a
+    :class:`SampleTable` (a ``Sequence[Sample]`` packed in numpy arrays, which forked loader
+    workers share without copying).
 
     ``on_bad="raise"``: the first bad entry raises a :class:`DataError` naming file, entry and key
     (a missing key, a wrong type, an empty or whitespace-only caption). ``on_bad="skip"``: bad

@@ -103,7 +103,26 @@ def _image(path: Path, i: int, e: dict) -> str:
     return _text(path, i, e, "image", "an image path string")
 
 
+def _normal(image: str) -> bool:
+    """Whether ``str(Path(image)) == image``: no doubled slash, ``.`` part or trailing slash."""
+    return not (
+        not image
+        or "//" in image
+        or "/./" in image
+        or image.startswith("./")
+        or image.endswith(("/", "/."))
+        or image == "."
+    )
+
+
 def resolve_image(image: str, root: Path) -> str:
+    """``str(Path(image))`` when absolute, else ``str(root / image)``. The common case (an image
+    path ``pathlib`` would leave as it is) is joined as strings: millions of entries load faster."""
+    if _normal(image):
+        if image.startswith("/"):
+            return image
+        base = str(root)
+        return image if base == "." else base + image if base.endswith("/") else f"{base}/{image}"
     p = Path(image)
     return str(p if p.is_absolute() else root / p)
 

@@ -48,9 +48,9 @@ from vlp.data.datasets import (
     seeded_rng,
     stop_proof_workers,
 )
-from vlp.data.formats import Sample
 from vlp.data.helper_cache import HelperCache
 from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
+from vlp.data.sample_table import SampleTable, TableBuilder
 from vlp.data.shard_format import MemberFile, ShardInfo, iter_shard, read_sizes
 from vlp.data.targets import LatentTargets
 from vlp.errors import DataError
@@ -262,13 +262,15 @@ class ShardStream(IterableDataset):
             yield batch
 
 
-def scan_samples(shards: Sequence[ShardInfo]) -> list[Sample]:
-    """Every shard sample as a :class:`Sample` (no image path), reading only the JSON members."""
-    out = []
+def scan_samples(shards: Sequence[ShardInfo]) -> SampleTable:
+    """Every shard sample as a :class:`Sample` (no image path) of a :class:`SampleTable`, reading
+    only the JSON members."""
+    table = TableBuilder()
     for info in shards:
+        source = table.source("", f"{info.path} sample ")
         for raw in iter_shard(info, images=False, check_count=True):
-            out.append(Sample("", tuple(raw.meta["captions"]), raw.meta["image_key"], f"{info.path} sample {raw.key}"))
-    return out
+            table.add(source, "", raw.meta["captions"], raw.meta["image_key"], raw.key)
+    return table.build()
 
 
 def _check_loader_args(

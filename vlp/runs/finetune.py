@@ -138,7 +138,7 @@ def write_results(job: Job, results: dict) -> dict:
 # ----------------------------------------------------------------------------- retrieval
 
 
-def contrastive_task(job: Job, samples: list[Sample]) -> tuple[Path, nn.Module]:
+def contrastive_task(job: Job, samples: Sequence[Sample]) -> tuple[Path, nn.Module]:
     """ITC (positives by image id: ``Sample.image_key``, id queue, optional SRCL on the live model)
     + ITM (same-image negatives excluded), no MLM: the objective of retrieval and grounding
     fine-tuning. Builds the training loader of ``samples``, starts the run; returns its directory
