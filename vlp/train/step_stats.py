@@ -52,8 +52,9 @@ class StepStats:
         self._reset()
 
     def _reset(self) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
-        self.counts: dict[str, torch.Tensor] = {}
+        # per set of output keys (in their order): [sum, count] vectors over those keys, so that a
+        # micro-batch's outputs are added by a handful of vector ops, not a few ops per key
+        self.sums: dict[tuple[str, ...], list[torch.Tensor]] = {}
         self.bad = torch.zeros((), dtype=torch.float64, device=self.device)
         self.records: list[
             tuple[int, bool, torch.Tensor]
@@ -75,32 +76,46 @@ class StepStats:
         """Step ``step`` (1-based) with its micro-batches' outputs ``outs`` (0-d tensors; NaN = not
         measured), its gradient norm and its skip flag. A skipped step adds nothing to the means."""
         newly_halted = skipped & (self.in_a_row + 1 >= self.max_nonfinite) & (self.halted_step < 0)
-        self.in_a_row = torch.where(skipped, self.in_a_row + 1, torch.zeros_like(self.in_a_row))
-        self.halted_step = torch.where(newly_halted, torch.full_like(self.halted_step, step), self.halted_step)
+        self.in_a_row = (self.in_a_row + 1) * skipped
+        self.halted_step = torch.where(newly_halted, float(step), self.halted_step)
         keep = ~skipped
+        losses = []
         for out in outs:
-            for k, v in out.items():
-                v = v.detach().to(torch.float64).reshape(())
-                ok = keep & ~torch.isnan(v)
-                self.sums[k] = self.sums.get(k, 0.0) + torch.where(ok, v, torch.zeros_like(v))
-                self.counts[k] = self.counts.get(k, 0.0) + ok.to(torch.float64)
-        nan = torch.full((), math.nan, dtype=torch.float64, device=self.device)
-        rec = torch.stack(
-            [
-                skipped.to(torch.float64),
-                self.in_a_row,
-                nan if norm is None else norm.detach().to(torch.float64).reshape(()),
-                *[o["loss"].detach().to(torch.float64).reshape(()) for o in outs],
-            ]
-        )
+            keys = tuple(out)
+            vals = torch.stack([self._here(v) for v in out.values()]).to(torch.float64)  # [K]
+            ok = keep & ~torch.isnan(vals)
+            acc = self.sums.setdefault(keys, [torch.zeros_like(vals), torch.zeros_like(vals)])
+            acc[0] = acc[0] + torch.where(ok, vals, 0.0)
+            acc[1] = acc[1] + ok
+            losses.append(vals[keys.index("loss") : keys.index("loss") + 1])
+        head = [skipped, self.in_a_row] + ([norm.detach().reshape(())] if norm is not None else [])
+        rec = torch.cat([torch.stack(head).to(torch.float64), *losses])
+        if norm is None:  # [skipped, in_a_row, NaN, losses...]
+            rec = torch.cat([rec[:2], rec.new_full((1,), math.nan), rec[2:]])
         self.records.append((step, norm is not None, rec))
+
+    def _here(self, v: torch.Tensor) -> torch.Tensor:
+        """An output as a 0-d tensor on the run's device: a host scalar (e.g. a 0-d CPU tensor among
+        CUDA outputs) is filled in by value, never copied from pageable memory."""
+        v = v.detach().reshape(())
+        if v.device.type == "cpu" and self.device.type != "cpu":
+            return torch.full((), float(v), dtype=torch.float64, device=self.device)
+        return v
+
+    def _means(self) -> dict[str, torch.Tensor]:
+        """The window's mean of each output key (0-d, NaN when never measured): sums and counts of
+        every key set, added per key."""
+        sums: dict[str, torch.Tensor] = {}
+        counts: dict[str, torch.Tensor] = {}
+        for keys, (total, n) in self.sums.items():
+            for k, t, c in zip(keys, total.unbind(), n.unbind()):
+                sums[k], counts[k] = (sums[k] + t, counts[k] + c) if k in sums else (t, c)
+        return {k: sums[k] / counts[k] for k in sums}
 
     def read(self) -> Window:
         """Reduce over the ranks and read the window back (the one host transfer of the window);
         starts the next window."""
-        means = mean_over_ranks(
-            {**{k: self.sums[k] / self.counts[k] for k in self.sums}, "bad_samples": self.bad}, device=self.device
-        )
+        means = mean_over_ranks({**self._means(), "bad_samples": self.bad}, device=self.device)
         keys = sorted(means)
         flat = torch.cat(
             [torch.stack([means[k] for k in keys]), self.halted_step.reshape(1), *[rec for _, _, rec in self.records]]
