@@ -27,8 +27,8 @@ def test_launch_config_loads_with_accelerate(name):
     kind, machines, processes = EXPECTED[name]
     assert str(cfg.distributed_type).split(".")[-1] == kind
     assert (cfg.num_machines, cfg.num_processes) == (machines, processes)
-    # DeepSpeed: precision comes from train.precision (accelerate refuses mixed_precision next to a JSON)
-    precision = "none" if kind == "DEEPSPEED" else "bf16"
+    # the precision comes from train.precision (DeepSpeed: accelerate refuses mixed_precision next to a JSON)
+    precision = "none" if kind == "DEEPSPEED" else "no"
     assert str(cfg.mixed_precision).split(".")[-1].lower() == precision and not cfg.use_cpu
 
 

@@ -53,6 +53,7 @@ def make_accelerator(
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = cfg.tf32
     if cfg.precision == "bf16" and not torch.cuda.is_available():
         hardware.warn_if_bf16_is_emulated("train.precision=bf16")
+    warn_if_launch_precision_differs(cfg)
     acc = Accelerator(
         # under DeepSpeed, bf16 is DeepSpeed's torch autocast (parameters stay fp32), set below
         mixed_precision="bf16" if cfg.precision == "bf16" and not deepspeed else "no",
@@ -72,6 +73,27 @@ def make_accelerator(
     if uses_deepspeed(acc):
         configure_deepspeed(acc.state.deepspeed_plugin.deepspeed_config, cfg, micro_batch)
     return acc
+
+
+#: what ``accelerate launch`` exports from its config file's ``mixed_precision`` (or ``--mixed_precision``)
+LAUNCH_PRECISION = "ACCELERATE_MIXED_PRECISION"
+
+
+def warn_if_launch_precision_differs(cfg: TrainConfig) -> Optional[str]:
+    """``train.precision`` rules: vlp hands it to accelerate itself. One warning (returned too)
+    when ``accelerate launch`` was given another ``mixed_precision`` than ``no`` (its default,
+    which the shipped launch configs keep), e.g. ``bf16`` with ``train.precision=fp32``."""
+    launched = os.environ.get(LAUNCH_PRECISION, "no")
+    wanted = "bf16" if cfg.precision == "bf16" else "no"
+    if launched in ("no", wanted):
+        return None
+    message = (
+        f"accelerate launch's mixed_precision={launched} (its --config_file or --mixed_precision) differs from "
+        f"train.precision={cfg.precision}; train.precision rules, the run trains in {cfg.precision}. Set the "
+        "precision with train.precision (and leave mixed_precision: 'no' in the launch config)"
+    )
+    warnings.warn(message, stacklevel=2)
+    return message
 
 
 def uses_deepspeed(acc: Accelerator) -> bool:
