@@ -410,3 +410,17 @@ def test_load_caption_groups_formats_and_errors(tmp_path):
         load_caption_groups(full, split)
     with pytest.raises(DataError, match="index 3 is not a caption of split.json"):
         load_caption_groups({"g": [0, 3]}, split)
+
+
+def test_a_wrong_image_root_fails_before_any_encoding_in_one_line(tiny_eval, tmp_path, capsys, monkeypatch):
+    """Issue 31, item 3: one line naming the data file, the missing images and --image-root, before
+    the captions are encoded (not a loader-worker traceback at the images)."""
+    world, ckpt = tiny_eval
+    import vlp.runs.evaluate
+
+    monkeypatch.setattr(vlp.runs.evaluate, "embed", lambda *a, **k: pytest.fail("encoded before checking images"))
+    base = ["evaluate", "retrieval", "--checkpoint", str(ckpt), "--data", str(world["retrieval_test"])]
+    assert main([*base, "--image-root", str(tmp_path / "wrong"), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"vlp: error: {world['retrieval_test']}: 6 of 6 image files not found")
+    assert str(tmp_path / "wrong") in err[0] and "check --image-root" in err[0]

@@ -30,6 +30,7 @@ from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.eval.classification import TOP_K, classification_metrics, itm_rerank, prompt_ensemble
 from vlp.eval.mode import evaluating
 from vlp.progress import progress
+from vlp.runs.common import check_image_paths
 
 
 def _load(checkpoint: str | Path, device: Optional[str], batch_size: int, rerank_k: int):
@@ -187,6 +188,7 @@ def run_evaluate_classification(
     from vlp.viz import plot_confusion
 
     inputs = read_classification_inputs(data, classes, templates, image_root)
+    check_image_paths(inputs.images, str(data))
     _check_rerank_k(rerank_k, inputs)
     vm = _load(checkpoint, device, batch_size, rerank_k)
     itc, top, itm = classification_scores(vm, inputs, rerank_k, show_progress)

@@ -124,6 +124,19 @@ def token_info(tokenizer) -> TokenInfo:
     return TokenInfo(len(tokenizer), tokenizer.mask_token_id, tuple(sorted(set(tokenizer.all_special_ids))))
 
 
+def check_image_paths(paths: Sequence[str], source: str, limit: int = 5) -> None:
+    """Before an evaluation encodes anything: image files of ``paths`` (resolved, as ``source``, the
+    data file, lists them) that do not exist, in one :class:`DataError` naming the count, the first
+    few and the image root to check (a wrong ``--image-root`` fails here, in one line)."""
+    missing = [(i, p) for i, p in enumerate(paths) if not os.path.isfile(p)]
+    if missing:
+        listed = "; ".join(f"image {i}: {p}" for i, p in missing[:limit])
+        raise DataError(
+            f"{source}: {len(missing)} of {len(paths)} image files not found, e.g. {listed} (check --image-root / "
+            "data.image_root: relative paths are read from it, else from the data file's folder)"
+        )
+
+
 def check_images(samples: Sequence, data: Optional[BadSampleConfig] = None, limit: int = 5) -> None:
     """Before training or a pass over ``samples`` (each with ``image`` and ``origin``): image files
     that do not exist. Without ``data`` or with ``data.on_bad_sample=raise``, any fails, naming the

@@ -20,6 +20,7 @@ from vlp.errors import CheckpointError, DataError
 from vlp.eval.retrieval import RetrievalResult, check_k_test, embed, evaluate_retrieval
 from vlp.hardware import default_device
 from vlp.pretrained import image_size, load_model
+from vlp.runs.common import check_image_paths
 from vlp.weights import find_checkpoint, read_state
 
 # Zero-shot protocols (docs/evaluation.md): which checkpoint kind each takes and the eval settings.
@@ -160,6 +161,7 @@ def run_evaluate_retrieval(
     cfg = apply_overrides(cfg, overrides)
     ecfg: EvalConfig = cfg.eval
     split = load_retrieval_split(data, image_root)
+    check_image_paths(split.images, split.source)  # before any encoding
     rel = load_relevance(relevance, split) if relevance else None
     graded = load_graded_relevance(graded_relevance, split) if graded_relevance else None
     groups = load_caption_groups(caption_groups, split) if caption_groups is not None else None

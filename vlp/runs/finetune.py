@@ -30,7 +30,7 @@ from vlp.eval.mode import evaluating
 from vlp.models.build import build_task_model
 from vlp.models.transfer import load_pretrained
 from vlp.pretrained import checkpoint_model_config
-from vlp.runs.common import Job, build_reconstruction, check_queue, load_targets_for, token_info
+from vlp.runs.common import Job, build_reconstruction, check_image_paths, check_queue, load_targets_for, token_info
 from vlp.train.validation import Validation
 from vlp.weights import find_checkpoint, load_weights, read_state
 
@@ -185,6 +185,7 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
     }
     for name, split in splits.items():  # before any work
         check_k_test(cfg.eval, len(split.images), len(split.texts), f"data.{name} ({split.source})")
+        check_image_paths(split.images, f"data.{name} ({split.source})")
     cfg.loss.srcl.require_delta(cfg.loss.regulation)
     job = finetune_job(cfg)
     samples = load_pairs(cfg.data.train, cfg.data.image_root, on_bad=cfg.data.on_bad_sample)

@@ -33,6 +33,7 @@ from vlp.eval.grounding import (
 )
 from vlp.models.gradcam import fusion_encoder
 from vlp.progress import progress
+from vlp.runs.common import check_image_paths
 
 METRICS, PREDICTIONS, EXAMPLES = "metrics.json", "predictions.json", "grounding_examples.png"
 
@@ -195,6 +196,7 @@ def run_evaluate_grounding(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     entries = read_grounding_file(data, image_root, "eval")
+    check_image_paths([e.image for e in entries], str(data))
     sizes = [entry_size(e) for e in entries]
     prior = _prior(train, image_root, entries, sizes) if train is not None else None
     vm = VLPModel.from_pretrained(checkpoint, device=device, batch_size=batch_size)

@@ -29,6 +29,7 @@ from vlp.runs.common import (
     bad_sample_args,
     build_reconstruction,
     build_regulator,
+    check_image_paths,
     check_images,
     check_queue,
     load_targets_for,
@@ -127,6 +128,7 @@ def check_run(cfg: PretrainConfig) -> None:
     if cfg.data.eval:
         split = load_retrieval_split(cfg.data.eval, cfg.data.image_root)
         check_k_test(cfg.eval, len(split.images), len(split.texts), f"data.eval ({split.source})")
+        check_image_paths(split.images, f"data.eval ({split.source})")
 
 
 def build_train_loader(
