@@ -193,10 +193,7 @@ def run_cocos(
         bar,
     )
     bar.close()
-    summary = {
-        key: {"mean": float(torch.tensor(v).nanmean()), "std": float(torch.tensor(v).std()) if len(v) > 1 else 0.0}
-        for key, v in per_batch.items()
-    }
+    summary = {key: mean_std(v) for key, v in per_batch.items()}
     record = {
         "loss": loss,
         "checkpoint": str(ckpt),
@@ -222,7 +219,19 @@ def run_cocos(
     return record
 
 
+def mean_std(values: list[float]) -> dict[str, Optional[float]]:
+    """Mean and standard deviation over the measured values (NaN: a batch where the statistic is
+    undefined, left out of both); ``None`` where there are too few (JSON has no NaN): no value
+    gives no mean, fewer than two give a std of 0."""
+    t = torch.tensor(values, dtype=torch.float64)
+    t = t[~t.isnan()]
+    return {"mean": float(t.mean()) if t.numel() else None, "std": float(t.std()) if t.numel() > 1 else 0.0}
+
+
 def format_cocos(record: dict[str, Any]) -> str:
     """The table ``vlp analyze cocos`` prints of a record of :func:`run_cocos`: each statistic's mean
-    and standard deviation."""
-    return "\n".join(f"  {k:24s} {v['mean']:10.3f} +- {v['std']:.3f}" for k, v in record["stats"].items())
+    and standard deviation (``n/a`` where no batch measured it)."""
+    return "\n".join(
+        f"  {k:24s} " + (f"{v['mean']:10.3f} +- {v['std']:.3f}" if v["mean"] is not None else f"{'n/a':>10s}")
+        for k, v in record["stats"].items()
+    )
