@@ -360,6 +360,7 @@ def test_structures_round_trip_with_their_types(tmp_path):
         "scalar": torch.tensor(7),
     }
     save_tree(tmp_path / "t", tree)
+    json.loads((tmp_path / "t.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
     back = load_tree(tmp_path / "t")
     assert back["np"] == 0.25 and type(back["np"]) is float  # numpy scalars come back as Python numbers
     tree["np"] = 0.25

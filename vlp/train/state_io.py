@@ -3,12 +3,14 @@ tensors) as ``NAME.json`` (the structure, each tensor replaced by a reference) +
 (the tensors). Loading never executes code from the file; anything the format cannot express is
 refused when saving, naming its path in the structure.
 
-Optimizer state dicts, RNG states of ``random``/numpy/torch and counters all fit.
+Optimizer state dicts, RNG states of ``random``/numpy/torch and counters all fit. The JSON is
+strict: a non-finite float is written as ``{"__float__": "nan"}`` (or ``"inf"``, ``"-inf"``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from vlp.errors import CheckpointError
 from vlp.weights import save_tensors
 
 _TENSOR, _TUPLE, _ITEMS, _ARRAY = "__tensor__", "__tuple__", "__items__", "__ndarray__"
+_FLOAT = "__float__"  # a non-finite float, {"__float__": "nan" | "inf" | "-inf"}: JSON has no NaN
 
 
 def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
@@ -29,8 +32,10 @@ def _encode(obj: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(obj, np.ndarray):
         tensors[path] = torch.from_numpy(np.ascontiguousarray(obj).copy())
         return {_ARRAY: path}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return {_FLOAT: repr(obj)}  # valid JSON, read back exactly
     if obj is None or isinstance(obj, (bool, int, float, str)):
-        return obj  # NaN and infinities as JSON's NaN / Infinity (read back by json.loads)
+        return obj
     if isinstance(obj, (np.integer, np.floating)):
         return _encode(obj.item(), path, tensors)
     if isinstance(obj, (list, tuple)):
@@ -53,6 +58,8 @@ def _decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
         return obj
     if _TENSOR in obj:
         return tensors[obj[_TENSOR]]
+    if _FLOAT in obj:
+        return float(obj[_FLOAT])
     if _ARRAY in obj:
         return tensors[obj[_ARRAY]].numpy()
     if _TUPLE in obj:
