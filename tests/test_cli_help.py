@@ -113,3 +113,14 @@ def test_a_gradcam_error_names_layer_only_when_one_was_given() -> None:
         with pytest.raises(ConfigError, match=expected):
             with naming_layer(layer):
                 raise ValueError("a fusion encoder with 0 layers has no cross-attention")
+
+
+def test_demo_help_names_every_stage_and_option() -> None:
+    from vlp.cli import build_parser
+    from vlp.runs.demo import FULL_STAGES
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    demo = sub.choices["demo"]
+    stages = " ".join(demo.format_help().split()).split("stages:")[1]
+    assert all(stage in stages for stage in FULL_STAGES), stages
+    assert all(a.help for a in demo._actions if a.option_strings), "every demo option has a help text"

@@ -119,13 +119,14 @@ def _add_bench(sub: Any) -> None:
 def _add_demo(sub: Any) -> None:
     """``vlp demo [--full]``."""
     s = sub.add_parser("demo", help="world -> pretrain tiny model -> zero-shot retrieval, on CPU")
-    s.add_argument("--out", default="demo_out")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", default="demo_out", help="folder of the world, the runs and the results table")
+    s.add_argument("--seed", type=int, default=0, help="seed of the world and of every run")
     s.add_argument("--images", type=int, default=4000, help="training images")
     s.add_argument(
         "--full",
         action="store_true",
-        help="pretrain -> fine-tune retrieval, VQA, NLVR2 -> one table (`make demo-full`)",
+        help="pretrain -> zero-shot retrieval and classification, fine-tuned retrieval, VQA, NLVR2, SNLI-VE, "
+        "grounding -> one table (`make demo-full`)",
     )
     s.add_argument("--nlvr-ta", action="store_true", help="with --full: run NLVR2 text-assignment pre-training first")
     s.add_argument("--reuse", action="store_true", help="with --full: keep the stages an interrupted run finished")
@@ -134,7 +135,7 @@ def _add_demo(sub: Any) -> None:
         nargs="*",
         help="config overrides, e.g. train.steps=100; with --full prefixed by the "
         "stage: pretrain:train.steps=100 vqa:train.epochs=1 (stages: pretrain zero_shot retrieval vqa nlvr_ta nlvr2 "
-        "nlvr2_text_only ve ve_hypothesis_only grounding)",
+        "nlvr2_text_only ve ve_hypothesis_only grounding classification)",
     )
     s.set_defaults(func=_demo)
 
