@@ -181,3 +181,23 @@ def test_the_scanner_finds_a_direct_collective(tmp_path: Path) -> None:
         "    d.barrier()\n"
     )
     assert sorted(c.split(": ", 1)[1] for c in _collective_calls(bad)) == ["d.barrier", "torch.distributed.all_reduce"]
+
+
+def test_gathering_with_gradients_says_nothing_on_a_real_group(tmp_path) -> None:
+    """Issue 31, item 7: torch's deprecation warning of the differentiable all_gather is not printed
+    many times per multi-process run; the gradient still reaches every row."""
+    import warnings
+
+    import torch.distributed as tdist
+
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        x = torch.arange(6.0).reshape(3, 2).requires_grad_()
+        with vdist.collectives_on_one_process(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            y = vdist.all_gather_with_grad(x)
+            y.sum().backward()
+        assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
+        assert torch.equal(y.detach(), x.detach()) and torch.equal(x.grad, torch.ones(3, 2))
+    finally:
+        tdist.destroy_process_group()

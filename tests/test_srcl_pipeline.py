@@ -1,5 +1,7 @@
 """SRCL end to end through the command line: helper -> feature cache -> regulated pretraining."""
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -36,18 +38,29 @@ def world(tmp_path_factory):
 @pytest.fixture(scope="module")
 def helper(world, tmp_path_factory):
     out = tmp_path_factory.mktemp("helper") / "run"
-    rc = main(
-        [
-            "train-helper",
-            "--config",
-            "configs/helper/shapes_tiny.yaml",
-            f"output_dir={out}",
-            f"data.train=[{world['helper']}]",
-            *TINY,
-        ]
-    )
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        rc = main(
+            [
+                "train-helper",
+                "--config",
+                "configs/helper/shapes_tiny.yaml",
+                f"output_dir={out}",
+                f"data.train=[{world['helper']}]",
+                *TINY,
+            ]
+        )
     assert rc == 0
+    HELPER_OUTPUT.append(printed.getvalue())
     return out
+
+
+HELPER_OUTPUT: list[str] = []  # what the helper fixture's train-helper printed
+
+
+def test_train_helper_announces_itself_once(helper):
+    headers = [line for line in HELPER_OUTPUT[0].splitlines() if line.startswith("vlp ")]
+    assert len(headers) == 1 and headers[0].startswith("vlp train-helper: "), headers
 
 
 @pytest.fixture(scope="module")

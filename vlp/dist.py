@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from typing import Iterator, Sequence
 
 import torch
@@ -136,7 +137,9 @@ def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
         return x
     from torch.distributed.nn.functional import all_gather
 
-    return torch.cat(all_gather(x.contiguous()), 0)  # type: ignore[no-untyped-call]
+    with warnings.catch_warnings():  # torch 2.14 deprecates it for a private module; it still works
+        warnings.filterwarnings("ignore", "torch.distributed.nn.functional.all_gather is deprecated", FutureWarning)
+        return torch.cat(all_gather(x.contiguous()), 0)  # type: ignore[no-untyped-call]
 
 
 def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:

@@ -54,7 +54,7 @@ def test_run_explain_writes_the_png_grid_and_the_maps(checkpoint, image, tmp_pat
     assert 0.0 <= rec["itm_score"] <= 1.0
 
 
-def test_cli_explain_writes_the_grid(checkpoint, image, tmp_path) -> None:
+def test_cli_explain_writes_the_grid(checkpoint, image, tmp_path, capsys) -> None:
     from vlp.cli import main
 
     out = tmp_path / "cli"
@@ -76,6 +76,8 @@ def test_cli_explain_writes_the_grid(checkpoint, image, tmp_path) -> None:
     )
     rec = json.loads((out / "explain.json").read_text())
     assert (out / "explain.png").stat().st_size > 0 and rec["text"] == "a red circle"
+    wrote = [line for line in capsys.readouterr().out.splitlines() if line.startswith("wrote")]
+    assert len(wrote) == 1 and "explain.png" in wrote[0], wrote  # said once (issue 31, item 7)
 
 
 def test_cli_explain_names_a_missing_image_not_the_layer(checkpoint, tmp_path, capsys) -> None:

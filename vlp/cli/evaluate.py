@@ -40,8 +40,7 @@ def _explain(a: argparse.Namespace) -> None:
     from vlp.runs.explain import run_explain
 
     with naming_layer(a.layer):
-        call(run_explain, a)
-    wrote(Path(a.out) / "explain.png")
+        call(run_explain, a)  # prints what it wrote
 
 
 def _add_retrieval(ev: Any) -> None:

@@ -169,14 +169,16 @@ def build_train_loader(
     return loader, len(dataset), len(dataset.key_to_id)
 
 
-def run_pretrain(cfg: PretrainConfig) -> Path:
-    """Pretrain per ``cfg``; returns the run directory (config.yaml, metrics.jsonl, checkpoints/)."""
+def run_pretrain(cfg: PretrainConfig, command: str = "vlp pretrain") -> Path:
+    """Pretrain per ``cfg``; returns the run directory (config.yaml, metrics.jsonl, checkpoints/).
+    ``command`` names the run in its one header line (printed by the main process only)."""
     job = build_pretraining(cfg)
     run_dir = job.start()
-    print(
-        f"vlp pretrain: {job.items} pairs, {job.images} images, "
-        f"{param_count(job.model) / 1e6:.1f}M trainable parameters -> {run_dir}"
-    )
+    if launch_rank()[0] == 0:
+        print(
+            f"{command}: {job.items} pairs, {job.images} images, "
+            f"{param_count(job.model) / 1e6:.1f}M trainable parameters -> {run_dir}"
+        )
     write_init_report(job.model, run_dir)  # vision_init_report.json + one line
     job.fit()
     if cfg.data.eval:
@@ -203,4 +205,4 @@ def run_train_helper(cfg: PretrainConfig) -> Path:
             f"config keys {', '.join(wrong) or 'loss.itc<=0'}: a helper is trained with plain InfoNCE "
             "(loss.itc > 0, loss.itm=0, loss.mlm=0, loss.distill=false, loss.regulation=none)"
         )
-    return run_pretrain(cfg)
+    return run_pretrain(cfg, command="vlp train-helper")
