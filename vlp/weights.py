@@ -20,6 +20,7 @@ import fnmatch
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -355,12 +356,11 @@ def is_disk_full(e: BaseException) -> bool:
 def free_space(path: Path) -> str:
     """The free space of the filesystem holding ``path`` (its nearest existing ancestor), e.g. ``"12.0 MiB"``."""
     existing = next(p for p in (path, *path.parents) if p.exists())
-    free = float(shutil.disk_usage(existing).free)
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if free < 1024 or unit == "GiB":
-            return f"{free:.0f} bytes" if unit == "bytes" else f"{free:.1f} {unit}"
-        free /= 1024
-    raise AssertionError("unreachable")
+    free = shutil.disk_usage(existing).free
+    if free < 1024:
+        return f"{free} bytes"
+    power = min(3, int(math.log(free, 1024)))
+    return f"{free / 1024**power:.1f} {('KiB', 'MiB', 'GiB')[power - 1]}"
 
 
 def write_failure(e: BaseException, target: Path) -> BaseException:

@@ -28,10 +28,11 @@ one list referenced 10,000 times holds 10**8 elements for whoever walks it.
 from __future__ import annotations
 
 import io
+import itertools
 import pickle
 import pickletools
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable
 
 from vlp.errors import DataError
 
@@ -121,30 +122,30 @@ def _scan(data: bytes, source: str) -> None:
         raise DataError(f"{source}: not a readable pickle ({e})") from None
 
 
-def _children(obj: Any) -> Optional[tuple[Any, ...]]:
-    """The elements of a container (a dict's keys and values), None for a leaf."""
-    if type(obj) in (list, tuple, set, frozenset):
-        return tuple(obj)
-    if type(obj) is dict:
-        return (*obj.keys(), *obj.values())
-    return None
+#: the containers plain data is built of (everything else is a leaf)
+_CONTAINERS = (list, tuple, set, frozenset, dict)
+
+
+def _children(obj: Any) -> Iterable[Any]:
+    """The elements of a container (a dict's keys and values), without copying a sequence."""
+    return itertools.chain(obj.keys(), obj.values()) if type(obj) is dict else obj
 
 
 def _check_tree(root: Any, bound: int, source: str) -> None:
     """Refuse ``root`` if, walked as a tree (each shared reference followed again), it holds more
-    than ``bound`` elements, or if a container holds itself. Iterative, each container visited once."""
+    than ``bound`` elements, or if a container holds itself. Iterative, each container visited
+    once; leaves count 1 each and are never pushed."""
+    if type(root) not in _CONTAINERS:
+        return
     size: dict[int, int] = {}  # id -> elements of the container's tree, itself included
     on_path: set[int] = set()
     todo: list[tuple[Any, bool]] = [(root, False)]
     while todo:
         obj, finished = todo.pop()
-        kids = _children(obj)
-        if kids is None:
-            continue
         key = id(obj)
         if finished:
             on_path.discard(key)
-            size[key] = 1 + sum(size.get(id(k), 1) for k in kids)
+            size[key] = 1 + sum(size.get(id(k), 1) for k in _children(obj))
             if size[key] > bound:
                 raise DataError(
                     f"{source}: refused: it expands to more than {bound} elements when its shared references "
@@ -157,7 +158,7 @@ def _check_tree(root: Any, bound: int, source: str) -> None:
             raise DataError(f"{source}: refused: a container holds itself (a cycle; plain data has none)")
         on_path.add(key)
         todo.append((obj, True))
-        todo.extend((k, False) for k in kids if id(k) not in size)
+        todo.extend((k, False) for k in _children(obj) if type(k) in _CONTAINERS and id(k) not in size)
 
 
 def restricted_load(path: str | Path) -> Any:
