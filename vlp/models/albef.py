@@ -167,14 +167,20 @@ class ALBEF(nn.Module):
 
     # -- state ---------------------------------------------------------------------------------
 
-    def momentum_at(self, step: int) -> float:
-        """EMA momentum after optimizer step ``step`` (1-based): constant, or ramped from 0."""
+    def momentum_at(self, step: int | torch.Tensor) -> float | torch.Tensor:
+        """EMA momentum after optimizer step ``step`` (1-based): constant, or ramped from 0. A 0-d
+        tensor ``step`` (a compiled post-step graph's) gives a 0-d tensor, with no host read."""
         w = self.cfg.momentum_warmup_steps
-        return self.cfg.momentum if w <= 0 else self.cfg.momentum * min(1.0, step / w)
+        if w <= 0:
+            return self.cfg.momentum
+        if isinstance(step, torch.Tensor):
+            return self.cfg.momentum * (step / w).clamp(max=1.0)
+        return self.cfg.momentum * min(1.0, step / w)
 
-    def after_optimizer_step(self, step: int, skipped: Optional[torch.Tensor] = None) -> None:
+    def after_optimizer_step(self, step: int | torch.Tensor, skipped: Optional[torch.Tensor] = None) -> None:
         """EMA update of the momentum twins (ALBEF's start-of-forward update, moved here); none
-        when ``skipped`` (a 0-d bool device tensor) is true."""
+        when ``skipped`` (a 0-d bool device tensor) is true. ``step``: 1-based, an int or a 0-d
+        tensor (see :meth:`momentum_at`)."""
         self.momentum.update(self.momentum_at(step), skipped)
 
 

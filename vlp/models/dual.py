@@ -70,5 +70,5 @@ class DualEncoder(nn.Module):
         states, pooled = self.text(input_ids, attention_mask)
         return TextFeatures(states, attention_mask, F.normalize(self.text_proj(pooled).float(), dim=-1))
 
-    def after_optimizer_step(self, step: int, skipped: Optional[torch.Tensor] = None) -> None:
+    def after_optimizer_step(self, step: int | torch.Tensor, skipped: Optional[torch.Tensor] = None) -> None:
         """Nothing to do (no momentum twin); the task interface calls it."""

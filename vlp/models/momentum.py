@@ -77,17 +77,19 @@ class MomentumTwin(nn.Module):
         torch._foreach_copy_(self._twin_params, [p.detach().float() for p in self._online_params])
 
     @torch.no_grad()
-    def update(self, momentum: Optional[float] = None, skipped: Optional[torch.Tensor] = None) -> None:
-        """One EMA step with ``momentum`` (default: the constructor's). ``skipped`` (0-d bool on the
-        device): when true the twins stay as they are - decided on the device, no host read."""
+    def update(self, momentum: Optional[float | torch.Tensor] = None, skipped: Optional[torch.Tensor] = None) -> None:
+        """One EMA step with ``momentum`` (default: the constructor's; a 0-d device tensor needs
+        ``skipped``). ``skipped`` (0-d bool on the device): when true the twins stay as they are -
+        decided on the device, no host read."""
         if not self._twin_params:
             return
         m = self.momentum if momentum is None else momentum
         # fp32 online weights enter as they are (no_grad: nothing is recorded), others as fp32 copies
         src = [p if p.dtype == torch.float32 else p.float() for p in self._online_params]
-        if skipped is None:
+        if skipped is None and not isinstance(m, torch.Tensor):
             torch._foreach_lerp_(self._twin_params, src, 1.0 - m)
             return
+        skipped = torch.zeros((), dtype=torch.bool, device=self._twin_params[0].device) if skipped is None else skipped
         # a skipped step blends with weight 0. A 0-d tensor weight would resolve to the Scalar
         # overload and be read back (a device sync), so: twin += w * (online - twin), w on the device,
         # in groups of at most EMA_CHUNK elements (the difference is a temporary copy)

@@ -30,6 +30,7 @@ from vlp.models.albef import param_count
 from vlp.runs.pretrain import build_pretraining
 from vlp.train.dispatch_counts import DispatchCounter
 from vlp.train.loop import endless_batches
+from vlp.train.post_step import compiled_post_step
 from vlp.train.setup import prepare_training
 from vlp.train.step import stateful_modules, train_step
 from vlp.train.step_stats import StepStats
@@ -78,12 +79,16 @@ def run_bench(
 
     @contextlib.contextmanager
     def timed(phase: str) -> Iterator[None]:  # the step's phases, with a device sync around each
+        if phase not in spent:  # a part of a timed phase (the compiled post-step inside "optimizer")
+            yield
+            return
         t0 = sync()
         yield
         spent[phase] += sync() - t0
 
     stats = StepStats(device, cfg.train.max_nonfinite_steps, acc.num_processes)
     undo = stateful_modules(inner)
+    post = compiled_post_step(acc, optimizer, inner, params, undo, cfg.train)
     flops, pairs = 0.0, 0
     batches = endless_batches(loader)
     last: dict[str, Any] = {}
@@ -95,7 +100,9 @@ def run_bench(
     task.train()
     for step in range(warmup + steps):
         spent.update(dict.fromkeys(PHASES, 0.0))
-        train_step(acc, task, inner, optimizer, params, fetch, step, cfg.train, stats, phase=timed, undo=undo)
+        train_step(
+            acc, task, inner, optimizer, params, fetch, step, cfg.train, stats, phase=timed, undo=undo, post=post
+        )
         if step >= warmup:
             for p in PHASES:
                 times[p].append(spent[p])
@@ -163,15 +170,17 @@ def run_count_ops(cfg: PretrainConfig, warmup: int = 1, out: Optional[str | Path
     batches = endless_batches(prep.loader)
     prep.task.train()
     args = (acc, prep.task, prep.inner, prep.optimizer, prep.params)
+    undo = stateful_modules(prep.inner)
+    post = compiled_post_step(acc, prep.optimizer, prep.inner, prep.params, undo, cfg.train)
     graphs, before = [], dynamo_counts()  # dynamo's graphs after each step (train.compile), this run's
     for step in range(warmup):
-        train_step(*args, batches, step, cfg.train, stats)
+        train_step(*args, batches, step, cfg.train, stats, undo=undo, post=post)
         graphs.append(dynamo_counts(before))
-    # a compiled step's forward and backward run as graphs, uncounted (see format_count_ops)
-    paused = ("forward", "backward") if cfg.train.compile == "full" else ()
+    # a compiled step's forward, backward and post-step run as graphs, uncounted (see format_count_ops)
+    paused = ("forward", "backward", "post_step") if cfg.train.compile == "full" else ()
     counter = DispatchCounter(watch=momentum_weights(job.model), pause=paused)
     with counter:
-        train_step(*args, batches, warmup, cfg.train, stats, phase=counter.phase)
+        train_step(*args, batches, warmup, cfg.train, stats, phase=counter.phase, undo=undo, post=post)
     graphs.append(dynamo_counts(before))
     result: dict[str, Any] = {
         **counter.summary(),
@@ -223,7 +232,7 @@ def format_count_ops(r: dict[str, Any]) -> str:
         )
         if r["compile"] == "full":
             lines.append(
-                "  forward and backward run as compiled graphs: the counts above are the step's work outside them"
+                "  forward, backward and post-step run as compiled graphs: the counts above are the step's work outside them"
             )
     return "\n".join(lines)
 

@@ -110,7 +110,7 @@ class Task(nn.Module):
         the bad loads its items replaced; None: not counted). No read from the device."""
         return len(batch["input_ids"]), batch.get("bad_samples")
 
-    def after_optimizer_step(self, step: int, skipped: Optional[torch.Tensor] = None) -> None:
+    def after_optimizer_step(self, step: int | torch.Tensor, skipped: Optional[torch.Tensor] = None) -> None:
         """Momentum EMA and the LTD multiplier's step; neither moves when ``skipped`` (0-d bool, device)."""
         self.model.after_optimizer_step(step, skipped)
         if self.reconstruction is not None:

@@ -56,6 +56,8 @@ NO_KERNEL = frozenset(
         "resize_",
         "_resize_output_",
         "_unsafe_view",
+        "_record_function_enter_new",  # the profiler's markers (optimizer.step, zero_grad)
+        "_record_function_exit",
     }
 )
 

@@ -34,6 +34,7 @@ from vlp.train.checkpoint import check_shared_filesystem
 from vlp.train.checkpointing import Checkpointer
 from vlp.train.loggers import open_loggers
 from vlp.train.logging import MetricsLog
+from vlp.train.post_step import compiled_post_step
 from vlp.train.preemption import preempted, stop_agreed, stop_signals
 from vlp.train.reporting import Reporter
 from vlp.train.setup import make_accelerator, prepare_training, warn_if_cuda_graphs_skipped
@@ -178,13 +179,24 @@ def train(
     batches = endless_batches(prep.loader, start * micro, ckpt.resumed_stream)
     log_warnings = getattr(inner, "log_warnings", None)  # the task's optional hook
     undo = stateful_modules(inner)  # feature queues: a skipped step leaves no trace
+    post = compiled_post_step(acc, optimizer, inner, params, undo, cfg)  # train.compile=full: one more graph
     record: dict[str, float] = {}
     task.train()
     with stop_signals() as stop, log:  # SIGTERM / SIGUSR1: checkpoint at the next step boundary; log closes its sinks
         for step in range(start, cfg.steps):
             # forward, backward, clip, non-finite check, optimizer, EMA, queues, statistics: no host read
             result = train_step(
-                acc, task, inner, optimizer, params, lambda: rep.fetch(batches), step, cfg, rep.stats, undo=undo
+                acc,
+                task,
+                inner,
+                optimizer,
+                params,
+                lambda: rep.fetch(batches),
+                step,
+                cfg,
+                rep.stats,
+                undo=undo,
+                post=post,
             )
             done = step + 1
             if step == start:

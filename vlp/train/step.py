@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator, Optional, cast
+from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol, cast
 
 import torch
 from accelerate import Accelerator
@@ -111,7 +111,24 @@ def stateful_modules(inner: nn.Module) -> list[nn.Module]:
     return [m for m in inner.modules() if hasattr(m, "end_step")]
 
 
-def _no_phase(name: str) -> ContextManager[None]:
+class PostBackward(Protocol):
+    """The post-backward work as one callable (``train.compile=full``'s graph,
+    :class:`vlp.train.post_step.PostStep`): clip, check, step, EMA, queues and the step's
+    statistics for optimizer step ``step`` (0-based) at learning rate ``lr``; clears the gradients;
+    returns ``(norm, skipped)``."""
+
+    def __call__(
+        self,
+        outs: list[dict[str, torch.Tensor]],
+        step: int,
+        lr: float,
+        stats: StepStats,
+        phase: Callable[[str], ContextManager[None]],
+    ) -> tuple[Optional[torch.Tensor], torch.Tensor]: ...
+
+
+def no_phase(name: str) -> ContextManager[None]:
+    """No context: :func:`train_step`'s ``phase`` when nobody attributes its work."""
     return contextlib.nullcontext()
 
 
@@ -125,8 +142,9 @@ def train_step(
     step: int,
     cfg: TrainConfig,
     stats: StepStats,
-    phase: Callable[[str], ContextManager[None]] = _no_phase,
+    phase: Callable[[str], ContextManager[None]] = no_phase,
     undo: Optional[list[nn.Module]] = None,
+    post: Optional[PostBackward] = None,
 ) -> StepResult:
     """Optimizer step ``step`` (0-based) of ``task`` (the prepared task; ``inner`` unwrapped).
 
@@ -134,7 +152,10 @@ def train_step(
     its wait). ``stats``: the window's device-side accumulators, which get the step.
     ``phase(name)``: a context for each phase (``data``, ``forward``, ``backward``, ``optimizer``,
     ``statistics``; :class:`~vlp.train.dispatch_counts.DispatchCounter` attributes ops with it).
-    ``undo``: :func:`stateful_modules` of ``inner``, found once by the caller (else at every step)."""
+    ``undo``: :func:`stateful_modules` of ``inner``, found once by the caller (else at every step).
+    ``post``: the compiled post-backward work (``train.compile=full``,
+    :func:`vlp.train.post_step.compiled_post_step`) instead of the eager clip / optimizer / EMA /
+    queues / statistics below."""
     micro, deepspeed = cfg.grad_accum_steps, uses_deepspeed(acc)
     fetch = batches if callable(batches) else (lambda: next(batches))  # type: ignore[arg-type]
     undo = stateful_modules(inner) if undo is None else undo
@@ -159,6 +180,9 @@ def train_step(
     # clip, agree over the ranks on finiteness, step: no update when any rank saw a non-finite loss or
     # gradient (weights, optimizer, momentum twins, queues and LTD multiplier stay; decided on the device)
     with phase("optimizer"):
+        if post is not None:  # all of it, statistics included, as one compiled graph
+            norm, skipped = post(outs, step, lr, stats, phase)
+            return StepResult(outs, norm, skipped, pairs, lr)
         norm = clip_gradients(acc, params, cfg)
         skipped = stats.skip(any_over_ranks([non_finite(outs, norm)], device=acc.device)[0])
         optimizer_step(acc, optimizer, inner, params, step, cfg, clipped=True, skipped=skipped)

@@ -75,16 +75,39 @@ class StepStats:
     ) -> None:
         """Step ``step`` (1-based) with its micro-batches' outputs ``outs`` (0-d tensors; NaN = not
         measured), its gradient norm and its skip flag. A skipped step adds nothing to the means."""
+        self.prepare(outs)
+        self.record(step, norm is not None, self.update(float(step), outs, norm, skipped))
+
+    def prepare(self, outs: list[dict[str, torch.Tensor]]) -> None:
+        """Create the accumulators of ``outs``' key sets that the window lacks (its first step), so
+        that :meth:`update` only reads and replaces tensors: a compiled post-step graph
+        (:mod:`vlp.train.post_step`) then sees the same structure at every step."""
+        for out in outs:
+            if tuple(out) not in self.sums:
+                zeros = torch.zeros(len(out), dtype=torch.float64, device=self.device)
+                self.sums[tuple(out)] = [zeros, zeros.clone()]
+
+    def update(
+        self,
+        step: float | torch.Tensor,
+        outs: list[dict[str, torch.Tensor]],
+        norm: Optional[torch.Tensor],
+        skipped: torch.Tensor,
+    ) -> torch.Tensor:
+        """The device-side part of :meth:`add_step` (after :meth:`prepare`): the skip run, the
+        halt, the sums; returns the step's record ``[skipped, in_a_row, norm (NaN: not measured),
+        losses...]`` (fp64). ``step``: 1-based, a number or a 0-d tensor (no host value inside a
+        compiled graph)."""
         newly_halted = skipped & (self.in_a_row + 1 >= self.max_nonfinite) & (self.halted_step < 0)
         self.in_a_row = (self.in_a_row + 1) * skipped
-        self.halted_step = torch.where(newly_halted, float(step), self.halted_step)
+        self.halted_step = torch.where(newly_halted, step, self.halted_step)
         keep = ~skipped
         losses = []
         for out in outs:
             keys = tuple(out)
             vals = torch.stack([self._here(v) for v in out.values()]).to(torch.float64)  # [K]
             ok = keep & ~torch.isnan(vals)
-            acc = self.sums.setdefault(keys, [torch.zeros_like(vals), torch.zeros_like(vals)])
+            acc = self.sums[keys]
             acc[0] = acc[0] + torch.where(ok, vals, 0.0)
             acc[1] = acc[1] + ok
             losses.append(vals[keys.index("loss") : keys.index("loss") + 1])
@@ -92,7 +115,12 @@ class StepStats:
         rec = torch.cat([torch.stack(head).to(torch.float64), *losses])
         if norm is None:  # [skipped, in_a_row, NaN, losses...]
             rec = torch.cat([rec[:2], rec.new_full((1,), math.nan), rec[2:]])
-        self.records.append((step, norm is not None, rec))
+        return rec
+
+    def record(self, step: int, measured: bool, rec: torch.Tensor) -> None:
+        """Keep step ``step``'s record (from :meth:`update`; ``measured``: it holds a gradient norm)
+        until the window is read."""
+        self.records.append((step, measured, rec))
 
     def _here(self, v: torch.Tensor) -> torch.Tensor:
         """An output as a 0-d tensor on the run's device: a host scalar (e.g. a 0-d CPU tensor among
