@@ -1,6 +1,21 @@
 """vlp: ALBEF-style vision-language pretraining, fine-tuning and evaluation."""
 
+import logging
+
 from vlp.version import __version__
+
+
+class _NoDeepSpeedAcceleratorWarning(logging.Filter):
+    """accelerate imports DeepSpeed whenever it is installed, and DeepSpeed then logs "Setting
+    accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it." on a
+    machine without a GPU: on every vlp command, DeepSpeed config or not. vlp reports the device a
+    run uses itself; this drops that one message from DeepSpeed's logger and nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Setting accelerator to CPU")
+
+
+logging.getLogger("DeepSpeed").addFilter(_NoDeepSpeedAcceleratorWarning())
 
 __all__ = ["VLPModel", "__version__", "list_pretrained"]
 
