@@ -24,6 +24,14 @@ class ImageConfig:
     # Training loader ships uint8 images, normalised on the device (pretraining; evaluation
     # transforms always normalise in the loader).
     uint8: bool = False
+    # How the training loader decodes images (pretraining): full, or draft: the crop box is drawn
+    # first (the same box as full), then a JPEG is decoded at 1/2, 1/4 or 1/8 size where that crop
+    # still has both sides >= the model's resolution (vlp/data/draft.py). Pixels change slightly
+    # (the decoder's downscaling), crop boxes do not; other files and small JPEGs decode as full.
+    decode: str = "full"  # full | draft
+
+    def __post_init__(self) -> None:
+        _choice("data.image.decode", self.decode, ["full", "draft"])
 
 
 @dataclass

@@ -130,6 +130,11 @@ class FinetuneConfig:
             wrong.append(f"eval_every={self.eval_every} (expected >= 0)")
         if self.data.image.uint8:
             wrong.append("data.image.uint8=true (uint8 images normalised on the device: pretraining only)")
+        if self.data.image.decode != "full":
+            wrong.append(
+                f"data.image.decode={self.data.image.decode} (JPEG draft decoding per crop: pretraining only; "
+                "fine-tuning decodes full)"
+            )
         _reject(wrong)
 
     def check_given(self, given: dict[str, str]) -> None:

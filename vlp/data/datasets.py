@@ -33,6 +33,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from vlp.data.draft import Decoder
 from vlp.data.formats import Sample
 from vlp.data.helper_cache import HelperCache
 from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
@@ -313,7 +314,11 @@ class ImageTextDataset(ItemDataset):
     while it has enough, cycled otherwise). With a :class:`HelperCache`, items also carry the
     frozen SRCL helper's cached features of the image and of the chosen caption
     (``helper_image``/``helper_text``); with :class:`LatentTargets`, each caption's LTD target
-    (``ltd_target``). Bad samples and seeds: :class:`ItemDataset`."""
+    (``ltd_target``). Bad samples and seeds: :class:`ItemDataset`.
+
+    ``decode`` (``data.image.decode``): ``full``, or ``draft``: JPEGs decoded at reduced scale per
+    crop, ``transform`` being a training transform (:class:`vlp.data.draft.Decoder`; then
+    :attr:`transform` holds the steps after its crop)."""
 
     def __init__(
         self,
@@ -325,10 +330,12 @@ class ImageTextDataset(ItemDataset):
         on_bad: Optional[str] = None,
         max_pixels: int = MAX_PIXELS,
         min_side: int = MIN_SIDE,
+        decode: str = "full",
     ) -> None:
         super().__init__(on_bad, max_pixels, min_side)
         self.samples = SampleTable.of(samples)  # numpy arrays: forked workers share them
-        self.transform = transform
+        self.decoder = Decoder(transform, decode)
+        self.transform = self.decoder.transform
         self.helper_cache = helper_cache
         self.targets = targets
         self.captions_per_image = captions_per_image
@@ -343,6 +350,9 @@ class ImageTextDataset(ItemDataset):
 
     def __len__(self) -> int:
         return len(self.samples)
+
+    def image(self, path: str, origin: str) -> Image.Image:
+        return self.decoder.open(path, origin, self.max_pixels, self.min_side)
 
     def load(self, i: int) -> dict:
         s = self.samples[i]

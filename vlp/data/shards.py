@@ -48,8 +48,9 @@ from vlp.data.datasets import (
     seeded_rng,
     stop_proof_workers,
 )
+from vlp.data.draft import Decoder
 from vlp.data.helper_cache import HelperCache
-from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
+from vlp.data.images import MAX_PIXELS, MIN_SIDE
 from vlp.data.sample_table import SampleTable, TableBuilder
 from vlp.data.shard_format import MemberFile, ShardInfo, iter_shard, read_sizes
 from vlp.data.targets import LatentTargets
@@ -123,10 +124,12 @@ class ShardStream(IterableDataset):
         on_bad: str = "raise",
         max_pixels: int = MAX_PIXELS,
         min_side: int = MIN_SIDE,
+        decode: str = "full",
     ) -> None:
         self.shards = list(shards)
         self.on_bad, self.max_pixels, self.min_side = on_bad, max_pixels, min_side
-        self.transform, self.collator = transform, collator
+        self.decoder = Decoder(transform, decode)  # data.image.decode (vlp.data.draft)
+        self.transform, self.collator = self.decoder.transform, collator
         self.batch_size, self.rank, self.world_size, self.workers = batch_size, rank, world_size, workers
         self.seed, self.buffer, self.caption_mode, self.k = seed, buffer, caption_mode, captions_per_image
         self.helper_cache, self.targets = helper_cache, targets
@@ -240,7 +243,7 @@ class ShardStream(IterableDataset):
     def _item(self, u: _Unit) -> dict:
         if u.error is not None:
             raise DataError(u.error)
-        image = open_image(MemberFile(u.image, u.member), u.where, self.max_pixels, self.min_side)  # type: ignore[arg-type]
+        image = self.decoder.open(MemberFile(u.image, u.member), u.where, self.max_pixels, self.min_side)
         try:
             return make_item(
                 self.transform(image), u.image_id, u.image_key, u.captions, self.k > 1, self.helper_cache, self.targets
@@ -300,7 +303,8 @@ class ShardLoader:
     ``divmod(b, len(loader))``. Not to be passed to ``accelerate.prepare`` (``splits_by_rank``):
     it splits the data by rank itself and yields CPU tensors. ``on_bad`` (``raise`` | ``skip``),
     ``max_pixels``, ``min_side``: images that do not decode (module doc, "Bad samples") and
-    :func:`vlp.data.images.open_image`'s limits.
+    :func:`vlp.data.images.open_image`'s limits; ``decode``: ``data.image.decode``
+    (:class:`vlp.data.draft.Decoder`).
     """
 
     splits_by_rank = True
@@ -325,6 +329,7 @@ class ShardLoader:
         max_pixels: int = MAX_PIXELS,
         min_side: int = MIN_SIDE,
         caption_key: str = "caption",
+        decode: str = "full",
     ) -> None:
         _check_loader_args(caption_mode, captions_per_image, batch_size, shuffle_buffer, rank, world_size)
         self.dirs = [str(d) for d in dirs]
@@ -361,6 +366,7 @@ class ShardLoader:
             on_bad,
             max_pixels,
             min_side,
+            decode,
         )
         self.units = self.pairs if caption_mode == "expand" else self.images
         n = self.stream.n_batches

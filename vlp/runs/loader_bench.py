@@ -2,26 +2,26 @@
 
 A training run at 1,300 pairs/s needs 1,300 decoded, augmented images per second from the host's
 cores. This benchmark times what a training loader worker does per image: open and decode the file
-(:func:`vlp.data.images.open_image`, as training does), apply the config's *training* transform
-(:func:`vlp.data.transforms.train_transform` at the model's resolution, ``data.image``), under the
-per-item seeds of training, in the real training dataset (:class:`vlp.data.datasets.ImageTextDataset`)
-and ``workers`` DataLoader worker processes.
+and apply the config's *training* transform (:func:`vlp.data.transforms.train_transform` at the
+model's resolution, ``data.image``), under the per-item seeds of training, in the real training
+dataset (:class:`vlp.data.datasets.ImageTextDataset`) and ``workers`` DataLoader worker processes.
 
 **Images.** Files the user names (``--images``: folders of .jpg/.jpeg/.png, or files), or ``n``
 photo-sized JPEGs written here into a temporary folder (:func:`write_test_jpegs`): shapes-world
 scenes (:func:`vlp.data.synthetic.scene.render_scene`) at ``size`` with a smooth colour field and
 pixel noise on top, so that they compress like photos (about 50 KB at 500x375, quality 90).
 
-**Three decodes.** ``full``: as training loads images today. ``draft``: JPEG draft-mode decoding
-chosen per image (:func:`open_image_draft`, the rule in :func:`draft_scale`): libjpeg decodes at
-1/2, 1/4 or 1/8 scale when *every* crop the transform can take is still at least the output
-resolution. ``draft-crop``: chosen per crop (:func:`open_crop_draft`): the crop's box is drawn from
-the file's size first (the same random draws as the transform), and the JPEG decoded at the largest
-reduced scale at which *that* crop is still at least the output resolution. Neither changes what
-the network sees beyond the decoder's own downscaling (no crop is ever upsampled where the full
-decode would have downsampled it). Training does not use them yet (wiring them in touches
-``vlp/data/images.py``, ``vlp/data/datasets.py``, ``vlp/data/shards.py`` and
-``vlp/runs/pretrain.py``); the bench reports each, so the gain is known before it is wired.
+**Three decodes** (:mod:`vlp.data.draft`). ``full``: training's ``data.image.decode=full``.
+``draft``: JPEG draft-mode decoding chosen per image (:func:`~vlp.data.draft.open_image_draft`, the
+rule in :func:`~vlp.data.draft.draft_scale`): libjpeg decodes at 1/2, 1/4 or 1/8 scale when *every*
+crop the transform can take is still at least the output resolution; the bench's alone.
+``draft-crop``: chosen per crop, training's ``data.image.decode=draft``
+(:func:`~vlp.data.draft.open_crop_draft`): the crop's box is drawn from the file's size first (the
+same random draws as the transform), and the JPEG decoded at the largest reduced scale at which
+*that* crop is still at least the output resolution. Neither changes what the network sees beyond
+the decoder's own downscaling (no crop is ever upsampled where the full decode would have
+downsampled it). The top-level figures are those of the decode the config trains with
+(``data.image.decode``: ``full`` or ``draft-crop``); ``by_decode`` has each.
 
 Timing: each item is timed inside its worker (``time.perf_counter``, CLOCK_MONOTONIC on Linux, one
 clock for all processes) from the dataset's ``__getitem__`` entry to the image tensor
@@ -52,13 +52,12 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
-from torchvision import transforms as T
-from torchvision.transforms import functional as TF
 
 from vlp.config import PretrainConfig
 from vlp.data.datasets import ImageTextDataset, SeededIndex, seed_of
+from vlp.data.draft import crop_draft_scale, draft_scale, open_image_draft
 from vlp.data.formats import Sample
-from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
+from vlp.data.images import open_image
 from vlp.data.synthetic.scene import render_scene, sample_scene, world_rng
 from vlp.data.transforms import train_transform
 from vlp.errors import ConfigError
@@ -68,76 +67,21 @@ from vlp.version import __version__
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 #: images generated when the user names none
 DEFAULT_N = 200
-#: libjpeg's reduced decoding scales (1/d), largest first
-JPEG_SCALES = (8, 4, 2, 1)
-#: RandomResizedCrop's aspect-ratio range (torchvision's default, which :func:`train_transform` uses)
-CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
-#: the decodes the bench times: as training loads today, JPEG draft mode chosen per image
-#: (:func:`draft_scale`), and chosen per crop (:func:`open_crop_draft`)
+#: the decodes the bench times: ``data.image.decode=full``, JPEG draft mode chosen per image
+#: (:func:`~vlp.data.draft.draft_scale`), and chosen per crop (``data.image.decode=draft``)
 DECODES = ("full", "draft", "draft-crop")
+#: the bench's decode of each ``data.image.decode``
+TRAINING_DECODE = {"full": "full", "draft": "draft-crop"}
 
 
 # ----------------------------------------------------------------------------- draft decoding
 
 
-def min_crop_side(width: int, height: int, crop_scale: Optional[Sequence[float]], ratio=CROP_RATIO) -> int:
-    """The shortest side (pixels) of any crop that the training transform can take from a
-    ``width`` x ``height`` image before resizing it to ``res`` x ``res``.
-
-    ``crop_scale`` None (``Resize((res, res))``, no crop): the whole image, ``min(width, height)``.
-    Otherwise torchvision's RandomResizedCrop: a sampled crop of area fraction ``s >= s_min`` and
-    aspect ratio ``r`` in ``ratio`` has sides ``round(sqrt(A s r))`` x ``round(sqrt(A s / r))``, so
-    its shorter side is at least ``floor(sqrt(A s_min min(r_lo, 1/r_hi)))``; when 10 draws fail,
-    its fallback is the centre crop of the whole width or height (ratio clamped to ``ratio``), whose
-    shorter side is ``min(width, height)``. The result is the smaller of the two bounds."""
-    whole = min(width, height)
-    if crop_scale is None:
-        return whole
-    r_min = min(ratio[0], 1.0 / ratio[1])
-    return min(whole, math.floor(math.sqrt(width * height * crop_scale[0] * r_min)))
-
-
-def draft_scale(width: int, height: int, res: int, crop_scale: Optional[Sequence[float]], ratio=CROP_RATIO) -> int:
-    """The JPEG draft reduction ``d`` (1, 2, 4 or 8: decode at 1/d scale) for a ``width`` x
-    ``height`` image whose crop is resized to ``res`` x ``res``.
-
-    **Rule:** the largest ``d`` such that every crop the transform can take from the reduced image
-    (``width // d`` x ``height // d``; libjpeg gives ``ceil``, at least that) still has both sides
-    ``>= res`` (:func:`min_crop_side`); 1 when none does. So with ``d > 1`` every crop is resized
-    *down* (or kept) to ``res``: draft decoding never makes the network input upsampled where the
-    full decode would have been downsampled, and the crop's position and relative size are drawn as
-    before (RandomResizedCrop draws them relative to the image; only pixel rounding differs).
-
-    With ``crop_scale [0.2, 1.0]`` at 256 px this needs ``sqrt(W H 0.15) / d >= 256``: 500x375 and
-    1280x960 photos stay at ``d = 1``, 2000x1500 decodes at ``d = 2``; with ``[0.5, 1.0]``
-    1280x960 gets ``d = 2`` and 2000x1500 ``d = 4``."""
-    return next(d for d in JPEG_SCALES if d == 1 or min_crop_side(width // d, height // d, crop_scale, ratio) >= res)
-
-
-def open_image_draft(
-    path: str,
-    origin: str,
-    res: int,
-    crop_scale: Optional[Sequence[float]],
-    max_pixels: int = MAX_PIXELS,
-    min_side: int = MIN_SIDE,
-) -> Image.Image:
-    """:func:`vlp.data.images.open_image` with JPEG draft-mode decoding: a JPEG is decoded by
-    libjpeg at 1/d scale, ``d = draft_scale(width, height, res, crop_scale)`` (1: full size);
-    other formats decode fully. Limits and errors are ``open_image``'s own."""
-
-    def reduce(im: Image.Image) -> None:
-        if im.format == "JPEG":
-            d = draft_scale(im.width, im.height, res, crop_scale)
-            if d > 1:
-                im.draft("RGB", (im.width // d, im.height // d))
-
-    return open_image(path, origin, max_pixels, min_side, before_load=reduce)
-
-
 class DraftImageTextDataset(ImageTextDataset):
-    """:class:`~vlp.data.datasets.ImageTextDataset` whose images open with :func:`open_image_draft`
-    for a transform that crops to ``res`` with ``crop_scale`` (the only change: :meth:`image`)."""
+    """:class:`~vlp.data.datasets.ImageTextDataset` whose images open with
+    :func:`~vlp.data.draft.open_image_draft` (one draft scale per image) for a transform that crops
+    to ``res`` with ``crop_scale`` (the only change: :meth:`image`). Timed by the bench only;
+    training's ``data.image.decode=draft`` is the per-crop decode."""
 
     def __init__(self, *args: Any, res: int, crop_scale: Optional[Sequence[float]], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -145,74 +89,6 @@ class DraftImageTextDataset(ImageTextDataset):
 
     def image(self, path: str, origin: str) -> Image.Image:
         return open_image_draft(path, origin, self.res, self.crop_scale, self.max_pixels, self.min_side)
-
-
-def split_crop(transform: Callable) -> tuple[Any, Callable]:
-    """(crop step, the rest) of a :func:`~vlp.data.transforms.train_transform`: its first step
-    (``RandomResizedCrop`` or ``Resize((res, res))``) and a Compose of the others (flip,
-    RandAugment, to tensor: image ``[3, res, res]``)."""
-    composed: Any = transform  # a torchvision Compose
-    steps = list(composed.transforms)
-    if not isinstance(steps[0], (T.RandomResizedCrop, T.Resize)):
-        raise TypeError(f"expected a training transform starting with a crop or resize, got {steps[0]!r}")
-    return steps[0], T.Compose(steps[1:])
-
-
-def crop_draft_scale(crop_w: int, crop_h: int, size: Sequence[int]) -> int:
-    """The JPEG draft reduction ``d`` for *one* crop of ``crop_w`` x ``crop_h`` source pixels that
-    is resized to ``size`` (height, width): the largest of 8, 4, 2 with ``crop_w // d >= width``
-    and ``crop_h // d >= height``, else 1. The crop is then still resized *down* (or kept) from the
-    reduced image, never up where the full decode would have gone down."""
-    return next(d for d in JPEG_SCALES if d == 1 or (crop_w // d >= size[1] and crop_h // d >= size[0]))
-
-
-def open_crop_draft(
-    path: str, origin: str, crop: Any, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE
-) -> tuple[Image.Image, int]:
-    """``crop(open_image(path))`` with JPEG draft decoding chosen *per crop*: the crop's box is drawn
-    first, from the file's size alone (``RandomResizedCrop.get_params``: the same random draws, in
-    the same order, as the training transform on the full image, so a seeded item gets the same
-    box), then the JPEG is decoded at 1/d (:func:`crop_draft_scale`) and the box, mapped to the
-    reduced image, is resized (the transform's interpolation, bicubic) to ``crop.size``. With d = 1 the result is
-    the transform's own, pixel for pixel. Non-JPEGs, tiny images (upscaled first) and every problem
-    take ``open_image`` and ``crop`` as they are; limits and errors are ``open_image``'s. Returns
-    (RGB image, d)."""
-    drawn: dict[str, Any] = {}
-
-    def reduce(im: Image.Image) -> None:  # JPEGs not upscaled as tiny: draw the box, choose d
-        w, h = im.size
-        if im.format != "JPEG" or min(w, h) < min_side:
-            return
-        if isinstance(crop, T.RandomResizedCrop):
-            box = crop.get_params(im, crop.scale, crop.ratio)
-        else:
-            box = (0, 0, h, w)
-        d = crop_draft_scale(box[3], box[2], list(crop.size))
-        drawn.update(box=box, full=(w, h), drafted=im.draft("RGB", (w // d, h // d)) if d > 1 else None)
-
-    rgb = open_image(path, origin, max_pixels, min_side, before_load=reduce)
-    if not drawn:  # non-JPEG or tiny: as training does today
-        return crop(rgb), 1
-    (top, left, ch, cw), (w, h), drafted, size = drawn["box"], drawn["full"], drawn["drafted"], list(crop.size)
-    f = w / drafted[1][2] if drafted is not None else 1.0  # the scale libjpeg applied (d)
-    if rgb.size == (w, h):  # not reduced: the transform's own crop
-        return TF.resized_crop(rgb, top, left, ch, cw, size, crop.interpolation, antialias=crop.antialias), 1
-    box = (left / f, top / f, min(rgb.width, (left + cw) / f), min(rgb.height, (top + ch) / f))
-    return rgb.resize((size[1], size[0]), TF.pil_modes_mapping[crop.interpolation], box=box), round(f)
-
-
-class CropDraftImageTextDataset(ImageTextDataset):
-    """:class:`~vlp.data.datasets.ImageTextDataset` whose :meth:`image` opens *and crops*
-    (:func:`open_crop_draft`, with ``crop``, the first step of the training transform), its
-    ``transform`` being the remaining steps; ``last_scale``: the draft scale of the last image."""
-
-    def __init__(self, *args: Any, crop: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.crop, self.last_scale = crop, 1
-
-    def image(self, path: str, origin: str) -> Image.Image:
-        im, self.last_scale = open_crop_draft(path, origin, self.crop, self.max_pixels, self.min_side)
-        return im
 
 
 # ----------------------------------------------------------------------------- test images
@@ -284,8 +160,8 @@ def write_test_jpegs(folder: Path, n: int, size: tuple[int, int] = (500, 375), q
 
 class _Timed(Dataset):
     """Item ``k`` of ``keys`` from ``dataset``, timed: (image [3, res, res], start, end in seconds of
-    ``time.perf_counter``, the process's CPU seconds spent on it, the dataset's ``last_scale``
-    (per-crop draft scale) if it has one)."""
+    ``time.perf_counter``, the process's CPU seconds spent on it, the per-crop draft scale of a
+    ``data.image.decode=draft`` dataset, else None)."""
 
     def __init__(self, dataset: Dataset, keys: Sequence[SeededIndex]) -> None:
         self.dataset, self.keys = dataset, list(keys)
@@ -297,7 +173,7 @@ class _Timed(Dataset):
         t0, c0 = time.perf_counter(), time.process_time()
         image = self.dataset[self.keys[k]]["image"]
         cpu, t1 = time.process_time() - c0, time.perf_counter()
-        return image, t0, t1, cpu, getattr(self.dataset, "last_scale", None)
+        return image, t0, t1, cpu, getattr(getattr(self.dataset, "decoder", None), "last_scale", None)
 
 
 def _header(s: Sample) -> tuple[int, int, Optional[str]]:
@@ -405,8 +281,9 @@ def run_loader_bench(
     """Time the training image pipeline of ``cfg`` (module doc) and return (and write to ``out``
     as JSON) the result. ``images``: files / folders to read (``n``: the first ``n`` of them, default
     all); None: ``n`` (default :data:`DEFAULT_N`) generated JPEGs of ``size`` at ``quality``.
-    ``data.train`` is not read. The top-level rates are those of the first of ``decodes`` (``full``:
-    as training loads today); ``by_decode`` holds each decode's."""
+    ``data.train`` is not read. The top-level rates are those of the decode training uses with
+    ``cfg`` (``data.image.decode``: ``full`` or ``draft-crop``; the first of ``decodes`` when that
+    one is not timed); ``by_decode`` holds each decode's, ``speedup`` against the first."""
     from vlp.pretrained import image_size
 
     if workers < 0 or warmup < 0 or rounds < 1 or batch < 1 or (n is not None and n < 1):
@@ -432,12 +309,11 @@ def run_loader_bench(
             scales[draft_scale(w, h, res, icfg.crop_scale) if fmt == "JPEG" else 1] += 1
             crop_max = max(crop_max, crop_draft_scale(w, h, (res, res)) if fmt == "JPEG" else 1)
         transform: Callable = train_transform(res, icfg)
-        crop, rest = split_crop(transform)
         common: dict[str, Any] = {"max_pixels": d.max_image_pixels, "min_side": d.min_image_side}  # errors raise
         datasets = {
-            "full": lambda: ImageTextDataset(samples, transform, **common),
+            "full": lambda: ImageTextDataset(samples, transform, decode="full", **common),
             "draft": lambda: DraftImageTextDataset(samples, transform, res=res, crop_scale=icfg.crop_scale, **common),
-            "draft-crop": lambda: CropDraftImageTextDataset(samples, rest, crop=crop, **common),
+            "draft-crop": lambda: ImageTextDataset(samples, transform, decode="draft", **common),
         }
         same = {"draft": set(scales) == {1}, "draft-crop": crop_max == 1}  # decodes exactly as "full" does
         not_timed = {k: "no image is reduced: the full decode" for k in decodes[1:] if same.get(k)}
@@ -449,9 +325,11 @@ def run_loader_bench(
         by_decode = {name: summarize(v, workers) for name, v in timed.items()}
         mean_kb = statistics.mean(p.stat().st_size for p in paths) / 1024
     source_sizes = Counter(f"{w}x{h}" for w, h in sizes)
-    main = by_decode[decodes[0]]
+    first, top = by_decode[decodes[0]], TRAINING_DECODE[icfg.decode]
+    top = top if top in by_decode else decodes[0]
+    main = by_decode[top]
     for v in by_decode.values():
-        v["speedup"] = v["images_per_s"] / main["images_per_s"]
+        v["speedup"] = v["images_per_s"] / first["images_per_s"]
     result: dict[str, Any] = {
         "date": date.today().isoformat(),
         "device": cpu_name(),
@@ -459,7 +337,8 @@ def run_loader_bench(
         "images_per_s": main["images_per_s"],
         "images_per_s_per_worker": main["images_per_s_per_worker"],
         "ms_per_image": main["ms_per_image"],
-        "decode": decodes[0],
+        "decode": top,
+        "data_image_decode": icfg.decode,
         "by_decode": by_decode,
         "not_timed": not_timed,
         "draft_scale": scales.most_common(1)[0][0],
@@ -501,6 +380,10 @@ def _libjpeg_turbo() -> Optional[bool]:
         return None
 
 
+#: width of the decode column of :func:`format_loader_bench`
+W = 48
+
+
 def format_loader_bench(r: dict[str, Any]) -> str:
     """The short table ``vlp bench --loader-only`` prints."""
     lines = [
@@ -508,20 +391,21 @@ def format_loader_bench(r: dict[str, Any]) -> str:
         f"{r['mean_file_kb']:.0f} KB on average -> {r['image_size']} px "
         f"({'uint8' if r['uint8'] else 'float'} output, crop_scale {r['crop_scale']}, "
         f"hflip {r['hflip']}, randaugment {r['randaugment']}), {r['workers']} worker(s)",
-        f"{'decode':<40}{'images/s':>10}{'per worker':>12}{'ms/image':>10}{'CPU ms/image':>14}",
+        f"{'decode':<{W}}{'images/s':>10}{'per worker':>12}{'ms/image':>10}{'CPU ms/image':>14}",
     ]
     labels = {
-        "full": "full (as training loads today)",
+        "full": "full (data.image.decode=full)",
         "draft": f"draft, per image (1/{r['draft_scale']})",
-        "draft-crop": "draft, per crop",
+        "draft-crop": "per crop (data.image.decode=draft)",
     }
     for name, v in r["by_decode"].items():
         label = labels[name] + (f" {_scales(v['crop_draft_scales'])}" if "crop_draft_scales" in v else "")
         lines.append(
-            f"{label:<40}{v['images_per_s']:>10.1f}{v['images_per_s_per_worker']:>12.1f}{v['ms_per_image']:>10.2f}"
+            f"{label:<{W}}{v['images_per_s']:>10.1f}{v['images_per_s_per_worker']:>12.1f}{v['ms_per_image']:>10.2f}"
             f"{v['cpu_ms_per_image']:>14.2f}"
         )
-    lines += [f"{labels[k]:<40}not timed: {why}" for k, why in r["not_timed"].items()]
+    lines += [f"{labels[k]:<{W}}not timed: {why}" for k, why in r["not_timed"].items()]
+    lines.append(f"this config trains with data.image.decode={r['data_image_decode']}: {labels[r['decode']]}")
     return "\n".join(lines)
 
 

@@ -138,7 +138,8 @@ def build_train_loader(
     epoch), items seeded per (seed, epoch, index), fixed-size batches; accelerate shards it over the
     ranks: :func:`vlp.data.datasets.train_loader`) or webdataset shard folders (``data.format``;
     the stream splits itself by rank and worker, :mod:`vlp.data.shards`). Bad samples follow
-    ``data.on_bad_sample`` (missing files are checked first: :func:`vlp.runs.common.check_images`)."""
+    ``data.on_bad_sample`` (missing files are checked first: :func:`vlp.runs.common.check_images`);
+    images decode per ``data.image.decode`` (:mod:`vlp.data.draft`)."""
     d = cfg.data
     transform = train_transform(image_size(cfg), d.image)
     collate = Collator(tokenizer, cfg.model.text.max_len, d.text_padding)
@@ -159,12 +160,15 @@ def build_train_loader(
             helper_cache=cache,
             targets=targets,
             caption_key=d.caption_key,
+            decode=d.image.decode,
             **bad_sample_args(d),
         )
         return stream, stream.pairs, stream.images
     samples = load_pairs(d.train, d.image_root, on_bad=d.on_bad_sample)
     check_images(samples, d)
-    dataset = ImageTextDataset(samples, transform, cache, targets, d.captions_per_image, **bad_sample_args(d))
+    dataset = ImageTextDataset(
+        samples, transform, cache, targets, d.captions_per_image, decode=d.image.decode, **bad_sample_args(d)
+    )
     loader = train_loader(dataset, d.batch_size, collate, d.num_workers, cfg.train.seed)
     return loader, len(dataset), len(dataset.key_to_id)
 
