@@ -17,12 +17,13 @@ class _NoDeepSpeedAcceleratorWarning(logging.Filter):
 
 logging.getLogger("DeepSpeed").addFilter(_NoDeepSpeedAcceleratorWarning())
 
-__all__ = ["VLPModel", "__version__", "list_pretrained"]
+__all__ = ["VLPModel", "__version__", "create_model_and_transforms", "list_models", "list_pretrained"]
 
 
 def __getattr__(name: str):
     """``from vlp import VLPModel`` imports the inference API (torch, transformers) only when asked;
-    ``list_pretrained`` the model zoo (:mod:`vlp.interop.zoo`)."""
+    ``list_pretrained`` the model zoo (:mod:`vlp.interop.zoo`); ``create_model_and_transforms`` and
+    ``list_models`` the presets (:mod:`vlp.factory`)."""
     if name == "VLPModel":
         from vlp.api import VLPModel
 
@@ -31,4 +32,8 @@ def __getattr__(name: str):
         from vlp.interop.zoo import list_pretrained
 
         return list_pretrained
+    if name in ("create_model_and_transforms", "list_models"):
+        from vlp import factory
+
+        return getattr(factory, name)
     raise AttributeError(f"module 'vlp' has no attribute {name!r}")

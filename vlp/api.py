@@ -192,12 +192,18 @@ class VLPModel:
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: str | os.PathLike, device: Optional[str | torch.device] = None, batch_size: int = 64
+        cls,
+        name_or_path: str | os.PathLike,
+        device: Optional[str | torch.device] = None,
+        batch_size: int = 64,
+        revision: Optional[str] = None,
     ) -> VLPModel:
         """Load a :meth:`save_pretrained` directory, a checkpoint folder or a run directory (its
-        newest valid checkpoint), or a zoo tag (:func:`vlp.list_pretrained`: downloaded and converted
-        on first use, :func:`vlp.interop.zoo.fetch`). ``device``: default CUDA if available, else CPU."""
-        path = resolve_pretrained(name_or_path)
+        newest valid checkpoint), a zoo tag (:func:`vlp.list_pretrained`: downloaded and converted
+        on first use, :func:`vlp.interop.zoo.fetch`) or a Hugging Face Hub id ``org/name`` (at
+        ``revision``; through ``huggingface_hub``'s cache, offline with ``HF_HUB_OFFLINE=1``).
+        ``device``: default CUDA if available, else CPU."""
+        path = resolve_pretrained(name_or_path, revision=revision)
         device = torch.device(device) if device is not None else default_device()
         if (path / CONFIG).is_file():
             return cls._from_directory(path, device, batch_size)
@@ -248,9 +254,10 @@ class VLPModel:
         kind = state.get("task", "pretrain")
         model, cfg, tokenizer = load_model(ckpt, device)
         max_len, answers, k_test, answer_max_len = cfg.model.text.max_len, None, 128, None
+        data: Any = cfg.data.train
         if kind in FINETUNE_TASKS:  # the fine-tuning run's text settings
             ft = from_dict(FinetuneConfig, state["config"])
-            max_len, k_test = ft.data.max_len, ft.vqa.k_test
+            max_len, k_test, data = ft.data.max_len, ft.vqa.k_test, ft.data.train
             if kind == "vqa":
                 answer_max_len = ft.vqa.answer_max_len
                 if ft.data.answer_list and Path(ft.data.answer_list).is_file():
@@ -263,7 +270,12 @@ class VLPModel:
             caption_cleaning="pre_question" if kind == "vqa" else "pre_caption",
             answer_max_len=answer_max_len,
         )
-        source = {"checkpoint": str(ckpt.resolve()), "step": state.get("step"), "vlp_version": state.get("vlp_version")}
+        source = {
+            "checkpoint": str(ckpt.resolve()),
+            "step": state.get("step"),
+            "vlp_version": state.get("vlp_version"),
+            "data": [str(f) for f in data] if isinstance(data, list) else data,
+        }
         return cls(model, kind, cfg.model, tokenizer, pre, answers, k_test, source, batch_size)
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
@@ -280,6 +292,27 @@ class VLPModel:
             (tmp / PREPROCESSOR).write_text(json.dumps(asdict(self.preprocessor), indent=2) + "\n")
             self.tokenizer.save_pretrained(str(tmp))
             return publish(tmp, out)
+
+    def push_to_hub(
+        self,
+        repo_id: str,
+        private: bool = False,
+        token: Optional[str] = None,
+        metrics: Optional[dict[str, float]] = None,
+        data: Optional[str] = None,
+        commit_message: Optional[str] = None,
+    ) -> str:
+        """Upload the :meth:`save_pretrained` folder to the Hugging Face Hub repository ``repo_id``
+        (created if needed), with a model card (``README.md``: kind, config, ``data``, ``metrics``);
+        returns the commit URL. ``token``: default the logged-in user's (``hf auth login``)."""
+        import tempfile
+
+        from vlp.interop.hub import model_card, upload
+
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = self.save_pretrained(Path(tmp) / "model")
+            (folder / "README.md").write_text(model_card(self.config_dict(), metrics, data))
+            return upload(folder, repo_id, private, token, commit_message)
 
     def config_dict(self) -> dict:
         """The content of ``config.json``."""

@@ -77,6 +77,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "resume", None):
         args.overrides = [*args.overrides, f"train.resume={args.resume}"]
+    if getattr(args, "report_to", None):
+        args.overrides = [*args.overrides, f"train.report_to=[{','.join(args.report_to)}]"]
     if args.command not in MULTI_PROCESS and launch_rank()[0] != 0:
         return 0  # launched as several processes: this command's files are made by rank 0 alone
     try:

@@ -49,6 +49,18 @@ def add_resume(s: argparse.ArgumentParser) -> None:
     )
 
 
+def add_report_to(s: argparse.ArgumentParser) -> None:
+    """``--report-to tensorboard wandb|none`` of the training commands: the override
+    ``train.report_to=[...]`` (:func:`vlp.cli.main` appends it)."""
+    s.add_argument(
+        "--report-to",
+        nargs="+",
+        metavar="tensorboard|wandb|none",
+        help="metric sinks next to metrics.jsonl (always written): tensorboard (RUN/tb/), wandb, or none "
+        "(= train.report_to=[...]; docs/training.md)",
+    )
+
+
 def _add_config_command(
     sub: Any, name: str, text: str, example: str, overrides: str, func: Callable[[argparse.Namespace], None]
 ) -> None:
@@ -57,6 +69,7 @@ def _add_config_command(
     s.add_argument("--config", required=True, help=f"YAML config (e.g. {example})")
     s.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {overrides}")
     add_resume(s)
+    add_report_to(s)
     s.set_defaults(func=func)
 
 

@@ -21,6 +21,7 @@ HARMLESS = (
     "output_dir",  # where the run lives (a run directory moved or copied elsewhere), not what it does
     "train.progress",
     "train.loggers",
+    "train.report_to",
     "train.wandb_project",
     "train.log_every",
     "train.ckpt_every",

@@ -94,6 +94,9 @@ class TrainConfig:
     average: AverageConfig = field(default_factory=AverageConfig)
     # Extra metric sinks next to metrics.jsonl (always written): tensorboard (RUN/tb/), wandb.
     loggers: list[str] = field(default_factory=list)
+    # The same as Hugging Face's and accelerate's name for it: [tensorboard, wandb] or [none]
+    # (None: train.loggers decides; both given and different is an error). Sets train.loggers.
+    report_to: Optional[list[str]] = None
     wandb_project: Optional[str] = None  # None: "vlp"
 
     def __post_init__(self) -> None:
@@ -107,6 +110,8 @@ class TrainConfig:
             )
         for name in self.loggers:
             _choice("train.loggers", name, ["tensorboard", "wandb"])
+        if self.report_to is not None:
+            self.loggers = self._reported()
         if self.steps < 1:
             raise ConfigError(f"config key 'train.steps': got {self.steps}, expected >= 1")
         for path, scale in self.lr_scale.items():
@@ -128,6 +133,23 @@ class TrainConfig:
                 "config keys 'train.resume'/'train.average.snapshots': resuming a run that averages "
                 "weights is not supported (the snapshots taken before the checkpoint are not saved)"
             )
+
+    def _reported(self) -> list[str]:
+        """``train.report_to`` as the sinks of ``train.loggers`` (checked against it when both are set)."""
+        names = list(self.report_to or [])
+        for name in names:
+            _choice("train.report_to", name, ["tensorboard", "wandb", "none"])
+        if not names or ("none" in names and len(names) > 1):
+            raise ConfigError(
+                f"config key 'train.report_to': got {names}, expected some of [tensorboard, wandb], or [none]"
+            )
+        chosen = [n for n in names if n != "none"]
+        if self.loggers and sorted(set(self.loggers)) != sorted(set(chosen)):
+            raise ConfigError(
+                f"config keys 'train.report_to'/'train.loggers': {names} and {self.loggers} disagree; "
+                "set one of them (train.loggers is the older name of train.report_to)"
+            )
+        return chosen
 
 
 @dataclass

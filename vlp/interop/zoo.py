@@ -51,6 +51,7 @@ from typing import Optional
 from vlp.errors import CheckpointError, ConfigError, DownloadError
 from vlp.interop.albef import KINDS, KeyReport, convert_albef_file
 from vlp.interop.download import CHUNK, deadline_s, timeout_s, torch_file_problem, transfer
+from vlp.interop.hub import download, is_repo_id
 from vlp.locks import file_lock
 from vlp.weights import MANIFEST, find_checkpoint
 
@@ -166,17 +167,23 @@ def format_pretrained() -> str:
     )
 
 
-def resolve_pretrained(name_or_path: str | os.PathLike, cache: Optional[Path] = None, progress: bool = True) -> Path:
-    """An existing path as is; else a zoo tag, fetched (:func:`fetch`); else :class:`CheckpointError`
-    listing the known tags. A local folder named like a tag wins over the tag."""
+def resolve_pretrained(
+    name_or_path: str | os.PathLike, cache: Optional[Path] = None, progress: bool = True, revision: Optional[str] = None
+) -> Path:
+    """An existing path as is; else a zoo tag, fetched (:func:`fetch`); else a Hugging Face Hub id
+    (``org/name``, at ``revision``: :func:`vlp.interop.hub.download`); else :class:`CheckpointError`
+    listing the known tags. A local folder named like a tag or an id wins over it."""
     path = Path(name_or_path)
     if path.exists():
         return path
     name = os.fspath(name_or_path)
     if name in PRETRAINED:
         return fetch(name, cache, progress)
+    if is_repo_id(name):
+        return download(name, revision)
     raise CheckpointError(
-        f"{name}: no such file or folder, and not a pretrained model name (known: {', '.join(PRETRAINED)})"
+        f"{name}: no such file or folder, not a pretrained model name (known: {', '.join(PRETRAINED)}), "
+        "not a Hugging Face Hub id (org/name) and not a model preset (vlp.list_models())"
     )
 
 
