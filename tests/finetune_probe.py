@@ -14,7 +14,8 @@ import os
 import sys
 
 import vlp.eval.retrieval as retrieval
-import vlp.runs.finetune as finetune
+import vlp.runs.finetune.classification as classification
+import vlp.runs.finetune.vqa as vqa
 from vlp.cli import main
 
 seen = {"itm_pairs": 0, "itm_calls": 0, "vqa_questions": 0, "vqa_calls": 0, "nlvr_items": 0, "nlvr_calls": 0}
@@ -35,8 +36,9 @@ def _count(module, name, items, calls, size):
 
 
 _count(retrieval, "itm_scores", "itm_pairs", "itm_calls", lambda args, out: len(out))
-_count(finetune, "rank_answer_indices", "vqa_questions", "vqa_calls", lambda args, out: len(out))
-_count(finetune, "nlvr_correct", "nlvr_items", "nlvr_calls", lambda args, out: len(out))
+_count(vqa, "rank_answer_indices", "vqa_questions", "vqa_calls", lambda args, out: len(out))
+# NLVR2 and SNLI-VE classify through one function; the probe's runs are NLVR2's
+_count(classification, "classify_correct", "nlvr_items", "nlvr_calls", lambda args, out: len(out))
 
 if __name__ == "__main__":
     out, args = sys.argv[1], sys.argv[2:]

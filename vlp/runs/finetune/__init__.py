@@ -1,0 +1,63 @@
+"""Fine-tuning: ``vlp finetune retrieval|vqa|nlvr2|ve|grounding`` and ``vlp pretrain nlvr-ta``, one
+module per task (NLVR2 and SNLI-VE share :mod:`~vlp.runs.finetune.classification`).
+
+Every run: read the pretrained checkpoint's model config, change the resolution (position
+embedding interpolated) and any ``model_overrides``, build the task model, load the weights
+(:func:`vlp.models.transfer.load_pretrained`) into a :class:`~vlp.runs.common.Job`, train with the
+shared loop, validate every epoch keeping the best checkpoint, and evaluate the best checkpoint on
+the test split at the end (:mod:`~vlp.runs.finetune.common`). Like the rest of :mod:`vlp.runs`,
+this is glue: it reads files, the tasks and models never do.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from vlp.config import FinetuneConfig
+from vlp.runs.finetune.classification import (
+    classify_correct,
+    nlvr_accuracy,
+    nlvr_correct,
+    run_finetune_nlvr,
+    run_finetune_ve,
+)
+from vlp.runs.finetune.common import ConstantImage, finetune_job, finetune_model_config, shard_of
+from vlp.runs.finetune.grounding import run_finetune_grounding
+from vlp.runs.finetune.nlvr_ta import run_nlvr_ta
+from vlp.runs.finetune.retrieval import contrastive_task, run_finetune_retrieval
+from vlp.runs.finetune.vqa import predict_answers, rank_answer_indices, run_finetune_vqa
+
+__all__ = [
+    "RUNNERS",
+    "ConstantImage",
+    "classify_correct",
+    "contrastive_task",
+    "finetune_job",
+    "finetune_model_config",
+    "nlvr_accuracy",
+    "nlvr_correct",
+    "predict_answers",
+    "rank_answer_indices",
+    "run_finetune",
+    "run_finetune_grounding",
+    "run_finetune_nlvr",
+    "run_finetune_retrieval",
+    "run_finetune_ve",
+    "run_finetune_vqa",
+    "run_nlvr_ta",
+    "shard_of",
+]
+
+RUNNERS: dict[str, Callable[[FinetuneConfig], dict]] = {
+    "retrieval": run_finetune_retrieval,
+    "vqa": run_finetune_vqa,
+    "nlvr2": run_finetune_nlvr,
+    "nlvr-ta": run_nlvr_ta,
+    "ve": run_finetune_ve,
+    "grounding": run_finetune_grounding,
+}
+
+
+def run_finetune(cfg: FinetuneConfig) -> dict:
+    """Fine-tune ``cfg.task``; returns its results (``results.json``)."""
+    return RUNNERS[cfg.task](cfg)
