@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator, Optional, Protocol, cast
+from typing import Any, Callable, ContextManager, Iterator, Optional, cast
 
 import torch
 from accelerate import Accelerator
@@ -111,20 +111,10 @@ def stateful_modules(inner: nn.Module) -> list[nn.Module]:
     return [m for m in inner.modules() if hasattr(m, "end_step")]
 
 
-class PostBackward(Protocol):
-    """The post-backward work as one callable (``train.compile=full``'s graph,
-    :class:`vlp.train.post_step.PostStep`): clip, check, step, EMA, queues and the step's
-    statistics for optimizer step ``step`` (0-based) at learning rate ``lr``; clears the gradients;
-    returns ``(norm, skipped)``."""
-
-    def __call__(
-        self,
-        outs: list[dict[str, torch.Tensor]],
-        step: int,
-        lr: float,
-        stats: StepStats,
-        phase: Callable[[str], ContextManager[None]],
-    ) -> tuple[Optional[torch.Tensor], torch.Tensor]: ...
+#: the post-backward work as one callable (``train.compile=full``'s graph,
+#: :class:`vlp.train.post_step.PostStep`): ``(outs, step, lr, stats, phase) -> (norm, skipped)``,
+#: clip, check, step, EMA, queues and the step's statistics; it clears the gradients
+PostBackward = Callable[..., tuple[Optional[torch.Tensor], torch.Tensor]]
 
 
 def no_phase(name: str) -> ContextManager[None]:
