@@ -4,6 +4,7 @@ weights, COCOS counts."""
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 from pathlib import Path
 from typing import Optional, Sequence
@@ -17,6 +18,7 @@ from PIL import Image  # noqa: E402
 
 from vlp.data.formats import RetrievalSplit
 from vlp.errors import DataError
+from vlp.losses.matching import ITM_NEGATIVES_PER_POSITIVE, itm_prior_loss
 from vlp.train.logging import read_metrics  # noqa: E402
 
 LOSS_KEYS = ("loss", "itc", "itm", "mlm", "contrastive", "ltd_rec", "ltd_lambda")
@@ -25,10 +27,24 @@ LOSS_KEYS = ("loss", "itc", "itm", "mlm", "contrastive", "ltd_rec", "ltd_lambda"
 TRAJECTORY_KEYS = ("alpha", "temp", "ltd_lambda", "ltd_violation", "srcl_alpha_h")
 
 
-def plot_metric_panels(metrics_jsonl: str | Path, out: str | Path, keys: Sequence[str], what: str) -> Path:
+def loss_levels() -> dict[str, tuple[float, str]]:
+    """Reference levels of the loss panels: ITM's prior, the loss of a head that always predicts
+    the share of matching pairs (1 positive : ``ITM_NEGATIVES_PER_POSITIVE`` negatives)."""
+    prior = itm_prior_loss()
+    return {"itm": (prior, f"class prior, 1 : {ITM_NEGATIVES_PER_POSITIVE} ({prior:.4f})")}
+
+
+def plot_metric_panels(
+    metrics_jsonl: str | Path,
+    out: str | Path,
+    keys: Sequence[str],
+    what: str,
+    levels: Optional[dict[str, tuple[float, str]]] = None,
+) -> Path:
     """One panel per key of ``keys`` that some record of ``metrics.jsonl`` holds (value against
     step), side by side, 400 x 320 pixels each. Records without a key (a log window of skipped
-    steps has no losses) or with null are left out of its panel."""
+    steps has no losses) or with null are left out of its panel. ``levels``: per key, a
+    horizontal reference line (value, legend label) drawn in its panel."""
     rows = read_metrics(metrics_jsonl)
     wanted, keys = list(keys), [k for k in keys if any(r.get(k) is not None for r in rows)]
     if not keys:
@@ -36,7 +52,11 @@ def plot_metric_panels(metrics_jsonl: str | Path, out: str | Path, keys: Sequenc
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
     for ax, k in zip(axes[0], keys):
         pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None, label=k)
+        if levels and k in levels:
+            value, label = levels[k]
+            ax.axhline(value, color="gray", ls="--", lw=1, label=label)
+            ax.legend(fontsize=7)
         ax.set_title(k)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -47,8 +67,9 @@ def plot_metric_panels(metrics_jsonl: str | Path, out: str | Path, keys: Sequenc
 
 
 def plot_losses(metrics_jsonl: str | Path, out: str | Path, keys: Sequence[str] = LOSS_KEYS) -> Path:
-    """Training curves from ``metrics.jsonl`` (one panel per loss term)."""
-    return plot_metric_panels(metrics_jsonl, out, keys, "losses")
+    """Training curves from ``metrics.jsonl`` (one panel per loss term); the ITM panel marks the
+    loss of the class prior (:func:`loss_levels`)."""
+    return plot_metric_panels(metrics_jsonl, out, keys, "losses", loss_levels())
 
 
 def plot_trajectories(metrics_jsonl: str | Path, out: str | Path, keys: Sequence[str] = TRAJECTORY_KEYS) -> Path:
@@ -96,7 +117,8 @@ def plot_retrieval_grid(
     """The grid of :func:`retrieval_rows`: a caption, then its top-k images (green frame: the
     caption's own image, orange: another image it is true of), 180 x 190 pixels per cell.
     ``heatmaps``: per row, the maps [k, h, w] of its top-k images (Grad-CAM of the caption over
-    each image, ``vlp plot retrieval --gradcam``), drawn over the images; ``note`` ends the title."""
+    each image, ``vlp plot retrieval --gradcam``), drawn over the images as contour lines
+    (:func:`_heat_overlay`) with one colour bar; ``note`` ends the title."""
     if heatmaps is not None and [len(h) for h in heatmaps] != [len(r["top"]) for r in rows]:
         raise ValueError("expected one heat map per retrieved image of every row")
     k = max(len(r["top"]) for r in rows)
@@ -120,7 +142,10 @@ def plot_retrieval_grid(
                 s.set_linewidth(4 if color else 1)
             ax.set_title(f"#{r + 1}{ax.get_title()}", fontsize=7)
     fig.suptitle(f"text -> image: green = ground truth, orange = also true of the caption{note}", fontsize=8)
-    fig.tight_layout()
+    if heatmaps is None:
+        fig.tight_layout()
+    else:
+        _layout_with_heat_bar(fig)
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return Path(out)
@@ -168,7 +193,9 @@ def plot_weight_heatmap(
     w: torch.Tensor, image_paths: Sequence[str], captions: Sequence[str], out: str | Path, title: str = ""
 ) -> Path:
     """One batch's SRCL weight matrix (rows: image anchors, i2t; columns: captions). The
-    diagonal (positives, weight 1 by definition) is hatched; each row's negatives average 1."""
+    diagonal (positives, weight 1 by definition) is hatched; each row's negatives average 1.
+    Captions are wrapped to the room above their column and cut short with an ellipsis where
+    they do not fit (:func:`_column_captions`)."""
     n = w.shape[0]
     fig = plt.figure(figsize=(1.2 + 0.62 * n, 2.2 + 0.55 * n))
     ax = fig.add_axes((0.14, 0.05, 0.72, 0.62))
@@ -188,7 +215,7 @@ def plot_weight_heatmap(
                     color="white" if float(w[i, j]) < 0.6 * vmax else "black",
                 )
     ax.set_xticks(range(n))
-    ax.set_xticklabels(["\n".join(textwrap.wrap(c, 24)[:6]) for c in captions], rotation=90, fontsize=6)
+    ax.set_xticklabels(_column_captions(captions, fig, ax, fontsize=6), rotation=90, fontsize=6)
     ax.xaxis.tick_top()
     ax.set_yticks(range(n))
     ax.set_yticklabels([f"image {i}" for i in range(n)], fontsize=6)
@@ -207,6 +234,27 @@ def plot_weight_heatmap(
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return Path(out)
+
+
+def _column_captions(captions: Sequence[str], fig: plt.Figure, ax: plt.Axes, fontsize: float) -> list[str]:
+    """``captions`` as vertical column labels of ``ax`` (drawn top, rotated 90 degrees) that fit:
+    wrapped to lines as long as the room between the axes and the figure's title allows (a
+    rotated line runs upwards), as many lines as fit side by side in one column's width; a
+    caption longer than that ends with an ellipsis."""
+    fig_w, fig_h = fig.get_size_inches()
+    box = ax.get_position()
+    column_pt = box.width * fig_w * 72 / max(1, len(captions))
+    above_pt = (1 - box.y1) * fig_h * 72 - 3 * fontsize - 8  # the title's line and the ticks' pad
+    lines = max(1, int((column_pt - 3) / (1.25 * fontsize)))  # matplotlib's line spacing is 1.2
+    width = max(8, int(above_pt / (0.62 * fontsize)))  # 0.62 em: a wide average glyph of DejaVu Sans
+    out = []
+    for caption in captions:
+        wrapped = textwrap.wrap(caption, width) or [""]
+        if len(wrapped) > lines:
+            wrapped = wrapped[:lines]
+            wrapped[-1] = wrapped[-1][: width - 1].rstrip() + "\u2026"
+        out.append("\n".join(wrapped))
+    return out
 
 
 def plot_weight_histogram(
@@ -260,12 +308,31 @@ def plot_run_curves(
     return Path(out)
 
 
+def integer_bins(top: int, max_bins: int = 40) -> list[float]:
+    """Histogram edges for whole numbers 0..``top``: at k - 0.5, each bin ``ceil((top + 1) /
+    max_bins)`` counts wide, the last bin reaching past ``top``."""
+    width = max(1, math.ceil((top + 1) / max_bins))
+    return [k - 0.5 for k in range(0, top + width + 1, width)]
+
+
 def plot_cocos(counts: dict[str, torch.Tensor], out: str | Path, title: str) -> Path:
-    """Histograms of COCOS per-query contributing-candidate counts, one panel per direction."""
+    """Histograms of COCOS per-query contributing-candidate counts, one panel per direction.
+    Counts are whole numbers: the bins are centred on them (edges at k - 0.5), one count a bin
+    up to 40 bins, else the fewest whole counts a bin that keep to 40 (:func:`integer_bins`)."""
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = plt.subplots(1, len(counts), figsize=(5 * len(counts), 3.4), squeeze=False)
     for ax, (direction, c) in zip(axes[0], counts.items()):
         c = c.float()
-        ax.hist(c.numpy(), bins=min(40, max(5, int(c.max().item()) + 1)), color="tab:blue", alpha=0.8)
+        ax.hist(
+            c.numpy(),
+            bins=integer_bins(int(c.max().item()) if c.numel() else 0),
+            color="tab:blue",
+            alpha=0.8,
+            edgecolor="white",
+            linewidth=0.5,
+        )
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(
             f"{direction}: mean {c.mean():.2f}, zero-gradient queries {(c == 0).float().mean():.1%}", fontsize=9
         )
@@ -351,24 +418,56 @@ def plot_confusion(
     return Path(path)
 
 
-def _heat_overlay(ax, image: Image.Image, heatmap: torch.Tensor, title: str) -> None:
-    """``image`` with ``heatmap`` [h, w] upsampled bicubically to its pixels (as
+#: Grad-CAM maps are contour lines of this perceptual colour map over the untinted image
+HEAT_CMAP = "viridis"
+#: the levels of the lines, on the map scaled to [0, 1]
+HEAT_LEVELS = (0.2, 0.4, 0.6, 0.8)
+#: the label of a figure's colour bar of those levels
+GRADCAM_LABEL = "Grad-CAM (normalised)"
+
+
+def _heat_overlay(ax: plt.Axes, image: Image.Image, heatmap: torch.Tensor, title: str) -> None:
+    """``image`` as it is, with ``heatmap`` [h, w] upsampled bicubically to its pixels (as
     :func:`vlp.eval.grounding.box_scores` does), scaled to [0, 1] per map (ALBEF's ``getAttMap``)
-    and drawn over it in the jet colour map."""
+    and drawn over it as contour lines at ``HEAT_LEVELS`` in ``HEAT_CMAP``, each outlined in black
+    so that it shows on any colour. The image is not tinted: the colours a caption names can be
+    checked by eye. A constant map has no lines and " (flat)" ends its title. The figure's colour
+    bar: :func:`_layout_with_heat_bar`."""
+    import matplotlib.patheffects as pe
     import torch.nn.functional as F
 
     w, h = image.size
     up = F.interpolate(heatmap.detach().float().cpu()[None, None], size=(h, w), mode="bicubic", align_corners=False)
     up = up[0, 0] - up.min()
-    if float(up.max()) > 0:
-        up = up / up.max()
-    else:  # a constant map (e.g. a word's map in the last fusion layer, where it is zero)
+    flat = not float(up.max()) > 0  # a constant map (e.g. a word's map in the last fusion layer: zero)
+    if flat:
         title += " (flat)"
+    else:
+        up = up / up.max()
     ax.imshow(image)
-    ax.imshow(up.numpy(), cmap="jet", alpha=0.5, vmin=0.0, vmax=1.0)
+    if not flat:
+        lines = ax.contour(up.numpy(), levels=HEAT_LEVELS, cmap=HEAT_CMAP, vmin=0.0, vmax=1.0, linewidths=1.3)
+        lines.set_path_effects([pe.Stroke(linewidth=2.3, foreground="black"), pe.Normal()])
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title(title, fontsize=8)
+
+
+def _layout_with_heat_bar(fig: plt.Figure, strip: float = 0.9) -> None:
+    """``tight_layout`` of ``fig`` widened by ``strip`` inches on the right, where the one colour
+    bar of its Grad-CAM panels goes (``HEAT_CMAP`` over [0, 1], ticks at 0, ``HEAT_LEVELS`` and 1,
+    labelled ``GRADCAM_LABEL``)."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
+    w, h = fig.get_size_inches()
+    fig.set_size_inches(w + strip, h)
+    right = w / (w + strip)
+    fig.tight_layout(rect=(0.0, 0.0, right, 1.0))
+    cax = fig.add_axes((right + 0.08 * strip / (w + strip), 0.12, 0.16 / (w + strip), 0.76))
+    bar = fig.colorbar(ScalarMappable(Normalize(0.0, 1.0), HEAT_CMAP), cax=cax, ticks=(0.0, *HEAT_LEVELS, 1.0))
+    bar.set_label(GRADCAM_LABEL, fontsize=7)
+    bar.ax.tick_params(labelsize=6)
 
 
 def _open_rgb(image: str | Path | Image.Image) -> Image.Image:
@@ -402,7 +501,8 @@ def plot_word_heatmaps(
 ) -> Path:
     """One PNG grid (``vlp explain``): the image, the mean of the maps over every token (the
     grounding map), then one panel per word token (``[CLS]``/``[SEP]``/``[PAD]`` have no panel of
-    their own) with its heat map [h, w] of ``maps`` [T, h, w] over the image, titled by the word."""
+    their own) with its heat map [h, w] of ``maps`` [T, h, w] over the image (contour lines,
+    :func:`_heat_overlay`), titled by the word; one colour bar at the right."""
     if maps.dim() != 3 or len(tokens) != maps.shape[0]:
         raise ValueError(f"expected one map [h, w] per token: {len(tokens)} tokens, maps {tuple(maps.shape)}")
     rgb = _open_rgb(image)
@@ -417,7 +517,7 @@ def plot_word_heatmaps(
         _heat_overlay(ax, rgb, maps[i], tokens[i])
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    _layout_with_heat_bar(fig)
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return Path(out)
@@ -426,8 +526,9 @@ def plot_word_heatmaps(
 def plot_grounding_examples(rows: Sequence[dict], out: str | Path, cols: int = 4) -> Path:
     """Grounding examples (``vlp evaluate grounding``): per row of ``rows`` (``image`` path,
     ``text``, ``heatmap`` [h, w], ``chosen`` and ``target`` boxes ``[x, y, w, h]``, ``hit``) the
-    image under its heat map, the target box (green, dashed) and the chosen box (white when right,
-    red when wrong), titled by the expression."""
+    image under its heat map (contour lines, :func:`_heat_overlay`; one colour bar), the target
+    box (green, dashed) and the chosen box (white when right, red when wrong), titled by the
+    expression."""
     from matplotlib.patches import Rectangle
 
     if not rows:
@@ -447,7 +548,7 @@ def plot_grounding_examples(rows: Sequence[dict], out: str | Path, cols: int = 4
                 Rectangle((x - 0.5, y - 0.5), w, h, fill=False, linewidth=1.5, edgecolor=colour, linestyle=line)
             )
     fig.suptitle("green dashed: target; white: chosen (right), red: chosen (wrong)", fontsize=8)
-    fig.tight_layout()
+    _layout_with_heat_bar(fig)
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return Path(out)

@@ -14,7 +14,7 @@ import torch
 from vlp.config import ContrastiveConfig
 from vlp.dist import all_gather_nograd, all_gather_with_grad, own_rows, world_size
 from vlp.losses.contrastive import contrastive_loss, cosines, itc_targets, soft_infonce
-from vlp.losses.matching import itm_loss, race_noise, sample_hard_negatives
+from vlp.losses.matching import ITM_NEGATIVES_PER_POSITIVE, itm_loss, race_noise, sample_hard_negatives
 from vlp.losses.mlm import gather_masked, mask_tokens, mlm_capacity, mlm_loss
 from vlp.models.albef import ALBEF, ImageFeatures, TextFeatures
 from vlp.models.text import ImageKV, select_kv
@@ -235,10 +235,11 @@ def pair_kv(pairs: ITMPairs, image_kv: ImageKV) -> ImageKV:
 
 
 def itm_loss_at(model: ALBEF, fused: torch.Tensor, pairs: ITMPairs) -> torch.Tensor:
-    """ITM loss of the pairs' fused states [3B, T, H] (B positives, then 2B negatives)."""
+    """ITM loss of the pairs' fused states [3B, T, H] (B positives, then 2B negatives:
+    ``ITM_NEGATIVES_PER_POSITIVE``)."""
     logits = model.itm_logits(fused)
-    b3 = logits.shape[0]
-    labels = (torch.arange(b3, device=logits.device) < b3 // 3).long()
+    rows = logits.shape[0]
+    labels = (torch.arange(rows, device=logits.device) < rows // (1 + ITM_NEGATIVES_PER_POSITIVE)).long()
     return itm_loss(logits, labels, pairs.valid, pairs.total)
 
 
