@@ -96,6 +96,9 @@ def test_retrieval_finetune_runs_validates_and_keeps_best(world, pretrained, tmp
     assert (sd["queue.ids"] >= -100).all() and (sd["queue.ids"] != -100).sum() == 4 * 8  # 4 steps x batch 8
     model, cfg, _ = load_model(out / "checkpoints" / "best", torch.device("cpu"))
     assert isinstance(model, ALBEF) and model.mlm_head is None and cfg.model.vision.img_size == 80
+    # its evaluation preprocessing is saved next to the model: 80 px, the fine-tuning run's data.max_len
+    pre = json.loads((out / "checkpoints" / "best" / "preprocessor.json").read_text())
+    assert (pre["image_size"], pre["max_len"], pre["caption_cleaning"]) == (80, 32, "pre_caption")
     # and it evaluates like any checkpoint; the ALBEF protocol preset takes exactly this kind
     ev = ["evaluate", "retrieval", "--data", str(world["retrieval_test"])]
     best = ["--checkpoint", str(out / "checkpoints" / "best"), "--preset", "albef-flickr"]
@@ -151,6 +154,8 @@ def test_vqa_finetune_writes_official_predictions(world, pretrained, tmp_path):
     assert all(set(p) == {"question_id", "answer"} and p["answer"] in answers for p in preds)
     model, _, _ = load_model(out, torch.device("cpu"))
     assert isinstance(model, VQAModel)
+    pre = json.loads((out / "checkpoints" / "step_0000004" / "preprocessor.json").read_text())
+    assert pre["caption_cleaning"] == "pre_question" and pre["answer_max_len"] is not None
 
 
 def test_nlvr_text_assignment_then_finetune(world, pretrained, tmp_path):

@@ -22,7 +22,8 @@ A ``save_pretrained`` directory (docs/api.md) holds exactly:
   vlp, without one, loads unchecked).
 
 Loading such a directory goes through no training code (no :mod:`vlp.runs`, no loaders); a
-checkpoint folder or run directory is read with :func:`vlp.pretrained.load_model` (manifest verified).
+checkpoint folder or run directory is opened with :func:`vlp.checkpoint.open_checkpoint` (manifest
+verified, read once; its ``preprocessor.json`` where training wrote one).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import copy
 import functools
 import json
 import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple, Optional, Sequence, Union
 
@@ -39,14 +39,15 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vlp.config import ImageConfig, ModelConfig, from_dict, to_dict
-from vlp.data.images import MIN_SIDE, open_image, to_rgb, upscale_tiny
-from vlp.data.transforms import test_transform, tokenize
+from vlp.checkpoint import PREPROCESSOR, Preprocessor, open_checkpoint
+from vlp.config import FinetuneConfig, ModelConfig, from_dict, to_dict
+from vlp.data.images import open_image, to_rgb, upscale_tiny
+from vlp.data.transforms import tokenize
 from vlp.errors import CheckpointError
 from vlp.eval.mode import evaluating
 from vlp.hardware import default_device
 from vlp.interop.zoo import resolve_pretrained
-from vlp.models.build import build_task_model, model_image_size, without_init_sources
+from vlp.models.build import build_task_model, without_init_sources
 from vlp.models.gradcam import GradCAM, fusion_layer_index, gradcam, token_mean
 from vlp.version import __version__
 from vlp.weights import (
@@ -65,7 +66,7 @@ Images = Union[ImageLike, Sequence[ImageLike]]
 Texts = Union[str, Sequence[str]]
 
 FORMAT, FORMAT_VERSION = "vlp-pretrained", 1
-CONFIG, WEIGHTS, PREPROCESSOR = "config.json", "model.safetensors", "preprocessor.json"
+CONFIG, WEIGHTS = "config.json", "model.safetensors"
 #: state-dict prefixes save_pretrained leaves out (training-only state)
 DROPPED = ("momentum.", "queue.")
 RETRIEVAL_KINDS = ("pretrain", "helper", "retrieval")
@@ -87,30 +88,6 @@ class Explanation(NamedTuple):
 
 class UnsupportedKind(ValueError):
     """A method the loaded checkpoint kind cannot run (e.g. ``answer`` on a pretraining checkpoint)."""
-
-
-@dataclass
-class Preprocessor:
-    """How inputs become model inputs (``preprocessor.json``): evaluation images are
-    ``Resize((image_size, image_size), bicubic)`` without crop, then normalised with ``mean``/``std``
-    (images whose shorter side is below ``min_side`` are first upscaled to it, as
-    :func:`vlp.data.images.open_image` does); texts are cleaned (``pre_caption``, or ALBEF's
-    ``pre_question`` for VQA questions), tokenized, truncated at ``max_len`` tokens and padded to the
-    longest text of a call. ``answer_max_len``: VQA candidate answers' token limit (VQA only)."""
-
-    image_size: int
-    mean: list[float]
-    std: list[float]
-    max_len: int
-    resize: str = "bicubic, no crop"
-    min_side: int = MIN_SIDE
-    caption_cleaning: str = "pre_caption"
-    padding: str = "longest"
-    answer_max_len: Optional[int] = None
-
-    def image_transform(self):
-        """The evaluation transform (:func:`vlp.data.transforms.test_transform`)."""
-        return test_transform(self.image_size, ImageConfig(mean=list(self.mean), std=list(self.std)))
 
 
 def build_inference_model(kind: str, model: ModelConfig, vocab_size: int) -> nn.Module:
@@ -244,39 +221,32 @@ class VLPModel:
 
     @classmethod
     def _from_checkpoint(cls, path: Path, device: torch.device, batch_size: int) -> VLPModel:
-        from vlp.config import FINETUNE_TASKS, FinetuneConfig
         from vlp.data.downstream_formats import load_answer_list
-        from vlp.pretrained import load_model
-        from vlp.weights import find_checkpoint, read_state
 
-        ckpt = find_checkpoint(path)
-        state = read_state(ckpt)
-        kind = state.get("task", "pretrain")
-        model, cfg, tokenizer = load_model(ckpt, device)
-        max_len, answers, k_test, answer_max_len = cfg.model.text.max_len, None, 128, None
-        data: Any = cfg.data.train
-        if kind in FINETUNE_TASKS:  # the fine-tuning run's text settings
-            ft = from_dict(FinetuneConfig, state["config"])
-            max_len, k_test, data = ft.data.max_len, ft.vqa.k_test, ft.data.train
-            if kind == "vqa":
-                answer_max_len = ft.vqa.answer_max_len
-                if ft.data.answer_list and Path(ft.data.answer_list).is_file():
-                    answers = load_answer_list(ft.data.answer_list)
-        pre = Preprocessor(
-            model_image_size(cfg.model),
-            list(cfg.data.image.mean),
-            list(cfg.data.image.std),
-            max_len,
-            caption_cleaning="pre_question" if kind == "vqa" else "pre_caption",
-            answer_max_len=answer_max_len,
-        )
+        ckpt = open_checkpoint(path, device)
+        answers, k_test, data = None, 128, ckpt.pretrain_config.data.train
+        if isinstance(ckpt.config, FinetuneConfig):  # the fine-tuning run's settings
+            ft = ckpt.config
+            k_test, data = ft.vqa.k_test, ft.data.train
+            if ckpt.kind == "vqa" and ft.data.answer_list and Path(ft.data.answer_list).is_file():
+                answers = load_answer_list(ft.data.answer_list)
         source = {
-            "checkpoint": str(ckpt.resolve()),
-            "step": state.get("step"),
-            "vlp_version": state.get("vlp_version"),
+            "checkpoint": str(ckpt.path.resolve()),
+            "step": ckpt.state.get("step"),
+            "vlp_version": ckpt.state.get("vlp_version"),
             "data": [str(f) for f in data] if isinstance(data, list) else data,
         }
-        return cls(model, kind, cfg.model, tokenizer, pre, answers, k_test, source, batch_size)
+        return cls(
+            ckpt.load(),
+            ckpt.kind,
+            ckpt.model_config,
+            ckpt.tokenizer,
+            ckpt.preprocessor,
+            answers,
+            k_test,
+            source,
+            batch_size,
+        )
 
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write ``config.json``, ``model.safetensors`` (no momentum twins or queues), the tokenizer
@@ -289,7 +259,7 @@ class VLPModel:
         with removed_on_failure(tmp, out):
             save_tensors(inference_weights(self.model), tmp / WEIGHTS, metadata={"format": "pt"})
             (tmp / CONFIG).write_text(json.dumps(self.config_dict(), indent=2) + "\n")
-            (tmp / PREPROCESSOR).write_text(json.dumps(asdict(self.preprocessor), indent=2) + "\n")
+            (tmp / PREPROCESSOR).write_text(self.preprocessor.to_json())
             self.tokenizer.save_pretrained(str(tmp))
             return publish(tmp, out)
 

@@ -1,56 +1,23 @@
-"""A model, its config and tokenizer from a checkpoint (the read side of a vlp checkpoint).
-
-Shared by the commands (:mod:`vlp.runs`), the inference API (:mod:`vlp.api`) and the ALBEF
-converter (:mod:`vlp.interop.albef`); it imports no training or command code. The model itself is
-built by :func:`vlp.models.build.build_task_model`; this module adds the tokenizer
-(:mod:`vlp.data.transforms`), which ``vlp.models`` must not import.
-"""
+"""The older names of the read side of a vlp checkpoint, kept for callers that import them:
+:func:`load_model` is :func:`vlp.checkpoint.open_checkpoint` as ``(model, config, tokenizer)``.
+vlp's own code opens checkpoints with :func:`vlp.checkpoint.open_checkpoint`."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
+from torch import nn
 
-from vlp.config import ModelConfig, PretrainConfig, from_dict
-from vlp.data.transforms import load_tokenizer
-from vlp.hardware import default_device
-from vlp.models.build import build_task_model, model_image_size, without_init_sources
-from vlp.weights import find_checkpoint, load_weights, read_state
+from vlp.checkpoint import checkpoint_model_config, image_size, open_checkpoint
+from vlp.config import PretrainConfig
 
-
-def image_size(cfg: PretrainConfig) -> int:
-    """Input resolution of a run config's model."""
-    return model_image_size(cfg.model)
+__all__ = ["checkpoint_model_config", "image_size", "load_model"]
 
 
-def checkpoint_model_config(state: dict) -> ModelConfig:
-    """The model config recorded in a checkpoint's ``state.json`` (fine-tuned checkpoints carry it
-    under "model"; pretraining ones inside their "config")."""
-    if "model" in state:
-        return from_dict(ModelConfig, state["model"])
-    return from_dict(PretrainConfig, state["config"]).model
-
-
-def load_model(checkpoint: str | Path, device: Optional[torch.device] = None):
-    """Model, config and tokenizer from a checkpoint folder or run directory (strict load). The
-    model is the checkpoint's kind (pretraining ALBEF, dual encoder, retrieval, VQA, NLVR2); the
-    config is a :class:`PretrainConfig` (a fine-tuned checkpoint's model, image and eval settings)."""
-    from vlp.config import FINETUNE_TASKS, FinetuneConfig
-
-    ckpt = find_checkpoint(checkpoint)
-    state = read_state(ckpt)
-    kind = state.get("task", "pretrain")
-    if kind in FINETUNE_TASKS:
-        ft = from_dict(FinetuneConfig, state["config"])
-        cfg = PretrainConfig(model=checkpoint_model_config(state), eval=ft.eval)
-        cfg.data.image = ft.data.image
-    else:
-        cfg = from_dict(PretrainConfig, state["config"])
-    without_init_sources(cfg.model)  # the checkpoint holds every weight: skip initial-weight loading
-    tokenizer = load_tokenizer(cfg.model.text)
-    model = build_task_model(kind, cfg.model, len(tokenizer))
-    load_weights(model, ckpt)
-    model.eval()
-    return model.to(device or default_device()), cfg, tokenizer
+def load_model(checkpoint: str | Path, device: Optional[torch.device] = None) -> tuple[nn.Module, PretrainConfig, Any]:
+    """Model, config and tokenizer from a checkpoint folder or run directory (strict load): the
+    ``model``, ``pretrain_config`` and ``tokenizer`` of :func:`vlp.checkpoint.open_checkpoint`."""
+    ckpt = open_checkpoint(checkpoint, device)
+    return ckpt.load(), ckpt.pretrain_config, ckpt.tokenizer

@@ -4,7 +4,8 @@ newest valid one of a run).
 
 A checkpoint folder holds ``model.safetensors`` (all weights incl. momentum twins and queues),
 ``state.json``, optionally ``task_state.safetensors`` (a task's non-model parts: the LTD decoder,
-lambda and its momentum) and ``manifest.json`` (each file's size and SHA-256, written last).
+lambda and its momentum), ``preprocessor.json`` (a training run's evaluation preprocessing, read by
+:func:`vlp.checkpoint.open_checkpoint`) and ``manifest.json`` (each file's size and SHA-256, written last).
 
 The write side is here too (:func:`save_checkpoint`): written into ``NAME.tmp/``, every file
 flushed to disk, the manifest written last, then renamed to ``NAME``, so a folder under its final
@@ -333,14 +334,19 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: O
 
 
 def save_checkpoint(
-    directory: str | Path, model: nn.Module, state: dict[str, Any], task_state: Optional[dict[str, torch.Tensor]] = None
+    directory: str | Path,
+    model: nn.Module,
+    state: dict[str, Any],
+    task_state: Optional[dict[str, torch.Tensor]] = None,
+    files: Optional[Mapping[str, str]] = None,
 ) -> Path:
-    """Write ``directory/model.safetensors``, ``state.json`` and (if given and non-empty)
-    ``task_state.safetensors`` atomically, with a manifest (:func:`removed_on_failure`)."""
+    """Write ``directory/model.safetensors``, ``state.json``, (if given and non-empty)
+    ``task_state.safetensors`` and the text ``files`` (name -> content, e.g. ``preprocessor.json``)
+    atomically, with a manifest (:func:`removed_on_failure`)."""
     directory = Path(directory)
     tmp = staging(directory)
     with removed_on_failure(tmp, directory):
-        write_parts(tmp, model, state, task_state)
+        write_parts(tmp, model, state, task_state, files)
         return publish(tmp, directory)
 
 
@@ -397,13 +403,20 @@ def staging(directory: Path) -> Path:
 
 
 def write_parts(
-    tmp: Path, model: nn.Module, state: dict[str, Any], task_state: Optional[dict[str, torch.Tensor]] = None
+    tmp: Path,
+    model: nn.Module,
+    state: dict[str, Any],
+    task_state: Optional[dict[str, torch.Tensor]] = None,
+    files: Optional[Mapping[str, str]] = None,
 ) -> None:
-    """The main process's files of a checkpoint, into the staging folder."""
+    """The main process's files of a checkpoint, into the staging folder: the weights, the task
+    state, ``state.json`` and the text ``files`` (name -> content; the manifest lists them all)."""
     save_tensors(weights_to_save(model), tmp / "model.safetensors")
     if task_state:
         save_tensors({k: v.detach().contiguous() for k, v in task_state.items()}, tmp / TASK_STATE)
     (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
+    for name, text in (files or {}).items():
+        (tmp / name).write_text(text)
 
 
 def _fsync(path: Path) -> None:

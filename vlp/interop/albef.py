@@ -489,7 +489,7 @@ def convert_albef_file(
     config: Optional[str | Path] = None,
 ) -> KeyReport:
     """``vlp convert albef``: an ALBEF ``.pth`` -> a vlp checkpoint folder (``model.safetensors``,
-    ``state.json``, ``key_report.json``) that :func:`vlp.pretrained.load_model` / ``vlp evaluate`` read."""
+    ``state.json``, ``key_report.json``) that :func:`vlp.checkpoint.open_checkpoint` / ``vlp evaluate`` read."""
     from vlp.config import FINETUNE_TASKS, FinetuneConfig, ModelConfig, PretrainConfig, load_config, to_dict
     from vlp.models.build import build_task_model
     from vlp.version import __version__
@@ -532,14 +532,12 @@ def convert_albef_file(
 def export_albef_checkpoint(ckpt: str | Path, out: str | Path) -> KeyReport:
     """``vlp convert to-albef``: a vlp checkpoint folder -> ``torch.save({"model": sd})`` in the
     ALBEF layout of its task (pretrain / retrieval / vqa / nlvr / ve)."""
-    from vlp.pretrained import load_model
-    from vlp.weights import find_checkpoint, read_state
+    from vlp.checkpoint import open_checkpoint
 
-    path = find_checkpoint(ckpt)
-    task = read_state(path).get("task", "pretrain")
-    model, cfg, _ = load_model(path, torch.device("cpu"))
-    if cfg.model.arch != "albef" or task not in ALBEF_KIND:
-        raise CheckpointError(f"{path}: a {cfg.model.arch} {task!r} checkpoint has no ALBEF layout")
+    opened = open_checkpoint(ckpt, torch.device("cpu"))
+    path, task, model = opened.path, opened.kind, opened.load()
+    if opened.model_config.arch != "albef" or task not in ALBEF_KIND:
+        raise CheckpointError(f"{path}: a {opened.model_config.arch} {task!r} checkpoint has no ALBEF layout")
     albef, report = export_albef_report(model.state_dict(), ALBEF_KIND[task])
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": {k: v.detach().cpu().contiguous() for k, v in albef.items()}}, str(out))

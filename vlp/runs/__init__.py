@@ -18,6 +18,7 @@ This is the glue layer: it reads files, builds tokenizer, model, data and task, 
 A command prints what its run function returns as a family's ``format_*`` function words it
 (:func:`vlp.runs.bench.format_bench`, :func:`vlp.runs.evaluate.format_metrics`, ...).
 
-A model, its config and tokenizer from a checkpoint come from :mod:`vlp.pretrained`, below this layer
-(the inference API uses it too).
+Every command that reads a checkpoint opens it with :func:`vlp.checkpoint.open_checkpoint`, below
+this layer (found, verified and read once: kind, config, model, tokenizer, preprocessing; the
+inference API and the fine-tuning job use it too).
 """

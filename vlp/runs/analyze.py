@@ -12,13 +12,12 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch.utils.data import DataLoader
 
+from vlp.checkpoint import image_size, open_checkpoint
 from vlp.config import apply_overrides
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
 from vlp.data.transforms import test_transform
-from vlp.pretrained import image_size, load_model
 from vlp.runs.common import build_regulator, check_images
-from vlp.weights import find_checkpoint, read_state
 
 
 def _srcl_weights(model: Any, regulator: Any, batch: dict, device: torch.device, step: int, a: float) -> tuple:
@@ -53,15 +52,15 @@ def run_srcl_weight_plots(
     from vlp.progress import progress
     from vlp.viz import plot_weight_heatmap, plot_weight_histogram
 
-    ckpt = find_checkpoint(run)
-    model, cfg, tokenizer = load_model(ckpt)
-    cfg = apply_overrides(cfg, overrides)
+    ckpt = open_checkpoint(run)
+    model, tokenizer = ckpt.load(), ckpt.tokenizer
+    cfg = apply_overrides(ckpt.pretrain_config, overrides)
     if cfg.loss.regulation == "none":
         cfg.loss.regulation = "srcl"
     regulator, cache = build_regulator(cfg)
     device = next(model.parameters()).device
     regulator.to(device)
-    step = int(read_state(ckpt).get("step", 0))
+    step = ckpt.step or 0
     a = regulator.alpha_h(step) if alpha_h is None else alpha_h
     samples = load_pairs(cfg.data.train, cfg.data.image_root)
     dataset = ImageTextDataset(samples, test_transform(image_size(cfg), cfg.data.image), cache)
@@ -157,9 +156,9 @@ def run_cocos(
     from vlp.progress import progress
     from vlp.viz import plot_cocos
 
-    ckpt = find_checkpoint(checkpoint)
-    model, cfg, tokenizer = load_model(ckpt)
-    cfg = apply_overrides(cfg, overrides)
+    ckpt = open_checkpoint(checkpoint)
+    model, tokenizer = ckpt.load(), ckpt.tokenizer
+    cfg = apply_overrides(ckpt.pretrain_config, overrides)
     c = cfg.loss.contrastive
     tau = c.tau if c.tau is not None else float(getattr(model, "temp", 0.05))
     samples = load_pairs(list(data), cfg.data.image_root)
@@ -196,7 +195,7 @@ def run_cocos(
     summary = {key: mean_std(v) for key, v in per_batch.items()}
     record = {
         "loss": loss,
-        "checkpoint": str(ckpt),
+        "checkpoint": str(ckpt.path),
         "data": [str(d) for d in data],
         "batches": n,
         "batch_size": cfg.data.batch_size,

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, Union
 import torch
 from torch import nn
 
+from vlp.checkpoint import PREPROCESSOR, Preprocessor, image_size, open_checkpoint, preprocessor_of
 from vlp.config import BadSampleConfig, FinetuneConfig, LTDConfig, ModelConfig, PretrainConfig, to_dict, to_yaml
 from vlp.config.resume import resume_changes
 from vlp.data.datasets import BAD_SAMPLE_HINT
@@ -22,7 +23,6 @@ from vlp.dist import launch_rank
 from vlp.errors import ConfigError, DataError
 from vlp.models.build import model_image_size
 from vlp.models.open_clip_helper import is_open_clip_spec
-from vlp.pretrained import image_size, load_model
 from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.tasks.regulation import SRCLRegulator, helper_span
@@ -80,6 +80,10 @@ class Job:
         check_images(images, self.cfg.data)
         return bad_sample_args(self.cfg.data)
 
+    def preprocessor(self) -> Preprocessor:
+        """The evaluation preprocessing of the run's checkpoints (``preprocessor.json`` in each)."""
+        return preprocessor_of(self.kind, self.cfg, self.model_cfg)
+
     def start(self) -> Path:
         """Create the run directory (:func:`prepare_run_dir`)."""
         return prepare_run_dir(self.cfg)
@@ -117,6 +121,7 @@ class Job:
             accelerator=self.accelerator(),
             validation=validation,
             max_bad_fraction=self.cfg.data.max_bad_fraction,
+            files={PREPROCESSOR: self.preprocessor().to_json()},
         )
 
 
@@ -278,7 +283,8 @@ def build_regulator(
             cache = open_clip_helper_cache(cfg)
             dim = cache.dim
         elif s.helper:
-            helper, hcfg, _ = load_model(s.helper, torch.device("cpu"))
+            opened = open_checkpoint(s.helper, torch.device("cpu"))
+            helper, hcfg = opened.model, opened.pretrain_config
             if image_size(hcfg) != image_size(cfg) or hcfg.model.text.tokenizer != cfg.model.text.tokenizer:
                 raise ConfigError(
                     f"config key 'loss.srcl.helper': the live helper {s.helper} must take the same "

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
+from vlp.checkpoint import image_size, open_checkpoint
 from vlp.config import EvalConfig, apply_overrides
 from vlp.data.formats import RetrievalSplit, load_relevance, load_retrieval_split
 from vlp.data.json_entries import read_json
@@ -19,9 +20,7 @@ from vlp.dist import barrier, is_dist, rank, world_size
 from vlp.errors import CheckpointError, DataError
 from vlp.eval.retrieval import RetrievalResult, check_k_test, embed, evaluate_retrieval
 from vlp.hardware import default_device
-from vlp.pretrained import image_size, load_model
 from vlp.runs.common import check_image_paths
-from vlp.weights import find_checkpoint, read_state
 
 # Zero-shot protocols (docs/evaluation.md): which checkpoint kind each takes and the eval settings.
 EVAL_PRESETS: dict[str, dict] = {
@@ -151,14 +150,15 @@ def run_evaluate_retrieval(
     main, sharded = rank() == 0, is_dist()
     if sharded:  # after a multi-process run (vlp pretrain), rank 0 has written the newest checkpoint
         barrier()
-    ckpt = find_checkpoint(checkpoint)
-    kind = read_state(ckpt).get("task", "pretrain")
+    opened = open_checkpoint(checkpoint, load=False)  # found, verified and read once; the model after the kind check
+    ckpt, kind = opened.path, opened.kind
     overrides = preset_overrides(ckpt, kind, preset, overrides)
     if preset is not None and main:
         print(f"protocol {preset}: {EVAL_PRESETS[preset]['about']}")
     show_progress = show_progress and main
-    model, cfg, tokenizer = load_model(ckpt, device)
-    cfg = apply_overrides(cfg, overrides)
+    model: Any = opened.load(device)  # a retrieval kind (checked above): ALBEF or dual encoder
+    tokenizer = opened.tokenizer
+    cfg = apply_overrides(opened.pretrain_config, overrides)
     ecfg: EvalConfig = cfg.eval
     split = load_retrieval_split(data, image_root)
     check_image_paths(split.images, split.source)  # before any encoding

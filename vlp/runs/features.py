@@ -8,15 +8,14 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from vlp.checkpoint import image_size, open_checkpoint
 from vlp.data.formats import load_pairs
 from vlp.data.helper_cache import ORACLE_KINDS, cache_rows, index_features, write_cache
 from vlp.data.transforms import test_transform
 from vlp.errors import DataError
 from vlp.hardware import default_device
 from vlp.models.open_clip_helper import is_open_clip_spec
-from vlp.pretrained import image_size, load_model
 from vlp.runs.common import cache_open_clip_features, write_feature_cache
-from vlp.weights import find_checkpoint, read_state
 
 
 @torch.no_grad()
@@ -40,8 +39,9 @@ def run_cache_helper_features(
         raise DataError(f"{out} already exists; choose another --out or remove it")
     if is_open_clip_spec(helper):
         return cache_open_clip_features(str(helper), data, out, image_root, batch_size, num_workers, show_progress)
-    ckpt = find_checkpoint(helper)
-    model, hcfg, tokenizer = load_model(ckpt)
+    ckpt = open_checkpoint(helper)
+    model: Any = ckpt.load()  # a helper: ALBEF or dual encoder
+    hcfg, tokenizer = ckpt.pretrain_config, ckpt.tokenizer
     device = next(model.parameters()).device
 
     def encode_text(texts: list[str]) -> torch.Tensor:
@@ -49,8 +49,8 @@ def run_cache_helper_features(
         return model.encode_text(tok["input_ids"].to(device), tok["attention_mask"].to(device)).feat
 
     meta = {
-        "helper": str(ckpt.resolve()),
-        "helper_step": read_state(ckpt).get("step"),
+        "helper": str(ckpt.path.resolve()),
+        "helper_step": ckpt.state.get("step"),
         "image_size": image_size(hcfg),
         "max_len": hcfg.model.text.max_len,
     }

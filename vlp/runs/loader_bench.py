@@ -284,7 +284,7 @@ def run_loader_bench(
     ``data.train`` is not read. The top-level rates are those of the decode training uses with
     ``cfg`` (``data.image.decode``: ``full`` or ``draft-crop``; the first of ``decodes`` when that
     one is not timed); ``by_decode`` holds each decode's, ``speedup`` against the first."""
-    from vlp.pretrained import image_size
+    from vlp.checkpoint import image_size
 
     if workers < 0 or warmup < 0 or rounds < 1 or batch < 1 or (n is not None and n < 1):
         raise ConfigError(

@@ -9,6 +9,7 @@ from typing import Iterable, Optional, Union
 import torch
 from accelerate.utils import set_seed
 
+from vlp.checkpoint import image_size
 from vlp.config import PretrainConfig
 from vlp.data.datasets import Collator, ImageTextDataset, train_loader
 from vlp.data.formats import load_pairs, load_retrieval_split
@@ -23,7 +24,6 @@ from vlp.models.build import build_task_model
 from vlp.models.dual import DualEncoder
 from vlp.models.transfer import load_pretrained
 from vlp.models.vision import check_vision_init, write_init_report
-from vlp.pretrained import image_size
 from vlp.runs.common import (
     Job,
     bad_sample_args,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import torch
 from accelerate import Accelerator
@@ -36,8 +36,9 @@ from vlp.weights import find_checkpoint, read_state, step_checkpoints, write_fai
 class Checkpointer:
     """Saves and restores one run: ``module`` (what is saved of the unwrapped task, e.g. its model)
     and the prepared optimizer and task of ``prep``. ``state`` goes into every ``state.json``, with
-    the step, the world size and the snapshot steps of ``averager``'s averages. Every rank calls
-    :meth:`save` and :meth:`resume` at the same step."""
+    the step, the world size and the snapshot steps of ``averager``'s averages; ``files`` (name ->
+    text, e.g. ``preprocessor.json``) into every checkpoint folder. Every rank calls :meth:`save` and
+    :meth:`resume` at the same step."""
 
     def __init__(
         self,
@@ -48,8 +49,9 @@ class Checkpointer:
         module: nn.Module,
         state: Optional[dict[str, Any]] = None,
         averager: Optional[WeightAverager] = None,
+        files: Optional[Mapping[str, str]] = None,
     ) -> None:
-        self.acc, self.cfg, self.run_dir = acc, cfg, run_dir
+        self.acc, self.cfg, self.run_dir, self.files = acc, cfg, run_dir, files
         self.optimizer, self.task, self.scalars = prep.optimizer, prep.inner, prep.scalars
         self.module, self.run_state, self.averager = module, state, averager
         # the run's sample counts ({"seen": n, "bad": k}) for every state.json (set by the loop), and
@@ -92,7 +94,7 @@ class Checkpointer:
             staging(final)
             with viewed_as(self.scalars, ()):
                 state = self.state(step, data_position={"batches": step * self.cfg.grad_accum_steps})
-                write_parts(tmp, self.module, state, self.extra_state())
+                write_parts(tmp, self.module, state, self.extra_state(), self.files)
 
         def rank_parts() -> None:  # optimizer, task state, RNG states: every rank writes its part
             with viewed_as(self.scalars, ()):
@@ -145,6 +147,7 @@ class Checkpointer:
                 self.module,
                 self.state(step, best=dict(best), val=metrics),
                 self.extra_state(),
+                self.files,
             )
 
     def resume(self, log: MetricsLog) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import itertools
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, NoReturn, Optional, Protocol
+from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Optional, Protocol
 
 import torch
 from accelerate import Accelerator, skip_first_batches
@@ -157,10 +157,12 @@ def train(
     checkpoint_module: Optional[Callable[[nn.Module], nn.Module]] = None,
     validation: Optional[Validation] = None,
     max_bad_fraction: Optional[float] = None,
+    files: Optional[Mapping[str, str]] = None,
 ) -> dict[str, float]:
     """Train ``task`` for ``cfg.steps`` steps; log to ``run_dir/metrics.jsonl``; checkpoint to
     ``run_dir/checkpoints/step_N``. ``state`` is stored in every checkpoint's ``state.json``;
-    ``checkpoint_module`` picks what is saved from the unwrapped task (default: ``task.model``).
+    ``checkpoint_module`` picks what is saved from the unwrapped task (default: ``task.model``);
+    ``files`` (name -> text, e.g. ``preprocessor.json``) are written into every checkpoint folder.
     ``validation``: evaluate every ``validation.every`` steps and at the end (on every rank, sharded;
     the main process decides), log to ``run_dir/val_metrics.jsonl`` and keep the best checkpoint in
     ``run_dir/checkpoints/best``. Returns the last logged record."""
@@ -171,7 +173,9 @@ def train(
     task, optimizer, inner, params = prep.task, prep.optimizer, prep.inner, prep.params
     log = open_log(run_dir, cfg, acc.is_main_process, state)  # metrics.jsonl + TensorBoard / W&B
     averager = snapshot_averager(inner, prep.loader, cfg)
-    ckpt = Checkpointer(acc, cfg, run_dir, prep, (checkpoint_module or (lambda t: t.model))(inner), state, averager)
+    ckpt = Checkpointer(
+        acc, cfg, run_dir, prep, (checkpoint_module or (lambda t: t.model))(inner), state, averager, files
+    )
     validate = Validator(validation, acc, task, inner, cfg.steps, run_dir, log, ckpt) if validation else None
     start = ckpt.resume(log) if cfg.resume else 0
     rep = Reporter(acc, cfg, log, start, ckpt.resumed_samples)

@@ -13,6 +13,7 @@ from accelerate.utils import set_seed
 from torch import nn
 from torch.utils.data import DataLoader
 
+from vlp.checkpoint import checkpoint_model_config, open_checkpoint
 from vlp.config import FinetuneConfig, ModelConfig, apply_overrides
 from vlp.data.datasets import train_loader
 from vlp.data.transforms import load_tokenizer
@@ -20,10 +21,9 @@ from vlp.dist import OtherRankDone, rank, shard_bounds, world_size
 from vlp.errors import ConfigError, DataError
 from vlp.models.build import build_task_model
 from vlp.models.transfer import load_pretrained
-from vlp.pretrained import checkpoint_model_config
 from vlp.runs.common import Job
 from vlp.train.validation import Validation
-from vlp.weights import find_checkpoint, load_weights, read_state
+from vlp.weights import load_weights
 
 
 def finetune_model_config(cfg: FinetuneConfig, source_state: dict[str, Any]) -> ModelConfig:
@@ -52,13 +52,14 @@ def finetune_job(cfg: FinetuneConfig, kind: Optional[str] = None) -> Job:
     if not cfg.data.train:
         raise DataError("config key 'data.train': no annotation files given")
     set_seed(cfg.train.seed)
-    source = find_checkpoint(cfg.pretrained)
-    model_cfg = finetune_model_config(cfg, read_state(source))
+    # found, verified and read once; its weights go into the task model (not a model of its own kind)
+    source = open_checkpoint(cfg.pretrained, load=False)
+    model_cfg = finetune_model_config(cfg, source.state)
     tokenizer = load_tokenizer(model_cfg.text)
     kind = kind or cfg.task
     model = build_task_model(kind, model_cfg, len(tokenizer))
-    transfer = load_pretrained(model, source)
-    return Job(kind, cfg, model_cfg, model, tokenizer, source=source, transfer=transfer)
+    transfer = load_pretrained(model, source.path)
+    return Job(kind, cfg, model_cfg, model, tokenizer, source=source.path, transfer=transfer)
 
 
 def start(job: Job, loader: DataLoader, items: int) -> Path:

@@ -21,14 +21,14 @@ from vlp.runs.finetune.retrieval import contrastive_task
 
 def grounding_model(job: Job):
     """The job's in-training model as a :class:`vlp.api.VLPModel` with the evaluation preprocessing
-    a saved checkpoint of the run loads with (resolution, mean/std, ``data.max_len``), so that
+    a saved checkpoint of the run loads with (:meth:`Job.preprocessor`, its ``preprocessor.json``:
+    resolution, mean/std, ``data.max_len``), so that
     validation scores exactly what ``vlp evaluate grounding`` scores on that checkpoint. The
     constructor puts the model in eval mode: build it inside :func:`vlp.eval.mode.evaluating`."""
-    from vlp.api import Preprocessor, VLPModel
+    from vlp.api import VLPModel
 
     d = cast(FinetuneConfig, job.cfg).data
-    pre = Preprocessor(job.res, list(d.image.mean), list(d.image.std), d.max_len)
-    return VLPModel(job.model, job.kind, job.model_cfg, job.tokenizer, pre, batch_size=d.eval_batch_size)
+    return VLPModel(job.model, job.kind, job.model_cfg, job.tokenizer, job.preprocessor(), batch_size=d.eval_batch_size)
 
 
 def grounding_layer(job: Job) -> int:
