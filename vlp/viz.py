@@ -421,7 +421,7 @@ def plot_confusion(
 #: Grad-CAM maps are contour lines of this perceptual colour map over the untinted image
 HEAT_CMAP = "viridis"
 #: the levels of the lines, on the map scaled to [0, 1]
-HEAT_LEVELS = (0.2, 0.4, 0.6, 0.8)
+HEAT_LEVELS = (0.25, 0.5, 0.75)
 #: the label of a figure's colour bar of those levels
 GRADCAM_LABEL = "Grad-CAM (normalised)"
 
@@ -446,8 +446,8 @@ def _heat_overlay(ax: plt.Axes, image: Image.Image, heatmap: torch.Tensor, title
         up = up / up.max()
     ax.imshow(image)
     if not flat:
-        lines = ax.contour(up.numpy(), levels=HEAT_LEVELS, cmap=HEAT_CMAP, vmin=0.0, vmax=1.0, linewidths=1.3)
-        lines.set_path_effects([pe.Stroke(linewidth=2.3, foreground="black"), pe.Normal()])
+        lines = ax.contour(up.numpy(), levels=HEAT_LEVELS, cmap=HEAT_CMAP, vmin=0.0, vmax=1.0, linewidths=1.1)
+        lines.set_path_effects([pe.Stroke(linewidth=2.0, foreground="black"), pe.Normal()])
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_title(title, fontsize=8)
