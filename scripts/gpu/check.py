@@ -763,7 +763,8 @@ def section_compile(ctx: Context) -> dict[str, Any]:
             "pairs/s > 0 every way": all(r["pairs_per_s"] > 0 for r in rows),
             "train.compile=off compiled nothing": stats["off"]["unique_graphs"] == 0,
             "train.compile=blocks compiled graphs": stats["blocks"]["unique_graphs"] > 0,
-            "train.compile=full: one forward graph, no recompile": stats["full"]["unique_graphs"] == 1
+            # the forward (with its backward) and the post-step (vlp/train/post_step.py)
+            "train.compile=full: a forward and a post-step graph, no recompile": stats["full"]["unique_graphs"] == 2
             and stats["full"]["recompiles"] == 0,
         },
         "summary": f"{p.compile_backend}: "
