@@ -70,8 +70,7 @@ def create_model_and_transforms(
         return loaded.model, loaded.transform, loaded.tokenizer
     cfg = model_config(name)
     tokenizer = load_tokenizer(cfg.text)
-    kind = "pretrain"
-    model = build_inference_model(kind, cfg, len(tokenizer))
+    model = build_inference_model("pretrain", cfg, len(tokenizer))
     transform = test_transform(model_image_size(cfg), ImageConfig())
     target = torch.device(device) if device is not None else default_device()
     return model.to(target).eval(), transform, tokenizer

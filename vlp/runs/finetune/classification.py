@@ -73,8 +73,9 @@ def run_classification(cfg: FinetuneConfig, recipe: Recipe) -> dict:
     collate = recipe.collator(job.tokenizer, d.max_len)
     train_tf = ConstantImage(job.res) if blank else job.train_transform()
     test_tf = ConstantImage(job.res) if blank else job.test_transform()
+    options = recipe.train_options(cfg)
     bad = job.bad_samples(recipe.images_of(train_items))
-    train_set = recipe.dataset(train_items, train_tf, **recipe.train_options(cfg), **bad)
+    train_set = recipe.dataset(train_items, train_tf, **options, **bad)
     start(job, make_loader(job, train_set, collate, train=True), len(train_items))
 
     def accuracy(items) -> float:
@@ -86,7 +87,7 @@ def run_classification(cfg: FinetuneConfig, recipe: Recipe) -> dict:
 
     validate = (lambda _task, _step: {"acc": accuracy(evals["val"])}) if "val" in evals else None
     fit(job, recipe.make_task(job, cfg), validate, "acc")
-    results: dict[str, Any] = {"task": recipe.task, recipe.blank_key: blank, **recipe.train_options(cfg)}
+    results: dict[str, Any] = {"task": recipe.task, recipe.blank_key: blank, **options}
     majority = None
     if recipe.majority:
         majority = max(range(len(recipe.majority)), key=lambda c: sum(it.label == c for it in train_items))
