@@ -1,4 +1,5 @@
-"""What every test shares.
+"""What every test shares: the NaN-JSON check below, and the fixtures of a module's shapes world and of
+a checkpoint pretrained on it (plain helpers and override lists are in ``tests/helpers.py``).
 
 No JSON that vlp writes may hold NaN or Infinity (issue 31, item 4): Python's ``json`` writes them as
 ``NaN``/``Infinity``, which is not JSON, and other readers refuse the file. While the suite runs,
@@ -11,9 +12,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
+
+from tests.helpers import pretrain
 
 VLP = str(Path(__file__).resolve().parent.parent / "vlp")
 _dumps, _dump = json.dumps, json.dump
@@ -52,3 +55,35 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         lines = "\n".join(f"  vlp/{site}: {why}" for site, why in sorted(NAN_WRITERS.items()))
         print(f"\nvlp wrote JSON with NaN or Infinity (not JSON) at:\n{lines}", file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ------------------------------------------------------------------ shared fixtures
+
+
+@pytest.fixture(scope="session")
+def make_world(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict[str, Path]]:
+    """``make_world(name="world", **kwargs)``: ``generate_world`` in a new temporary folder, without
+    progress bars; the paths it wrote."""
+    from vlp.data.synthetic import generate_world
+
+    def make(name: str = "world", **kwargs: Any) -> dict[str, Path]:
+        return generate_world(tmp_path_factory.mktemp(name), progress=False, **kwargs)
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def world(request: pytest.FixtureRequest, make_world: Callable[..., dict[str, Path]]) -> dict[str, Path]:
+    """The module's shapes world: ``generate_world`` with the arguments of the module's ``WORLD`` dict."""
+    return make_world(**request.module.WORLD)
+
+
+@pytest.fixture(scope="module")
+def pretrained(
+    request: pytest.FixtureRequest, world: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A run folder of ``vlp pretrain`` (configs/pretrain/shapes_tiny.yaml) on ``world``'s pretraining
+    pairs, with the module's ``PRETRAIN`` overrides."""
+    out = tmp_path_factory.mktemp("pre")
+    assert pretrain(out, world["pretrain"], *request.module.PRETRAIN) == 0
+    return out

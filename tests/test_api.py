@@ -14,6 +14,7 @@ from PIL import Image
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from tests.helpers import DUAL
 from vlp import VLPModel
 from vlp.api import CONFIG, PREPROCESSOR, WEIGHTS, UnsupportedKind, build_inference_model
 from vlp.config import (
@@ -380,14 +381,7 @@ def test_dual_encoder_encodes_but_has_no_itm(images, tmp_path):
     )
     cfg = load_config(
         PretrainConfig,
-        overrides=[
-            "model.arch=dual",
-            "loss.itm=0",
-            "loss.mlm=0",
-            "loss.distill=false",
-            "eval.score=itc",
-            "loss.contrastive.tau=0.05",
-        ],
+        overrides=DUAL,
     )
     cfg.model = mcfg
     state = {"task": "pretrain", "vlp_version": __version__, "config": to_dict(cfg), "model": to_dict(mcfg), "step": 1}

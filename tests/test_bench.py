@@ -4,35 +4,15 @@ import json
 
 import pytest
 
+from tests.helpers import NO_TASKS, QUICK, TINY_ALBEF
 from vlp.cli import main
 from vlp.config import PretrainConfig, load_config
-from vlp.data.synthetic import generate_world
 from vlp.errors import ConfigError
 from vlp.flops import step_flops
 from vlp.runs.bench import PHASES, run_bench
 
-SMALL = [
-    "model.vision.depth=1",
-    "model.text.layers=1",
-    "model.text.fusion_layers=1",
-    "data.batch_size=8",
-    "data.num_workers=0",
-    "train.progress=false",
-]
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return generate_world(
-        tmp_path_factory.mktemp("w"),
-        seed=0,
-        n_train=24,
-        n_val=0,
-        n_test=0,
-        progress=False,
-        vqa_per_image=0,
-        nlvr_per_image=0,
-    )
+SMALL = [*TINY_ALBEF, *QUICK]
+WORLD = dict(seed=0, n_train=24, n_val=0, n_test=0, **NO_TASKS)
 
 
 def test_bench_reports_phases_flops_and_mfu(world, tmp_path):

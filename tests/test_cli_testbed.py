@@ -9,15 +9,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.tasks.test_dual import DUAL
+from tests.helpers import dual_checkpoint
 from vlp.cli import main
-from vlp.config import PretrainConfig, load_config, to_dict
 from vlp.data.synthetic import false_negative_share
 from vlp.data.synthetic.scene import COLORS
 from vlp.data.targets import write_targets
-from vlp.data.transforms import load_tokenizer
-from vlp.models.dual import DualEncoder
-from vlp.train.checkpoint import save_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -130,18 +126,8 @@ def test_ltd_floor_probes_and_minimal_pairs_commands(world: Path, tmp_path: Path
     floors = json.loads((tmp_path / "floor" / "ltd_floor.json").read_text())["floors"]
     assert set(floors) == {"color", "size", "caption"} and floors["size"]["floor"] == pytest.approx(0.0, abs=1e-12)
 
-    cfg = load_config(
-        PretrainConfig,
-        None,
-        [*DUAL, "model.embed_dim=8", "model.dual.image_kwargs={channels: [4, 8, 8, 8]}", "model.dual.img_size=48"]
-        + ["model.dual.word_dim=8", "model.dual.gru_hidden=8", "model.dual.proj_hidden=16"],
-    )
-    torch.manual_seed(0)
-    model = DualEncoder(cfg.model, vocab_size=len(load_tokenizer(cfg.model.text)))
     run = tmp_path / "run"
-    save_checkpoint(
-        run / "checkpoints" / "step_0000001", model, {"task": "pretrain", "step": 1, "config": to_dict(cfg)}
-    )
+    dual_checkpoint(run)
     assert (
         main(["analyze", "probes", "--checkpoint", str(run), "--world", str(world), "--out", str(tmp_path / "p")]) == 0
     )

@@ -5,11 +5,11 @@ import json
 import pytest
 import yaml
 
+from tests.helpers import pretrain
 from vlp.cli import main
-from vlp.data.synthetic import generate_world
 from vlp.train.logging import read_metrics
 
-SMALL = [
+PRETRAIN = [
     "model.vision.depth=2",
     "model.text.layers=1",
     "model.text.fusion_layers=1",
@@ -23,34 +23,13 @@ SMALL = [
     "train.progress=false",
     "loss.alpha_ramp_steps=10",
 ]
+WORLD = dict(seed=3, n_train=96, n_val=8, n_test=24)
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return generate_world(tmp_path_factory.mktemp("world"), seed=3, n_train=96, n_val=8, n_test=24, progress=False)
-
-
-@pytest.fixture(scope="module")
-def run(world, tmp_path_factory):
-    out = tmp_path_factory.mktemp("run")
-    rc = main(
-        [
-            "pretrain",
-            "--config",
-            "configs/pretrain/shapes_tiny.yaml",
-            f"output_dir={out}",
-            f"data.train=[{world['pretrain']}]",
-            *SMALL,
-        ]
-    )
-    assert rc == 0
-    return out
-
-
-def test_pretrain_writes_run_dir_and_learns(run):
-    cfg = yaml.safe_load((run / "config.yaml").read_text())
+def test_pretrain_writes_run_dir_and_learns(pretrained):
+    cfg = yaml.safe_load((pretrained / "config.yaml").read_text())
     assert cfg["train"]["steps"] == 30 and cfg["model"]["vision"]["depth"] == 2
-    rows = read_metrics(run / "metrics.jsonl")
+    rows = read_metrics(pretrained / "metrics.jsonl")
     assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30]
     assert all(r["pairs_per_s"] > 0 for r in rows)
     first, last = rows[0], rows[-1]
@@ -58,19 +37,19 @@ def test_pretrain_writes_run_dir_and_learns(run):
     assert last["loss"] < first["loss"]
     assert last["alpha"] == pytest.approx(0.4)  # ramp over 10 steps is complete
     assert 0.001 <= last["temp"] <= 0.5
-    assert (run / "checkpoints" / "step_0000030" / "model.safetensors").is_file()
-    state = json.loads((run / "checkpoints" / "step_0000030" / "state.json").read_text())
+    assert (pretrained / "checkpoints" / "step_0000030" / "model.safetensors").is_file()
+    state = json.loads((pretrained / "checkpoints" / "step_0000030" / "state.json").read_text())
     assert state["step"] == 30 and state["task"] == "pretrain"
 
 
-def test_evaluate_retrieval_cli(run, world, tmp_path):
+def test_evaluate_retrieval_cli(pretrained, world, tmp_path):
     out = tmp_path / "eval"
     rc = main(
         [
             "evaluate",
             "retrieval",
             "--checkpoint",
-            str(run),
+            str(pretrained),
             "--data",
             str(world["retrieval_test"]),
             "--relevance",
@@ -125,17 +104,8 @@ def test_cli_user_errors_are_one_clear_line(world, tmp_path, capsys):
     assert not (tmp_path / "w").exists()  # refused before any file is written
 
 
-def test_existing_run_is_never_overwritten(run, world, capsys):
-    before = (run / "metrics.jsonl").read_bytes()
-    rc = main(
-        [
-            "pretrain",
-            "--config",
-            "configs/pretrain/shapes_tiny.yaml",
-            f"output_dir={run}",
-            f"data.train=[{world['pretrain']}]",
-            *SMALL,
-        ]
-    )
+def test_existing_run_is_never_overwritten(pretrained, world, capsys):
+    before = (pretrained / "metrics.jsonl").read_bytes()
+    rc = pretrain(pretrained, world["pretrain"], *PRETRAIN)
     assert rc == 2 and "already holds a run" in capsys.readouterr().err
-    assert (run / "metrics.jsonl").read_bytes() == before
+    assert (pretrained / "metrics.jsonl").read_bytes() == before

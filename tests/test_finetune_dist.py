@@ -11,31 +11,15 @@ VQA questions it ranked and the NLVR2 statements it classified.
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from vlp.config import PretrainConfig, load_config, to_dict
-from vlp.data.synthetic import generate_world
-from vlp.models.albef import ALBEF
-from vlp.train.checkpoint import save_checkpoint
+from tests.helpers import ROOT, TINY_ALBEF_32, launch, splits, untrained_checkpoint
 
 pytestmark = pytest.mark.multiprocess  # every test here launches two processes (or uses runs that did)
 
-ROOT = Path(__file__).parents[1]
-TINY = [
-    "model.vision.depth=1",
-    "model.vision.img_size=32",
-    "model.text.layers=1",
-    "model.text.fusion_layers=1",
-    "model.queue_size=16",
-    "model.embed_dim=16",
-]
+WORLD = dict(seed=4, n_train=16, n_val=5, n_test=7, image_size=32)
 STILL = [
     "train.lr=0",
     "train.min_lr=0",
@@ -54,20 +38,10 @@ STILL = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> tuple[dict[str, Path], Path]:
-    root = tmp_path_factory.mktemp("ft_dist")
-    world = generate_world(root / "world", seed=4, n_train=16, n_val=5, n_test=7, image_size=32, progress=False)
-    cfg = load_config(PretrainConfig, ROOT / "configs" / "pretrain" / "shapes_tiny.yaml", TINY)
-    torch.manual_seed(0)
-    ckpt = save_checkpoint(
-        root / "pretrained", ALBEF(cfg.model), {"task": "pretrain", "config": to_dict(cfg), "step": 0}
+def setup(world, tmp_path_factory) -> tuple[dict[str, Path], Path]:
+    ckpt = untrained_checkpoint(
+        tmp_path_factory.mktemp("ft_dist") / "pretrained", [*TINY_ALBEF_32, "model.embed_dim=16"]
     )
     return world, ckpt
 
@@ -75,22 +49,9 @@ def setup(tmp_path_factory) -> tuple[dict[str, Path], Path]:
 def _finetune(task: str, out: Path, processes: int, args: list[str]) -> list[dict]:
     """Run the fine-tuning on ``processes`` processes; the per-rank probe records."""
     probe = out.parent / f"{out.name}_probe"
-    cmd = [
-        str(ROOT / "tests" / "finetune_probe.py"),
-        str(probe),
-        "finetune",
-        task,
-        "--config",
-        str(ROOT / "configs" / "finetune" / f"shapes_{task}.yaml"),
-        f"output_dir={out}",
-        *STILL,
-        *args,
-    ]
-    if processes > 1:
-        cmd = ["-m", "torch.distributed.run", f"--nproc_per_node={processes}", f"--master_port={_free_port()}", *cmd]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    res = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
-    assert res.returncode == 0, res.stderr[-4000:]
+    config = str(ROOT / "configs" / "finetune" / f"shapes_{task}.yaml")
+    cli = ["finetune", task, "--config", config, f"output_dir={out}", *STILL, *args]
+    launch([str(ROOT / "tests" / "finetune_probe.py"), str(probe), *cli], processes)
     return [json.loads(Path(f"{probe}.rank{r}.json").read_text()) for r in range(processes)]
 
 
@@ -106,14 +67,7 @@ def _approx(a, b) -> None:
 
 def test_retrieval_validation_and_test_on_two_processes_equal_one(setup, tmp_path) -> None:
     world, ckpt = setup
-    args = [
-        f"pretrained={ckpt}",
-        f"data.train=[{world['retrieval_train']}]",
-        f"data.val={world['retrieval_val']}",
-        f"data.test={world['retrieval_test']}",
-        "eval.k_test=3",
-        "eval.itm_batch_size=4",
-    ]
+    args = [f"pretrained={ckpt}", *splits(world, "retrieval"), "eval.k_test=3", "eval.itm_batch_size=4"]
     (one,), two = _finetune("retrieval", tmp_path / "one", 1, args), _finetune("retrieval", tmp_path / "two", 2, args)
     v1, v2 = _val(tmp_path / "one"), _val(tmp_path / "two")
     assert [v["step"] for v in v1] == [v["step"] for v in v2] == [2, 4]
@@ -132,14 +86,7 @@ def test_retrieval_validation_and_test_on_two_processes_equal_one(setup, tmp_pat
 
 def test_vqa_validation_and_test_predictions_on_two_processes_equal_one(setup, tmp_path) -> None:
     world, ckpt = setup
-    args = [
-        f"pretrained={ckpt}",
-        f"data.train=[{world['vqa_train']}]",
-        f"data.val={world['vqa_val']}",
-        f"data.test={world['vqa_test']}",
-        f"data.answer_list={world['answer_list']}",
-        "vqa.k_test=3",
-    ]
+    args = [f"pretrained={ckpt}", *splits(world, "vqa"), f"data.answer_list={world['answer_list']}", "vqa.k_test=3"]
     (one,), two = _finetune("vqa", tmp_path / "one", 1, args), _finetune("vqa", tmp_path / "two", 2, args)
     for a, b in zip(_val(tmp_path / "one"), _val(tmp_path / "two")):
         _approx(a, b)
@@ -159,12 +106,7 @@ def test_vqa_validation_and_test_predictions_on_two_processes_equal_one(setup, t
 
 def test_nlvr2_validation_and_test_on_two_processes_equal_one(setup, tmp_path) -> None:
     world, ckpt = setup
-    args = [
-        f"pretrained={ckpt}",
-        f"data.train=[{world['nlvr_train']}]",
-        f"data.val={world['nlvr_dev']}",
-        f"data.test={world['nlvr_test']}",
-    ]
+    args = [f"pretrained={ckpt}", *splits(world, "nlvr", "dev")]
     (one,), two = _finetune("nlvr2", tmp_path / "one", 1, args), _finetune("nlvr2", tmp_path / "two", 2, args)
     for a, b in zip(_val(tmp_path / "one"), _val(tmp_path / "two")):
         _approx(a, b)

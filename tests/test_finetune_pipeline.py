@@ -6,58 +6,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers import FT, QUICK, TINY_ALBEF, splits
 from vlp.cli import main
-from vlp.data.synthetic import generate_world
 from vlp.models.albef import ALBEF
 from vlp.models.nlvr import NLVRModel
 from vlp.models.vqa import VQAModel
 from vlp.pretrained import load_model
 
-TINY = [
-    "model.vision.depth=1",
-    "model.text.layers=1",
-    "model.text.fusion_layers=1",
-    "model.queue_size=32",
-    "model.embed_dim=32",
-    "data.batch_size=8",
-    "data.num_workers=0",
-    "train.steps=2",
-    "train.progress=false",
-]
-FT = [
-    "data.batch_size=8",
-    "data.eval_batch_size=16",
-    "data.num_workers=0",
-    "train.epochs=null",
-    "train.steps=4",
-    "eval_every=2",
-    "train.progress=false",
-    "train.log_every=2",
-]
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return generate_world(tmp_path_factory.mktemp("world"), seed=5, n_train=32, n_val=6, n_test=8, progress=False)
-
-
-@pytest.fixture(scope="module")
-def pretrained(world, tmp_path_factory):
-    out = tmp_path_factory.mktemp("pre")
-    assert (
-        main(
-            [
-                "pretrain",
-                "--config",
-                "configs/pretrain/shapes_tiny.yaml",
-                f"output_dir={out}",
-                f"data.train=[{world['pretrain']}]",
-                *TINY,
-            ]
-        )
-        == 0
-    )
-    return out
+WORLD = dict(seed=5, n_train=32, n_val=6, n_test=8)
+PRETRAIN = [*TINY_ALBEF, "model.queue_size=32", "model.embed_dim=32", *QUICK, "train.steps=2"]
 
 
 def _ft(task, world, pretrained, out, *extra):
@@ -68,19 +25,7 @@ def _ft(task, world, pretrained, out, *extra):
 
 def test_retrieval_finetune_runs_validates_and_keeps_best(world, pretrained, tmp_path, capsys):
     out = tmp_path / "ret"
-    assert (
-        _ft(
-            "retrieval",
-            world,
-            pretrained,
-            out,
-            f"data.train=[{world['retrieval_train']}]",
-            f"data.val={world['retrieval_val']}",
-            f"data.test={world['retrieval_test']}",
-            "eval.k_test=4",
-        )
-        == 0
-    )
+    assert _ft("retrieval", world, pretrained, out, *splits(world, "retrieval"), "eval.k_test=4") == 0
     val = [json.loads(line) for line in (out / "val_metrics.jsonl").read_text().splitlines()]
     assert [v["step"] for v in val] == [2, 4]
     best = max(val, key=lambda v: v["r_mean"])  # ties keep the first
@@ -130,19 +75,7 @@ def test_retrieval_finetune_runs_validates_and_keeps_best(world, pretrained, tmp
 
 def test_vqa_finetune_writes_official_predictions(world, pretrained, tmp_path):
     out = tmp_path / "vqa"
-    assert (
-        _ft(
-            "vqa",
-            world,
-            pretrained,
-            out,
-            f"data.train=[{world['vqa_train']}]",
-            f"data.val={world['vqa_val']}",
-            f"data.test={world['vqa_test']}",
-            f"data.answer_list={world['answer_list']}",
-        )
-        == 0
-    )
+    assert _ft("vqa", world, pretrained, out, *splits(world, "vqa"), f"data.answer_list={world['answer_list']}") == 0
     res = json.loads((out / "results.json").read_text())
     assert 0 <= res["val"]["acc"] <= 100 and "acc" in res["val_baseline_most_frequent_per_type"]
     # the world's answers are plain words and digits: the leave-one-out average can only lower the score
@@ -164,18 +97,7 @@ def test_nlvr_text_assignment_then_finetune(world, pretrained, tmp_path):
     ta_state = load_file(str(ta / "checkpoints" / "step_0000004" / "model.safetensors"))
     assert not any(k.startswith("momentum.twin.") for k in ta_state) and "ta_head.weight" in ta_state
     out = tmp_path / "nlvr"
-    assert (
-        _ft(
-            "nlvr2",
-            world,
-            ta,
-            out,
-            f"data.train=[{world['nlvr_train']}]",
-            f"data.val={world['nlvr_dev']}",
-            f"data.test={world['nlvr_test']}",
-        )
-        == 0
-    )
+    assert _ft("nlvr2", world, ta, out, *splits(world, "nlvr", "dev")) == 0
     res = json.loads((out / "results.json").read_text())
     assert res["test"]["n"] == len(json.loads(world["nlvr_test"].read_text())) and 0 <= res["test"]["acc"] <= 100
     model, _, _ = load_model(out, torch.device("cpu"))
@@ -222,21 +144,10 @@ def test_retrieval_finetune_with_ltd_and_srcl(world, pretrained, tmp_path):
     targets = tmp_path / "targets.safetensors"
     assert main(["make-targets", "--data", str(world["retrieval_train"]), "--out", str(targets)]) == 0
     out = tmp_path / "ret_ltd"
-    assert (
-        _ft(
-            "retrieval",
-            world,
-            pretrained,
-            out,
-            f"data.train=[{world['retrieval_train']}]",
-            "loss.ltd.mode=constraint",
-            f"loss.ltd.targets={targets}",
-            "loss.regulation=srcl",
-            "loss.srcl.delta=1.0",
-            "loss.ltd.hidden=32",
-        )
-        == 0
-    )
+    train = f"data.train=[{world['retrieval_train']}]"
+    ltd = ["loss.ltd.mode=constraint", f"loss.ltd.targets={targets}"]
+    srcl = ["loss.regulation=srcl", "loss.srcl.delta=1.0"]
+    assert _ft("retrieval", world, pretrained, out, train, *ltd, *srcl, "loss.ltd.hidden=32") == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert all("ltd_rec" in r and "ltd_lambda" in r for r in rows), rows[0].keys()
     assert all(r["srcl_alpha_h"] == 0.0 for r in rows)  # fine-tuning regulates with the live model only
@@ -253,24 +164,9 @@ def test_retrieval_finetune_reports_val_and_test_in_eval_mode(world, pretrained,
     from vlp.runs.evaluate import run_evaluate_retrieval
 
     out = tmp_path / "ret_dropout"
-    assert (
-        _ft(
-            "retrieval",
-            world,
-            pretrained,
-            out,
-            f"data.train=[{world['retrieval_train']}]",
-            f"data.val={world['retrieval_val']}",
-            f"data.test={world['retrieval_test']}",
-            "eval.k_test=4",
-            "model_overrides=[text.dropout=0.3]",
-            "train.lr=0",
-            "train.min_lr=0",
-            "train.warmup_lr=0",
-            "eval.itm_batch_size=16",
-        )
-        == 0
-    )
+    still = ["model_overrides=[text.dropout=0.3]", "train.lr=0", "train.min_lr=0", "train.warmup_lr=0"]
+    extra = [*splits(world, "retrieval"), "eval.k_test=4", *still, "eval.itm_batch_size=16"]
+    assert _ft("retrieval", world, pretrained, out, *extra) == 0
     val = [json.loads(line) for line in (out / "val_metrics.jsonl").read_text().splitlines()]
     res = json.loads((out / "results.json").read_text())
     best = out / "checkpoints" / "best"

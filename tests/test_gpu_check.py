@@ -3,18 +3,17 @@ subprocess through the same wrapper the Makefile runs, so the GPU check cannot r
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parents[1]
+from tests.helpers import ROOT, load_script
+
 SECTIONS = ["world", "itc", "resume", "collectives", "bench", "retrieval", "compile"]
 
 
@@ -133,14 +132,7 @@ def test_a_failing_or_overrunning_section_is_recorded_and_the_others_still_run(t
 
 
 def load_check_module():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu" / "check.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        del sys.modules[spec.name]
-    return mod
+    return load_script("scripts/gpu/check.py", "gpu_check")
 
 
 def test_cuda_rng_states_counted_in_every_checkpoint_format():

@@ -5,8 +5,8 @@ import json
 import pytest
 from safetensors.torch import load_file
 
+from tests.helpers import pretrain
 from vlp.cli import main
-from vlp.data.synthetic import generate_world
 from vlp.train.logging import read_metrics
 from vlp.weights import find_checkpoint, load_task_state, read_state
 
@@ -25,9 +25,8 @@ SMALL = [
 ]
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return generate_world(tmp_path_factory.mktemp("world"), seed=3, n_train=24, n_val=4, n_test=12, progress=False)
+WORLD = dict(seed=3, n_train=24, n_val=4, n_test=12)
+CONFIG = "configs/ltd/shapes_dual.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -40,25 +39,10 @@ def targets(world, tmp_path_factory):
 @pytest.fixture(scope="module")
 def ltd_run(world, targets, tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "ltd"
-    rc = main(
-        [
-            "pretrain",
-            "--config",
-            "configs/ltd/shapes_dual.yaml",
-            f"output_dir={out}",
-            f"data.train=[{world['pretrain']}]",
-            f"data.eval={world['retrieval_test']}",
-            f"data.relevance={world['relevance_test']}",
-            "loss.ltd.mode=constraint",
-            "loss.ltd.eta=0.1",
-            f"loss.ltd.targets={targets}",
-            "loss.ltd.encoder=minilm",
-            "train.steps=6",
-            "train.average.snapshots=2",
-            "train.average.fraction=0.5",
-            *SMALL,
-        ]
-    )
+    evaluation = [f"data.eval={world['retrieval_test']}", f"data.relevance={world['relevance_test']}"]
+    ltd = ["loss.ltd.mode=constraint", "loss.ltd.eta=0.1", f"loss.ltd.targets={targets}", "loss.ltd.encoder=minilm"]
+    averaging = ["train.steps=6", "train.average.snapshots=2", "train.average.fraction=0.5"]
+    rc = pretrain(out, world["pretrain"], *evaluation, *ltd, *averaging, *SMALL, config=CONFIG)
     assert rc == 0
     return out
 
@@ -89,7 +73,7 @@ def test_stale_or_mismatched_targets_are_refused(world, targets, tmp_path, capsy
     args = [
         "pretrain",
         "--config",
-        "configs/ltd/shapes_dual.yaml",
+        CONFIG,
         f"output_dir={tmp_path / 'r'}",
         "train.steps=1",
         "loss.ltd.mode=dual",
@@ -120,21 +104,7 @@ def test_stale_or_mismatched_targets_are_refused(world, targets, tmp_path, capsy
 )
 def test_zoo_and_itd_runs(world, tmp_path, variant):
     out = tmp_path / "run"
-    assert (
-        main(
-            [
-                "pretrain",
-                "--config",
-                "configs/ltd/shapes_dual.yaml",
-                f"output_dir={out}",
-                f"data.train=[{world['pretrain']}]",
-                "train.steps=2",
-                *SMALL,
-                *variant,
-            ]
-        )
-        == 0
-    )
+    assert pretrain(out, world["pretrain"], "train.steps=2", *SMALL, *variant, config=CONFIG) == 0
     rows = read_metrics(out / "metrics.jsonl")
     assert rows[-1]["contrastive"] > 0
     if "loss.ltd.decoder=tokens" in variant:  # token NLL summed per caption: ~ length x log(vocab)

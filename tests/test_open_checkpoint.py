@@ -10,43 +10,26 @@ import pytest
 import safetensors.torch
 import torch
 
+from tests.helpers import QUICK, ROOT, SHAPES_TINY, TINY_ALBEF
 from vlp import VLPModel, weights
 from vlp.checkpoint import PREPROCESSOR, Checkpoint, Preprocessor, open_checkpoint, preprocessor_of
 from vlp.cli import main
 from vlp.config import FinetuneConfig, FinetuneDataConfig, PretrainConfig, load_config, to_dict
-from vlp.data.synthetic import generate_world
 from vlp.models.albef import ALBEF
 from vlp.runs.finetune import finetune_job
 from vlp.weights import MANIFEST, save_checkpoint, step_checkpoints
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "pretrain" / "shapes_tiny.yaml"
+CONFIG = ROOT / SHAPES_TINY
 CPU = torch.device("cpu")
-TINY = [
-    "model.vision.depth=1",
-    "model.text.layers=1",
-    "model.text.fusion_layers=1",
-    "model.embed_dim=32",
-    "data.batch_size=8",
-    "data.num_workers=0",
-    "train.steps=2",
-    "train.ckpt_every=1",
-    "train.progress=false",
-]
+TINY = [*TINY_ALBEF, "model.embed_dim=32", *QUICK, "train.steps=2", "train.ckpt_every=1"]
+WORLD = dict(seed=3, n_train=16, n_val=2, n_test=6)
+PRETRAIN = TINY
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return generate_world(tmp_path_factory.mktemp("world"), seed=3, n_train=16, n_val=2, n_test=6, progress=False)
-
-
-@pytest.fixture(scope="module")
-def run(world, tmp_path_factory) -> Path:
+def run(pretrained: Path) -> Path:
     """A tiny pretraining run (2 steps, a checkpoint after each), through the command line."""
-    out = tmp_path_factory.mktemp("pre") / "run"
-    argv = ["pretrain", "--config", str(CONFIG), f"output_dir={out}", f"data.train=[{world['pretrain']}]", *TINY]
-    assert main(argv) == 0
-    return out
+    return pretrained
 
 
 def count_reads(monkeypatch) -> Counter:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import NO_TASKS
 from vlp.config import FinetuneConfig, PretrainConfig, load_config
-from vlp.data.synthetic import generate_world
 
 ROOT = Path(__file__).parents[1]
 PRETRAIN = (
@@ -80,23 +80,13 @@ def test_srcl_4m_recipe():
     assert all(getattr(c.train, k) == getattr(base.train, k) for k in same) and c.data.train == base.data.train
 
 
-def test_albef_4m_config_trains_when_shrunk(tmp_path):
+def test_albef_4m_config_trains_when_shrunk(make_world, tmp_path):
     """The recipe's loss, data and schedule keys run as they are; only sizes, weights and data are
     swapped for a CPU-sized stand-in."""
     from vlp.cli import main
     from vlp.train.logging import read_metrics
 
-    world = generate_world(
-        tmp_path / "world",
-        seed=1,
-        n_train=32,
-        n_val=0,
-        n_test=0,
-        image_size=32,
-        progress=False,
-        vqa_per_image=0,
-        nlvr_per_image=0,
-    )
+    world = make_world(seed=1, n_train=32, n_val=0, n_test=0, image_size=32, **NO_TASKS)
     small = [
         "model.vision.preset=tiny",
         "model.vision.init=none",

@@ -7,32 +7,19 @@ after the step. Negative controls show the comparison can fail.
 """
 
 import copy
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import ROOT, TINY_ALBEF_32, load_script
 from vlp.config import PretrainConfig, load_config
 from vlp.models.albef import ALBEF
 from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.pretrain import PretrainTask
 
-ROOT = Path(__file__).parents[1]
-_spec = importlib.util.spec_from_file_location("reference_step", ROOT / "scripts" / "bench" / "reference_step.py")
-rs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rs)
+rs = load_script("scripts/bench/reference_step.py")
 
-TINY = [
-    "model.vision.depth=1",
-    "model.vision.img_size=32",
-    "model.text.layers=1",
-    "model.text.fusion_layers=1",
-    "model.queue_size=16",
-    "model.momentum_warmup_steps=0",
-    "model.momentum=0.5",
-    "loss.alpha_ramp_steps=0",
-]
+TINY = [*TINY_ALBEF_32, "model.momentum_warmup_steps=0", "model.momentum=0.5", "loss.alpha_ramp_steps=0"]
 TOKENS = TokenInfo(30522, 103, (0, 100, 101, 102, 103))
 B = 8
 

@@ -7,32 +7,19 @@ import json
 import pytest
 import torch
 
+from tests.helpers import QUICK, TINY_ALBEF, pretrain
 from vlp.cli import main
 from vlp.config import PretrainConfig, load_config
 from vlp.data import transforms
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
 from vlp.data.helper_cache import HelperCache
-from vlp.data.synthetic import generate_world
 from vlp.runs.common import build_regulator
 from vlp.train.logging import read_metrics
 
-TINY = [
-    "model.vision.depth=1",
-    "model.text.layers=1",
-    "model.text.fusion_layers=1",
-    "data.batch_size=8",
-    "data.num_workers=0",
-    "train.steps=6",
-    "train.log_every=3",
-    "train.warmup_steps=2",
-    "train.progress=false",
-]
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return generate_world(tmp_path_factory.mktemp("world"), seed=5, n_train=24, n_val=4, n_test=8, progress=False)
+TINY = [*TINY_ALBEF, *QUICK, "train.steps=6", "train.log_every=3", "train.warmup_steps=2"]
+SRCL = ["loss.regulation=srcl", "loss.srcl.delta=1.0"]
+WORLD = dict(seed=5, n_train=24, n_val=4, n_test=8)
 
 
 @pytest.fixture(scope="module")
@@ -139,12 +126,8 @@ def pretrain_cfg(world, out, *extra):
 
 
 def test_cache_and_live_helper_give_the_same_weights(world, helper, cache, tmp_path):
-    cached_cfg = pretrain_cfg(
-        world, tmp_path / "a", "loss.regulation=srcl", "loss.srcl.delta=1.0", f"loss.srcl.helper_features={cache}"
-    )
-    live_cfg = pretrain_cfg(
-        world, tmp_path / "b", "loss.regulation=srcl", "loss.srcl.delta=1.0", f"loss.srcl.helper={helper}"
-    )
+    cached_cfg = pretrain_cfg(world, tmp_path / "a", *SRCL, f"loss.srcl.helper_features={cache}")
+    live_cfg = pretrain_cfg(world, tmp_path / "b", *SRCL, f"loss.srcl.helper={helper}")
     reg_cached, hc = build_regulator(cached_cfg)
     reg_live, none = build_regulator(live_cfg)
     assert hc is not None and none is None and reg_live.helper is not None
@@ -173,20 +156,15 @@ def test_cache_and_live_helper_give_the_same_weights(world, helper, cache, tmp_p
 @pytest.mark.parametrize("mode", ["srcl", "removal"])
 def test_regulated_pretraining_logs_weight_statistics(world, cache, tmp_path, mode):
     out = tmp_path / mode
-    rc = main(
-        [
-            "pretrain",
-            "--config",
-            "configs/pretrain/shapes_tiny.yaml",
-            f"output_dir={out}",
-            f"data.train=[{world['pretrain']}]",
-            "model.queue_size=16",
-            *TINY,
-            f"loss.regulation={mode}",
-            "loss.srcl.delta=1.0",
-            f"loss.srcl.helper_features={cache}",
-            "loss.srcl.threshold=0.5",
-        ]
+    rc = pretrain(
+        out,
+        world["pretrain"],
+        "model.queue_size=16",
+        *TINY,
+        f"loss.regulation={mode}",
+        "loss.srcl.delta=1.0",
+        f"loss.srcl.helper_features={cache}",
+        "loss.srcl.threshold=0.5",
     )
     assert rc == 0
     rows = read_metrics(out / "metrics.jsonl")
@@ -202,32 +180,9 @@ def test_regulated_pretraining_logs_weight_statistics(world, cache, tmp_path, mo
 
 
 def test_missing_helper_features_is_one_clear_error(world, tmp_path, capsys):
-    rc = main(
-        [
-            "pretrain",
-            "--config",
-            "configs/pretrain/shapes_tiny.yaml",
-            f"output_dir={tmp_path / 'r'}",
-            f"data.train=[{world['pretrain']}]",
-            *TINY,
-            "loss.regulation=srcl",
-            "loss.srcl.delta=1.0",
-        ]
-    )
+    rc = pretrain(tmp_path / "r", world["pretrain"], *TINY, *SRCL)
     assert rc == 2 and "loss.srcl.helper_features" in capsys.readouterr().err
-    rc = main(
-        [
-            "pretrain",
-            "--config",
-            "configs/pretrain/shapes_tiny.yaml",
-            f"output_dir={tmp_path / 'r'}",
-            f"data.train=[{world['pretrain']}]",
-            *TINY,
-            "loss.regulation=srcl",
-            "loss.srcl.delta=1.0",
-            f"loss.srcl.helper_features={tmp_path / 'nope'}",
-        ]
-    )
+    rc = pretrain(tmp_path / "r", world["pretrain"], *TINY, *SRCL, f"loss.srcl.helper_features={tmp_path / 'nope'}")
     assert rc == 2 and "cache-helper-features" in capsys.readouterr().err
 
 
@@ -243,41 +198,14 @@ def test_cache_missing_captions_names_them(world, cache, tmp_path, capsys):
             ]
         )
     )
-    rc = main(
-        [
-            "pretrain",
-            "--config",
-            "configs/pretrain/shapes_tiny.yaml",
-            f"output_dir={tmp_path / 'r'}",
-            f"data.train=[{other}]",
-            *TINY,
-            "loss.regulation=srcl",
-            "loss.srcl.delta=1.0",
-            f"loss.srcl.helper_features={cache}",
-        ]
-    )
+    rc = pretrain(tmp_path / "r", other, *TINY, *SRCL, f"loss.srcl.helper_features={cache}")
     err = capsys.readouterr().err
     assert rc == 2 and "other.json entry 0" in err and "a caption the helper never saw" in err
 
 
 def test_plot_srcl_weights(world, cache, tmp_path):
     run = tmp_path / "run"
-    assert (
-        main(
-            [
-                "pretrain",
-                "--config",
-                "configs/pretrain/shapes_tiny.yaml",
-                f"output_dir={run}",
-                f"data.train=[{world['pretrain']}]",
-                *TINY,
-                "loss.regulation=srcl",
-                "loss.srcl.delta=1.0",
-                f"loss.srcl.helper_features={cache}",
-            ]
-        )
-        == 0
-    )
+    assert pretrain(run, world["pretrain"], *TINY, *SRCL, f"loss.srcl.helper_features={cache}") == 0
     out = tmp_path / "plots"
     assert (
         main(

@@ -4,20 +4,15 @@ process's memory, so the script cannot rot. Figures are not checked, only their 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+from tests.helpers import load_script
 from vlp.data.formats import load_pairs
-
-SCRIPT = Path(__file__).parents[2] / "scripts" / "bench" / "data_memory.py"
 
 
 def test_data_memory_benchmark_tiny(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location("data_memory", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("scripts/bench/data_memory.py")
     args = ["--entries", "2000", "--workers", "2", "--batch-size", "64", "--data", str(tmp_path)]
     report = bench.main([*args, "--out", str(tmp_path / "report.json")])
     assert json.loads((tmp_path / "report.json").read_text()) == report

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from vlp.data.downstream_formats import load_answer_list, load_nlvr, load_vqa, write_vqa_predictions
-from vlp.data.synthetic import generate_world
 from vlp.errors import DataError
 
 RAW = ["red"] * 7 + ["orange"] * 2 + ["blue"]
@@ -24,11 +23,7 @@ def vqa_entry(**kw: Any) -> dict:
     return {"question_id": 5, "question": "what color is it", "answer": RAW, "image": "a.png", "dataset": "vqa", **kw}
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return generate_world(
-        tmp_path_factory.mktemp("world"), seed=1, n_train=30, n_val=10, n_test=12, image_size=32, progress=False
-    )
+WORLD = dict(seed=1, n_train=30, n_val=10, n_test=12, image_size=32)
 
 
 # ---------------------------------------------------------------- VQA

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vlp.data.helper_cache import HelperCache, cache_rows, index_features, write_cache
-from vlp.data.synthetic import WorldTruth, caption_matches, generate_world
+from vlp.data.synthetic import WorldTruth, caption_matches
 from vlp.data.synthetic.relevance import caption_grade
 from vlp.errors import DataError
 
@@ -55,10 +55,8 @@ def test_bad_oracle_caches_are_refused(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("world")
-    generate_world(root, seed=0, n_train=40, n_val=4, n_test=20, progress=False)
-    return root
+def world(make_world):
+    return make_world(seed=0, n_train=40, n_val=4, n_test=20)["root"]
 
 
 def test_world_truth_is_caption_matches_and_caption_grade(world):

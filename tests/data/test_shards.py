@@ -18,13 +18,13 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
+from tests.helpers import NO_TASKS
 from vlp.config import DataConfig
 from vlp.data.formats import load_pairs
 from vlp.data.helper_cache import HelperCache
 from vlp.data.shard_format import SIZES_FILE, ShardInfo, iter_shard
 from vlp.data.shard_writer import write_shards
 from vlp.data.shards import ShardLoader, ShardStream
-from vlp.data.synthetic import generate_world
 from vlp.data.targets import LatentTargets, caption_key
 from vlp.errors import ConfigError, DataError
 
@@ -32,26 +32,15 @@ IMAGES, CAPTIONS = 24, 5  # the world: 24 images x 5 captions = 120 pairs
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("shards")
-    paths = generate_world(
-        tmp / "world",
-        seed=0,
-        n_train=IMAGES,
-        n_val=0,
-        n_test=0,
-        image_size=32,
-        progress=False,
-        vqa_per_image=0,
-        nlvr_per_image=0,
-    )
-    return paths["pretrain"]
+def world(make_world) -> Path:
+    return make_world("shards", seed=0, n_train=IMAGES, n_val=0, n_test=0, image_size=32, **NO_TASKS)["pretrain"]
 
 
 @pytest.fixture(scope="module")
-def shards(world: Path) -> Path:
+def shards(world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """8 shards of 3 images (15 pairs) each, images resized 32 -> 16 px."""
-    return write_shards([world], world.parent.parent / "sh", size=16, max_per_shard=3, show_progress=False)
+    out = tmp_path_factory.mktemp("shards") / "sh"
+    return write_shards([world], out, size=16, max_per_shard=3, show_progress=False)
 
 
 def collect(items: list[dict]) -> dict:

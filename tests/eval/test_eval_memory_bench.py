@@ -3,19 +3,14 @@ runs and reports every phase, so the script cannot rot."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import vlp.eval.retrieval as retrieval
-
-SCRIPT = Path(__file__).parents[2] / "scripts" / "bench" / "eval_memory.py"
+from tests.helpers import load_script
 
 
 def test_eval_memory_benchmark_quick(tmp_path):
-    spec = importlib.util.spec_from_file_location("eval_memory", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script("scripts/bench/eval_memory.py")
     score_pairs = retrieval.score_pairs
     report = bench.main(
         [

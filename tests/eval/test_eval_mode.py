@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import NO_TASKS
 from vlp.api import Preprocessor, VLPModel
 from vlp.config import EvalConfig, ImageConfig, ModelConfig, TextConfig, VisionConfig
 from vlp.data.formats import load_retrieval_split
-from vlp.data.synthetic import generate_world
 from vlp.data.transforms import load_tokenizer
 from vlp.data.transforms import test_transform as eval_transform
 from vlp.eval.mode import evaluating
@@ -64,19 +64,7 @@ def test_evaluating_restores_every_flag_even_on_error() -> None:
     assert flags(model) == before
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    return generate_world(
-        tmp_path_factory.mktemp("mode_world"),
-        seed=2,
-        n_train=0,
-        n_val=0,
-        n_test=5,
-        image_size=32,
-        progress=False,
-        vqa_per_image=0,
-        nlvr_per_image=0,
-    )
+WORLD = dict(seed=2, n_train=0, n_val=0, n_test=5, image_size=32, **NO_TASKS)
 
 
 def test_retrieval_scores_in_eval_mode_and_restores_the_mode(world) -> None:

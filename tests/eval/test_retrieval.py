@@ -5,16 +5,15 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import TINY_ALBEF, untrained_checkpoint
 from vlp.cli import main
-from vlp.config import EvalConfig, ModelConfig, PretrainConfig, TextConfig, VisionConfig, load_config, to_dict
+from vlp.config import EvalConfig, ModelConfig, PretrainConfig, TextConfig, VisionConfig, load_config
 from vlp.data.formats import RetrievalSplit
-from vlp.data.synthetic import generate_world
 from vlp.errors import ConfigError
 from vlp.eval.metrics import map_at, ndcg_at, positives_mask, retrieval_metrics
 from vlp.eval.retrieval import RERANK_OFFSET, Embeddings, evaluate_retrieval
 from vlp.models.albef import ALBEF
 from vlp.runs.evaluate import run_evaluate_retrieval
-from vlp.train.checkpoint import save_checkpoint
 
 
 def setup():
@@ -112,16 +111,10 @@ CONFIG = Path(__file__).resolve().parents[2] / "configs" / "pretrain" / "shapes_
 
 
 @pytest.fixture(scope="module")
-def tiny_eval(tmp_path_factory):
+def tiny_eval(make_world, tmp_path_factory):
     """A 6-image test world and an untrained tiny checkpoint (evaluation only needs weights + config)."""
-    root = tmp_path_factory.mktemp("eval_world")
-    world = generate_world(root / "world", seed=1, n_train=0, n_val=2, n_test=6, progress=False)
-    cfg = load_config(
-        PretrainConfig, CONFIG, ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=1"]
-    )
-    torch.manual_seed(0)
-    ckpt = save_checkpoint(root / "ckpt", ALBEF(cfg.model), {"task": "pretrain", "config": to_dict(cfg), "step": 0})
-    return world, ckpt
+    world = make_world("eval_world", seed=1, n_train=0, n_val=2, n_test=6)
+    return world, untrained_checkpoint(tmp_path_factory.mktemp("eval_ckpt") / "ckpt", TINY_ALBEF)
 
 
 NEW_KEYS = ("img_ndcg10", "img_ndcg25", "txt_map5", "txt_map10", "img_r_precision", "txt_r_precision")
@@ -166,32 +159,12 @@ def test_evaluate_retrieval_cli_graded_relevance(tiny_eval, tmp_path, capsys):
     base = ["evaluate", "retrieval", "--checkpoint", str(ckpt), "--data", str(world["retrieval_test"])]
     assert main([*base, "--graded-relevance", str(world["relevance_graded_test"]), "--out", str(tmp_path / "x")]) == 2
     assert "needs the relevance file" in capsys.readouterr().err
-    rc = main(
-        [
-            *base,
-            "--relevance",
-            str(world["relevance_test"]),
-            "--graded-relevance",
-            str(world["relevance_graded_val"]),
-            "--out",
-            str(tmp_path / "y"),
-        ]
-    )
+    relevance = [*base, "--relevance", str(world["relevance_test"]), "--graded-relevance"]
+    rc = main([*relevance, str(world["relevance_graded_val"]), "--out", str(tmp_path / "y")])
     err = capsys.readouterr().err
     assert rc == 2 and "relevance_graded_val.npy: shape (10, 2) does not match" in err and "expected (30, 6)" in err
-    rc = main(
-        [
-            *base,
-            "--relevance",
-            str(world["relevance_test"]),
-            "--graded-relevance",
-            str(world["relevance_graded_test"]),
-            "--out",
-            str(tmp_path / "z"),
-            "eval.k_test=2",
-            "eval.score=itc",
-        ]
-    )
+    graded = [str(world["relevance_graded_test"]), "--out", str(tmp_path / "z")]
+    rc = main([*relevance, *graded, "eval.k_test=2", "eval.score=itc"])
     assert rc == 0
     m = json.loads((tmp_path / "z" / "metrics.json").read_text())
     assert m["ndcg_gains"] == "graded" and all(k in m for k in NEW_KEYS)

@@ -9,70 +9,30 @@ from __future__ import annotations
 
 import json
 import random
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from vlp.config import PretrainConfig, load_config, to_dict
-from vlp.data.synthetic import generate_world
+from tests.helpers import NO_TASKS, TINY_ALBEF_32, launch, untrained_checkpoint
 from vlp.dist import fetch_rows, gather_rows, shard_bounds
 from vlp.eval.retrieval import split_pairs
-from vlp.models.albef import ALBEF
 from vlp.runs.evaluate import run_evaluate_retrieval
-from vlp.train.checkpoint import save_checkpoint
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = [
-    "model.vision.depth=1",
-    "model.vision.img_size=32",
-    "model.text.layers=1",
-    "model.text.fusion_layers=1",
-    "model.queue_size=16",
-]
+WORLD = dict(seed=3, n_train=0, n_val=0, n_test=7, image_size=32, **NO_TASKS)
 EVAL = ["eval.k_test=4", "eval.itm_batch_size=5"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], Path]:
-    root = tmp_path_factory.mktemp("eval_dist")
-    world = generate_world(
-        root / "world",
-        seed=3,
-        n_train=0,
-        n_val=0,
-        n_test=7,
-        image_size=32,
-        progress=False,
-        vqa_per_image=0,
-        nlvr_per_image=0,
-    )
-    cfg = load_config(PretrainConfig, ROOT / "configs" / "pretrain" / "shapes_tiny.yaml", TINY)
-    torch.manual_seed(0)
-    ckpt = save_checkpoint(root / "ckpt", ALBEF(cfg.model), {"task": "pretrain", "config": to_dict(cfg), "step": 0})
-    return world, ckpt
+def tiny(world: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Path], Path]:
+    return world, untrained_checkpoint(tmp_path_factory.mktemp("eval_dist") / "ckpt", TINY_ALBEF_32)
 
 
 @pytest.mark.multiprocess
 def test_two_processes_write_the_metrics_of_one(tiny: tuple[dict[str, Path], Path], tmp_path: Path) -> None:
     world, ckpt = tiny
-    files = [
-        "--data",
-        str(world["retrieval_test"]),
-        "--relevance",
-        str(world["relevance_test"]),
-        "--graded-relevance",
-        str(world["relevance_graded_test"]),
-    ]
+    files = ["--data", str(world["retrieval_test"]), "--relevance", str(world["relevance_test"])]
+    files += ["--graded-relevance", str(world["relevance_graded_test"])]
     run_evaluate_retrieval(
         ckpt,
         world["retrieval_test"],
@@ -82,25 +42,8 @@ def test_two_processes_write_the_metrics_of_one(tiny: tuple[dict[str, Path], Pat
         show_progress=False,
         graded_relevance=world["relevance_graded_test"],
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        f"--master_port={_free_port()}",
-        "-m",
-        "vlp.cli",
-        "evaluate",
-        "retrieval",
-        "--checkpoint",
-        str(ckpt),
-        *files,
-        "--out",
-        str(tmp_path / "two"),
-        *EVAL,
-    ]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert res.returncode == 0, res.stderr[-3000:]
+    args = ["-m", "vlp.cli", "evaluate", "retrieval", "--checkpoint", str(ckpt), *files]
+    res = launch([*args, "--out", str(tmp_path / "two"), *EVAL], processes=2, timeout=300)
     assert res.stdout.count("wrote ") == 1  # rank 0 alone prints
     one, two = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("one", "two"))
     assert (one.pop("processes"), two.pop("processes")) == (1, 2)

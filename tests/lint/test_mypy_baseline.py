@@ -1,21 +1,10 @@
 """The type-check baseline of `make lint` only tightens (scripts/lint/mypy_baseline.py)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
-ROOT = Path(__file__).parents[2]
+from tests.helpers import load_script
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("mypy_baseline", ROOT / "scripts" / "lint" / "mypy_baseline.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        del sys.modules[spec.name]
-    return mod
+    return load_script("scripts/lint/mypy_baseline.py")
 
 
 def test_a_file_above_its_baseline_a_new_file_with_errors_and_a_strict_file_fail():

@@ -3,23 +3,14 @@
 import torch
 import torch.nn.functional as F
 
-from tests.tasks.test_dual import DUAL
+from tests.helpers import TINY_DUAL
 from vlp.config import PretrainConfig, load_config
 from vlp.models.dual import DualEncoder
-
-SMALL = [
-    *DUAL,
-    "model.embed_dim=8",
-    "model.dual.image_kwargs={channels: [4, 8, 8, 8]}",
-    "model.dual.word_dim=8",
-    "model.dual.gru_hidden=8",
-    "model.dual.proj_hidden=16",
-]
 
 
 def model(batchnorm: bool) -> DualEncoder:
     torch.manual_seed(0)
-    cfg = load_config(PretrainConfig, None, [*SMALL, f"model.dual.batchnorm={str(batchnorm).lower()}"])
+    cfg = load_config(PretrainConfig, None, [*TINY_DUAL, f"model.dual.batchnorm={str(batchnorm).lower()}"])
     return DualEncoder(cfg.model, vocab_size=50)
 
 

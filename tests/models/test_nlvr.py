@@ -2,7 +2,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_model
 
-from vlp.config import ModelConfig, TextConfig, VisionConfig
+from tests.helpers import narrow_model_config
+from vlp.config import ModelConfig
 from vlp.models.albef import ALBEF
 from vlp.models.nlvr import NLVRModel
 from vlp.weights import load_strict, tied_groups
@@ -11,12 +12,7 @@ F_LAYERS = 2
 
 
 def cfg() -> ModelConfig:
-    return ModelConfig(
-        vision=VisionConfig(depth=1, img_size=32, width=48, heads=3),
-        text=TextConfig(layers=1, fusion_layers=F_LAYERS, hidden=32, heads=2, intermediate=64),
-        embed_dim=32,
-        queue_size=8,
-    )
+    return narrow_model_config(embed_dim=32, queue_size=8, fusion_layers=F_LAYERS)
 
 
 def nlvr(head: str = "cls", seed: int = 0) -> NLVRModel:
@@ -232,13 +228,6 @@ def test_finetuned_checkpoint_round_trip_is_unchanged(tmp_path):
 
 
 def test_mismatched_fusion_depth_is_reported():
-    src = ALBEF(
-        ModelConfig(
-            vision=VisionConfig(depth=1, img_size=32, width=48, heads=3),
-            text=TextConfig(layers=1, fusion_layers=3, hidden=32, heads=2, intermediate=64),
-            embed_dim=32,
-            queue_size=8,
-        )
-    )
+    src = ALBEF(narrow_model_config(embed_dim=32, queue_size=8, fusion_layers=3))
     with pytest.raises(ValueError, match="fusion layers"):
         NLVRModel.adapt_pretrained(src.state_dict(), nlvr())

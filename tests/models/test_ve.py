@@ -3,7 +3,8 @@
 import torch
 from safetensors.torch import save_model
 
-from vlp.config import ModelConfig, TextConfig, VisionConfig
+from tests.helpers import narrow_model_config
+from vlp.config import ModelConfig
 from vlp.models.albef import ALBEF
 from vlp.models.build import build_task_model
 from vlp.models.transfer import load_pretrained
@@ -11,12 +12,7 @@ from vlp.models.ve import VE_CLASSES, VEModel
 
 
 def cfg() -> ModelConfig:
-    return ModelConfig(
-        vision=VisionConfig(depth=1, img_size=32, width=48, heads=3),
-        text=TextConfig(layers=1, fusion_layers=1, hidden=32, heads=2, intermediate=64, dropout=0.0),
-        embed_dim=16,
-        queue_size=8,
-    )
+    return narrow_model_config(queue_size=8, dropout=0.0)
 
 
 def inputs(b: int = 2, t: int = 5):

@@ -32,6 +32,7 @@ def clip_state(grid: int = 4, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def clip_cfg(path, kind: str = "clip", img_size: int = 32, **kw) -> VisionConfig:
+    """The tiny ViT initialised from ``path`` (``init=kind``)."""
     return VisionConfig(
         preset="tiny",
         img_size=img_size,
@@ -211,17 +212,7 @@ def deit_source(distilled: bool, img_size: int = 32) -> nn.Module:
 
 
 def deit_cfg(path, img_size: int = 48, **kw) -> VisionConfig:
-    return VisionConfig(
-        preset="tiny",
-        img_size=img_size,
-        patch_size=PATCH,
-        width=W,
-        depth=DEPTH,
-        heads=HEADS,
-        init="deit",
-        pretrained=str(path),
-        **kw,
-    )
+    return clip_cfg(path, "deit", img_size, **kw)
 
 
 def test_deit_init_drops_the_head(tmp_path):

@@ -9,60 +9,31 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.tasks.test_dual import DUAL
+from tests.helpers import QUICK, TINY_ALBEF, dual_checkpoint
 from vlp.api import VLPModel
 from vlp.cli import main
-from vlp.config import PretrainConfig, load_config, to_dict
 from vlp.data.classification import read_classification_inputs
-from vlp.data.synthetic import generate_world
 from vlp.data.synthetic.classification import write_classification_splits
 from vlp.errors import CheckpointError, ConfigError, DataError
-from vlp.models.dual import DualEncoder
 from vlp.runs.classify import classification_scores, run_evaluate_classification
-from vlp.train.checkpoint import save_checkpoint
 
-TINY = [
-    "model.vision.depth=1",
-    "model.text.layers=1",
-    "model.text.fusion_layers=1",
-    "data.batch_size=8",
-    "data.num_workers=0",
-    "train.steps=2",
-    "train.log_every=1",
-    "train.warmup_steps=1",
-    "train.progress=false",
-]
+WORLD = dict(seed=0, n_train=40, n_val=4, n_test=20)
+PRETRAIN = [*TINY_ALBEF, *QUICK, "train.steps=2", "train.log_every=1", "train.warmup_steps=1"]
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("world")
-    generate_world(root, seed=0, n_train=40, n_val=4, n_test=20, progress=False)
-    return write_classification_splits(root, "test")
+def splits(world) -> dict[str, Path]:
+    """The world's classification splits of the test images."""
+    return write_classification_splits(world["root"], "test")
 
 
-@pytest.fixture(scope="module")
-def run(world, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("run")
-    pretrain = world["classification_shape_test"].parent / "pretrain.json"
-    args = [
-        "pretrain",
-        "--config",
-        "configs/pretrain/shapes_tiny.yaml",
-        f"output_dir={out}",
-        f"data.train=[{pretrain}]",
-    ]
-    assert main([*args, *TINY]) == 0
-    return out
-
-
-def _evaluate(run: Path, world, attr: str, out: Path, rerank_k: int = 0) -> dict:
+def _evaluate(run: Path, splits, attr: str, out: Path, rerank_k: int = 0) -> dict:
     return run_evaluate_classification(
         run,
-        world[f"classification_{attr}_test"],
+        splits[f"classification_{attr}_test"],
         out,
-        classes=world[f"classification_{attr}_classes"],
-        templates=world[f"classification_{attr}_templates"],
+        classes=splits[f"classification_{attr}_classes"],
+        templates=splits[f"classification_{attr}_templates"],
         rerank_k=rerank_k,
         batch_size=8,
         device="cpu",
@@ -70,8 +41,8 @@ def _evaluate(run: Path, world, attr: str, out: Path, rerank_k: int = 0) -> dict
     )
 
 
-def test_writes_metrics_predictions_and_confusion_plots(run, world, tmp_path) -> None:
-    rec = _evaluate(run, world, "count", tmp_path, rerank_k=2)
+def test_writes_metrics_predictions_and_confusion_plots(pretrained, splits, tmp_path) -> None:
+    rec = _evaluate(pretrained, splits, "count", tmp_path, rerank_k=2)
     n, c = rec["n_images"], rec["n_classes"]
     assert (n, c, rec["n_templates"]) == (20, 4, 1)
     assert json.loads((tmp_path / "metrics.json").read_text()) == rec
@@ -86,7 +57,7 @@ def test_writes_metrics_predictions_and_confusion_plots(run, world, tmp_path) ->
     assert rec["chance"]["top1"] == 25.0
     assert rec["chance"]["majority"] == pytest.approx(100.0 * max(rec["itc"]["per_class_n"]) / n)
     preds = json.loads((tmp_path / "predictions.json").read_text())
-    labels = [e["label"] for e in json.loads(world["classification_count_test"].read_text())]
+    labels = [e["label"] for e in json.loads(splits["classification_count_test"].read_text())]
     assert [p["label"] for p in preds] == labels
     for p in preds:
         itc = [x["class"] for x in p["top5"]]
@@ -98,12 +69,12 @@ def test_writes_metrics_predictions_and_confusion_plots(run, world, tmp_path) ->
         assert itm == sorted(itm, reverse=True) and all("itm" not in x for x in p["rerank_top5"][2:])
 
 
-def test_itm_scores_are_the_template_mean_of_the_match_probability(run, world) -> None:
-    vm = VLPModel.from_pretrained(run, device="cpu", batch_size=4)
+def test_itm_scores_are_the_template_mean_of_the_match_probability(pretrained, splits) -> None:
+    vm = VLPModel.from_pretrained(pretrained, device="cpu", batch_size=4)
     inp = read_classification_inputs(
-        world["classification_shape_test"],
-        world["classification_shape_classes"],
-        world["classification_shape_templates"],
+        splits["classification_shape_test"],
+        splits["classification_shape_classes"],
+        splits["classification_shape_templates"],
     )
     itc, top, itm = classification_scores(vm, inp, rerank_k=2, show_progress=False)
     assert itc.shape == (len(inp.images), 4) and top.shape == itm.shape == (len(inp.images), 2)
@@ -121,52 +92,31 @@ def test_itm_scores_are_the_template_mean_of_the_match_probability(run, world) -
             assert itm[n, j].item() == pytest.approx(probs.mean().item(), abs=1e-5)
 
 
-def test_bad_rerank_k_fails_before_loading(world, tmp_path) -> None:
+def test_bad_rerank_k_fails_before_loading(splits, tmp_path) -> None:
     with pytest.raises(DataError, match="rerank_k 5 exceeds the 4 classes"):
-        _evaluate(tmp_path / "no-run", world, "shape", tmp_path, rerank_k=5)
+        _evaluate(tmp_path / "no-run", splits, "shape", tmp_path, rerank_k=5)
     with pytest.raises(ConfigError, match="rerank_k: -1"):
-        _evaluate(tmp_path / "no-run", world, "shape", tmp_path, rerank_k=-1)
+        _evaluate(tmp_path / "no-run", splits, "shape", tmp_path, rerank_k=-1)
 
 
-def test_a_dual_encoder_classifies_but_cannot_rerank(world, tmp_path) -> None:
-    cfg = load_config(
-        PretrainConfig,
-        None,
-        [
-            *DUAL,
-            "model.embed_dim=8",
-            "model.dual.image_kwargs={channels: [4, 8, 8, 8]}",
-            "model.dual.img_size=48",
-            "model.dual.word_dim=8",
-            "model.dual.gru_hidden=8",
-            "model.dual.proj_hidden=16",
-        ],
-    )
-    from vlp.data.transforms import load_tokenizer
-
-    torch.manual_seed(0)
-    model = DualEncoder(cfg.model, vocab_size=len(load_tokenizer(cfg.model.text)))
-    ckpt = save_checkpoint(
-        tmp_path / "dual" / "checkpoints" / "step_0000001",
-        model,
-        {"task": "pretrain", "step": 1, "config": to_dict(cfg)},
-    )
+def test_a_dual_encoder_classifies_but_cannot_rerank(splits, tmp_path) -> None:
+    ckpt = dual_checkpoint(tmp_path / "dual")
     with pytest.raises(CheckpointError, match="rerank_k 2 needs a fusion encoder .* dual encoder"):
-        _evaluate(ckpt, world, "colour", tmp_path / "e", rerank_k=2)
-    rec = _evaluate(ckpt, world, "colour", tmp_path / "e")
+        _evaluate(ckpt, splits, "colour", tmp_path / "e", rerank_k=2)
+    rec = _evaluate(ckpt, splits, "colour", tmp_path / "e")
     assert "rerank" not in rec and rec["n_classes"] == 6 and rec["itc"]["top5_k"] == 5
     assert not (tmp_path / "e" / "confusion_rerank.png").exists()
 
 
-def test_cli_evaluate_classification_writes_the_library_result(run, world, tmp_path, capsys) -> None:
+def test_cli_evaluate_classification_writes_the_library_result(pretrained, splits, tmp_path, capsys) -> None:
     out = tmp_path / "cli"
-    args = ["evaluate", "classification", "--checkpoint", str(run), "--out", str(out), "--rerank-k", "2"]
-    files = ["--data", str(world["classification_colour_test"])]
-    files += ["--classes", str(world["classification_colour_classes"])]
-    files += ["--templates", str(world["classification_colour_templates"])]
+    args = ["evaluate", "classification", "--checkpoint", str(pretrained), "--out", str(out), "--rerank-k", "2"]
+    files = ["--data", str(splits["classification_colour_test"])]
+    files += ["--classes", str(splits["classification_colour_classes"])]
+    files += ["--templates", str(splits["classification_colour_templates"])]
     assert main([*args, *files, "--batch-size", "8"]) == 0
     cli = json.loads((out / "metrics.json").read_text())
-    lib = _evaluate(run, world, "colour", tmp_path / "lib", rerank_k=2)
+    lib = _evaluate(pretrained, splits, "colour", tmp_path / "lib", rerank_k=2)
     assert (
         cli["itc"]["top1"] == pytest.approx(lib["itc"]["top1"])
         and cli["rerank"]["confusion"] == lib["rerank"]["confusion"]

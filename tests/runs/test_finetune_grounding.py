@@ -9,58 +9,37 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import FT_STEPS, QUICK, splits
 from vlp.cli import main
 from vlp.config import load_finetune_config
 from vlp.data.grounding import read_grounding_file
-from vlp.data.synthetic import generate_world
 from vlp.errors import ConfigError
 from vlp.eval.grounding import random_candidate_accuracy
 from vlp.runs.grounding import position_baseline, run_evaluate_grounding
 from vlp.weights import read_state
 
-TINY = [
-    "model.vision.depth=1",
-    "model.text.layers=1",
-    "model.text.fusion_layers=2",  # Grad-CAM's middle layer 0 is not the last one
-    "model.embed_dim=32",
-    "data.batch_size=8",
-    "data.num_workers=0",
-    "train.steps=2",
-    "train.progress=false",
-]
-FT = [
-    "data.batch_size=8",
-    "data.eval_batch_size=16",
-    "data.num_workers=0",
-    "train.steps=4",
-    "eval_every=2",
-    "train.progress=false",
-    "train.log_every=2",
-]
+WORLD = dict(seed=0, n_train=40, n_val=4, n_test=20)
+# Grad-CAM's middle layer 0 is not the last one
+PRETRAIN = ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=2", "model.embed_dim=32"]
+PRETRAIN += [*QUICK, "train.steps=2"]
 CONFIG = "configs/finetune/shapes_grounding.yaml"
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("grounding_ft")
-    world = generate_world(root / "w", seed=0, n_train=40, n_val=4, n_test=20, progress=False)
-    pre = root / "pre"
-    args = ["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", f"output_dir={pre}"]
-    assert main([*args, f"data.train=[{world['pretrain']}]", *TINY]) == 0
-    return {**world, "pre": pre, "root": root}
+def setup(world, pretrained, tmp_path_factory) -> dict[str, Path]:
+    """The world's paths, ``pre``: the pretrained run, ``root``: a folder for the runs."""
+    return {**world, "pre": pretrained, "root": tmp_path_factory.mktemp("grounding_ft")}
 
 
-def data_args(w: dict[str, Path]) -> list[str]:
-    return [
-        f"data.train=[{w['grounding_train']}]",
-        f"data.val={w['grounding_val']}",
-        f"data.test={w['grounding_test']}",
-    ]
+def finetune_grounding(setup: dict[str, Path]) -> list[str]:
+    """``vlp finetune grounding`` from the pretrained run on the world's grounding splits, 4 steps."""
+    args = ["--config", CONFIG, f"pretrained={setup['pre']}", *FT_STEPS, *splits(setup, "grounding")]
+    return ["finetune", "grounding", *args]
 
 
 def test_finetune_grounding_cli(setup) -> None:
     out = setup["root"] / "ft"
-    cmd = ["finetune", "grounding", "--config", CONFIG, f"pretrained={setup['pre']}", *FT, *data_args(setup)]
+    cmd = finetune_grounding(setup)
     assert main([*cmd, f"output_dir={out}"]) == 0
     val = [json.loads(line) for line in (out / "val_metrics.jsonl").read_text().splitlines()]
     assert [v["step"] for v in val] == [2, 4]
@@ -104,7 +83,7 @@ def test_finetune_grounding_cli(setup) -> None:
 
 def test_a_fusion_layer_the_model_lacks_fails_before_training(setup, capsys) -> None:
     out = setup["root"] / "bad_layer"
-    cmd = ["finetune", "grounding", "--config", CONFIG, f"pretrained={setup['pre']}", *FT, *data_args(setup)]
+    cmd = finetune_grounding(setup)
     capsys.readouterr()
     assert main([*cmd, f"output_dir={out}", "grounding.layer=2"]) == 2
     err = capsys.readouterr().err

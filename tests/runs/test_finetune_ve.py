@@ -6,55 +6,22 @@ import json
 import torch
 from safetensors.torch import load_file
 
+from tests.helpers import FT, QUICK, TINY_ALBEF, splits
 from vlp.cli import main
-from vlp.data.synthetic import generate_world
 from vlp.data.synthetic.ve import write_ve_splits
 from vlp.interop.albef import detect_kind
 from vlp.models.ve import VEModel
 from vlp.pretrained import load_model
 
-TINY = [
-    "model.vision.depth=1",
-    "model.text.layers=1",
-    "model.text.fusion_layers=1",
-    "model.embed_dim=32",
-    "data.batch_size=8",
-    "data.num_workers=0",
-    "train.steps=2",
-    "train.progress=false",
-]
-FT = [
-    "data.batch_size=8",
-    "data.eval_batch_size=16",
-    "data.num_workers=0",
-    "train.epochs=null",
-    "train.steps=4",
-    "eval_every=2",
-    "train.progress=false",
-    "train.log_every=2",
-]
+WORLD = dict(seed=5, n_train=16, n_val=4, n_test=4)
+PRETRAIN = [*TINY_ALBEF, "model.embed_dim=32", *QUICK, "train.steps=2"]
 
 
-def test_finetune_ve_cli(tmp_path):
-    world = generate_world(tmp_path / "w", seed=5, n_train=16, n_val=4, n_test=4, progress=False)
+def test_finetune_ve_cli(world, pretrained, tmp_path):
     ve = write_ve_splits(world["root"], per_image=1)
-    pre = tmp_path / "pre"
-    assert (
-        main(
-            [
-                "pretrain",
-                "--config",
-                "configs/pretrain/shapes_tiny.yaml",
-                f"output_dir={pre}",
-                f"data.train=[{world['pretrain']}]",
-                *TINY,
-            ]
-        )
-        == 0
-    )
-    data = [f"data.train=[{ve['ve_train']}]", f"data.val={ve['ve_dev']}", f"data.test={ve['ve_test']}"]
+    data = splits(ve, "ve", "dev")
     out = tmp_path / "ve"
-    cmd = ["finetune", "ve", "--config", "configs/finetune/shapes_ve.yaml", f"pretrained={pre}", *FT, *data]
+    cmd = ["finetune", "ve", "--config", "configs/finetune/shapes_ve.yaml", f"pretrained={pretrained}", *FT, *data]
     assert main([*cmd, f"output_dir={out}"]) == 0
     val = [json.loads(line) for line in (out / "val_metrics.jsonl").read_text().splitlines()]
     assert [v["step"] for v in val] == [2, 4]

@@ -12,7 +12,6 @@ import torch
 
 from vlp.config import PretrainConfig, load_config, to_dict
 from vlp.data.grounding import read_grounding_file
-from vlp.data.synthetic import generate_world
 from vlp.data.synthetic.grounding import write_grounding_splits
 from vlp.data.transforms import load_tokenizer
 from vlp.eval.grounding import box_scores, fixed_position_prior, prior_accuracy, random_candidate_accuracy
@@ -34,10 +33,8 @@ def tiny_checkpoint(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("world")
-    generate_world(root, seed=0, n_train=40, n_val=4, n_test=12, progress=False)
-    return write_grounding_splits(root)
+def world(make_world) -> dict[str, Path]:
+    return write_grounding_splits(make_world(seed=0, n_train=40, n_val=4, n_test=12)["root"])
 
 
 @pytest.fixture(scope="module")

@@ -3,28 +3,18 @@
 import pytest
 import torch
 
+from tests.helpers import QUICK, TINY_ALBEF
 from vlp.config import PretrainConfig, load_config
-from vlp.data.synthetic import generate_world
 from vlp.errors import CheckpointError
 from vlp.runs.pretrain import build_pretraining, run_pretrain
 from vlp.weights import find_checkpoint
 
-TINY = [
-    "model.vision.depth=1",
-    "model.vision.img_size=32",
-    "model.text.layers=1",
-    "model.text.fusion_layers=1",
-    "data.batch_size=8",
-    "data.num_workers=0",
-    "train.steps=3",
-    "train.warmup_steps=1",
-    "train.progress=false",
-]
+TINY = [*TINY_ALBEF, "model.vision.img_size=32", *QUICK, "train.steps=3", "train.warmup_steps=1"]
+WORLD = dict(seed=1, n_train=24, n_val=4, n_test=8)
 
 
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory):
-    world = generate_world(tmp_path_factory.mktemp("w"), seed=1, n_train=24, n_val=4, n_test=8, progress=False)
+def warm(world, tmp_path_factory):
     out = tmp_path_factory.mktemp("warm") / "run"
     cfg = load_config(
         PretrainConfig,

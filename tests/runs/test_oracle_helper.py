@@ -9,7 +9,7 @@ import torch
 from vlp.config import PretrainConfig, load_config
 from vlp.data.formats import load_pairs
 from vlp.data.helper_cache import HelperCache, write_cache
-from vlp.data.synthetic import caption_matches, generate_world, noisy_relevance
+from vlp.data.synthetic import caption_matches, noisy_relevance
 from vlp.data.synthetic.relevance import caption_grade
 from vlp.runs.common import build_regulator
 from vlp.runs.diagnostics import run_helper_diagnostics
@@ -17,10 +17,8 @@ from vlp.runs.features import run_cache_oracle_features
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("world")
-    generate_world(root, seed=0, n_train=40, n_val=4, n_test=20, progress=False)
-    return root
+def world(make_world):
+    return make_world(seed=0, n_train=40, n_val=4, n_test=20)["root"]
 
 
 @pytest.fixture(scope="module")

@@ -4,29 +4,21 @@ stand-in model that sees only colours (what must and must not be found), and a t
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from tests.tasks.test_dual import DUAL
-from vlp.config import PretrainConfig, load_config, to_dict
-from vlp.data.synthetic import generate_world
+from tests.helpers import dual_checkpoint
 from vlp.data.synthetic.attributes import attribute_value
 from vlp.data.synthetic.scene import COLOR_RGB, COLORS, SHAPES
 from vlp.data.targets import write_targets
 from vlp.errors import DataError
 from vlp.losses.ltd import reconstruction_floor
-from vlp.models.dual import DualEncoder
 from vlp.runs import probes
-from vlp.train.checkpoint import save_checkpoint
 
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> dict[str, Path]:
-    return generate_world(tmp_path_factory.mktemp("world"), seed=0, n_train=20, n_val=2, n_test=40, progress=False)
+WORLD = dict(seed=0, n_train=20, n_val=2, n_test=40)
 
 
 class ColourModel:
@@ -91,28 +83,7 @@ def test_minimal_pairs_find_colour_changes_and_tie_on_the_rest(world, tmp_path, 
 
 
 def test_probes_and_minimal_pairs_run_on_a_checkpoint(world, tmp_path) -> None:
-    cfg = load_config(
-        PretrainConfig,
-        None,
-        [
-            *DUAL,
-            "model.embed_dim=8",
-            "model.dual.image_kwargs={channels: [4, 8, 8, 8]}",
-            "model.dual.img_size=48",
-            "model.dual.word_dim=8",
-            "model.dual.gru_hidden=8",
-            "model.dual.proj_hidden=16",
-        ],
-    )
-    torch.manual_seed(0)
-    from vlp.data.transforms import load_tokenizer
-
-    model = DualEncoder(cfg.model, vocab_size=len(load_tokenizer(cfg.model.text)))
-    ckpt = save_checkpoint(
-        tmp_path / "run" / "checkpoints" / "step_0000001",
-        model,
-        {"task": "pretrain", "step": 1, "config": to_dict(cfg)},
-    )
+    ckpt = dual_checkpoint(tmp_path / "run")
     rec = probes.run_probes(ckpt, world["root"], tmp_path / "p", device="cpu")
     assert {a for a, r in rec["attributes"].items() if 0.0 <= r["accuracy"] <= 1.0} == set(probes.PROBE_ATTRIBUTES)
     mp = probes.run_minimal_pairs(tmp_path / "run", world["root"], tmp_path / "m", n_captions=4, device="cpu")

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tests.helpers import DUAL, TINY_DUAL
 from tests.tasks.test_pretrain import make_batch, tiny
 from vlp.config import ContrastiveConfig, LossConfig, LTDConfig, PretrainConfig, TrainConfig, load_config
 from vlp.errors import ConfigError
@@ -14,30 +15,10 @@ from vlp.tasks.pretrain import PretrainTask
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.train.optim import build_optimizer
 
-DUAL = [
-    "model.arch=dual",
-    "loss.itm=0",
-    "loss.mlm=0",
-    "loss.distill=false",
-    "eval.score=itc",
-    "loss.contrastive.tau=0.05",
-]
-
 
 def dual_model() -> DualEncoder:
     torch.manual_seed(0)
-    cfg = load_config(
-        PretrainConfig,
-        None,
-        [
-            *DUAL,
-            "model.embed_dim=8",
-            "model.dual.image_kwargs={channels: [4, 8, 8, 8]}",
-            "model.dual.word_dim=8",
-            "model.dual.gru_hidden=8",
-            "model.dual.proj_hidden=16",
-        ],
-    )
+    cfg = load_config(PretrainConfig, None, TINY_DUAL)
     return DualEncoder(cfg.model, vocab_size=50)
 
 

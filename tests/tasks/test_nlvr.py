@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vlp.config import ModelConfig, TextConfig, VisionConfig
+from tests.helpers import narrow_model_config
 from vlp.losses.nlvr import assign_pairs, distilled_ce, hard_image_probs
 from vlp.models.nlvr import NLVRModel
 from vlp.tasks.nlvr import NLVRTask, TextAssignmentTask
@@ -10,15 +10,7 @@ from vlp.tasks.nlvr import NLVRTask, TextAssignmentTask
 
 def tiny(head: str = "cls") -> NLVRModel:
     torch.manual_seed(0)
-    return NLVRModel(
-        ModelConfig(
-            vision=VisionConfig(depth=1, img_size=32, width=48, heads=3),
-            text=TextConfig(layers=1, fusion_layers=1, hidden=32, heads=2, intermediate=64, dropout=0.0),
-            embed_dim=16,
-            queue_size=0,
-        ),
-        head,
-    )
+    return NLVRModel(narrow_model_config(dropout=0.0), head)
 
 
 def nlvr_batch(b: int = 4) -> dict[str, torch.Tensor]:

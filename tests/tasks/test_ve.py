@@ -5,21 +5,14 @@ import math
 import pytest
 import torch
 
-from vlp.config import ModelConfig, TextConfig, VisionConfig
+from tests.helpers import narrow_model_config
 from vlp.models.ve import VEModel
 from vlp.tasks.ve import VETask
 
 
 def tiny() -> VEModel:
     torch.manual_seed(0)
-    return VEModel(
-        ModelConfig(
-            vision=VisionConfig(depth=1, img_size=32, width=48, heads=3),
-            text=TextConfig(layers=1, fusion_layers=1, hidden=32, heads=2, intermediate=64, dropout=0.0),
-            embed_dim=16,
-            queue_size=0,
-        )
-    )
+    return VEModel(narrow_model_config(dropout=0.0))
 
 
 def batch(b: int = 3) -> dict[str, torch.Tensor]:

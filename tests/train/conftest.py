@@ -2,35 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
 import pytest
 
-ROOT = Path(__file__).parents[2]
+from tests.helpers import NO_TASKS, TINY_ALBEF_32, launch
 
 
 @pytest.fixture(scope="session")
 def tiny_model() -> list[str]:
     """Overrides for a model small enough for several multi-process runs per test file."""
-    return [
-        "model.vision.depth=1",
-        "model.vision.img_size=32",
-        "model.text.layers=1",
-        "model.text.fusion_layers=1",
-        "model.queue_size=16",
-        "model.momentum_warmup_steps=0",
-    ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return [*TINY_ALBEF_32, "model.momentum_warmup_steps=0"]
 
 
 Launch = Callable[..., subprocess.CompletedProcess]
@@ -39,63 +23,24 @@ Launch = Callable[..., subprocess.CompletedProcess]
 @pytest.fixture(scope="session")
 def launch_pretrain() -> Launch:
     """``launch(args, processes=1, deepspeed=None, check=True)``: run ``vlp pretrain ARGS`` on
-    ``processes`` CPU processes; ``deepspeed`` names a DeepSpeed JSON config (accelerate's
-    DeepSpeed integration, as ``accelerate launch`` with configs/accelerate/deepspeed_zero2.yaml
-    sets it up)."""
+    ``processes`` CPU processes (:func:`tests.helpers.launch`); ``deepspeed`` names a DeepSpeed JSON config."""
 
-    def launch(
+    def launch_it(
         args: Sequence[str], processes: int = 1, deepspeed: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess:
-        env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-        if deepspeed:
-            env.update(ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_CONFIG_FILE=str(ROOT / deepspeed))
-        if processes == 1 and not deepspeed:
-            cmd = [sys.executable, "-m", "vlp.cli", "pretrain", *args]
-        else:
-            cmd = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                f"--nproc_per_node={processes}",
-                f"--master_port={_free_port()}",
-                "-m",
-                "vlp.cli",
-                "pretrain",
-                *args,
-            ]
-        try:
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
-        except subprocess.TimeoutExpired as e:  # what it printed, whole, not the exception's abridged repr
-            err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-            pytest.fail(f"{' '.join(cmd)} timed out after 600 s; its stderr ended with:\n{err[-6000:]}")
-        if check:
-            assert res.returncode == 0, res.stderr[-4000:]
-        return res
+        return launch(["-m", "vlp.cli", "pretrain", *args], processes, deepspeed=deepspeed, check=check)
 
-    return launch
+    return launch_it
 
 
 @pytest.fixture(scope="session")
-def pairs_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def pairs_file(make_world) -> Path:
     """24 tiny images, two single-caption entries each (no per-process random caption choice)."""
     import json
 
-    from vlp.data.synthetic import generate_world
-
-    tmp = tmp_path_factory.mktemp("pairs")
-    world = generate_world(
-        tmp / "world",
-        seed=0,
-        n_train=24,
-        n_val=0,
-        n_test=0,
-        image_size=32,
-        progress=False,
-        vqa_per_image=0,
-        nlvr_per_image=0,
-    )
+    world = make_world("pairs", seed=0, n_train=24, n_val=0, n_test=0, image_size=32, **NO_TASKS)
     entries = json.loads(world["pretrain"].read_text())
-    data = tmp / "world" / "pairs.json"
+    data = world["root"] / "pairs.json"
     data.write_text(json.dumps([{"image": e["image"], "caption": c} for e in entries for c in e["caption"][:2]]))
     return data
 

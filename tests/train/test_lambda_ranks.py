@@ -6,40 +6,21 @@ the ranks itself."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.multiprocess  # every test here launches two processes (or uses runs that did)
+from tests.helpers import ROOT, launch
 
-ROOT = Path(__file__).parents[2]
+pytestmark = pytest.mark.multiprocess  # every test here launches two processes (or uses runs that did)
 
 
 @pytest.mark.parametrize("engine", ["ddp", "zero2"])
 def test_lambda_is_identical_on_every_rank(engine, tmp_path):
     if engine == "zero2":
         pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: pip install -e '.[deepspeed]'")
-    from tests.train.conftest import _free_port
-
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if engine == "zero2":
-        env.update(
-            ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_CONFIG_FILE=str(ROOT / "configs/deepspeed/zero2.json")
-        )
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        f"--master_port={_free_port()}",
-        str(ROOT / "tests" / "train" / "lambda_ranks_script.py"),
-        str(tmp_path),
-    ]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
-    assert res.returncode == 0, res.stderr[-4000:]
+    deepspeed = "configs/deepspeed/zero2.json" if engine == "zero2" else None
+    script = str(ROOT / "tests" / "train" / "lambda_ranks_script.py")
+    launch([script, str(tmp_path)], processes=2, deepspeed=deepspeed, timeout=300)
     lam = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert lam[0] != 1.0  # it moved (ascent on a violated constraint)
     assert lam[0] == lam[1], lam

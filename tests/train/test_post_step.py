@@ -236,9 +236,9 @@ def test_the_compiled_skip_decision_is_agreed_over_the_ranks(tmp_path):
 
     import torch.multiprocessing as mp
 
-    from tests.train.conftest import _free_port
+    from tests.helpers import free_port
 
-    mp.spawn(_agree, args=(_free_port(), str(tmp_path / "rank")), nprocs=2)
+    mp.spawn(_agree, args=(free_port(), str(tmp_path / "rank")), nprocs=2)
     for rank in (0, 1):
         got = json.loads((tmp_path / f"rank.{rank}").read_text())
         assert got == {"seen": [False, True, False], "graphs": 1}

@@ -5,18 +5,14 @@ filesystem is simulated with a different output directory per rank."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import launch
 from vlp.train.checkpoint import SHARED_FS_MARKER, check_shared_filesystem
-
-ROOT = Path(__file__).parents[2]
 
 # Calls the check directly, on 2 gloo processes: argv[1] is the run directory, "{rank}" in it is
 # replaced by the process's rank; argv[2], if given, a stale marker written into rank 1's directory
@@ -51,24 +47,7 @@ def run_check(tmp_path: Path, run_dir: str, *stale: str) -> list[str]:
     script, results = tmp_path / "check.py", tmp_path / "results"
     script.write_text(SCRIPT)
     results.mkdir()
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            str(script),
-            run_dir,
-            *stale,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1", "RESULTS": str(results)},
-    )
-    assert res.returncode == 0, res.stderr[-4000:]
+    launch([str(script), run_dir, *stale], processes=2, env={"RESULTS": str(results)}, timeout=300)
     return [(results / f"rank_{r}.txt").read_text() for r in (0, 1)]
 
 

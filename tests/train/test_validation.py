@@ -89,35 +89,12 @@ def test_every_rank_validates_and_rank_0_decides(tmp_path):
     """Two processes: ``evaluate`` runs on both ranks (a sharded evaluation with a gather inside: rank 0
     alone would wait for ever), in eval mode, with the task back in train mode after; the log and the
     best checkpoint follow rank 0's metrics."""
-    import os
-    import socket
-    import subprocess
-    import sys
-    from pathlib import Path
+    from tests.helpers import launch
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     script = tmp_path / "validate.py"
     script.write_text(VALIDATE_ON_EVERY_RANK)
     run = tmp_path / "run"
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node=2",
-            f"--master_port={port}",
-            str(script),
-            str(run),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=Path(__file__).parents[2],
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
+    launch([str(script), str(run)], processes=2, timeout=300)
     ranks = [json.loads((run / f"seen{r}.json").read_text()) for r in (0, 1)]
     for got in ranks:
         assert [s["step"] for s in got["seen"]] == [2, 4, 6]

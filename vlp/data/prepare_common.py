@@ -4,8 +4,9 @@ file, place and key, line reading, and image existence checks."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from vlp.errors import DataError
 
@@ -71,3 +72,17 @@ def _lines(path: Path) -> list[str]:
         return path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+
+
+def _json_lines(path: Path) -> Iterator[tuple[str, Any]]:
+    """``("line N", object)`` for every non-blank line of a JSON-lines file; a line that is not JSON
+    raises :class:`DataError` naming file and line."""
+    for n, line in enumerate(_lines(path), 1):
+        if not line.strip():
+            continue
+        where = f"line {n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}: {where}: invalid JSON ({err.msg})") from None
+        yield where, obj

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 from vlp.data.json_entries import write_json_atomic
-from vlp.data.prepare_common import _check_images, _key, _lines, _text
+from vlp.data.prepare_common import _check_images, _json_lines, _key, _text
 from vlp.errors import DataError
 
 # --------------------------------------------------------------------------
@@ -36,14 +35,7 @@ def nlvr2(jsonl: str | Path, split: str, out: str | Path, image_root: Optional[s
         raise DataError(f"unknown NLVR2 split {split!r}, expected one of {list(NLVR_SPLITS)}")
     path = Path(jsonl)
     entries = []
-    for n, line in enumerate(_lines(path), 1):
-        if not line.strip():
-            continue
-        where = f"line {n}"
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}: {where}: invalid JSON ({err.msg})") from None
+    for where, e in _json_lines(path):
         ident = _text(path, where, e, "identifier", "an identifier like train-10171-0-0")
         parts = ident.split("-")
         if len(parts) != 4 or parts[0] != split:

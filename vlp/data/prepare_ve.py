@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Optional
 
 from vlp.data.downstream_formats import VE_IMAGE_SUFFIX, VE_LABELS
 from vlp.data.json_entries import write_json_atomic
-from vlp.data.prepare_common import _check_images, _key, _lines, _text
+from vlp.data.prepare_common import _check_images, _json_lines, _key, _text
 from vlp.errors import DataError
 
 VE_SPLITS = ("train", "dev", "test")
@@ -36,14 +35,7 @@ def snli_ve(jsonl: str | Path, out: str | Path, image_root: Optional[str | Path]
     path = Path(jsonl)
     entries = []
     skipped = 0
-    for n, line in enumerate(_lines(path), 1):
-        if not line.strip():
-            continue
-        where = f"line {n}"
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}: {where}: invalid JSON ({err.msg})") from None
+    for where, e in _json_lines(path):
         image = str(_key(path, where, e, "Flickr30K_ID", (str, int), "a Flickr30k image id")).strip()
         if not image or Path(image).suffix:
             raise DataError(f"{path}: {where}: key 'Flickr30K_ID' is {image!r}, expected a Flickr30k id without suffix")

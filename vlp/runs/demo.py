@@ -386,20 +386,7 @@ def write_full_results(demo: FullDemo, stages: dict) -> dict:
     minutes = (time.perf_counter() - demo.t0) / 60
     results = {
         "rows": [dict(task=t, metric=m, value=v, baseline=b, baseline_value=bv) for t, m, v, b, bv in rows],
-        **{
-            k: stages[k]
-            for k in (
-                "zero_shot",
-                "retrieval",
-                "vqa",
-                "nlvr2",
-                "nlvr2_text_only",
-                "ve",
-                "ve_hypothesis_only",
-                "grounding",
-                "classification",
-            )
-        },
+        **{k: stages[k] for k in FULL_STAGES if k not in ("pretrain", "nlvr_ta")},  # the stages with results
         "minutes": minutes,
         "stage_start_minutes": {k: (v - demo.t0) / 60 for k, v in demo.times.items()},
     }

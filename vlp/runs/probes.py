@@ -68,6 +68,16 @@ def _load(run: str | Path, device: Optional[str], batch_size: int):
     return VLPModel.from_pretrained(run, device=device, batch_size=batch_size)
 
 
+def _source(model: Any, run: str | Path, world_root: str | Path, split: str, n_captions: int) -> dict[str, Any]:
+    """The head of a probes / minimal-pairs record: what was measured on which world split."""
+    return {
+        "checkpoint": model.source.get("checkpoint", str(run)),
+        "world": str(world_root),
+        "split": split,
+        "n_captions": n_captions,
+    }
+
+
 def _write(out: Path, name: str, record: dict[str, Any]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
@@ -128,10 +138,7 @@ def run_probes(
         for a in attributes
     }
     record = {
-        "checkpoint": model.source.get("checkpoint", str(run)),
-        "world": str(world_root),
-        "split": split,
-        "n_captions": len(texts),
+        **_source(model, run, world_root, split, len(texts)),
         "test_fraction": test_fraction,
         "seed": seed,
         "weight_decay": weight_decay,
@@ -197,10 +204,7 @@ def run_minimal_pairs(
     dist = model.encode_image(images).float() if images else torch.zeros(0, text.shape[1])
     results = {a: _pair_accuracy(text, target, dist, pairs, a) for a in [*attributes, "all"]}
     record = {
-        "checkpoint": model.source.get("checkpoint", str(run)),
-        "world": str(world_root),
-        "split": split,
-        "n_captions": len(captions),
+        **_source(model, run, world_root, split, len(captions)),
         "per_attribute": per_attribute,
         "seed": seed,
         "chance": 0.5,

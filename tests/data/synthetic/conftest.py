@@ -21,6 +21,30 @@ from vlp.data.synthetic.world import generate_world
 
 SMALL = dict(n_train=12, n_val=6, n_test=60, image_size=48, progress=False)
 WORLD = dict(n_train=300, n_val=30, n_test=60, image_size=32, progress=False)
+#: the VQA and NLVR2 files of a world
+TASK_KEYS = (
+    "vqa_train",
+    "vqa_val",
+    "vqa_test",
+    "vqa_test_annotations",
+    "answer_list",
+    "nlvr_train",
+    "nlvr_dev",
+    "nlvr_test",
+)
+#: the files that do not depend on the VQA and NLVR2 parameters
+OTHER_KEYS = (
+    "pretrain",
+    "helper",
+    "retrieval_train",
+    "retrieval_val",
+    "retrieval_test",
+    "relevance_val",
+    "relevance_test",
+    "relevance_graded_val",
+    "relevance_graded_test",
+    "scenes",
+)
 CELLS = {
     "top left": (0, 0),
     "top": (0, 1),

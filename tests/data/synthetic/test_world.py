@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.data.synthetic.conftest import SMALL, _load
+from tests.data.synthetic.conftest import OTHER_KEYS, SMALL, TASK_KEYS, _load
 from vlp.data.synthetic.mix import write_generic_mix
 from vlp.data.synthetic.predicates import caption_matches
 from vlp.data.synthetic.relevance import compute_graded_relevance, compute_relevance
@@ -20,27 +20,11 @@ from vlp.data.synthetic.world import CAPTION_GROUPS_FORMAT, generate_world
 def test_world_files_and_formats(world: dict[str, Path]) -> None:
     root = world["root"]
     assert set(world) == {
-        "pretrain",
-        "helper",
-        "retrieval_train",
-        "retrieval_val",
-        "retrieval_test",
-        "relevance_val",
-        "relevance_test",
-        "relevance_graded_val",
-        "relevance_graded_test",
+        *OTHER_KEYS,
         "caption_kinds_val",
         "caption_kinds_test",
-        "scenes",
         "root",
-        "vqa_train",
-        "vqa_val",
-        "vqa_test",
-        "vqa_test_annotations",
-        "answer_list",
-        "nlvr_train",
-        "nlvr_dev",
-        "nlvr_test",
+        *TASK_KEYS,
         "grounding_train",
         "grounding_val",
         "grounding_test",

@@ -6,31 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.data.synthetic.conftest import WORLD, _load
+from tests.data.synthetic.conftest import OTHER_KEYS, TASK_KEYS, WORLD, _load
 from vlp.data.synthetic.world import generate_world
-
-TASK_KEYS = (
-    "vqa_train",
-    "vqa_val",
-    "vqa_test",
-    "vqa_test_annotations",
-    "answer_list",
-    "nlvr_train",
-    "nlvr_dev",
-    "nlvr_test",
-)
-OTHER_KEYS = (
-    "pretrain",
-    "helper",
-    "retrieval_train",
-    "retrieval_val",
-    "retrieval_test",
-    "relevance_val",
-    "relevance_test",
-    "relevance_graded_val",
-    "relevance_graded_test",
-    "scenes",
-)
 
 
 @pytest.fixture(scope="module")
