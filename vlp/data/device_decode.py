@@ -321,8 +321,14 @@ def augment(
 
 
 def decode_images(batch: DeviceBatch, device: Union[str, torch.device]) -> torch.Tensor:
-    """A :class:`DeviceBatch` decoded and augmented on ``device``: uint8 ``[B, 3, H, W]``."""
+    """A :class:`DeviceBatch` decoded and augmented on ``device``: uint8 ``[B, 3, H, W]`` (in fp32
+    arithmetic whatever autocast the caller is under, without autograd)."""
     device = torch.device(device)
+    with torch.no_grad(), torch.autocast(device.type, enabled=False):
+        return _decode_images(batch, device)
+
+
+def _decode_images(batch: DeviceBatch, device: torch.device) -> torch.Tensor:
     jpegs = [i for i, d in enumerate(batch.data) if d.dim() == 1]
     decoded = dict(zip(jpegs, decode_jpegs([batch.data[i] for i in jpegs], [batch.names[i] for i in jpegs], device)))
     boxes, flips, ops, args = batch.boxes.tolist(), batch.flips.tolist(), batch.ops.tolist(), batch.args.tolist()
