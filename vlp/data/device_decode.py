@@ -283,7 +283,8 @@ def _decode_one(data: torch.Tensor, name: str, device: torch.device) -> torch.Te
     except RuntimeError as e:
         origin, _, path = name.partition(": image ")
         try:
-            rgb = open_image(MemberFile(data.numpy().tobytes(), path), origin)
+            member: Any = MemberFile(data.numpy().tobytes(), path)  # named as the file in messages
+            rgb = open_image(member, origin)
         except DataError as bad:
             raise DataError(
                 f"{bad} (data.image.decode=device: decode_jpeg on {device} failed too: {e}; found after the "

@@ -216,7 +216,8 @@ def time_loader(dataset: Dataset, n: int, workers: int, warmup: int, seed: int =
     keys = [SeededIndex(k % size, seed_of("item", seed, 0, k % size)) for k in range(n_warm + n)]
     loader = DataLoader(_Timed(dataset, keys), batch_size=batch, num_workers=workers, collate_fn=_collate)
     scales: Counter[int] = Counter()
-    spans, cpu, last, k = [], [], None, 0
+    spans, cpu, k = [], [], 0
+    last: Any = None
     for images, timings in loader:
         for t0, t1, c, scale in timings:
             if k >= n_warm:

@@ -56,7 +56,7 @@ class Task(nn.Module):
         if norm is None:
             raise ValueError("uint8 images but no PixelNorm: build the task with data.image.uint8=true")
         if isinstance(images, DeviceBatch):
-            images = decode_images(images, norm.shift.device)
+            images = decode_images(images, next(norm.buffers()).device)
         return {**batch, "images": norm(images)}
 
     def alpha(self, step: int) -> float:
