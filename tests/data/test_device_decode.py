@@ -41,8 +41,9 @@ def dataset(path: str, decode: str, on_bad: str | None = None, **image) -> Image
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, str]:
-    """A photo-like 500x375 JPEG, and files that must take the host route: the same as PNG, as a
-    grayscale and a CMYK JPEG, a tiny JPEG (upscaled first) and a JPEG without EOI (trailing bytes)."""
+    """A photo-like 500x375 JPEG, the same progressive, and files that must take the host route: as
+    PNG, as a grayscale and a CMYK JPEG, a tiny JPEG (upscaled first) and a JPEG without EOI at its
+    end (trailing bytes)."""
     folder = tmp_path_factory.mktemp("files")
     jpeg = write_test_jpegs(folder, 1, (500, 375))[0]
     im = Image.open(jpeg)
@@ -50,6 +51,8 @@ def files(tmp_path_factory) -> dict[str, str]:
     for name, mode, fmt in [("png", "RGB", "PNG"), ("gray", "L", "JPEG"), ("cmyk", "CMYK", "JPEG")]:
         im.convert(mode).save(folder / f"{name}.img", fmt)
         out[name] = str(folder / f"{name}.img")
+    im.save(folder / "progressive.jpg", "JPEG", quality=90, progressive=True)
+    out["progressive"] = str(folder / "progressive.jpg")
     (folder / "trailing.jpg").write_bytes(jpeg.read_bytes() + b"trailing bytes")
     out["trailing"] = str(folder / "trailing.jpg")
     return out
@@ -102,11 +105,12 @@ def mean_abs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (a.float() - b.float()).abs().flatten(1).mean(1)
 
 
-def test_jpegs_decoded_on_the_device_are_close_to_full_without_randaugment(files):
+@pytest.mark.parametrize("kind", ["jpeg", "progressive"])
+def test_jpegs_decoded_on_the_device_are_close_to_full_without_randaugment(files, kind):
     """Not bit-equal: the decoders agree (libjpeg-turbo both, bit for bit), but the crop is resized by
     torch's antialiased bicubic kernel, not Pillow's: 0.006 of 255 at most measured here (crops
     resized down; a crop resized up differs more, about 0.2 of 255)."""
-    full, dev, batch = decode_pair(files["jpeg"], range(12), randaugment=False)
+    full, dev, batch = decode_pair(files[kind], range(12), randaugment=False)
     assert all(d.dim() == 1 for d in batch.data)  # shipped as bytes
     assert dev.shape == full.shape == (12, 3, RES, RES) and dev.dtype == torch.uint8
     assert mean_abs(full, dev).max() < 0.05 and not torch.equal(full, dev)

@@ -95,7 +95,7 @@ def plain_jpeg(data: bytes) -> bool:
         if marker == 0xDA:  # start of scan: the headers are complete
             return frame is not None and huffman and frame <= tables
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame
-            if marker not in _SOF_OK or len(seg) < 6 or seg[0] != 8 or seg[5] != 3 or len(seg) < 6 + 9:
+            if marker not in _SOF_OK or len(seg) < 15 or seg[0] != 8 or seg[5] != 3:  # 8 bits, 3 components
                 return False
             frame = {seg[6 + 3 * c + 2] for c in range(3)}  # the components' quantisation tables
         elif marker == 0xDB:  # quantisation tables
