@@ -22,7 +22,14 @@ from tests.helpers import JPEG_RUN, SHAPES_TINY, pretrain
 from vlp.config import FinetuneConfig, ImageConfig, PretrainConfig, load_config
 from vlp.data import device_decode
 from vlp.data.datasets import Collator, ImageTextDataset, SeededIndex, draw_other, seed_of, seeded_rng
-from vlp.data.device_decode import DeviceBatch, DeviceImage, collate_images, decode_images, plain_jpeg
+from vlp.data.device_decode import (
+    DeviceBatch,
+    DeviceImage,
+    collate_images,
+    decode_images,
+    decode_jpegs,
+    plain_jpeg,
+)
 from vlp.data.formats import Sample
 from vlp.data.images import open_image
 from vlp.data.transforms import RANDAUG_OPS, AlbefRandAugment, apply_randaugment, load_tokenizer, train_transform
@@ -112,6 +119,8 @@ def test_jpegs_decoded_on_the_device_are_close_to_full_without_randaugment(files
     resized down; a crop resized up differs more, about 0.2 of 255)."""
     full, dev, batch = decode_pair(files[kind], range(12), randaugment=False)
     assert all(d.dim() == 1 for d in batch.data)  # shipped as bytes
+    (decoded,) = decode_jpegs(batch.data[:1], batch.names[:1], torch.device("cpu"))
+    assert torch.equal(decoded, TF1.pil_to_tensor(open_image(files[kind], "x")))  # Pillow's pixels exactly
     assert dev.shape == full.shape == (12, 3, RES, RES) and dev.dtype == torch.uint8
     assert mean_abs(full, dev).max() < 0.05 and not torch.equal(full, dev)
 
