@@ -44,6 +44,16 @@ FT_STEPS = [
 ]
 #: ``FT_STEPS`` for a config that sets ``train.epochs`` (which may not be set besides ``train.steps``)
 FT = ["train.epochs=null", *FT_STEPS]
+#: ``TINY_ALBEF`` on the ``jpeg_world`` fixture's JPEGs (tests/conftest.py): crops of half the image
+#: or more, flips, uint8 images, batches of 4, no loader workers (the draft / device decode tests)
+JPEG_RUN = [
+    "data.image.crop_scale=[0.5,1.0]",
+    "data.image.hflip=true",
+    "data.image.uint8=true",
+    "data.batch_size=4",
+    "data.num_workers=0",
+    *TINY_ALBEF,
+]
 #: the dual encoder of the loss zoo and LTD: ITC alone, no distillation
 DUAL = [
     "model.arch=dual",

@@ -131,8 +131,9 @@ class FinetuneConfig:
         if self.data.image.uint8:
             wrong.append("data.image.uint8=true (uint8 images normalised on the device: pretraining only)")
         if self.data.image.decode != "full":
+            what = {"draft": "JPEG draft decoding per crop", "device": "JPEG decoding on the training device"}
             wrong.append(
-                f"data.image.decode={self.data.image.decode} (JPEG draft decoding per crop: pretraining only; "
+                f"data.image.decode={self.data.image.decode} ({what[self.data.image.decode]}: pretraining only; "
                 "fine-tuning decodes full)"
             )
         _reject(wrong)
