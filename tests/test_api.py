@@ -37,9 +37,8 @@ from vlp.models.build import build_task_model
 from vlp.models.nlvr import NLVRModel
 from vlp.models.vqa import VQAModel
 from vlp.pretrained import image_size, load_model
-from vlp.train.checkpoint import save_checkpoint
 from vlp.version import __version__
-from vlp.weights import MANIFEST
+from vlp.weights import MANIFEST, save_checkpoint
 
 ROOT = Path(__file__).parents[1]
 CPU = torch.device("cpu")
