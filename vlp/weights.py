@@ -37,6 +37,9 @@ from torch import nn
 from vlp.errors import CheckpointError
 
 TASK_STATE = "task_state.safetensors"
+#: the ``state.json`` key of a checkpoint's kind (pretrain, helper, retrieval, vqa, nlvr2, nlvr-ta, ve): "task"
+#: in every checkpoint written so far, kept so that they, and older vlp versions, read it; in code it is the kind
+KIND_KEY = "task"
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"step_\d+")  # checkpoints/step_0001000 (not the .tmp staging folders)
 
