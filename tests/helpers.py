@@ -105,7 +105,7 @@ def untrained_checkpoint(path: Path, overrides: Sequence[str]) -> Path:
 
     from vlp.config import PretrainConfig, load_config, to_dict
     from vlp.models.albef import ALBEF
-    from vlp.train.checkpoint import save_checkpoint
+    from vlp.weights import save_checkpoint
 
     cfg = load_config(PretrainConfig, ROOT / SHAPES_TINY, list(overrides))
     torch.manual_seed(0)
@@ -119,7 +119,7 @@ def dual_checkpoint(run: Path) -> Path:
     from vlp.config import PretrainConfig, load_config, to_dict
     from vlp.data.transforms import load_tokenizer
     from vlp.models.dual import DualEncoder
-    from vlp.train.checkpoint import save_checkpoint
+    from vlp.weights import save_checkpoint
 
     cfg = load_config(PretrainConfig, None, [*TINY_DUAL, "model.dual.img_size=48"])
     torch.manual_seed(0)

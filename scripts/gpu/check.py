@@ -394,7 +394,7 @@ def section_resume(ctx: Context) -> dict[str, Any]:
     import torch
 
     from vlp.runs.pretrain import run_pretrain
-    from vlp.train.state_io import load_tree
+    from vlp.train.state import load_tree
 
     p = ctx.plan
     n, half = p.resume_steps, p.resume_steps // 2

@@ -93,7 +93,7 @@ class FinetuneConfig:
     ``pretrained`` checkpoint's architecture (its config), changed only by ``image_size`` (the
     position embedding is interpolated) and ``model_overrides``."""
 
-    task: str = "retrieval"
+    task: str = "retrieval"  # what is trained (`vlp finetune TASK`); the checkpoints' kind follows from it
     output_dir: str = "runs/finetune"
     pretrained: Optional[str] = None  # vlp checkpoint folder or run directory
     image_size: Optional[int] = None  # fine-tuning resolution; None: the checkpoint's
