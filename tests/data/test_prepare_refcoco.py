@@ -158,3 +158,11 @@ def test_cli_prepare_refcoco_prints_counts_and_writes_the_library_files(release,
     lib = prepare_refcoco(*release, tmp_path / "lib")
     for split, path in lib.items():
         assert (out / path.name).read_bytes() == path.read_bytes(), split
+
+
+def test_cli_prepare_refcoco_with_another_dataset_prefix(release, tmp_path, capsys) -> None:
+    # --dataset shares its name with the command's own choice (args.dataset): refcoco, not refcoco+, here
+    out = tmp_path / "cli"
+    assert main(["prepare", "refcoco+", *map(str, release), "--out", str(out), "--dataset", "refcoco"]) == 0
+    assert "refcoco (entries): train=3" in capsys.readouterr().out
+    assert (out / "refcoco_train.json").is_file() and not list(out.glob("refcoco+_*"))
