@@ -14,7 +14,7 @@ from torch import nn
 
 from vlp.data.json_entries import write_json_atomic
 from vlp.features.store import write_features
-from vlp.train.state_io import save_tree
+from vlp.train.state import save_tree
 from vlp.weights import save_checkpoint
 
 

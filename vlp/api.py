@@ -47,7 +47,7 @@ from vlp.errors import CheckpointError
 from vlp.eval.mode import evaluating
 from vlp.hardware import default_device
 from vlp.interop.zoo import resolve_pretrained
-from vlp.models.build import build_task_model, without_init_sources
+from vlp.models.build import build_model_of_kind, without_init_sources
 from vlp.models.gradcam import GradCAM, fusion_layer_index, gradcam, token_mean
 from vlp.version import __version__
 from vlp.weights import (
@@ -91,12 +91,12 @@ class UnsupportedKind(ValueError):
 
 
 def build_inference_model(kind: str, model: ModelConfig, vocab_size: int) -> nn.Module:
-    """The model of a checkpoint kind (:func:`vlp.models.build.build_task_model`) with every
+    """The model of a checkpoint kind (:func:`vlp.models.build.build_model_of_kind`) with every
     initialisation source off (the weights come from the file) and an empty feature queue."""
     cfg = copy.deepcopy(model)
     without_init_sources(cfg)
     cfg.queue_size = 0
-    return build_task_model(kind, cfg, vocab_size)
+    return build_model_of_kind(kind, cfg, vocab_size)
 
 
 def inference_weights(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
+from tests.helpers import JPEG_RUN
 from vlp.config import FinetuneConfig, ImageConfig, PretrainConfig, load_config
 from vlp.data.datasets import ImageTextDataset, SeededIndex, seed_of, seeded_rng
 from vlp.data.draft import (
@@ -143,7 +144,7 @@ def test_resize_without_crop_and_bad_files_behave_as_full(tmp_path, big_jpeg):
 def test_the_config_key_is_validated_and_fine_tuning_refuses_draft():
     assert PretrainConfig().data.image.decode == "full"
     assert load_config(PretrainConfig, TINY, ["data.image.decode=draft"]).data.image.decode == "draft"
-    with pytest.raises(ConfigError, match=r"data\.image\.decode.*'fast'.*\['full', 'draft'\]"):
+    with pytest.raises(ConfigError, match=r"data\.image\.decode.*'fast'.*\['full', 'draft', 'device'\]"):
         load_config(PretrainConfig, TINY, ["data.image.decode=fast"])
     with pytest.raises(ConfigError, match=r"data\.image\.decode=draft.*pretraining only"):
         load_config(FinetuneConfig, "configs/finetune/shapes_retrieval.yaml", ["data.image.decode=draft"])
@@ -250,29 +251,6 @@ def test_transform_output_is_the_same_with_draft_decoding(big_jpeg, uint8):
 
 
 @pytest.fixture(scope="module")
-def jpeg_world(tmp_path_factory) -> Path:
-    """8 photo-like 320x240 JPEGs with two captions each: at 64 px with crop_scale [0.5, 1.0] every
-    crop decodes at 1/2 or less."""
-    folder = tmp_path_factory.mktemp("jpegs")
-    paths = write_test_jpegs(folder, 8, (320, 240))
-    entries = [{"image": p.name, "caption": [f"photo {i}", f"picture {i}"], "image_id": i} for i, p in enumerate(paths)]
-    (folder / "ann.json").write_text(json.dumps(entries))
-    return folder / "ann.json"
-
-
-DRAFT_RUN = [
-    "data.image.crop_scale=[0.5,1.0]",
-    "data.image.hflip=true",
-    "data.image.uint8=true",
-    "data.batch_size=4",
-    "data.num_workers=0",
-    "model.vision.depth=1",
-    "model.text.layers=1",
-    "model.text.fusion_layers=1",
-]
-
-
-@pytest.fixture(scope="module")
 def tok():
     return load_tokenizer(PretrainConfig().model.text)
 
@@ -287,7 +265,7 @@ def test_the_training_loader_decodes_draft_with_the_full_decodes_crops(jpeg_worl
         train = write_shards([jpeg_world], tmp_path / "sh", size=240, max_per_shard=4, show_progress=False)
     batches = {}
     for decode in ("full", "draft"):
-        over = [f"data.train=[{train}]", f"data.format={fmt}", f"data.image.decode={decode}", *DRAFT_RUN]
+        over = [f"data.train=[{train}]", f"data.format={fmt}", f"data.image.decode={decode}", *JPEG_RUN]
         loader, pairs, images = build_train_loader(load_config(PretrainConfig, TINY, over), tok, None, None)
         assert images == 8 and pairs == (16 if fmt == "webdataset" else 8)  # one pair per caption / per entry
         batches[decode] = next(iter(loader))
@@ -310,7 +288,7 @@ def test_pretraining_runs_with_draft_decoding(jpeg_world, tmp_path, capsys):
             f"output_dir={run}",
             f"data.train=[{jpeg_world}]",
             "data.image.decode=draft",
-            *DRAFT_RUN,
+            *JPEG_RUN,
             "train.steps=2",
             "train.log_every=1",
             "train.ckpt_every=0",

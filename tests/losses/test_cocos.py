@@ -194,7 +194,7 @@ def test_run_cocos_passes_and_records_smoothap_inv_tau(tmp_path):
     from vlp.config import PretrainConfig, load_config, to_dict
     from vlp.lab.cocos import run_cocos
     from vlp.models.albef import ALBEF
-    from vlp.train.checkpoint import save_checkpoint
+    from vlp.weights import save_checkpoint
     from vlp.world import generate_world
 
     world = generate_world(tmp_path / "w", seed=1, n_train=4, n_val=1, n_test=1, progress=False)

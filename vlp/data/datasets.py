@@ -33,6 +33,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from vlp.data.device_decode import DeviceImage, collate_images
 from vlp.data.draft import Decoder
 from vlp.data.formats import Sample
 from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
@@ -294,7 +295,7 @@ def pick_captions(captions: Sequence[str], k: int = 1, rng: random.Random | None
 
 
 def make_item(
-    image: torch.Tensor,
+    image: torch.Tensor | DeviceImage,
     image_id: int,
     image_key: str,
     captions: Sequence[str],
@@ -302,7 +303,8 @@ def make_item(
     helper_cache: Optional[HelperFeatures] = None,
     targets: Optional[CaptionTargets] = None,
 ) -> dict:
-    """One training item: ``image`` [3, H, W], ``image_id``, ``caption`` (a string, or the list of
+    """One training item: ``image`` [3, H, W] (or, ``data.image.decode=device``, what the device
+    decodes: :class:`~vlp.data.device_decode.DeviceImage`), ``image_id``, ``caption`` (a string, or the list of
     captions when ``grouped``), and the helper features / LTD targets of the image and caption(s)
     when a cache / targets are given (looked up by ``image_key`` and caption text)."""
     caps = list(captions)
@@ -328,9 +330,10 @@ class ImageTextDataset(ItemDataset):
     (``helper_image``/``helper_text``); with targets (:class:`CaptionTargets`), each caption's LTD target
     (``ltd_target``). Bad samples and seeds: :class:`ItemDataset`.
 
-    ``decode`` (``data.image.decode``): ``full``, or ``draft``: JPEGs decoded at reduced scale per
+    ``decode`` (``data.image.decode``): ``full``; ``draft``: JPEGs decoded at reduced scale per
     crop, ``transform`` being a training transform (:class:`vlp.data.draft.Decoder`; then
-    :attr:`transform` holds the steps after its crop)."""
+    :attr:`transform` holds the steps after its crop); ``device``: items carry JPEG bytes and the
+    transform's draws, decoded and augmented on the training device (:mod:`vlp.data.device_decode`)."""
 
     def __init__(
         self,
@@ -394,7 +397,8 @@ class ImageDataset(Dataset):
 
 
 class Collator:
-    """Stack images, tokenize captions (truncated at ``max_len``; ``padding``: to the batch's longest
+    """Stack images (or gather them as a :class:`~vlp.data.device_decode.DeviceBatch`:
+    :func:`~vlp.data.device_decode.collate_images`), tokenize captions (truncated at ``max_len``; ``padding``: to the batch's longest
     or always to ``max_len``, see :func:`tokenize`), ids to tensors; ``bad_samples`` (0-d long): the
     bad loads the items replaced (:func:`replace_bad`), always present.
 
@@ -408,7 +412,7 @@ class Collator:
         grouped = isinstance(items[0]["caption"], list)
         captions = [c for it in items for c in it["caption"]] if grouped else [it["caption"] for it in items]
         batch = tokenize(self.tokenizer, captions, self.max_len, self.padding)
-        batch["images"] = torch.stack([it["image"] for it in items])
+        batch["images"] = collate_images([it["image"] for it in items])
         batch["image_ids"] = torch.tensor([it["image_id"] for it in items], dtype=torch.long)
         batch["bad_samples"] = count_bad(items)
         if grouped:

@@ -17,7 +17,7 @@ per file, the largest at which *every* crop the transform can take still has bot
 output resolution (:func:`draft_scale`); with ALBEF's crop scale it reduces only images over about
 1.75 MP.
 
-:class:`Decoder` is how a training dataset opens its images for a transform under either
+:class:`Decoder` is how a training dataset opens its images for a transform under any
 ``data.image.decode`` (:class:`vlp.data.datasets.ImageTextDataset`, :class:`vlp.data.shards.ShardStream`).
 """
 
@@ -31,10 +31,12 @@ from PIL import Image
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
+from vlp.data.device_decode import DeviceDraws, open_for_device
 from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
 
-#: ``data.image.decode``: the full decode, or JPEG draft mode chosen per crop
-DECODES = ("full", "draft")
+#: ``data.image.decode``: the full decode, JPEG draft mode chosen per crop, or decoding on the
+#: training device (:mod:`vlp.data.device_decode`)
+DECODES = ("full", "draft", "device")
 #: libjpeg's reduced decoding scales (1/d), largest first
 JPEG_SCALES = (8, 4, 2, 1)
 #: RandomResizedCrop's aspect-ratio range (torchvision's default, which the training transform uses)
@@ -105,23 +107,31 @@ def open_crop_draft(
 class Decoder:
     """How a training dataset opens an image for ``transform`` under ``data.image.decode``
     (``mode``): ``full``: :func:`~vlp.data.images.open_image`, then the whole transform; ``draft``:
-    :func:`open_crop_draft` with the transform's first step (:func:`split_crop`), then the rest.
-    A dataset calls :meth:`open` and applies :attr:`transform`. ``last_scale``: the draft scale of
-    the last image opened (``draft`` only; None with ``full``)."""
+    :func:`open_crop_draft` with the transform's first step (:func:`split_crop`), then the rest;
+    ``device``: :func:`~vlp.data.device_decode.open_for_device` (a plain JPEG's bytes, else the
+    decoded image), then the transform's random draws
+    (:class:`~vlp.data.device_decode.DeviceDraws`: a ``DeviceImage`` that the task decodes and
+    augments on the device). A dataset calls :meth:`open` and applies :attr:`transform`.
+    ``last_scale``: the draft scale of the last image opened (``draft`` only; None otherwise)."""
 
     def __init__(self, transform: Callable[[Image.Image], torch.Tensor], mode: str = "full") -> None:
         if mode not in DECODES:
             raise ValueError(f"image decode {mode!r}: expected one of {list(DECODES)}")
         self.mode = mode
         self.crop: Optional[Any] = None
-        self.transform = transform
+        self.transform: Callable[[Any], Any] = transform
         self.last_scale: Optional[int] = None
         if mode == "draft":
             self.crop, self.transform = split_crop(transform)
             self.last_scale = 1
+        elif mode == "device":
+            self.transform = DeviceDraws(transform)
 
-    def open(self, path: Any, origin: str, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> Image.Image:
-        """The image to apply :attr:`transform` to: decoded (``full``), or decoded and cropped (``draft``)."""
+    def open(self, path: Any, origin: str, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> Any:
+        """What to apply :attr:`transform` to: the image decoded (``full``), decoded and cropped
+        (``draft``), or a plain JPEG left encoded (``device``)."""
+        if self.mode == "device":
+            return open_for_device(path, origin, max_pixels, min_side)
         if self.crop is None:
             return open_image(path, origin, max_pixels, min_side)
         im, self.last_scale = open_crop_draft(path, origin, self.crop, max_pixels, min_side)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 import re
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from PIL import Image
@@ -51,42 +51,85 @@ def albef_pre_caption(caption: str, max_words: int = 30) -> str:
     return " ".join(words[:max_words]) if len(words) > max_words else c
 
 
-class AlbefRandAugment:
-    """ALBEF's RandAugment(N=2, M=7): no colour/hue/solarize ops (captions mention colours).
+#: ALBEF's RandAugment ops (no colour/hue/solarize: captions mention colours), in the order
+#: :class:`AlbefRandAugment` draws from; an op is drawn as its index here
+RANDAUG_OPS = (
+    "identity",
+    "autocontrast",
+    "equalize",
+    "brightness",
+    "sharpness",
+    "shear_x",
+    "shear_y",
+    "translate_x",
+    "translate_y",
+    "rotate",
+)
+#: grey that affine ops fill uncovered pixels with
+RANDAUG_FILL = [128, 128, 128]
 
-    Each of ``n`` ops drawn from {Identity, AutoContrast, Equalize, Brightness, Sharpness, ShearX,
-    ShearY, TranslateX, TranslateY, Rotate} is applied with probability 0.5.
-    """
+
+class AlbefRandAugment:
+    """ALBEF's RandAugment(N=2, M=7): each of ``n`` ops drawn from :data:`RANDAUG_OPS` is applied
+    with probability 0.5, with a magnitude of sign drawn at random.
+
+    :meth:`draw` makes a call's random draws (Python's ``random``) and :func:`apply_randaugment`
+    applies them, to a PIL image (this transform) or to uint8 tensors ``[..., 3, H, W]`` (the same
+    torchvision ops, on the training device: ``data.image.decode=device``)."""
 
     def __init__(self, n: int = 2, m: int = 7) -> None:
         self.n, self.level = n, m / 10.0
-        self.ops: list[Callable[[Image.Image], Image.Image]] = [
-            lambda im: im,
-            TF.autocontrast,
-            TF.equalize,
-            lambda im: TF.adjust_brightness(im, 1 + self._signed(0.9)),
-            lambda im: TF.adjust_sharpness(im, 1 + self._signed(0.9)),
-            lambda im: self._affine(im, shear=(math.degrees(math.atan(self._signed(0.3))), 0.0)),
-            lambda im: self._affine(im, shear=(0.0, math.degrees(math.atan(self._signed(0.3))))),
-            lambda im: self._affine(im, translate=(int(self._signed(0.45) * im.width), 0)),
-            lambda im: self._affine(im, translate=(0, int(self._signed(0.45) * im.height))),
-            lambda im: TF.rotate(
-                im, self._signed(30.0), interpolation=InterpolationMode.BILINEAR, fill=[128, 128, 128]
-            ),
-        ]
 
     def _signed(self, max_value: float) -> float:
         return self.level * max_value * random.choice((-1.0, 1.0))
 
-    @staticmethod
-    def _affine(im: Image.Image, translate=(0, 0), shear=(0.0, 0.0)) -> Image.Image:
-        return TF.affine(im, angle=0.0, translate=list(translate), scale=1.0, shear=list(shear), fill=[128, 128, 128])
+    def _argument(self, name: str, width: int, height: int) -> float:
+        """The argument of op ``name`` on a ``width`` x ``height`` image (its magnitude's sign drawn)."""
+        if name in ("brightness", "sharpness"):
+            return 1 + self._signed(0.9)  # the enhancement factor
+        if name in ("shear_x", "shear_y"):
+            return math.degrees(math.atan(self._signed(0.3)))  # degrees
+        if name in ("translate_x", "translate_y"):
+            return int(self._signed(0.45) * (width if name == "translate_x" else height))  # pixels
+        if name == "rotate":
+            return self._signed(30.0)  # degrees
+        return 0.0  # identity, autocontrast, equalize: no magnitude, no draw
+
+    def draw(self, width: int, height: int) -> list[tuple[int, float]]:
+        """The ops one call applies to a ``width`` x ``height`` image, as (index in
+        :data:`RANDAUG_OPS`, argument) in the order applied: the random draws of the call, in order."""
+        drawn = []
+        for op in random.choices(range(len(RANDAUG_OPS)), k=self.n):
+            if random.random() < 0.5:
+                drawn.append((op, self._argument(RANDAUG_OPS[op], width, height)))
+        return drawn
 
     def __call__(self, im: Image.Image) -> Image.Image:
-        for op in random.choices(self.ops, k=self.n):
-            if random.random() < 0.5:
-                im = op(im)
-        return im
+        return apply_randaugment(im, self.draw(*im.size))
+
+
+def apply_randaugment(im: Any, ops: Sequence[tuple[int, float]], F: Any = TF) -> Any:
+    """``ops`` (:meth:`AlbefRandAugment.draw`) applied in order to ``im``: a PIL image, or a uint8
+    tensor ``[..., 3, H, W]``, with the functional ops of ``F`` (torchvision's
+    ``transforms.functional``, or ``transforms.v2.functional``); affine ops fill with :data:`RANDAUG_FILL`."""
+    for op, v in ops:
+        name = RANDAUG_OPS[op]
+        if name == "autocontrast":
+            im = F.autocontrast(im)
+        elif name == "equalize":
+            im = F.equalize(im)
+        elif name == "brightness":
+            im = F.adjust_brightness(im, v)
+        elif name == "sharpness":
+            im = F.adjust_sharpness(im, v)
+        elif name in ("shear_x", "shear_y", "translate_x", "translate_y"):
+            x, y = name.endswith("_x"), name.endswith("_y")
+            shear = [v if x else 0.0, v if y else 0.0] if name.startswith("shear") else [0.0, 0.0]
+            shift = [int(v) if x else 0, int(v) if y else 0] if name.startswith("translate") else [0, 0]
+            im = F.affine(im, angle=0.0, translate=shift, scale=1.0, shear=shear, fill=RANDAUG_FILL)
+        elif name == "rotate":
+            im = F.rotate(im, v, interpolation=InterpolationMode.BILINEAR, fill=RANDAUG_FILL)
+    return im
 
 
 def _normalize(cfg: ImageConfig) -> list:

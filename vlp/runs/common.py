@@ -30,6 +30,7 @@ from vlp.train.loop import train
 from vlp.train.setup import make_accelerator
 from vlp.train.validation import Validation
 from vlp.version import __version__
+from vlp.weights import KIND_KEY
 
 
 @dataclass
@@ -91,7 +92,7 @@ class Job:
     def state(self) -> dict[str, Any]:
         """What every checkpoint's ``state.json`` records besides the step."""
         state = {
-            "task": self.kind,
+            KIND_KEY: self.kind,
             "vlp_version": __version__,
             "config": to_dict(self.cfg),
             "model": to_dict(self.model_cfg),

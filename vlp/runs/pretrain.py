@@ -20,7 +20,7 @@ from vlp.eval.retrieval import check_k_test
 from vlp.features.helper_cache import HelperCache
 from vlp.features.targets import LatentTargets
 from vlp.models.albef import ALBEF, param_count
-from vlp.models.build import build_task_model
+from vlp.models.build import build_model_of_kind
 from vlp.models.dual import DualEncoder
 from vlp.models.transfer import load_pretrained
 from vlp.models.vision import check_vision_init, write_init_report
@@ -43,7 +43,7 @@ from vlp.weights import find_checkpoint
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int) -> Union[ALBEF, DualEncoder]:
-    return build_task_model("pretrain", cfg.model, vocab_size)
+    return build_model_of_kind("pretrain", cfg.model, vocab_size)
 
 
 def load_targets(cfg: PretrainConfig) -> Optional[LatentTargets]:
