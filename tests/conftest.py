@@ -64,7 +64,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def make_world(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict[str, Path]]:
     """``make_world(name="world", **kwargs)``: ``generate_world`` in a new temporary folder, without
     progress bars; the paths it wrote."""
-    from vlp.data.synthetic import generate_world
+    from vlp.world import generate_world
 
     def make(name: str = "world", **kwargs: Any) -> dict[str, Path]:
         return generate_world(tmp_path_factory.mktemp(name), progress=False, **kwargs)

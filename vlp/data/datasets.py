@@ -27,7 +27,7 @@ import random
 import signal
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Protocol, Sequence
 
 import torch
 from PIL import Image
@@ -36,10 +36,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from vlp.data.device_decode import DeviceImage, collate_images
 from vlp.data.draft import Decoder
 from vlp.data.formats import Sample
-from vlp.data.helper_cache import HelperCache
 from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
 from vlp.data.sample_table import SampleTable
-from vlp.data.targets import LatentTargets
 from vlp.data.transforms import tokenize
 from vlp.errors import DataError
 
@@ -48,6 +46,20 @@ BAD_SAMPLE_POLICIES = ("skip", "raise")
 #: replacements tried for one bad sample before ``skip`` gives up
 MAX_REPLACEMENTS = 100
 BAD_SAMPLE_HINT = "set data.on_bad_sample=skip to replace bad samples"
+
+
+class HelperFeatures(Protocol):
+    """The SRCL helper's precomputed features of the samples (:class:`vlp.features.helper_cache.HelperCache`)."""
+
+    def check_covers(self, samples: Sequence[Sample]) -> None: ...
+    def lookup(self, image_key: str, caption: str) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class CaptionTargets(Protocol):
+    """LTD's precomputed target of every caption (:class:`vlp.features.targets.LatentTargets`)."""
+
+    def check_covers(self, samples: Sequence[Sample]) -> None: ...
+    def lookup(self, caption: str) -> torch.Tensor: ...
 
 
 def seed_of(*parts: Any) -> int:
@@ -288,8 +300,8 @@ def make_item(
     image_key: str,
     captions: Sequence[str],
     grouped: bool,
-    helper_cache: Optional[HelperCache] = None,
-    targets: Optional[LatentTargets] = None,
+    helper_cache: Optional[HelperFeatures] = None,
+    targets: Optional[CaptionTargets] = None,
 ) -> dict:
     """One training item: ``image`` [3, H, W] (or, ``data.image.decode=device``, what the device
     decodes: :class:`~vlp.data.device_decode.DeviceImage`), ``image_id``, ``caption`` (a string, or the list of
@@ -313,9 +325,9 @@ class ImageTextDataset(ItemDataset):
     image keys in sorted order (``key_to_id``).
 
     ``captions_per_image`` k > 1 gives image-level items with k of the image's captions (distinct
-    while it has enough, cycled otherwise). With a :class:`HelperCache`, items also carry the
-    frozen SRCL helper's cached features of the image and of the chosen caption
-    (``helper_image``/``helper_text``); with :class:`LatentTargets`, each caption's LTD target
+    while it has enough, cycled otherwise). With a helper cache (:class:`HelperFeatures`), items also
+    carry the frozen SRCL helper's cached features of the image and of the chosen caption
+    (``helper_image``/``helper_text``); with targets (:class:`CaptionTargets`), each caption's LTD target
     (``ltd_target``). Bad samples and seeds: :class:`ItemDataset`.
 
     ``decode`` (``data.image.decode``): ``full``; ``draft``: JPEGs decoded at reduced scale per
@@ -327,8 +339,8 @@ class ImageTextDataset(ItemDataset):
         self,
         samples: Sequence[Sample],
         transform: Callable[[Image.Image], torch.Tensor],
-        helper_cache: Optional[HelperCache] = None,
-        targets: Optional[LatentTargets] = None,
+        helper_cache: Optional[HelperFeatures] = None,
+        targets: Optional[CaptionTargets] = None,
         captions_per_image: int = 1,
         on_bad: Optional[str] = None,
         max_pixels: int = MAX_PIXELS,

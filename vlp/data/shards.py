@@ -42,6 +42,8 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from vlp.data.datasets import (
     BAD_SAMPLE_HINT,
     MAX_REPLACEMENTS,
+    CaptionTargets,
+    HelperFeatures,
     make_item,
     pick_captions,
     seed_of,
@@ -49,11 +51,9 @@ from vlp.data.datasets import (
     stop_proof_workers,
 )
 from vlp.data.draft import Decoder
-from vlp.data.helper_cache import HelperCache
 from vlp.data.images import MAX_PIXELS, MIN_SIDE
 from vlp.data.sample_table import SampleTable, TableBuilder
 from vlp.data.shard_format import MemberFile, ShardInfo, iter_shard, read_sizes
-from vlp.data.targets import LatentTargets
 from vlp.errors import DataError
 
 CAPTION_MODES = ("expand", "sample")
@@ -119,8 +119,8 @@ class ShardStream(IterableDataset):
         buffer: int,
         caption_mode: str,
         captions_per_image: int,
-        helper_cache: Optional[HelperCache],
-        targets: Optional[LatentTargets],
+        helper_cache: Optional[HelperFeatures],
+        targets: Optional[CaptionTargets],
         on_bad: str = "raise",
         max_pixels: int = MAX_PIXELS,
         min_side: int = MIN_SIDE,
@@ -322,8 +322,8 @@ class ShardLoader:
         shuffle_buffer: int = 1000,
         caption_mode: str = "expand",
         captions_per_image: int = 1,
-        helper_cache: Optional[HelperCache] = None,
-        targets: Optional[LatentTargets] = None,
+        helper_cache: Optional[HelperFeatures] = None,
+        targets: Optional[CaptionTargets] = None,
         verbose: bool = True,
         on_bad: str = "raise",
         max_pixels: int = MAX_PIXELS,

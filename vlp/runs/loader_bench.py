@@ -8,7 +8,7 @@ dataset (:class:`vlp.data.datasets.ImageTextDataset`) and ``workers`` DataLoader
 
 **Images.** Files the user names (``--images``: folders of .jpg/.jpeg/.png, or files), or ``n``
 photo-sized JPEGs written here into a temporary folder (:func:`write_test_jpegs`): shapes-world
-scenes (:func:`vlp.data.synthetic.scene.render_scene`) at ``size`` with a smooth colour field and
+scenes (:func:`vlp.world.scene.render_scene`) at ``size`` with a smooth colour field and
 pixel noise on top, so that they compress like photos (about 50 KB at 500x375, quality 90).
 
 **Three decodes** (:mod:`vlp.data.draft`). ``full``: training's ``data.image.decode=full``.
@@ -66,10 +66,10 @@ from vlp.data.device_decode import DeviceBatch, collate_images, decode_images
 from vlp.data.draft import crop_draft_scale, draft_scale, open_image_draft
 from vlp.data.formats import Sample
 from vlp.data.images import open_image
-from vlp.data.synthetic.scene import render_scene, sample_scene, world_rng
 from vlp.data.transforms import train_transform
 from vlp.errors import ConfigError
 from vlp.version import __version__
+from vlp.world.scene import render_scene, sample_scene, world_rng
 
 #: file suffixes ``--images`` folders are searched for (case-insensitive)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")

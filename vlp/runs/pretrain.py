@@ -13,12 +13,12 @@ from vlp.checkpoint import image_size
 from vlp.config import PretrainConfig
 from vlp.data.datasets import Collator, ImageTextDataset, train_loader
 from vlp.data.formats import load_pairs, load_retrieval_split
-from vlp.data.helper_cache import HelperCache
-from vlp.data.targets import LatentTargets
 from vlp.data.transforms import PixelNorm, load_tokenizer, train_transform
 from vlp.dist import launch_rank
 from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.eval.retrieval import check_k_test
+from vlp.features.helper_cache import HelperCache
+from vlp.features.targets import LatentTargets
 from vlp.models.albef import ALBEF, param_count
 from vlp.models.build import build_model_of_kind
 from vlp.models.dual import DualEncoder
