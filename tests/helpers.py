@@ -117,8 +117,8 @@ def dual_checkpoint(run: Path) -> Path:
     import torch
 
     from vlp.config import PretrainConfig, load_config, to_dict
-    from vlp.data.transforms import load_tokenizer
     from vlp.models.dual import DualEncoder
+    from vlp.preprocess.transforms import load_tokenizer
     from vlp.weights import save_checkpoint
 
     cfg = load_config(PretrainConfig, None, [*TINY_DUAL, "model.dual.img_size=48"])

@@ -28,7 +28,6 @@ from vlp.config import (
     load_config,
     to_dict,
 )
-from vlp.data import transforms
 from vlp.data.formats import RetrievalSplit
 from vlp.errors import CheckpointError
 from vlp.eval.retrieval import embed
@@ -36,6 +35,7 @@ from vlp.models.albef import ALBEF
 from vlp.models.build import build_model_of_kind
 from vlp.models.nlvr import NLVRModel
 from vlp.models.vqa import VQAModel
+from vlp.preprocess import transforms
 from vlp.pretrained import image_size, load_model
 from vlp.version import __version__
 from vlp.weights import MANIFEST, save_checkpoint

@@ -12,12 +12,12 @@ from tests.helpers import NO_TASKS
 from vlp.api import Preprocessor, VLPModel
 from vlp.config import EvalConfig, ImageConfig, ModelConfig, TextConfig, VisionConfig
 from vlp.data.formats import load_retrieval_split
-from vlp.data.transforms import load_tokenizer
-from vlp.data.transforms import test_transform as eval_transform
 from vlp.eval.mode import evaluating
 from vlp.eval.retrieval import embed, evaluate_retrieval
 from vlp.models.albef import ALBEF
 from vlp.models.build import build_model_of_kind
+from vlp.preprocess.transforms import load_tokenizer
+from vlp.preprocess.transforms import test_transform as eval_transform
 from vlp.runs.finetune import nlvr_accuracy, predict_answers
 
 CPU = torch.device("cpu")

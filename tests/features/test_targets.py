@@ -8,9 +8,9 @@ import torch
 from vlp.config import TextConfig
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
-from vlp.data.transforms import load_tokenizer
 from vlp.errors import DataError
 from vlp.features.targets import DEFAULT_ENCODER, LatentTargets, caption_key, content_hash, write_targets
+from vlp.preprocess.transforms import load_tokenizer
 from vlp.runs.features import run_make_targets
 
 

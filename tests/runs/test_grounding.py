@@ -12,9 +12,9 @@ import torch
 
 from vlp.config import PretrainConfig, load_config, to_dict
 from vlp.data.grounding import read_grounding_file
-from vlp.data.transforms import load_tokenizer
 from vlp.eval.grounding import box_scores, fixed_position_prior, prior_accuracy, random_candidate_accuracy
 from vlp.models.build import build_model_of_kind
+from vlp.preprocess.transforms import load_tokenizer
 from vlp.runs.grounding import choose_boxes, entry_size, run_evaluate_grounding
 from vlp.weights import save_checkpoint
 from vlp.world.tasks.grounding import write_grounding_splits

@@ -10,8 +10,8 @@ from typing import Any
 from vlp.cli.common import call, wrote
 from vlp.data.check import CHECK_KINDS, CheckReport, check_annotations, check_shards, default_workers, is_shard_entry
 from vlp.data.formats import write_json_atomic
-from vlp.data.images import MAX_PIXELS
 from vlp.errors import ConfigError
+from vlp.preprocess.images import MAX_PIXELS
 
 
 def _cache_helper(a: argparse.Namespace) -> None:

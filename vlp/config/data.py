@@ -26,13 +26,13 @@ class ImageConfig:
     uint8: bool = False
     # How the training loader decodes images (pretraining): full, or draft: the crop box is drawn
     # first (the same box as full), then a JPEG is decoded at 1/2, 1/4 or 1/8 size where that crop
-    # still has both sides >= the model's resolution (vlp/data/draft.py). Pixels change slightly
+    # still has both sides >= the model's resolution (vlp/preprocess/draft.py). Pixels change slightly
     # (the decoder's downscaling), crop boxes do not; other files and small JPEGs decode as full.
     # device: the loader draws full's crop boxes, flips and RandAugment ops but ships a JPEG's bytes
     # undecoded; the task decodes the batch's JPEGs in one torchvision decode_jpeg call on the
     # training device (nvJPEG on CUDA) and augments them there with tensor ops (pixels close to
     # full's, not equal); other files decode on the host, as full. Needs uint8=true
-    # (vlp/data/device_decode.py).
+    # (vlp/preprocess/device_decode.py).
     decode: str = "full"  # full | draft | device
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ workers. A plain int index loads with the global random streams, as any map-styl
 
 **Bad samples.** :func:`replace_bad` is the one policy for an item that raises a
 :class:`DataError` (an image that is missing, unreadable, truncated or too large:
-:class:`vlp.data.images.BadImage`): propagate it (evaluation), raise it with a hint
+:class:`vlp.preprocess.images.BadImage`): propagate it (evaluation), raise it with a hint
 (``data.on_bad_sample=raise``) or replace the item by another one drawn with the item's seed
 (``skip``). Every item says how many bad loads it replaced (``bad_samples``) and the collators sum
 them into ``batch["bad_samples"]``.
@@ -33,13 +33,13 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from vlp.data.device_decode import DeviceImage, collate_images
-from vlp.data.draft import Decoder
 from vlp.data.formats import Sample
-from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
 from vlp.data.sample_table import SampleTable
-from vlp.data.transforms import tokenize
 from vlp.errors import DataError
+from vlp.preprocess.device_decode import DeviceImage, collate_images
+from vlp.preprocess.draft import Decoder
+from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, open_image
+from vlp.preprocess.transforms import tokenize
 
 #: bad-sample policies of training data (``data.on_bad_sample``); None: evaluation, every item must load
 BAD_SAMPLE_POLICIES = ("skip", "raise")
@@ -249,7 +249,7 @@ def count_bad(items: Sequence[dict]) -> torch.Tensor:
 
 
 def load_image(path: str, origin: str, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> Image.Image:
-    """Open an image as RGB (:func:`vlp.data.images.open_image`); problems raise one :class:`BadImage`."""
+    """Open an image as RGB (:func:`vlp.preprocess.images.open_image`); problems raise one :class:`BadImage`."""
     return open_image(path, origin, max_pixels, min_side)
 
 
@@ -258,7 +258,7 @@ class ItemDataset(Dataset, ABC):
 
     Subclasses implement :meth:`load` (one item, reading images with :meth:`image`) and ``__len__``.
     ``on_bad``: None (evaluation: every item must load), ``"raise"`` or ``"skip"``
-    (``data.on_bad_sample``); ``max_pixels`` / ``min_side``: :func:`vlp.data.images.open_image`."""
+    (``data.on_bad_sample``); ``max_pixels`` / ``min_side``: :func:`vlp.preprocess.images.open_image`."""
 
     def __init__(self, on_bad: Optional[str] = None, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> None:
         if on_bad is not None and on_bad not in BAD_SAMPLE_POLICIES:
@@ -304,7 +304,7 @@ def make_item(
     targets: Optional[CaptionTargets] = None,
 ) -> dict:
     """One training item: ``image`` [3, H, W] (or, ``data.image.decode=device``, what the device
-    decodes: :class:`~vlp.data.device_decode.DeviceImage`), ``image_id``, ``caption`` (a string, or the list of
+    decodes: :class:`~vlp.preprocess.device_decode.DeviceImage`), ``image_id``, ``caption`` (a string, or the list of
     captions when ``grouped``), and the helper features / LTD targets of the image and caption(s)
     when a cache / targets are given (looked up by ``image_key`` and caption text)."""
     caps = list(captions)
@@ -331,9 +331,9 @@ class ImageTextDataset(ItemDataset):
     (``ltd_target``). Bad samples and seeds: :class:`ItemDataset`.
 
     ``decode`` (``data.image.decode``): ``full``; ``draft``: JPEGs decoded at reduced scale per
-    crop, ``transform`` being a training transform (:class:`vlp.data.draft.Decoder`; then
+    crop, ``transform`` being a training transform (:class:`vlp.preprocess.draft.Decoder`; then
     :attr:`transform` holds the steps after its crop); ``device``: items carry JPEG bytes and the
-    transform's draws, decoded and augmented on the training device (:mod:`vlp.data.device_decode`)."""
+    transform's draws, decoded and augmented on the training device (:mod:`vlp.preprocess.device_decode`)."""
 
     def __init__(
         self,
@@ -397,8 +397,8 @@ class ImageDataset(Dataset):
 
 
 class Collator:
-    """Stack images (or gather them as a :class:`~vlp.data.device_decode.DeviceBatch`:
-    :func:`~vlp.data.device_decode.collate_images`), tokenize captions (truncated at ``max_len``; ``padding``: to the batch's longest
+    """Stack images (or gather them as a :class:`~vlp.preprocess.device_decode.DeviceBatch`:
+    :func:`~vlp.preprocess.device_decode.collate_images`), tokenize captions (truncated at ``max_len``; ``padding``: to the batch's longest
     or always to ``max_len``, see :func:`tokenize`), ids to tensors; ``bad_samples`` (0-d long): the
     bad loads the items replaced (:func:`replace_bad`), always present.
 

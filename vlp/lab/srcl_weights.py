@@ -13,7 +13,7 @@ from vlp.checkpoint import image_size, open_checkpoint
 from vlp.config import apply_overrides
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
-from vlp.data.transforms import test_transform
+from vlp.preprocess.transforms import test_transform
 from vlp.runs.common import build_regulator
 
 

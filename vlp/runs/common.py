@@ -16,13 +16,13 @@ from vlp.checkpoint import PREPROCESSOR, Preprocessor, image_size, open_checkpoi
 from vlp.config import BadSampleConfig, FinetuneConfig, LTDConfig, ModelConfig, PretrainConfig, to_dict, to_yaml
 from vlp.config.resume import resume_changes
 from vlp.data.datasets import BAD_SAMPLE_HINT
-from vlp.data.transforms import test_transform, train_transform
 from vlp.dist import launch_rank
 from vlp.errors import ConfigError, DataError
 from vlp.features.helper_cache import HelperCache
 from vlp.features.targets import LatentTargets
 from vlp.models.build import model_image_size
 from vlp.models.open_clip_helper import is_open_clip_spec
+from vlp.preprocess.transforms import test_transform, train_transform
 from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.tasks.regulation import SRCLRegulator, helper_span

@@ -11,10 +11,10 @@ import torch
 
 from vlp.checkpoint import image_size, open_checkpoint
 from vlp.data.formats import load_pairs
-from vlp.data.transforms import test_transform
 from vlp.errors import DataError
 from vlp.hardware import default_device
 from vlp.models.open_clip_helper import is_open_clip_spec
+from vlp.preprocess.transforms import test_transform
 from vlp.runs.common import cache_open_clip_features, write_feature_cache
 
 
@@ -33,7 +33,7 @@ def run_cache_helper_features(
     a vlp helper checkpoint or run directory, or an open_clip model ``open_clip:ARCH[/PRETRAINED]``
     (:mod:`vlp.models.open_clip_helper`; its own eval preprocessing of the images and tokenizer of
     the raw captions: :func:`vlp.runs.common.cache_open_clip_features`)."""
-    from vlp.data.transforms import tokenize
+    from vlp.preprocess.transforms import tokenize
 
     if Path(out).exists():
         raise DataError(f"{out} already exists; choose another --out or remove it")

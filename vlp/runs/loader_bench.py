@@ -2,7 +2,7 @@
 
 A training run at 1,300 pairs/s needs 1,300 decoded, augmented images per second from the host's
 cores. This benchmark times what a training loader worker does per image: open and decode the file
-and apply the config's *training* transform (:func:`vlp.data.transforms.train_transform` at the
+and apply the config's *training* transform (:func:`vlp.preprocess.transforms.train_transform` at the
 model's resolution, ``data.image``), under the per-item seeds of training, in the real training
 dataset (:class:`vlp.data.datasets.ImageTextDataset`) and ``workers`` DataLoader worker processes.
 
@@ -11,19 +11,19 @@ photo-sized JPEGs written here into a temporary folder (:func:`write_test_jpegs`
 scenes (:func:`vlp.world.scene.render_scene`) at ``size`` with a smooth colour field and
 pixel noise on top, so that they compress like photos (about 50 KB at 500x375, quality 90).
 
-**Three decodes** (:mod:`vlp.data.draft`). ``full``: training's ``data.image.decode=full``.
-``draft``: JPEG draft-mode decoding chosen per image (:func:`~vlp.data.draft.open_image_draft`, the
-rule in :func:`~vlp.data.draft.draft_scale`): libjpeg decodes at 1/2, 1/4 or 1/8 scale when *every*
+**Three decodes** (:mod:`vlp.preprocess.draft`). ``full``: training's ``data.image.decode=full``.
+``draft``: JPEG draft-mode decoding chosen per image (:func:`~vlp.preprocess.draft.open_image_draft`, the
+rule in :func:`~vlp.preprocess.draft.draft_scale`): libjpeg decodes at 1/2, 1/4 or 1/8 scale when *every*
 crop the transform can take is still at least the output resolution; the bench's alone.
 ``draft-crop``: chosen per crop, training's ``data.image.decode=draft``
-(:func:`~vlp.data.draft.open_crop_draft`): the crop's box is drawn from the file's size first (the
+(:func:`~vlp.preprocess.draft.open_crop_draft`): the crop's box is drawn from the file's size first (the
 same random draws as the transform), and the JPEG decoded at the largest reduced scale at which
 *that* crop is still at least the output resolution. Neither changes what the network sees beyond
 the decoder's own downscaling (no crop is ever upsampled where the full decode would have
 downsampled it). The top-level figures are those of the decode the config trains with
 (``data.image.decode``: ``full``, ``draft-crop`` or ``device``); ``by_decode`` has each.
 
-**Decoding on the device** (:mod:`vlp.data.device_decode`, ``data.image.decode=device``): the
+**Decoding on the device** (:mod:`vlp.preprocess.device_decode`, ``data.image.decode=device``): the
 worker's share is timed as the others (read the bytes, the header, the transform's draws; uint8
 whatever ``data.image.uint8`` says), and the device's share apart (:func:`time_device_decode`): the
 same items collated into batches of ``data.batch_size`` and decoded and augmented on the available
@@ -62,12 +62,12 @@ from torch.utils.data import DataLoader, Dataset
 
 from vlp.config import PretrainConfig
 from vlp.data.datasets import ImageTextDataset, SeededIndex, seed_of
-from vlp.data.device_decode import DeviceBatch, collate_images, decode_images
-from vlp.data.draft import crop_draft_scale, draft_scale, open_image_draft
 from vlp.data.formats import Sample
-from vlp.data.images import open_image
-from vlp.data.transforms import train_transform
 from vlp.errors import ConfigError
+from vlp.preprocess.device_decode import DeviceBatch, collate_images, decode_images
+from vlp.preprocess.draft import crop_draft_scale, draft_scale, open_image_draft
+from vlp.preprocess.images import open_image
+from vlp.preprocess.transforms import train_transform
 from vlp.version import __version__
 from vlp.world.scene import render_scene, sample_scene, world_rng
 
@@ -76,7 +76,7 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 #: images generated when the user names none
 DEFAULT_N = 200
 #: the decodes the bench times: ``data.image.decode=full``, JPEG draft mode chosen per image
-#: (:func:`~vlp.data.draft.draft_scale`), chosen per crop (``data.image.decode=draft``), and the
+#: (:func:`~vlp.preprocess.draft.draft_scale`), chosen per crop (``data.image.decode=draft``), and the
 #: worker's share of ``data.image.decode=device``
 DECODES = ("full", "draft", "draft-crop", "device")
 #: the bench's decode of each ``data.image.decode``
@@ -88,7 +88,7 @@ TRAINING_DECODE = {"full": "full", "draft": "draft-crop", "device": "device"}
 
 class DraftImageTextDataset(ImageTextDataset):
     """:class:`~vlp.data.datasets.ImageTextDataset` whose images open with
-    :func:`~vlp.data.draft.open_image_draft` (one draft scale per image) for a transform that crops
+    :func:`~vlp.preprocess.draft.open_image_draft` (one draft scale per image) for a transform that crops
     to ``res`` with ``crop_scale`` (the only change: :meth:`image`). Timed by the bench only;
     training's ``data.image.decode=draft`` is the per-crop decode."""
 
@@ -198,7 +198,7 @@ def _header(s: Sample) -> tuple[int, int, Optional[str]]:
 
 def _collate(items: list) -> tuple[Any, list[tuple[float, float, float, Optional[int]]]]:
     """A batch of :class:`_Timed` items: images stacked ``[B, 3, res, res]`` (or gathered for the
-    device: :func:`~vlp.data.device_decode.collate_images`; in the worker, as a training collator
+    device: :func:`~vlp.preprocess.device_decode.collate_images`; in the worker, as a training collator
     does), and each item's (start, end, CPU seconds, scale)."""
     return collate_images([it[0] for it in items]), [it[1:] for it in items]
 
@@ -257,7 +257,7 @@ def time_device_decode(
     """The device's share of ``data.image.decode=device``: items ``0..n-1`` of ``dataset`` (a
     ``decode="device"`` training dataset; seeded as training's epoch 0) loaded here once, collated
     into batches of ``batch``, then decoded and augmented on ``device``
-    (:func:`~vlp.data.device_decode.decode_images`, the batch's copy to it included) ``rounds``
+    (:func:`~vlp.preprocess.device_decode.decode_images`, the batch's copy to it included) ``rounds``
     times after one untimed batch. Returns ``images_per_s`` (the median round), ``ms_per_batch``
     (median over batches, each synchronised), the output's shape and dtype (``[3, res, res]``,
     uint8), the share of images shipped as JPEG bytes, and on a device other than the CPU the mean

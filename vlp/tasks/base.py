@@ -7,10 +7,10 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from vlp.data.device_decode import DeviceBatch, decode_images
-from vlp.data.transforms import PixelNorm
 from vlp.dist import rank
 from vlp.losses.nlvr import accuracy, distilled_ce
+from vlp.preprocess.device_decode import DeviceBatch, decode_images
+from vlp.preprocess.transforms import PixelNorm
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.weights import load_module_states, module_states
 
@@ -48,7 +48,7 @@ class Task(nn.Module):
     def on_device(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
         """The batch as the model takes it: ``images`` [B, 3, H, W], uint8 ones normalised
         (:class:`PixelNorm`). Under ``data.image.decode=device`` they arrive as a
-        :class:`~vlp.data.device_decode.DeviceBatch` and are decoded and augmented first, on the
+        :class:`~vlp.preprocess.device_decode.DeviceBatch` and are decoded and augmented first, on the
         device of the task's buffers (eagerly: before any compiled graph)."""
         images, norm = batch["images"], self.pixel_norm
         if not isinstance(images, DeviceBatch) and images.dtype != torch.uint8:

@@ -26,8 +26,8 @@ from torch import nn
 
 from vlp import hardware
 from vlp.config import TrainConfig
-from vlp.data.device_decode import DeviceBatch
 from vlp.errors import ConfigError
+from vlp.preprocess.device_decode import DeviceBatch
 from vlp.train.optim import build_optimizer
 
 

@@ -2,10 +2,10 @@
 
 **In the loader worker** nothing is decoded that the device can decode: :func:`open_for_device`
 reads a file's bytes and its size from the header (Pillow's lazy open), and :class:`DeviceDraws`
-makes every random choice of the training transform (:func:`vlp.data.transforms.train_transform`)
+makes every random choice of the training transform (:func:`vlp.preprocess.transforms.train_transform`)
 with the same calls, in the same order, as the transform makes on the decoded image under
 ``full``: RandomResizedCrop's box (torch), the flip (torch), RandAugment's ops and signed
-magnitudes (Python's ``random``, :meth:`~vlp.data.transforms.AlbefRandAugment.draw`). So a seeded
+magnitudes (Python's ``random``, :meth:`~vlp.preprocess.transforms.AlbefRandAugment.draw`). So a seeded
 item gets ``full``'s crop box, flip and ops, and leaves both random streams as ``full`` does. The
 item's image is a :class:`DeviceImage`: the JPEG's bytes (uint8 ``[N]``) and those draws.
 
@@ -13,7 +13,7 @@ Only plain files take that route: 8-bit 3-component JPEGs (baseline, extended or
 Huffman, every quantisation table defined, ending with the EOI marker) within the pixel limit and
 not tiny. Anything else (PNG and other formats, grayscale / CMYK JPEGs, truncated or corrupt
 files, images over ``max_image_pixels``, tiny images) is opened by
-:func:`vlp.data.images.open_image` as under ``full``: decoded on the host (converted, upscaled,
+:func:`vlp.preprocess.images.open_image` as under ``full``: decoded on the host (converted, upscaled,
 or refused with ``full``'s :class:`~vlp.errors.BadImage`, which the bad-sample policy handles), and
 shipped as uint8 ``[3, H, W]``, un-augmented, with the same draws.
 
@@ -21,7 +21,7 @@ shipped as uint8 ``[3, H, W]``, un-augmented, with the same draws.
 and the draws as small tensors) in ``batch["images"]``.
 
 **On the device** (:func:`decode_images`, called by the task's ``on_device`` before
-:class:`~vlp.data.transforms.PixelNorm`, outside any compiled graph): the batch's JPEGs are decoded
+:class:`~vlp.preprocess.transforms.PixelNorm`, outside any compiled graph): the batch's JPEGs are decoded
 in one ``torchvision.io.decode_jpeg(list, device=...)`` call (nvJPEG on CUDA; on a CPU device it
 is libjpeg-turbo, which is how the CPU tests run this path), then each image is cropped and resized
 (bicubic, antialiased), flipped and RandAugment-ed with torchvision's tensor ops and the drawn
@@ -49,10 +49,9 @@ from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
 from torchvision.transforms.v2 import functional as F2
 
-from vlp.data.images import MAX_PIXELS, MIN_SIDE, decoded_bytes, open_image
-from vlp.data.shard_format import MemberFile
-from vlp.data.transforms import AlbefRandAugment, apply_randaugment
 from vlp.errors import DataError
+from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, MemberFile, decoded_bytes, open_image
+from vlp.preprocess.transforms import AlbefRandAugment, apply_randaugment
 
 #: SOF markers decode_jpeg (libjpeg-turbo and nvJPEG) takes: baseline, extended, progressive Huffman
 _SOF_OK = (0xC0, 0xC1, 0xC2)
@@ -137,7 +136,7 @@ def open_for_device(
     path: Any, origin: str, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE
 ) -> Union[JpegFile, Image.Image]:
     """A plain JPEG's bytes (:class:`JpegFile`), else the image decoded as ``full`` decodes it
-    (:func:`~vlp.data.images.open_image`: RGB, tiny images upscaled; its limits and errors)."""
+    (:func:`~vlp.preprocess.images.open_image`: RGB, tiny images upscaled; its limits and errors)."""
     jpeg = _read_plain_jpeg(path, origin, max_pixels, min_side)
     return jpeg if jpeg is not None else open_image(path, origin, max_pixels, min_side)
 
@@ -147,7 +146,7 @@ class DeviceImage:
     """One training image for the device: ``data`` (uint8: a JPEG's bytes ``[N]``, or a host-decoded
     image ``[3, H, W]``) and the training transform's draws: the crop ``box`` (top, left, height,
     width, in ``data``'s pixels), ``flip``, the RandAugment ``ops`` ((index, argument) pairs,
-    :meth:`~vlp.data.transforms.AlbefRandAugment.draw`), the output ``size`` (height, width),
+    :meth:`~vlp.preprocess.transforms.AlbefRandAugment.draw`), the output ``size`` (height, width),
     ``max_ops`` (RandAugment's N: the width of :attr:`DeviceBatch.ops`) and ``name``, for messages."""
 
     data: torch.Tensor
@@ -166,7 +165,7 @@ def _sized(width: int, height: int) -> torch.Tensor:
 
 class DeviceDraws:
     """The loader-side half of a uint8 training ``transform`` (RandomResizedCrop or Resize((h, w)),
-    then optionally RandomHorizontalFlip and :class:`~vlp.data.transforms.AlbefRandAugment`, then
+    then optionally RandomHorizontalFlip and :class:`~vlp.preprocess.transforms.AlbefRandAugment`, then
     PILToTensor): called on what :func:`open_for_device` returns, it makes the transform's random
     draws and returns a :class:`DeviceImage`; :func:`decode_images` applies them on the device."""
 
@@ -217,7 +216,7 @@ class DeviceBatch:
 
     ``data``: per image a JPEG's bytes (uint8 ``[N]``) or a host-decoded image (uint8 ``[3, h, w]``);
     ``boxes`` ``[B, 4]`` (top, left, height, width), ``flips`` ``[B]`` bool, ``ops`` ``[B, N]``
-    (index in :data:`~vlp.data.transforms.RANDAUG_OPS`, -1: none) and ``args`` ``[B, N]`` float64
+    (index in :data:`~vlp.preprocess.transforms.RANDAUG_OPS`, -1: none) and ``args`` ``[B, N]`` float64
     (their arguments), ``size`` (H, W) and ``names`` (for messages). The draws stay on the host:
     they are read there to launch each image's ops, so reading them costs no device sync."""
 

@@ -1,4 +1,4 @@
-"""``data.image.decode=draft``: training's per-crop JPEG draft decoding (:mod:`vlp.data.draft`). The crop
+"""``data.image.decode=draft``: training's per-crop JPEG draft decoding (:mod:`vlp.preprocess.draft`). The crop
 box is the full decode's (the same random draws), the pixels close to its, never upsampled where the
 full decode is downsampled; other files decode exactly as ``full``; the key is validated; training
 runs with it, from JSON files and from shards."""
@@ -19,7 +19,9 @@ from torchvision import transforms as T
 from tests.helpers import JPEG_RUN
 from vlp.config import FinetuneConfig, ImageConfig, PretrainConfig, load_config
 from vlp.data.datasets import ImageTextDataset, SeededIndex, seed_of, seeded_rng
-from vlp.data.draft import (
+from vlp.data.formats import Sample
+from vlp.errors import BadImage, ConfigError
+from vlp.preprocess.draft import (
     crop_draft_scale,
     draft_scale,
     min_crop_side,
@@ -27,10 +29,8 @@ from vlp.data.draft import (
     open_image_draft,
     split_crop,
 )
-from vlp.data.formats import Sample
-from vlp.data.images import open_image
-from vlp.data.transforms import load_tokenizer, train_transform
-from vlp.errors import BadImage, ConfigError
+from vlp.preprocess.images import open_image
+from vlp.preprocess.transforms import load_tokenizer, train_transform
 from vlp.runs.loader_bench import write_test_jpegs
 
 TINY = "configs/pretrain/shapes_tiny.yaml"  # 64 px

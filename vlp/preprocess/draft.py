@@ -31,11 +31,11 @@ from PIL import Image
 from torchvision import transforms as T
 from torchvision.transforms import functional as TF
 
-from vlp.data.device_decode import DeviceDraws, open_for_device
-from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
+from vlp.preprocess.device_decode import DeviceDraws, open_for_device
+from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, open_image
 
 #: ``data.image.decode``: the full decode, JPEG draft mode chosen per crop, or decoding on the
-#: training device (:mod:`vlp.data.device_decode`)
+#: training device (:mod:`vlp.preprocess.device_decode`)
 DECODES = ("full", "draft", "device")
 #: libjpeg's reduced decoding scales (1/d), largest first
 JPEG_SCALES = (8, 4, 2, 1)
@@ -46,7 +46,7 @@ CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
 
 def split_crop(transform: Callable) -> tuple[Any, Callable]:
-    """(crop step, the rest) of a :func:`~vlp.data.transforms.train_transform`: its first step
+    """(crop step, the rest) of a :func:`~vlp.preprocess.transforms.train_transform`: its first step
     (``RandomResizedCrop`` or ``Resize((res, res))``) and a Compose of the others (flip,
     RandAugment, to tensor: image ``[3, res, res]``)."""
     composed: Any = transform  # a torchvision Compose
@@ -106,11 +106,11 @@ def open_crop_draft(
 
 class Decoder:
     """How a training dataset opens an image for ``transform`` under ``data.image.decode``
-    (``mode``): ``full``: :func:`~vlp.data.images.open_image`, then the whole transform; ``draft``:
+    (``mode``): ``full``: :func:`~vlp.preprocess.images.open_image`, then the whole transform; ``draft``:
     :func:`open_crop_draft` with the transform's first step (:func:`split_crop`), then the rest;
-    ``device``: :func:`~vlp.data.device_decode.open_for_device` (a plain JPEG's bytes, else the
+    ``device``: :func:`~vlp.preprocess.device_decode.open_for_device` (a plain JPEG's bytes, else the
     decoded image), then the transform's random draws
-    (:class:`~vlp.data.device_decode.DeviceDraws`: a ``DeviceImage`` that the task decodes and
+    (:class:`~vlp.preprocess.device_decode.DeviceDraws`: a ``DeviceImage`` that the task decodes and
     augments on the device). A dataset calls :meth:`open` and applies :attr:`transform`.
     ``last_scale``: the draft scale of the last image opened (``draft`` only; None otherwise)."""
 
@@ -183,7 +183,7 @@ def open_image_draft(
     max_pixels: int = MAX_PIXELS,
     min_side: int = MIN_SIDE,
 ) -> Image.Image:
-    """:func:`vlp.data.images.open_image` with JPEG draft-mode decoding: a JPEG is decoded by
+    """:func:`vlp.preprocess.images.open_image` with JPEG draft-mode decoding: a JPEG is decoded by
     libjpeg at 1/d scale, ``d = draft_scale(width, height, res, crop_scale)`` (1: full size);
     other formats decode fully. Limits and errors are ``open_image``'s own."""
 

@@ -3,6 +3,7 @@ files and decompression bombs refused, each problem one :class:`BadImage` naming
 
 from __future__ import annotations
 
+import io
 import os
 import stat
 import warnings
@@ -122,3 +123,14 @@ def upscale_tiny(im: Image.Image, min_side: int = MIN_SIDE) -> Image.Image:
     return im.resize(
         (max(min_side, round(im.width * s)), max(min_side, round(im.height * s))), Image.Resampling.BICUBIC
     )
+
+
+class MemberFile(io.BytesIO):
+    """Image bytes named as their file (a shard member's ``KEY.jpg``) in :func:`open_image`'s messages."""
+
+    def __init__(self, data: bytes, name: str) -> None:
+        super().__init__(data)
+        self.name = name
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,4 +1,4 @@
-"""``data.image.decode=device`` (:mod:`vlp.data.device_decode`): the loader ships a JPEG's bytes and
+"""``data.image.decode=device`` (:mod:`vlp.preprocess.device_decode`): the loader ships a JPEG's bytes and
 ``full``'s random draws; the task decodes and augments on the device (here the CPU, through the same
 ``decode_jpeg`` call). The draws are ``full``'s exactly, the pixels close to its; other files decode
 on the host as ``full``; bad files give ``full``'s errors; pretraining runs with it, from JSON files
@@ -20,9 +20,11 @@ from torchvision.transforms.v2 import functional as F2
 
 from tests.helpers import JPEG_RUN, SHAPES_TINY, pretrain
 from vlp.config import FinetuneConfig, ImageConfig, PretrainConfig, load_config
-from vlp.data import device_decode
 from vlp.data.datasets import Collator, ImageTextDataset, SeededIndex, draw_other, seed_of, seeded_rng
-from vlp.data.device_decode import (
+from vlp.data.formats import Sample
+from vlp.errors import ConfigError, DataError
+from vlp.preprocess import device_decode
+from vlp.preprocess.device_decode import (
     DeviceBatch,
     DeviceImage,
     collate_images,
@@ -30,10 +32,8 @@ from vlp.data.device_decode import (
     decode_jpegs,
     plain_jpeg,
 )
-from vlp.data.formats import Sample
-from vlp.data.images import open_image
-from vlp.data.transforms import RANDAUG_OPS, AlbefRandAugment, apply_randaugment, load_tokenizer, train_transform
-from vlp.errors import ConfigError, DataError
+from vlp.preprocess.images import open_image
+from vlp.preprocess.transforms import RANDAUG_OPS, AlbefRandAugment, apply_randaugment, load_tokenizer, train_transform
 from vlp.runs.loader_bench import write_test_jpegs
 from vlp.tasks.base import Task
 
@@ -228,7 +228,7 @@ def test_a_jpeg_the_device_cannot_decode_is_decoded_on_the_host_or_named(files, 
 
 
 def test_the_task_decodes_a_device_batch_on_its_device_before_normalising(files):
-    from vlp.data.transforms import PixelNorm
+    from vlp.preprocess.transforms import PixelNorm
 
     ds = dataset(files["jpeg"], "device")
     batch = {"images": collate_images([ds[SeededIndex(0, s)]["image"] for s in range(2)])}
