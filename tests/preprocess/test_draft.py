@@ -27,10 +27,9 @@ from vlp.preprocess.draft import (
     min_crop_side,
     open_crop_draft,
     open_image_draft,
-    split_crop,
 )
 from vlp.preprocess.images import open_image
-from vlp.preprocess.transforms import load_tokenizer, train_transform
+from vlp.preprocess.transforms import load_tokenizer, split_crop, train_transform
 from vlp.runs.loader_bench import write_test_jpegs
 
 TINY = "configs/pretrain/shapes_tiny.yaml"  # 64 px

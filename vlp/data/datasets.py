@@ -284,6 +284,26 @@ class ItemDataset(Dataset, ABC):
         return replace_bad(load, index, len(self), self.on_bad, seed_of("index", index) if seed is None else seed)
 
 
+class EntryDataset(ItemDataset):
+    """An :class:`ItemDataset` of parsed annotation entries (``items``: VQA questions, NLVR2 or
+    SNLI-VE items, each with its ``origin``), whose images go through ``transform`` (a PIL image ->
+    [3, H, W]). Subclasses implement :meth:`load`."""
+
+    def __init__(
+        self,
+        items: Sequence[Any],
+        transform: Callable[[Image.Image], torch.Tensor],
+        on_bad: Optional[str] = None,
+        max_pixels: int = MAX_PIXELS,
+        min_side: int = MIN_SIDE,
+    ) -> None:
+        super().__init__(on_bad, max_pixels, min_side)
+        self.items, self.transform = list(items), transform
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
 def pick_captions(captions: Sequence[str], k: int = 1, rng: random.Random | None = None) -> list[str]:
     """The captions of one item: k = 1 draws one at random; k > 1 gives k distinct ones while the
     image has enough (random order), cycled otherwise. ``rng`` defaults to the global ``random``."""

@@ -28,7 +28,6 @@ from vlp.data.json_entries import (
     Issues,
     _field,
     _image,
-    _object,
     _text,
     entry_list,
     read_json,
@@ -130,22 +129,21 @@ def _vqa_question(
     path: Path, i: int, e: Any, roots: dict[str, Path], require_answers: bool, issues: Issues
 ) -> Optional[VQAQuestion]:
     """Entry ``i`` of a VQA / VG-QA file, or None when it has a problem (they go to ``issues``)."""
-    e = issues.get(_object, path, i, e)
-    if e is None:
+    entry = issues.entry(path, i, e)
+    if entry is None:
         return None
-    n = len(issues.found)
-    dataset = issues.get(_dataset, path, i, e)
-    question = issues.get(_text, path, i, e, "question", "a non-empty question string")
-    image = issues.get(_image, path, i, e)
-    qid = issues.get(_question_id, path, i, e, dataset != "vg")  # a bad dataset is checked as "vqa"
-    qtype = issues.get(_question_type, path, i, e)
+    dataset = entry.get(_dataset)
+    question = entry.get(_text, "question", "a non-empty question string")
+    image = entry.get(_image)
+    qid = entry.get(_question_id, dataset != "vg")  # a bad dataset is checked as "vqa"
+    qtype = entry.get(_question_type)
     answers, weights, raw = (), (), ()
-    if "answer" in e or require_answers:
-        answers, weights, raw = issues.get(_vqa_answers, path, i, e, dataset or "vqa") or ((), (), ())
-    if len(issues.found) > n:
+    if "answer" in entry or require_answers:
+        answers, weights, raw = entry.get(_vqa_answers, dataset or "vqa") or ((), (), ())
+    if not entry.ok:
         return None
     return VQAQuestion(
-        question, resolve_image(image, roots[dataset]), answers, weights, raw, qid, qtype, dataset, f"{path} entry {i}"
+        question, resolve_image(image, roots[dataset]), answers, weights, raw, qid, qtype, dataset, entry.origin
     )
 
 
@@ -209,16 +207,15 @@ def _nlvr_images(path: Path, i: int, e: dict, root: Path) -> tuple[str, str]:
 
 def _nlvr_item(path: Path, i: int, e: Any, root: Path, issues: Issues) -> Optional[NLVRItem]:
     """Entry ``i`` of an NLVR2 file, or None when it has a problem (they go to ``issues``)."""
-    e = issues.get(_object, path, i, e)
-    if e is None:
+    entry = issues.entry(path, i, e)
+    if entry is None:
         return None
-    n = len(issues.found)
-    images = issues.get(_nlvr_images, path, i, e, root)
-    sentence = issues.get(_text, path, i, e, "sentence", "a non-empty sentence string")
-    label = issues.get(_nlvr_label, path, i, e)
-    if len(issues.found) > n:
+    images = entry.get(_nlvr_images, root)
+    sentence = entry.get(_text, "sentence", "a non-empty sentence string")
+    label = entry.get(_nlvr_label)
+    if not entry.ok:
         return None
-    return NLVRItem(images, sentence, label, f"{path} entry {i}")
+    return NLVRItem(images, sentence, label, entry.origin)
 
 
 def load_nlvr(path: str | Path, image_root: Optional[str | Path] = None) -> list[NLVRItem]:
@@ -254,16 +251,15 @@ def ve_image_path(image: str, root: Path) -> str:
 
 def _ve_item(path: Path, i: int, e: Any, root: Path, issues: Issues) -> Optional[VEItem]:
     """Entry ``i`` of an SNLI-VE file, or None when it has a problem (they go to ``issues``)."""
-    e = issues.get(_object, path, i, e)
-    if e is None:
+    entry = issues.entry(path, i, e)
+    if entry is None:
         return None
-    n = len(issues.found)
-    image = issues.get(_image, path, i, e)
-    sentence = issues.get(_text, path, i, e, "sentence", "a non-empty hypothesis string")
-    label = issues.get(_ve_label, path, i, e)
-    if len(issues.found) > n or image is None or sentence is None or label is None:
+    image = entry.get(_image)
+    sentence = entry.get(_text, "sentence", "a non-empty hypothesis string")
+    label = entry.get(_ve_label)
+    if not entry.ok or image is None or sentence is None or label is None:
         return None
-    return VEItem(ve_image_path(image, root), sentence, label, f"{path} entry {i}")
+    return VEItem(ve_image_path(image, root), sentence, label, entry.origin)
 
 
 def load_ve(path: str | Path, image_root: Optional[str | Path] = None) -> list[VEItem]:

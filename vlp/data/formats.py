@@ -42,10 +42,10 @@ from vlp.data.downstream_formats import (
     write_vqa_predictions,
 )
 from vlp.data.json_entries import (
+    Entry,
     Issues,
     _field,
     _image,
-    _object,
     entry_list,
     plural,
     read_json,
@@ -132,12 +132,13 @@ def caption_problem(c: str) -> Optional[str]:
     return None
 
 
-def _captions(path: Path, i: int, e: dict, issues: Issues, allow_str: bool = True) -> Optional[tuple[str, ...]]:
+def _captions(entry: Entry, allow_str: bool = True) -> Optional[tuple[str, ...]]:
     """The entry's good captions: ``caption`` is a string or (only, with ``allow_str=False``) a
     non-empty list of strings. Each bad caption (not a string, empty or whitespace-only) goes to
-    ``issues`` and is left out; None when the key is bad or no caption is left."""
+    the entry's issues and is left out; None when the key is bad or no caption is left."""
+    path, i, issues = entry.path, entry.i, entry.issues
     what = "a string or a non-empty list of strings" if allow_str else "a non-empty list of strings"
-    v = issues.get(_field, path, i, e, "caption", (str, list) if allow_str else (list,), what)
+    v = entry.get(_field, "caption", (str, list) if allow_str else (list,), what)
     if v is None:
         return None
     if isinstance(v, list) and not v:
@@ -167,12 +168,12 @@ def _pair(path: Path, i: int, e: Any, root: Path, issues: Issues) -> Optional[tu
     """Entry ``i`` of a pretraining / retrieval-train file: (resolved image path, its good captions,
     its key: ``image_id`` or the image as written), or None when a key is bad or no caption is
     good (the problems go to ``issues``). The sample's ``image_key`` is ``f"{path}:{key}"``."""
-    e = issues.get(_object, path, i, e)
-    if e is None:
+    entry = issues.entry(path, i, e)
+    if entry is None:
         return None
-    image = issues.get(_image, path, i, e)
-    captions = _captions(path, i, e, issues)
-    key = issues.get(_image_key, path, i, e, image)
+    image = entry.get(_image)
+    captions = _captions(entry)
+    key = entry.get(_image_key, image)
     if image is None or captions is None or key is None:
         return None
     return resolve_image(image, root), captions, str(key)
@@ -252,11 +253,11 @@ def load_pairs(
 
 def _split_entry(path: Path, i: int, e: Any, issues: Issues) -> Optional[tuple[str, tuple[str, ...]]]:
     """Entry ``i`` of a Karpathy val/test file: (image path as written, its captions), or None."""
-    e = issues.get(_object, path, i, e)
-    if e is None:
+    entry = issues.entry(path, i, e)
+    if entry is None:
         return None
-    image = issues.get(_image, path, i, e)
-    captions = _captions(path, i, e, issues, allow_str=False)
+    image = entry.get(_image)
+    captions = _captions(entry, allow_str=False)
     return None if image is None or captions is None else (image, captions)
 
 

@@ -32,7 +32,6 @@ from vlp.data.json_entries import (
     Issues,
     _field,
     _image,
-    _object,
     _text,
     entry_list,
     read_json,
@@ -119,22 +118,21 @@ def _grounding_entry(
 ) -> Optional[GroundingEntry]:
     """Entry ``i`` of a grounding file, or None when it has a problem (they go to ``issues``).
     Eval entries need ``ref_id``, ``bbox`` and ``candidates``; train entries may have them."""
-    e = issues.get(_object, path, i, e)
-    if e is None:
+    entry = issues.entry(path, i, e)
+    if entry is None:
         return None
-    n = len(issues.found)
-    image = issues.get(_image, path, i, e)
-    text = issues.get(_text, path, i, e, "text", "a non-empty referring expression string")
+    image = entry.get(_image)
+    text = entry.get(_text, "text", "a non-empty referring expression string")
     need = split_kind == "eval"
-    ref_id = issues.get(_ref_id, path, i, e) if need or "ref_id" in e else None
-    bbox = issues.get(_bbox, path, i, e) if need or "bbox" in e else None
-    candidates = issues.get(_candidates, path, i, e) if need or "candidates" in e else ()
-    size = issues.get(_image_size, path, i, e)
-    if len(issues.found) > n or image is None or text is None:
+    ref_id = entry.get(_ref_id) if need or "ref_id" in entry else None
+    bbox = entry.get(_bbox) if need or "bbox" in entry else None
+    candidates = entry.get(_candidates) if need or "candidates" in entry else ()
+    size = entry.get(_image_size)
+    if not entry.ok or image is None or text is None:
         return None
     candidates = candidates or ()
     target = candidates.index(bbox) if bbox is not None and bbox in candidates else None
-    return GroundingEntry(resolve_image(image, root), text, ref_id, bbox, candidates, target, size, f"{path} entry {i}")
+    return GroundingEntry(resolve_image(image, root), text, ref_id, bbox, candidates, target, size, entry.origin)
 
 
 def read_grounding_file(

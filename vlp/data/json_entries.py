@@ -47,6 +47,37 @@ class Issues:
             self.found.append(err)
             return None
 
+    def entry(self, path: Path, i: int, e: Any) -> Optional[Entry]:
+        """Entry ``i`` of ``path`` as an :class:`Entry` to read key by key, or None when it is not a
+        JSON object (the problem goes here)."""
+        obj = self.get(_object, path, i, e)
+        return None if obj is None else Entry(self, path, i, obj)
+
+
+class Entry:
+    """One entry (a JSON object ``e``, number ``i`` of file ``path``) read key by key under
+    ``issues``: :meth:`get` applies one rule to it; :attr:`ok` says whether every rule applied so
+    far passed (always true unless collecting: a failing rule raises); :attr:`origin` names it."""
+
+    def __init__(self, issues: Issues, path: Path, i: int, e: dict) -> None:
+        self.issues, self.path, self.i, self.e = issues, path, i, e
+        self._found = len(issues.found)
+
+    def get(self, rule: Callable[..., T], *args: Any) -> Optional[T]:
+        """``rule(path, i, e, *args)`` under :meth:`Issues.get`."""
+        return self.issues.get(rule, self.path, self.i, self.e, *args)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.e
+
+    @property
+    def ok(self) -> bool:
+        return len(self.issues.found) == self._found
+
+    @property
+    def origin(self) -> str:
+        return f"{self.path} entry {self.i}"
+
 
 def read_json(path: str | Path) -> Any:
     """Parse a JSON file; errors name the file (:class:`BadJSON`, with line and column, for syntax errors)."""

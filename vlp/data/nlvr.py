@@ -9,7 +9,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from PIL import Image
 
-from vlp.data.datasets import ItemDataset, count_bad
+from vlp.data.datasets import EntryDataset, count_bad
 from vlp.data.downstream_formats import NLVRItem
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE
 from vlp.preprocess.transforms import is_albef_compat, tokenize
@@ -33,7 +33,7 @@ def swap_left_right(sentence: str) -> str:
     return _LEFT_RIGHT.sub(lambda m: _swap_word(m.group(0)), sentence)
 
 
-class NLVRDataset(ItemDataset):
+class NLVRDataset(EntryDataset):
     """Items ``{"image0", "image1", "sentence", "label"}`` from :class:`NLVRItem` s.
 
     With ``flip``, each load swaps the two images AND the words left/right with probability 0.5
@@ -53,14 +53,9 @@ class NLVRDataset(ItemDataset):
         max_pixels: int = MAX_PIXELS,
         min_side: int = MIN_SIDE,
     ) -> None:
-        super().__init__(on_bad, max_pixels, min_side)
-        self.items = list(items)
-        self.transform = transform
+        super().__init__(items, transform, on_bad, max_pixels, min_side)
         self.flip = flip
         self.rng = rng
-
-    def __len__(self) -> int:
-        return len(self.items)
 
     def _coin(self) -> bool:
         return (self.rng or random).random() < 0.5

@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
-
 import torch
-from PIL import Image
 
-from vlp.data.datasets import ItemDataset, count_bad
-from vlp.data.downstream_formats import VEItem
+from vlp.data.datasets import EntryDataset, count_bad
 from vlp.data.nlvr import tokenize_sentences
-from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE
 
 
-class VEDataset(ItemDataset):
-    """Items ``{"image", "sentence", "label"}`` from :class:`VEItem` s. A bad image makes the item a
-    bad sample (``on_bad``, training only; :class:`ItemDataset`)."""
-
-    def __init__(
-        self,
-        items: Sequence[VEItem],
-        transform: Callable[[Image.Image], torch.Tensor],
-        on_bad: Optional[str] = None,
-        max_pixels: int = MAX_PIXELS,
-        min_side: int = MIN_SIDE,
-    ) -> None:
-        super().__init__(on_bad, max_pixels, min_side)
-        self.items = list(items)
-        self.transform = transform
-
-    def __len__(self) -> int:
-        return len(self.items)
+class VEDataset(EntryDataset):
+    """Items ``{"image", "sentence", "label"}`` from :class:`VEItem` s (``items``). A bad image makes
+    the item a bad sample (``on_bad``, training only; :class:`ItemDataset`)."""
 
     def load(self, i: int) -> dict:
         it = self.items[i]

@@ -8,7 +8,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from PIL import Image
 
-from vlp.data.datasets import ItemDataset, count_bad
+from vlp.data.datasets import EntryDataset, count_bad
 from vlp.data.downstream_formats import VQAQuestion
 from vlp.errors import DataError
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE
@@ -39,7 +39,7 @@ def albef_pre_question(question: str, max_words: int = TRAIN_MAX_WORDS) -> str:
     return " ".join(words[:max_words]) if len(words) > max_words else q
 
 
-class VQADataset(ItemDataset):
+class VQADataset(EntryDataset):
     """Items ``{"image" [3, H, W], "question" (cleaned), "question_albef" (cleaned as ALBEF does), "train",
     "answers", "weights", "question_id", "index"}``.
 
@@ -58,20 +58,17 @@ class VQADataset(ItemDataset):
         max_pixels: int = MAX_PIXELS,
         min_side: int = MIN_SIDE,
     ) -> None:
-        super().__init__(on_bad, max_pixels, min_side)
-        self.questions, self.transform, self.train = list(questions), transform, train
-        for q in self.questions:
+        super().__init__(questions, transform, on_bad, max_pixels, min_side)
+        self.train = train
+        for q in self.items:
             if len(q.answers) != len(q.weights):
                 raise DataError(f"{q.origin}: {len(q.answers)} answers but {len(q.weights)} weights")
             if train and not q.answers:
                 raise DataError(f"{q.origin}: a training question needs at least one answer")
         self.max_words = TRAIN_MAX_WORDS if train else TEST_MAX_WORDS
 
-    def __len__(self) -> int:
-        return len(self.questions)
-
     def load(self, i: int) -> dict:
-        q = self.questions[i]
+        q = self.items[i]
         return {
             "image": self.transform(self.image(q.image, q.origin)),
             "question": pre_question(q.question, self.max_words),

@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 
 from vlp.data.formats import Sample
 from vlp.errors import DataError
+from vlp.features.store import refuse_existing
 from vlp.weights import save_tensors
 
 CACHE_FORMAT = "vlp-helper-features-v1"
@@ -155,8 +156,7 @@ def write_cache(
     """Write a cache folder atomically; an existing folder is never overwritten. ``relevance``
     [N_txt, N_img]: the ground truth of an oracle cache (``meta["kind"]`` one of :data:`ORACLE_KINDS`)."""
     out = Path(out)
-    if out.exists():
-        raise DataError(f"{out} already exists; choose another --out or remove it")
+    refuse_existing(out)
     _check_kind(out, meta.get("kind", LEARNED), image, text, relevance)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -18,11 +18,16 @@ from vlp.errors import DataError
 from vlp.weights import save_tensors
 
 
+def refuse_existing(path: str | Path) -> None:
+    """A :class:`DataError` when ``path`` exists: features files and caches are never overwritten."""
+    if Path(path).exists():
+        raise DataError(f"{path} already exists; choose another --out or remove it")
+
+
 def write_features(path: str | Path, tensors: dict[str, torch.Tensor], header: dict[str, Any]) -> Path:
     """Write ``tensors`` and ``header`` (JSON-serialisable values) to ``path`` atomically."""
     path = Path(path)
-    if path.exists():
-        raise DataError(f"{path} already exists; choose another --out or remove it")
+    refuse_existing(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     save_tensors({k: v.contiguous() for k, v in tensors.items()}, tmp, {k: json.dumps(v) for k, v in header.items()})

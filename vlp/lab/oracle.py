@@ -20,6 +20,7 @@ import torch
 from vlp.data.formats import load_pairs
 from vlp.errors import DataError
 from vlp.features.helper_cache import ORACLE_KINDS, cache_rows, index_features, write_cache
+from vlp.features.store import refuse_existing
 from vlp.world.captions import parse_caption
 from vlp.world.relevance import compute_graded_relevance, compute_relevance
 from vlp.world.scene import Scene, scene_from_dict
@@ -112,8 +113,7 @@ def run_cache_oracle_features(
     pair (``seed``) to a helper of that ROC-AUC (:func:`noisy_relevance`;
     kind ``oracle-noisy``). ``loss.srcl.helper_features`` may point at it like at any cache: the
     regulator then takes the relevance as the helper's cosine."""
-    if Path(out).exists():
-        raise DataError(f"{out} already exists; choose another --out or remove it")
+    refuse_existing(out)
     if auc is not None and graded:
         raise DataError("an oracle cache is graded or corrupted to an AUC (from the exact table), not both")
     samples = load_pairs([str(d) for d in data_files])

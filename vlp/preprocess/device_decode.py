@@ -26,7 +26,7 @@ in one ``torchvision.io.decode_jpeg(list, device=...)`` call (nvJPEG on CUDA; on
 is libjpeg-turbo, which is how the CPU tests run this path), then each image is cropped and resized
 (bicubic, antialiased), flipped and RandAugment-ed with torchvision's tensor ops and the drawn
 arguments, giving uint8 ``[B, 3, H, W]``. The pixels are close to ``full``'s, not equal: tensor
-resampling and affine ops are not Pillow's (``tests/data/test_device_decode.py`` measures it).
+resampling and affine ops are not Pillow's (``tests/preprocess/test_device_decode.py`` measures it).
 A JPEG that passed the worker's checks but fails on the device is decoded on the host by Pillow
 instead; one that fails there too stops the run with a :class:`~vlp.errors.DataError` naming it
 (at this point ``data.on_bad_sample=skip`` can no longer replace the sample).
@@ -51,7 +51,7 @@ from torchvision.transforms.v2 import functional as F2
 
 from vlp.errors import DataError
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, MemberFile, decoded_bytes, open_image
-from vlp.preprocess.transforms import AlbefRandAugment, apply_randaugment
+from vlp.preprocess.transforms import AlbefRandAugment, apply_randaugment, split_crop
 
 #: SOF markers decode_jpeg (libjpeg-turbo and nvJPEG) takes: baseline, extended, progressive Huffman
 _SOF_OK = (0xC0, 0xC1, 0xC2)
@@ -170,12 +170,8 @@ class DeviceDraws:
     draws and returns a :class:`DeviceImage`; :func:`decode_images` applies them on the device."""
 
     def __init__(self, transform: Callable) -> None:
-        steps = list(getattr(transform, "transforms", [None]))
-        crop, *middle, last = steps if len(steps) > 1 else [None, None]
-        if not isinstance(crop, (T.RandomResizedCrop, T.Resize)) or not isinstance(crop.size, (list, tuple)):
-            raise TypeError(
-                f"expected a training transform starting with a crop or a resize to (h, w), got {transform!r}"
-            )
+        crop, rest = split_crop(transform)
+        *middle, last = getattr(rest, "transforms", []) or [None]
         if not isinstance(last, T.PILToTensor):
             raise ValueError(
                 "data.image.decode=device needs the uint8 training transform (ending with PILToTensor: "

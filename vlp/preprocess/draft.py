@@ -33,6 +33,7 @@ from torchvision.transforms import functional as TF
 
 from vlp.preprocess.device_decode import DeviceDraws, open_for_device
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, open_image
+from vlp.preprocess.transforms import split_crop
 
 #: ``data.image.decode``: the full decode, JPEG draft mode chosen per crop, or decoding on the
 #: training device (:mod:`vlp.preprocess.device_decode`)
@@ -43,17 +44,6 @@ JPEG_SCALES = (8, 4, 2, 1)
 CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
 
 # ----------------------------------------------------------------------------- per crop
-
-
-def split_crop(transform: Callable) -> tuple[Any, Callable]:
-    """(crop step, the rest) of a :func:`~vlp.preprocess.transforms.train_transform`: its first step
-    (``RandomResizedCrop`` or ``Resize((res, res))``) and a Compose of the others (flip,
-    RandAugment, to tensor: image ``[3, res, res]``)."""
-    composed: Any = transform  # a torchvision Compose
-    steps = list(getattr(composed, "transforms", [None]))
-    if not isinstance(steps[0], (T.RandomResizedCrop, T.Resize)) or not isinstance(steps[0].size, (list, tuple)):
-        raise TypeError(f"expected a training transform starting with a crop or a resize to (h, w), got {transform!r}")
-    return steps[0], T.Compose(steps[1:])
 
 
 def crop_draft_scale(crop_w: int, crop_h: int, size: Sequence[int]) -> int:

@@ -169,6 +169,17 @@ def train_transform(res: int, cfg: ImageConfig) -> Callable[[Image.Image], torch
     return T.Compose(steps + ([T.PILToTensor()] if cfg.uint8 else _normalize(cfg)))
 
 
+def split_crop(transform: Callable) -> tuple[Any, Callable]:
+    """(crop step, the rest) of a :func:`train_transform`: its first step (``RandomResizedCrop`` or
+    ``Resize((res, res))``) and a Compose of the others (flip, RandAugment, to tensor: image
+    ``[3, res, res]``)."""
+    composed: Any = transform  # a torchvision Compose
+    steps = list(getattr(composed, "transforms", [None]))
+    if not isinstance(steps[0], (T.RandomResizedCrop, T.Resize)) or not isinstance(steps[0].size, (list, tuple)):
+        raise TypeError(f"expected a training transform starting with a crop or a resize to (h, w), got {transform!r}")
+    return steps[0], T.Compose(steps[1:])
+
+
 def test_transform(res: int, cfg: ImageConfig) -> Callable[[Image.Image], torch.Tensor]:
     """Resize((res, res), bicubic), no centre crop -> normalise."""
     return T.Compose([T.Resize((res, res), interpolation=InterpolationMode.BICUBIC)] + _normalize(cfg))

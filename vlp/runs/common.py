@@ -305,23 +305,51 @@ def build_regulator(
 OPEN_CLIP_CACHE = "helper_features_open_clip"
 
 
+@dataclass(frozen=True)
+class FeatureEncoder:
+    """A frozen helper as its feature cache sees it: ``preprocess`` (a PIL image -> [3, H, W]),
+    ``encode_image`` (a batch [N, 3, H, W] -> [N, E]), ``encode_text`` (a list of N raw captions
+    -> [N, E]) and ``meta``, what ``index.json`` records of it."""
+
+    preprocess: Callable[[Any], torch.Tensor]
+    encode_image: Callable[[torch.Tensor], torch.Tensor]
+    encode_text: Callable[[list[str]], torch.Tensor]
+    meta: dict[str, Any]
+
+
+def open_clip_encoder(spec: str, key: str = "--helper") -> FeatureEncoder:
+    """The open_clip helper ``spec`` (``open_clip:ARCH[/PRETRAINED]``, :mod:`vlp.models.open_clip_helper`)
+    as a :class:`FeatureEncoder`: open_clip's own eval preprocessing of the images (read as vlp reads
+    images) and its tokenizer of the raw captions; cache kind ``learned``. ``key`` (``--helper`` or
+    ``loss.srcl.helper``) is named by the errors of a bad spec."""
+    from vlp.models.open_clip_helper import OpenClipHelper
+
+    helper = OpenClipHelper.load(spec, key)
+    meta = {
+        "kind": "learned",
+        "helper": spec,
+        "arch": helper.spec.model_name,
+        "pretrained": helper.pretrained,
+        "image_size": helper.image_size,
+        "context_length": helper.context_length,
+    }
+    return FeatureEncoder(helper.preprocess, helper.encode_image, helper.encode_text, meta)
+
+
 @torch.no_grad()
 def write_feature_cache(
     out: str | Path,
     data: Sequence[str],
-    image_root: Optional[str],
-    transform: Callable[[Any], torch.Tensor],
-    encode_image: Callable[[torch.Tensor], torch.Tensor],
-    encode_text: Callable[[list[str]], torch.Tensor],
-    meta: dict[str, Any],
+    encoder: FeatureEncoder,
+    image_root: Optional[str] = None,
     batch_size: int = 256,
     num_workers: int = 0,
     show_progress: bool = True,
 ) -> Path:
-    """A helper-feature cache (:mod:`vlp.features.helper_cache`) of the annotation files ``data``:
-    every image through ``transform`` then ``encode_image`` (a batch [N, 3, H, W] -> [N, E]),
-    every distinct caption through ``encode_text`` (a list of N strings -> [N, E]), in batches of
-    ``batch_size``, with a progress bar; ``meta`` goes into ``index.json`` with the data files."""
+    """The helper-feature cache (:mod:`vlp.features.helper_cache`) ``out`` of the annotation files
+    ``data`` under ``encoder``: every image through its ``preprocess`` and ``encode_image``, every
+    distinct caption through its ``encode_text``, in batches of ``batch_size``, with a progress bar;
+    its ``meta`` goes into ``index.json`` with the data files."""
     from torch.utils.data import DataLoader
 
     from vlp.data.datasets import ImageDataset
@@ -334,65 +362,21 @@ def write_feature_cache(
     paths, keys, texts = cache_rows(samples)
     bar = progress(len(keys) + len(texts), "helper features", show_progress)
     loader = DataLoader(
-        ImageDataset([paths[k] for k in keys], transform, "helper cache"),
+        ImageDataset([paths[k] for k in keys], encoder.preprocess, "helper cache"),
         batch_size=batch_size,
         num_workers=num_workers,
     )
     image_feats = []
     for images in loader:
-        image_feats.append(encode_image(images).float().cpu())
+        image_feats.append(encoder.encode_image(images).float().cpu())
         bar.update(len(images))
     text_feats = []
     for start in range(0, len(texts), batch_size):
-        text_feats.append(encode_text(texts[start : start + batch_size]).float().cpu())
+        text_feats.append(encoder.encode_text(texts[start : start + batch_size]).float().cpu())
         bar.update(len(text_feats[-1]))
     bar.close()
-    meta = {**meta, "data": [str(d) for d in data]}
+    meta = {**encoder.meta, "data": [str(d) for d in data]}
     return write_cache(out, keys, torch.cat(image_feats), texts, torch.cat(text_feats), meta)
-
-
-@torch.no_grad()
-def cache_open_clip_features(
-    spec: str,
-    data: Sequence[str],
-    out: str | Path,
-    image_root: Optional[str] = None,
-    batch_size: int = 256,
-    num_workers: int = 0,
-    show_progress: bool = True,
-    key: str = "--helper",
-) -> Path:
-    """The helper-feature cache (:mod:`vlp.features.helper_cache`, kind ``learned``) of the open_clip
-    helper ``spec`` (``open_clip:ARCH[/PRETRAINED]``, :mod:`vlp.models.open_clip_helper`) over the
-    annotation files ``data``: every image read as vlp reads images, then open_clip's own eval
-    preprocessing; every distinct raw caption through open_clip's tokenizer. Written by ``vlp
-    cache-helper-features --helper open_clip:...`` and by :func:`open_clip_helper_cache`; ``key``
-    (``--helper`` or ``loss.srcl.helper``) is named by the errors of a bad spec."""
-    from vlp.models.open_clip_helper import OpenClipHelper
-
-    if Path(out).exists():
-        raise DataError(f"{out} already exists; choose another --out or remove it")
-    helper = OpenClipHelper.load(spec, key)
-    meta = {
-        "kind": "learned",
-        "helper": spec,
-        "arch": helper.spec.model_name,
-        "pretrained": helper.pretrained,
-        "image_size": helper.image_size,
-        "context_length": helper.context_length,
-    }
-    return write_feature_cache(
-        out,
-        data,
-        image_root,
-        helper.preprocess,
-        helper.encode_image,
-        helper.encode_text,
-        meta,
-        batch_size,
-        num_workers,
-        show_progress,
-    )
 
 
 def open_clip_helper_cache(cfg: PretrainConfig, poll_s: float = 2.0) -> HelperCache:
@@ -400,7 +384,7 @@ def open_clip_helper_cache(cfg: PretrainConfig, poll_s: float = 2.0) -> HelperCa
     ``loss.srcl.helper_features``. An open_clip helper cannot run live on the training batch (that
     carries BERT token ids and vlp-transformed images; open_clip needs its own tokenizer and
     preprocessing of the raw data), so its features of ``data.train`` are computed once, before the
-    first step, into ``<output_dir>/helper_features_open_clip`` (:func:`cache_open_clip_features`).
+    first step, into ``<output_dir>/helper_features_open_clip`` (:func:`open_clip_encoder`).
     An existing cache (a resumed run) is reused if the same helper built it. With several processes
     the main one (launch rank 0) builds it and the others wait until it appears (it appears whole:
     the cache writer renames a finished folder)."""
@@ -417,14 +401,9 @@ def open_clip_helper_cache(cfg: PretrainConfig, poll_s: float = 2.0) -> HelperCa
     rank = launch_rank()[0]
     if rank == 0 and not out.exists():
         print(f"loss.srcl.helper={s.helper}: caching its features of data.train into {out}")
-        cache_open_clip_features(
-            str(s.helper),
-            d.train,
-            out,
-            d.image_root,
-            num_workers=d.num_workers,
-            show_progress=cfg.train.progress,
-            key="loss.srcl.helper",
+        encoder = open_clip_encoder(str(s.helper), key="loss.srcl.helper")
+        write_feature_cache(
+            out, d.train, encoder, d.image_root, num_workers=d.num_workers, show_progress=cfg.train.progress
         )
     elif not out.exists():
         print(f"rank {rank}: waiting for rank 0 to cache the open_clip helper's features into {out}", file=sys.stderr)

@@ -11,36 +11,18 @@ import torch
 
 from vlp.checkpoint import image_size, open_checkpoint
 from vlp.data.formats import load_pairs
-from vlp.errors import DataError
+from vlp.features.store import refuse_existing
 from vlp.hardware import default_device
 from vlp.models.open_clip_helper import is_open_clip_spec
-from vlp.preprocess.transforms import test_transform
-from vlp.runs.common import cache_open_clip_features, write_feature_cache
+from vlp.preprocess.transforms import test_transform, tokenize
+from vlp.runs.common import FeatureEncoder, open_clip_encoder, write_feature_cache
 
 
-@torch.no_grad()
-def run_cache_helper_features(
-    helper: str | Path,
-    data: Sequence[str],
-    out: str | Path,
-    image_root: Optional[str] = None,
-    batch_size: int = 256,
-    num_workers: int = 0,
-    show_progress: bool = True,
-) -> Path:
-    """Features of every image (eval transform) and caption of ``data`` under the frozen helper,
-    written to the cache folder ``out`` that ``loss.srcl.helper_features`` points at. ``helper``:
-    a vlp helper checkpoint or run directory, or an open_clip model ``open_clip:ARCH[/PRETRAINED]``
-    (:mod:`vlp.models.open_clip_helper`; its own eval preprocessing of the images and tokenizer of
-    the raw captions: :func:`vlp.runs.common.cache_open_clip_features`)."""
-    from vlp.preprocess.transforms import tokenize
-
-    if Path(out).exists():
-        raise DataError(f"{out} already exists; choose another --out or remove it")
-    if is_open_clip_spec(helper):
-        return cache_open_clip_features(str(helper), data, out, image_root, batch_size, num_workers, show_progress)
+def checkpoint_encoder(helper: str | Path) -> FeatureEncoder:
+    """A vlp helper checkpoint or run directory (ALBEF or dual encoder) as a :class:`FeatureEncoder`:
+    its eval transform of the images, its tokenizer of the captions, its ITC features."""
     ckpt = open_checkpoint(helper)
-    model: Any = ckpt.load()  # a helper: ALBEF or dual encoder
+    model: Any = ckpt.load()
     hcfg, tokenizer = ckpt.pretrain_config, ckpt.tokenizer
     device = next(model.parameters()).device
 
@@ -54,18 +36,26 @@ def run_cache_helper_features(
         "image_size": image_size(hcfg),
         "max_len": hcfg.model.text.max_len,
     }
-    return write_feature_cache(
-        out,
-        data,
-        image_root,
-        test_transform(image_size(hcfg), hcfg.data.image),
-        lambda images: model.encode_image(images.to(device)).feat,
-        encode_text,
-        meta,
-        batch_size,
-        num_workers,
-        show_progress,
-    )
+    transform = test_transform(image_size(hcfg), hcfg.data.image)
+    return FeatureEncoder(transform, lambda images: model.encode_image(images.to(device)).feat, encode_text, meta)
+
+
+def run_cache_helper_features(
+    helper: str | Path,
+    data: Sequence[str],
+    out: str | Path,
+    image_root: Optional[str] = None,
+    batch_size: int = 256,
+    num_workers: int = 0,
+    show_progress: bool = True,
+) -> Path:
+    """Features of every image and caption of ``data`` under the frozen helper, written to the
+    cache folder ``out`` that ``loss.srcl.helper_features`` points at. ``helper``: a vlp helper
+    checkpoint or run directory (:func:`checkpoint_encoder`), or an open_clip model
+    ``open_clip:ARCH[/PRETRAINED]`` (:func:`vlp.runs.common.open_clip_encoder`)."""
+    refuse_existing(out)  # before the helper loads
+    encoder = open_clip_encoder(str(helper)) if is_open_clip_spec(helper) else checkpoint_encoder(helper)
+    return write_feature_cache(out, data, encoder, image_root, batch_size, num_workers, show_progress)
 
 
 def run_make_targets(
@@ -75,8 +65,7 @@ def run_make_targets(
     and write the LTD targets file ``out`` (``loss.ltd.targets``)."""
     from vlp.features.targets import encode_sentences, write_targets
 
-    if Path(out).exists():
-        raise DataError(f"{out} already exists; choose another --out or remove it")
+    refuse_existing(out)
     captions = sorted({c for smp in load_pairs(list(data)) for c in smp.captions})
     print(f"vlp make-targets: {len(captions)} distinct captions, encoder {encoder}")
     vectors = encode_sentences(encoder, captions, batch_size, str(default_device()), show_progress)
