@@ -22,7 +22,6 @@ import datetime
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -32,6 +31,8 @@ from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 VLP = [sys.executable, "-m", "vlp.cli"]
+#: ``accelerate launch`` through this interpreter: works without the virtualenv's ``bin/`` on PATH
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch"]
 
 
 @dataclass
@@ -128,7 +129,7 @@ def check_eval(out: Path, reuse: Optional[Path]) -> list[Figure]:
     ]
     dist = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", f"--master_port={_port()}"]
     run([*dist, "-m", "vlp.cli", *args, "--out", str(out / "eval_2proc"), "eval.k_test=16"], out / "eval_2proc.log")
-    launch = [shutil.which("accelerate") or "accelerate", "launch", "--multi_gpu", "--num_processes", "2"]
+    launch = [*ACCELERATE, "--multi_gpu", "--num_processes", "2"]
     bf16 = ["--out", str(out / "eval_2proc_bf16"), "eval.k_test=16", "eval.precision=bf16", "eval.itm_batch_size=512"]
     run([*launch, f"--main_process_port={_port()}", "-m", "vlp.cli", *args, *bf16], out / "eval_2proc_bf16.log")
     m32 = json.loads((out / "eval_2proc" / "metrics.json").read_text())

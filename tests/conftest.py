@@ -64,7 +64,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def make_world(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., dict[str, Path]]:
     """``make_world(name="world", **kwargs)``: ``generate_world`` in a new temporary folder, without
     progress bars; the paths it wrote."""
-    from vlp.data.synthetic import generate_world
+    from vlp.world import generate_world
 
     def make(name: str = "world", **kwargs: Any) -> dict[str, Path]:
         return generate_world(tmp_path_factory.mktemp(name), progress=False, **kwargs)
@@ -87,3 +87,17 @@ def pretrained(
     out = tmp_path_factory.mktemp("pre")
     assert pretrain(out, world["pretrain"], *request.module.PRETRAIN) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def jpeg_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An ALBEF annotation file of 8 photo-like 320x240 JPEGs (``vlp bench --loader-only``'s test
+    images) with two captions each: at 64 px with crop_scale [0.5, 1.0] every crop decodes at 1/2 or
+    less in JPEG draft mode. Returns the file (the images are beside it)."""
+    from vlp.runs.loader_bench import write_test_jpegs
+
+    folder = tmp_path_factory.mktemp("jpegs")
+    paths = write_test_jpegs(folder, 8, (320, 240))
+    entries = [{"image": p.name, "caption": [f"photo {i}", f"picture {i}"], "image_id": i} for i, p in enumerate(paths)]
+    (folder / "ann.json").write_text(json.dumps(entries))
+    return folder / "ann.json"

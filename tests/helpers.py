@@ -44,6 +44,16 @@ FT_STEPS = [
 ]
 #: ``FT_STEPS`` for a config that sets ``train.epochs`` (which may not be set besides ``train.steps``)
 FT = ["train.epochs=null", *FT_STEPS]
+#: ``TINY_ALBEF`` on the ``jpeg_world`` fixture's JPEGs (tests/conftest.py): crops of half the image
+#: or more, flips, uint8 images, batches of 4, no loader workers (the draft / device decode tests)
+JPEG_RUN = [
+    "data.image.crop_scale=[0.5,1.0]",
+    "data.image.hflip=true",
+    "data.image.uint8=true",
+    "data.batch_size=4",
+    "data.num_workers=0",
+    *TINY_ALBEF,
+]
 #: the dual encoder of the loss zoo and LTD: ITC alone, no distillation
 DUAL = [
     "model.arch=dual",
@@ -95,7 +105,7 @@ def untrained_checkpoint(path: Path, overrides: Sequence[str]) -> Path:
 
     from vlp.config import PretrainConfig, load_config, to_dict
     from vlp.models.albef import ALBEF
-    from vlp.train.checkpoint import save_checkpoint
+    from vlp.weights import save_checkpoint
 
     cfg = load_config(PretrainConfig, ROOT / SHAPES_TINY, list(overrides))
     torch.manual_seed(0)
@@ -107,9 +117,9 @@ def dual_checkpoint(run: Path) -> Path:
     import torch
 
     from vlp.config import PretrainConfig, load_config, to_dict
-    from vlp.data.transforms import load_tokenizer
     from vlp.models.dual import DualEncoder
-    from vlp.train.checkpoint import save_checkpoint
+    from vlp.preprocess.transforms import load_tokenizer
+    from vlp.weights import save_checkpoint
 
     cfg = load_config(PretrainConfig, None, [*TINY_DUAL, "model.dual.img_size=48"])
     torch.manual_seed(0)

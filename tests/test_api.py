@@ -28,18 +28,17 @@ from vlp.config import (
     load_config,
     to_dict,
 )
-from vlp.data import transforms
 from vlp.data.formats import RetrievalSplit
 from vlp.errors import CheckpointError
 from vlp.eval.retrieval import embed
 from vlp.models.albef import ALBEF
-from vlp.models.build import build_task_model
+from vlp.models.build import build_model_of_kind
 from vlp.models.nlvr import NLVRModel
 from vlp.models.vqa import VQAModel
+from vlp.preprocess import transforms
 from vlp.pretrained import image_size, load_model
-from vlp.train.checkpoint import save_checkpoint
 from vlp.version import __version__
-from vlp.weights import MANIFEST
+from vlp.weights import MANIFEST, save_checkpoint
 
 ROOT = Path(__file__).parents[1]
 CPU = torch.device("cpu")
@@ -259,9 +258,9 @@ def test_pretrained_directory_loads_without_training_code(pretrained, images):
 
 
 @pytest.mark.parametrize("kind", ["pretrain", "retrieval", "vqa", "nlvr2", "nlvr-ta"])
-def test_inference_model_is_the_task_model(kind):
+def test_inference_model_is_the_model_of_its_kind(kind):
     mcfg = tiny_config()
-    a, b = build_inference_model(kind, mcfg, 30522), build_task_model(kind, mcfg, 30522)
+    a, b = build_inference_model(kind, mcfg, 30522), build_model_of_kind(kind, mcfg, 30522)
     assert type(a) is type(b) and set(a.state_dict()) == set(b.state_dict())
 
 

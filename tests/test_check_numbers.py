@@ -3,6 +3,8 @@ at the precision they are printed with. The commands themselves (the demo: minut
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,3 +47,17 @@ def test_a_passage_the_docs_no_longer_hold_is_reported_moved(tmp_path, monkeypat
     (demo / "metrics.json").write_text("{}")
     [figure] = check_numbers.check_demo(tmp_path, demo)
     assert figure.moved and figure.measured is None
+
+
+def test_accelerate_is_launched_through_this_interpreter_without_the_venv_on_path():
+    """The documented ``accelerate launch`` runs as ``python -m accelerate.commands.launch``, so the
+    check works when the virtualenv's ``bin/`` is not on PATH (``.venv/bin/python scripts/...``)."""
+    assert check_numbers.ACCELERATE[0] == sys.executable
+    done = subprocess.run(
+        [*check_numbers.ACCELERATE, "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "--multi_gpu" in done.stdout

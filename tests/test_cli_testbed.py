@@ -11,9 +11,9 @@ import torch
 
 from tests.helpers import dual_checkpoint
 from vlp.cli import main
-from vlp.data.synthetic import false_negative_share
-from vlp.data.synthetic.scene import COLORS
-from vlp.data.targets import write_targets
+from vlp.features.targets import write_targets
+from vlp.lab.false_negatives import false_negative_share
+from vlp.world.scene import COLORS
 
 
 @pytest.fixture(scope="module")

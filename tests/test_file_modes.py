@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from vlp.data.feature_store import write_features
 from vlp.data.json_entries import write_json_atomic
-from vlp.train.state_io import save_tree
+from vlp.features.store import write_features
+from vlp.train.state import save_tree
 from vlp.weights import save_checkpoint
 
 

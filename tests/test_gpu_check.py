@@ -9,12 +9,13 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.helpers import ROOT, load_script
 
-SECTIONS = ["world", "itc", "resume", "collectives", "bench", "retrieval", "compile"]
+SECTIONS = ["world", "itc", "resume", "collectives", "bench", "retrieval", "compile", "loader"]
 
 
 def run_check(args: list[str], timeout: int = 600) -> tuple[subprocess.CompletedProcess, float]:
@@ -102,6 +103,15 @@ def test_section_numbers_are_plausible(cpu_check):
         assert (row["n_images"], row["n_texts"]) == (20, 100) and 400 <= row["itm_pairs"] <= 480
         assert row["seconds"] > 0 and row["peak_memory_mb"] > 0
         assert row["eval_record"]["image_size"] == 32 and row["eval_record"]["k_test"] == 4
+
+    (loader,) = s["loader"]["results"]["rows"]  # data.image.decode=device, its device's share on the CPU here
+    assert loader["source"] == "200x150" and loader["image_size"] == 64 and loader["batch"] == 4
+    assert loader["device"].startswith("cpu") and loader["jpeg_share"] == 1.0 and loader["mean_abs_diff_vs_cpu"] is None
+    assert min(loader["full_per_worker"], loader["device_loader_per_worker"], loader["device_images_per_s"]) > 0
+    assert (
+        json.loads(Path(loader["json"]).read_text())["device_decode"]["images_per_s"] == loader["device_images_per_s"]
+    )
+    assert "| loader, decode=device |" in (cpu_check[2] / "gpu_check.md").read_text()
 
 
 def test_a_failing_or_overrunning_section_is_recorded_and_the_others_still_run(tmp_path):

@@ -18,7 +18,6 @@ from vlp.config import PretrainConfig, TrainConfig, apply_overrides
 from vlp.data.formats import RetrievalSplit
 from vlp.errors import ConfigError
 from vlp.runs.common import prepare_run_dir
-from vlp.train import loggers as loggers_mod
 from vlp.train import logging as logging_mod
 from vlp.train.logging import read_metrics
 from vlp.train.loop import train
@@ -122,7 +121,7 @@ def test_unknown_logger_is_a_config_error_naming_the_key():
 @pytest.mark.parametrize("name", ["tensorboard", "wandb"])
 def test_a_missing_backend_package_is_one_clear_error_at_run_start(tmp_path, monkeypatch, name):
     real = importlib.util.find_spec
-    monkeypatch.setattr(loggers_mod.importlib.util, "find_spec", lambda m, *a: None if m == name else real(m, *a))
+    monkeypatch.setattr(logging_mod.importlib.util, "find_spec", lambda m, *a: None if m == name else real(m, *a))
     with pytest.raises(ConfigError, match=rf"train\.loggers.*pip install {name}"):
         train(ToyTask(), loader(), toy_cfg(loggers=[name]), tmp_path)
     assert not (tmp_path / "metrics.jsonl").exists()  # before any step
@@ -152,7 +151,7 @@ class FakeWandb(types.ModuleType):
 def test_wandb_backend_with_a_fake_module(tmp_path, monkeypatch):
     fake = FakeWandb()
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    monkeypatch.setattr(loggers_mod, "check_loggers", lambda names: None)  # the fake has no spec to find
+    monkeypatch.setattr(logging_mod, "check_loggers", lambda names: None)  # the fake has no spec to find
     monkeypatch.setenv("WANDB_MODE", "offline")
     val = Validation(lambda task, step: {"r_mean": 1.5}, "r_mean", every=6)
     train(

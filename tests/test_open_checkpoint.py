@@ -143,9 +143,9 @@ def test_a_finetuned_kind_is_read_with_its_finetuning_settings(tmp_path):
     cfg = load_config(PretrainConfig, CONFIG, TINY)
     ft = FinetuneConfig(task="vqa", data=FinetuneDataConfig(max_len=25))
     state = {"task": "vqa", "config": to_dict(ft), "model": to_dict(cfg.model), "step": 3}
-    from vlp.models.build import build_task_model
+    from vlp.models.build import build_model_of_kind
 
-    path = save_checkpoint(tmp_path / "vqa", build_task_model("vqa", cfg.model, 30522), state)
+    path = save_checkpoint(tmp_path / "vqa", build_model_of_kind("vqa", cfg.model, 30522), state)
     ckpt = open_checkpoint(path, load=False)
     assert ckpt.kind == "vqa" and isinstance(ckpt.config, FinetuneConfig) and ckpt.step == 3
     assert ckpt.pretrain_config.eval == ft.eval and ckpt.pretrain_config.data.image == ft.data.image

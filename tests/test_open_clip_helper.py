@@ -17,8 +17,8 @@ from PIL import Image
 from vlp.cli import main
 from vlp.config import PretrainConfig, load_config
 from vlp.data.formats import load_pairs
-from vlp.data.helper_cache import HelperCache
 from vlp.errors import ConfigError, DataError
+from vlp.features.helper_cache import HelperCache
 from vlp.models.open_clip_helper import OpenClipHelper, parse_open_clip_spec
 from vlp.runs.common import OPEN_CLIP_CACHE, build_regulator, open_clip_helper_cache
 from vlp.runs.features import run_cache_helper_features

@@ -10,10 +10,10 @@ import torch
 from tests.helpers import QUICK, TINY_ALBEF, pretrain
 from vlp.cli import main
 from vlp.config import PretrainConfig, load_config
-from vlp.data import transforms
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
-from vlp.data.helper_cache import HelperCache
+from vlp.features.helper_cache import HelperCache
+from vlp.preprocess import transforms
 from vlp.runs.common import build_regulator
 from vlp.train.logging import read_metrics
 

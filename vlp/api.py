@@ -41,14 +41,14 @@ from torch import nn
 
 from vlp.checkpoint import PREPROCESSOR, Preprocessor, open_checkpoint
 from vlp.config import FinetuneConfig, ModelConfig, from_dict, to_dict
-from vlp.data.images import open_image, to_rgb, upscale_tiny
-from vlp.data.transforms import tokenize
 from vlp.errors import CheckpointError
 from vlp.eval.mode import evaluating
 from vlp.hardware import default_device
 from vlp.interop.zoo import resolve_pretrained
-from vlp.models.build import build_task_model, without_init_sources
+from vlp.models.build import build_model_of_kind, without_init_sources
 from vlp.models.gradcam import GradCAM, fusion_layer_index, gradcam, token_mean
+from vlp.preprocess.images import open_image, to_rgb, upscale_tiny
+from vlp.preprocess.transforms import tokenize
 from vlp.version import __version__
 from vlp.weights import (
     load_weights_file,
@@ -91,12 +91,12 @@ class UnsupportedKind(ValueError):
 
 
 def build_inference_model(kind: str, model: ModelConfig, vocab_size: int) -> nn.Module:
-    """The model of a checkpoint kind (:func:`vlp.models.build.build_task_model`) with every
+    """The model of a checkpoint kind (:func:`vlp.models.build.build_model_of_kind`) with every
     initialisation source off (the weights come from the file) and an empty feature queue."""
     cfg = copy.deepcopy(model)
     without_init_sources(cfg)
     cfg.queue_size = 0
-    return build_task_model(kind, cfg, vocab_size)
+    return build_model_of_kind(kind, cfg, vocab_size)
 
 
 def inference_weights(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -332,7 +332,7 @@ class VLPModel:
             yield torch.stack([self._image_tensor(im, s + j) for j, im in enumerate(items[s : s + bs])]).to(self.device)
 
     def tokenize(self, texts: Texts) -> dict[str, torch.Tensor]:
-        """``input_ids`` / ``attention_mask`` [N, T] of captions (:func:`vlp.data.transforms.tokenize`:
+        """``input_ids`` / ``attention_mask`` [N, T] of captions (:func:`vlp.preprocess.transforms.tokenize`:
         ``pre_caption``, ``max_len`` tokens, padded to the longest)."""
         return tokenize(self.tokenizer, _as_list(texts, (str,)), self.preprocessor.max_len)
 

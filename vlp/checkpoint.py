@@ -33,12 +33,12 @@ from PIL import Image
 from torch import nn
 
 from vlp.config import FINETUNE_TASKS, FinetuneConfig, ImageConfig, ModelConfig, PretrainConfig, from_dict
-from vlp.data.images import MIN_SIDE
-from vlp.data.transforms import load_tokenizer, test_transform
 from vlp.errors import CheckpointError
 from vlp.hardware import default_device
-from vlp.models.build import build_task_model, model_image_size, without_init_sources
-from vlp.weights import find_checkpoint, load_weights, read_state
+from vlp.models.build import build_model_of_kind, model_image_size, without_init_sources
+from vlp.preprocess.images import MIN_SIDE
+from vlp.preprocess.transforms import load_tokenizer, test_transform
+from vlp.weights import KIND_KEY, find_checkpoint, load_weights, read_state
 
 #: the preprocessing file of a checkpoint folder and of a ``save_pretrained`` directory
 PREPROCESSOR = "preprocessor.json"
@@ -51,7 +51,7 @@ class Preprocessor:
     """How inputs become model inputs (``preprocessor.json``): evaluation images are
     ``Resize((image_size, image_size), bicubic)`` without crop, then normalised with ``mean``/``std``
     (images whose shorter side is below ``min_side`` are first upscaled to it, as
-    :func:`vlp.data.images.open_image` does); texts are cleaned (``pre_caption``, or ALBEF's
+    :func:`vlp.preprocess.images.open_image` does); texts are cleaned (``pre_caption``, or ALBEF's
     ``pre_question`` for VQA questions), tokenized, truncated at ``max_len`` tokens and padded to the
     longest text of a call. ``answer_max_len``: VQA candidate answers' token limit (VQA only)."""
 
@@ -66,7 +66,7 @@ class Preprocessor:
     answer_max_len: Optional[int] = None
 
     def image_transform(self) -> Callable[[Image.Image], torch.Tensor]:
-        """The evaluation transform (:func:`vlp.data.transforms.test_transform`)."""
+        """The evaluation transform (:func:`vlp.preprocess.transforms.test_transform`)."""
         return test_transform(self.image_size, ImageConfig(mean=list(self.mean), std=list(self.std)))
 
     def to_json(self) -> str:
@@ -149,7 +149,7 @@ class Checkpoint:
         default CUDA if available), built once (with the tokenizer); later calls return it."""
         if self.model is None:
             self.tokenizer = load_tokenizer(self.model_config.text)
-            model = build_task_model(self.kind, self.model_config, len(self.tokenizer))
+            model = build_model_of_kind(self.kind, self.model_config, len(self.tokenizer))
             load_weights(model, self.path)
             model.eval()
             self.model = model.to(torch.device(device) if device is not None else default_device())
@@ -166,7 +166,7 @@ def open_checkpoint(
     (fine-tuning)."""
     ckpt = find_checkpoint(Path(path))
     state = read_state(ckpt)
-    kind = str(state.get("task", "pretrain"))
+    kind = str(state.get(KIND_KEY, "pretrain"))
     config: RunConfig
     if kind in FINETUNE_TASKS:
         config = from_dict(FinetuneConfig, state["config"])

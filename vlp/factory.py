@@ -18,10 +18,10 @@ from torch import nn
 
 from vlp.api import VLPModel, build_inference_model
 from vlp.config import ImageConfig, ModelConfig, from_dict, to_dict
-from vlp.data.transforms import load_tokenizer, test_transform
 from vlp.errors import ConfigError
 from vlp.hardware import default_device
 from vlp.models.build import model_image_size
+from vlp.preprocess.transforms import load_tokenizer, test_transform
 
 #: preset name -> the ``model`` config section it stands for (unset fields: the towers' presets)
 MODELS: dict[str, dict[str, Any]] = {

@@ -27,6 +27,16 @@ LOSS_KEYS = ("loss", "itc", "itm", "mlm", "contrastive", "ltd_rec", "ltd_lambda"
 TRAJECTORY_KEYS = ("alpha", "temp", "ltd_lambda", "ltd_violation", "srcl_alpha_h")
 
 
+def _save(fig: plt.Figure, out: str | Path, dpi: int, layout: bool = True) -> Path:
+    """Write ``fig`` to ``out`` (after ``tight_layout`` unless ``layout`` is False: the caller laid it
+    out), close it and return the path."""
+    if layout:
+        fig.tight_layout()
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+    return Path(out)
+
+
 def loss_levels() -> dict[str, tuple[float, str]]:
     """Reference levels of the loss panels: ITM's prior, the loss of a head that always predicts
     the share of matching pairs (1 positive : ``ITM_NEGATIVES_PER_POSITIVE`` negatives)."""
@@ -60,10 +70,7 @@ def plot_metric_panels(
         ax.set_title(k)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out, 100)
 
 
 def plot_losses(metrics_jsonl: str | Path, out: str | Path, keys: Sequence[str] = LOSS_KEYS) -> Path:
@@ -153,9 +160,7 @@ def plot_retrieval_grid(
         fig.tight_layout()
     else:
         _layout_with_heat_bar(fig)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out, 100, layout=False)
 
 
 def plot_retrieval_examples(
@@ -238,9 +243,7 @@ def plot_weight_heatmap(
     cax = fig.add_axes((0.88, 0.05, 0.02, 0.62))
     fig.colorbar(im, cax=cax, label="weight")
     fig.suptitle(title, fontsize=8, y=0.995)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out, 110, layout=False)
 
 
 def _column_captions(captions: Sequence[str], fig: plt.Figure, ax: plt.Axes, fontsize: float) -> list[str]:
@@ -287,10 +290,7 @@ def plot_weight_histogram(
     ax.set_ylabel("density")
     ax.set_title(title, fontsize=8)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out, 110)
 
 
 def plot_run_curves(
@@ -309,10 +309,7 @@ def plot_run_curves(
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out, 120)
 
 
 def integer_bins(top: int, max_bins: int = 40) -> list[float]:
@@ -347,10 +344,7 @@ def plot_cocos(counts: dict[str, torch.Tensor], out: str | Path, title: str) -> 
         ax.set_ylabel("queries")
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out, 120)
 
 
 def plot_attribute_bars(
@@ -383,10 +377,7 @@ def plot_attribute_bars(
     ax.grid(alpha=0.3, axis="y")
     if reference or line_label:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out, 120)
 
 
 def plot_confusion(
@@ -419,10 +410,7 @@ def plot_confusion(
     ax.set_ylabel("true class")
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path, 120)
 
 
 #: Grad-CAM maps are contour lines of this perceptual colour map over the untinted image
@@ -525,9 +513,7 @@ def plot_word_heatmaps(
     if title:
         fig.suptitle(title, fontsize=9)
     _layout_with_heat_bar(fig)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out, 100, layout=False)
 
 
 def plot_grounding_examples(rows: Sequence[dict], out: str | Path, cols: int = 4) -> Path:
@@ -556,6 +542,4 @@ def plot_grounding_examples(rows: Sequence[dict], out: str | Path, cols: int = 4
             )
     fig.suptitle("green dashed: target; white: chosen (right), red: chosen (wrong)", fontsize=8)
     _layout_with_heat_bar(fig)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return Path(out)
+    return _save(fig, out, 100, layout=False)

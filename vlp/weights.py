@@ -10,7 +10,7 @@ lambda and its momentum), ``preprocessor.json`` (a training run's evaluation pre
 The write side is here too (:func:`save_checkpoint`): written into ``NAME.tmp/``, every file
 flushed to disk, the manifest written last, then renamed to ``NAME``, so a folder under its final
 name is complete; a write that fails (a full disk) removes ``NAME.tmp/`` and raises one
-:class:`CheckpointError` naming the folder and its free space (:func:`removed_on_failure`). Training (pruning, setting aside) builds on it in :mod:`vlp.train.checkpoint`;
+:class:`CheckpointError` naming the folder and its free space (:func:`removed_on_failure`). Training (pruning, setting aside) builds on it in :mod:`vlp.train.checkpoints`;
 the ALBEF converter and the model zoo write with it without importing training code.
 """
 
@@ -37,6 +37,9 @@ from torch import nn
 from vlp.errors import CheckpointError
 
 TASK_STATE = "task_state.safetensors"
+#: the ``state.json`` key of a checkpoint's kind (pretrain, helper, retrieval, vqa, nlvr2, nlvr-ta, ve): "task"
+#: in every checkpoint written so far, kept so that they, and older vlp versions, read it; in code it is the kind
+KIND_KEY = "task"
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"step_\d+")  # checkpoints/step_0001000 (not the .tmp staging folders)
 

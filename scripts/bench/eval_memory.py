@@ -152,9 +152,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
     import vlp.eval.retrieval as retrieval
     from vlp.config import EvalConfig, ImageConfig, ModelConfig, TextConfig, VisionConfig
     from vlp.data.formats import load_retrieval_split
-    from vlp.data.transforms import load_tokenizer, test_transform
     from vlp.eval.metrics import retrieval_metrics
     from vlp.models.albef import ALBEF
+    from vlp.preprocess.transforms import load_tokenizer, test_transform
 
     device = torch.device(a.device)
     vision = VisionConfig(preset=a.preset, **({"img_size": a.image_size} if a.image_size else {}))

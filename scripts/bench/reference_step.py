@@ -461,7 +461,7 @@ def main(argv=None) -> int:
     if a.world:
         world = Path(a.world)
         if not (world / "pretrain.json").exists():
-            from vlp.data.synthetic import generate_world
+            from vlp.world import generate_world
 
             generate_world(
                 world, seed=0, n_train=600, n_val=0, n_test=0, progress=False, vqa_per_image=0, nlvr_per_image=0

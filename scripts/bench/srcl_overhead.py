@@ -11,7 +11,7 @@ Writes JSON with ``--out``.
 
 The LTD variant is ``loss.ltd.mode=constraint`` with a targets file of random unit vectors
 (``--ltd-dim``, 384 = all-MiniLM-L6-v2) written for the batch's captions with
-``vlp.data.targets.write_targets`` and looked up per caption as the dataset does; it adds the
+``vlp.features.targets.write_targets`` and looked up per caption as the dataset does; it adds the
 decoder MLP, the cosine reconstruction loss and the Lagrange multiplier's ascent step.
 """
 
@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 
 from vlp.config import PretrainConfig, load_config
-from vlp.data.targets import LatentTargets, write_targets
+from vlp.features.targets import LatentTargets, write_targets
 from vlp.models.albef import ALBEF
 from vlp.runs.common import build_reconstruction
 from vlp.tasks.objectives import TokenInfo

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from vlp.config import PretrainConfig, load_config
-from vlp.data.synthetic import generate_world
 from vlp.eval.report import SeedResults, markdown_table, paired_differences, paired_t_test, summarise
 from vlp.locks import file_lock
 from vlp.runs.evaluate import run_evaluate_retrieval
 from vlp.runs.pretrain import run_pretrain, run_train_helper
 from vlp.weights import read_state, step_checkpoints
+from vlp.world import generate_world
 
 
 def experiment_parser(

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from vlp.api import VLPModel
-from vlp.data.synthetic.oracle import WorldTruth
+from vlp.lab.oracle import WorldTruth
 from vlp.losses.matching import sample_hard_negatives
 
 

@@ -56,13 +56,14 @@ from harness import (
     write_report,
 )
 
-from vlp.data.synthetic import write_caption_mix
 from vlp.eval.report import SeedResults, slug, summarise
+from vlp.lab.diagnostics import run_helper_diagnostics
+from vlp.lab.oracle import run_cache_oracle_features
 from vlp.locks import file_lock
-from vlp.runs.diagnostics import run_helper_diagnostics
 from vlp.runs.evaluate import run_evaluate_retrieval
-from vlp.runs.features import run_cache_helper_features, run_cache_oracle_features
+from vlp.runs.features import run_cache_helper_features
 from vlp.train.preemption import exit_status
+from vlp.world import write_caption_mix
 
 PRESET = "configs/pretrain/shapes_tiny.yaml"
 ITC_ONLY = ["loss.itm=0", "loss.mlm=0", "eval.score=itc", "train.progress=false", "data.num_workers=1"]

@@ -39,8 +39,8 @@ from harness import (
 )
 
 from vlp.eval.report import SeedResults, slug
+from vlp.lab.cocos import run_cocos
 from vlp.locks import file_lock
-from vlp.runs.analyze import run_cocos
 from vlp.train.preemption import exit_status
 
 PRESET = "configs/ltd/shapes_dual.yaml"

@@ -19,6 +19,11 @@ others still run; the exit status is 1 if any section did not pass):
 - ``compile``: ``train.compile`` off / blocks / full / full with ``train.cuda_graphs`` at the base
   config (bf16, fixed text length): pairs/s, wall time with compilation, graphs and recompiles
   (``torch._dynamo``), the CUDA-graph warnings if any
+- ``loader``: ``vlp bench --loader-only`` with ``data.image.decode=device`` (ALBEF's augmentation at
+  256 px, generated photo-like JPEGs of two sizes): the loader's share per worker against ``full``'s,
+  and the device's share (one batched ``decode_jpeg`` on CUDA, then the crops and RandAugment as tensor
+  ops): images/s, ms per batch, the difference from the CPU decode; each bench's JSON in ``OUT``.
+  ``--sections loader`` runs it alone (after the world section, which it does not need)
 
 ``--cpu`` runs the same sections at tiny sizes in seconds (gloo, eager compile backend), which is what
 ``tests/test_gpu_check.py`` runs. Results: ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (also
@@ -52,7 +57,7 @@ from typing import Any, Callable, Iterator, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "pretrain" / "shapes_tiny.yaml"
-SECTIONS = ("world", "itc", "resume", "collectives", "bench", "retrieval", "compile")
+SECTIONS = ("world", "itc", "resume", "collectives", "bench", "retrieval", "compile", "loader")
 ITC_TOLERANCE = 1e-4
 
 # Dense bf16 peak TFLOP/s per GPU (no sparsity); TF32 is half of it on these devices.
@@ -80,6 +85,14 @@ def peak_bf16_tflops(name: str) -> tuple[Optional[float], Optional[str]]:
 
 BASE_MODEL = ["model.vision.preset=base", "model.text.preset=base", "model.text.init=random"]
 TINY_SHRINK = ["model.vision.depth=1", "model.vision.img_size=32", "model.text.layers=1", "model.text.fusion_layers=1"]
+#: ALBEF's training augmentation, decoded and augmented on the device (the loader section)
+LOADER_AUG = [
+    "data.image.crop_scale=[0.2,1.0]",
+    "data.image.hflip=true",
+    "data.image.randaugment=true",
+    "data.image.decode=device",
+    "data.image.uint8=true",
+]
 
 
 @dataclass
@@ -105,6 +118,10 @@ class Plan:
     itc_batch: int
     itc_queue: int
     itc_dim: int
+    loader: list[str]  # the loader section's config overrides (after its CONFIG)
+    loader_sizes: tuple[tuple[int, int], ...]  # generated JPEGs' sizes, one bench each
+    loader_images: int
+    loader_rounds: int
     budgets: dict[str, float] = field(default_factory=dict)
 
 
@@ -130,7 +147,13 @@ def make_plan(cpu: bool) -> Plan:
             itc_batch=16,
             itc_queue=64,
             itc_dim=128,
-            budgets=dict(world=60, itc=60, resume=150, collectives=60, bench=150, retrieval=120, compile=150),
+            loader=[*LOADER_AUG, "data.batch_size=4"],
+            loader_sizes=((200, 150),),
+            loader_images=8,
+            loader_rounds=1,
+            budgets=dict(
+                world=60, itc=60, resume=150, collectives=60, bench=150, retrieval=120, compile=150, loader=90
+            ),
         )
     workers = max(1, min(8, (os.cpu_count() or 2) // 2))
     return Plan(
@@ -153,7 +176,11 @@ def make_plan(cpu: bool) -> Plan:
         itc_batch=64,
         itc_queue=65536,
         itc_dim=256,
-        budgets=dict(world=60, itc=60, resume=150, collectives=60, bench=150, retrieval=210, compile=420),
+        loader=[*LOADER_AUG, "model.vision.img_size=256", "data.batch_size=64"],
+        loader_sizes=((500, 375), (1280, 960)),
+        loader_images=128,
+        loader_rounds=3,
+        budgets=dict(world=60, itc=60, resume=150, collectives=60, bench=150, retrieval=210, compile=420, loader=240),
     )
 
 
@@ -367,7 +394,7 @@ def section_resume(ctx: Context) -> dict[str, Any]:
     import torch
 
     from vlp.runs.pretrain import run_pretrain
-    from vlp.train.state_io import load_tree
+    from vlp.train.state import load_tree
 
     p = ctx.plan
     n, half = p.resume_steps, p.resume_steps // 2
@@ -860,6 +887,59 @@ def section_retrieval(ctx: Context) -> dict[str, Any]:
     }
 
 
+def section_loader(ctx: Context) -> dict[str, Any]:
+    """``data.image.decode=device`` through ``vlp bench --loader-only`` (``full`` timed beside it)."""
+    from vlp.runs.loader_bench import run_loader_bench
+
+    p, on = ctx.plan, device()
+    cfg = load_cfg(p.loader)
+    rows = []
+    for w, h in p.loader_sizes:
+        out = ctx.out / f"loader_bench_{w}x{h}.json"
+        r = run_loader_bench(
+            cfg,
+            n=p.loader_images,
+            workers=p.workers,
+            size=(w, h),
+            decodes=("full", "device"),
+            rounds=p.loader_rounds,
+            out=out,
+        )
+        d, host = r["device_decode"], r["by_decode"]
+        rows.append(
+            {
+                "source": f"{w}x{h}",
+                "image_size": r["image_size"],
+                "workers": r["workers"],
+                "full_per_worker": host["full"]["images_per_s_per_worker"],
+                "device_loader_per_worker": host["device"]["images_per_s_per_worker"],
+                "device": d["device"],
+                "device_images_per_s": d["images_per_s"],
+                "ms_per_batch": d["ms_per_batch"],
+                "batch": d["batch"],
+                "jpeg_share": d["jpeg_share"],
+                "mean_abs_diff_vs_cpu": d["mean_abs_diff_vs_cpu"],
+                "json": str(out),
+            }
+        )
+    checks = {f"the device's share ran on {on.type}": all(r["device"].startswith(on.type) for r in rows)}
+    checks["every rate > 0"] = all(
+        min(r["full_per_worker"], r["device_loader_per_worker"], r["device_images_per_s"]) > 0 for r in rows
+    )
+    checks["every image shipped as JPEG bytes"] = all(r["jpeg_share"] == 1.0 for r in rows)
+    if on.type == "cuda":  # nvJPEG's IDCT and chroma upsampling are not libjpeg-turbo's: close, not equal
+        checks["CUDA decode within 5/255 of the CPU's on average"] = all(r["mean_abs_diff_vs_cpu"] < 5 for r in rows)
+    return {
+        "results": {"config": str(CONFIG), "overrides": p.loader, "rows": rows},
+        "checks": checks,
+        "summary": "; ".join(
+            f"{r['source']}: loader {r['full_per_worker']:.0f} (full) / {r['device_loader_per_worker']:.0f} (device) "
+            f"images/s per worker, {r['device'].split(' ')[0]} {r['device_images_per_s']:.0f} images/s"
+            for r in rows
+        ),
+    }
+
+
 SECTION_FUNCS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "world": section_world,
     "itc": section_itc,
@@ -868,6 +948,7 @@ SECTION_FUNCS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "bench": section_bench,
     "retrieval": section_retrieval,
     "compile": section_compile,
+    "loader": section_loader,
 }
 
 
@@ -1199,7 +1280,27 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {r['precision']} | {r['n_images']} x {r['n_texts']} | {r['seconds']:.1f} s | "
                 f"{r['peak_memory_mb']:.0f} MiB | {r['itm_pairs']} |"
             )
+    lines += _loader_table(secs.get("loader", {}).get("results", {}).get("rows", []))
     return "\n".join(lines) + "\n"
+
+
+def _loader_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The loader section's table (no lines without rows)."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        "| loader, decode=device | images/s per worker: full / device's loader share | device | decode + augment "
+        "images/s | ms per batch | mean diff vs CPU |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['source']} -> {r['image_size']} px, {r['workers']} workers | {r['full_per_worker']:.1f} / "
+            f"{r['device_loader_per_worker']:.1f} | {r['device']} | {r['device_images_per_s']:.1f} | "
+            f"{r['ms_per_batch']:.1f} (batch {r['batch']}) | {_f(r['mean_abs_diff_vs_cpu'], '{:.2f}')} |"
+        )
+    return lines
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -18,8 +18,8 @@ import torch
 from vlp.config import TextConfig
 from vlp.data.downstream_formats import VQAQuestion
 from vlp.data.nlvr import NLVRCollator
-from vlp.data.transforms import load_tokenizer, pre_caption, tokenize
 from vlp.data.vqa import VQACollator, VQADataset, pre_question
+from vlp.preprocess.transforms import load_tokenizer, pre_caption, tokenize
 
 
 @pytest.fixture(scope="module")

@@ -31,8 +31,8 @@ from vlp.data.datasets import (
 from vlp.data.downstream_formats import NLVRItem
 from vlp.data.formats import load_pairs
 from vlp.data.nlvr import NLVRCollator, NLVRDataset
-from vlp.data.transforms import load_tokenizer
 from vlp.errors import ConfigError, DataError
+from vlp.preprocess.transforms import load_tokenizer
 from vlp.runs.common import check_images
 from vlp.runs.pretrain import build_train_loader
 from vlp.train.loop import endless_batches

@@ -15,8 +15,8 @@ import vlp.data.check as check_mod
 from vlp.cli import main
 from vlp.data.check import CheckReport, Problem, check_annotations, detect_kind
 from vlp.data.formats import load_pairs, load_pairs_checked
-from vlp.data.synthetic import generate_world
 from vlp.errors import DataError
+from vlp.world import generate_world
 
 GOOD = {"image": "img/good.jpg", "caption": "a red circle"}
 

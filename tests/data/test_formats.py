@@ -9,8 +9,8 @@ from PIL import Image
 
 from vlp.data.datasets import ImageTextDataset
 from vlp.data.formats import load_graded_relevance, load_pairs, load_relevance, load_retrieval_split, resolve_image
-from vlp.data.transforms import pre_caption
 from vlp.errors import DataError
+from vlp.preprocess.transforms import pre_caption
 
 
 def write(path, obj):

@@ -19,9 +19,9 @@ from PIL import Image
 
 from vlp.data.check import check_annotations
 from vlp.data.formats import MAX_CAPTION_CHARS, load_pairs
-from vlp.data.images import BadImage, open_image
 from vlp.data.shard_format import ShardInfo, iter_shard
 from vlp.errors import DataError
+from vlp.preprocess.images import BadImage, open_image
 
 
 def annotations(tmp_path: Path, captions: list[str]) -> Path:

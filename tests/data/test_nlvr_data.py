@@ -8,8 +8,8 @@ from torchvision.transforms import functional as TF
 from vlp.config import TextConfig
 from vlp.data.downstream_formats import NLVRItem
 from vlp.data.nlvr import NLVRCollator, NLVRDataset, swap_left_right
-from vlp.data.transforms import load_tokenizer
 from vlp.errors import DataError
+from vlp.preprocess.transforms import load_tokenizer
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Tests for ``vlp prepare refcoco+`` (vlp.data.prepare_refcoco) on small refs / instances files
+"""Tests for ``vlp prepare refcoco+`` (vlp.data.prepare.refcoco) on small refs / instances files
 pickled like the official release (protocol 2)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from vlp.cli import main
 from vlp.data.grounding import read_grounding_file
-from vlp.data.prepare_refcoco import prepare_refcoco
+from vlp.data.prepare.refcoco import prepare_refcoco
 from vlp.errors import DataError
 
 INSTANCES = {
@@ -158,3 +158,11 @@ def test_cli_prepare_refcoco_prints_counts_and_writes_the_library_files(release,
     lib = prepare_refcoco(*release, tmp_path / "lib")
     for split, path in lib.items():
         assert (out / path.name).read_bytes() == path.read_bytes(), split
+
+
+def test_cli_prepare_refcoco_with_another_dataset_prefix(release, tmp_path, capsys) -> None:
+    # --dataset shares its name with the command's own choice (args.dataset): refcoco, not refcoco+, here
+    out = tmp_path / "cli"
+    assert main(["prepare", "refcoco+", *map(str, release), "--out", str(out), "--dataset", "refcoco"]) == 0
+    assert "refcoco (entries): train=3" in capsys.readouterr().out
+    assert (out / "refcoco_train.json").is_file() and not list(out.glob("refcoco+_*"))

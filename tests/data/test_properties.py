@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from vlp.config import TextConfig
 from vlp.data.formats import load_pairs, load_pairs_checked
-from vlp.data.transforms import DELETE_CHARS, load_tokenizer, pre_caption, tokenize
 from vlp.errors import DataError
+from vlp.preprocess.transforms import DELETE_CHARS, load_tokenizer, pre_caption, tokenize
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -21,12 +21,12 @@ from torchvision import transforms as T
 from tests.helpers import NO_TASKS
 from vlp.config import DataConfig
 from vlp.data.formats import load_pairs
-from vlp.data.helper_cache import HelperCache
 from vlp.data.shard_format import SIZES_FILE, ShardInfo, iter_shard
 from vlp.data.shard_writer import write_shards
 from vlp.data.shards import ShardLoader, ShardStream
-from vlp.data.targets import LatentTargets, caption_key
 from vlp.errors import ConfigError, DataError
+from vlp.features.helper_cache import HelperCache
+from vlp.features.targets import LatentTargets, caption_key
 
 IMAGES, CAPTIONS = 24, 5  # the world: 24 images x 5 captions = 120 pairs
 

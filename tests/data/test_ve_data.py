@@ -12,9 +12,9 @@ from vlp.cli import main
 from vlp.config import TextConfig
 from vlp.data.downstream_formats import VE_LABELS, load_ve
 from vlp.data.prepare import snli_ve
-from vlp.data.transforms import load_tokenizer
 from vlp.data.ve import VECollator, VEDataset
 from vlp.errors import DataError
+from vlp.preprocess.transforms import load_tokenizer
 
 
 def _write(path: Path, obj) -> Path:

@@ -5,9 +5,9 @@ from torchvision.transforms import functional as TF
 
 from vlp.config import TextConfig
 from vlp.data.downstream_formats import VQAQuestion
-from vlp.data.transforms import load_tokenizer
 from vlp.data.vqa import VQACollator, VQADataset, pre_question, tokenize_answers
 from vlp.errors import DataError
+from vlp.preprocess.transforms import load_tokenizer
 
 CLS, SEP = 101, 102
 RED, TWO, DOGS, YES = 2417, 2048, 6077, 2748  # bert-base-uncased ids

@@ -12,12 +12,12 @@ from tests.helpers import NO_TASKS
 from vlp.api import Preprocessor, VLPModel
 from vlp.config import EvalConfig, ImageConfig, ModelConfig, TextConfig, VisionConfig
 from vlp.data.formats import load_retrieval_split
-from vlp.data.transforms import load_tokenizer
-from vlp.data.transforms import test_transform as eval_transform
 from vlp.eval.mode import evaluating
 from vlp.eval.retrieval import embed, evaluate_retrieval
 from vlp.models.albef import ALBEF
-from vlp.models.build import build_task_model
+from vlp.models.build import build_model_of_kind
+from vlp.preprocess.transforms import load_tokenizer
+from vlp.preprocess.transforms import test_transform as eval_transform
 from vlp.runs.finetune import nlvr_accuracy, predict_answers
 
 CPU = torch.device("cpu")
@@ -113,7 +113,7 @@ def _vqa_inputs(model):
 
 def test_vqa_ranking_in_eval_mode_and_restores_the_mode() -> None:
     torch.manual_seed(0)
-    model = build_task_model("vqa", config(), 30522)
+    model = build_model_of_kind("vqa", config(), 30522)
     batches, cand, cand_mask, answers = _vqa_inputs(model)
 
     def score():
@@ -136,7 +136,7 @@ def test_vqa_ranking_in_eval_mode_and_restores_the_mode() -> None:
 
 def test_nlvr_accuracy_in_eval_mode_and_restores_the_mode() -> None:
     torch.manual_seed(0)
-    model = build_task_model("nlvr2", config(), 30522)
+    model = build_model_of_kind("nlvr2", config(), 30522)
     g = torch.Generator().manual_seed(1)
     batches = []
     for _ in range(3):
@@ -185,10 +185,10 @@ def test_api_methods_run_in_eval_mode_and_restore_the_mode(tokenizer) -> None:
     ):
         a, b, ref = run_three_ways(m.model, method)
         assert torch.equal(a, ref) and torch.equal(b, ref)
-    vqa = _api(build_task_model("vqa", config(), 30522), "vqa", tokenizer)
+    vqa = _api(build_model_of_kind("vqa", config(), 30522), "vqa", tokenizer)
     a, b, ref = run_three_ways(vqa.model, lambda: vqa.answer(images, ["what colour?", "how many?", "is it?"]))
     assert a == b == ref
-    nlvr = _api(build_task_model("nlvr2", config(), 30522), "nlvr2", tokenizer)
+    nlvr = _api(build_model_of_kind("nlvr2", config(), 30522), "nlvr2", tokenizer)
     a, b, ref = run_three_ways(nlvr.model, lambda: nlvr.nlvr(images, images.flip(0), texts))
     assert torch.equal(a, ref) and torch.equal(b, ref)
 

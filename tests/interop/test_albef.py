@@ -31,17 +31,17 @@ from tests.albef_fakes import (
 )
 from vlp.cli import main
 from vlp.config import TextConfig
-from vlp.data.transforms import load_tokenizer, tokenize
 from vlp.errors import CheckpointError
 from vlp.interop.albef import ALBEF_KIND, convert_albef, detect_kind, export_albef, export_albef_report
-from vlp.models.build import build_task_model
+from vlp.models.build import build_model_of_kind
+from vlp.preprocess.transforms import load_tokenizer, tokenize
 from vlp.pretrained import load_model
 from vlp.weights import read_state_dict
 
 
-def random_vlp(task: str, seed: int = 0) -> dict[str, torch.Tensor]:
+def random_vlp(vlp_kind: str, seed: int = 0) -> dict[str, torch.Tensor]:
     torch.manual_seed(seed)
-    model = build_task_model(task, tiny_config(), VOCAB)
+    model = build_model_of_kind(vlp_kind, tiny_config(), VOCAB)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -100,14 +100,16 @@ def test_round_trip_from_albef_layout(kind):
     assert_same(export_albef(vlp, kind), src)
 
 
-@pytest.mark.parametrize("task", ["pretrain", "retrieval", "vqa", "nlvr2", "nlvr-ta"])
-def test_round_trip_from_vlp(task):
-    vlp = random_vlp(task)
-    kind = ALBEF_KIND[task]
+@pytest.mark.parametrize("vlp_kind", ["pretrain", "retrieval", "vqa", "nlvr2", "nlvr-ta"])
+def test_round_trip_from_vlp(vlp_kind):
+    vlp = random_vlp(vlp_kind)
+    kind = ALBEF_KIND[vlp_kind]
     albef = export_albef(vlp, kind)
     assert detect_kind(albef) == kind
     back, report = convert_albef(albef, "auto", expected=vlp)
-    lost = {"pretrain": {"queue.ids"}, "vqa": {"queue.image", "queue.text", "queue.ids", "queue.ptr"}}.get(task, set())
+    lost = {"pretrain": {"queue.ids"}, "vqa": {"queue.image", "queue.text", "queue.ids", "queue.ptr"}}.get(
+        vlp_kind, set()
+    )
     assert set(report.missing) == lost
     assert_same(back, {k: v for k, v in vlp.items() if k not in lost})
     assert_same(export_albef(back, kind), albef)
@@ -130,7 +132,7 @@ def test_vqa_and_nlvr_layouts():
 
 def test_report_contents():
     src = albef_state("pretrain")
-    expected = build_task_model("pretrain", tiny_config(), VOCAB).state_dict()
+    expected = build_model_of_kind("pretrain", tiny_config(), VOCAB).state_dict()
     _, report = convert_albef(src, "pretrain", expected=expected)
     assert len(report.mapped) + len(report.dropped) == len(src)
     assert ("image_queue", "queue.image") in report.mapped and (

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 
 from tests.albef_fakes import IMG, NF, L, albef_ve_state
 from tests.interop.test_albef import assert_same, convert_file, random_vlp, ref_bert_layers, ref_embeddings, ref_vit
-from vlp.data.transforms import tokenize
 from vlp.interop.albef import convert_albef, detect_kind, export_albef
 from vlp.models.ve import VEModel
+from vlp.preprocess.transforms import tokenize
 
 
 def test_ve_layout_detected_and_round_trips_from_albef():

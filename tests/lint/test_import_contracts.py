@@ -33,7 +33,7 @@ def needs_lint_imports():
 def test_vlp_keeps_every_contract(tmp_path):
     res = lint_copy(tmp_path, {})
     assert res.returncode == 0, res.stdout[-3000:]
-    assert "4 kept, 0 broken" in res.stdout
+    assert "6 kept, 0 broken" in res.stdout
 
 
 def test_data_importing_training_code_breaks_the_layers(tmp_path):
@@ -49,3 +49,13 @@ def test_a_cycle_between_two_modules_of_a_package_is_found(tmp_path):
     res = lint_copy(tmp_path, {"vlp/losses/distill.py": "from vlp.losses import mlm  # noqa"})
     assert res.returncode == 1
     assert "No import cycle between the modules of any package of vlp BROKEN" in res.stdout
+
+
+def test_data_importing_the_world_or_the_lab_breaks_the_contracts(tmp_path):
+    res = lint_copy(tmp_path, {"vlp/data/answers.py": "from vlp.world import scene  # noqa"})
+    assert res.returncode == 1
+    assert "Data never imports model, task, evaluation, world, feature or lab code BROKEN" in res.stdout
+    assert "vlp.data.answers -> vlp.world.scene" in res.stdout
+    res = lint_copy(tmp_path / "lab", {"vlp/runs/demo.py": "from vlp.lab import probes  # noqa"})
+    assert res.returncode == 1
+    assert "The lab is imported by nothing but the command line BROKEN" in res.stdout

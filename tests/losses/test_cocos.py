@@ -192,10 +192,10 @@ def test_run_cocos_passes_and_records_smoothap_inv_tau(tmp_path):
     from pathlib import Path
 
     from vlp.config import PretrainConfig, load_config, to_dict
-    from vlp.data.synthetic import generate_world
+    from vlp.lab.cocos import run_cocos
     from vlp.models.albef import ALBEF
-    from vlp.runs.analyze import run_cocos
-    from vlp.train.checkpoint import save_checkpoint
+    from vlp.weights import save_checkpoint
+    from vlp.world import generate_world
 
     world = generate_world(tmp_path / "w", seed=1, n_train=4, n_val=1, n_test=1, progress=False)
     config = Path(__file__).resolve().parents[2] / "configs" / "pretrain" / "shapes_tiny.yaml"

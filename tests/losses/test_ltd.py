@@ -10,8 +10,7 @@ from vlp.config import LTDConfig, MultiplierConfig
 from vlp.errors import ConfigError
 from vlp.losses.ltd import LagrangeMultiplier, constrained, cosine_reconstruction, token_nll, weighted
 from vlp.tasks.reconstruction import Reconstruction
-from vlp.train.checkpoint import save_checkpoint
-from vlp.weights import load_module_states, load_task_state, module_states
+from vlp.weights import load_module_states, load_task_state, module_states, save_checkpoint
 
 
 class Toy(torch.nn.Module):

@@ -9,7 +9,7 @@ from vlp.errors import CheckpointError
 from vlp.models.albef import ALBEF
 from vlp.models.transfer import load_pretrained
 from vlp.models.vision import resize_pos_embed
-from vlp.train.checkpoint import save_checkpoint
+from vlp.weights import save_checkpoint
 
 
 def _cfg(img_size=64, queue_size=16):

@@ -6,7 +6,7 @@ from safetensors.torch import save_model
 from tests.helpers import narrow_model_config
 from vlp.config import ModelConfig
 from vlp.models.albef import ALBEF
-from vlp.models.build import build_task_model
+from vlp.models.build import build_model_of_kind
 from vlp.models.transfer import load_pretrained
 from vlp.models.ve import VE_CLASSES, VEModel
 
@@ -26,7 +26,7 @@ def inputs(b: int = 2, t: int = 5):
 
 def test_structure_and_classify():
     torch.manual_seed(0)
-    m = build_task_model("ve", cfg(), 30522)
+    m = build_model_of_kind("ve", cfg(), 30522)
     assert isinstance(m, VEModel) and VE_CLASSES == ("contradiction", "neutral", "entailment")
     assert [type(x).__name__ for x in m.cls_head] == ["Linear", "ReLU", "Linear"] and m.cls_head[2].out_features == 3
     assert m.vision_proj is None and m.itm_head is None and m.mlm_head is None and m.queue is None

@@ -12,12 +12,12 @@ import torch
 
 from vlp.config import PretrainConfig, load_config, to_dict
 from vlp.data.grounding import read_grounding_file
-from vlp.data.synthetic.grounding import write_grounding_splits
-from vlp.data.transforms import load_tokenizer
 from vlp.eval.grounding import box_scores, fixed_position_prior, prior_accuracy, random_candidate_accuracy
-from vlp.models.build import build_task_model
+from vlp.models.build import build_model_of_kind
+from vlp.preprocess.transforms import load_tokenizer
 from vlp.runs.grounding import choose_boxes, entry_size, run_evaluate_grounding
-from vlp.train.checkpoint import save_checkpoint
+from vlp.weights import save_checkpoint
+from vlp.world.tasks.grounding import write_grounding_splits
 
 TINY = ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=2"]
 
@@ -26,7 +26,7 @@ def tiny_checkpoint(root: Path) -> Path:
     """An untrained tiny ALBEF (2 fusion layers) of the shapes config, saved as a pretraining checkpoint."""
     cfg = load_config(PretrainConfig, "configs/pretrain/shapes_tiny.yaml", TINY)
     torch.manual_seed(0)
-    model = build_task_model("pretrain", cfg.model, len(load_tokenizer(cfg.model.text)))
+    model = build_model_of_kind("pretrain", cfg.model, len(load_tokenizer(cfg.model.text)))
     return save_checkpoint(
         root / "checkpoints" / "step_0000001", model, {"task": "pretrain", "step": 1, "config": to_dict(cfg)}
     )

@@ -10,7 +10,14 @@ from PIL import Image
 from vlp.cli import main
 from vlp.config import PretrainConfig, load_config
 from vlp.errors import ConfigError, DataError
-from vlp.runs.loader_bench import find_images, format_loader_bench, parse_size, run_loader_bench, write_test_jpegs
+from vlp.runs.loader_bench import (
+    DECODES,
+    find_images,
+    format_loader_bench,
+    parse_size,
+    run_loader_bench,
+    write_test_jpegs,
+)
 
 TINY = "configs/pretrain/shapes_tiny.yaml"  # 64 px, no crop
 ALBEF_AUG = ["data.image.crop_scale=[0.2,1.0]", "data.image.hflip=true", "data.image.randaugment=true"]
@@ -44,19 +51,23 @@ def test_result_has_the_keys_and_positive_rates(workers, tmp_path):
     assert KEYS <= set(r) and json.loads(out.read_text())["images_per_s"] == r["images_per_s"]
     assert r["workers"] == workers and r["n_images"] == 4 and r["images"] == "generated"
     assert r["source_size"] == "400x300" and r["image_size"] == 64 and r["mean_file_kb"] > 1
-    assert r["decode"] == "full" and set(r["by_decode"]) == {"full", "draft", "draft-crop"}
+    assert r["decode"] == "full" and set(r["by_decode"]) == {"full", "draft", "draft-crop", "device"}
     assert r["draft_scale"] == 2 and r["not_timed"] == {} and r["uint8"] is False and r["batch"] == 8
     for v in r["by_decode"].values():
         assert v["images_per_s"] > 0 and v["images_per_s_per_worker"] > 0 and v["ms_per_image"] > 0
         assert v["cpu_ms_per_image"] > 0 and v["speedup"] > 0
-        assert v["output_shape"] == [3, 64, 64] and v["output_dtype"] == "float32"
+        assert v["output_shape"] == [3, 64, 64]
+    assert {k: v["output_dtype"] for k, v in r["by_decode"].items()} == {
+        **dict.fromkeys(DECODES, "float32"),
+        "device": "uint8",
+    }
     assert sum(r["by_decode"]["draft-crop"]["crop_draft_scales"].values()) == 4
 
 
 def test_uint8_comes_from_the_config_and_no_reduction_times_one_decode():
     r = run_loader_bench(_cfg(*ALBEF_AUG, "data.image.uint8=true"), n=2, workers=0, size=(100, 80), **FAST)
     assert r["uint8"] is True and r["output_dtype"] == "uint8" and r["output_shape"] == [3, 64, 64]
-    assert r["draft_scales"] == {"1": 2} and set(r["by_decode"]) == {"full"}
+    assert r["draft_scales"] == {"1": 2} and set(r["by_decode"]) == {"full", "device"}
     assert set(r["not_timed"]) == {"draft", "draft-crop"}
 
 
@@ -73,6 +84,29 @@ def test_the_top_level_figures_are_those_of_the_decode_the_config_trains_with():
     assert small["decode"] == "full" and set(small["not_timed"]) == {"draft-crop"}
     plain = run_loader_bench(_cfg(*ALBEF_AUG), n=2, workers=0, size=(400, 300), **FAST)
     assert plain["decode"] == "full" and plain["images_per_s"] == plain["by_decode"]["full"]["images_per_s"]
+
+
+def test_device_decoding_times_the_loaders_share_and_the_devices_apart(tmp_path):
+    """``data.image.decode=device``: the worker's share (bytes, header, draws) in ``by_decode`` and on
+    top; the device's share (here the CPU: decode_jpeg and the tensor ops) in ``device_decode``, in
+    batches of ``data.batch_size``; both printed and in ``--out``."""
+    cfg = _cfg(*ALBEF_AUG, "data.image.decode=device", "data.image.uint8=true", "data.batch_size=4")
+    out = tmp_path / "r.json"
+    r = run_loader_bench(cfg, n=6, workers=1, size=(200, 150), decodes=("full", "device"), out=out, **FAST)
+    assert r["decode"] == "device" and r["images_per_s"] == r["by_decode"]["device"]["images_per_s"]
+    d = r["device_decode"]
+    assert d["device"].startswith("cpu (") and d["batch"] == 4 and d["images_per_s"] > 0 and d["ms_per_batch"] > 0
+    assert d["jpeg_share"] == 1.0 and d["mean_abs_diff_vs_cpu"] is None  # on the CPU itself
+    assert d["output_shape"] == r["by_decode"]["device"]["output_shape"] == [3, 64, 64] and d["output_dtype"] == "uint8"
+    assert json.loads(out.read_text())["device_decode"]["images_per_s"] == d["images_per_s"]
+    text = format_loader_bench(r)
+    assert "device, loader's share" in text and "device's share of data.image.decode=device on cpu" in text
+    assert "trains with data.image.decode=device" in text
+    png = tmp_path / "a.png"
+    Image.new("RGB", (90, 70), (10, 200, 30)).save(png)
+    mixed = run_loader_bench(cfg, images=[png, *write_test_jpegs(tmp_path / "j", 3, (120, 90))], workers=0, **FAST)
+    assert mixed["device_decode"]["jpeg_share"] == 0.75 and mixed["device_decode"]["batch"] == 4
+    assert run_loader_bench(_cfg(), n=2, workers=0, decodes=("full",), **FAST)["device_decode"] is None
 
 
 def test_generated_jpegs_compress_like_photos(tmp_path):

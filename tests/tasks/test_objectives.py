@@ -8,11 +8,11 @@ import torch
 
 from vlp.config import DataConfig, FinetuneDataConfig, LossConfig, ModelConfig, TextConfig, VisionConfig
 from vlp.data.datasets import Collator
-from vlp.data.transforms import load_tokenizer, tokenize
 from vlp.errors import ConfigError
 from vlp.losses.matching import itm_loss
 from vlp.losses.mlm import mask_tokens, mlm_loss
 from vlp.models.albef import ALBEF
+from vlp.preprocess.transforms import load_tokenizer, tokenize
 from vlp.tasks import pretrain as pretrain_module
 from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.pretrain import PretrainTask

@@ -157,7 +157,7 @@ def test_uint8_images_normalised_on_the_device_equal_the_loader_normalisation():
     from PIL import Image
 
     from vlp.config import ImageConfig
-    from vlp.data.transforms import PixelNorm, train_transform
+    from vlp.preprocess.transforms import PixelNorm, train_transform
 
     rng = torch.Generator().manual_seed(0)
     pics = [

@@ -6,8 +6,7 @@ import torch
 from vlp.config import ModelConfig
 from vlp.errors import CheckpointError
 from vlp.models.albef import ALBEF
-from vlp.train.checkpoint import save_checkpoint
-from vlp.weights import find_checkpoint, load_weights, read_state
+from vlp.weights import find_checkpoint, load_weights, read_state, save_checkpoint
 
 
 def small_model(seed: int, queue_size: int = 16) -> ALBEF:

@@ -16,7 +16,7 @@ from torch import nn
 
 from tests.train.test_reliability import Toy, cfg, loader, step_dir
 from vlp.errors import CheckpointError
-from vlp.train.checkpoint import prune_checkpoints
+from vlp.train.checkpoints import prune_checkpoints
 from vlp.train.logging import read_metrics
 from vlp.train.loop import train
 from vlp.weights import MANIFEST, find_checkpoint, load_strict
@@ -108,12 +108,12 @@ def test_a_full_disk_stops_the_run_with_one_error_and_no_staging_folder(tmp_path
 
 
 def test_a_failure_that_is_not_a_full_disk_is_raised_as_it_is(tmp_path: Path, monkeypatch) -> None:
-    import vlp.train.checkpointing
+    import vlp.train.checkpoints
 
     def broken(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(vlp.train.checkpointing, "save_train_state", broken)
+    monkeypatch.setattr(vlp.train.checkpoints, "save_train_state", broken)
     with pytest.raises(PermissionError):
         train(Toy(), loader(), cfg(ckpt_every=2), tmp_path / "run")
     assert list((tmp_path / "run" / "checkpoints").iterdir()) == []

@@ -26,11 +26,10 @@ from vlp.config import FinetuneConfig, FinetuneDataConfig, TrainConfig, VQAConfi
 from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.models.momentum import FeatureQueue
 from vlp.runs.common import check_queue
-from vlp.train.checkpoint import prune_checkpoints
+from vlp.train.checkpoints import prune_checkpoints
 from vlp.train.logging import read_metrics
 from vlp.train.loop import BAD_SHARE_AFTER, NonFiniteError, train
-from vlp.train.state_io import load_tree, save_tree
-from vlp.train.train_state import TRAIN_STATE, rng_state, set_rng_state
+from vlp.train.state import TRAIN_STATE, load_tree, rng_state, save_tree, set_rng_state
 from vlp.train.validation import Validation
 from vlp.weights import MANIFEST, find_checkpoint, read_state, read_state_dict, step_checkpoints
 

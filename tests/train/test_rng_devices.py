@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vlp.train.state_io import load_tree, save_tree
-from vlp.train.train_state import rng_state, set_rng_state
+from vlp.train.state import load_tree, rng_state, save_tree, set_rng_state
 
 
 class FakeCuda:

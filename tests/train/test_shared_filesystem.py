@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.helpers import launch
-from vlp.train.checkpoint import SHARED_FS_MARKER, check_shared_filesystem
+from vlp.train.checkpoints import SHARED_FS_MARKER, check_shared_filesystem
 
 # Calls the check directly, on 2 gloo processes: argv[1] is the run directory, "{rank}" in it is
 # replaced by the process's rank; argv[2], if given, a stale marker written into rank 1's directory
@@ -22,7 +22,7 @@ SCRIPT = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from vlp.config import ConfigError
-    from vlp.train.checkpoint import SHARED_FS_MARKER, check_shared_filesystem
+    from vlp.train.checkpoints import SHARED_FS_MARKER, check_shared_filesystem
 
     dist.init_process_group("gloo")
     r = dist.get_rank()

@@ -3,9 +3,10 @@ cache-helper-features | make-targets | make-shards | data check | prepare | anal
 make-world | bench | demo | convert | explain | zoo | plot``.
 
 Only parsing and dispatch, one module per command family: :mod:`~vlp.cli.train`,
-:mod:`~vlp.cli.evaluate`, :mod:`~vlp.cli.data`, :mod:`~vlp.cli.convert` (and the zoo),
-:mod:`~vlp.cli.lab` (analyses and plots), :mod:`~vlp.cli.demo_bench`. Each command is one call into
-its family's module of :mod:`vlp.runs` (or into a data, conversion or plotting tool), and prints what
+:mod:`~vlp.cli.evaluate`, :mod:`~vlp.cli.data`, :mod:`~vlp.cli.prepare`, :mod:`~vlp.cli.world`,
+:mod:`~vlp.cli.convert` (and the zoo), :mod:`~vlp.cli.lab` (analyses and plots),
+:mod:`~vlp.cli.demo_bench`. Each command is one call into its family's module of :mod:`vlp.runs` or
+:mod:`vlp.lab` (or into a data, world, conversion or plotting tool), and prints what
 that call returns, tables formatted there. Those modules are imported inside the handlers, when their
 command runs: ``vlp --help`` and the data tools stay light.
 """
@@ -17,7 +18,7 @@ import os
 import sys
 from typing import Any, Callable, Optional, Sequence
 
-from vlp.cli import convert, data, demo_bench, evaluate, lab, train
+from vlp.cli import convert, data, demo_bench, evaluate, lab, prepare, train, world
 from vlp.cli.common import USER_ERRORS
 from vlp.dist import OtherRankDone, launch_rank
 from vlp.train.loop import NonFiniteError
@@ -56,7 +57,7 @@ MULTI_PROCESS = frozenset({"pretrain", "pretrain-nlvr-ta", "train-helper", "fine
 def build_parser() -> argparse.ArgumentParser:
     """``vlp`` and every command of every family, in :data:`ORDER`."""
     adders: dict[str, Callable[[Any], None]] = {}
-    for family in (train, data, lab, evaluate, demo_bench, convert):
+    for family in (train, data, prepare, lab, evaluate, world, demo_bench, convert):
         adders.update(family.COMMANDS)
     if set(adders) != set(ORDER):
         raise AssertionError(f"vlp.cli.ORDER and the families' commands differ: {sorted(set(adders) ^ set(ORDER))}")

@@ -48,7 +48,7 @@ def _add_convert(sub: Any) -> None:
     c.add_argument("--allow-unexpected", nargs="+", metavar="PATTERN", help="fnmatch patterns of ALBEF keys to drop")
     c.add_argument("--config", help="model YAML (ModelConfig keys, e.g. text.heads) for what shapes do not tell")
     c.set_defaults(func=_convert_albef)
-    c = cv.add_parser("to-albef", help="a vlp checkpoint -> an ALBEF .pth ({model: state_dict}) of its task's format")
+    c = cv.add_parser("to-albef", help="a vlp checkpoint -> an ALBEF .pth ({model: state_dict}) of its kind's format")
     c.add_argument("checkpoint", help="vlp checkpoint folder or run directory")
     c.add_argument("out", help="the .pth file to write")
     c.set_defaults(func=_convert_to_albef)

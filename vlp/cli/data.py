@@ -1,5 +1,5 @@
-"""The data commands: ``vlp cache-helper-features`` (SRCL) and ``make-targets`` (LTD), ``make-shards``,
-``data check``, ``prepare DATASET`` and ``make-world`` (the synthetic shapes world)."""
+"""The data commands: ``vlp cache-helper-features`` (SRCL) and ``make-targets`` (LTD), ``make-shards``
+and ``data check`` (``prepare DATASET``: :mod:`vlp.cli.prepare`; ``make-world``: :mod:`vlp.cli.world`)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from typing import Any
 from vlp.cli.common import call, wrote
 from vlp.data.check import CHECK_KINDS, CheckReport, check_annotations, check_shards, default_workers, is_shard_entry
 from vlp.data.formats import write_json_atomic
-from vlp.data.images import MAX_PIXELS
 from vlp.errors import ConfigError
+from vlp.preprocess.images import MAX_PIXELS
 
 
 def _cache_helper(a: argparse.Namespace) -> None:
-    from vlp.runs.features import run_cache_helper_features, run_cache_oracle_features
+    from vlp.lab.oracle import run_cache_oracle_features
+    from vlp.runs.features import run_cache_helper_features
 
     if (a.helper is None) == (a.oracle is None) or (a.oracle is not None) != (a.world is not None):
         raise ConfigError(
@@ -78,60 +79,6 @@ def _data_check(a: argparse.Namespace) -> int:
         write_json_atomic(Path(a.json), report.to_json(), indent=2)
         wrote(a.json)
     return 0 if report.ok else 1
-
-
-def _make_world(a: argparse.Namespace) -> None:
-    from vlp.data.synthetic import format_world_files, generate_world
-
-    templates = None
-    if a.nlvr_templates:
-        from vlp.data.synthetic import check_templates
-
-        try:
-            templates = check_templates([t.strip() for t in a.nlvr_templates.split(",") if t.strip()])
-        except ValueError as e:
-            raise ConfigError(f"--nlvr-templates {a.nlvr_templates!r}: {e}") from None
-    paths = call(
-        generate_world,
-        a,
-        n_train=a.images,
-        n_val=a.val_images,
-        n_test=a.test_images,
-        nlvr_templates=templates,
-        n_helper=a.helper_images,
-    )
-    for share in a.generic_share or []:
-        from vlp.data.synthetic import write_generic_mix
-
-        paths[f"generic_{share:g}"] = write_generic_mix(a.out, share, a.seed)
-    for spec in a.caption_kinds or []:
-        from vlp.data.synthetic import write_caption_mix
-
-        try:
-            kinds, repeats = _kind_spec(spec)
-            mix = write_caption_mix(a.out, kinds, a.seed, repeats=repeats)
-        except ValueError as e:
-            raise ConfigError(f"--caption-kinds {spec!r}: {e}") from None
-        paths[mix.path.stem.removeprefix("pretrain_")] = mix.path
-        if mix.dropped:
-            print(f"caption kinds {spec}: {len(mix.dropped)} images without such a caption left out")
-    print(format_world_files(paths))
-
-
-def _kind_spec(spec: str) -> tuple[list[str], dict[str, int]]:
-    """``scene:4,object,count`` -> (["scene", "object", "count"], {"scene": 4}); ``ValueError``
-    names a repeat that is not a whole number."""
-    kinds, repeats = [], {}
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        kind, _, times = part.partition(":")
-        kinds.append(kind.strip())
-        if times:
-            if not times.strip().isdigit():
-                raise ValueError(f"{part!r}: expected KIND or KIND:N with a whole number N >= 1")
-            repeats[kind.strip()] = int(times)
-    return kinds, repeats
 
 
 def _add_cache_helper(sub: Any) -> None:
@@ -230,58 +177,10 @@ def _add_data(sub: Any) -> None:
     c.set_defaults(func=_data_check)
 
 
-def _add_prepare(sub: Any) -> None:
-    """``vlp prepare coco|flickr30k|cc3m|sbu|vg|vqa|vqa-answers|nlvr2|...`` (:mod:`vlp.data.prepare`)."""
-    from vlp.data.prepare import add_prepare_parser
-
-    add_prepare_parser(sub)
-
-
-def _add_make_world(sub: Any) -> None:
-    """``vlp make-world``."""
-    s = sub.add_parser("make-world", help="write the synthetic shapes world")
-    s.add_argument("--out", required=True)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--images", type=int, default=4000, help="training images")
-    s.add_argument("--val-images", type=int, default=200)
-    s.add_argument("--test-images", type=int, default=1000)
-    s.add_argument("--image-size", type=int, default=64)
-    s.add_argument(
-        "--nlvr-templates",
-        default=None,
-        help="comma-separated NLVR statement templates (default: all of more, contains, exactly, both, "
-        "one_image, neither, total, same)",
-    )
-    s.add_argument(
-        "--generic-share",
-        type=float,
-        action="append",
-        help="also write pretrain_generic_<share>.json: this share of images captioned only generically (repeatable)",
-    )
-    s.add_argument(
-        "--caption-kinds",
-        action="append",
-        metavar="KINDS",
-        help="also write pretrain_kinds_<kinds>.json: every image keeps only its captions of these comma-separated "
-        "kinds (scene, object, relation, count), e.g. object,count; KIND:N lists that kind's captions N times, "
-        "so it is drawn N times as often, e.g. scene:4,object,relation,count (repeatable)",
-    )
-    s.add_argument(
-        "--helper-images",
-        type=int,
-        default=0,
-        help="also write helper_split.json: this many further images, disjoint from every split, with every "
-        "caption kind (an SRCL helper's training data)",
-    )
-    s.set_defaults(func=_make_world)
-
-
 #: This family's commands, each with the function that adds it to ``vlp``'s subparsers.
 COMMANDS = {
     "cache-helper-features": _add_cache_helper,
     "make-targets": _add_make_targets,
     "make-shards": _add_make_shards,
     "data": _add_data,
-    "prepare": _add_prepare,
-    "make-world": _add_make_world,
 }

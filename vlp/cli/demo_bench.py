@@ -92,7 +92,8 @@ def _add_bench(sub: Any) -> None:
         "--loader-only",
         action="store_true",
         help="time the training image pipeline instead (open, decode, training transform) in loader "
-        "workers: images/s per worker, full and JPEG draft-mode decoding; data.train is not read",
+        "workers: images/s per worker, full and JPEG draft-mode decoding, and decoding on the device "
+        "(data.image.decode=device: the loader's share, and the device's on CUDA or the CPU); data.train is not read",
     )
     s.add_argument(
         "--images",

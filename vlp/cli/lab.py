@@ -1,7 +1,7 @@
 """The lab's commands: ``vlp analyze cocos|helper|false-negatives|probes|minimal-pairs|ltd-floor``
-(analyses of a trained model, its helper or its data: :mod:`vlp.runs.analyze`,
-:mod:`~vlp.runs.calibration`, :mod:`~vlp.runs.diagnostics`, :mod:`~vlp.runs.probes`) and ``vlp plot
-losses|trajectories|retrieval|srcl-weights`` (plots of a run, :mod:`vlp.viz`)."""
+(analyses of a trained model, its helper or its data, each a module of :mod:`vlp.lab`) and ``vlp plot
+losses|trajectories|retrieval|srcl-weights`` (plots of a run, :mod:`vlp.viz`; the SRCL weights of a
+checkpoint, :mod:`vlp.lab.srcl_weights`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from vlp.errors import ConfigError, DataError
 
 
 def _cocos(a: argparse.Namespace) -> None:
-    from vlp.runs.analyze import format_cocos, run_cocos
+    from vlp.lab.cocos import format_cocos, run_cocos
 
     print(format_cocos(call(run_cocos, a)))
     print(f"wrote {Path(a.out) / 'cocos.json'} and cocos.png")
@@ -41,11 +41,11 @@ def _helper_diagnostics(a: argparse.Namespace) -> None:
     if not a.cache or not a.data:
         raise ConfigError("vlp analyze helper: give --cache and --data, or --config RUN.yaml naming them")
     if a.world is None:
-        from vlp.runs.calibration import calibration_summary, run_helper_calibration
+        from vlp.lab.calibration import calibration_summary, run_helper_calibration
 
         print(calibration_summary(call(run_helper_calibration, a, queue_size=a.queue)))
     else:
-        from vlp.runs.diagnostics import diagnostics_summary, run_helper_diagnostics
+        from vlp.lab.diagnostics import diagnostics_summary, run_helper_diagnostics
 
         if a.mode not in (None, "softmax"):
             raise ConfigError("vlp analyze helper --world: the ground-truth report is for the softmax norm")
@@ -55,7 +55,7 @@ def _helper_diagnostics(a: argparse.Namespace) -> None:
 
 
 def _false_negatives(a: argparse.Namespace) -> None:
-    from vlp.runs.diagnostics import format_false_negatives, run_false_negatives
+    from vlp.lab.false_negatives import format_false_negatives, run_false_negatives
 
     rows = call(run_false_negatives, a, data_file=a.data, world_root=a.world, queue_sizes=a.queue)
     print(format_false_negatives(rows))
@@ -64,14 +64,14 @@ def _false_negatives(a: argparse.Namespace) -> None:
 
 
 def _probes(a: argparse.Namespace) -> None:
-    from vlp.runs.probes import format_probes, run_probes
+    from vlp.lab.probes import format_probes, run_probes
 
     print(format_probes(call(run_probes, a, run=a.checkpoint, world_root=a.world)))
     wrote(Path(a.out) / "probes.json")
 
 
 def _minimal_pairs(a: argparse.Namespace) -> None:
-    from vlp.runs.probes import format_minimal_pairs, run_minimal_pairs
+    from vlp.lab.minimal_pairs import format_minimal_pairs, run_minimal_pairs
 
     r = call(run_minimal_pairs, a, run=a.checkpoint, world_root=a.world, n_captions=a.captions)
     print(format_minimal_pairs(r))
@@ -79,7 +79,7 @@ def _minimal_pairs(a: argparse.Namespace) -> None:
 
 
 def _ltd_floor(a: argparse.Namespace) -> None:
-    from vlp.runs.probes import run_ltd_floor
+    from vlp.lab.ltd_floor import run_ltd_floor
 
     call(run_ltd_floor, a, targets_file=a.targets, data_files=a.data)
     wrote(Path(a.out) / "ltd_floor.json")
@@ -96,7 +96,7 @@ def _plot(a: argparse.Namespace) -> None:
     """``vlp plot losses|trajectories|retrieval`` (plots of a run's files, :mod:`vlp.viz`) and
     ``srcl-weights`` (an analysis of a checkpoint)."""
     if a.what == "srcl-weights":
-        from vlp.runs.analyze import run_srcl_weight_plots
+        from vlp.lab.srcl_weights import run_srcl_weight_plots
 
         for p in call(run_srcl_weight_plots, a).values():
             wrote(p)

@@ -26,12 +26,17 @@ class ImageConfig:
     uint8: bool = False
     # How the training loader decodes images (pretraining): full, or draft: the crop box is drawn
     # first (the same box as full), then a JPEG is decoded at 1/2, 1/4 or 1/8 size where that crop
-    # still has both sides >= the model's resolution (vlp/data/draft.py). Pixels change slightly
+    # still has both sides >= the model's resolution (vlp/preprocess/draft.py). Pixels change slightly
     # (the decoder's downscaling), crop boxes do not; other files and small JPEGs decode as full.
-    decode: str = "full"  # full | draft
+    # device: the loader draws full's crop boxes, flips and RandAugment ops but ships a JPEG's bytes
+    # undecoded; the task decodes the batch's JPEGs in one torchvision decode_jpeg call on the
+    # training device (nvJPEG on CUDA) and augments them there with tensor ops (pixels close to
+    # full's, not equal); other files decode on the host, as full. Needs uint8=true
+    # (vlp/preprocess/device_decode.py).
+    decode: str = "full"  # full | draft | device
 
     def __post_init__(self) -> None:
-        _choice("data.image.decode", self.decode, ["full", "draft"])
+        _choice("data.image.decode", self.decode, ["full", "draft", "device"])
 
 
 @dataclass
@@ -100,6 +105,11 @@ class DataConfig(BadSampleConfig):
 
     def __post_init__(self) -> None:
         self.check_bad_sample_keys()
+        if self.image.decode == "device" and not self.image.uint8:
+            raise ConfigError(
+                "config key 'data.image.decode': device decodes and augments the images on the training "
+                "device as uint8, normalised there: set data.image.uint8=true with it"
+            )
         if self.captions_per_image < 1:
             raise ConfigError(f"config key 'data.captions_per_image': got {self.captions_per_image}, expected >= 1")
         _choice("data.text_padding", self.text_padding, ["longest", "max_len"])

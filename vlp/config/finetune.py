@@ -93,7 +93,7 @@ class FinetuneConfig:
     ``pretrained`` checkpoint's architecture (its config), changed only by ``image_size`` (the
     position embedding is interpolated) and ``model_overrides``."""
 
-    task: str = "retrieval"
+    task: str = "retrieval"  # what is trained (`vlp finetune TASK`); the checkpoints' kind follows from it
     output_dir: str = "runs/finetune"
     pretrained: Optional[str] = None  # vlp checkpoint folder or run directory
     image_size: Optional[int] = None  # fine-tuning resolution; None: the checkpoint's
@@ -131,8 +131,9 @@ class FinetuneConfig:
         if self.data.image.uint8:
             wrong.append("data.image.uint8=true (uint8 images normalised on the device: pretraining only)")
         if self.data.image.decode != "full":
+            what = {"draft": "JPEG draft decoding per crop", "device": "JPEG decoding on the training device"}
             wrong.append(
-                f"data.image.decode={self.data.image.decode} (JPEG draft decoding per crop: pretraining only; "
+                f"data.image.decode={self.data.image.decode} ({what[self.data.image.decode]}: pretraining only; "
                 "fine-tuning decodes full)"
             )
         _reject(wrong)

@@ -2,9 +2,9 @@
 
 The entry rules are the loaders' own (:func:`vlp.data.formats.entry_problems` runs the parsers of
 :mod:`vlp.data.formats` collecting problems instead of raising the first), and images are opened
-with :func:`vlp.data.images.open_image`, as training opens them, so a file that passes here loads.
+with :func:`vlp.preprocess.images.open_image`, as training opens them, so a file that passes here loads.
 On top of the loaders' rules this flags texts that ALBEF's cleaning empties (``"..."``), and
-images whose shorter side is below :data:`vlp.data.images.MIN_SIDE` (a warning: training
+images whose shorter side is below :data:`vlp.preprocess.images.MIN_SIDE` (a warning: training
 upscales them). Each distinct image file is opened once, however many entries use it.
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
 
 from vlp.data.formats import KINDS, entry_problems
-from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
 from vlp.data.json_entries import entry_list, plural, read_json, resolve_image
 from vlp.errors import BadImage, BadJSON, DataError
+from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, open_image
 
 #: ``--kind`` values: ``auto`` (:func:`detect_kind`) or one of the annotation kinds
 CHECK_KINDS: tuple[str, ...] = ("auto", *KINDS)
@@ -131,8 +131,8 @@ def detect_kind(entries: Sequence[Any]) -> str:
 
 def _cleaners() -> dict[str, tuple[str, Callable[[str], str]]]:
     """Each kind's text key and the ALBEF cleaning training applies to it."""
-    from vlp.data.transforms import pre_caption
     from vlp.data.vqa import pre_question
+    from vlp.preprocess.transforms import pre_caption
 
     return {
         "pairs": ("caption", pre_caption),
@@ -304,7 +304,8 @@ def check_shards(
     (:func:`open_image`); a shard whose sample count is not its index's is a problem. A folder that
     is not a shard folder at all is one problem. One summary line per entry; a progress bar over
     the shards."""
-    from vlp.data.shard_format import MemberFile, iter_shard, read_sizes
+    from vlp.data.shard_format import iter_shard, read_sizes
+    from vlp.preprocess.images import MemberFile
     from vlp.progress import progress
 
     report = CheckReport(images_checked=0 if images else None)

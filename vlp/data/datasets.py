@@ -12,7 +12,7 @@ workers. A plain int index loads with the global random streams, as any map-styl
 
 **Bad samples.** :func:`replace_bad` is the one policy for an item that raises a
 :class:`DataError` (an image that is missing, unreadable, truncated or too large:
-:class:`vlp.data.images.BadImage`): propagate it (evaluation), raise it with a hint
+:class:`vlp.preprocess.images.BadImage`): propagate it (evaluation), raise it with a hint
 (``data.on_bad_sample=raise``) or replace the item by another one drawn with the item's seed
 (``skip``). Every item says how many bad loads it replaced (``bad_samples``) and the collators sum
 them into ``batch["bad_samples"]``.
@@ -27,26 +27,39 @@ import random
 import signal
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Protocol, Sequence
 
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from vlp.data.draft import Decoder
 from vlp.data.formats import Sample
-from vlp.data.helper_cache import HelperCache
-from vlp.data.images import MAX_PIXELS, MIN_SIDE, open_image
 from vlp.data.sample_table import SampleTable
-from vlp.data.targets import LatentTargets
-from vlp.data.transforms import tokenize
 from vlp.errors import DataError
+from vlp.preprocess.device_decode import DeviceImage, collate_images
+from vlp.preprocess.draft import Decoder
+from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, open_image
+from vlp.preprocess.transforms import tokenize
 
 #: bad-sample policies of training data (``data.on_bad_sample``); None: evaluation, every item must load
 BAD_SAMPLE_POLICIES = ("skip", "raise")
 #: replacements tried for one bad sample before ``skip`` gives up
 MAX_REPLACEMENTS = 100
 BAD_SAMPLE_HINT = "set data.on_bad_sample=skip to replace bad samples"
+
+
+class HelperFeatures(Protocol):
+    """The SRCL helper's precomputed features of the samples (:class:`vlp.features.helper_cache.HelperCache`)."""
+
+    def check_covers(self, samples: Sequence[Sample]) -> None: ...
+    def lookup(self, image_key: str, caption: str) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+class CaptionTargets(Protocol):
+    """LTD's precomputed target of every caption (:class:`vlp.features.targets.LatentTargets`)."""
+
+    def check_covers(self, samples: Sequence[Sample]) -> None: ...
+    def lookup(self, caption: str) -> torch.Tensor: ...
 
 
 def seed_of(*parts: Any) -> int:
@@ -236,7 +249,7 @@ def count_bad(items: Sequence[dict]) -> torch.Tensor:
 
 
 def load_image(path: str, origin: str, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> Image.Image:
-    """Open an image as RGB (:func:`vlp.data.images.open_image`); problems raise one :class:`BadImage`."""
+    """Open an image as RGB (:func:`vlp.preprocess.images.open_image`); problems raise one :class:`BadImage`."""
     return open_image(path, origin, max_pixels, min_side)
 
 
@@ -245,7 +258,7 @@ class ItemDataset(Dataset, ABC):
 
     Subclasses implement :meth:`load` (one item, reading images with :meth:`image`) and ``__len__``.
     ``on_bad``: None (evaluation: every item must load), ``"raise"`` or ``"skip"``
-    (``data.on_bad_sample``); ``max_pixels`` / ``min_side``: :func:`vlp.data.images.open_image`."""
+    (``data.on_bad_sample``); ``max_pixels`` / ``min_side``: :func:`vlp.preprocess.images.open_image`."""
 
     def __init__(self, on_bad: Optional[str] = None, max_pixels: int = MAX_PIXELS, min_side: int = MIN_SIDE) -> None:
         if on_bad is not None and on_bad not in BAD_SAMPLE_POLICIES:
@@ -282,15 +295,16 @@ def pick_captions(captions: Sequence[str], k: int = 1, rng: random.Random | None
 
 
 def make_item(
-    image: torch.Tensor,
+    image: torch.Tensor | DeviceImage,
     image_id: int,
     image_key: str,
     captions: Sequence[str],
     grouped: bool,
-    helper_cache: Optional[HelperCache] = None,
-    targets: Optional[LatentTargets] = None,
+    helper_cache: Optional[HelperFeatures] = None,
+    targets: Optional[CaptionTargets] = None,
 ) -> dict:
-    """One training item: ``image`` [3, H, W], ``image_id``, ``caption`` (a string, or the list of
+    """One training item: ``image`` [3, H, W] (or, ``data.image.decode=device``, what the device
+    decodes: :class:`~vlp.preprocess.device_decode.DeviceImage`), ``image_id``, ``caption`` (a string, or the list of
     captions when ``grouped``), and the helper features / LTD targets of the image and caption(s)
     when a cache / targets are given (looked up by ``image_key`` and caption text)."""
     caps = list(captions)
@@ -311,21 +325,22 @@ class ImageTextDataset(ItemDataset):
     image keys in sorted order (``key_to_id``).
 
     ``captions_per_image`` k > 1 gives image-level items with k of the image's captions (distinct
-    while it has enough, cycled otherwise). With a :class:`HelperCache`, items also carry the
-    frozen SRCL helper's cached features of the image and of the chosen caption
-    (``helper_image``/``helper_text``); with :class:`LatentTargets`, each caption's LTD target
+    while it has enough, cycled otherwise). With a helper cache (:class:`HelperFeatures`), items also
+    carry the frozen SRCL helper's cached features of the image and of the chosen caption
+    (``helper_image``/``helper_text``); with targets (:class:`CaptionTargets`), each caption's LTD target
     (``ltd_target``). Bad samples and seeds: :class:`ItemDataset`.
 
-    ``decode`` (``data.image.decode``): ``full``, or ``draft``: JPEGs decoded at reduced scale per
-    crop, ``transform`` being a training transform (:class:`vlp.data.draft.Decoder`; then
-    :attr:`transform` holds the steps after its crop)."""
+    ``decode`` (``data.image.decode``): ``full``; ``draft``: JPEGs decoded at reduced scale per
+    crop, ``transform`` being a training transform (:class:`vlp.preprocess.draft.Decoder`; then
+    :attr:`transform` holds the steps after its crop); ``device``: items carry JPEG bytes and the
+    transform's draws, decoded and augmented on the training device (:mod:`vlp.preprocess.device_decode`)."""
 
     def __init__(
         self,
         samples: Sequence[Sample],
         transform: Callable[[Image.Image], torch.Tensor],
-        helper_cache: Optional[HelperCache] = None,
-        targets: Optional[LatentTargets] = None,
+        helper_cache: Optional[HelperFeatures] = None,
+        targets: Optional[CaptionTargets] = None,
         captions_per_image: int = 1,
         on_bad: Optional[str] = None,
         max_pixels: int = MAX_PIXELS,
@@ -382,7 +397,8 @@ class ImageDataset(Dataset):
 
 
 class Collator:
-    """Stack images, tokenize captions (truncated at ``max_len``; ``padding``: to the batch's longest
+    """Stack images (or gather them as a :class:`~vlp.preprocess.device_decode.DeviceBatch`:
+    :func:`~vlp.preprocess.device_decode.collate_images`), tokenize captions (truncated at ``max_len``; ``padding``: to the batch's longest
     or always to ``max_len``, see :func:`tokenize`), ids to tensors; ``bad_samples`` (0-d long): the
     bad loads the items replaced (:func:`replace_bad`), always present.
 
@@ -396,7 +412,7 @@ class Collator:
         grouped = isinstance(items[0]["caption"], list)
         captions = [c for it in items for c in it["caption"]] if grouped else [it["caption"] for it in items]
         batch = tokenize(self.tokenizer, captions, self.max_len, self.padding)
-        batch["images"] = torch.stack([it["image"] for it in items])
+        batch["images"] = collate_images([it["image"] for it in items])
         batch["image_ids"] = torch.tensor([it["image_id"] for it in items], dtype=torch.long)
         batch["bad_samples"] = count_bad(items)
         if grouped:

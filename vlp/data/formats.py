@@ -60,7 +60,9 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = [
+    "CAPTION_GROUPS_FORMAT",
     "KINDS",
+    "RELEVANCE_FORMAT",
     "ON_BAD",
     "VG_ANSWER_WEIGHT",
     "VQA_DATASETS",
@@ -93,6 +95,11 @@ __all__ = [
     "write_json_atomic",
     "write_vqa_predictions",
 ]
+
+RELEVANCE_FORMAT = "vlp-relevance-v1"
+#: caption groups (``vlp evaluate retrieval --caption-groups``; a shapes world's ``caption_kinds_<split>.json``):
+#: a label per caption of a retrieval split and named unions of labels
+CAPTION_GROUPS_FORMAT = "vlp-caption-groups-v1"
 
 
 @dataclass
@@ -273,8 +280,8 @@ def load_relevance(path: str | Path, split: RetrievalSplit) -> list[list[int]]:
     """Read a relevance file and check it against ``split``: one list of image indices per text."""
     path = Path(path)
     data = read_json(path)
-    if not isinstance(data, dict) or data.get("format") != "vlp-relevance-v1":
-        raise DataError(f'{path}: expected an object with "format": "vlp-relevance-v1"')
+    if not isinstance(data, dict) or data.get("format") != RELEVANCE_FORMAT:
+        raise DataError(f'{path}: expected an object with "format": "{RELEVANCE_FORMAT}"')
     rel = data.get("relevant_images")
     if not isinstance(rel, list) or len(rel) != len(split.texts):
         n = len(rel) if isinstance(rel, list) else "no"

@@ -11,8 +11,8 @@ from PIL import Image
 
 from vlp.data.datasets import ItemDataset, count_bad
 from vlp.data.downstream_formats import NLVRItem
-from vlp.data.images import MAX_PIXELS, MIN_SIDE
-from vlp.data.transforms import is_albef_compat, tokenize
+from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE
+from vlp.preprocess.transforms import is_albef_compat, tokenize
 
 _LEFT_RIGHT = re.compile(r"\b(left|right)\b", re.IGNORECASE)
 

@@ -19,7 +19,6 @@ pattern of tars, ``cc12m/{00000..01242}.tar``.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import tarfile
@@ -302,14 +301,3 @@ def _checked(path: Path, key: str, member: str, caption: str) -> str:
     if problem is not None:
         raise DataError(f"{path}: sample {key!r}: the caption in {member} is {problem}")
     return caption
-
-
-class MemberFile(io.BytesIO):
-    """The bytes of a shard member, named (``KEY.jpg``) for :func:`vlp.data.images.open_image`'s messages."""
-
-    def __init__(self, data: bytes, name: str) -> None:
-        super().__init__(data)
-        self.name = name
-
-    def __str__(self) -> str:
-        return self.name

@@ -42,19 +42,19 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from vlp.data.datasets import (
     BAD_SAMPLE_HINT,
     MAX_REPLACEMENTS,
+    CaptionTargets,
+    HelperFeatures,
     make_item,
     pick_captions,
     seed_of,
     seeded_rng,
     stop_proof_workers,
 )
-from vlp.data.draft import Decoder
-from vlp.data.helper_cache import HelperCache
-from vlp.data.images import MAX_PIXELS, MIN_SIDE
 from vlp.data.sample_table import SampleTable, TableBuilder
-from vlp.data.shard_format import MemberFile, ShardInfo, iter_shard, read_sizes
-from vlp.data.targets import LatentTargets
+from vlp.data.shard_format import ShardInfo, iter_shard, read_sizes
 from vlp.errors import DataError
+from vlp.preprocess.draft import Decoder
+from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, MemberFile
 
 CAPTION_MODES = ("expand", "sample")
 
@@ -119,8 +119,8 @@ class ShardStream(IterableDataset):
         buffer: int,
         caption_mode: str,
         captions_per_image: int,
-        helper_cache: Optional[HelperCache],
-        targets: Optional[LatentTargets],
+        helper_cache: Optional[HelperFeatures],
+        targets: Optional[CaptionTargets],
         on_bad: str = "raise",
         max_pixels: int = MAX_PIXELS,
         min_side: int = MIN_SIDE,
@@ -128,7 +128,7 @@ class ShardStream(IterableDataset):
     ) -> None:
         self.shards = list(shards)
         self.on_bad, self.max_pixels, self.min_side = on_bad, max_pixels, min_side
-        self.decoder = Decoder(transform, decode)  # data.image.decode (vlp.data.draft)
+        self.decoder = Decoder(transform, decode)  # data.image.decode (vlp.preprocess.draft)
         self.transform, self.collator = self.decoder.transform, collator
         self.batch_size, self.rank, self.world_size, self.workers = batch_size, rank, world_size, workers
         self.seed, self.buffer, self.caption_mode, self.k = seed, buffer, caption_mode, captions_per_image
@@ -303,8 +303,8 @@ class ShardLoader:
     ``divmod(b, len(loader))``. Not to be passed to ``accelerate.prepare`` (``splits_by_rank``):
     it splits the data by rank itself and yields CPU tensors. ``on_bad`` (``raise`` | ``skip``),
     ``max_pixels``, ``min_side``: images that do not decode (module doc, "Bad samples") and
-    :func:`vlp.data.images.open_image`'s limits; ``decode``: ``data.image.decode``
-    (:class:`vlp.data.draft.Decoder`).
+    :func:`vlp.preprocess.images.open_image`'s limits; ``decode``: ``data.image.decode``
+    (:class:`vlp.preprocess.draft.Decoder`).
     """
 
     splits_by_rank = True
@@ -322,8 +322,8 @@ class ShardLoader:
         shuffle_buffer: int = 1000,
         caption_mode: str = "expand",
         captions_per_image: int = 1,
-        helper_cache: Optional[HelperCache] = None,
-        targets: Optional[LatentTargets] = None,
+        helper_cache: Optional[HelperFeatures] = None,
+        targets: Optional[CaptionTargets] = None,
         verbose: bool = True,
         on_bad: str = "raise",
         max_pixels: int = MAX_PIXELS,

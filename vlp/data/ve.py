@@ -9,8 +9,8 @@ from PIL import Image
 
 from vlp.data.datasets import ItemDataset, count_bad
 from vlp.data.downstream_formats import VEItem
-from vlp.data.images import MAX_PIXELS, MIN_SIDE
 from vlp.data.nlvr import tokenize_sentences
+from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE
 
 
 class VEDataset(ItemDataset):

@@ -10,9 +10,9 @@ from PIL import Image
 
 from vlp.data.datasets import ItemDataset, count_bad
 from vlp.data.downstream_formats import VQAQuestion
-from vlp.data.images import MAX_PIXELS, MIN_SIDE
-from vlp.data.transforms import DELETE_CHARS, is_albef_compat, tokenize
 from vlp.errors import DataError
+from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE
+from vlp.preprocess.transforms import DELETE_CHARS, is_albef_compat, tokenize
 
 TRAIN_MAX_WORDS, TEST_MAX_WORDS = 30, 50  # ALBEF pre_question word limits
 

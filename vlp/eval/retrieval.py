@@ -33,12 +33,12 @@ from torch.utils.data import DataLoader, Subset
 from vlp.config import EvalConfig
 from vlp.data.datasets import ImageDataset
 from vlp.data.formats import RetrievalSplit
-from vlp.data.transforms import tokenize
 from vlp.dist import fetch_rows, gather_rows, rank, shard_bounds, world_size
 from vlp.errors import ConfigError
 from vlp.eval.metrics import grouped_text_metrics, relevance_metrics, retrieval_metrics
 from vlp.eval.mode import evaluating
 from vlp.models.albef import ALBEF
+from vlp.preprocess.transforms import tokenize
 from vlp.progress import progress
 
 RERANK_OFFSET = 1e4  # lifts re-ranked candidates above every ITC-only candidate

@@ -434,7 +434,7 @@ def _infer(state: dict[str, torch.Tensor], kind: str, cfg):
     return cfg
 
 
-def vlp_task(kind: str, state: dict[str, torch.Tensor]) -> str:
+def vlp_kind_of(kind: str, state: dict[str, torch.Tensor]) -> str:
     """The vlp checkpoint kind (``state.json`` "task") of an ALBEF format."""
     if kind == "nlvr":
         return "nlvr2" if "cls_head.0.weight" in state else "nlvr-ta"
@@ -491,9 +491,9 @@ def convert_albef_file(
     """``vlp convert albef``: an ALBEF ``.pth`` -> a vlp checkpoint folder (``model.safetensors``,
     ``state.json``, ``key_report.json``) that :func:`vlp.checkpoint.open_checkpoint` / ``vlp evaluate`` read."""
     from vlp.config import FINETUNE_TASKS, FinetuneConfig, ModelConfig, PretrainConfig, load_config, to_dict
-    from vlp.models.build import build_task_model
+    from vlp.models.build import build_model_of_kind
     from vlp.version import __version__
-    from vlp.weights import load_strict, read_state_dict, save_checkpoint
+    from vlp.weights import KIND_KEY, load_strict, read_state_dict, save_checkpoint
 
     src, out_dir = Path(src), Path(out_dir)
     state = read_state_dict(src)
@@ -505,19 +505,19 @@ def convert_albef_file(
     vlp_state, report = convert_albef(state, kind, allow_unexpected)  # every key checked before building
     base = load_config(ModelConfig, config) if config else None
     cfg = infer_model_config(state, kind, base)
-    task = vlp_task(kind, state)
-    model = build_task_model(task, cfg, VOCAB)
+    vlp_kind = vlp_kind_of(kind, state)
+    model = build_model_of_kind(vlp_kind, cfg, VOCAB)
     report.missing = sorted(set(model.state_dict()) - set(vlp_state))
     report.dropped += [(f"<file>.{e}", "training state outside the model (not read)") for e in _wrapper_entries(src)]
     report.notes += notes + [
-        f"vlp task {task!r}; text layers {cfg.text.layers}, fusion layers "
+        f"vlp kind {vlp_kind!r}; text layers {cfg.text.layers}, fusion layers "
         f"{len(model.fusion.layer)}; heads vision {cfg.vision.heads} / text {cfg.text.heads}"
         f"{'' if base else ' (width / 64)'}; text.albef_compat=true"
     ]
     load_strict(model, vlp_state, source=str(src), allow_missing=report.missing)
-    run_cfg = FinetuneConfig(task=task) if task in FINETUNE_TASKS else PretrainConfig(model=cfg)
+    run_cfg = FinetuneConfig(task=vlp_kind) if vlp_kind in FINETUNE_TASKS else PretrainConfig(model=cfg)
     meta = {
-        "task": task,
+        KIND_KEY: vlp_kind,
         "vlp_version": __version__,
         "config": to_dict(run_cfg),
         "model": to_dict(cfg),
@@ -531,14 +531,14 @@ def convert_albef_file(
 
 def export_albef_checkpoint(ckpt: str | Path, out: str | Path) -> KeyReport:
     """``vlp convert to-albef``: a vlp checkpoint folder -> ``torch.save({"model": sd})`` in the
-    ALBEF layout of its task (pretrain / retrieval / vqa / nlvr / ve)."""
+    ALBEF layout of its kind (pretrain / retrieval / vqa / nlvr / ve)."""
     from vlp.checkpoint import open_checkpoint
 
     opened = open_checkpoint(ckpt, torch.device("cpu"))
-    path, task, model = opened.path, opened.kind, opened.load()
-    if opened.model_config.arch != "albef" or task not in ALBEF_KIND:
-        raise CheckpointError(f"{path}: a {opened.model_config.arch} {task!r} checkpoint has no ALBEF layout")
-    albef, report = export_albef_report(model.state_dict(), ALBEF_KIND[task])
+    path, kind, model = opened.path, opened.kind, opened.load()
+    if opened.model_config.arch != "albef" or kind not in ALBEF_KIND:
+        raise CheckpointError(f"{path}: a {opened.model_config.arch} {kind!r} checkpoint has no ALBEF layout")
+    albef, report = export_albef_report(model.state_dict(), ALBEF_KIND[kind])
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": {k: v.detach().cpu().contiguous() for k, v in albef.items()}}, str(out))
     return report

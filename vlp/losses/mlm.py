@@ -50,23 +50,13 @@ def mask_tokens(
     return masked, labels
 
 
-def mlm_loss(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    momentum_logits: Optional[torch.Tensor] = None,
-    alpha: float | torch.Tensor = 0.0,
-    total: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """``(1 - alpha) * CE + alpha * D`` over masked positions.
-
-    ``logits`` [M, V] and ``labels`` [M] for M gathered positions, -100 where a slot holds no
-    masked token (:func:`gather_masked`); ``momentum_logits`` [M, V] the momentum model's logits.
-    D = mean over masked positions of ``-sum_v softmax(momentum)_v * log_softmax(logits)_v`` -
-    both over the vocabulary axis. ``total`` (scalar): divide the sum over the masked positions by
-    ``total`` instead of their count (the global normalisation of
-    :func:`vlp.tasks.objectives.draw_masks`). No masked token: 0, with a gradient.
-    """
-    return distilled_ce(logits, labels, momentum_logits, alpha, total)
+#: The MLM loss ``(1 - alpha) * CE + alpha * D`` over masked positions: :func:`distilled_ce` with
+#: ``logits`` [M, V] and ``labels`` [M] for M gathered positions, -100 where a slot holds no masked
+#: token (:func:`gather_masked`), ``momentum_logits`` [M, V] the momentum model's logits (D: the soft
+#: cross-entropy against their softmax, over the vocabulary axis), and as denominator the global
+#: count of masked tokens (:func:`vlp.tasks.objectives.draw_masks`) instead of the local one. No
+#: masked token: 0, with a gradient.
+mlm_loss = distilled_ce
 
 
 def mlm_capacity(positions: int, probability: float) -> int:

@@ -18,8 +18,8 @@ def without_init_sources(model: ModelConfig) -> None:
     model.text.init, model.vision.pretrained, model.dual.image_pretrained = "random", None, None
 
 
-def build_task_model(kind: str, model: ModelConfig, vocab_size: int) -> nn.Module:
-    """The model of a checkpoint kind (``state.json`` "task"): pretraining / helper ALBEF or dual
+def build_model_of_kind(kind: str, model: ModelConfig, vocab_size: int) -> nn.Module:
+    """The model of a checkpoint kind (``state.json`` "task", :data:`vlp.weights.KIND_KEY`): pretraining / helper ALBEF or dual
     encoder, retrieval ALBEF (no MLM head), VQA (answer decoder), NLVR2 / NLVR TA (doubled fusion),
     SNLI-VE (3-way classifier)."""
     if model.arch == "dual":

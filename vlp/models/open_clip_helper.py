@@ -18,7 +18,7 @@ Spec grammar (after the ``open_clip:`` prefix):
 The helper keeps open_clip's own *eval* preprocessing (resize, centre crop, CLIP normalisation at
 the model's resolution) and tokenizer (``open_clip.get_tokenizer``). Its inputs therefore differ
 from a vlp training batch (BERT token ids, vlp-transformed images), so it cannot run live on that
-batch: vlp uses it only through a helper-feature cache (:mod:`vlp.data.helper_cache`).
+batch: vlp uses it only through a helper-feature cache (:mod:`vlp.features.helper_cache`).
 """
 
 from __future__ import annotations

@@ -9,11 +9,13 @@ This is the glue layer: it reads files, builds tokenizer, model, data and task, 
 * :mod:`vlp.runs.pretrain`: ``vlp pretrain``, ``vlp train-helper`` (the pretraining job);
 * :mod:`vlp.runs.finetune`: ``vlp finetune retrieval|vqa|nlvr2``, ``vlp pretrain nlvr-ta``;
 * :mod:`vlp.runs.evaluate`: ``vlp evaluate retrieval`` and its protocol presets;
-* :mod:`vlp.runs.analyze`: ``vlp analyze cocos``, ``vlp plot srcl-weights``;
 * :mod:`vlp.runs.features`: ``vlp cache-helper-features`` (SRCL helper features), ``vlp make-targets``
   (LTD targets);
 * :mod:`vlp.runs.demo`: ``vlp demo [--full]``;
 * :mod:`vlp.runs.bench`: ``vlp bench``.
+
+The research analyses (``vlp analyze``, ``vlp plot srcl-weights``) are the lab's (:mod:`vlp.lab`), a
+layer above this one that builds on it.
 
 A command prints what its run function returns as a family's ``format_*`` function words it
 (:func:`vlp.runs.bench.format_bench`, :func:`vlp.runs.evaluate.format_metrics`, ...).

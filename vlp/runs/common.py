@@ -16,13 +16,13 @@ from vlp.checkpoint import PREPROCESSOR, Preprocessor, image_size, open_checkpoi
 from vlp.config import BadSampleConfig, FinetuneConfig, LTDConfig, ModelConfig, PretrainConfig, to_dict, to_yaml
 from vlp.config.resume import resume_changes
 from vlp.data.datasets import BAD_SAMPLE_HINT
-from vlp.data.helper_cache import HelperCache
-from vlp.data.targets import LatentTargets
-from vlp.data.transforms import test_transform, train_transform
 from vlp.dist import launch_rank
 from vlp.errors import ConfigError, DataError
+from vlp.features.helper_cache import HelperCache
+from vlp.features.targets import LatentTargets
 from vlp.models.build import model_image_size
 from vlp.models.open_clip_helper import is_open_clip_spec
+from vlp.preprocess.transforms import test_transform, train_transform
 from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.tasks.regulation import SRCLRegulator, helper_span
@@ -30,6 +30,7 @@ from vlp.train.loop import train
 from vlp.train.setup import make_accelerator
 from vlp.train.validation import Validation
 from vlp.version import __version__
+from vlp.weights import KIND_KEY
 
 
 @dataclass
@@ -91,7 +92,7 @@ class Job:
     def state(self) -> dict[str, Any]:
         """What every checkpoint's ``state.json`` records besides the step."""
         state = {
-            "task": self.kind,
+            KIND_KEY: self.kind,
             "vlp_version": __version__,
             "config": to_dict(self.cfg),
             "model": to_dict(self.model_cfg),
@@ -269,7 +270,7 @@ def build_regulator(
 ) -> tuple[Optional[SRCLRegulator], Optional[HelperCache]]:
     """The SRCL regulator of a run (None for ``loss.regulation: none``) and the helper-feature
     cache it reads (None in live-helper mode and when the helper is not used, e.g. fine-tuning).
-    An oracle cache (``vlp.runs.features.run_cache_oracle_features``) hands its relevance table
+    An oracle cache (``vlp.lab.oracle.run_cache_oracle_features``) hands its relevance table
     to the regulator."""
     mode, s = cfg.loss.regulation, cfg.loss.srcl
     if mode == "none":
@@ -317,7 +318,7 @@ def write_feature_cache(
     num_workers: int = 0,
     show_progress: bool = True,
 ) -> Path:
-    """A helper-feature cache (:mod:`vlp.data.helper_cache`) of the annotation files ``data``:
+    """A helper-feature cache (:mod:`vlp.features.helper_cache`) of the annotation files ``data``:
     every image through ``transform`` then ``encode_image`` (a batch [N, 3, H, W] -> [N, E]),
     every distinct caption through ``encode_text`` (a list of N strings -> [N, E]), in batches of
     ``batch_size``, with a progress bar; ``meta`` goes into ``index.json`` with the data files."""
@@ -325,7 +326,7 @@ def write_feature_cache(
 
     from vlp.data.datasets import ImageDataset
     from vlp.data.formats import load_pairs
-    from vlp.data.helper_cache import cache_rows, write_cache
+    from vlp.features.helper_cache import cache_rows, write_cache
     from vlp.progress import progress
 
     samples = load_pairs(list(data), image_root)
@@ -361,7 +362,7 @@ def cache_open_clip_features(
     show_progress: bool = True,
     key: str = "--helper",
 ) -> Path:
-    """The helper-feature cache (:mod:`vlp.data.helper_cache`, kind ``learned``) of the open_clip
+    """The helper-feature cache (:mod:`vlp.features.helper_cache`, kind ``learned``) of the open_clip
     helper ``spec`` (``open_clip:ARCH[/PRETRAINED]``, :mod:`vlp.models.open_clip_helper`) over the
     annotation files ``data``: every image read as vlp reads images, then open_clip's own eval
     preprocessing; every distinct raw caption through open_clip's tokenizer. Written by ``vlp

@@ -81,11 +81,11 @@ def run_demo(
     """Write the world and its demo caption mix (:data:`DEMO_CAPTION_REPEATS`), pretrain with
     :data:`DEMO_CONFIG` + :data:`DEMO_OVERRIDES` + ``overrides``, evaluate on the ``n_test``-image
     test split; returns the metrics."""
-    from vlp.data.synthetic import generate_world, write_caption_mix
-    from vlp.data.synthetic.captions import CAPTION_KINDS
     from vlp.runs.evaluate import run_evaluate_retrieval
     from vlp.runs.pretrain import run_pretrain
     from vlp.viz import plot_losses
+    from vlp.world import generate_world, write_caption_mix
+    from vlp.world.captions import CAPTION_KINDS
 
     out = Path(out)
     t0 = time.perf_counter()
@@ -236,9 +236,9 @@ def run_demo_full(
     nlvr_ta, ve, ve_hypothesis_only, grounding) to dotted overrides. ``nlvr_ta``: run the optional text-assignment stage before NLVR2. ``reuse``:
     keep the stages an earlier (interrupted) run of the same command finished.
     """
-    from vlp.data.synthetic import generate_world
     from vlp.runs.evaluate import run_evaluate_retrieval
     from vlp.runs.pretrain import run_pretrain
+    from vlp.world import generate_world
 
     out = Path(out)
     n_stages = 1 + len(FULL_STAGES) - (not nlvr_ta)  # the world, then every stage run

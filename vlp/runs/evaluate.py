@@ -12,14 +12,13 @@ import torch
 
 from vlp.checkpoint import image_size, open_checkpoint
 from vlp.config import EvalConfig, apply_overrides
-from vlp.data.formats import RetrievalSplit, load_relevance, load_retrieval_split
+from vlp.data.formats import CAPTION_GROUPS_FORMAT, RetrievalSplit, load_relevance, load_retrieval_split
 from vlp.data.json_entries import read_json
-from vlp.data.synthetic.world import CAPTION_GROUPS_FORMAT
-from vlp.data.transforms import test_transform
 from vlp.dist import barrier, is_dist, rank, world_size
 from vlp.errors import CheckpointError, DataError
 from vlp.eval.retrieval import RetrievalResult, check_k_test, embed, evaluate_retrieval
 from vlp.hardware import default_device
+from vlp.preprocess.transforms import test_transform
 from vlp.runs.common import check_image_paths
 
 # Zero-shot protocols (docs/evaluation.md): which checkpoint kind each takes and the eval settings.

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from vlp.data.images import open_image
+from vlp.preprocess.images import open_image
 
 PNG, JSON = "explain.png", "explain.json"
 

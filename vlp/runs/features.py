@@ -1,5 +1,6 @@
 """``vlp cache-helper-features`` (the SRCL helper's features of a dataset, computed once) and
-``vlp make-targets`` (every caption embedded once with a sentence encoder: the LTD targets)."""
+``vlp make-targets`` (every caption embedded once with a sentence encoder: the LTD targets). The
+oracle helper of a shapes world (``--oracle``) is the lab's: :func:`vlp.lab.oracle.run_cache_oracle_features`."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ import torch
 
 from vlp.checkpoint import image_size, open_checkpoint
 from vlp.data.formats import load_pairs
-from vlp.data.helper_cache import ORACLE_KINDS, cache_rows, index_features, write_cache
-from vlp.data.transforms import test_transform
 from vlp.errors import DataError
 from vlp.hardware import default_device
 from vlp.models.open_clip_helper import is_open_clip_spec
+from vlp.preprocess.transforms import test_transform
 from vlp.runs.common import cache_open_clip_features, write_feature_cache
 
 
@@ -33,7 +33,7 @@ def run_cache_helper_features(
     a vlp helper checkpoint or run directory, or an open_clip model ``open_clip:ARCH[/PRETRAINED]``
     (:mod:`vlp.models.open_clip_helper`; its own eval preprocessing of the images and tokenizer of
     the raw captions: :func:`vlp.runs.common.cache_open_clip_features`)."""
-    from vlp.data.transforms import tokenize
+    from vlp.preprocess.transforms import tokenize
 
     if Path(out).exists():
         raise DataError(f"{out} already exists; choose another --out or remove it")
@@ -68,50 +68,12 @@ def run_cache_helper_features(
     )
 
 
-def run_cache_oracle_features(
-    world_root: str | Path,
-    data_files: Sequence[str | Path],
-    out: str | Path,
-    graded: bool = False,
-    auc: Optional[float] = None,
-    seed: int = 0,
-) -> Path:
-    """An oracle helper cache of ``data_files`` (annotation files over images of the shapes world
-    at ``world_root``): the world's ground-truth relevance of every caption of the files to every
-    image of them, ``relevance`` [n_texts, n_images] (1/0, or with ``graded``
-    :func:`~vlp.data.synthetic.relevance.caption_grade` in [0, 1]), with the row indices as
-    features (:mod:`vlp.data.helper_cache`). ``auc``: the exact table corrupted by noise fixed per
-    pair (``seed``) to a helper of that ROC-AUC (:func:`~vlp.data.synthetic.noisy_relevance`;
-    kind ``oracle-noisy``). ``loss.srcl.helper_features`` may point at it like at any cache: the
-    regulator then takes the relevance as the helper's cosine."""
-    from vlp.data.synthetic import WorldTruth, noisy_relevance
-
-    if Path(out).exists():
-        raise DataError(f"{out} already exists; choose another --out or remove it")
-    if auc is not None and graded:
-        raise DataError("an oracle cache is graded or corrupted to an AUC (from the exact table), not both")
-    samples = load_pairs([str(d) for d in data_files])
-    paths, keys, texts = cache_rows(samples)
-    table = WorldTruth.load(world_root).relevance(texts, [paths[k] for k in keys], graded)
-    kind = ORACLE_KINDS[1] if graded else ORACLE_KINDS[0]
-    meta: dict[str, Any] = {
-        "kind": kind,
-        "world": str(Path(world_root).resolve()),
-        "data": [str(d) for d in data_files],
-    }
-    if auc is not None:
-        table = noisy_relevance(table, auc, seed)
-        meta.update(kind=ORACLE_KINDS[2], target_auc=auc, noise_seed=seed)
-    relevance = torch.from_numpy(table)
-    return write_cache(out, keys, index_features(len(keys)), texts, index_features(len(texts)), meta, relevance)
-
-
 def run_make_targets(
     data: Sequence[str], encoder: str, out: str | Path, batch_size: int = 256, show_progress: bool = True
 ) -> Path:
     """Embed every distinct caption of the annotation files ``data`` once with a sentence encoder
     and write the LTD targets file ``out`` (``loss.ltd.targets``)."""
-    from vlp.data.targets import encode_sentences, write_targets
+    from vlp.features.targets import encode_sentences, write_targets
 
     if Path(out).exists():
         raise DataError(f"{out} already exists; choose another --out or remove it")

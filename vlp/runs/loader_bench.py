@@ -2,26 +2,32 @@
 
 A training run at 1,300 pairs/s needs 1,300 decoded, augmented images per second from the host's
 cores. This benchmark times what a training loader worker does per image: open and decode the file
-and apply the config's *training* transform (:func:`vlp.data.transforms.train_transform` at the
+and apply the config's *training* transform (:func:`vlp.preprocess.transforms.train_transform` at the
 model's resolution, ``data.image``), under the per-item seeds of training, in the real training
 dataset (:class:`vlp.data.datasets.ImageTextDataset`) and ``workers`` DataLoader worker processes.
 
 **Images.** Files the user names (``--images``: folders of .jpg/.jpeg/.png, or files), or ``n``
 photo-sized JPEGs written here into a temporary folder (:func:`write_test_jpegs`): shapes-world
-scenes (:func:`vlp.data.synthetic.scene.render_scene`) at ``size`` with a smooth colour field and
+scenes (:func:`vlp.world.scene.render_scene`) at ``size`` with a smooth colour field and
 pixel noise on top, so that they compress like photos (about 50 KB at 500x375, quality 90).
 
-**Three decodes** (:mod:`vlp.data.draft`). ``full``: training's ``data.image.decode=full``.
-``draft``: JPEG draft-mode decoding chosen per image (:func:`~vlp.data.draft.open_image_draft`, the
-rule in :func:`~vlp.data.draft.draft_scale`): libjpeg decodes at 1/2, 1/4 or 1/8 scale when *every*
+**Three decodes** (:mod:`vlp.preprocess.draft`). ``full``: training's ``data.image.decode=full``.
+``draft``: JPEG draft-mode decoding chosen per image (:func:`~vlp.preprocess.draft.open_image_draft`, the
+rule in :func:`~vlp.preprocess.draft.draft_scale`): libjpeg decodes at 1/2, 1/4 or 1/8 scale when *every*
 crop the transform can take is still at least the output resolution; the bench's alone.
 ``draft-crop``: chosen per crop, training's ``data.image.decode=draft``
-(:func:`~vlp.data.draft.open_crop_draft`): the crop's box is drawn from the file's size first (the
+(:func:`~vlp.preprocess.draft.open_crop_draft`): the crop's box is drawn from the file's size first (the
 same random draws as the transform), and the JPEG decoded at the largest reduced scale at which
 *that* crop is still at least the output resolution. Neither changes what the network sees beyond
 the decoder's own downscaling (no crop is ever upsampled where the full decode would have
 downsampled it). The top-level figures are those of the decode the config trains with
-(``data.image.decode``: ``full`` or ``draft-crop``); ``by_decode`` has each.
+(``data.image.decode``: ``full``, ``draft-crop`` or ``device``); ``by_decode`` has each.
+
+**Decoding on the device** (:mod:`vlp.preprocess.device_decode`, ``data.image.decode=device``): the
+worker's share is timed as the others (read the bytes, the header, the transform's draws; uint8
+whatever ``data.image.uint8`` says), and the device's share apart (:func:`time_device_decode`): the
+same items collated into batches of ``data.batch_size`` and decoded and augmented on the available
+device (CUDA when there is one, else this process's CPU threads): ``device_decode`` in the result.
 
 Timing: each item is timed inside its worker (``time.perf_counter``, CLOCK_MONOTONIC on Linux, one
 clock for all processes) from the dataset's ``__getitem__`` entry to the image tensor
@@ -44,6 +50,7 @@ import statistics
 import tempfile
 import time
 from collections import Counter
+from dataclasses import replace
 from datetime import date
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -55,23 +62,25 @@ from torch.utils.data import DataLoader, Dataset
 
 from vlp.config import PretrainConfig
 from vlp.data.datasets import ImageTextDataset, SeededIndex, seed_of
-from vlp.data.draft import crop_draft_scale, draft_scale, open_image_draft
 from vlp.data.formats import Sample
-from vlp.data.images import open_image
-from vlp.data.synthetic.scene import render_scene, sample_scene, world_rng
-from vlp.data.transforms import train_transform
 from vlp.errors import ConfigError
+from vlp.preprocess.device_decode import DeviceBatch, collate_images, decode_images
+from vlp.preprocess.draft import crop_draft_scale, draft_scale, open_image_draft
+from vlp.preprocess.images import open_image
+from vlp.preprocess.transforms import train_transform
 from vlp.version import __version__
+from vlp.world.scene import render_scene, sample_scene, world_rng
 
 #: file suffixes ``--images`` folders are searched for (case-insensitive)
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 #: images generated when the user names none
 DEFAULT_N = 200
 #: the decodes the bench times: ``data.image.decode=full``, JPEG draft mode chosen per image
-#: (:func:`~vlp.data.draft.draft_scale`), and chosen per crop (``data.image.decode=draft``)
-DECODES = ("full", "draft", "draft-crop")
+#: (:func:`~vlp.preprocess.draft.draft_scale`), chosen per crop (``data.image.decode=draft``), and the
+#: worker's share of ``data.image.decode=device``
+DECODES = ("full", "draft", "draft-crop", "device")
 #: the bench's decode of each ``data.image.decode``
-TRAINING_DECODE = {"full": "full", "draft": "draft-crop"}
+TRAINING_DECODE = {"full": "full", "draft": "draft-crop", "device": "device"}
 
 
 # ----------------------------------------------------------------------------- draft decoding
@@ -79,7 +88,7 @@ TRAINING_DECODE = {"full": "full", "draft": "draft-crop"}
 
 class DraftImageTextDataset(ImageTextDataset):
     """:class:`~vlp.data.datasets.ImageTextDataset` whose images open with
-    :func:`~vlp.data.draft.open_image_draft` (one draft scale per image) for a transform that crops
+    :func:`~vlp.preprocess.draft.open_image_draft` (one draft scale per image) for a transform that crops
     to ``res`` with ``crop_scale`` (the only change: :meth:`image`). Timed by the bench only;
     training's ``data.image.decode=draft`` is the per-crop decode."""
 
@@ -187,10 +196,11 @@ def _header(s: Sample) -> tuple[int, int, Optional[str]]:
         raise
 
 
-def _collate(items: list) -> tuple[torch.Tensor, list[tuple[float, float, float, Optional[int]]]]:
-    """A batch of :class:`_Timed` items: images stacked ``[B, 3, res, res]`` (in the worker, as a
-    training collator does), and each item's (start, end, CPU seconds, scale)."""
-    return torch.stack([it[0] for it in items]), [it[1:] for it in items]
+def _collate(items: list) -> tuple[Any, list[tuple[float, float, float, Optional[int]]]]:
+    """A batch of :class:`_Timed` items: images stacked ``[B, 3, res, res]`` (or gathered for the
+    device: :func:`~vlp.preprocess.device_decode.collate_images`; in the worker, as a training collator
+    does), and each item's (start, end, CPU seconds, scale)."""
+    return collate_images([it[0] for it in items]), [it[1:] for it in items]
 
 
 def time_loader(dataset: Dataset, n: int, workers: int, warmup: int, seed: int = 0, batch: int = 8) -> dict[str, Any]:
@@ -206,7 +216,8 @@ def time_loader(dataset: Dataset, n: int, workers: int, warmup: int, seed: int =
     keys = [SeededIndex(k % size, seed_of("item", seed, 0, k % size)) for k in range(n_warm + n)]
     loader = DataLoader(_Timed(dataset, keys), batch_size=batch, num_workers=workers, collate_fn=_collate)
     scales: Counter[int] = Counter()
-    spans, cpu, last, k = [], [], torch.empty(0), 0
+    spans, cpu, k = [], [], 0
+    last: Any = None
     for images, timings in loader:
         for t0, t1, c, scale in timings:
             if k >= n_warm:
@@ -215,15 +226,69 @@ def time_loader(dataset: Dataset, n: int, workers: int, warmup: int, seed: int =
                 if scale is not None:
                     scales[scale] += 1
             k += 1
-        last = images[0]
+        last = images
     wall = max(t1 for _, t1 in spans) - min(t0 for t0, _ in spans)
+    shape, dtype = (None, None) if isinstance(last, DeviceBatch) else (list(last.shape[1:]), last.dtype)
     return {
         "images_per_s": n / wall,
         "ms": [1000 * (t1 - t0) for t0, t1 in spans],
         "cpu_ms": [1000 * c for c in cpu],
         "scales": scales,
-        "output_shape": list(last.shape),
-        "output_dtype": str(last.dtype).replace("torch.", ""),
+        "output_shape": shape,  # None: the device makes the images
+        "output_dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
+    }
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_name(device: torch.device) -> str:
+    """``cuda:0 (NVIDIA H100 ...)``, or the CPU's name with this process's torch threads."""
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return f"cpu ({cpu_name()}; {torch.get_num_threads()} torch threads)"
+
+
+def time_device_decode(
+    dataset: Dataset, n: int, batch: int, device: torch.device, rounds: int = 3, seed: int = 0
+) -> dict[str, Any]:
+    """The device's share of ``data.image.decode=device``: items ``0..n-1`` of ``dataset`` (a
+    ``decode="device"`` training dataset; seeded as training's epoch 0) loaded here once, collated
+    into batches of ``batch``, then decoded and augmented on ``device``
+    (:func:`~vlp.preprocess.device_decode.decode_images`, the batch's copy to it included) ``rounds``
+    times after one untimed batch. Returns ``images_per_s`` (the median round), ``ms_per_batch``
+    (median over batches, each synchronised), the output's shape and dtype (``[3, res, res]``,
+    uint8), the share of images shipped as JPEG bytes, and on a device other than the CPU the mean
+    absolute difference from the CPU decode of the first batch (of 255)."""
+    size = len(dataset)  # type: ignore[arg-type]
+    items = [dataset[SeededIndex(k % size, seed_of("item", seed, 0, k % size))]["image"] for k in range(n)]
+    batches = [collate_images(items[i : i + batch]) for i in range(0, n, batch)]
+    first = decode_images(batches[0].to(device), device)  # warm-up: CUDA context, nvJPEG, kernels
+    _sync(device)
+    rates, ms = [], []
+    for _ in range(rounds):
+        t_round = time.perf_counter()
+        for b in batches:
+            t0 = time.perf_counter()
+            decode_images(b.to(device, non_blocking=True), device)
+            _sync(device)
+            ms.append(1000 * (time.perf_counter() - t0))
+        rates.append(n / (time.perf_counter() - t_round))
+    diff = None
+    if device.type != "cpu":
+        diff = (decode_images(batches[0], "cpu").float() - first.cpu().float()).abs().mean().item()
+    return {
+        "device": device_name(device),
+        "images_per_s": statistics.median(rates),
+        "ms_per_batch": statistics.median(ms),
+        "batch": batch,
+        "images_per_s_rounds": rates,
+        "jpeg_share": sum(d.dim() == 1 for b in batches for d in b.data) / n,
+        "mean_abs_diff_vs_cpu": diff,
+        "output_shape": list(first.shape[1:]),
+        "output_dtype": str(first.dtype).replace("torch.", ""),
     }
 
 
@@ -277,13 +342,17 @@ def run_loader_bench(
     decodes: Sequence[str] = DECODES,
     rounds: int = 3,
     batch: int = 8,
+    device: Optional[str | torch.device] = None,
 ) -> dict[str, Any]:
     """Time the training image pipeline of ``cfg`` (module doc) and return (and write to ``out``
     as JSON) the result. ``images``: files / folders to read (``n``: the first ``n`` of them, default
     all); None: ``n`` (default :data:`DEFAULT_N`) generated JPEGs of ``size`` at ``quality``.
     ``data.train`` is not read. The top-level rates are those of the decode training uses with
-    ``cfg`` (``data.image.decode``: ``full`` or ``draft-crop``; the first of ``decodes`` when that
-    one is not timed); ``by_decode`` holds each decode's, ``speedup`` against the first."""
+    ``cfg`` (``data.image.decode``: ``full``, ``draft-crop`` or ``device``; the first of ``decodes``
+    when that one is not timed); ``by_decode`` holds each decode's, ``speedup`` against the first.
+    With ``device`` among ``decodes``, ``device_decode`` holds the device's share
+    (:func:`time_device_decode`, batches of ``data.batch_size`` on ``device``: default CUDA when
+    there is one, else the CPU)."""
     from vlp.checkpoint import image_size
 
     if workers < 0 or warmup < 0 or rounds < 1 or batch < 1 or (n is not None and n < 1):
@@ -309,11 +378,13 @@ def run_loader_bench(
             scales[draft_scale(w, h, res, icfg.crop_scale) if fmt == "JPEG" else 1] += 1
             crop_max = max(crop_max, crop_draft_scale(w, h, (res, res)) if fmt == "JPEG" else 1)
         transform: Callable = train_transform(res, icfg)
+        uint8 = train_transform(res, replace(icfg, uint8=True))  # what decode=device needs
         common: dict[str, Any] = {"max_pixels": d.max_image_pixels, "min_side": d.min_image_side}  # errors raise
         datasets = {
             "full": lambda: ImageTextDataset(samples, transform, decode="full", **common),
             "draft": lambda: DraftImageTextDataset(samples, transform, res=res, crop_scale=icfg.crop_scale, **common),
             "draft-crop": lambda: ImageTextDataset(samples, transform, decode="draft", **common),
+            "device": lambda: ImageTextDataset(samples, uint8, decode="device", **common),
         }
         same = {"draft": set(scales) == {1}, "draft-crop": crop_max == 1}  # decodes exactly as "full" does
         not_timed = {k: "no image is reduced: the full decode" for k in decodes[1:] if same.get(k)}
@@ -323,6 +394,12 @@ def run_loader_bench(
             for name in decodes:
                 timed[name].append(time_loader(datasets[name](), len(paths), workers, warmup, cfg.train.seed, batch))
         by_decode = {name: summarize(v, workers) for name, v in timed.items()}
+        on_device = None
+        if "device" in by_decode:
+            dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            b = min(d.batch_size, len(paths))
+            on_device = time_device_decode(datasets["device"](), len(paths), b, dev, rounds, cfg.train.seed)
+            by_decode["device"].update(output_shape=on_device["output_shape"], output_dtype=on_device["output_dtype"])
         mean_kb = statistics.mean(p.stat().st_size for p in paths) / 1024
     source_sizes = Counter(f"{w}x{h}" for w, h in sizes)
     first, top = by_decode[decodes[0]], TRAINING_DECODE[icfg.decode]
@@ -341,6 +418,7 @@ def run_loader_bench(
         "data_image_decode": icfg.decode,
         "by_decode": by_decode,
         "not_timed": not_timed,
+        "device_decode": on_device,
         "draft_scale": scales.most_common(1)[0][0],
         "draft_scales": {str(k): v for k, v in sorted(scales.items())},
         "image_size": res,
@@ -397,6 +475,7 @@ def format_loader_bench(r: dict[str, Any]) -> str:
         "full": "full (data.image.decode=full)",
         "draft": f"draft, per image (1/{r['draft_scale']})",
         "draft-crop": "per crop (data.image.decode=draft)",
+        "device": "device, loader's share (bytes, header, draws)",
     }
     for name, v in r["by_decode"].items():
         label = labels[name] + (f" {_scales(v['crop_draft_scales'])}" if "crop_draft_scales" in v else "")
@@ -405,6 +484,13 @@ def format_loader_bench(r: dict[str, Any]) -> str:
             f"{v['cpu_ms_per_image']:>14.2f}"
         )
     lines += [f"{labels[k]:<{W}}not timed: {why}" for k, why in r["not_timed"].items()]
+    dd = r.get("device_decode")
+    if dd:
+        lines.append(
+            f"device's share of data.image.decode=device on {dd['device']}: {dd['images_per_s']:.1f} images/s "
+            f"decoded and augmented ({dd['ms_per_batch']:.1f} ms per batch of {dd['batch']}, "
+            f"{100 * dd['jpeg_share']:.0f}% shipped as JPEG bytes)"
+        )
     lines.append(f"this config trains with data.image.decode={r['data_image_decode']}: {labels[r['decode']]}")
     return "\n".join(lines)
 

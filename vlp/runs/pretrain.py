@@ -13,17 +13,17 @@ from vlp.checkpoint import image_size
 from vlp.config import PretrainConfig
 from vlp.data.datasets import Collator, ImageTextDataset, train_loader
 from vlp.data.formats import load_pairs, load_retrieval_split
-from vlp.data.helper_cache import HelperCache
-from vlp.data.targets import LatentTargets
-from vlp.data.transforms import PixelNorm, load_tokenizer, train_transform
 from vlp.dist import launch_rank
 from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.eval.retrieval import check_k_test
+from vlp.features.helper_cache import HelperCache
+from vlp.features.targets import LatentTargets
 from vlp.models.albef import ALBEF, param_count
-from vlp.models.build import build_task_model
+from vlp.models.build import build_model_of_kind
 from vlp.models.dual import DualEncoder
 from vlp.models.transfer import load_pretrained
 from vlp.models.vision import check_vision_init, write_init_report
+from vlp.preprocess.transforms import PixelNorm, load_tokenizer, train_transform
 from vlp.runs.common import (
     Job,
     bad_sample_args,
@@ -43,7 +43,7 @@ from vlp.weights import find_checkpoint
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int) -> Union[ALBEF, DualEncoder]:
-    return build_task_model("pretrain", cfg.model, vocab_size)
+    return build_model_of_kind("pretrain", cfg.model, vocab_size)
 
 
 def load_targets(cfg: PretrainConfig) -> Optional[LatentTargets]:
@@ -139,7 +139,7 @@ def build_train_loader(
     ranks: :func:`vlp.data.datasets.train_loader`) or webdataset shard folders (``data.format``;
     the stream splits itself by rank and worker, :mod:`vlp.data.shards`). Bad samples follow
     ``data.on_bad_sample`` (missing files are checked first: :func:`vlp.runs.common.check_images`);
-    images decode per ``data.image.decode`` (:mod:`vlp.data.draft`)."""
+    images decode per ``data.image.decode`` (:mod:`vlp.preprocess.draft`)."""
     d = cfg.data
     transform = train_transform(image_size(cfg), d.image)
     collate = Collator(tokenizer, cfg.model.text.max_len, d.text_padding)

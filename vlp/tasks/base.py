@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
-from vlp.data.transforms import PixelNorm
 from vlp.dist import rank
 from vlp.losses.nlvr import accuracy, distilled_ce
+from vlp.preprocess.device_decode import DeviceBatch, decode_images
+from vlp.preprocess.transforms import PixelNorm
 from vlp.tasks.reconstruction import Reconstruction
 from vlp.weights import load_module_states, module_states
 
@@ -44,14 +45,19 @@ class Task(nn.Module):
         self._gen_key: Optional[tuple] = None  # (device, step) the generator was seeded for
         self._shared_key: Optional[tuple] = None
 
-    def on_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The batch as the model takes it: uint8 ``images`` normalised (:class:`PixelNorm`)."""
-        images = batch["images"]
-        if images.dtype != torch.uint8:
+    def on_device(self, batch: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """The batch as the model takes it: ``images`` [B, 3, H, W], uint8 ones normalised
+        (:class:`PixelNorm`). Under ``data.image.decode=device`` they arrive as a
+        :class:`~vlp.preprocess.device_decode.DeviceBatch` and are decoded and augmented first, on the
+        device of the task's buffers (eagerly: before any compiled graph)."""
+        images, norm = batch["images"], self.pixel_norm
+        if not isinstance(images, DeviceBatch) and images.dtype != torch.uint8:
             return batch
-        if self.pixel_norm is None:
+        if norm is None:
             raise ValueError("uint8 images but no PixelNorm: build the task with data.image.uint8=true")
-        return {**batch, "images": self.pixel_norm(images)}
+        if isinstance(images, DeviceBatch):
+            images = decode_images(images, next(norm.buffers()).device)
+        return {**batch, "images": norm(images)}
 
     def alpha(self, step: int) -> float:
         """Momentum-distillation weight: ``alpha * min(1, step / alpha_ramp_steps)`` (ALBEF's

@@ -5,7 +5,7 @@ training: the frozen helper (or its cached features), a queue of helper features
 slots as the model's momentum queue, and ``alpha_h`` (1 -> ``alpha_h_end`` over the helper span;
 always 0 in fine-tuning, where the live model alone regulates).
 
-An oracle helper (a cache of the world's ground truth, :mod:`vlp.data.helper_cache`) travels the
+An oracle helper (a cache of the world's ground truth, :mod:`vlp.features.helper_cache`) travels the
 same path: its "features" are row indices into a relevance table the regulator holds, and its
 "cosine" of an (image, caption) is their relevance (:func:`helper_similarities`).
 """

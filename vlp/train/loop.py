@@ -11,9 +11,9 @@ about a log record, printed by the main process: e.g. SRCL that hardly regulates
 nothing else. Between
 two log steps it reads nothing back from the device (:mod:`vlp.train.step_stats`).
 
-Set-up is :mod:`vlp.train.setup`, checkpoints :mod:`vlp.train.checkpointing`, validation
-:mod:`vlp.train.validation`, logging :mod:`vlp.train.reporting`, stop signals
-:mod:`vlp.train.preemption`.
+Set-up is :mod:`vlp.train.setup`, checkpoints :mod:`vlp.train.checkpoints`, validation
+:mod:`vlp.train.validation`, the log window :mod:`vlp.train.step_stats`, the log
+:mod:`vlp.train.logging`, stop signals :mod:`vlp.train.preemption`.
 """
 
 from __future__ import annotations
@@ -30,15 +30,13 @@ from torch.utils.data import DataLoader
 
 from vlp.config import TrainConfig
 from vlp.errors import DataError
-from vlp.train.checkpoint import check_shared_filesystem
-from vlp.train.checkpointing import Checkpointer
-from vlp.train.loggers import open_loggers
-from vlp.train.logging import MetricsLog
+from vlp.train.checkpoints import Checkpointer, check_shared_filesystem
+from vlp.train.logging import MetricsLog, open_loggers
 from vlp.train.post_step import compiled_post_step
 from vlp.train.preemption import preempted, stop_agreed, stop_signals
-from vlp.train.reporting import Reporter
 from vlp.train.setup import make_accelerator, prepare_training, warn_if_cuda_graphs_skipped
 from vlp.train.step import stateful_modules, train_step
+from vlp.train.step_stats import Reporter
 from vlp.train.swa import snapshot_averager
 from vlp.train.validation import Validation, Validator
 

@@ -27,6 +27,7 @@ from torch import nn
 from vlp import hardware
 from vlp.config import TrainConfig
 from vlp.errors import ConfigError
+from vlp.preprocess.device_decode import DeviceBatch
 from vlp.train.optim import build_optimizer
 
 
@@ -212,7 +213,12 @@ class DeviceLoader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for batch in self.loader:
-            yield {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+            yield {k: v.to(self.device, non_blocking=True) if _movable(v) else v for k, v in batch.items()}
+
+
+def _movable(v: Any) -> bool:
+    """A batch value the device copy moves: a tensor, or the images of ``data.image.decode=device``."""
+    return torch.is_tensor(v) or isinstance(v, DeviceBatch)
 
 
 @dataclass

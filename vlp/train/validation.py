@@ -16,7 +16,7 @@ from torch import nn
 
 from vlp.dist import all_gather_nograd
 from vlp.eval.mode import evaluating
-from vlp.train.checkpointing import Checkpointer
+from vlp.train.checkpoints import Checkpointer
 from vlp.train.logging import MetricsLog
 
 

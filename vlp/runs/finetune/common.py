@@ -16,11 +16,11 @@ from torch.utils.data import DataLoader
 from vlp.checkpoint import checkpoint_model_config, open_checkpoint
 from vlp.config import FinetuneConfig, ModelConfig, apply_overrides
 from vlp.data.datasets import train_loader
-from vlp.data.transforms import load_tokenizer
 from vlp.dist import OtherRankDone, rank, shard_bounds, world_size
 from vlp.errors import ConfigError, DataError
-from vlp.models.build import build_task_model
+from vlp.models.build import build_model_of_kind
 from vlp.models.transfer import load_pretrained
+from vlp.preprocess.transforms import load_tokenizer
 from vlp.runs.common import Job
 from vlp.train.validation import Validation
 from vlp.weights import load_weights
@@ -57,7 +57,7 @@ def finetune_job(cfg: FinetuneConfig, kind: Optional[str] = None) -> Job:
     model_cfg = finetune_model_config(cfg, source.state)
     tokenizer = load_tokenizer(model_cfg.text)
     kind = kind or cfg.task
-    model = build_task_model(kind, model_cfg, len(tokenizer))
+    model = build_model_of_kind(kind, model_cfg, len(tokenizer))
     transfer = load_pretrained(model, source.path)
     return Job(kind, cfg, model_cfg, model, tokenizer, source=source.path, transfer=transfer)
 

@@ -1,0 +1,149 @@
+"""``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|snli-ve|refcoco+``: the official
+dataset releases converted into vlp's (ALBEF's) annotation files by :mod:`vlp.data.prepare`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def _print_counts(what: str, counts: dict[str, int], outs: Sequence[str | Path]) -> None:
+    print(f"{what}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
+    for o in outs:
+        print(f"wrote {o}")
+
+
+def _run(a: argparse.Namespace) -> None:
+    from vlp.data.prepare import (
+        answer_list,
+        cc3m,
+        coco_karpathy,
+        flickr30k_karpathy,
+        nlvr2,
+        prepare_refcoco,
+        sbu,
+        snli_ve,
+        snli_ve_split,
+        visual_genome,
+        visual_genome_qa,
+        vqa_v2,
+    )
+
+    d = a.dataset
+    if d in ("coco", "flickr30k"):
+        if d == "coco":
+            counts = coco_karpathy(a.karpathy_json, a.image_root, a.out)
+        else:
+            counts = flickr30k_karpathy(a.karpathy_json, a.image_root, a.out, a.prefix)
+        _print_counts(d, counts, [Path(a.out) / f"{d}_{s}.json" for s in ("train", "val", "test")])
+        return
+    if d == "cc3m":
+        counts = cc3m(a.tsv, a.images, a.out)
+    elif d == "sbu":
+        counts = sbu(a.captions, a.urls, a.images, a.out)
+    elif d == "vg":
+        counts = visual_genome(a.region_descriptions, a.image_data, a.image_root, a.out)
+    elif d == "vg-qa":
+        counts = visual_genome_qa(a.question_answers, a.image_data, a.image_root, a.out, a.answer_list)
+    elif d == "vqa":
+        counts = vqa_v2(a.questions, a.annotations, a.split, a.image_root, a.out)
+    elif d == "vqa-answers":
+        counts = answer_list(a.annotations, a.top_k, a.out)
+    elif hasattr(a, "refs"):  # refcoco+, whose --dataset (the files' prefix) stands in a.dataset
+        paths = prepare_refcoco(a.refs, a.instances, a.out, a.dataset, a.dets, a.dets_by, a.image_prefix, a.image_root)
+        counts = {split: len(json.loads(p.read_text())) for split, p in paths.items()}
+        _print_counts(f"{a.dataset} (entries)", counts, list(paths.values()))
+        return
+    elif d == "snli-ve":
+        for src in a.jsonl:  # every name checked before any file is written
+            snli_ve_split(src)
+        for src in a.jsonl:
+            out = Path(a.out) / f"ve_{snli_ve_split(src)}.json"
+            _print_counts(f"{d} {Path(src).name}", snli_ve(src, out, a.image_root), [out])
+        return
+    else:
+        counts = nlvr2(a.jsonl, a.split, a.out, a.image_root)
+    _print_counts(d, counts, [a.out])
+
+
+def _add_prepare(sub: Any) -> None:
+    """``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|snli-ve|refcoco+``."""
+    from vlp.data.prepare.nlvr import NLVR_SPLITS
+    from vlp.data.prepare.vqa import VQA_SPLITS
+
+    s = sub.add_parser("prepare", help="convert official dataset releases into vlp's (ALBEF's) annotation files")
+    pp = s.add_subparsers(dest="dataset", required=True)
+    for name, text in (
+        ("coco", "Karpathy dataset_coco.json -> coco_{train,val,test}.json"),
+        ("flickr30k", "Karpathy dataset_flickr30k.json -> flickr30k_{train,val,test}.json"),
+    ):
+        c = pp.add_parser(name, help=text)
+        c.add_argument("karpathy_json", metavar="KARPATHY_JSON")
+        c.add_argument("--out", required=True, metavar="DIR", help="output folder")
+        c.add_argument("--image-root", metavar="ROOT", help="if given, check that every image exists under it")
+        if name == "flickr30k":
+            c.add_argument(
+                "--prefix", default="flickr30k-images", help="folder put before each file name ('' for none)"
+            )
+    c = pp.add_parser("cc3m", help="CC3M Train_GCC-training.tsv + img2dataset images -> pretraining pairs")
+    c.add_argument("tsv", metavar="TSV")
+    c.add_argument("--images", required=True, metavar="DIR", help="img2dataset output folder (00000/, 00001/, ...)")
+    c.add_argument("--out", required=True, metavar="JSON")
+    c = pp.add_parser("sbu", help="SBU captions + urls files + img2dataset images -> pretraining pairs")
+    c.add_argument("captions", metavar="CAPTIONS_TXT")
+    c.add_argument("urls", metavar="URLS_TXT")
+    c.add_argument("--images", required=True, metavar="DIR", help="img2dataset output folder")
+    c.add_argument("--out", required=True, metavar="JSON")
+    for name, source, text in (
+        ("vg", "region_descriptions", "region_descriptions.json + image_data.json -> pretraining entries"),
+        ("vg-qa", "question_answers", "question_answers.json + image_data.json -> vg_qa.json (VQA training)"),
+    ):
+        c = pp.add_parser(name, help=f"Visual Genome {text}")
+        c.add_argument(source, metavar=source.upper() + "_JSON")
+        c.add_argument("image_data", metavar="IMAGE_DATA_JSON")
+        c.add_argument("--image-root", required=True, metavar="ROOT", help="folder holding VG_100K/ and VG_100K_2/")
+        if name == "vg-qa":
+            c.add_argument(
+                "--answer-list", metavar="JSON", help="keep only answers in this answer_list.json (vqa-answers)"
+            )
+        c.add_argument("--out", required=True, metavar="JSON")
+    c = pp.add_parser("vqa", help="official VQA v2 questions (+ annotations) -> vqa_*.json")
+    c.add_argument("questions", metavar="QUESTIONS_JSON")
+    c.add_argument("--annotations", metavar="ANNOTATIONS_JSON", help="omit for the test splits")
+    c.add_argument("--split", required=True, choices=list(VQA_SPLITS), help="the split of the files (image folder)")
+    c.add_argument("--image-root", metavar="ROOT", help="if given, check that every image exists under it")
+    c.add_argument("--out", required=True, metavar="JSON")
+    c = pp.add_parser("vqa-answers", help="official VQA v2 annotations -> answer_list.json (most frequent answers)")
+    c.add_argument("annotations", nargs="+", metavar="ANNOTATIONS_JSON")
+    c.add_argument("--top-k", type=int, default=3128, help="number of answers (ALBEF's list has 3128)")
+    c.add_argument("--out", required=True, metavar="JSON")
+    c = pp.add_parser("nlvr2", help="official NLVR2 train.json / dev.json / test1.json -> nlvr_*.json")
+    c.add_argument("jsonl", metavar="NLVR2_JSON")
+    c.add_argument("--split", required=True, choices=list(NLVR_SPLITS))
+    c.add_argument("--image-root", metavar="ROOT", help="if given, check that every image exists under it")
+    c.add_argument("--out", required=True, metavar="JSON")
+    c = pp.add_parser("snli-ve", help="official snli_ve_{train,dev,test}.jsonl -> ve_{train,dev,test}.json")
+    c.add_argument("jsonl", nargs="+", metavar="SNLI_VE_JSONL", help="snli_ve_train.jsonl, snli_ve_dev.jsonl, ...")
+    c.add_argument("--image-root", metavar="ROOT", help="if given, check that every <Flickr30K_ID>.jpg exists under it")
+    c.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    c = pp.add_parser(
+        "refcoco+",
+        help="refer toolkit refs(unc).p + COCO instances.json -> refcoco+_{train,val,testA,testB}.json (grounding)",
+    )
+    c.add_argument("refs", metavar="REFS_PICKLE", help="refs(unc).p (read with a restricted unpickler: data only)")
+    c.add_argument("instances", metavar="INSTANCES_JSON", help="COCO instances.json of the refs' images")
+    c.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    c.add_argument("--dataset", default="refcoco+", help="file-name prefix (refcoco, refcoco+, refcocog)")
+    c.add_argument(
+        "--dets", metavar="JSON", help="detections replacing the gold candidate boxes (ALBEF used MAttNet's)"
+    )
+    c.add_argument("--dets-by", default="image_id", choices=["image_id", "ref_id"], help="the detections' keys")
+    c.add_argument("--image-prefix", default="", help="put before each COCO file_name, e.g. train2014/")
+    c.add_argument("--image-root", metavar="ROOT", help="if given, check that every image exists under it")
+    s.set_defaults(func=_run)
+
+
+#: This family's commands, each with the function that adds it to ``vlp``'s subparsers.
+COMMANDS = {"prepare": _add_prepare}

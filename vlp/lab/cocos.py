@@ -1,0 +1,148 @@
+"""``vlp analyze cocos``: how many candidates contribute to each query's gradient under a contrastive
+loss (the statistics of :mod:`vlp.losses.cocos`), over a checkpoint's training data."""
+
+from __future__ import annotations
+
+import json
+import random
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch.utils.data import DataLoader
+
+from vlp.checkpoint import image_size, open_checkpoint
+from vlp.config import apply_overrides
+from vlp.data.datasets import Collator, ImageTextDataset
+from vlp.data.formats import load_pairs
+from vlp.preprocess.transforms import test_transform
+from vlp.runs.common import check_images
+
+
+def _cocos_pass(
+    model: Any, loader: DataLoader, n: int, stats_of: Callable[..., dict], bar: Any
+) -> tuple[dict[str, list[float]], dict[str, list[torch.Tensor]]]:
+    """COCOS statistics of the first ``n`` batches, both directions: every statistic per batch
+    (``"i2t_<name>"`` -> values) and the per-query counts (``"i2t"``/``"t2i"`` -> [queries] per batch)."""
+    device = next(model.parameters()).device
+    per_batch: dict[str, list[float]] = {}
+    counts: dict[str, list[torch.Tensor]] = {"i2t": [], "t2i": []}
+    random.seed(0)  # the caption drawn per image
+    for k, batch in enumerate(loader):
+        if k == n:
+            break
+        batch = {key: v.to(device) for key, v in batch.items()}
+        img = model.encode_image(batch["images"]).feat
+        txt = model.encode_text(batch["input_ids"], batch["attention_mask"]).feat
+        txt_ids = batch.get("text_image_ids", batch["image_ids"])
+        pos = batch["image_ids"][:, None] == txt_ids[None, :]
+        for direction, sim, p in (("i2t", img @ txt.T, pos), ("t2i", txt @ img.T, pos.T)):
+            stats = stats_of(sim, p)
+            counts[direction].append(stats.pop("counts").float().cpu())
+            for key, v in stats.items():
+                per_batch.setdefault(f"{direction}_{key}", []).append(float(v))
+        bar.update(1)
+    return per_batch, counts
+
+
+@torch.no_grad()
+def run_cocos(
+    checkpoint: str | Path,
+    data: Sequence[str],
+    loss: str,
+    out: str | Path,
+    threshold: float = 0.01,
+    batches: Optional[int] = None,
+    overrides: Sequence[str] = (),
+    show_progress: bool = True,
+    smoothap_inv_tau: bool = False,
+) -> dict:
+    """COCOS (docs/methods.md): how many candidates contribute to the gradient of each query under
+    ``loss``, over one pass of ``data`` (the training split) in eval mode with test transforms, at
+    the run's batch size (``data.batch_size``, ``data.captions_per_image``; override them). Writes
+    ``out/cocos.json`` (mean and std over batches of every statistic, per direction) and
+    ``out/cocos.png`` (per-query count histograms). ``smoothap_inv_tau``: SmoothAP counts its true
+    gradient magnitude G(1-G)/tau/R^2 instead of ECIR's G(1-G)/R^2 (:func:`vlp.losses.cocos.cocos_smoothap`)."""
+    from vlp.losses.cocos import cocos
+    from vlp.progress import progress
+    from vlp.viz import plot_cocos
+
+    ckpt = open_checkpoint(checkpoint)
+    model, tokenizer = ckpt.load(), ckpt.tokenizer
+    cfg = apply_overrides(ckpt.pretrain_config, overrides)
+    c = cfg.loss.contrastive
+    tau = c.tau if c.tau is not None else float(getattr(model, "temp", 0.05))
+    samples = load_pairs(list(data), cfg.data.image_root)
+    check_images(samples)
+    dataset = ImageTextDataset(
+        samples, test_transform(image_size(cfg), cfg.data.image), captions_per_image=cfg.data.captions_per_image
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=cfg.data.batch_size,
+        shuffle=True,
+        drop_last=len(dataset) >= cfg.data.batch_size,
+        collate_fn=Collator(tokenizer, cfg.model.text.max_len, cfg.data.text_padding),
+        generator=torch.Generator().manual_seed(0),
+    )
+    n = len(loader) if batches is None else min(batches, len(loader))
+    bar = progress(n, f"cocos {loss}", show_progress)
+    per_batch, counts = _cocos_pass(
+        model,
+        loader,
+        n,
+        partial(
+            cocos,
+            loss,
+            tau=tau,
+            margin=c.margin,
+            smoothap_tau=c.smoothap_tau,
+            threshold=threshold,
+            smoothap_inv_tau=smoothap_inv_tau,
+        ),
+        bar,
+    )
+    bar.close()
+    summary = {key: mean_std(v) for key, v in per_batch.items()}
+    record = {
+        "loss": loss,
+        "checkpoint": str(ckpt.path),
+        "data": [str(d) for d in data],
+        "batches": n,
+        "batch_size": cfg.data.batch_size,
+        "captions_per_image": cfg.data.captions_per_image,
+        "tau": tau,
+        "margin": c.margin,
+        "smoothap_tau": c.smoothap_tau,
+        "smoothap_inv_tau": smoothap_inv_tau,
+        "threshold": threshold,
+        "stats": summary,
+    }
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cocos.json").write_text(json.dumps(record, indent=2))
+    plot_cocos(
+        {d: torch.cat(v) for d, v in counts.items()},
+        out / "cocos.png",
+        f"COCOS {loss}: contributing candidates per query ({n} batches of {cfg.data.batch_size}, eval mode)",
+    )
+    return record
+
+
+def mean_std(values: list[float]) -> dict[str, Optional[float]]:
+    """Mean and standard deviation over the measured values (NaN: a batch where the statistic is
+    undefined, left out of both); ``None`` where there are too few (JSON has no NaN): no value
+    gives no mean, fewer than two give a std of 0."""
+    t = torch.tensor(values, dtype=torch.float64)
+    t = t[~t.isnan()]
+    return {"mean": float(t.mean()) if t.numel() else None, "std": float(t.std()) if t.numel() > 1 else 0.0}
+
+
+def format_cocos(record: dict[str, Any]) -> str:
+    """The table ``vlp analyze cocos`` prints of a record of :func:`run_cocos`: each statistic's mean
+    and standard deviation (``n/a`` where no batch measured it)."""
+    return "\n".join(
+        f"  {k:24s} " + (f"{v['mean']:10.3f} +- {v['std']:.3f}" if v["mean"] is not None else f"{'n/a':>10s}")
+        for k, v in record["stats"].items()
+    )
