@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo demo-full test lint format clean gpu-check gpu-wheels
+.PHONY: setup demo demo-full test test-oldest lint format clean gpu-check gpu-wheels
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,21 @@ demo-full: setup
 
 test: setup
 	$(PY) -m pytest --durations=15
+
+# Dependency floors (docs/training.md, "Installing and upgrading dependencies"): the lower bounds of
+# pyproject.toml, pinned in constraints-oldest.txt, in a virtualenv of their own (rebuilt from scratch
+# when either file changes), and the fast half of the suite under them. Not part of .ci/run.
+OLDEST_VENV ?= .venv-oldest
+
+$(OLDEST_VENV)/.installed: pyproject.toml constraints-oldest.txt
+	rm -rf $(OLDEST_VENV)
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip install -c constraints-oldest.txt -e '.[dev,logging]'
+	touch $@
+
+test-oldest: $(OLDEST_VENV)/.installed
+	$(OLDEST_VENV)/bin/python -m pytest -m "not multiprocess" --durations=15
 
 # Habits (docs/architecture.md, "Habits"): style and format (ruff), the layering (import contracts,
 # import-linter), types (mypy: strict modules clean, the rest at a baseline that only tightens).
