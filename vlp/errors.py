@@ -45,6 +45,12 @@ class BadImage(DataError):
     """An image that cannot be used: missing, unreadable, truncated or too large."""
 
 
+class CalibrationError(ValueError):
+    """A calibration that cannot give a trustworthy answer (a helper too weak to tell false from true
+    negatives, no known false negatives to calibrate on, a search that hit its bound): the message
+    says why and what to do instead."""
+
+
 class CheckpointError(RuntimeError):
     """Weights that do not fit: names the file and the offending keys."""
 

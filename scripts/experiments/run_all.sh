@@ -17,6 +17,8 @@ EXPERIMENTS=(
     "srcl_testbed_removal|srcl_testbed.py --out runs/srcl_testbed --grid removal"
     "ltd_testbed|ltd_testbed.py --out runs/ltd_testbed"
     "zoo_testbed|zoo_testbed.py --out runs/zoo_testbed"
+    "srcl_calibration|srcl_calibration.py --out runs/srcl_calibration"
+    "srcl_calibration_sweep|srcl_calibration.py --out runs/srcl_calibration --grid sweep"
 )
 all() {  # all [extra options] [log suffix]
     for e in "${EXPERIMENTS[@]}"; do

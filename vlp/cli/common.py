@@ -9,10 +9,11 @@ import inspect
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
-from vlp.errors import CheckpointError, ConfigError, DataError, DownloadError
+from vlp.errors import CalibrationError, CheckpointError, ConfigError, DataError, DownloadError
 
-#: Errors of the user's input (config, data, checkpoint, download): ``vlp: error: ...``, exit status 2.
-USER_ERRORS = (ConfigError, DataError, CheckpointError, DownloadError)
+#: Errors of the user's input (config, data, checkpoint, download) and calibrations that refuse to answer:
+#: ``vlp: error: ...``, exit status 2.
+USER_ERRORS = (ConfigError, DataError, CheckpointError, DownloadError, CalibrationError)
 
 T = TypeVar("T")
 

@@ -15,11 +15,28 @@ probes: only the overall distribution and the 20% rule are reported.
 The report has the structure of the world's ground-truth report (:mod:`vlp.lab.diagnostics`):
 ``delta.target_weight``, ``delta.rule_20pct``, ``weights.<name>``, and ``override``: the line to
 paste (``loss.srcl.delta=...``), also written to ``override.txt``.
+
+A calibration that cannot be trusted is refused (:class:`~vlp.errors.CalibrationError`, no
+``override.txt``) instead of answered:
+
+- **helper quality**: ``quality.same_image_auc`` is the ROC-AUC of the same-image probes against
+  the other negatives of their rows (no ground truth needed); below ``min_same_image_auc``
+  (:data:`MIN_SAME_IMAGE_AUC`, its source in :data:`MIN_AUC_SOURCE`) the helper cannot tell an
+  image's own captions from the rest, and a delta fitted on it is noise: refused unless ``force``
+  (recorded as ``forced``). ``at_delta`` says what the chosen delta does: the effective number of
+  negatives per row ``N_eff = (sum w)^2 / sum w^2``, the weight share of a row's 10 heaviest
+  negatives and the shares below 0.2 and 0.7.
+- **one-caption data** (CC3M, SBU, LAION): a mixture is calibrated on the probes of its
+  multi-caption sources (``probe_sources``); data with none needs ``reference`` (a multi-caption
+  file the cache also covers, e.g. COCO's Karpathy train captions: its batches stand in for the
+  training data's) or the 20% rule by name (``rule="20pct"``).
+- **a search that hits its bound** is an error naming the bound, never ``delta=1000``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -28,6 +45,8 @@ import numpy as np
 import torch
 
 from vlp.data.formats import Sample, load_pairs
+from vlp.data.sample_table import SampleTable
+from vlp.errors import CalibrationError
 from vlp.features.helper_cache import HelperCache, cache_rows
 from vlp.lab.diagnostics import REPORT, finite
 from vlp.lab.false_negatives import training_batches
@@ -46,6 +65,18 @@ TARGET_WEIGHT = 0.12
 OVERRIDE = "override.txt"
 #: at most this many weights go into a histogram (a random subset beyond it)
 PLOT_VALUES = 2_000_000
+#: how a delta is chosen: the same-image probes' median weight, or the paper's 20% rule
+RULES = ("probes", "20pct")
+#: below this same-image AUC a helper is refused (``--force`` overrides): see MIN_AUC_SOURCE
+MIN_SAME_IMAGE_AUC = 0.70
+MIN_AUC_SOURCE = (
+    "provisional (2026-11-27), until scripts/experiments/srcl_calibration.py reports: a learned helper "
+    "trained 25 steps (same-image AUC 0.58) was handed a delta that put 44% of all negatives below 0.2, and "
+    "the oracle noised to ground-truth AUC 0.75 (same-image AUC 0.71) is the weakest helper with a nominal "
+    "R-precision gain (p 0.037, docs/experiments.md, issue 27)"
+)
+#: the heaviest negatives of a row whose weight share ``at_delta`` reports
+TOP_K = 10
 
 
 @dataclass
@@ -57,10 +88,16 @@ class CalibrationRows:
     positives: torch.Tensor  # bool: the anchor's own pair
     same_image: torch.Tensor  # bool: negatives from the anchor's image (in the batch or queue)
     probes: torch.Tensor  # [R, P] the helper similarity of the row's same-image probes; NaN: empty slot
+    sources: torch.Tensor  # [R] long: the annotation file (index into ``data``) of the row's anchor
 
     @property
     def negatives(self) -> torch.Tensor:
         return ~self.positives
+
+    @property
+    def others(self) -> torch.Tensor:
+        """[R, C] bool: the negatives not of the anchor's image (true negatives and unknown false ones)."""
+        return self.negatives & ~self.same_image
 
 
 def _pair_similarity(cache: HelperCache, text_rows: torch.Tensor, image_rows: torch.Tensor) -> torch.Tensor:
@@ -84,6 +121,8 @@ def calibration_rows(
     key_row = {k: cache.image_index[k] for k in keys}
     text_row = {t: cache.text_index[t] for t in texts}
     img_of_item = np.array([key_row[s.image_key] for s in samples])
+    table = SampleTable.of(samples)
+    source_of_item = torch.from_numpy(table.sample_sources.astype(np.int64))
     caps_of_item = [[text_row[c] for c in s.captions] for s in samples]
     caps_of_image: dict[int, set[int]] = {}
     for i, item_caps in zip(img_of_item, caps_of_item):
@@ -92,7 +131,7 @@ def calibration_rows(
     b = batch_size
     pos = torch.zeros(b, b + queue_size, dtype=torch.bool)
     pos[:, :b] = torch.eye(b, dtype=torch.bool)
-    h_rows, same_rows, probe_rows = [], [], []
+    h_rows, same_rows, probe_rows, source_rows = [], [], [], []
     for items, caps, q_items, q_caps in training_batches(caps_of_item, b, queue_size, batches, seed):
         img = torch.from_numpy(img_of_item[items]).long()
         cap = torch.from_numpy(caps).long()
@@ -113,10 +152,65 @@ def calibration_rows(
         h_rows += [h_i2t, h_t2i]
         same_rows += [same, same]
         probe_rows += [i2t, t2i]
+        source_rows += [source_of_item[items]] * 2
     width = max(p.shape[1] for p in probe_rows)
     probes = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1]), value=float("nan")) for p in probe_rows])
     n = len(h_rows)
-    return CalibrationRows(torch.cat(h_rows), pos.repeat(n, 1), torch.cat(same_rows), probes)
+    return CalibrationRows(torch.cat(h_rows), pos.repeat(n, 1), torch.cat(same_rows), probes, torch.cat(source_rows))
+
+
+def multi_caption_sources(samples: Sequence[Sample], n_sources: int) -> list[bool]:
+    """Per annotation file (``SampleTable`` source index ``0 .. n_sources - 1``): whether any image
+    of it has two or more captions (in one entry, or over several entries of the file)."""
+    table = SampleTable.of(samples)
+    n_caps = np.diff(table.caption_offsets)
+    multi = []
+    for k in range(n_sources):
+        mine = table.sample_sources == k
+        per_image = np.bincount(table.image_ids[mine], weights=n_caps[mine]) if mine.any() else np.zeros(1)
+        multi.append(bool(per_image.max() >= 2))
+    return multi
+
+
+@torch.no_grad()
+def same_image_auc(rows: CalibrationRows, n_sources: int, budget: int = 2**24) -> tuple[float, list[float]]:
+    """The ROC-AUC of the rows' same-image probes against the other negatives of their rows
+    (:attr:`CalibrationRows.others`): the share of (probe, other negative) pairs of a row where the
+    helper ranks the probe higher, ties counting one half, pooled over rows; overall and per
+    annotation file of the anchors. NaN where there is no pair. Needs no ground truth: a helper
+    that cannot rank an image's own captions above other images' cannot find false negatives
+    either. ``budget``: elements compared at once (rows are taken in chunks)."""
+    probes, h, others = rows.probes, rows.helper.float(), rows.others
+    won = torch.zeros(n_sources, dtype=torch.float64)
+    pairs = torch.zeros(n_sources, dtype=torch.float64)
+    step = max(1, budget // max(1, probes.shape[1] * h.shape[1]))
+    for r0 in range(0, len(h), step):
+        p, hh, m = probes[r0 : r0 + step, :, None], h[r0 : r0 + step, None, :], others[r0 : r0 + step, None, :]
+        valid = (~torch.isnan(p)) & m  # [r, P, C]
+        score = ((p > hh) & valid).sum((1, 2)).double() + 0.5 * ((p == hh) & valid).sum((1, 2)).double()
+        src = rows.sources[r0 : r0 + step]
+        won.index_add_(0, src, score)
+        pairs.index_add_(0, src, valid.sum((1, 2)).double())
+    per_source = (won / pairs).tolist()  # 0 / 0 -> NaN
+    return float(won.sum() / pairs.sum()), per_source
+
+
+@torch.no_grad()
+def weight_concentration(w: torch.Tensor, positives: torch.Tensor, k: int = TOP_K) -> dict[str, float]:
+    """How a row's weight is spread over its negatives, for weights ``w`` [R, C] (:func:`srcl_weights`)
+    and ``positives`` [R, C]: ``n_eff_mean`` / ``n_eff_median`` of ``N_eff = (sum w)^2 / sum w^2``
+    (equal weights: the number of negatives), ``negatives_per_row``, and ``top{k}_share``: the mean
+    share of a row's weight its ``k`` heaviest negatives carry."""
+    wn = w.double().masked_fill(positives, 0.0)
+    total = wn.sum(1)
+    n_eff = total**2 / (wn**2).sum(1)
+    top = wn.topk(min(k, wn.shape[1]), dim=1).values.sum(1) / total
+    return {
+        "n_eff_mean": float(n_eff.mean()),
+        "n_eff_median": float(n_eff.median()),
+        "negatives_per_row": float((~positives).sum(1).double().mean()),
+        f"top{k}_share": float(top.mean()),
+    }
 
 
 def _subset(v: torch.Tensor, n: int = PLOT_VALUES) -> torch.Tensor:
@@ -155,33 +249,97 @@ def _weights_report(
     }
 
 
+def _num(x: Any, fmt: str = ".3f") -> str:
+    """A report value for the summary: ``-`` for a missing one (an empty group's median)."""
+    return "-" if x is None else format(x, fmt)
+
+
 def calibration_summary(r: dict[str, Any]) -> str:
     """The lines ``vlp analyze helper`` prints of a report of :func:`run_helper_calibration`."""
-    same = r["same_image"]
+    same, q = r["same_image"], r["quality"]
     lines = [
         f"{r['kind']} helper on {', '.join(r['data'])}: batch {r['batch_size']}, queue {r['queue_size']}, "
-        f"{r['mode']} norm",
-        f"  known false negatives: {same['probes']} same-image captions probed; {same['in_rows']} in the rows "
-        f"({100 * same['in_rows_share']:.3f}% of {r['negatives']['with_queue']} negatives)",
+        f"{r['mode']} norm, delta by {r['rule']}",
+        f"  known false negatives: {same['probes']} same-image captions probed (from {', '.join(r['probe_sources'])}"
+        f"); {same['in_rows']} in the rows ({100 * same['in_rows_share']:.3f}% of {r['negatives']['with_queue']} "
+        "negatives)",
+        f"  helper quality: same-image AUC {_num(q['same_image_auc'])} (minimum {q['min_same_image_auc']:g})"
+        + "".join(f"; {name}: {_num(auc)}" for name, auc in q["per_source"].items() if len(q["per_source"]) > 1),
     ]
     for name, w in r["weights"].items():
         fn, other, every = w["false_negatives"], w["other_negatives"], w["all_negatives"]
         head = f"delta {name:14s} {w['delta']:9.4g}" if w["delta"] is not None else f"{name} norm (no delta)"
         lines.append(
-            f"  {head}: same-image median {fn['median']:.3f} (p90 {fn['p90']:.3f}), other negatives median "
-            f"{other['median']:.3f}; {100 * every['below_0_7']:.1f}% of negatives below 0.7, "
+            f"  {head}: same-image median {_num(fn['median'])} (p90 {_num(fn['p90'])}), other negatives median "
+            f"{_num(other['median'])}; {100 * every['below_0_7']:.1f}% of negatives below 0.7, "
             f"{100 * every['below_0_2']:.1f}% below 0.2"
         )
-    if "delta_error" in r:
-        lines.append(f"  {r['delta_error']}")
+    if r.get("at_delta"):
+        a = r["at_delta"]
+        lines.append(
+            f"  at the chosen delta: N_eff {a['n_eff_mean']:.1f} of {a['negatives_per_row']:.0f} negatives per row, "
+            f"the {TOP_K} heaviest carry {100 * a[f'top{TOP_K}_share']:.0f}% of the weight"
+        )
+    for key in ("delta_error", "quality_warning", "refused"):
+        if r.get(key):
+            lines.append(f"  {r[key]}")
     if "mean_mode_floor" in r:
         lines.append(
             "  mean norm: the lowest weight a negative could get (at cosine 1): median "
-            f"{r['mean_mode_floor']['median']:.3f}"
+            f"{_num(r['mean_mode_floor']['median'])}"
         )
     if r["override"]:
-        lines.append(f"  paste: {r['override']}")
+        lines.append(f"  paste: {r['override']}" + (" (forced past the quality check)" if r.get("forced") else ""))
     return "\n".join(lines)
+
+
+def _probe_data(
+    hc: HelperCache, samples: Sequence[Sample], data: Sequence[str], reference: Optional[str], image_root: Optional[str]
+) -> tuple[Sequence[Sample], list[str], list[str]]:
+    """The samples whose batches are calibrated on, the files they come from (the table's source
+    order) and which of those have same-image probes: the training data when any of its files has
+    an image with a second caption, else the multi-caption ``reference`` file (which the cache must
+    cover too). Raises :class:`CalibrationError` naming the options when neither has probes."""
+    multi = multi_caption_sources(samples, len(data))
+    if any(multi):
+        return samples, list(data), [d for d, m in zip(data, multi) if m]
+    if reference is None:
+        raise CalibrationError(
+            f"{', '.join(data)}: no image has a second caption, so there are no known false negatives to calibrate "
+            "delta on; give --reference FILE (a multi-caption annotation file the helper cache also covers, e.g. "
+            "COCO's Karpathy train captions) or choose the paper's rule by name with --rule 20pct"
+        )
+    ref = load_pairs([reference], image_root)
+    if not multi_caption_sources(ref, 1)[0]:
+        raise CalibrationError(f"--reference {reference}: no image has a second caption in it either")
+    try:
+        hc.check_covers(ref)
+    except Exception as e:
+        raise CalibrationError(
+            f"--reference {reference}: the helper cache does not cover it ({e}); cache its captions and images too "
+            "(vlp cache-helper-features --data TRAIN... REFERENCE)"
+        ) from None
+    return ref, [str(reference)], [str(reference)]
+
+
+def _choose_delta(
+    rows: CalibrationRows, s: torch.Tensor, s_probe: torch.Tensor, rule: str, target_weight: float, report: dict
+) -> dict[str, Optional[float]]:
+    """Both softmax deltas (None where the search fails). The failure of the one ``rule`` chooses
+    (no probe, or the target outside the search's bounds) is the report's ``refused``; the other's is
+    its ``delta_error``."""
+    deltas: dict[str, Optional[float]] = {"rule_20pct": None, "target_weight": None}
+    searches = {
+        "rule_20pct": lambda: calibrate_delta(s, rows.positives),
+        "target_weight": lambda: calibrate_delta_for_probes(s, rows.positives, s_probe, target_weight),
+    }
+    chosen = "rule_20pct" if rule == "20pct" else "target_weight"
+    for name, search in searches.items():
+        try:
+            deltas[name] = search()
+        except CalibrationError as e:
+            report.setdefault("refused" if name == chosen else "delta_error", str(e))
+    return deltas
 
 
 def run_helper_calibration(
@@ -197,62 +355,123 @@ def run_helper_calibration(
     seed: int = 0,
     tau_w: float = 1.0,
     image_root: Optional[str] = None,
+    reference: Optional[str] = None,
+    rule: str = "probes",
+    min_same_image_auc: float = MIN_SAME_IMAGE_AUC,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Calibrate SRCL's delta for a helper cache on training batches of the annotation files
     ``data`` (no ground truth); writes ``out/helper_diagnostics.json`` and ``out/weights_<name>.png``
-    per delta, and returns the report (module docstring). ``mode``: the weight norm; ``mean``
-    has no delta (it cancels), so only its distributions and its floor are reported."""
+    per delta, and ``out/override.txt`` only for a delta it trusts (module docstring: ``reference``,
+    ``rule``, ``min_same_image_auc``, ``force``); returns the report. ``mode``: the weight norm;
+    ``mean`` has no delta (it cancels), so only its distributions and its floor are reported."""
     if mode not in ("softmax", "mean"):
         raise ValueError(f"mode must be 'softmax' or 'mean', got {mode!r}")
-    hc = HelperCache.load(cache)
-    samples = load_pairs([str(d) for d in data], image_root)
-    hc.check_covers(samples)
-    rows = calibration_rows(hc, samples, batch_size, queue_size, batches, seed)
-    neg = rows.negatives
-    s = torch.exp(rows.helper / tau_w)
-    s_probe = torch.exp(rows.probes / tau_w)  # NaN slots stay NaN
-    n_probes = int((~torch.isnan(rows.probes)).sum())
-    report: dict[str, Any] = {
-        "cache": str(cache),
-        "kind": hc.kind,
-        "world": None,
-        "data": [str(d) for d in data],
-        **dict(batch_size=batch_size, queue_size=queue_size, batches=batches, seed=seed, tau_w=tau_w, mode=mode),
-        "target_weight": target_weight,
-        "false_negatives": "the other captions of each anchor's image (and, text->image, the image itself), "
-        "each weighted as one more negative of its row",
-        "negatives": {"in_batch": int((neg[:, :batch_size]).sum()), "with_queue": int(neg.sum())},
-        "same_image": {
-            "probes": n_probes,
-            "in_rows": int(rows.same_image.sum()),
-            "in_rows_share": float(rows.same_image.sum()) / max(1, int(neg.sum())),
-        },
-    }
-    deltas: dict[str, Optional[float]] = {"rule_20pct": None, "target_weight": None}
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    (out / OVERRIDE).unlink(missing_ok=True)  # a failed calibration leaves no earlier answer behind
+    data = [str(d) for d in data]
+    hc = HelperCache.load(cache)
+    samples = load_pairs(data, image_root)
+    hc.check_covers(samples)
+    needs_probes = mode == "softmax" and rule == "probes"
+    rows_of, files, probe_files = (
+        _probe_data(hc, samples, data, reference, image_root)
+        if needs_probes
+        else (samples, data, [d for d, m in zip(data, multi_caption_sources(samples, len(data))) if m])
+    )
+    rows = calibration_rows(hc, rows_of, batch_size, queue_size, batches, seed)
+    settings = dict(batch_size=batch_size, queue_size=queue_size, batches=batches, seed=seed, tau_w=tau_w)
+    settings |= dict(mode=mode, rule=rule, target_weight=target_weight, min_same_image_auc=min_same_image_auc)
+    report = _report_head(hc, cache, data, files, probe_files, rows, settings, force)
+    s = torch.exp(rows.helper / tau_w)
+    s_probe = torch.exp(rows.probes / tau_w)  # NaN slots stay NaN
+    names: dict[str, float]
     if mode == "softmax":
-        deltas["rule_20pct"] = calibrate_delta(s, rows.positives)
-        try:
-            deltas["target_weight"] = calibrate_delta_for_probes(s, rows.positives, s_probe, target_weight)
-        except ValueError as e:
-            report["delta_error"] = str(e)
+        deltas = _choose_delta(rows, s, s_probe, rule, target_weight, report)
         if delta is not None:
             deltas["given"] = delta
+        names = {k: v for k, v in deltas.items() if v is not None}
+        chosen = deltas["rule_20pct" if rule == "20pct" else "target_weight"]
+        if chosen is not None:
+            report["at_delta"] = weight_concentration(srcl_weights(s, rows.positives, mode, chosen), rows.positives)
     else:
+        deltas, names, chosen = {"rule_20pct": None, "target_weight": None}, {"mean": 1.0}, None
         u = torch.reciprocal(s).masked_fill(rows.positives, float("nan"))
         floor = torch.exp(torch.tensor(-1.0 / tau_w)) / u.nanmean(1)
         report["delta_error"] = "mean mode: delta cancels (w = u / mean(u)); nothing to calibrate"
         report["mean_mode_floor"] = weight_distribution(floor)
     report["delta"] = deltas
-    names = {k: v for k, v in deltas.items() if v is not None} if mode == "softmax" else {"mean": 1.0}
     report["weights"] = {name: _weights_report(rows, s, s_probe, mode, d, out, name) for name, d in names.items()}
-    chosen = deltas["target_weight"] if deltas["target_weight"] is not None else deltas["rule_20pct"]
     report["override"] = f"loss.srcl.norm=softmax loss.srcl.delta={chosen:.4g}" if chosen is not None else None
+    refusal = report.get("refused") or _quality_check(report, min_same_image_auc, force)
     report = finite(report)
     (out / REPORT).write_text(json.dumps(report, indent=1))
+    if refusal:
+        raise CalibrationError(refusal)
     if report["override"]:  # for `vlp pretrain ... $(cat DIR/override.txt)`
         (out / OVERRIDE).write_text(report["override"] + "\n")
-    else:
-        (out / OVERRIDE).unlink(missing_ok=True)
     return report
+
+
+def _report_head(
+    hc: HelperCache,
+    cache: str | Path,
+    data: list[str],
+    files: list[str],
+    probe_files: list[str],
+    rows: CalibrationRows,
+    settings: dict[str, Any],
+    force: bool,
+) -> dict[str, Any]:
+    """The report's settings, populations and helper quality."""
+    neg = rows.negatives
+    auc, per_source = same_image_auc(rows, len(files))
+    return {
+        "cache": str(cache),
+        "kind": hc.kind,
+        "world": None,
+        "data": data,
+        **{k: v for k, v in settings.items() if k != "min_same_image_auc"},
+        "calibrated_on": files,
+        "probe_sources": probe_files,
+        "one_caption_sources": [d for d in data if d not in probe_files],
+        "false_negatives": "the other captions of each anchor's image (and, text->image, the image itself), "
+        "each weighted as one more negative of its row",
+        "negatives": {"in_batch": int((neg[:, : settings["batch_size"]]).sum()), "with_queue": int(neg.sum())},
+        "same_image": {
+            "probes": int((~torch.isnan(rows.probes)).sum()),
+            "in_rows": int(rows.same_image.sum()),
+            "in_rows_share": float(rows.same_image.sum()) / max(1, int(neg.sum())),
+        },
+        "quality": {
+            "same_image_auc": auc,
+            "per_source": dict(zip(files, per_source)),
+            "min_same_image_auc": settings["min_same_image_auc"],
+            "threshold_source": MIN_AUC_SOURCE,
+        },
+        "forced": bool(force),
+    }
+
+
+def _quality_check(report: dict[str, Any], minimum: float, force: bool) -> Optional[str]:
+    """The refusal message when the helper's same-image AUC is below ``minimum`` (None: the helper
+    passes, is forced, or cannot be measured: then ``quality_warning`` says so); a refused report
+    keeps its numbers and loses its override."""
+    auc = report["quality"]["same_image_auc"]
+    if not math.isfinite(auc):
+        report["quality_warning"] = (
+            "helper quality unmeasured: no image has a second caption, so no same-image AUC (give --reference to check)"
+        )
+        return None
+    if auc >= minimum or force:
+        return None
+    msg = (
+        f"{report['cache']}: same-image AUC {auc:.3f} is below {minimum:g}: this helper ranks an image's own captions "
+        "little above other images', so a delta fitted on it weights negatives by noise; use a stronger helper, or "
+        "--force to write the override anyway"
+    )
+    report["refused"], report["override"] = msg, None
+    return msg

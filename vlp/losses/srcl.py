@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from vlp.errors import CalibrationError
 from vlp.losses.contrastive import itc_targets
 
 MIN_WEIGHT = 1e-6  # clamp before the log
@@ -165,6 +166,14 @@ def calibrate_delta(
         w = srcl_weights(s, positives, "softmax", delta)
         return float(weight_stats(w, positives, (level,))[level_key(level)])
 
+    at_lo, at_hi = frac(lo), frac(hi)
+    if not at_lo < frac_below <= at_hi:
+        raise CalibrationError(
+            f"calibrate delta by the {100 * frac_below:g}% rule: the share of negatives below {level} is "
+            f"{100 * at_lo:.3g}% at delta={lo:g} and {100 * at_hi:.3g}% at delta={hi:g}, the bounds of the "
+            f"search; {100 * frac_below:g}% is not reached inside them (a helper whose similarities set too few "
+            "negatives apart, e.g. an exact oracle with fewer false negatives than that)"
+        )
     return _log_bisect(lambda d: frac(d) < frac_below, lo, hi, iters)
 
 
@@ -252,10 +261,10 @@ def _bisect_falling(
     ``ValueError`` naming ``what`` when the target lies outside ``[stat(hi), stat(lo)]``."""
     at_lo, at_hi = stat(lo), stat(hi)
     if not at_hi <= target <= at_lo:
-        raise ValueError(
-            f"calibrate delta: {what} is {at_lo:.4g} at delta={lo:g} and {at_hi:.4g} at delta={hi:g}; the "
-            f"target {target} is outside that range (does the helper give false negatives a higher "
-            "similarity than true negatives?)"
+        raise CalibrationError(
+            f"calibrate delta: {what} is {at_lo:.4g} at delta={lo:g} and {at_hi:.4g} at delta={hi:g}, the "
+            f"bounds of the search; the target {target} is outside that range (does the helper give false "
+            "negatives a higher similarity than true negatives?)"
         )
     return _log_bisect(lambda d: stat(d) > target, lo, hi, iters)
 
@@ -306,7 +315,7 @@ def calibrate_delta_for_probes(
         raise ValueError(f"target must be in (0, 1) (the mean weight of all negatives is 1), got {target}")
     valid = ~torch.isnan(s_probe)
     if not bool(valid.any()):
-        raise ValueError("calibrate_delta_for_probes: no probes (no image with a second caption in the rows)")
+        raise CalibrationError("calibrate_delta_for_probes: no probes (no image with a second caption in the rows)")
 
     def median(delta: float) -> float:
         return float(probe_weights(s, positives, s_probe, "softmax", delta)[valid].median())
