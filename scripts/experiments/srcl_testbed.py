@@ -118,6 +118,11 @@ METRICS = (
 ).split()
 
 
+def _delta_cell(delta: float | None) -> str:
+    """A delta for a report table (``unreachable`` when the search found none)."""
+    return "unreachable" if delta is None else f"{delta:.3g}"
+
+
 def baseline_of(name: str) -> str:
     """The plain-ITC arm an arm is compared with: the one with the same queue / distillation suffix."""
     for suffix in (", queue 1024", ", distillation on"):
@@ -280,7 +285,7 @@ def main(argv=None) -> int:
         )
         lines.append(
             f"| {s} | {d['helper_auc']['with_queue']:.3f} | {100 * share['in_batch']:.1f}% / {100 * share['with_queue']:.1f}% | "
-            f"{d['delta']['rule_20pct']:.3g} | {target_cells} |"
+            f"{_delta_cell(d['delta']['rule_20pct'])} | {target_cells} |"
         )
     table = results_table(results, seeds, METRICS, label=lambda name: f"{name} (AUC {auc[arm(name)[0]]})")
     if a.grid == "removal":

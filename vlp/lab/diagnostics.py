@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from vlp.data.formats import Sample, load_pairs
+from vlp.errors import CalibrationError
 from vlp.eval.separation import roc_auc
 from vlp.features.helper_cache import HelperCache, cache_rows
 from vlp.lab.false_negatives import training_batches
@@ -168,7 +169,11 @@ def run_helper_diagnostics(
             "with_queue": _auc(rows.helper[neg], fn[neg]),
         },
     }
-    deltas: dict[str, Optional[float]] = {"rule_20pct": calibrate_delta(s, rows.positives)}
+    deltas: dict[str, Optional[float]] = {}
+    try:  # an exact oracle with fewer than 20% false negatives never reaches the 20% rule
+        deltas["rule_20pct"] = calibrate_delta(s, rows.positives)
+    except CalibrationError as e:
+        deltas["rule_20pct"], report["rule_20pct_error"] = None, str(e)
     try:
         deltas["target_weight"] = calibrate_delta_for_weight(s, rows.positives, fn, target_weight)
     except ValueError as e:
@@ -199,6 +204,8 @@ def diagnostics_summary(r: dict[str, Any]) -> str:
             f"  delta {name:14s} {w['delta']:9.4g}: false negatives median {fn['median']:.3f} (mean {fn['mean']:.3f}), "
             f"true negatives median {tn['median']:.3f}; {100 * w['all_negatives']['below_0_7']:.1f}% of negatives below 0.7"
         )
+    if "rule_20pct_error" in r:
+        lines.append(f"  delta by the 20% rule: {r['rule_20pct_error']}")
     if "delta_error" in r:
         lines.append(f"  delta by target weight: {r['delta_error']}")
     return "\n".join(lines)
