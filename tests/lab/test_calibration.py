@@ -16,9 +16,15 @@ import torch
 
 from vlp.config import PretrainConfig, load_config
 from vlp.data.formats import load_pairs
-from vlp.errors import ConfigError
+from vlp.errors import CalibrationError, ConfigError
 from vlp.features.helper_cache import write_cache
-from vlp.lab.calibration import run_helper_calibration
+from vlp.lab.calibration import (
+    CalibrationRows,
+    calibration_summary,
+    run_helper_calibration,
+    same_image_auc,
+    weight_concentration,
+)
 from vlp.losses.srcl import calibrate_delta, calibrate_delta_for_probes, probe_weights
 
 C1, C0 = 0.6, 0.0
@@ -75,10 +81,12 @@ def test_calibration_rules_by_hand():
         calibrate_delta_for_probes(s, pos, torch.full((1, 1), float("nan")), 0.12)
 
 
-def constructed(tmp_path, captions_per_image: int, images: int = 24):
-    """An annotation file (one entry per image, ``captions_per_image`` captions each) and a helper
-    cache whose same-image cosines are C1 and all others C0."""
-    keys = [f"img{i:03d}" for i in range(images)]
+def constructed(tmp_path, captions_per_image: int, images: int = 24, prefix: str = "img"):
+    """An annotation file ``tmp_path/train.json`` (one entry per image ``{prefix}NNN``,
+    ``captions_per_image`` captions each) and a helper cache whose same-image cosines are C1 and all
+    others C0."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    keys = [f"{prefix}{i:03d}" for i in range(images)]
     caps = {k: [f"caption {j} of {k}" for j in range(captions_per_image)] for k in keys}
     entries = [{"image": f"{k}.png", "image_id": k, "caption": caps[k]} for k in keys]
     data = tmp_path / "train.json"
@@ -86,18 +94,32 @@ def constructed(tmp_path, captions_per_image: int, images: int = 24):
     return data, cache_of(tmp_path, data)
 
 
-def cache_of(tmp_path, data):
-    """A helper cache of ``data`` with cosine C1 between each caption and its image, C0 = 0 elsewhere:
-    caption = C1 e_image + sqrt(1 - C1^2) e_shared, image = e_image."""
-    samples = load_pairs([data])
+def cache_of(tmp_path, data, cosine=lambda i: C1):
+    """A helper cache of ``data`` (a file or a list of files) with cosine ``cosine(i)`` between each
+    caption and its image (the i-th key), C0 = 0 elsewhere: caption = c e_image + sqrt(1 - c^2) e_shared,
+    image = e_image."""
+    samples = load_pairs(data if isinstance(data, list) else [data])
     keys = sorted({s.image_key for s in samples})
     owner = {c: keys.index(s.image_key) for s in samples for c in s.captions}
     texts = sorted(owner)
     image = torch.eye(len(keys), len(keys) + 1)
     text = torch.zeros(len(texts), len(keys) + 1)
     for r, t in enumerate(texts):
-        text[r, owner[t]], text[r, -1] = C1, math.sqrt(1 - C1**2)
+        c = cosine(owner[t])
+        text[r, owner[t]], text[r, -1] = c, math.sqrt(1 - c**2)
     return write_cache(tmp_path / "cache", keys, image, texts, text, {"helper": "constructed"})
+
+
+def random_cache(tmp_path, captions_per_image: int):
+    """The annotation file of :func:`constructed` and a cache of random features (seeded)."""
+    data, _ = constructed(tmp_path / "data", captions_per_image)
+    samples = load_pairs([data])
+    keys = sorted({s.image_key for s in samples})
+    texts = sorted({c for s in samples for c in s.captions})
+    gen = torch.Generator().manual_seed(0)
+    image, text = torch.randn(len(keys), 16, generator=gen), torch.randn(len(texts), 16, generator=gen)
+    image, text = torch.nn.functional.normalize(image, dim=-1), torch.nn.functional.normalize(text, dim=-1)
+    return data, write_cache(tmp_path / "cache", keys, image, texts, text, {"helper": "random"})
 
 
 def test_calibration_without_a_world_gives_the_hand_computed_delta(tmp_path):
@@ -130,13 +152,124 @@ def test_calibration_in_mean_mode_reports_its_floor(tmp_path):
     assert rep["mean_mode_floor"]["median"] == pytest.approx(math.exp(-1.0), rel=1e-5)  # every u of a row is 1
 
 
-def test_one_caption_sources_report_only_the_overall_distribution(tmp_path):
+def test_one_caption_data_is_refused_with_the_two_ways_out(tmp_path):
     data, cache = constructed(tmp_path, captions_per_image=1)
-    rep = run_helper_calibration(cache, [data], tmp_path / "out", batch_size=B, batches=2, queue_size=16)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "override.txt").write_text("loss.srcl.delta=1000\n")  # an earlier answer
+    with pytest.raises(CalibrationError, match=r"no image has a second caption.*--reference FILE.*--rule 20pct"):
+        run_helper_calibration(cache, [data], tmp_path / "out", batch_size=B, batches=2, queue_size=16)
+    assert not (tmp_path / "out" / "override.txt").exists()  # a refusal leaves no stale answer behind
+
+
+def test_the_20pct_rule_by_name_on_one_caption_data(tmp_path):
+    """No probes: the same-image medians are empty (printed as "-", the old TypeError) and the
+    helper's quality is reported as unmeasured, not passed."""
+    data, cache = random_cache(tmp_path, captions_per_image=1)
+    rep = run_helper_calibration(cache, [data], tmp_path / "out", batch_size=B, batches=2, queue_size=16, rule="20pct")
     assert rep["same_image"]["probes"] == 0 and rep["delta"]["target_weight"] is None
-    assert "no probes" in rep["delta_error"]
+    assert rep["quality"]["same_image_auc"] is None and "unmeasured" in rep["quality_warning"]
     assert rep["override"] == f"loss.srcl.norm=softmax loss.srcl.delta={rep['delta']['rule_20pct']:.4g}"
+    assert rep["weights"]["rule_20pct"]["all_negatives"]["below_0_7"] == pytest.approx(0.2, abs=0.01)
     assert rep["negatives"]["with_queue"] == 2 * 2 * B * (B - 1 + 16)
+    text = calibration_summary(rep)
+    assert "same-image median - (p90 -)" in text and "same-image AUC - (minimum 0.7)" in text
+
+
+def test_a_search_that_hits_its_bound_is_an_error_naming_it(tmp_path, capsys):
+    """All negatives of a row at one cosine: no delta puts 20% of them below 0.7 (the old answer
+    was delta=1000, the search's bound)."""
+    from vlp.cli import main
+
+    data, cache = constructed(tmp_path, captions_per_image=1)
+    status = main(["analyze", "helper", "--cache", str(cache), "--data", str(data), "--out", str(tmp_path / "a"),
+                   "--batch-size", str(B), "--batches", "2", "--rule", "20pct"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1 and err[0].startswith("vlp: error: calibrate delta by the 20% rule")
+    assert "delta=1000, the bounds of the search" in err[0] and "Traceback" not in err[0]
+    assert not (tmp_path / "a" / "override.txt").exists()
+    rep = json.loads((tmp_path / "a" / "helper_diagnostics.json").read_text())
+    assert rep["override"] is None and "bounds of the search" in rep["refused"]
+
+
+def test_a_mixture_is_calibrated_on_its_multi_caption_sources(tmp_path):
+    multi, _ = constructed(tmp_path / "m", captions_per_image=3, images=16, prefix="coco")
+    single, _ = constructed(tmp_path / "s", captions_per_image=1, images=16, prefix="cc3m")
+    cache = cache_of(tmp_path, [multi, single])
+    rep = run_helper_calibration(cache, [multi, single], tmp_path / "out", batch_size=B, batches=4)
+    assert rep["probe_sources"] == [str(multi)] and rep["one_caption_sources"] == [str(single)]
+    assert rep["calibrated_on"] == [str(multi), str(single)] and rep["same_image"]["probes"] > 0
+    # probes only from the multi-caption file; its same-image AUC is 1 (C1 > C0), the other file has none
+    assert rep["quality"]["per_source"] == {str(multi): 1.0, str(single): None}
+    assert rep["quality"]["same_image_auc"] == 1.0 and rep["override"] is not None
+
+
+def test_one_caption_data_with_a_reference(tmp_path):
+    single, single_cache = constructed(tmp_path / "s", captions_per_image=1, prefix="cc3m")
+    ref, _ = constructed(tmp_path / "r", captions_per_image=3, prefix="coco")
+    with pytest.raises(CalibrationError, match=r"--reference .*train.json: the helper cache does not cover it"):
+        run_helper_calibration(single_cache, [single], tmp_path / "o1", batch_size=B, reference=ref)
+    with pytest.raises(CalibrationError, match="no image has a second caption in it either"):
+        run_helper_calibration(single_cache, [single], tmp_path / "o2", batch_size=B, reference=single)
+    cache = cache_of(tmp_path, [single, ref])
+    rep = run_helper_calibration(cache, [single], tmp_path / "out", batch_size=B, batches=4, reference=str(ref))
+    assert rep["calibrated_on"] == [str(ref)] and rep["probe_sources"] == [str(ref)]
+    assert rep["delta"]["target_weight"] == pytest.approx(probe_delta(0.12, B - 1), rel=1e-5)
+    assert (tmp_path / "out" / "override.txt").exists()
+
+
+def test_a_weak_helper_is_refused_by_its_same_image_auc(tmp_path, capsys):
+    """15 of 24 images have their captions at cosine C1 > 0 with them, 9 at -0.3 < 0 = every other
+    pair. A row's probes are all of its anchor's image and every other negative sits at 0, so a
+    probe wins all its comparisons or loses all: 3 batches of 8 are one epoch, each image anchors
+    once, and the same-image AUC is exactly 15 / 24 = 0.625."""
+    from vlp.cli import main
+
+    data, _ = constructed(tmp_path, captions_per_image=3)
+    cache = cache_of(tmp_path / "weak", data, cosine=lambda i: C1 if i % 8 < 5 else -0.3)
+    args = ["analyze", "helper", "--cache", str(cache), "--data", str(data), "--batch-size", str(B), "--batches", "3"]
+    assert main([*args, "--out", str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "same-image AUC 0.625 is below 0.7" in err[0] and "--force" in err[0]
+    rep = json.loads((tmp_path / "a" / "helper_diagnostics.json").read_text())
+    assert rep["quality"]["same_image_auc"] == pytest.approx(0.625) and rep["override"] is None
+    assert rep["delta"]["target_weight"] is not None and not rep["forced"]  # a delta exists; it is not trusted
+    assert not (tmp_path / "a" / "override.txt").exists()
+    assert main([*args, "--out", str(tmp_path / "b"), "--force"]) == 0
+    rep = json.loads((tmp_path / "b" / "helper_diagnostics.json").read_text())
+    assert rep["forced"] and (tmp_path / "b" / "override.txt").read_text().strip() == rep["override"]
+    assert "(forced past the quality check)" in capsys.readouterr().out
+    assert main([*args, "--out", str(tmp_path / "c"), "--min-same-image-auc", "0.6"]) == 0
+
+
+def test_same_image_auc_and_weight_concentration_by_hand():
+    nan = float("nan")
+    rows = CalibrationRows(
+        helper=torch.tensor([[0.9, 0.5, 0.2, 0.5], [0.9, 0.4, 0.1, 0.3]]),
+        positives=torch.tensor([[True, False, False, False]] * 2),
+        same_image=torch.tensor([[False, False, False, False], [False, False, False, True]]),
+        probes=torch.tensor([[0.5, 0.3], [0.2, nan]]),
+        sources=torch.tensor([0, 1]),
+    )
+    # row 0: probe 0.5 vs others 0.5, 0.2, 0.5 -> 0.5 + 1 + 0.5; probe 0.3 -> 0 + 1 + 0: 3 of 6 pairs
+    # row 1 (column 3 is of the anchor's image, not an "other"): probe 0.2 vs 0.4, 0.1 -> 1 of 2
+    auc, per_source = same_image_auc(rows, 2, budget=4)  # a budget of 4 elements: one row at a time
+    assert auc == pytest.approx(4 / 8) and per_source == pytest.approx([0.5, 0.5])
+    w = torch.tensor([[1.0, 2.0, 1.0, 1.0]])
+    c = weight_concentration(w, torch.tensor([[True, False, False, False]]), k=2)
+    # negatives 2, 1, 1: N_eff = 4^2 / (4 + 1 + 1); the 2 heaviest carry 3 of 4
+    assert c == pytest.approx(
+        {"n_eff_mean": 16 / 6, "n_eff_median": 16 / 6, "negatives_per_row": 3.0, "top2_share": 0.75}
+    )
+
+
+def test_the_report_says_what_the_chosen_delta_does(tmp_path):
+    data, cache = constructed(tmp_path, captions_per_image=3)
+    rep = run_helper_calibration(cache, [data], tmp_path / "out", batch_size=B, batches=3)
+    # one entry per image: every other negative of a row is another image's, all at C0: equal weights
+    assert rep["at_delta"] == pytest.approx({"n_eff_mean": B - 1, "n_eff_median": B - 1, "negatives_per_row": B - 1,
+                                             "top10_share": 1.0})  # fmt: skip
+    assert rep["quality"]["threshold_source"].startswith("provisional")
+    assert "N_eff 7.0 of 7 negatives per row" in calibration_summary(rep)
 
 
 def test_queued_same_image_negatives_are_counted(tmp_path):

@@ -47,6 +47,13 @@ def _helper_diagnostics(a: argparse.Namespace) -> None:
     else:
         from vlp.lab.diagnostics import diagnostics_summary, run_helper_diagnostics
 
+        given = [o for o, v in (("--rule", a.rule), ("--reference", a.reference), ("--force", a.force)) if v]
+        if given or a.min_same_image_auc is not None:
+            raise ConfigError(
+                f"vlp analyze helper --world: {', '.join(given) or '--min-same-image-auc'} belong to the calibration "
+                "without ground truth (leave out --world)"
+            )
+
         if a.mode not in (None, "softmax"):
             raise ConfigError("vlp analyze helper --world: the ground-truth report is for the softmax norm")
         r = call(run_helper_diagnostics, a, world_root=a.world, data_file=a.data, queue_size=a.queue)
@@ -164,6 +171,25 @@ def _add_helper(an: Any) -> None:
     c.add_argument("--mode", choices=["softmax", "mean"], help="weight norm (loss.srcl.norm; default softmax)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--tau-w", type=float, help="temperature inside s = exp(sim / tau_w) (default 1)")
+    c.add_argument(
+        "--rule",
+        choices=["probes", "20pct"],
+        help="how delta is chosen: probes (default: the same-image captions' median weight at --target-weight) or "
+        "20pct (the paper's 20%% of negatives below 0.7; for one-caption data without --reference)",
+    )
+    c.add_argument(
+        "--reference",
+        help="for data where no image has a second caption (CC3M, SBU, LAION): a multi-caption annotation file the "
+        "cache also covers (e.g. COCO's Karpathy train captions) whose batches are calibrated on instead",
+    )
+    c.add_argument(
+        "--min-same-image-auc",
+        type=float,
+        help="refuse a helper whose same-image AUC is below this (default: vlp.lab.calibration.MIN_SAME_IMAGE_AUC)",
+    )
+    c.add_argument(
+        "--force", action="store_true", help="write the override even for a helper below --min-same-image-auc"
+    )
     c.add_argument("overrides", nargs="*", help="with --config: dotted overrides, e.g. data.batch_size=32")
     c.set_defaults(func=_helper_diagnostics)
 
