@@ -314,6 +314,10 @@ def test_an_uncalibrated_srcl_run_stops_before_the_first_step(tmp_path):
         with pytest.raises(ConfigError, match=r"'loss\.srcl\.delta' is not set") as e:
             run_pretrain(cfg)
         assert "vlp analyze helper" in str(e.value)
+        # the message quotes the simulated row that test_delta_one_hardly_regulates_a_simulated_row
+        # computes, as a simulation: nothing in vlp has measured real-data weights at delta 1
+        assert "simulated row" in str(e.value) and "0.72-0.81" in str(e.value)
+        assert "real-data" not in str(e.value)
         assert not (tmp_path / mode / "metrics.jsonl").exists()
     # the mean norm has no delta to set
     cfg = load_config(
@@ -342,9 +346,10 @@ def test_low_regulation_warns_once_at_the_first_log_steps():
     assert regulator().check_log({"step": 10, "loss": 1.0}) is None  # no SRCL statistics in the record
 
 
-def test_delta_one_hardly_regulates_a_realistic_row():
-    """docs/methods.md: at delta 1, 65,600 negatives at cosines 0.1-0.3 and false negatives at
-    0.5-0.7 give the latter weights of 0.72-0.81 and put no negative below 0.7."""
+def test_delta_one_hardly_regulates_a_simulated_row():
+    """docs/methods.md and the missing-delta ConfigError: at delta 1, a simulated row of 65,600
+    negatives at cosines drawn evenly from 0.1-0.3 (an assumed spread, not a measured helper's) and
+    false negatives at 0.5-0.7 give the latter weights of 0.72-0.81 and put no negative below 0.7."""
     from vlp.losses.srcl import srcl_weights
 
     n = 65_600

@@ -15,13 +15,14 @@ class SRCLConfig:
     """Similarity-regulated ITC (docs/methods.md): per-negative weights from a frozen helper's and
     the live model's cross-modal similarity. Used when ``loss.regulation`` is ``srcl`` or ``removal``."""
 
-    # Norm over each anchor's negatives: softmax (scaled to mean 1; delta = sharpness) or mean
+    # Norm over each anchor's negatives: softmax (scaled to mean 1; delta = sharpness; vlp's
+    # reinterpretation of the paper's Eq. 9, whose mean Norm as written cancels delta) or mean
     # (w = u / mean(u), u = 1/s: delta cancels, and no weight falls below exp(-1/tau_w) / mean(u),
-    # about 0.4-0.5 at real cosines, so mean cannot give false negatives the paper's ~0.12).
+    # about 0.4-0.5 for negatives at cosines 0.1-0.3, so mean cannot reach the paper's example 0.12).
     norm: str = "softmax"
-    # Sharpness of the softmax norm. No default: no value regulates every helper (delta 1 gives the
-    # false negatives of real cosines weights of ~0.7, i.e. nearly ALBEF), so a softmax-norm run
-    # refuses to start until it is calibrated for its helper, batch and queue:
+    # Sharpness of the softmax norm. No default: the weights a delta gives depend on the helper's
+    # cosines, the batch and the queue (in a simulated row, delta 1 leaves false negatives at
+    # 0.72-0.81, nearly ALBEF), so a softmax-norm run refuses to start until it is calibrated:
     # `vlp analyze helper --cache HELPER_FEATURES --data TRAIN.json --batch-size B --queue Q --out DIR`
     # prints the line to paste (docs/methods.md, "Calibrating delta").
     delta: Optional[float] = None
@@ -65,7 +66,8 @@ class SRCLConfig:
         if regulation != "none" and self.norm == "softmax" and self.delta is None:
             raise ConfigError(
                 f"config key 'loss.srcl.delta' is not set, and loss.regulation={regulation} needs it: no default "
-                "regulates every helper (delta 1 leaves real-data false negatives at ~0.7, nearly plain ITC). "
+                "suits every helper (in a simulated row of 65,600 negatives at cosines 0.1-0.3, delta 1 gives false "
+                "negatives at cosines 0.5-0.7 weights of 0.72-0.81, nearly plain ITC). "
                 "Calibrate it on the features of the model that computes the weights, at the run's batch and "
                 "queue size: `vlp analyze helper --cache HELPER_FEATURES --data TRAIN.json --batch-size B "
                 "--queue Q --out DIR` (a vlp or open_clip helper: `vlp cache-helper-features` first) prints "

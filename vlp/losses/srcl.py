@@ -2,9 +2,12 @@
 
 Every negative of an anchor row gets a weight ``w_ij = Norm(delta / s_ij)`` from a mixed
 cross-modal similarity ``s_ij = alpha_h * exp(cos_helper / tau_w) + (1 - alpha_h) * exp(cos_live /
-tau_w)``; ``Norm`` makes the mean weight over the row's negatives exactly 1. Weights carry no
-gradient, positives keep weight 1, and the weights enter the loss as ``log w`` added to the
-logits (see :func:`vlp.losses.contrastive.soft_infonce`), so ``w == 1`` is exactly the plain loss.
+tau_w)``; ``Norm`` makes the mean weight over the row's negatives exactly 1. That is the paper's
+Eq. 9, in which ``delta`` cancels when ``Norm`` divides by the row mean (``mean`` here); the default
+``softmax`` norm, ``n_neg * softmax(delta / s)``, is vlp's reinterpretation, with ``delta`` as its
+sharpness (docs/methods.md). Weights carry no gradient, positives keep weight 1, and the weights
+enter the loss as ``log w`` added to the logits (see :func:`vlp.losses.contrastive.soft_infonce`),
+so ``w == 1`` is exactly the plain loss.
 
 All functions take ``[Q, C]`` tensors (rows = anchors, columns = candidates) and a boolean
 ``positives`` mask of the same shape; every non-positive column is a negative.
