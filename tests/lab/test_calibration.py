@@ -110,9 +110,9 @@ def cache_of(tmp_path, data, cosine=lambda i: C1):
     return write_cache(tmp_path / "cache", keys, image, texts, text, {"helper": "constructed"})
 
 
-def random_cache(tmp_path, captions_per_image: int):
-    """The annotation file of :func:`constructed` and a cache of random features (seeded)."""
-    data, _ = constructed(tmp_path / "data", captions_per_image)
+def random_cache(tmp_path, captions_per_image: int = 1, data=None):
+    """An annotation file (``data``, or :func:`constructed`'s) and a cache of random unit features (seeded)."""
+    data = data or constructed(tmp_path / "data", captions_per_image)[0]
     samples = load_pairs([data])
     keys = sorted({s.image_key for s in samples})
     texts = sorted({c for s in samples for c in s.captions})
@@ -284,6 +284,28 @@ def test_queued_same_image_negatives_are_counted(tmp_path):
     # per anchor: its image's 3 other captions (i2t) and the image itself (t2i)
     assert rep["same_image"]["in_rows"] > 0 and rep["same_image"]["probes"] == 5 * 4 * (3 + 1)
     assert rep["delta"]["target_weight"] is not None
+
+
+def test_retrieval_fine_tuning_has_no_known_false_negatives(tmp_path):
+    """itc_positives=image: an image's other captions are positives, so the probe rule is refused and the
+    20% rule counts the queued same-image captions as positives, not negatives."""
+    keys = [f"img{i}" for i in range(6)]
+    entries = [{"image": f"{k}.png", "image_id": k, "caption": f"caption {j} of {k}"} for k in keys for j in range(4)]
+    data = tmp_path / "train.json"
+    data.write_text(json.dumps(entries))
+    _, cache = random_cache(tmp_path, data=data)
+    with pytest.raises(CalibrationError, match=r"itc_positives=image .* choose --rule 20pct"):
+        run_helper_calibration(cache, [data], tmp_path / "a", batch_size=4, queue_size=12, itc_positives="image")
+    pair = run_helper_calibration(
+        cache, [data], tmp_path / "b", batch_size=4, queue_size=12, batches=5, rule="20pct", force=True
+    )
+    image = run_helper_calibration(
+        cache, [data], tmp_path / "c", batch_size=4, queue_size=12, batches=5, rule="20pct", itc_positives="image"
+    )
+    same = pair["same_image"]["in_rows"]
+    assert same > 0 and image["same_image"]["in_rows"] == 0 and image["same_image"]["probes"] == 0
+    assert image["negatives"]["with_queue"] == pair["negatives"]["with_queue"] - same
+    assert image["itc_positives"] == "image" and image["quality"]["same_image_auc"] is None
 
 
 def test_cli_calibrates_from_a_run_config(tmp_path, capsys):

@@ -31,6 +31,7 @@ def _helper_settings_of_run(a: argparse.Namespace) -> None:
     a.batch_size = a.batch_size or cfg.data.batch_size
     a.queue = cfg.model.queue_size if a.queue is None else a.queue
     a.mode, a.tau_w = a.mode or cfg.loss.srcl.norm, a.tau_w or cfg.loss.srcl.tau_w
+    a.itc_positives = a.itc_positives or cfg.loss.itc_positives
 
 
 def _helper_diagnostics(a: argparse.Namespace) -> None:
@@ -47,7 +48,13 @@ def _helper_diagnostics(a: argparse.Namespace) -> None:
     else:
         from vlp.lab.diagnostics import diagnostics_summary, run_helper_diagnostics
 
-        given = [o for o, v in (("--rule", a.rule), ("--reference", a.reference), ("--force", a.force)) if v]
+        options = (
+            ("--rule", a.rule),
+            ("--reference", a.reference),
+            ("--force", a.force),
+            ("--itc-positives", a.itc_positives),
+        )
+        given = [o for o, v in options if v]
         if given or a.min_same_image_auc is not None:
             raise ConfigError(
                 f"vlp analyze helper --world: {', '.join(given) or '--min-same-image-auc'} belong to the calibration "
@@ -189,6 +196,12 @@ def _add_helper(an: Any) -> None:
     )
     c.add_argument(
         "--force", action="store_true", help="write the override even for a helper below --min-same-image-auc"
+    )
+    c.add_argument(
+        "--itc-positives",
+        choices=["pair", "image"],
+        help="the run's loss.itc_positives (default pair; image: retrieval fine-tuning, where an image's other "
+        "captions are positives and only --rule 20pct applies)",
     )
     c.add_argument("overrides", nargs="*", help="with --config: dotted overrides, e.g. data.batch_size=32")
     c.set_defaults(func=_helper_diagnostics)

@@ -359,16 +359,24 @@ def run_helper_calibration(
     rule: str = "probes",
     min_same_image_auc: float = MIN_SAME_IMAGE_AUC,
     force: bool = False,
+    itc_positives: str = "pair",
 ) -> dict[str, Any]:
     """Calibrate SRCL's delta for a helper cache on training batches of the annotation files
     ``data`` (no ground truth); writes ``out/helper_diagnostics.json`` and ``out/weights_<name>.png``
     per delta, and ``out/override.txt`` only for a delta it trusts (module docstring: ``reference``,
     ``rule``, ``min_same_image_auc``, ``force``); returns the report. ``mode``: the weight norm;
-    ``mean`` has no delta (it cancels), so only its distributions and its floor are reported."""
+    ``mean`` has no delta (it cancels), so only its distributions and its floor are reported.
+    ``itc_positives="image"`` (retrieval fine-tuning): every caption of the anchor's image is a
+    positive, so there are no known false negatives and only ``rule="20pct"`` applies."""
     if mode not in ("softmax", "mean"):
         raise ValueError(f"mode must be 'softmax' or 'mean', got {mode!r}")
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if itc_positives == "image" and mode == "softmax" and rule == "probes":
+        raise CalibrationError(
+            "itc_positives=image (retrieval fine-tuning): an image's other captions are positives there, not "
+            "negatives, so there are no known false negatives to calibrate delta on; choose --rule 20pct"
+        )
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / OVERRIDE).unlink(missing_ok=True)  # a failed calibration leaves no earlier answer behind
@@ -383,8 +391,12 @@ def run_helper_calibration(
         else (samples, data, [d for d, m in zip(data, multi_caption_sources(samples, len(data))) if m])
     )
     rows = calibration_rows(hc, rows_of, batch_size, queue_size, batches, seed)
+    if itc_positives == "image":  # the anchor's image's other captions (in the batch or queue) are positives
+        rows.positives, rows.same_image = rows.positives | rows.same_image, torch.zeros_like(rows.same_image)
+        rows.probes = torch.full_like(rows.probes, float("nan"))
     settings = dict(batch_size=batch_size, queue_size=queue_size, batches=batches, seed=seed, tau_w=tau_w)
-    settings |= dict(mode=mode, rule=rule, target_weight=target_weight, min_same_image_auc=min_same_image_auc)
+    settings |= dict(mode=mode, rule=rule, target_weight=target_weight, itc_positives=itc_positives)
+    settings["min_same_image_auc"] = min_same_image_auc
     report = _report_head(hc, cache, data, files, probe_files, rows, settings, force)
     s = torch.exp(rows.helper / tau_w)
     s_probe = torch.exp(rows.probes / tau_w)  # NaN slots stay NaN
