@@ -1,0 +1,234 @@
+"""The report of ``srcl_calibration.py``: the helpers' calibrations, the primary tests (Holm), the
+same-image AUC SRCL needs (a fit over every (helper, seed) with a bootstrap interval), and the delta
+sweep, as Markdown (``OUT/report_<grid>.md``) and plots (``OUT/*.png``)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+from harness import paired_tests_table, results_table, run_minutes, write_report
+
+from vlp.eval.report import SeedResults, paired_t_test
+
+FAMILY_ALPHA = 0.05
+
+
+def holm(pvalues: dict[str, float], alpha: float = FAMILY_ALPHA) -> dict[str, bool]:
+    """Holm–Bonferroni: which hypotheses are rejected at family-wise ``alpha``. The i-th smallest p
+    (i = 0, 1, ...) is compared with ``alpha / (m - i)``; the first that fails stops the procedure."""
+    m = len(pvalues)
+    rejected = dict.fromkeys(pvalues, False)
+    for i, (name, p) in enumerate(sorted(pvalues.items(), key=lambda kv: kv[1])):
+        if not p < alpha / (m - i):
+            break
+        rejected[name] = True
+    return rejected
+
+
+def zero_crossing(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
+    """Where the least-squares line of ``y`` on ``x`` crosses 0 (None for a flat line)."""
+    slope, intercept = np.polyfit(np.asarray(x, float), np.asarray(y, float), 1)
+    return None if slope == 0 else float(-intercept / slope)
+
+
+def threshold_with_interval(
+    points: dict[int, list[tuple[float, float]]], draws: int = 2000, seed: int = 0
+) -> tuple[Optional[float], Optional[tuple[float, float]], float]:
+    """The x where the linear fit of gain on same-image AUC crosses 0, over ``points`` (seed ->
+    [(auc, gain)] of every helper of that seed), its 95% percentile bootstrap interval resampling
+    seeds (fits with a slope <= 0 count as no crossing: the interval is None when over 2.5% of the
+    draws have none) and the fit's slope."""
+    seeds = sorted(points)
+    flat = [pt for s in seeds for pt in points[s]]
+    x, y = [p[0] for p in flat], [p[1] for p in flat]
+    slope = float(np.polyfit(x, y, 1)[0])
+    estimate = zero_crossing(x, y) if slope > 0 else None
+    rng = np.random.default_rng(seed)
+    found = []
+    for _ in range(draws):
+        pick = [pt for s in rng.choice(seeds, len(seeds)) for pt in points[int(s)]]
+        xs, ys = [p[0] for p in pick], [p[1] for p in pick]
+        if len(set(xs)) > 1 and np.polyfit(xs, ys, 1)[0] > 0:
+            found.append(zero_crossing(xs, ys))
+    if len(found) < 0.975 * draws:
+        return estimate, None, slope
+    lo, hi = np.percentile(found, [2.5, 97.5])
+    return estimate, (float(lo), float(hi)), slope
+
+
+def mean_std(values: Sequence[Optional[float]], fmt: str = ".3g") -> str:
+    """``mean ± std`` of the values that are not None (``-`` for none)."""
+    v = [x for x in values if x is not None]
+    if not v:
+        return "-"
+    return f"{statistics.mean(v):{fmt}} ± {statistics.stdev(v) if len(v) > 1 else 0.0:{fmt}}"
+
+
+def _helper_table(exp: Any, seeds: Sequence[int], helpers: Sequence[str]) -> str:
+    rows = [
+        "| helper | same-image AUC (no GT) | ground-truth AUC | no-GT δ | GT δ | N_eff at no-GT δ (of the row) | "
+        "negatives below 0.2 | seeds without a δ |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for h in helpers:
+        cs = [exp.calibration(h, s) for s in seeds]
+        below = [c["below_0_2"] * 100 if c["below_0_2"] is not None else None for c in cs]
+        rows.append(
+            f"| {h} | {mean_std([c['same_image_auc'] for c in cs])} | {mean_std([c['gt_auc'] for c in cs])} | "
+            f"{mean_std([c['delta_nogt'] for c in cs])} | {mean_std([c['delta_gt'] for c in cs])} | "
+            f"{mean_std([c['n_eff'] for c in cs])} (of {mean_std([c['negatives_per_row'] for c in cs], '.0f')}) | "
+            f"{mean_std(below)}% | "
+            f"{sum(c['delta_nogt'] is None for c in cs)} |"
+        )
+    return "\n".join(rows)
+
+
+def _gains(data: dict, arm: str, base: str, seeds: Sequence[int], metric: str) -> dict[int, float]:
+    return {
+        s: data[arm][str(s)][metric] - data[base][str(s)][metric]
+        for s in seeds
+        if str(s) in data.get(arm, {}) and str(s) in data.get(base, {}) and metric in data[arm][str(s)]
+    }
+
+
+def _primary(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, dict]:
+    """The primary tests with their Holm decisions, and the threshold fit."""
+    results = SeedResults(exp.out / "results_primary.json")
+    arms = [a for a in mod.PRIMARY_ARMS if a != mod.PLAIN]
+    tests = {}
+    for a in arms:
+        d = list(_gains(results.data, a, mod.PLAIN, seeds, mod.ENDPOINT).values())
+        if len(d) >= 2:
+            tests[a] = (statistics.mean(d), statistics.stdev(d), len(d), *paired_t_test(d))
+    decided = holm({a: t[4] for a, t in tests.items()})
+    lines = [
+        f"| arm − plain ITC | seeds | {mod.ENDPOINT} | t | p | Holm (family of {len(arms)}) | reading |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for a, (m, sd, n, t, p) in tests.items():
+        reading = ("supported" if m > 0 else "refuted") if decided[a] else "inconclusive"
+        lines.append(
+            f"| {a} | {n} | {m:+.2f} ± {sd:.2f} | {t:.2f} | {p:.3g} | {'survives' if decided[a] else 'fails'} | "
+            f"{reading} |"
+        )
+    points: dict[int, list[tuple[float, float]]] = {}
+    for a in arms:
+        helper = mod.helper_of(a)[0]
+        for s, g in _gains(results.data, a, mod.PLAIN, seeds, mod.ENDPOINT).items():
+            points.setdefault(s, []).append((exp.calibration(helper, s)["same_image_auc"], g))
+    fit = threshold_with_interval(points) if len(points) >= 3 else (None, None, float("nan"))
+    return "\n".join(lines), {"points": points, "fit": fit, "tests": tests, "holm": decided}
+
+
+def _plot_gain_by_auc(points: dict, fit: tuple, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [p[0] for ps in points.values() for p in ps]
+    y = [p[1] for ps in points.values() for p in ps]
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    ax.scatter(x, y, s=14, alpha=0.7)
+    slope, intercept = np.polyfit(x, y, 1)
+    xs = np.linspace(min(x), max(x), 50)
+    ax.plot(xs, slope * xs + intercept, color="C1", label="least-squares fit")
+    ax.axhline(0, color="gray", ls=":")
+    est, interval, _ = fit
+    if est is not None:
+        ax.axvline(est, color="C3", ls="--", label=f"fit crosses 0 at {est:.3f}")
+    if interval is not None:
+        ax.axvspan(*interval, color="C3", alpha=0.12, label="95% bootstrap interval")
+    ax.set_xlabel("same-image AUC (no ground truth)")
+    ax.set_ylabel("t2i R-precision, SRCL − plain ITC")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def _sweep(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, Optional[Path]]:
+    """The sweep's gains over plain ITC by delta factor, per helper, with the GT delta's factor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweep, primary = SeedResults(exp.out / "results_sweep.json").data, SeedResults(exp.out / "results_primary.json")
+    data = {**primary.data, **sweep}
+    factors = sorted((*mod.FACTORS, 1.0))
+    lines = ["| helper | " + " | ".join(f"δ × {f:g}" for f in factors) + " | GT δ / no-GT δ |", "|---|" + "---:|" * 6]
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for k, h in enumerate(mod.SWEPT):
+        cells, means = [], []
+        for f in factors:
+            arm = f"SRCL, {h}" if f == 1.0 else f"SRCL, {h}, delta x{f:g}"
+            g = list(_gains(data, arm, mod.PLAIN, seeds, mod.ENDPOINT).values())
+            cells.append(mean_std(g, ".2f"))
+            means.append((f, statistics.mean(g), statistics.stdev(g) if len(g) > 1 else 0.0) if g else None)
+        cals = [exp.calibration(h, s) for s in seeds]
+        ratios = [c["delta_gt"] / c["delta_nogt"] for c in cals if c["delta_gt"] and c["delta_nogt"]]
+        lines.append(f"| {h} | {' | '.join(cells)} | {mean_std(ratios)} |")
+        pts = [m for m in means if m is not None]
+        if pts:
+            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
+                        color=f"C{k}", label=h)  # fmt: skip
+        if ratios:
+            ax.axvline(statistics.mean(ratios), color=f"C{k}", ls="--", alpha=0.6)
+    ax.set_xscale("log", base=2)
+    ax.axhline(0, color="gray", ls=":")
+    ax.set_xlabel("δ / no-GT δ (dashed: the GT δ)")
+    ax.set_ylabel("t2i R-precision, SRCL − plain ITC")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = exp.out / "delta_sweep.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return "\n".join(lines), path
+
+
+def write_calibration_report(exp: Any, grid: str, seeds: Sequence[int]) -> str:
+    """``OUT/report_<grid>.md`` (and its plots) for the experiment ``exp`` of ``srcl_calibration.py``."""
+    import srcl_calibration as mod
+
+    results = SeedResults(exp.out / f"results_{grid}.json")
+    head = (
+        f"SRCL at the delta `vlp analyze helper` calibrates without ground truth, by helper quality; {grid} grid, "
+        f"seeds {list(seeds)}; {run_minutes(results)}."
+    )
+    if grid == "sweep":
+        table, plot = _sweep(exp, mod, seeds)
+        return write_report(exp.out / "report_sweep.md", head, table, f"![sweep]({plot.name})" if plot else "")
+    helpers = _helper_table(exp, seeds, list(mod.HELPERS))
+    means = results_table(results, seeds, mod.METRICS)
+    tests, info = _primary(exp, mod, seeds)
+    others = paired_tests_table(results.data, seeds, mod.METRICS[1:], mod.PLAIN, mod.PRIMARY_ARMS)
+    est, interval, slope = info["fit"]
+    fit = (
+        f"Threshold fit over {sum(len(v) for v in info['points'].values())} (helper, seed) points: gain = "
+        f"{slope:.2f} × same-image AUC + c crosses 0 at "
+        + (f"{est:.3f}" if est is not None else "no AUC (slope <= 0)")
+        + (f", 95% bootstrap interval {interval[0]:.3f}-{interval[1]:.3f}" if interval else ", interval undefined")
+        + "."
+    )
+    plot = (
+        _plot_gain_by_auc(info["points"], info["fit"], exp.out / "gain_by_same_image_auc.png")
+        if info["points"]
+        else None
+    )
+    return write_report(
+        exp.out / "report_primary.md",
+        head,
+        helpers,
+        means,
+        tests,
+        "Secondary endpoints (no test counts toward the family):\n\n" + others,
+        fit,
+        f"![gain by same-image AUC]({plot.name})" if plot else "",
+    )
