@@ -12,7 +12,9 @@ exact truth corrupted to a chosen ROC-AUC (:func:`vlp.lab.oracle.noisy_relevance
 cache also stores ``relevance`` [N_txt, N_img] (fp32 in [0, 1]) and its "features" are the row
 indices themselves (``image`` [N_img, 1] = 0..N_img-1, ``text`` likewise, exact in fp32), so the
 batch carries indices down the same data path and the regulator looks the relevance up
-(:func:`vlp.losses.srcl.relevance_lookup`) instead of taking cosines.
+(:func:`vlp.losses.srcl.relevance_lookup`) instead of taking cosines. A learned cache's
+``helper_init`` says how its helper got its weights, ``pretrained`` or ``random``
+(:attr:`HelperCache.helper_init`).
 """
 
 from __future__ import annotations
@@ -60,6 +62,17 @@ class HelperCache:
     @property
     def is_oracle(self) -> bool:
         return self.kind in ORACLE_KINDS
+
+    @property
+    def helper_init(self) -> Optional[str]:
+        """How the helper of a ``learned`` cache got its weights, ``pretrained`` or ``random``
+        (``index.json``'s ``helper_init``; a cache written before that key: ``random`` for an
+        open_clip helper without weights, ``pretrained`` otherwise); None for an oracle."""
+        if self.is_oracle:
+            return None
+        if "helper_init" in self.meta:
+            return str(self.meta["helper_init"])
+        return "random" if "pretrained" in self.meta and self.meta["pretrained"] is None else "pretrained"
 
     @classmethod
     def load(cls, path: str | Path) -> HelperCache:
