@@ -45,8 +45,9 @@ class SRCLConfig:
     # Where helper features come from (one of the two while alpha_h > 0):
     helper_features: Optional[str] = None  # cache folder from `vlp cache-helper-features` (no helper tax)
     # A vlp helper checkpoint run live on each batch (augmented inputs), or a frozen open_clip model
-    # open_clip:ARCH[/PRETRAINED]: that one cannot run live (the batch carries BERT token ids and
-    # vlp-transformed images), so it is cached once into <output_dir>/helper_features_open_clip.
+    # open_clip:ARCH/PRETRAINED: that one cannot run live (the batch carries BERT token ids and
+    # vlp-transformed images), so it is cached once into <output_dir>/helper_features_open_clip,
+    # unless helper_features names a cache of it (`vlp cache-helper-features`, before calibrating delta).
     helper: Optional[str] = None
     # How the helper got its weights: "pretrained" (an open_clip tag or weights file, a vlp checkpoint)
     # or "random", the opt-in for an open_clip:ARCH with no weights (tests only: a random helper
