@@ -19,7 +19,7 @@ from tests.helpers import ROOT, SHAPES_TINY, load_script
 from vlp.cli import main
 from vlp.config import PretrainConfig, load_config
 from vlp.data.formats import load_pairs
-from vlp.errors import ConfigError, DataError
+from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.features.helper_cache import HelperCache
 from vlp.models.open_clip_helper import OpenClipHelper, parse_open_clip_spec
 from vlp.runs.common import OPEN_CLIP_CACHE, build_regulator, check_helper_weights, open_clip_helper_cache
@@ -300,3 +300,27 @@ def test_a_run_uses_the_prebuilt_cache_of_its_own_helper(files, tmp_path, monkey
     cfg = srcl_config(files, tmp_path / "run", None, f"loss.srcl.helper_features={other}")
     with pytest.raises(ConfigError, match="'loss.srcl.helper_features'/'loss.srcl.helper'.*holds the features of"):
         build_regulator(cfg)
+
+
+def test_a_file_named_otherwise_than_in_the_cache_is_named_in_the_error(files, tmp_path, monkeypatch):
+    """An image's key starts with its annotation file's path as given: a run that names the file
+    another way (relative here, absolute in the cache) is told so."""
+    cache = HelperCache.load(
+        run_cache_helper_features(files["spec"], [str(files["ann"])], tmp_path / "c", show_progress=False)
+    )
+    monkeypatch.chdir(files["root"])
+    with pytest.raises(DataError) as e:
+        cache.check_covers(load_pairs(["pretrain.json"]))
+    msg = str(e.value)
+    assert "lacks 4 images and 0 captions" in msg and f"It holds that image as {files['ann']}:img0" in msg, msg
+    assert f"{files['ann']} to the cache and pretrain.json here; name the file the same way in both" in msg, msg
+
+
+def test_weights_that_do_not_fit_the_architecture_are_refused(files, tmp_path):
+    """open_clip loads a weights file strictly: a file missing a key of the architecture is refused."""
+    state = torch.load(files["weights"], weights_only=True)
+    state.pop("logit_scale")
+    broken = tmp_path / "broken.pt"
+    torch.save(state, broken)
+    with pytest.raises(CheckpointError, match=r"cannot load the weights file .*broken.pt into tiny-oc-test"):
+        OpenClipHelper.load(f"open_clip:{files['config']}/{broken}", "--helper", torch.device("cpu"))
