@@ -12,10 +12,9 @@ import numpy as np
 import open_clip
 import pytest
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
-from tests.helpers import ROOT, SHAPES_TINY, load_script
+from tests.helpers import ROOT, SHAPES_TINY, load_script, open_clip_rows
 from vlp.cli import main
 from vlp.config import PretrainConfig, load_config
 from vlp.data.formats import load_pairs
@@ -71,18 +70,12 @@ def check_against_reference(cache_dir, files, reference):
     cache = HelperCache.load(cache_dir)
     samples = load_pairs([files["ann"]])
     cache.check_covers(samples)
-    keys = sorted(cache.image_index, key=cache.image_index.get)
-    texts = sorted(cache.text_index, key=cache.text_index.get)
-    paths = {s.image_key: s.image for s in samples}
-    with torch.no_grad():
-        images = torch.stack([preprocess(Image.open(paths[k]).convert("RGB")) for k in keys])
-        want_img = F.normalize(model.encode_image(images), dim=-1)
-        want_txt = F.normalize(model.encode_text(tokenizer(texts)), dim=-1)
+    want_img, want_txt = open_clip_rows(model, preprocess, tokenizer, cache, samples)
     assert cache.kind == "learned" and cache.dim == TINY_CLIP["embed_dim"]
     assert cache.image.dtype == torch.float32 and cache.text.dtype == torch.float32
     torch.testing.assert_close(cache.image, want_img, atol=1e-5, rtol=0)
     torch.testing.assert_close(cache.text, want_txt, atol=1e-5, rtol=0)
-    assert set(texts) == {c for caps in CAPTIONS for c in caps}
+    assert set(cache.text_index) == {c for caps in CAPTIONS for c in caps}
     return cache
 
 

@@ -10,11 +10,9 @@ from pathlib import Path
 
 import open_clip
 import torch
-import torch.nn.functional as F
-from PIL import Image
 from safetensors.torch import load_file
 
-from tests.helpers import NO_TASKS, QUICK, SHAPES_TINY, TINY_ALBEF, load_script
+from tests.helpers import NO_TASKS, QUICK, SHAPES_TINY, TINY_ALBEF, load_script, open_clip_rows
 from vlp.cli import main
 from vlp.data.formats import load_pairs
 from vlp.features.helper_cache import HelperCache
@@ -30,14 +28,7 @@ def reference_features(config: Path, weights: Path, cache: HelperCache, data: st
     torch.manual_seed(1)
     model, _, preprocess = open_clip.create_model_and_transforms(config.stem)
     model.load_state_dict(load_file(str(weights)))
-    paths = {s.image_key: s.image for s in load_pairs([data])}
-    keys = sorted(cache.image_index, key=cache.image_index.get)
-    texts = sorted(cache.text_index, key=cache.text_index.get)
-    with torch.no_grad():
-        images = torch.stack([preprocess(Image.open(paths[k]).convert("RGB")) for k in keys])
-        image = F.normalize(model.eval().encode_image(images), dim=-1)
-        text = F.normalize(model.encode_text(open_clip.get_tokenizer(config.stem)(texts)), dim=-1)
-    return image, text
+    return open_clip_rows(model, preprocess, open_clip.get_tokenizer(config.stem), cache, load_pairs([data]))
 
 
 def test_quick_start_with_a_local_weights_file(world, tmp_path, capsys):
