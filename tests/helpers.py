@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Sequence
 import pytest
 
 if TYPE_CHECKING:
+    import torch
+
     from vlp.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,6 +142,24 @@ def narrow_model_config(embed_dim: int = 16, queue_size: int = 0, **text) -> Mod
         embed_dim=embed_dim,
         queue_size=queue_size,
     )
+
+
+def open_clip_rows(model, preprocess, tokenizer, cache, samples) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of the helper-feature cache ``cache`` (of ``samples``) as open_clip itself computes them
+    with ``model``, its eval ``preprocess`` and ``tokenizer``: L2-normalised ``image`` [N_img, E] and
+    ``text`` [N_txt, E] in the cache's row order."""
+    import torch
+    import torch.nn.functional as F
+    from PIL import Image
+
+    keys = sorted(cache.image_index, key=cache.image_index.get)
+    texts = sorted(cache.text_index, key=cache.text_index.get)
+    paths = {s.image_key: s.image for s in samples}
+    with torch.no_grad():
+        images = torch.stack([preprocess(Image.open(paths[k]).convert("RGB")) for k in keys])
+        image = F.normalize(model.eval().encode_image(images), dim=-1)
+        text = F.normalize(model.encode_text(tokenizer(texts)), dim=-1)
+    return image, text
 
 
 # ------------------------------------------------------------------ scripts and several processes

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from vlp.cli.common import call, wrote
+from vlp.config.loss import HELPER_INITS
 from vlp.data.check import CHECK_KINDS, CheckReport, check_annotations, check_shards, default_workers, is_shard_entry
 from vlp.data.formats import write_json_atomic
 from vlp.errors import ConfigError
@@ -20,10 +21,12 @@ def _cache_helper(a: argparse.Namespace) -> None:
 
     if (a.helper is None) == (a.oracle is None) or (a.oracle is not None) != (a.world is not None):
         raise ConfigError(
-            "vlp cache-helper-features: give --helper CHECKPOINT (or open_clip:ARCH[/PRETRAINED]), "
+            "vlp cache-helper-features: give --helper CHECKPOINT (or open_clip:ARCH/PRETRAINED), "
             "or --oracle exact|graded with --world ROOT"
         )
     if a.oracle is not None:
+        if a.helper_init is not None:
+            raise ConfigError("vlp cache-helper-features: --helper-init is for --helper (an oracle has no weights)")
         if a.oracle_auc is not None and a.oracle != "exact":
             raise ConfigError("vlp cache-helper-features: --oracle-auc corrupts the exact oracle (--oracle exact)")
         wrote(
@@ -86,8 +89,15 @@ def _add_cache_helper(sub: Any) -> None:
     s = sub.add_parser("cache-helper-features", help="compute the SRCL helper's features of a dataset once")
     s.add_argument(
         "--helper",
-        help="helper checkpoint folder or run directory, or a frozen open_clip model open_clip:ARCH[/PRETRAINED] "
-        "(ARCH: an open_clip model name or a model-config .json file; PRETRAINED: an open_clip tag or a weights file)",
+        help="helper checkpoint folder or run directory, or a frozen open_clip model open_clip:ARCH/PRETRAINED "
+        "(ARCH: an open_clip model name or a model-config .json file; PRETRAINED: an open_clip tag or a local "
+        "weights file)",
+    )
+    s.add_argument(
+        "--helper-init",
+        choices=HELPER_INITS,
+        help="pretrained (default): the helper's weights are required; random: an open_clip:ARCH without weights, "
+        "randomly initialised (tests; recorded in index.json)",
     )
     s.add_argument(
         "--oracle",

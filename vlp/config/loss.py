@@ -9,6 +9,9 @@ from typing import Optional
 from vlp.config.load import _choice
 from vlp.errors import ConfigError
 
+#: ``loss.srcl.helper_init`` / ``--helper-init``: how the SRCL helper got its weights
+HELPER_INITS = ("pretrained", "random")
+
 
 @dataclass
 class SRCLConfig:
@@ -42,12 +45,18 @@ class SRCLConfig:
     # Where helper features come from (one of the two while alpha_h > 0):
     helper_features: Optional[str] = None  # cache folder from `vlp cache-helper-features` (no helper tax)
     # A vlp helper checkpoint run live on each batch (augmented inputs), or a frozen open_clip model
-    # open_clip:ARCH[/PRETRAINED]: that one cannot run live (the batch carries BERT token ids and
-    # vlp-transformed images), so it is cached once into <output_dir>/helper_features_open_clip.
+    # open_clip:ARCH/PRETRAINED: that one cannot run live (the batch carries BERT token ids and
+    # vlp-transformed images), so it is cached once into <output_dir>/helper_features_open_clip,
+    # unless helper_features names a cache of it (`vlp cache-helper-features`, before calibrating delta).
     helper: Optional[str] = None
+    # How the helper got its weights: "pretrained" (an open_clip tag or weights file, a vlp checkpoint)
+    # or "random", the opt-in for an open_clip:ARCH with no weights (tests only: a random helper
+    # weights negatives by noise). Refused either way round: weights given with random, none without.
+    helper_init: str = "pretrained"
 
     def __post_init__(self) -> None:
         _choice("loss.srcl.norm", self.norm, ["softmax", "mean"])
+        _choice("loss.srcl.helper_init", self.helper_init, HELPER_INITS)
         if self.delta is not None and self.delta < 0 or self.tau_w <= 0:
             raise ConfigError(
                 f"config keys 'loss.srcl.delta'/'loss.srcl.tau_w': got {self.delta}/{self.tau_w}, "

@@ -12,7 +12,9 @@ exact truth corrupted to a chosen ROC-AUC (:func:`vlp.lab.oracle.noisy_relevance
 cache also stores ``relevance`` [N_txt, N_img] (fp32 in [0, 1]) and its "features" are the row
 indices themselves (``image`` [N_img, 1] = 0..N_img-1, ``text`` likewise, exact in fp32), so the
 batch carries indices down the same data path and the regulator looks the relevance up
-(:func:`vlp.losses.srcl.relevance_lookup`) instead of taking cosines.
+(:func:`vlp.losses.srcl.relevance_lookup`) instead of taking cosines. A learned cache's
+``helper_init`` says how its helper got its weights, ``pretrained`` or ``random``
+(:attr:`HelperCache.helper_init`).
 """
 
 from __future__ import annotations
@@ -61,6 +63,17 @@ class HelperCache:
     def is_oracle(self) -> bool:
         return self.kind in ORACLE_KINDS
 
+    @property
+    def helper_init(self) -> Optional[str]:
+        """How the helper of a ``learned`` cache got its weights, ``pretrained`` or ``random``
+        (``index.json``'s ``helper_init``; a cache written before that key: ``random`` for an
+        open_clip helper without weights, ``pretrained`` otherwise); None for an oracle."""
+        if self.is_oracle:
+            return None
+        if "helper_init" in self.meta:
+            return str(self.meta["helper_init"])
+        return "random" if "pretrained" in self.meta and self.meta["pretrained"] is None else "pretrained"
+
     @classmethod
     def load(cls, path: str | Path) -> HelperCache:
         """Read a cache folder; a missing or inconsistent cache raises one :class:`DataError`."""
@@ -98,11 +111,32 @@ class HelperCache:
         if missing_img or missing_txt:
             ex = [f"{s.origin}: image {s.image_key}" for s in missing_img[:limit]]
             ex += [f"{s.origin}: caption {c!r}" for s, c in missing_txt[:limit]]
+            how = "`vlp cache-helper-features` on the same annotation files"
+            hint = self._spelling_hint(missing_img[0]) if missing_img else None
             raise DataError(
                 f"helper feature cache {self.path} lacks {len(missing_img)} images and "
                 f"{len(missing_txt)} captions of the training data, e.g. {'; '.join(ex)}. "
-                "Rebuild it with `vlp cache-helper-features` on the same annotation files"
+                + (
+                    f"{hint}; name the file the same way in both, or rebuild it with {how}"
+                    if hint
+                    else f"Rebuild it with {how}"
+                )
             )
+
+    def _spelling_hint(self, missing: Sample) -> Optional[str]:
+        """Where the cache holds ``missing``'s image under another spelling of its annotation file's
+        path (an image's key starts with that path as it was given): that, else None."""
+        file = missing.origin.rsplit(" entry ", 1)[0]
+        if not missing.image_key.startswith(f"{file}:"):
+            return None
+        tail = missing.image_key[len(file) :]  # ":" + image_id or image path
+        other = next((k[: -len(tail)] for k in self.image_index if k.endswith(tail)), None)
+        if other is None:
+            return None
+        return (
+            f"It holds that image as {other}{tail}: an image's key starts with its annotation file's path "
+            f"as it was given, {other} to the cache and {file} here"
+        )
 
     def lookup(self, image_key: str, caption: str) -> tuple[torch.Tensor, torch.Tensor]:
         return self.image[self.image_index[image_key]], self.text[self.text_index[caption]]

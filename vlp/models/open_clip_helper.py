@@ -6,10 +6,12 @@ Spec grammar (after the ``open_clip:`` prefix):
 - ``ARCH`` is an open_clip model name (``ViT-B-16``; ``open_clip.list_models()``) or the path of an
   open_clip model-config JSON file (``embed_dim``, ``vision_cfg``, ``text_cfg``), registered with
   ``open_clip.add_model_config`` under its stem;
-- ``PRETRAINED`` (optional: without it the model is randomly initialised) is an open_clip
-  pretrained tag of that architecture (``laion2b_s34b_b88k``; ``open_clip.list_pretrained_tags_by_model``:
+- ``PRETRAINED`` is an open_clip pretrained tag of that architecture (``laion2b_s34b_b88k``; ``open_clip.list_pretrained_tags_by_model``:
   fetched from the hub, so it needs internet or a pre-populated open_clip / Hugging Face cache) or
-  the path of a local weights file (a ``state_dict`` saved with ``torch.save``, or ``.safetensors``);
+  the path of a local weights file (a ``state_dict`` saved with ``torch.save``, or ``.safetensors``),
+  loaded strictly by open_clip as it loads a tag's file. Without it the model would be randomly
+  initialised, which is refused (:func:`require_weights`) unless the helper init is ``random``
+  (``loss.srcl.helper_init=random`` / ``--helper-init random``: tests);
 - if the rest contains ``.json``, ``ARCH`` runs up to and including the first ``.json`` that ends
   it or is followed by ``/``, and whatever follows that ``/`` is ``PRETRAINED`` (so
   ``open_clip:/cfg/tiny.json//weights/tiny.pt`` has an absolute weights path); otherwise the rest
@@ -35,6 +37,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
+from vlp.config.loss import HELPER_INITS
 from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.hardware import default_device
 
@@ -65,6 +68,20 @@ class OpenClipSpec:
         """The name open_clip knows the architecture by (a config file's stem)."""
         cf = self.config_file
         return cf.stem if cf is not None else self.arch
+
+    @property
+    def weights(self) -> Optional[str]:
+        """PRETRAINED as a cache records it: an existing file's resolved path, else as written."""
+        if self.pretrained is None:
+            return None
+        path = Path(self.pretrained).expanduser()
+        return str(path.resolve()) if path.is_file() else self.pretrained
+
+    def built(self, meta: dict[str, Any]) -> bool:
+        """Whether the helper-feature cache whose ``index.json`` is ``meta`` was written by this
+        helper: the same spec, or the same architecture name and weights (a file by its resolved path)."""
+        same_weights = meta.get("arch") == self.model_name and meta.get("pretrained") == self.weights
+        return meta.get("helper") == self.spec or ("arch" in meta and same_weights)
 
 
 def is_open_clip_spec(helper: object) -> bool:
@@ -97,6 +114,34 @@ def parse_open_clip_spec(spec: str, key: str = "loss.srcl.helper") -> OpenClipSp
     if pretrained is not None and not pretrained:
         raise ConfigError(f"{where}: empty PRETRAINED after '/'; expected {GRAMMAR} (or no '/' for random weights)")
     return OpenClipSpec(spec, arch, pretrained)
+
+
+def _random_opt_in(key: str) -> str:
+    """The opt-in for a random helper in the setting ``key`` belongs to."""
+    return "--helper-init random" if key.startswith("-") else "loss.srcl.helper_init=random"
+
+
+def require_weights(spec: str | OpenClipSpec, init: str = "pretrained", key: str = "loss.srcl.helper") -> OpenClipSpec:
+    """``spec`` parsed, if it agrees with the helper init ``init`` (:data:`HELPER_INITS`): weights
+    (a tag or a file) for ``pretrained``, none for ``random``; else one :class:`ConfigError` naming
+    ``key`` and the ways out. open_clip itself would build a spec without weights at random, with a
+    log warning only."""
+    parsed = spec if isinstance(spec, OpenClipSpec) else parse_open_clip_spec(spec, key)
+    where = f"{_where(key)}: {parsed.spec!r}"
+    if init not in HELPER_INITS:
+        raise ConfigError(f"{where}: helper init {init!r}, expected one of {list(HELPER_INITS)}")
+    if init == "pretrained" and parsed.pretrained is None:
+        raise ConfigError(
+            f"{where}: no weights, so the helper would be randomly initialised; give a pretrained tag "
+            f"({PREFIX}{parsed.arch}/TAG) or a local weights file ({PREFIX}{parsed.arch}/FILE), "
+            f"or {_random_opt_in(key)} for a random helper (tests)"
+        )
+    if init == "random" and parsed.pretrained is not None:
+        raise ConfigError(
+            f"{where}: {_random_opt_in(key)} loads no weights, but the spec names {parsed.pretrained!r}; "
+            f"drop one of the two"
+        )
+    return parsed
 
 
 def _register_config(path: Path, where: str) -> str:
@@ -165,12 +210,17 @@ class OpenClipHelper:
 
     @classmethod
     def load(
-        cls, spec: str | OpenClipSpec, key: str = "loss.srcl.helper", device: Optional[torch.device] = None
+        cls,
+        spec: str | OpenClipSpec,
+        key: str = "loss.srcl.helper",
+        device: Optional[torch.device] = None,
+        init: str = "pretrained",
     ) -> OpenClipHelper:
         """Build the model of ``spec`` (``open_clip.create_model_and_transforms``, fp32) on
-        ``device`` (default: CUDA if available). A bad spec raises one :class:`ConfigError` /
-        :class:`DataError` naming ``key`` (``loss.srcl.helper`` or ``--helper``); weights that do not
-        fit the architecture a :class:`CheckpointError`."""
+        ``device`` (default: CUDA if available). A bad spec, or one that disagrees with ``init``
+        (:func:`require_weights`), raises one :class:`ConfigError` / :class:`DataError` naming
+        ``key`` (``loss.srcl.helper`` or ``--helper``); weights that do not fit the architecture a
+        :class:`CheckpointError`."""
         import open_clip
 
         parsed = spec if isinstance(spec, OpenClipSpec) else parse_open_clip_spec(spec, key)
@@ -185,6 +235,7 @@ class OpenClipHelper:
                     f"{where}: unknown open_clip architecture {name!r}; expected {GRAMMAR} with ARCH an open_clip "
                     "model name (e.g. ViT-B-16, ViT-L-14; see open_clip.list_models()) or a model-config .json file"
                 )
+        require_weights(parsed, init, key)
         pretrained, is_file = _resolve_pretrained(parsed, name, where)
         device = device if device is not None else default_device()
         try:

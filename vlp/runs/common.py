@@ -21,7 +21,7 @@ from vlp.errors import ConfigError, DataError
 from vlp.features.helper_cache import HelperCache
 from vlp.features.targets import LatentTargets
 from vlp.models.build import model_image_size
-from vlp.models.open_clip_helper import is_open_clip_spec
+from vlp.models.open_clip_helper import is_open_clip_spec, require_weights
 from vlp.preprocess.transforms import test_transform, train_transform
 from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.reconstruction import Reconstruction
@@ -279,11 +279,19 @@ def build_regulator(
     if helper_span(s, cfg.train.steps, finetune) > 0:
         if s.helper_features:
             cache = HelperCache.load(s.helper_features)
+            if is_open_clip_spec(s.helper):  # the cache of this very helper, built before the run
+                check_cache_of_helper(cache, str(s.helper), "loss.srcl.helper_features")
+            check_helper_init(cache, s.helper_init)
             dim = cache.dim
         elif is_open_clip_spec(s.helper):  # not live: cached once into output_dir (open_clip_helper_cache)
             cache = open_clip_helper_cache(cfg)
             dim = cache.dim
         elif s.helper:
+            if s.helper_init != "pretrained":
+                raise ConfigError(
+                    f"config key 'loss.srcl.helper_init': {s.helper_init} is for an open_clip helper without "
+                    f"weights; the vlp checkpoint {s.helper} has its own (leave loss.srcl.helper_init=pretrained)"
+                )
             opened = open_checkpoint(s.helper, torch.device("cpu"))
             helper, hcfg = opened.model, opened.pretrain_config
             if image_size(hcfg) != image_size(cfg) or hcfg.model.text.tokenizer != cfg.model.text.tokenizer:
@@ -299,6 +307,14 @@ def build_regulator(
             )
     relevance = cache.relevance if cache is not None else None  # an oracle cache: the ground-truth table
     return SRCLRegulator(s, mode, cfg.train.steps, cfg.model.queue_size, dim, finetune, helper, relevance), cache
+
+
+def check_helper_weights(cfg: PretrainConfig) -> None:
+    """Before any work: an open_clip ``loss.srcl.helper`` of a regulated run names weights, or
+    none with ``loss.srcl.helper_init=random`` (:func:`~vlp.models.open_clip_helper.require_weights`)."""
+    s = cfg.loss.srcl
+    if cfg.loss.regulation != "none" and is_open_clip_spec(s.helper):
+        require_weights(str(s.helper), s.helper_init, "loss.srcl.helper")
 
 
 #: the folder of ``output_dir`` that ``loss.srcl.helper=open_clip:...`` caches the helper's features in
@@ -317,17 +333,50 @@ class FeatureEncoder:
     meta: dict[str, Any]
 
 
-def open_clip_encoder(spec: str, key: str = "--helper") -> FeatureEncoder:
+def check_helper_init(cache: HelperCache, init: str, key: str = "loss.srcl.helper_features") -> None:
+    """The cache must agree with ``loss.srcl.helper_init``: a randomly initialised helper's
+    (``index.json`` ``helper_init: random``) only with ``random``, a helper with weights only with
+    ``pretrained`` (an oracle cache with either); one :class:`ConfigError` naming ``key`` otherwise."""
+    if cache.helper_init in (None, init):
+        return
+    if cache.helper_init == "random":
+        raise ConfigError(
+            f"config key '{key}': {cache.path} holds the features of a randomly initialised helper "
+            f"({cache.meta.get('helper')}, index.json helper_init: random), which weights negatives by noise; "
+            "cache a helper with weights, or set loss.srcl.helper_init=random (tests)"
+        )
+    raise ConfigError(
+        f"config keys '{key}'/'loss.srcl.helper_init': loss.srcl.helper_init={init}, but {cache.path} holds "
+        f"the features of a helper with weights ({cache.meta.get('helper')}); leave loss.srcl.helper_init=pretrained"
+    )
+
+
+def check_cache_of_helper(cache: HelperCache, spec: str, key: str) -> None:
+    """The cache ``key`` names must hold the features of the open_clip helper ``spec``
+    (``loss.srcl.helper``): one :class:`ConfigError` naming both keys otherwise."""
+    from vlp.models.open_clip_helper import parse_open_clip_spec
+
+    if not parse_open_clip_spec(spec).built(cache.meta):
+        raise ConfigError(
+            f"config keys '{key}'/'loss.srcl.helper': {cache.path} holds the features of "
+            f"{cache.meta.get('helper')!r}, not of {spec!r}; point {key} at that helper's cache, or set "
+            "loss.srcl.helper=null to use this one"
+        )
+
+
+def open_clip_encoder(spec: str, key: str = "--helper", init: str = "pretrained") -> FeatureEncoder:
     """The open_clip helper ``spec`` (``open_clip:ARCH[/PRETRAINED]``, :mod:`vlp.models.open_clip_helper`)
     as a :class:`FeatureEncoder`: open_clip's own eval preprocessing of the images (read as vlp reads
-    images) and its tokenizer of the raw captions; cache kind ``learned``. ``key`` (``--helper`` or
-    ``loss.srcl.helper``) is named by the errors of a bad spec."""
+    images) and its tokenizer of the raw captions; cache kind ``learned``, ``helper_init`` ``init``
+    (``random`` only for a spec without weights: :func:`~vlp.models.open_clip_helper.require_weights`).
+    ``key`` (``--helper`` or ``loss.srcl.helper``) is named by the errors of a bad spec."""
     from vlp.models.open_clip_helper import OpenClipHelper
 
-    helper = OpenClipHelper.load(spec, key)
+    helper = OpenClipHelper.load(spec, key, init=init)
     meta = {
         "kind": "learned",
         "helper": spec,
+        "helper_init": init,
         "arch": helper.spec.model_name,
         "pretrained": helper.pretrained,
         "image_size": helper.image_size,
@@ -391,6 +440,7 @@ def open_clip_helper_cache(cfg: PretrainConfig, poll_s: float = 2.0) -> HelperCa
     import time
 
     s, d = cfg.loss.srcl, cfg.data
+    require_weights(str(s.helper), s.helper_init, "loss.srcl.helper")  # a reused cache too
     if d.format != "json":
         raise ConfigError(
             f"config key 'loss.srcl.helper': an open_clip helper ({s.helper}) is cached from annotation files, "
@@ -401,7 +451,7 @@ def open_clip_helper_cache(cfg: PretrainConfig, poll_s: float = 2.0) -> HelperCa
     rank = launch_rank()[0]
     if rank == 0 and not out.exists():
         print(f"loss.srcl.helper={s.helper}: caching its features of data.train into {out}")
-        encoder = open_clip_encoder(str(s.helper), key="loss.srcl.helper")
+        encoder = open_clip_encoder(str(s.helper), key="loss.srcl.helper", init=s.helper_init)
         write_feature_cache(
             out, d.train, encoder, d.image_root, num_workers=d.num_workers, show_progress=cfg.train.progress
         )
@@ -415,4 +465,5 @@ def open_clip_helper_cache(cfg: PretrainConfig, poll_s: float = 2.0) -> HelperCa
             f"config key 'loss.srcl.helper': {out} holds the features of {cache.meta.get('helper')!r}, not of "
             f"{s.helper!r}; remove that folder (it is rebuilt) or choose another output_dir"
         )
+    check_helper_init(cache, s.helper_init, "loss.srcl.helper")
     return cache

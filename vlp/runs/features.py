@@ -11,6 +11,7 @@ import torch
 
 from vlp.checkpoint import image_size, open_checkpoint
 from vlp.data.formats import load_pairs
+from vlp.errors import ConfigError
 from vlp.features.store import refuse_existing
 from vlp.hardware import default_device
 from vlp.models.open_clip_helper import is_open_clip_spec
@@ -32,6 +33,7 @@ def checkpoint_encoder(helper: str | Path) -> FeatureEncoder:
 
     meta = {
         "helper": str(ckpt.path.resolve()),
+        "helper_init": "pretrained",  # a checkpoint's weights: trained for helper_step steps
         "helper_step": ckpt.state.get("step"),
         "image_size": image_size(hcfg),
         "max_len": hcfg.model.text.max_len,
@@ -48,13 +50,23 @@ def run_cache_helper_features(
     batch_size: int = 256,
     num_workers: int = 0,
     show_progress: bool = True,
+    helper_init: str = "pretrained",
 ) -> Path:
     """Features of every image and caption of ``data`` under the frozen helper, written to the
     cache folder ``out`` that ``loss.srcl.helper_features`` points at. ``helper``: a vlp helper
     checkpoint or run directory (:func:`checkpoint_encoder`), or an open_clip model
-    ``open_clip:ARCH[/PRETRAINED]`` (:func:`vlp.runs.common.open_clip_encoder`)."""
+    ``open_clip:ARCH/PRETRAINED`` (:func:`vlp.runs.common.open_clip_encoder`; ``open_clip:ARCH``
+    without weights only with ``helper_init="random"``, which ``index.json`` records)."""
     refuse_existing(out)  # before the helper loads
-    encoder = open_clip_encoder(str(helper)) if is_open_clip_spec(helper) else checkpoint_encoder(helper)
+    if is_open_clip_spec(helper):
+        encoder = open_clip_encoder(str(helper), init=helper_init)
+    elif helper_init != "pretrained":
+        raise ConfigError(
+            f"--helper-init {helper_init} is for an open_clip helper without weights; the vlp checkpoint "
+            f"{helper} has its own (leave --helper-init out)"
+        )
+    else:
+        encoder = checkpoint_encoder(helper)
     return write_feature_cache(out, data, encoder, image_root, batch_size, num_workers, show_progress)
 
 

@@ -29,6 +29,7 @@ from vlp.runs.common import (
     bad_sample_args,
     build_reconstruction,
     build_regulator,
+    check_helper_weights,
     check_image_paths,
     check_images,
     check_queue,
@@ -121,6 +122,7 @@ def init_weights(model: torch.nn.Module, source: str) -> None:
 
 def check_run(cfg: PretrainConfig) -> None:
     """Combinations that need the launch or the evaluation data, checked before any work starts."""
+    check_helper_weights(cfg)
     cfg.loss.srcl.require_delta(cfg.loss.regulation)
     if cfg.model.arch == "albef":
         check_queue(cfg.model.queue_size, cfg.data.batch_size)
