@@ -1,8 +1,10 @@
 """`vlp prepare eccv-caption`: ECCV Caption / CxC positives (COCO ids) -> a relevance file of a Karpathy
 test file, on miniature id-consistent files in the formats of the eccv-caption package and COCO."""
 
+import importlib.util
 import json
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,7 @@ from vlp.data.prepare import eccv as eccv_mod
 from vlp.data.prepare import eccv_caption
 from vlp.data.relevance import Relevance, load_relevance_file
 from vlp.errors import DataError
+from vlp.eval.metrics import relevance_metrics
 
 
 def dump(path, obj):
@@ -172,6 +175,12 @@ def test_bad_coco_karpathy_and_sources(files, tmp_path, monkeypatch):
         z.writestr("eccv_caption/data/eccv_image_to_caption.json", "{not json")
     with pytest.raises(DataError, match=r"other\.whl:eccv_caption/data/eccv_image_to_caption\.json: invalid JSON"):
         prepare(files, eccv=wheel)
+    with pytest.raises(DataError, match=r"--eccv .*nowhere: no such file or folder"):
+        prepare(files, eccv=tmp_path / "nowhere")
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("eccv_caption/__init__.py", "")
+    with pytest.raises(DataError, match=r"other\.whl: no eccv_image_to_caption\.json in this archive"):
+        prepare(files, eccv=wheel)
     monkeypatch.setattr(eccv_mod, "find_spec", lambda name: None)
     with pytest.raises(DataError, match=r"--eccv auto: the eccv-caption package is not installed"):
         prepare(files, eccv="auto")
@@ -191,3 +200,25 @@ def test_cli(files, capsys):
     assert main([*args, "--eccv", str(files["data"]), "--out", str(files["out"])]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("vlp: error: ") and "caption id 77" in err[0]
+
+
+def test_the_check_script_on_generated_coco_files(files, tmp_path, capsys):
+    """scripts/eccv_check.py (run on the real package in docs/evaluation.md): its generated Karpathy
+    and COCO files hold every id of the benchmark, so the prepare step maps them all."""
+    path = Path(__file__).parents[2] / "scripts" / "eccv_check.py"
+    spec = importlib.util.spec_from_file_location("eccv_check", path)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    # the package's original COCO positives: 4 images x their captions; 14 and 91 are not among them
+    original = {"101": [11, 12, 13], "202": [21, 22], "303": [31], "404": [41]}
+    dump(files["data"] / "original_image_to_caption.json", original)
+    bad_id_file(files, "eccv_caption_to_image.json", {**ECCV_T2I, "91": [202]})  # 91: an extra caption id
+    result = check.main(["--eccv", str(files["data"]), "--out", str(tmp_path / "c")])
+    assert result["counts"]["captions"] == 8 and result["counts"]["captions_matched"] == 8  # 7 + the extra 91
+    assert result["counts"]["t2i_queries"] == 4 and result["eccv_caption"] == {}
+    split = load_retrieval_split(tmp_path / "c" / "coco_test.json")
+    assert split.texts[3] == "caption 91" and split.txt2img[3] == 0  # the extra id: a caption of the first image
+    rel = load_relevance_file(tmp_path / "c" / "relevance.json", split)
+    s = check.scores(split)
+    want = relevance_metrics(s, s.T.contiguous(), rel.images, relevant_texts=rel.texts)
+    assert result["vlp"]["txt_map_at_r"] == want["txt_map_at_r"] and "img_map_at_r" in capsys.readouterr().out

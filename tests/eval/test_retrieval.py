@@ -201,7 +201,8 @@ def test_evaluate_retrieval_with_a_v2_relevance_file(tiny_eval, tmp_path, capsys
     assert want["img_rel_queries"] == 15 and want["txt_rel_queries"] == 3
     assert want["txt_map_at_r"] != relevance_metrics(res.scores_i2t, res.scores_t2i, images)["txt_map_at_r"]
     m = json.loads((tmp_path / "e" / "metrics.json").read_text())
-    assert m["relevance_benchmark"] == "eccv-caption" and m["img_map_at_r"] == want["img_map_at_r"]
+    assert m["relevance_benchmark"] == "eccv-caption" and m["relevance"] == str(path)
+    assert m["img_map_at_r"] == want["img_map_at_r"]
     base = ["evaluate", "retrieval", "--checkpoint", str(ckpt), "--data", str(world["retrieval_test"])]
     assert main([*base, "--relevance", str(path), "--out", str(tmp_path / "c"), "eval.score=itc"]) == 0
     printed = capsys.readouterr().out

@@ -49,9 +49,11 @@ def _package_folder() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
-def _read_id_file(source: Path, name: str) -> tuple[str, Any]:
+def read_id_file(source: Path, name: str) -> tuple[str, Any]:
     """(origin, parsed JSON) of the id file ``name`` in ``source``: a wheel, or a folder holding it
     directly, in ``data/`` or in ``eccv_caption/data/``."""
+    if not source.exists():
+        raise DataError(f"--eccv {source}: no such file or folder (expected the eccv-caption wheel or its data folder)")
     if source.is_file() and source.suffix in (".whl", ".zip"):
         with zipfile.ZipFile(source) as whl:
             member = next((m for m in whl.namelist() if m == name or m.endswith(f"/{name}")), None)
@@ -89,8 +91,8 @@ def eccv_id_maps(source: str | Path, benchmark: str = "eccv-caption") -> tuple[t
         raise DataError(f"unknown benchmark {benchmark!r}; expected one of {', '.join(ECCV_BENCHMARKS)}")
     folder = _package_folder() if str(source) == "auto" else Path(source)
     prefix = ECCV_BENCHMARKS[benchmark]
-    i2t_origin, i2t = _read_id_file(folder, f"{prefix}_image_to_caption.json")
-    t2i_origin, t2i = _read_id_file(folder, f"{prefix}_caption_to_image.json")
+    i2t_origin, i2t = read_id_file(folder, f"{prefix}_image_to_caption.json")
+    t2i_origin, t2i = read_id_file(folder, f"{prefix}_caption_to_image.json")
     return (i2t_origin, _id_map(i2t_origin, i2t, "caption ids")), (t2i_origin, _id_map(t2i_origin, t2i, "image ids"))
 
 
