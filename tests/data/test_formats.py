@@ -107,6 +107,30 @@ def test_relevance_validation(tmp_path):
         load_relevance(write(tmp_path / "r4.json", dict(good, texts=["x", "q", "z"])), sp)
 
 
+def test_relevance_v2_lists_per_direction_and_non_queries(tmp_path):
+    from vlp.data.relevance import Relevance, load_relevance_file, relevance_record
+
+    split_file = write(tmp_path / "t.json", [{"image": "a", "caption": ["x", "y"]}, {"image": "b", "caption": ["z"]}])
+    sp = load_retrieval_split(split_file)
+    # text 1 is no query (empty list) and text 2's list lacks its own image 1: both fine in v2
+    good = relevance_record("t.json", ["x", "y", "z"], 2, [[1, 0], [], [0]], [[2], []], "eccv-caption")
+    assert good["format"] == "vlp-relevance-v2" and good["relevant_images"] == [[0, 1], [], [0]]
+    got = load_relevance_file(write(tmp_path / "r.json", good), sp)
+    assert got == Relevance([[0, 1], [], [0]], [[2], []], "eccv-caption")
+    assert load_relevance(tmp_path / "r.json", sp) == [[0, 1], [], [0]]
+    no_texts = {k: v for k, v in good.items() if k != "relevant_texts"}
+    assert load_relevance_file(write(tmp_path / "n.json", no_texts), sp).texts is None  # the transpose
+    for bad, message in (
+        (dict(good, relevant_texts=[[2]]), r"key 'relevant_texts' has 1 entries, expected 2 \(images in "),
+        (dict(good, relevant_texts=[[3], []]), r"relevant_texts\[0\]: expected a list of text indices in \[0, 3\)"),
+        (dict(good, relevant_images=[[0], [], [2]]), r"relevant_images\[2\]: expected a list of image indices"),
+        (dict(good, format="vlp-relevance-v3"), "one of vlp-relevance-v1, vlp-relevance-v2"),
+        (dict(good, format="vlp-relevance-v1", relevant_images=[[0], [0], [1]]), "'relevant_texts' needs"),
+    ):
+        with pytest.raises(DataError, match=message):
+            load_relevance_file(write(tmp_path / "bad.json", bad), sp)
+
+
 @pytest.fixture()
 def split3x2(tmp_path):
     # 2 images, 3 texts: graded files must be [3, 2]

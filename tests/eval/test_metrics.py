@@ -66,8 +66,10 @@ def test_r_precision_and_relevance_recall():
     m = relevance_metrics(s_i2t, s_t2i, [[0, 2], [1]], ks=(1, 2))
     assert m["img_r1_rel"] == pytest.approx(50.0)  # text 0 hit at 1; text 1 misses (image 0 above)
     assert m["img_r2_rel"] == pytest.approx(100.0)
-    # image->text: image 0 rel {text 0}, image 1 {text 1}, image 2 {text 0}, image 3 {} (skipped in R-prec)
-    assert m["txt_r1_rel"] == pytest.approx(50.0)  # images 0 and 2 hit; image 1 misses; image 3 never
+    # image->text: image 0 rel {text 0}, image 1 {text 1}, image 2 {text 0}, image 3 {}: image 3 is no
+    # query (nothing relevant to find), so every relevance-aware metric averages over images 0-2
+    assert m["txt_rel_queries"] == 3 and m["img_rel_queries"] == 2
+    assert m["txt_r1_rel"] == pytest.approx(100 * 2 / 3)  # images 0 and 2 hit; image 1 misses
     assert m["txt_r_precision"] == pytest.approx(100 * 2 / 3)
 
 
@@ -158,6 +160,10 @@ def test_relevance_metrics_new_keys_binary_and_graded():
         "txt_r10_rel",
         "img_r_precision",
         "txt_r_precision",
+        "img_map_at_r",
+        "txt_map_at_r",
+        "img_rel_queries",
+        "txt_rel_queries",
         "img_ndcg10",
         "img_ndcg25",
         "txt_map5",

@@ -117,7 +117,16 @@ def tiny_eval(make_world, tmp_path_factory):
     return world, untrained_checkpoint(tmp_path_factory.mktemp("eval_ckpt") / "ckpt", TINY_ALBEF)
 
 
-NEW_KEYS = ("img_ndcg10", "img_ndcg25", "txt_map5", "txt_map10", "img_r_precision", "txt_r_precision")
+NEW_KEYS = (
+    "img_ndcg10",
+    "img_ndcg25",
+    "txt_map5",
+    "txt_map10",
+    "img_r_precision",
+    "txt_r_precision",
+    "img_map_at_r",
+    "txt_map_at_r",
+)
 
 
 def test_run_evaluate_retrieval_reports_graded_and_binary_relevance_metrics(tiny_eval, tmp_path):
@@ -170,12 +179,44 @@ def test_evaluate_retrieval_cli_graded_relevance(tiny_eval, tmp_path, capsys):
     assert m["ndcg_gains"] == "graded" and all(k in m for k in NEW_KEYS)
 
 
+def test_evaluate_retrieval_with_a_v2_relevance_file(tiny_eval, tmp_path, capsys):
+    """A v2 file (what `vlp prepare eccv-caption` writes): only the listed queries count, and the
+    image->text positives are its own lists, not the transpose of the text->image ones."""
+    from vlp.data.formats import load_retrieval_split
+    from vlp.data.relevance import relevance_record
+    from vlp.eval.metrics import relevance_metrics
+
+    world, ckpt = tiny_eval
+    split = load_retrieval_split(world["retrieval_test"])
+    v1 = json.loads(world["relevance_test"].read_text())["relevant_images"]
+    images = [r if t % 2 == 0 else [] for t, r in enumerate(v1)]  # the even texts are the queries
+    texts = [split.img2txt[i][:2] if i < 3 else [] for i in range(6)]  # images 0-2, two own captions each
+    path = tmp_path / "v2.json"
+    path.write_text(json.dumps(relevance_record("retrieval_test.json", split.texts, 6, images, texts, "eccv-caption")))
+    res = run_evaluate_retrieval(
+        ckpt, world["retrieval_test"], path, tmp_path / "e", overrides=["eval.score=itc"], show_progress=False
+    )
+    want = relevance_metrics(res.scores_i2t, res.scores_t2i, images, relevant_texts=texts)
+    assert {k: res.metrics[k] for k in want} == want
+    assert want["img_rel_queries"] == 15 and want["txt_rel_queries"] == 3
+    assert want["txt_map_at_r"] != relevance_metrics(res.scores_i2t, res.scores_t2i, images)["txt_map_at_r"]
+    m = json.loads((tmp_path / "e" / "metrics.json").read_text())
+    assert m["relevance_benchmark"] == "eccv-caption" and m["relevance"] == str(path)
+    assert m["img_map_at_r"] == want["img_map_at_r"]
+    base = ["evaluate", "retrieval", "--checkpoint", str(ckpt), "--data", str(world["retrieval_test"])]
+    assert main([*base, "--relevance", str(path), "--out", str(tmp_path / "c"), "eval.score=itc"]) == 0
+    printed = capsys.readouterr().out
+    assert "img_map_at_r" in printed and "txt_map_at_r" in printed and "txt_r_precision" in printed
+
+
 def test_graded_relevance_needs_relevance_lists():
     model, emb, split = setup()
     with pytest.raises(ValueError, match="needs relevant_images"):
         evaluate_retrieval(
             model, emb, split, EvalConfig(score="itc"), show_progress=False, graded_relevance=torch.ones(12, 6)
         )
+    with pytest.raises(ValueError, match="relevant_texts needs relevant_images"):
+        evaluate_retrieval(model, emb, split, EvalConfig(score="itc"), show_progress=False, relevant_texts=[[0]] * 6)
 
 
 # ---------------------------------------------------------------- eval.precision and eval.itm_batch_size

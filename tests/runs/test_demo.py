@@ -27,4 +27,5 @@ def test_demo_trains_on_the_weighted_mix_with_the_showcase_settings(tmp_path: Pa
     # the table: recall keys, chance and the per-kind rows from the world's caption groups
     table = (tmp_path / "results.md").read_text()
     assert "| img_r1 |" in table and "| img_r1@scene |" in table and "| img_r5_rel@generic |" in table
+    assert f"| img_map_at_r | {metrics['img_map_at_r']:.2f} |" in table and "| txt_map_at_r |" in table
     assert metrics["img_r1@scene"] == json.loads((tmp_path / "metrics.json").read_text())["img_r1@scene"]

@@ -1,5 +1,6 @@
-"""``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|snli-ve|refcoco+``: the official
-dataset releases converted into vlp's (ALBEF's) annotation files by :mod:`vlp.data.prepare`."""
+"""``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|snli-ve|refcoco+|eccv-caption``: the official
+dataset releases converted into vlp's (ALBEF's) annotation files by :mod:`vlp.data.prepare`
+(``eccv-caption``: into a relevance file of the Karpathy COCO test file)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def _run(a: argparse.Namespace) -> None:
         answer_list,
         cc3m,
         coco_karpathy,
+        eccv_caption,
         flickr30k_karpathy,
         nlvr2,
         prepare_refcoco,
@@ -49,6 +51,9 @@ def _run(a: argparse.Namespace) -> None:
         counts = visual_genome_qa(a.question_answers, a.image_data, a.image_root, a.out, a.answer_list)
     elif d == "vqa":
         counts = vqa_v2(a.questions, a.annotations, a.split, a.image_root, a.out)
+    elif d == "eccv-caption":
+        counts = eccv_caption(a.karpathy_test, a.coco_captions, a.eccv, a.out, a.benchmark)
+        d = a.benchmark
     elif d == "vqa-answers":
         counts = answer_list(a.annotations, a.top_k, a.out)
     elif hasattr(a, "refs"):  # refcoco+, whose --dataset (the files' prefix) stands in a.dataset
@@ -69,7 +74,8 @@ def _run(a: argparse.Namespace) -> None:
 
 
 def _add_prepare(sub: Any) -> None:
-    """``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|snli-ve|refcoco+``."""
+    """``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|snli-ve|refcoco+|eccv-caption``."""
+    from vlp.data.prepare.eccv import ECCV_BENCHMARKS
     from vlp.data.prepare.nlvr import NLVR_SPLITS
     from vlp.data.prepare.vqa import VQA_SPLITS
 
@@ -142,6 +148,30 @@ def _add_prepare(sub: Any) -> None:
     c.add_argument("--dets-by", default="image_id", choices=["image_id", "ref_id"], help="the detections' keys")
     c.add_argument("--image-prefix", default="", help="put before each COCO file_name, e.g. train2014/")
     c.add_argument("--image-root", metavar="ROOT", help="if given, check that every image exists under it")
+    c = pp.add_parser(
+        "eccv-caption",
+        help="ECCV Caption (or CxC) positives by COCO id -> vlp relevance file of the Karpathy 5k test file",
+    )
+    c.add_argument(
+        "--karpathy-test",
+        required=True,
+        metavar="JSON",
+        help="the Karpathy test file (vlp prepare coco's coco_test.json)",
+    )
+    c.add_argument("--coco-captions", required=True, metavar="JSON", help="COCO's captions_val2014.json")
+    c.add_argument(
+        "--eccv",
+        default="auto",
+        metavar="DIR|WHEEL|auto",
+        help="folder or wheel of the eccv-caption package's id files; auto: the installed package (default)",
+    )
+    c.add_argument(
+        "--benchmark",
+        default="eccv-caption",
+        choices=list(ECCV_BENCHMARKS),
+        help="whose positives (default: %(default)s)",
+    )
+    c.add_argument("--out", required=True, metavar="JSON", help="the relevance file to write")
     s.set_defaults(func=_run)
 
 

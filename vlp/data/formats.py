@@ -5,7 +5,8 @@ Formats (see ``docs/data.md``):
 - pretraining: ``[{"image": path, "caption": str | [str, ...]}, ...]``
 - retrieval train: one entry per caption ``[{"image": path, "caption": str, "image_id": id}, ...]``
 - retrieval val/test: one entry per image ``[{"image": path, "caption": [str, ...]}, ...]``
-- relevance (vlp): ``{"format": "vlp-relevance-v1", "texts": [...], "relevant_images": [[int]]}``
+- relevance (vlp): ``{"format": "vlp-relevance-v1", "texts": [...], "relevant_images": [[int]]}``;
+  v2 adds ``"relevant_texts": [[int]]`` and lists left empty for non-queries (:mod:`vlp.data.relevance`)
 - graded relevance (vlp): a ``.npy`` array [N_texts, N_images] of gains >= 0 (rows: the split's
   flattened captions, columns: its images)
 - VQA v2 / VG-QA questions, the VQA answer list and predictions, NLVR2: see
@@ -53,6 +54,7 @@ from vlp.data.json_entries import (
     write_atomic,
     write_json_atomic,
 )
+from vlp.data.relevance import RELEVANCE_FORMAT, load_relevance
 from vlp.data.sample_table import Sample, SampleTable, TableBuilder
 from vlp.errors import BadJSON, DataError, EntryError
 
@@ -96,7 +98,6 @@ __all__ = [
     "write_vqa_predictions",
 ]
 
-RELEVANCE_FORMAT = "vlp-relevance-v1"
 #: caption groups (``vlp evaluate retrieval --caption-groups``; a shapes world's ``caption_kinds_<split>.json``):
 #: a label per caption of a retrieval split and named unions of labels
 CAPTION_GROUPS_FORMAT = "vlp-caption-groups-v1"
@@ -275,37 +276,6 @@ def load_retrieval_split(path: str | Path, image_root: Optional[str | Path] = No
     if not images:
         raise DataError(f"{path}: no entries")
     return RetrievalSplit(images, texts, txt2img, img2txt, str(path))
-
-
-def load_relevance(path: str | Path, split: RetrievalSplit) -> list[list[int]]:
-    """Read a relevance file and check it against ``split``: one list of image indices per text."""
-    path = Path(path)
-    data = read_json(path)
-    if not isinstance(data, dict) or data.get("format") != RELEVANCE_FORMAT:
-        raise DataError(f'{path}: expected an object with "format": "{RELEVANCE_FORMAT}"')
-    rel = data.get("relevant_images")
-    if not isinstance(rel, list) or len(rel) != len(split.texts):
-        n = len(rel) if isinstance(rel, list) else "no"
-        raise DataError(
-            f"{path}: key 'relevant_images' has {n} entries, expected {len(split.texts)} (texts in {split.source})"
-        )
-    texts = data.get("texts")
-    if texts is not None and list(texts) != [t for t in split.texts]:
-        bad = (
-            next(i for i, (a, b) in enumerate(zip(texts, split.texts)) if a != b)
-            if len(texts) == len(split.texts)
-            else -1
-        )
-        raise DataError(
-            f"{path}: key 'texts' does not match the captions of {split.source} (first difference at text {bad})"
-        )
-    n = len(split.images)
-    for k, r in enumerate(rel):
-        if not isinstance(r, list) or not all(isinstance(j, int) and 0 <= j < n for j in r):
-            raise DataError(f"{path}: relevant_images[{k}]: expected a list of image indices in [0, {n})")
-        if split.txt2img[k] not in r:
-            raise DataError(f"{path}: relevant_images[{k}] does not contain the text's own image {split.txt2img[k]}")
-    return rel
 
 
 def load_graded_relevance(path: str | Path, split: RetrievalSplit) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Retrieval metrics: recall@k (ALBEF ``itm_eval`` semantics), relevance-aware recall, R-precision,
-nDCG@k (graded relevance), mAP@k (two definitions) and the text->image metrics of groups of query
-captions.
+mAP@R (ECCV Caption), nDCG@k (graded relevance), mAP@k (two definitions) and the text->image
+metrics of groups of query captions.
 
 Score matrices are ``[queries, candidates]``; higher is better. Ties are counted against the
 query (a positive tied with a negative ranks below it; for graded relevance, a less relevant
@@ -78,18 +78,49 @@ def rank_order(scores: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
     return torch.gather(by_rel, 1, by_score)
 
 
+def _ranked(scores: torch.Tensor, relevant: torch.Tensor, k: Optional[int] = None) -> torch.Tensor:
+    """[Q, k] bool: the relevance of each query's top ``k`` (None: all) candidates in rank order
+    (:func:`rank_order`, ties against the query). ``scores`` [Q, C] float, ``relevant`` [Q, C] bool."""
+    order = rank_order(scores, relevant)
+    return torch.gather(relevant, 1, order if k is None else order[:, :k])
+
+
 def r_precision(scores: torch.Tensor, relevant: torch.Tensor) -> float:
-    """Mean over queries of precision at R, R = the query's number of relevant candidates (%).
-    Queries with no relevant candidate are skipped. ``scores``/``relevant`` [Q, C] (bool).
-    Ties against the query (:func:`rank_order`)."""
+    """Mean over queries of precision at R, R = the query's number of relevant candidates (%):
+    ``(1/R) * sum_{i<=R} rel(i)``, ECCV Caption's R-Precision. Queries with no relevant candidate
+    are skipped. ``scores``/``relevant`` [Q, C] (bool). Ties against the query (:func:`rank_order`)."""
     per_query = []
     for b in _row_blocks(scores):
         rel = relevant[b]
-        hits = torch.gather(rel, 1, rank_order(scores[b], rel)).float().cumsum(1)
+        hits = _ranked(scores[b], rel).float().cumsum(1)
         r = rel.sum(1)
         keep = r > 0
         at_r = torch.gather(hits[keep], 1, (r[keep] - 1)[:, None]).squeeze(1)
         per_query.append(at_r / r[keep].float())
+    return 100.0 * torch.cat(per_query).mean().item()
+
+
+def map_at_r(scores: torch.Tensor, relevant: torch.Tensor) -> float:
+    """mAP@R (Musgrave et al. 2020; ECCV Caption's main metric): the mean over queries of
+    ``AP@R = (1/R) * sum_{i=1..R} P(i) * rel(i)``, R = the query's number of relevant candidates,
+    P(i) = precision in the top i, rel(i) = 1 if the candidate at rank i is relevant (%).
+
+    Only the top R ranks count, so 100% means the top R are exactly the relevant candidates.
+    Queries with no relevant candidate are skipped (NaN if every query is). ``scores`` [Q, C] float,
+    ``relevant`` [Q, C] bool. Ties against the query (:func:`rank_order`).
+    """
+    per_query = []
+    for b in _row_blocks(scores):
+        rel = relevant[b]
+        r = rel.sum(1)
+        keep = r > 0
+        rel, r = rel[keep], r[keep]
+        width = int(r.max()) if len(r) else 0
+        hits = _ranked(scores[b][keep], rel, width).double()  # [q, max R]: ranks beyond a query's R are masked
+        rank = torch.arange(1, width + 1, dtype=torch.float64)
+        precision = hits.cumsum(1) / rank
+        within_r = rank[None, :] <= r[:, None]
+        per_query.append((precision * hits * within_r).sum(1) / r.double())
     return 100.0 * torch.cat(per_query).mean().item()
 
 
@@ -137,7 +168,7 @@ def map_at(scores: torch.Tensor, relevant: torch.Tensor, k: int, definition: str
     per_query = []
     for b in _row_blocks(scores):
         rel = relevant[b]
-        hits = torch.gather(rel, 1, rank_order(scores[b], rel)[:, :k]).double()  # [q, k]
+        hits = _ranked(scores[b], rel, k).double()  # [q, k]
         precision = hits.cumsum(1) / torch.arange(1, k + 1, dtype=torch.float64)
         r = rel.sum(1)
         keep = r > 0
@@ -158,32 +189,50 @@ def relevance_metrics(
     graded: Optional[torch.Tensor] = None,
     ndcg_ks: Sequence[int] = NDCG_KS,
     map_ks: Sequence[int] = MAP_KS,
+    relevant_texts: Optional[Sequence[Sequence[int]]] = None,
 ) -> dict[str, float]:
-    """Relevance-aware metrics from exact relevance lists (text -> every image that satisfies it).
+    """Relevance-aware metrics from exact relevance lists (text -> every image relevant to it).
 
-    ``scores_i2t`` [N_img, N_txt], ``scores_t2i`` [N_txt, N_img]; ``graded`` optional [N_txt, N_img]
-    float gains >= 0. All values in percent.
+    ``scores_i2t`` [N_img, N_txt], ``scores_t2i`` [N_txt, N_img]; ``relevant_images`` [N_txt]
+    lists; ``relevant_texts`` [N_img] lists of the image->text positives (None: the transpose of
+    ``relevant_images``); ``graded`` optional [N_txt, N_img] float gains >= 0. Each direction
+    averages over its queries with a non-empty list, counted in ``img_rel_queries`` /
+    ``txt_rel_queries``. All other values in percent.
 
     ``img_r{k}_rel``: text->image, a hit if any relevant image is in the top k. ``txt_r{k}_rel``:
-    image->text, a hit if any caption true of the image is in the top k. ``img_r_precision`` and
-    ``txt_r_precision``: R-precision in each direction. ``img_ndcg{k}``: text->image nDCG@k with the
-    ``graded`` gains if given, else binary gains from the lists. ``txt_map{k}``: image->text mAP@k,
-    relevant = the captions true of the image; ``txt_map{k}_ecir`` the same under the ECIR 2022
-    definition (:func:`map_at`).
+    image->text, a hit if any relevant caption is in the top k (k = 1: ECCV Caption's R@1).
+    ``img_r_precision`` and ``txt_r_precision``: R-precision in each direction; ``img_map_at_r``,
+    ``txt_map_at_r``: mAP@R (:func:`map_at_r`). ``img_ndcg{k}``: text->image nDCG@k with the
+    ``graded`` gains if given, else binary gains from the lists. ``txt_map{k}``: image->text mAP@k;
+    ``txt_map{k}_ecir`` the same under the ECIR 2022 definition (:func:`map_at`).
     """
-    n_img = scores_i2t.shape[0]
+    n_img, n_txt = scores_i2t.shape
     rel_t2i = positives_mask(relevant_images, n_img)  # [N_txt, N_img]
-    rel_i2t = rel_t2i.T.contiguous()
+    rel_i2t = positives_mask(relevant_texts, n_txt) if relevant_texts is not None else rel_t2i.T.contiguous()
     if graded is not None and graded.shape != rel_t2i.shape:
         raise ValueError(
             f"graded relevance has shape {tuple(graded.shape)}, expected {tuple(rel_t2i.shape)} (texts, images)"
         )
     out = _t2i_relevance(scores_t2i, rel_t2i, graded, ks, ndcg_ks)
+    scores_i2t, rel_i2t, _ = _queries(scores_i2t, rel_i2t)
+    out["txt_rel_queries"] = float(len(rel_i2t))
     out |= {f"txt_r{k}_rel": v for k, v in recall_at(best_positive_rank(scores_i2t, rel_i2t), ks).items()}
     out["txt_r_precision"] = r_precision(scores_i2t, rel_i2t)
+    out["txt_map_at_r"] = map_at_r(scores_i2t, rel_i2t)
     out |= {f"txt_map{k}": map_at(scores_i2t, rel_i2t, k) for k in map_ks}
     out |= {f"txt_map{k}_ecir": map_at(scores_i2t, rel_i2t, k, "ecir") for k in map_ks}
     return out
+
+
+def _queries(
+    scores: torch.Tensor, rel: torch.Tensor, gains: Optional[torch.Tensor] = None
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """The rows of ``scores`` [Q, C], ``rel`` [Q, C] bool and ``gains`` [Q, C] (optional) of the
+    queries with at least one relevant candidate (no copy when every query has one)."""
+    keep = rel.any(1)
+    if bool(keep.all()):
+        return scores, rel, gains
+    return scores[keep], rel[keep], gains[keep] if gains is not None else None
 
 
 def _t2i_relevance(
@@ -193,11 +242,15 @@ def _t2i_relevance(
     ks: Sequence[int],
     ndcg_ks: Sequence[int],
 ) -> dict[str, float]:
-    """``img_r{k}_rel``, ``img_r_precision`` and ``img_ndcg{k}`` (``graded`` [Q, N_img] gains, or
-    binary ones from ``rel`` [Q, N_img] bool) of the text queries ``scores_t2i`` [Q, N_img]."""
+    """``img_rel_queries``, ``img_r{k}_rel``, ``img_r_precision``, ``img_map_at_r`` and
+    ``img_ndcg{k}`` (``graded`` [Q, N_img] gains, or binary ones from ``rel`` [Q, N_img] bool) of
+    the text queries ``scores_t2i`` [Q, N_img] that have a relevant image."""
+    scores_t2i, rel, graded = _queries(scores_t2i, rel, graded)
     gains = graded if graded is not None else rel.float()
-    out = {f"img_r{k}_rel": v for k, v in recall_at(best_positive_rank(scores_t2i, rel), ks).items()}
+    out = {"img_rel_queries": float(len(rel))}
+    out |= {f"img_r{k}_rel": v for k, v in recall_at(best_positive_rank(scores_t2i, rel), ks).items()}
     out["img_r_precision"] = r_precision(scores_t2i, rel)
+    out["img_map_at_r"] = map_at_r(scores_t2i, rel)
     out |= {f"img_ndcg{k}": ndcg_at(scores_t2i, gains, k) for k in ndcg_ks}
     return out
 
@@ -214,8 +267,9 @@ def text_query_metrics(
     keys starting ``img_``) for the query captions given: ``scores_t2i`` [Q, N_img], ``txt2img``
     [Q] their own images, ``relevant_images`` their relevance lists, ``graded`` [Q, N_img] gains.
 
-    ``img_r{k}``, ``img_r_mean``; with the lists also ``img_r{k}_rel``, ``img_r_precision`` and
-    ``img_ndcg{k}`` (``graded`` gains if given, else binary). All in percent.
+    ``img_r{k}``, ``img_r_mean``; with the lists also ``img_rel_queries`` (a count),
+    ``img_r{k}_rel``, ``img_r_precision``, ``img_map_at_r`` and ``img_ndcg{k}`` (``graded`` gains
+    if given, else binary), over the queries with a non-empty list. All others in percent.
     """
     n_img = scores_t2i.shape[1]
     ir = recall_at(best_positive_rank(scores_t2i, positives_mask([[i] for i in txt2img], n_img)), ks)

@@ -432,8 +432,13 @@ def evaluate_retrieval(
     graded_relevance: Optional[torch.Tensor] = None,
     distributed: bool = False,
     caption_groups: Optional[Mapping[str, Sequence[int]]] = None,
+    relevant_texts: Optional[list[list[int]]] = None,
 ) -> RetrievalResult:
     """Score all pairs and compute ALBEF retrieval metrics (+ relevance-aware ones if given).
+
+    ``relevant_images`` [N_txt] lists (text -> its relevant images); ``relevant_texts`` [N_img]
+    lists (image -> its relevant texts; None: the transpose of ``relevant_images``;
+    :class:`~vlp.data.relevance.Relevance`).
 
     ``graded_relevance`` [N_txt, N_img] float gains >= 0 (needs ``relevant_images``) replaces the
     binary gains of the text->image nDCG (``img_ndcg{10,25}``). ``caption_groups`` (name -> caption
@@ -443,6 +448,8 @@ def evaluate_retrieval(
     Similarities and metrics are fp32 whatever ``cfg.precision``."""
     if graded_relevance is not None and relevant_images is None:
         raise ValueError("graded_relevance needs relevant_images (R-precision and mAP use the relevance lists)")
+    if relevant_texts is not None and relevant_images is None:
+        raise ValueError("relevant_texts needs relevant_images (a relevance file gives both)")
     sim = emb.image_feat.float() @ emb.text_feat.float().T  # cosine, not divided by temp
     if cfg.score == "itc":
         i2t, t2i, scored = sim, sim.T.contiguous(), 0
@@ -452,7 +459,7 @@ def evaluate_retrieval(
     metrics = retrieval_metrics(i2t, t2i, split.img2txt, split.txt2img)
     metrics["itm_pairs"] = scored
     if relevant_images is not None:
-        metrics |= relevance_metrics(i2t, t2i, relevant_images, graded=graded_relevance)
+        metrics |= relevance_metrics(i2t, t2i, relevant_images, graded=graded_relevance, relevant_texts=relevant_texts)
     if caption_groups:
         metrics |= grouped_text_metrics(t2i, split.txt2img, caption_groups, relevant_images, graded_relevance)
     return RetrievalResult(metrics, i2t, t2i)

@@ -67,7 +67,7 @@ def format_table(metrics: dict[str, float], chance: dict[str, float]) -> str:
         v = metrics[k]
         lines.append(f"| {k} | {v:.2f} | {c:.2f} | {v / c:.1f}x |")
     for k, v in metrics.items():
-        if k.endswith("_rel") or k.endswith("_precision"):
+        if k.endswith(("_rel", "_precision", "_map_at_r")):
             lines.append(f"| {k} | {v:.2f} | | |")
     for k in ("img_r1@scene", "img_r5@scene", "img_r10@scene", "img_r5_rel@generic"):  # by caption kind
         if k in metrics:

@@ -12,8 +12,9 @@ import torch
 
 from vlp.checkpoint import image_size, open_checkpoint
 from vlp.config import EvalConfig, apply_overrides
-from vlp.data.formats import CAPTION_GROUPS_FORMAT, RetrievalSplit, load_relevance, load_retrieval_split
+from vlp.data.formats import CAPTION_GROUPS_FORMAT, RetrievalSplit, load_retrieval_split
 from vlp.data.json_entries import read_json
+from vlp.data.relevance import load_relevance_file
 from vlp.dist import barrier, is_dist, rank, world_size
 from vlp.errors import CheckpointError, DataError
 from vlp.eval.retrieval import RetrievalResult, check_k_test, embed, evaluate_retrieval
@@ -161,7 +162,8 @@ def run_evaluate_retrieval(
     ecfg: EvalConfig = cfg.eval
     split = load_retrieval_split(data, image_root)
     check_image_paths(split.images, split.source)  # before any encoding
-    rel = load_relevance(relevance, split) if relevance else None
+    relevant = load_relevance_file(relevance, split) if relevance else None
+    rel = relevant.images if relevant is not None else None
     graded = load_graded_relevance(graded_relevance, split) if graded_relevance else None
     groups = load_caption_groups(caption_groups, split) if caption_groups is not None else None
     check_k_test(ecfg, len(split.images), len(split.texts), split.source)  # before any encoding
@@ -180,7 +182,16 @@ def run_evaluate_retrieval(
         offload=ecfg.offload,
     )
     result = evaluate_retrieval(
-        model, emb, split, ecfg, rel, show_progress, graded_relevance=graded, distributed=sharded, caption_groups=groups
+        model,
+        emb,
+        split,
+        ecfg,
+        rel,
+        show_progress,
+        graded_relevance=graded,
+        distributed=sharded,
+        caption_groups=groups,
+        relevant_texts=relevant.texts if relevant is not None else None,
     )
     if not main:
         return result
@@ -198,8 +209,11 @@ def run_evaluate_retrieval(
         "n_texts": len(split.texts),
         "checkpoint": str(ckpt),
     }
-    if rel is not None:
+    if relevant is not None:
         record["ndcg_gains"] = "graded" if graded is not None else "binary"
+        record["relevance"] = str(relevance)
+        if relevant.benchmark is not None:
+            record["relevance_benchmark"] = relevant.benchmark
     if groups is not None:
         record["caption_groups"] = str(caption_groups) if isinstance(caption_groups, (str, Path)) else "given"
     write_evaluation(Path(out), record, split, result, rel)
