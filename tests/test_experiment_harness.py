@@ -86,3 +86,35 @@ def test_ltd_matched_dual_arm_runs_after_its_constraint_arm_in_the_same_shard(tm
     assert matched_beta(run, 0.05) == pytest.approx(0.75 / 0.05)  # mean lambda / eta
     with pytest.raises(RuntimeError, match="constraint arm"):
         matched_beta(tmp_path / "missing", 0.05)
+
+
+def test_holm_rejects_in_order_and_stops_at_the_first_failure():
+    from srcl_calibration_report import holm
+
+    assert holm({"a": 0.001, "b": 0.02, "c": 0.03}) == {"a": True, "b": True, "c": True}  # < 0.05/3, 0.05/2, 0.05
+    assert holm({"a": 0.001, "b": 0.03, "c": 0.04}) == {"a": True, "b": False, "c": False}  # 0.03 >= 0.025 stops
+    assert holm({"a": 0.03, "b": 0.001}) == {"a": True, "b": True}  # 0.001 < 0.025, then 0.03 < 0.05
+    assert holm({"a": 0.06, "b": 0.001}) == {"a": False, "b": True}
+
+
+def test_the_threshold_fit_finds_where_the_gain_crosses_zero():
+    from srcl_calibration_report import threshold_with_interval
+
+    # every seed's gains lie on gain = 2 (auc - 0.7): every bootstrap fit crosses at 0.7
+    exact = {s: [(a, 2 * (a - 0.7)) for a in (0.6, 0.7 + 0.01 * s, 0.9)] for s in range(5)}
+    est, interval, slope = threshold_with_interval(exact, draws=50)
+    assert est == pytest.approx(0.7) and interval == pytest.approx((0.7, 0.7)) and slope == pytest.approx(2.0)
+    # gains that fall with the AUC: no crossing that means "SRCL needs this AUC", no interval
+    falling = {s: [(0.6, 0.5), (0.9, -0.5 + 0.01 * s)] for s in range(5)}
+    est, interval, slope = threshold_with_interval(falling, draws=50)
+    assert est is None and interval is None and slope < 0
+
+
+def test_calibration_arms_name_their_helper_and_delta_factor():
+    from srcl_calibration import GRIDS, PLAIN, helper_of
+
+    assert helper_of(PLAIN) == (None, 1.0)
+    assert helper_of("SRCL, oracle AUC 0.65") == ("oracle AUC 0.65", 1.0)
+    assert helper_of("SRCL, learned helper, delta x0.25") == ("learned helper", 0.25)
+    arms, seeds = GRIDS["primary"]
+    assert len(arms) == 6 and len(seeds) == 12 and len(GRIDS["sweep"][0]) == 12

@@ -380,24 +380,26 @@ def run_helper_calibration(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / OVERRIDE).unlink(missing_ok=True)  # a failed calibration leaves no earlier answer behind
-    data = [str(d) for d in data]
+    paths = [str(d) for d in data]
     hc = HelperCache.load(cache)
-    samples = load_pairs(data, image_root)
+    samples = load_pairs(paths, image_root)
     hc.check_covers(samples)
     needs_probes = mode == "softmax" and rule == "probes"
     rows_of, files, probe_files = (
-        _probe_data(hc, samples, data, reference, image_root)
+        _probe_data(hc, samples, paths, reference, image_root)
         if needs_probes
-        else (samples, data, [d for d, m in zip(data, multi_caption_sources(samples, len(data))) if m])
+        else (samples, paths, [d for d, m in zip(paths, multi_caption_sources(samples, len(paths))) if m])
     )
     rows = calibration_rows(hc, rows_of, batch_size, queue_size, batches, seed)
     if itc_positives == "image":  # the anchor's image's other captions (in the batch or queue) are positives
         rows.positives, rows.same_image = rows.positives | rows.same_image, torch.zeros_like(rows.same_image)
         rows.probes = torch.full_like(rows.probes, float("nan"))
-    settings = dict(batch_size=batch_size, queue_size=queue_size, batches=batches, seed=seed, tau_w=tau_w)
+    settings: dict[str, Any] = dict(
+        batch_size=batch_size, queue_size=queue_size, batches=batches, seed=seed, tau_w=tau_w
+    )
     settings |= dict(mode=mode, rule=rule, target_weight=target_weight, itc_positives=itc_positives)
     settings["min_same_image_auc"] = min_same_image_auc
-    report = _report_head(hc, cache, data, files, probe_files, rows, settings, force)
+    report = _report_head(hc, cache, paths, files, probe_files, rows, settings, force)
     s = torch.exp(rows.helper / tau_w)
     s_probe = torch.exp(rows.probes / tau_w)  # NaN slots stay NaN
     names: dict[str, float]
