@@ -161,6 +161,6 @@ class RegulationWatch:
         at = f" (alpha_h {float(alpha):.2f})" if isinstance(alpha, (int, float)) else ""
         return (
             f"step {record.get('step')}{at}: the SRCL regulation has {what} since the first {BAND_LOGS} log "
-            f"windows: {', '.join(parts)}. {self.knob} was calibrated for the start; the next warning comes "
-            "after it is back in band (docs/methods.md, 'Regulation over the run')"
+            f"windows: {', '.join(parts)} ({self.knob}, set for the start; no further warning until it is back in "
+            "band; docs/methods.md, 'Regulation over the run')"
         )
