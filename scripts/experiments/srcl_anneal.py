@@ -1,22 +1,22 @@
 """SRCL weights while alpha_h anneals with delta fixed (issue 40 part 3): does delta need to follow alpha_h?
 
-    python scripts/experiments/srcl_anneal.py --out runs/srcl_anneal       # one seed, ~750 CPU steps
+    python scripts/experiments/srcl_anneal.py --out runs/srcl_anneal       # one seed, 150 + 250 CPU steps
 
 1. writes a shapes world (object and count captions only, as the SRCL testbed: about 17% of the
    in-batch negatives are true false negatives) and a helper cache of the exact oracle noised to
    ROC-AUC 0.85 (``vlp cache-helper-features --oracle exact --oracle-auc 0.85``);
 2. calibrates delta once at alpha_h = 1, as ``vlp analyze helper`` does: the delta at which the
    true false negatives' median weight is ``--target-weight`` (default 0.12, the paper's example);
-3. warms a tiny ALBEF up with plain in-batch ITC, then trains two arms from it with identical data
-   order, delta fixed: ``anneal`` (alpha_h 1 -> 0 over the run, the paper's schedule) and
-   ``helper`` (alpha_h 1 all run: what the batches alone do to the statistics);
+3. warms a tiny ALBEF up with plain in-batch ITC, then trains it on with SRCL, alpha_h 1 -> 0
+   over the run (the paper's schedule), delta fixed;
 4. reads the SRCL statistics of every log window (``metrics.jsonl``: alpha_h, mean weight,
-   N_eff / negatives, shares below 0.2 / 0.7, same-image weight) and, at every checkpoint of the
-   ``anneal`` arm, the weights of the true false and true negatives on fixed training batches at
-   that checkpoint's alpha_h, with the delta that would put the false negatives' median weight
-   back on the target there;
+   N_eff / negatives, shares below 0.2 / 0.7, same-image weight) and, at every checkpoint, the
+   weights of the true false and true negatives on fixed training batches at that checkpoint's
+   alpha_h, with the delta that would put the false negatives' median weight back on the target
+   there; the same at alpha_h 1 (the helper alone: its weights depend on the batch only, so this is
+   also the control of a run that keeps alpha_h at 1) and at alpha_h 0 (the live model alone);
 5. writes ``OUT/anneal.json`` (every number), ``OUT/report.md`` (the tables) and
-   ``OUT/srcl_anneal.png`` (statistics against alpha_h, both arms).
+   ``OUT/srcl_anneal.png`` (the statistics against alpha_h).
 
 Steps whose output exists are skipped, so an interrupted run resumes. One seed on a toy world.
 """
@@ -24,6 +24,7 @@ Steps whose output exists are skipped, so an interrupted run resumes. One seed o
 from __future__ import annotations
 
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ from harness import experiment_parser, prepare_world, train_once  # noqa: E402
 from vlp.checkpoint import image_size, open_checkpoint  # noqa: E402
 from vlp.data.datasets import Collator, ImageTextDataset  # noqa: E402
 from vlp.data.formats import load_pairs  # noqa: E402
+from vlp.eval.separation import roc_auc  # noqa: E402
 from vlp.features.helper_cache import HelperCache  # noqa: E402
 from vlp.lab.diagnostics import run_helper_diagnostics  # noqa: E402
 from vlp.lab.oracle import WorldTruth, run_cache_oracle_features  # noqa: E402
@@ -59,7 +61,6 @@ from vlp.world import write_caption_mix  # noqa: E402
 PRESET = "configs/pretrain/shapes_tiny.yaml"
 KINDS = ("object", "count")
 BASE = ["loss.itm=0", "loss.mlm=0", "eval.score=itc", "train.progress=false", "data.num_workers=1"]
-ARMS = {"anneal": "loss.srcl.alpha_h_end=0.0", "helper": "loss.srcl.alpha_h_end=1.0"}
 STATS = ("srcl_alpha_h", "srcl_w_mean", "srcl_n_eff_share", "srcl_w_below_0_2", "srcl_w_below_0_7", "srcl_w_same_image")
 
 
@@ -75,6 +76,7 @@ def probe_rows(ckpt_dir: Path, cache_dir: Path, root: Path, data: Path, n_batche
     dataset = ImageTextDataset(load_pairs([data]), test_transform(image_size(cfg), cfg.data.image), cache)
     collate = Collator(ckpt.tokenizer, cfg.model.text.max_len, cfg.data.text_padding)
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0)).tolist()
+    random.seed(0)  # the caption drawn for each item (the same batches at every checkpoint)
     pos = torch.eye(batch_size, dtype=torch.bool)
     out: dict[str, list[torch.Tensor]] = {"live": [], "helper": [], "fn": []}
     for k in range(n_batches):
@@ -100,8 +102,9 @@ def probe_rows(ckpt_dir: Path, cache_dir: Path, root: Path, data: Path, n_batche
 
 def weights_at(rows: dict[str, torch.Tensor], alpha_h: float, delta: float, target: float) -> dict[str, Any]:
     """The weights of the probe rows at ``alpha_h`` and ``delta``: the true false negatives' and
-    true negatives' distributions, N_eff / negatives, and the delta that would give the false
-    negatives the median weight ``target`` at this alpha_h (None: out of reach)."""
+    true negatives' distributions, N_eff / negatives, the ROC-AUC of the mixed similarity at telling
+    them apart (pooled over the rows), and the delta that would give the false negatives the median
+    weight ``target`` at this alpha_h (None: out of reach)."""
     pos, fn = rows["positives"], rows["fn"]
     s = mixed_similarity(rows["live"], rows["helper"], alpha_h)
     w = srcl_weights(s, pos, "softmax", delta)
@@ -115,29 +118,25 @@ def weights_at(rows: dict[str, torch.Tensor], alpha_h: float, delta: float, targ
         "true_negatives": weight_distribution(w[~pos & ~fn]),
         "negatives": weight_distribution(w[~pos]),
         "n_eff_share": float(effective_negatives(w, pos)["srcl_n_eff_share"]),
+        "auc": roc_auc(s[~pos], fn[~pos]),  # how well the mixed similarity tells false from true negatives
         "delta_for_target": delta_target,
     }
 
 
-def plot(runs: dict[str, list[dict]], probes: list[dict], out: Path) -> Path:
-    """Statistics of the log windows against alpha_h (both arms), and the probes' false-negative
-    median weight and the delta that would restore it, against alpha_h."""
+def plot(windows: list[dict], probes: list[dict], out: Path) -> Path:
+    """The log windows' statistics against alpha_h, and the probes': the false negatives' median
+    weight and the delta that would restore it, at the schedule's alpha_h and at the helper alone."""
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.4))
-    for name, rows in runs.items():
-        a = [r["srcl_alpha_h"] for r in rows]
-        x = a if name == "anneal" else [r["step"] / rows[-1]["step"] for r in rows]
-        ls = "-" if name == "anneal" else "--"
-        for key, ax in (("srcl_w_below_0_7", 0), ("srcl_w_below_0_2", 0), ("srcl_n_eff_share", 1)):
-            axes[ax].plot(x, [r.get(key) for r in rows], ls, marker=".", label=f"{key[5:]} ({name})")
-        axes[2].plot(x, [r.get("srcl_w_same_image") for r in rows], ls, marker=".", label=f"same-image weight ({name})")
-    axes[2].plot(
-        [p["alpha_h"] for p in probes],
-        [p["false_negatives"]["median"] for p in probes],
-        "ko-",
-        label="true FN median (probe)",
-    )
-    axes[3].plot([p["alpha_h"] for p in probes], [p["delta_for_target"] for p in probes], "ko-")
-    axes[3].axhline(probes[0]["delta_for_target"], color="gray", ls="--", lw=1)
+    a = [r["srcl_alpha_h"] for r in windows]
+    for key, ax in (("srcl_w_below_0_7", 0), ("srcl_w_below_0_2", 0), ("srcl_n_eff_share", 1)):
+        axes[ax].plot(a, [r.get(key) for r in windows], marker=".", label=f"{key} (log windows)")
+    same = [(x, r["srcl_w_same_image"]) for x, r in zip(a, windows) if r.get("srcl_w_same_image") is not None]
+    axes[2].plot([p[0] for p in same], [p[1] for p in same], ".", label="same-image negatives (log windows)")
+    x = [p["alpha_h"] for p in probes]
+    for name, sel, style in (("at alpha_h", lambda p: p, "ko-"), ("helper alone", lambda p: p["helper_only"], "k^--")):
+        axes[1].plot(x, [sel(p)["n_eff_share"] for p in probes], style, label=f"probes, {name}")
+        axes[2].plot(x, [sel(p)["false_negatives"]["median"] for p in probes], style, label=f"true FN median, {name}")
+        axes[3].plot(x, [sel(p)["delta_for_target"] for p in probes], style, label=name)
     axes[3].set_yscale("log")
     titles = (
         "shares of negatives below 0.2 / 0.7",
@@ -147,11 +146,10 @@ def plot(runs: dict[str, list[dict]], probes: list[dict], out: Path) -> Path:
     )
     for ax, t in zip(axes, titles):
         ax.set_title(t)
-        ax.set_xlabel("alpha_h (anneal; helper arm: 1 - progress)")
+        ax.set_xlabel("alpha_h")
         ax.invert_xaxis()
         ax.grid(alpha=0.3)
-        if ax is not axes[3]:
-            ax.legend(fontsize=6)
+        ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -164,6 +162,26 @@ def window_table(rows: list[dict], every: int) -> list[str]:
     for r in rows[::every] + ([rows[-1]] if (len(rows) - 1) % every else []):
         cells = [f"{r[k]:.3f}" if r.get(k) is not None else "-" for k in STATS]
         lines.append(f"| {r['step']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def probe_table(probes: list[dict]) -> list[str]:
+    """Markdown rows of the probes: at each checkpoint, the weights at the schedule's alpha_h, at
+    the helper alone (alpha_h 1) and at the live model alone (alpha_h 0), with delta fixed, and the
+    delta that would give the true false negatives the target median weight there."""
+    lines = [
+        "| step | similarity | alpha_h | AUC FN vs TN | FN median w | FN below 0.2 | TN median w | below 0.7 | "
+        "N_eff / neg | delta for the target |",
+        "|---:|---|" + "---:|" * 8,
+    ]
+    for q in probes:
+        for name, r in (("schedule", q), ("helper alone", q["helper_only"]), ("live alone", q["live_only"])):
+            fn, tn, d = r["false_negatives"], r["true_negatives"], r["delta_for_target"]
+            lines.append(
+                f"| {q['step']} | {name} | {r['alpha_h']:.2f} | {r['auc']:.3f} | {fn['median']:.3f} | {fn['below_0_2']:.3f} | "
+                f"{tn['median']:.3f} | {r['negatives']['below_0_7']:.3f} | {r['n_eff_share']:.3f} | "
+                f"{'-' if d is None else f'{d:.2f}'} |"
+            )
     return lines
 
 
@@ -200,50 +218,30 @@ def main(argv: Optional[list[str]] = None) -> int:
         f"loss.srcl.delta={delta}",
         "loss.distill=false",
     ]
-    run_rows = {}
-    for name, end in ARMS.items():
-        extra = [f"init_from={warm}", *srcl, end, "train.log_every=10", f"train.ckpt_every={a.ckpt_every}"]
-        run = train_once(out / name, PRESET, mix, a.steps, [*base, *extra])
-        run_rows[name] = [r for r in read_metrics(run / "metrics.jsonl") if r.get("srcl_alpha_h") is not None]
-        print(f"{name}: done ({time.time() - t0:.0f} s)", flush=True)
-    ckpts = [(0, step_checkpoints(warm)[-1])] + [
-        (int(c.name.split("_")[-1]), c) for c in step_checkpoints(out / "anneal")
-    ]
+    extra = [f"init_from={warm}", *srcl, "loss.srcl.alpha_h_end=0.0", "train.log_every=10"]
+    run = train_once(out / "anneal", PRESET, mix, a.steps, [*base, *extra, f"train.ckpt_every={a.ckpt_every}"])
+    windows = [r for r in read_metrics(run / "metrics.jsonl") if r.get("srcl_alpha_h") is not None]
+    print(f"anneal: done ({time.time() - t0:.0f} s)", flush=True)
+    ckpts = [(0, step_checkpoints(warm)[-1])] + [(int(c.name.split("_")[-1]), c) for c in step_checkpoints(run)]
     probes = []
     for step, c in ckpts:
         rows = probe_rows(c, cache, root, mix, a.probe_batches, a.batch_size)
-        alpha = 1.0 - step / a.steps
-        probes.append({"step": step, **weights_at(rows, alpha, delta, a.target_weight)})
-        if step in (0, a.steps):  # the live model alone, and the helper alone, at the start and the end
-            probes[-1]["live_only"] = weights_at(rows, 0.0, delta, a.target_weight)
-            probes[-1]["helper_only"] = weights_at(rows, 1.0, delta, a.target_weight)
-    result = {"delta": delta, "helper_auc": diag["helper_auc"], "args": vars(a), "windows": run_rows, "probes": probes}
+        probes.append({"step": step, **weights_at(rows, 1.0 - step / a.steps, delta, a.target_weight)})
+        probes[-1]["helper_only"] = weights_at(rows, 1.0, delta, a.target_weight)
+        probes[-1]["live_only"] = weights_at(rows, 0.0, delta, a.target_weight)
+    result = {"delta": delta, "helper_auc": diag["helper_auc"], "args": vars(a), "windows": windows, "probes": probes}
     (out / "anneal.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
-    plot(run_rows, probes, out / "srcl_anneal.png")
+    plot(windows, probes, out / "srcl_anneal.png")
     lines = [
         f"# SRCL weights as alpha_h anneals, delta {delta:.3f} fixed (calibrated at alpha_h 1)",
         "",
         f"Shapes world, {a.images} training images, object and count captions; helper: exact oracle noised to AUC "
         f"{a.auc:g} (measured {diag['helper_auc']['in_batch']:.3f}); batch {a.batch_size}, in-batch negatives; "
-        f"{a.warmup_steps} warm-up steps of plain ITC, then {a.steps} steps per arm; seed {seed}; "
+        f"{a.warmup_steps} warm-up steps of plain ITC, then {a.steps} SRCL steps, alpha_h 1 -> 0; seed {seed}; "
         f"{time.time() - t0:.0f} s.",
     ]
-    for name, rows in run_rows.items():
-        lines += ["", f"## Arm `{name}` ({ARMS[name]}): log windows", "", *window_table(rows, 5)]
-    lines += [
-        "",
-        f"## Probes: {a.probe_batches} fixed training batches at the checkpoints of `anneal`",
-        "",
-        "| step | alpha_h | FN median w | FN below 0.2 | TN median w | N_eff / neg | below 0.7 | delta for FN median "
-        f"{a.target_weight:g} |",
-        "|---:" * 8 + "|",
-    ]
-    for q in probes:
-        fn, tn, d = q["false_negatives"], q["true_negatives"], q["delta_for_target"]
-        lines.append(
-            f"| {q['step']} | {q['alpha_h']:.2f} | {fn['median']:.3f} | {fn['below_0_2']:.3f} | {tn['median']:.3f} | "
-            f"{q['n_eff_share']:.3f} | {q['negatives']['below_0_7']:.3f} | {'-' if d is None else f'{d:.2f}'} |"
-        )
+    lines += ["", "## Log windows (metrics.jsonl)", "", *window_table(windows, 5)]
+    lines += ["", f"## Probes: {a.probe_batches} fixed training batches at the checkpoints", "", *probe_table(probes)]
     (out / "report.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
