@@ -120,6 +120,10 @@ def weights_at(rows: dict[str, torch.Tensor], alpha_h: float, delta: float, targ
         "n_eff_share": float(effective_negatives(w, pos)["srcl_n_eff_share"]),
         "auc": roc_auc(s[~pos], fn[~pos]),  # how well the mixed similarity tells false from true negatives
         "delta_for_target": delta_target,
+        # the true negatives if delta were re-calibrated here
+        "true_negatives_at_target": None
+        if delta_target is None
+        else weight_distribution(srcl_weights(s, pos, "softmax", delta_target)[~pos & ~fn]),
     }
 
 
@@ -165,14 +169,20 @@ def window_table(rows: list[dict], every: int) -> list[str]:
     return lines
 
 
+def at_target(r: dict) -> str:
+    """The true negatives' median weight and share below 0.7 at the re-calibrated delta."""
+    tn = r["true_negatives_at_target"]
+    return "-" if tn is None else f"{tn['median']:.3f} / {tn['below_0_7']:.3f}"
+
+
 def probe_table(probes: list[dict]) -> list[str]:
     """Markdown rows of the probes: at each checkpoint, the weights at the schedule's alpha_h, at
     the helper alone (alpha_h 1) and at the live model alone (alpha_h 0), with delta fixed, and the
     delta that would give the true false negatives the target median weight there."""
     lines = [
         "| step | similarity | alpha_h | AUC FN vs TN | FN median w | FN below 0.2 | TN median w | below 0.7 | "
-        "N_eff / neg | delta for the target |",
-        "|---:|---|" + "---:|" * 8,
+        "N_eff / neg | delta for the target | TN median / below 0.7 at it |",
+        "|---:|---|" + "---:|" * 9,
     ]
     for q in probes:
         for name, r in (("schedule", q), ("helper alone", q["helper_only"]), ("live alone", q["live_only"])):
@@ -180,13 +190,13 @@ def probe_table(probes: list[dict]) -> list[str]:
             lines.append(
                 f"| {q['step']} | {name} | {r['alpha_h']:.2f} | {r['auc']:.3f} | {fn['median']:.3f} | {fn['below_0_2']:.3f} | "
                 f"{tn['median']:.3f} | {r['negatives']['below_0_7']:.3f} | {r['n_eff_share']:.3f} | "
-                f"{'-' if d is None else f'{d:.2f}'} |"
+                f"{'-' if d is None else f'{d:.2f}'} | {at_target(r)} |"
             )
     return lines
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    p = experiment_parser(__doc__, out="runs/srcl_anneal", steps=300)
+    p = experiment_parser(__doc__, out="runs/srcl_anneal", steps=250)
     p.set_defaults(images=2000, test_images=100, seeds=[0])
     p.add_argument("--warmup-steps", type=int, default=150)
     p.add_argument("--batch-size", type=int, default=64)
