@@ -96,6 +96,23 @@ def test_count_ops_holds_the_base_step_to_its_launch_and_sync_budget(world, tmp_
     assert r["module_calls_per_forward"] <= 1000
 
 
+def test_count_ops_of_an_srcl_step_has_no_sync(world, tmp_path):
+    """SRCL's weights and their statistics (issue 40 part 3: N_eff, alpha_h, the oracle's false
+    negatives) are 0-d device tensors: a regulated step reads nothing back either. Before, alpha_h
+    and the oracle's NaN were tensors built from host data (2 syncs); measured 2026-11-27 on this
+    structure: 2,542 ops before, 2,570 with N_eff."""
+    from vlp.lab.oracle import run_cache_oracle_features
+
+    cache = run_cache_oracle_features(world["root"], [world["pretrain"]], tmp_path / "oracle")
+    out = tmp_path / "ops.json"
+    args = ["bench", "--count-ops", "--warmup", "1", "--config", "configs/pretrain/shapes_tiny.yaml", "--out", str(out)]
+    srcl = ["loss.regulation=srcl", "loss.srcl.delta=4.0", f"loss.srcl.helper_features={cache}"]
+    assert main([*args, f"data.train=[{world['pretrain']}]", *BASE_STRUCTURE, *srcl]) == 0
+    r = json.loads(out.read_text())
+    assert r["syncs_per_step"] == 0, r["sync_sites"]
+    assert 1000 < r["kernel_ops_per_step"] <= 2800
+
+
 def test_compiled_step_is_one_graph_without_recompiles_through_the_ramps(world, tmp_path, capsys):
     """``train.compile=full`` (issue 28): the forward, online and twin, is one graph with no break,
     the post-backward work (clipping, the non-finite check, AdamW, EMA, queues, statistics) one

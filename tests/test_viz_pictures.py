@@ -168,6 +168,41 @@ def test_the_itm_loss_panel_draws_the_prior_with_a_legend(tmp_path: Path, figure
     assert all(not flat_lines(by_title[k]) for k in ("loss", "itc", "mlm"))
 
 
+def test_a_regulated_runs_loss_plot_adds_its_srcl_statistics_with_their_band(
+    tmp_path: Path, figures: list[Figure]
+) -> None:
+    """Issue 40 part 3: a second row with alpha_h, the shares below 0.2 / 0.7, N_eff / negatives and
+    the mean weights; the band of the first three windows is shaded and the watch's limits dotted."""
+    rows = [
+        {
+            "step": 10 * s,
+            "loss": 3.0 - 0.1 * s,
+            "srcl_alpha_h": 1 - s / 8,
+            "srcl_w_below_0_2": 0.05,
+            "srcl_w_below_0_7": 0.2 if s <= 3 else 0.05,
+            "srcl_n_eff_share": 0.8 if s <= 3 else 0.97,
+            "srcl_w_mean": 1.0,
+            **({"srcl_w_same_image": 0.3} if s % 2 else {}),
+        }
+        for s in range(1, 9)
+    ]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plot_losses(path, tmp_path / "loss_curves.png")
+    [fig] = figures
+    shown = [a for a in fig.axes if a.axison]
+    titles = [a.get_title() for a in shown]
+    assert titles == ["loss", "srcl_alpha_h", "share of negatives below 0.2 / 0.7", "N_eff / negatives", "mean weights"]
+    assert Image.open(tmp_path / "loss_curves.png").size == (1600, 640)  # 4 columns, 2 rows
+    n_eff = shown[3]
+    [span] = n_eff.patches
+    assert span.get_y() == pytest.approx(0.8) and span.get_height() == pytest.approx(0.0, abs=1e-9)
+    dotted = sorted(float(ln.get_ydata()[0]) for ln in n_eff.get_lines() if ln.get_linestyle() == ":")
+    assert dotted == pytest.approx([0.6, 0.9])  # strength 0.2 halved or doubled
+    labels = [ln.get_label() for ln in shown[4].get_lines()]
+    assert labels == ["srcl_w_mean", "srcl_w_same_image"]  # srcl_w_true_false_negatives: not logged
+
+
 # ----------------------------------------------------------------------------- SRCL heatmap captions
 
 #: shapes-world captions as long as the heatmap meets them (scene captions name every object)

@@ -19,6 +19,7 @@ from PIL import Image  # noqa: E402
 from vlp.data.formats import RetrievalSplit
 from vlp.errors import DataError
 from vlp.losses.matching import ITM_NEGATIVES_PER_POSITIVE, itm_prior_loss
+from vlp.tasks.regulation_watch import Band, band_of
 from vlp.train.logging import read_metrics  # noqa: E402
 
 LOSS_KEYS = ("loss", "itc", "itm", "mlm", "contrastive", "ltd_rec", "ltd_lambda")
@@ -44,6 +45,69 @@ def loss_levels() -> dict[str, tuple[float, str]]:
     return {"itm": (prior, f"class prior, 1 : {ITM_NEGATIVES_PER_POSITIVE} ({prior:.4f})")}
 
 
+#: a panel: its title and the ``metrics.jsonl`` keys drawn in it
+Panel = tuple[str, tuple[str, ...]]
+#: the SRCL statistics of a regulated run, one row of panels (docs/methods.md, "Diagnostics")
+SRCL_PANELS: tuple[Panel, ...] = (
+    ("srcl_alpha_h", ("srcl_alpha_h",)),
+    ("share of negatives below 0.2 / 0.7", ("srcl_w_below_0_2", "srcl_w_below_0_7")),
+    ("N_eff / negatives", ("srcl_n_eff_share",)),
+    ("mean weights", ("srcl_w_mean", "srcl_w_same_image", "srcl_w_true_false_negatives")),
+)
+
+
+def _draw_panel(ax: plt.Axes, rows: list[dict], panel: Panel, band: Band, level: Optional[tuple[float, str]]) -> None:
+    """One panel: each of its keys against step (records without the key, or with null, left out);
+    a key the regulation watch bands gets its band shaded and its warning limits dotted
+    (:mod:`vlp.tasks.regulation_watch`); ``level``: a horizontal reference line (value, label)."""
+    title, keys = panel
+    for k in keys:
+        pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
+        if not pts:
+            continue
+        (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None, label=k)
+        if k in band.limits:
+            lo, hi = band.values(k)
+            ax.axhspan(lo, hi, color=line.get_color(), alpha=0.15, lw=0, label=f"{k} band")
+            for limit in band.warning_limits(k):
+                ax.axhline(limit, color=line.get_color(), ls=":", lw=1)
+    if level is not None:
+        ax.axhline(level[0], color="gray", ls="--", lw=1, label=level[1])
+    if len(keys) > 1 or level is not None or band.limits.keys() & set(keys):
+        ax.legend(fontsize=7)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+
+
+def plot_panel_rows(
+    metrics_jsonl: str | Path,
+    out: str | Path,
+    grid: Sequence[Sequence[Panel]],
+    what: str,
+    levels: Optional[dict[str, tuple[float, str]]] = None,
+) -> Path:
+    """Rows of panels (value against step), 400 x 320 pixels each, of the panels of ``grid`` that
+    some record of ``metrics.jsonl`` has a key of; a row with none is left out. ``levels``: per
+    panel title, a horizontal reference line (value, legend label). SRCL statistics that
+    :mod:`vlp.tasks.regulation_watch` watches are drawn with the band of the run's first log windows."""
+    rows = read_metrics(metrics_jsonl)
+    wanted = [k for row in grid for _, keys in row for k in keys]
+    shown = [[p for p in row if any(r.get(k) is not None for r in rows for k in p[1])] for row in grid]
+    shown = [row for row in shown if row]
+    if not shown:
+        raise DataError(f"{metrics_jsonl}: no {what} to plot (none of {', '.join(wanted)} in its {len(rows)} records)")
+    cols = max(len(row) for row in shown)
+    fig, axes = plt.subplots(len(shown), cols, figsize=(4 * cols, 3.2 * len(shown)), squeeze=False)
+    band = band_of(rows)
+    for ax_row, row in zip(axes, shown):
+        for ax, panel in zip(ax_row, row):
+            _draw_panel(ax, rows, panel, band, (levels or {}).get(panel[0]))
+        for ax in ax_row[len(row) :]:
+            ax.axis("off")
+    return _save(fig, out, 100)
+
+
 def plot_metric_panels(
     metrics_jsonl: str | Path,
     out: str | Path,
@@ -51,32 +115,23 @@ def plot_metric_panels(
     what: str,
     levels: Optional[dict[str, tuple[float, str]]] = None,
 ) -> Path:
-    """One panel per key of ``keys`` that some record of ``metrics.jsonl`` holds (value against
-    step), side by side, 400 x 320 pixels each. Records without a key (a log window of skipped
-    steps has no losses) or with null are left out of its panel. ``levels``: per key, a
-    horizontal reference line (value, legend label) drawn in its panel."""
-    rows = read_metrics(metrics_jsonl)
-    wanted, keys = list(keys), [k for k in keys if any(r.get(k) is not None for r in rows)]
-    if not keys:
-        raise DataError(f"{metrics_jsonl}: no {what} to plot (none of {', '.join(wanted)} in its {len(rows)} records)")
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2), squeeze=False)
-    for ax, k in zip(axes[0], keys):
-        pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None, label=k)
-        if levels and k in levels:
-            value, label = levels[k]
-            ax.axhline(value, color="gray", ls="--", lw=1, label=label)
-            ax.legend(fontsize=7)
-        ax.set_title(k)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    return _save(fig, out, 100)
+    """One panel per key of ``keys`` that some record of ``metrics.jsonl`` holds, side by side
+    (:func:`plot_panel_rows` with one row of one key per panel)."""
+    return plot_panel_rows(metrics_jsonl, out, [[(k, (k,)) for k in keys]], what, levels)
 
 
 def plot_losses(metrics_jsonl: str | Path, out: str | Path, keys: Sequence[str] = LOSS_KEYS) -> Path:
     """Training curves from ``metrics.jsonl`` (one panel per loss term); the ITM panel marks the
-    loss of the class prior (:func:`loss_levels`)."""
-    return plot_metric_panels(metrics_jsonl, out, keys, "losses", loss_levels())
+    loss of the class prior (:func:`loss_levels`). A regulated run adds a second row: its SRCL
+    statistics (:data:`SRCL_PANELS`, :func:`plot_srcl_regulation`)."""
+    return plot_panel_rows(metrics_jsonl, out, [[(k, (k,)) for k in keys], SRCL_PANELS], "losses", loss_levels())
+
+
+def plot_srcl_regulation(metrics_jsonl: str | Path, out: str | Path) -> Path:
+    """The SRCL statistics of a regulated run against step (:data:`SRCL_PANELS`), the shares below
+    0.2 / 0.7 and N_eff with the band of the first log windows and the regulation watch's warning
+    limits (dotted)."""
+    return plot_panel_rows(metrics_jsonl, out, [SRCL_PANELS], "SRCL statistics")
 
 
 def plot_trajectories(metrics_jsonl: str | Path, out: str | Path, keys: Sequence[str] = TRAJECTORY_KEYS) -> Path:

@@ -348,26 +348,6 @@ def test_an_uncalibrated_srcl_run_stops_before_the_first_step(tmp_path):
     cfg.loss.srcl.require_delta(cfg.loss.regulation)
 
 
-def test_low_regulation_warns_once_at_the_first_log_steps():
-    from vlp.config.loss import SRCLConfig
-    from vlp.tasks.regulation import WATCH_LOGS, SRCLRegulator
-
-    def regulator() -> SRCLRegulator:
-        return SRCLRegulator(SRCLConfig(delta=1.0), "srcl", 100, 0, 4)
-
-    low = {"step": 10, "srcl_w_below_0_7": 0.004, "srcl_w_below_0_2": 0.0}
-    reg = regulator()
-    msg = reg.check_log(low)
-    assert msg is not None and "0.40% of the ITC negatives" in msg and "loss.srcl.delta=1" in msg
-    assert "vlp analyze helper" in msg
-    assert reg.check_log(low) is None  # once
-    reg = regulator()
-    for _ in range(WATCH_LOGS):
-        assert reg.check_log({**low, "srcl_w_below_0_7": 0.2}) is None
-    assert reg.check_log(low) is None  # only the first log steps are checked
-    assert regulator().check_log({"step": 10, "loss": 1.0}) is None  # no SRCL statistics in the record
-
-
 def test_delta_one_hardly_regulates_a_simulated_row():
     """docs/methods.md and the missing-delta ConfigError: at delta 1, a simulated row of 65,600
     negatives at cosines drawn evenly from 0.1-0.3 (an assumed spread, not a measured helper's) and

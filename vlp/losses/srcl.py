@@ -139,6 +139,30 @@ def weight_stats(
     return out
 
 
+@torch.no_grad()
+def effective_negatives(
+    w: torch.Tensor | Sequence[torch.Tensor], positives: torch.Tensor, prefix: str = "srcl_"
+) -> dict[str, torch.Tensor]:
+    """How many negatives a row's weights leave in effect, as 0-d fp32 tensors (no device sync):
+    ``{prefix}n_eff``, the mean over rows of ``N_eff = (sum w)^2 / sum w^2`` over the row's
+    negatives, and ``{prefix}n_eff_share``, the mean over rows of ``N_eff / n_neg`` (1: every
+    negative counts fully, plain ITC; ``k / n_neg``: the weight sits on ``k`` negatives).
+
+    ``w``: one or several [Q, C] matrices as :func:`srcl_weights` returns them (positives carry
+    weight exactly 1, so row sums over the whole row less the positives' count are the negatives'
+    sums; no copy of the negatives is made). ``positives`` [Q, C] bool, shared by the matrices.
+    Rows without negatives are left out; NaN when no row has any."""
+    ws = [w] if isinstance(w, torch.Tensor) else list(w)
+    n_pos = torch.count_nonzero(positives, dim=1).float()  # [Q]
+    n_neg = positives.shape[1] - n_pos
+    has = n_neg > 0
+    rows = torch.count_nonzero(has) * len(ws)
+    total = torch.stack([x.float().sum(1) for x in ws]) - n_pos  # [len(ws), Q]: the negatives' sums
+    squares = torch.stack([torch.linalg.vector_norm(x.float(), dim=1) for x in ws]).square_().sub_(n_pos)
+    n_eff = torch.where(has, total.square_().div_(squares.clamp_min_(MIN_WEIGHT**2)), 0.0)
+    return {f"{prefix}n_eff": n_eff.sum() / rows, f"{prefix}n_eff_share": (n_eff / n_neg.clamp_min(1)).sum() / rows}
+
+
 def _log_bisect(falls_short: Callable[[float], bool], lo: float, hi: float, iters: int) -> float:
     """Bisection in log-space over ``[lo, hi]``: the point where ``falls_short(delta)`` turns from
     True (below it) to False (above it)."""

@@ -24,7 +24,7 @@ from vlp.errors import ConfigError
 from vlp.losses.contrastive import cosines
 from vlp.losses.srcl import (
     alpha_h_at,
-    level_key,
+    effective_negatives,
     mixed_similarity,
     relevance_lookup,
     removal_log_weights,
@@ -33,6 +33,7 @@ from vlp.losses.srcl import (
     weight_stats,
 )
 from vlp.models.momentum import FeatureQueue
+from vlp.tasks.regulation_watch import RegulationWatch
 
 
 def helper_span(cfg: SRCLConfig, total_steps: int, finetune: bool = False) -> int:
@@ -60,12 +61,6 @@ def helper_similarities(
     if relevance is None:
         return cosines(image, bank_t), cosines(text, bank_i)
     return relevance_lookup(relevance, bank_t, image).T, relevance_lookup(relevance, text, bank_i)
-
-
-#: the first log steps of a run at which the regulation is checked (:meth:`SRCLRegulator.check_log`)
-WATCH_LOGS = 3
-#: below this share of negatives under weight 0.7 the run is close to plain ITC (the paper: ~20%)
-LOW_REGULATION = 0.01
 
 
 @dataclass
@@ -116,7 +111,8 @@ class SRCLRegulator(nn.Module):
         cfg.require_delta(mode)
         self.cfg, self.mode = cfg, mode
         self.delta = 1.0 if cfg.delta is None else cfg.delta  # mean norm: delta cancels
-        self.logs_checked, self.warned = 0, False
+        knob = f"loss.srcl.delta={self.delta:g}" if cfg.norm == "softmax" else "loss.srcl.norm=mean (its floor is ~0.4)"
+        self.watch = RegulationWatch(knob)  # the band of the first log windows, checked at every log step
         self.span = helper_span(cfg, total_steps, finetune)
         self.queue = FeatureQueue(queue_size if self.uses_helper else 0, dict(image=helper_dim, text=helper_dim))
         self.helper = helper
@@ -201,7 +197,8 @@ class SRCLRegulator(nn.Module):
             else:
                 lw_i2t, lw_t2i = to_log_weights(w_i2t, positives), to_log_weights(w_t2i, positives)
             stats = weight_stats([w_i2t, w_t2i], positives)
-            stats["srcl_alpha_h"] = torch.tensor(a)
+            stats.update(effective_negatives([w_i2t, w_t2i], positives))
+            stats["srcl_alpha_h"] = torch.full((), a, device=w_i2t.device)  # a fill, not a copy from host memory
             same = same_image & ~positives
             stats["srcl_w_same_image"] = _mean_where([w_i2t, w_t2i], [same, same])  # NaN without such negatives
             if self.mode == "removal":
@@ -210,30 +207,15 @@ class SRCLRegulator(nn.Module):
                 stats["srcl_removed"] = removed / n_neg.clamp_min(1)
             if self.relevance is not None:  # oracle: the weight of the true false negatives (NaN: none, or no helper)
                 fn = [(h == 1.0) & ~positives for h in (h_i2t, h_t2i) if h is not None]
-                nan = torch.tensor(float("nan"), device=w_i2t.device)
-                stats["srcl_w_true_false_negatives"] = _mean_where([w_i2t, w_t2i], fn) if fn else nan
+                none = torch.full((), float("nan"), device=w_i2t.device)
+                stats["srcl_w_true_false_negatives"] = _mean_where([w_i2t, w_t2i], fn) if fn else none
         return Regulation(lw_i2t, lw_t2i, stats, w_i2t, w_t2i, self.mode == "removal", c.weight_targets)
 
     def check_log(self, record: dict[str, Any]) -> Optional[str]:
-        """At the first :data:`WATCH_LOGS` log steps of this process: a warning (once) when fewer than
-        :data:`LOW_REGULATION` of the negatives have a weight below 0.7 (``srcl_w_below_0_7`` of the
-        log record), i.e. SRCL barely changes ITC and the run is close to plain ALBEF."""
-        if self.warned or self.logs_checked >= WATCH_LOGS or level_key(0.7) not in record:
-            return None
-        self.logs_checked += 1
-        share, low = float(record[level_key(0.7)]), float(record.get(level_key(0.2), float("nan")))
-        if not share < LOW_REGULATION:
-            return None
-        self.warned = True
-        c = self.cfg
-        knob = f"loss.srcl.delta={c.delta:g}" if c.norm == "softmax" else "loss.srcl.norm=mean (its floor is ~0.4)"
-        return (
-            f"step {record.get('step')}: only {100 * share:.2f}% of the ITC negatives have an SRCL weight below "
-            f"0.7 ({100 * low:.2f}% below 0.2; the paper: about 20% below 0.7, false negatives near 0.12): with "
-            f"{knob} this helper hardly regulates, and the run is close to plain ITC. Calibrate delta at this batch "
-            "and queue with `vlp analyze helper --cache HELPER_FEATURES --data TRAIN.json --batch-size B --queue Q "
-            "--out DIR` (docs/methods.md, 'Calibrating delta')"
-        )
+        """A warning about a log record (:class:`vlp.tasks.regulation_watch.RegulationWatch`): the
+        run hardly regulates in its first log windows, or a later window's SRCL statistics left the
+        band of the first ones (once per excursion)."""
+        return self.watch.check(record)
 
     @torch.no_grad()
     def enqueue(self, image_ids: torch.Tensor, helper: Optional[HelperFeatures]) -> None:
