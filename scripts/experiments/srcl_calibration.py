@@ -44,6 +44,7 @@ from harness import (
     prepare_world,
     train_once,
 )
+from srcl_testbed import ITC_ONLY, KINDS, PRESET, SRCL  # the SRCL testbed's world, training and regulated arms
 
 from vlp.errors import CalibrationError
 from vlp.eval.report import SeedResults, slug
@@ -55,10 +56,6 @@ from vlp.runs.features import run_cache_helper_features
 from vlp.train.preemption import exit_status
 from vlp.world import write_caption_mix
 
-PRESET = "configs/pretrain/shapes_tiny.yaml"
-ITC_ONLY = ["loss.itm=0", "loss.mlm=0", "eval.score=itc", "train.progress=false", "data.num_workers=1"]
-KINDS = ("object", "count")
-SRCL = ["loss.regulation=srcl", "loss.srcl.norm=softmax", "loss.srcl.alpha_h_end=1.0"]
 AUCS = (0.65, 0.75, 0.85, 0.95)
 #: helper name -> target ROC-AUC of the noised oracle (None: the learned helper)
 HELPERS: dict[str, Optional[float]] = {**{f"oracle AUC {q:g}": q for q in AUCS}, "learned helper": None}
