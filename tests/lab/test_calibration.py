@@ -324,6 +324,21 @@ def test_cli_calibrates_from_a_run_config(tmp_path, capsys):
     assert rep["batch_size"] == B and rep["queue_size"] == 0 and rep["override"].endswith(want)
 
 
+def test_a_run_config_whose_helper_has_no_cache_names_the_command_that_writes_one(tmp_path, capsys):
+    from vlp.cli import main
+
+    status = main(["analyze", "helper", "--config", "configs/pretrain/shapes_tiny.yaml", "--out", str(tmp_path / "a"),
+                   "data.train=[train.json]", "loss.srcl.helper=open_clip:ViT-B-32/laion2b_s34b_b79k"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1
+    assert "loss.srcl.helper=open_clip:ViT-B-32/laion2b_s34b_b79k) has no feature cache" in err[0]
+    assert (
+        "`vlp cache-helper-features --helper open_clip:ViT-B-32/laion2b_s34b_b79k --data train.json --out CACHE`"
+        in err[0]
+    )
+    assert not (tmp_path / "a").exists()
+
+
 def test_an_uncalibrated_srcl_run_stops_before_the_first_step(tmp_path):
     from vlp.runs.pretrain import run_pretrain
 

@@ -27,6 +27,14 @@ def _helper_settings_of_run(a: argparse.Namespace) -> None:
     cfg = load_config(PretrainConfig, a.config, a.overrides)
     a.cache = a.cache or cfg.loss.srcl.helper_features
     a.data = a.data or list(cfg.data.train)
+    helper = cfg.loss.srcl.helper
+    if not a.cache and helper:  # a helper the run would encode itself: its features must be cached first
+        raise ConfigError(
+            f"vlp analyze helper --config {a.config}: the run's helper (loss.srcl.helper={helper}) has no feature "
+            f"cache to calibrate on; write one first, `vlp cache-helper-features --helper {helper} --data "
+            f"{' '.join(map(str, a.data))} --out CACHE`, then pass --cache CACHE (and loss.srcl.helper_features=CACHE "
+            "to the run)"
+        )
     a.image_root = a.image_root or cfg.data.image_root
     a.batch_size = a.batch_size or cfg.data.batch_size
     a.queue = cfg.model.queue_size if a.queue is None else a.queue
