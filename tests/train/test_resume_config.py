@@ -109,3 +109,52 @@ def test_a_run_killed_before_its_first_checkpoint_points_to_resume_auto(tmp_path
     with pytest.raises(DataError, match=r"already holds a run .*--resume auto starts it again from step 0"):
         prepare_run_dir(cfg)
     assert prepare_run_dir(resumed(cfg)) == run  # and that is accepted
+
+
+@pytest.fixture
+def checkpointed(tmp_path: Path) -> PretrainConfig:
+    """A started run of the tiny preset (batch 8, seed 3) with a verified checkpoint at step 2 whose
+    state.json carries that config, as training writes it."""
+    from tests.helpers import ROOT, SHAPES_TINY, untrained_checkpoint
+    from vlp.config import load_config
+
+    overrides = [f"output_dir={tmp_path / 'run'}", "data.batch_size=8", "train.seed=3"]
+    cfg = load_config(PretrainConfig, ROOT / SHAPES_TINY, overrides)
+    run = prepare_run_dir(cfg)
+    untrained_checkpoint(run / "checkpoints" / "step_0000002", overrides)
+    return cfg
+
+
+@pytest.mark.parametrize("edit", ["config.yaml edited", "config.yaml deleted"])
+def test_a_resume_is_compared_with_the_config_in_its_checkpoint(checkpointed: PretrainConfig, edit: str) -> None:
+    """Issue 41, item 1: the run's config.yaml is mutable; the checkpoint's state.json is what was trained."""
+    run = Path(checkpointed.output_dir)
+    saved = run / "config.yaml"
+    if edit == "config.yaml edited":
+        saved.write_text(saved.read_text().replace("batch_size: 8", "batch_size: 16").replace("seed: 3", "seed: 1"))
+    else:
+        saved.unlink()
+    new = resumed(checkpointed, "data.batch_size=16", "train.seed=1")
+    with pytest.raises(ConfigError) as e:
+        prepare_run_dir(new)
+    msg = str(e.value)
+    assert "data.batch_size: 8 -> 16" in msg and "train.seed: 3 -> 1" in msg
+    assert str(run / "checkpoints" / "step_0000002" / "state.json") in msg
+
+
+def test_a_checkpoint_copied_out_of_its_run_is_compared_with_its_own_config(
+    checkpointed: PretrainConfig, tmp_path: Path
+) -> None:
+    import shutil
+
+    copy = tmp_path / "copied" / "step_0000002"
+    shutil.copytree(Path(checkpointed.output_dir) / "checkpoints" / "step_0000002", copy)
+    elsewhere = tmp_path / "continued"
+    elsewhere.mkdir()
+    new = apply_overrides(checkpointed, [f"output_dir={elsewhere}", f"train.resume={copy}", "train.seed=9"])
+    with pytest.raises(ConfigError, match=r"train.seed: 3 -> 9"):
+        prepare_run_dir(new)
+    ok = apply_overrides(checkpointed, [f"output_dir={elsewhere}", f"train.resume={copy}"])
+    info = json.loads((prepare_run_dir(ok) / "run_info.json").read_text())
+    # a new run directory: its run_info.json starts here, with the changes to the checkpoint's config
+    assert info["config_changes"] == {"output_dir": [checkpointed.output_dir, str(elsewhere)]}

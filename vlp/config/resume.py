@@ -76,7 +76,7 @@ def resume_changes(
     if refused:
         listed = "; ".join(f"{k}: {changes[k][0]!r} -> {changes[k][1]!r}" for k in refused)
         raise ConfigError(
-            f"config key 'train.resume': the run was started with {source}, and this config changes "
+            f"config key 'train.resume': the resumed run was trained with {source}, and this config changes "
             f"{len(refused)} key(s) that alter the run: {listed}. Resume with the saved values, or accept "
             f"the change with train.resume_allow_changes=[{','.join(refused)}] (the run then differs from "
             "an uninterrupted one)"

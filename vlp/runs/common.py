@@ -17,7 +17,7 @@ from vlp.config import BadSampleConfig, FinetuneConfig, LTDConfig, ModelConfig, 
 from vlp.config.resume import resume_changes
 from vlp.data.datasets import BAD_SAMPLE_HINT
 from vlp.dist import launch_rank
-from vlp.errors import ConfigError, DataError
+from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.features.helper_cache import HelperCache
 from vlp.features.targets import LatentTargets
 from vlp.models.build import model_image_size
@@ -30,7 +30,7 @@ from vlp.train.loop import train
 from vlp.train.setup import make_accelerator
 from vlp.train.validation import Validation
 from vlp.version import __version__
-from vlp.weights import KIND_KEY
+from vlp.weights import KIND_KEY, find_checkpoint, read_state
 
 
 @dataclass
@@ -214,23 +214,44 @@ def saved_config(resume: str, run_dir: Path) -> Optional[Path]:
     return next((p for p in [*candidates, run_dir / "config.yaml"] if p.is_file()), None)
 
 
+def trained_config(resume: str, run_dir: Path) -> Optional[tuple[dict[str, Any], Path]]:
+    """The config the checkpoint ``resume`` names (``auto``: ``run_dir``'s newest valid one) was
+    trained with, from its ``state.json``, and that file; None when there is no such checkpoint (a
+    run killed before its first one) or it records no config (older vlp)."""
+    try:
+        ckpt = find_checkpoint(run_dir if resume == "auto" else resume)
+        state = read_state(ckpt)
+    except CheckpointError:  # no usable checkpoint: the loader says so when it loads
+        return None
+    config = state.get("config")
+    return (config, ckpt / "state.json") if isinstance(config, dict) else None
+
+
 def compare_with_saved(cfg: Union[PretrainConfig, FinetuneConfig], run_dir: Path) -> dict[str, list[Any]]:
-    """The changes ``cfg`` makes to the saved config of the run it resumes (``{key: [old, new]}``);
+    """The changes ``cfg`` makes to the config of the run it resumes (``{key: [old, new]}``);
     :class:`ConfigError` for those that alter the run and are not in ``train.resume_allow_changes``
-    (:func:`vlp.config.resume.resume_changes`). A run without a saved config is not compared (a warning)."""
+    (:func:`vlp.config.resume.resume_changes`). Compared with the config the resumed checkpoint was
+    trained with (its ``state.json``), which editing or deleting the run's ``config.yaml`` does not
+    change; with ``config.yaml`` only when the checkpoint records none; not at all (a warning) when
+    neither exists."""
     from omegaconf import OmegaConf
 
     assert cfg.train.resume
-    path = saved_config(cfg.train.resume, run_dir)
-    if path is None:
-        print(
-            f"vlp: warning: no config.yaml of the resumed run in {run_dir}: the config is not compared", file=sys.stderr
-        )
-        return {}
-    try:
-        saved = OmegaConf.to_container(OmegaConf.load(path))
-    except Exception as e:  # yaml errors and friends
-        raise ConfigError(f"{path}: the resumed run's config is not readable YAML ({e})") from None
+    trained = trained_config(cfg.train.resume, run_dir)
+    if trained is not None:
+        saved, path = trained
+    else:
+        yaml = saved_config(cfg.train.resume, run_dir)
+        if yaml is None:
+            print(
+                f"vlp: warning: no config.yaml of the resumed run in {run_dir}: the config is not compared",
+                file=sys.stderr,
+            )
+            return {}
+        try:
+            saved, path = OmegaConf.to_container(OmegaConf.load(yaml)), yaml
+        except Exception as e:  # yaml errors and friends
+            raise ConfigError(f"{yaml}: the resumed run's config is not readable YAML ({e})") from None
     if not isinstance(saved, dict):
         raise ConfigError(f"{path}: the resumed run's config is not a mapping of config keys")
     changes = resume_changes(
