@@ -153,8 +153,10 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             "code from the file. vlp reads .pth/.bin files only as tensors and plain containers "
             "(torch.load weights_only=True); convert a file you trust to safetensors"
         ) from None
-    except (RuntimeError, EOFError, OSError) as e:
-        raise CheckpointError(f"{path}: not a readable PyTorch weights file ({str(e).splitlines()[0][:300]})") from None
+    except Exception as e:  # whatever a malformed file makes torch's reader raise (RuntimeError, EOFError,
+        # OSError, and from a malformed data.pkl IndexError, KeyError, UnicodeDecodeError, ...): named, not a traceback
+        first = (str(e).splitlines() or [""])[0][:300]
+        raise CheckpointError(f"{path}: not a readable PyTorch weights file ({type(e).__name__}: {first})") from None
     if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
         obj = obj["model"]
     if not isinstance(obj, dict):

@@ -425,6 +425,32 @@ def test_a_pth_that_needs_arbitrary_unpickling_is_refused(tmp_path):
     assert not pwned.exists()
 
 
+@pytest.mark.parametrize(
+    "payload, raised",  # data.pkl streams that made torch's unpickler raise past the old except clause
+    [
+        (b"\x80\x02.", "IndexError"),
+        (b"\x80\x02}q\x00h\x05.", "KeyError"),
+        (b"\x80\x02X\x02\x00\x00\x00\xff\xfeq\x00.", "Unicode"),
+    ],
+)
+def test_a_malformed_data_pkl_is_one_checkpoint_error_not_a_traceback(tmp_path, payload, raised):
+    """Issue 41, item 8: a .pth zip whose data.pkl is malformed."""
+    import zipfile
+
+    good, bad = tmp_path / "good.pth", tmp_path / "bad.pth"
+    torch.save({"weight": torch.ones(2)}, good)
+    with zipfile.ZipFile(good) as src, zipfile.ZipFile(bad, "w") as dst:
+        for name in src.namelist():
+            dst.writestr(name, payload if name.endswith("data.pkl") else src.read(name))
+    with pytest.raises(CheckpointError) as e:
+        read_state_dict(bad)
+    assert str(e.value).startswith(f"{bad}: not a readable PyTorch weights file (") and raised in str(e.value)
+    from vlp.cli import main  # vlp convert albef reads it the same way: one line, exit status 2
+
+    assert main(["convert", "albef", str(bad), str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_plain_tensor_pth_loads(tmp_path):
     sd = {"layer.weight": torch.randn(3, 2), "layer.bias": torch.arange(3, dtype=torch.int64)}
     torch.save(sd, tmp_path / "plain.pth")
