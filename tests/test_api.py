@@ -201,6 +201,30 @@ def test_a_changed_or_truncated_file_of_a_saved_directory_is_refused(pretrained,
         VLPModel.from_pretrained(out, device="cpu")
 
 
+@pytest.mark.parametrize("stray", ["special_tokens_map.json", "added_tokens.json", "vocab.txt"])
+def test_a_tokenizer_file_the_manifest_does_not_list_is_refused_by_name(pretrained, tmp_path, stray):
+    """Issue 41, item 3: a file dropped into a saved folder that the tokenizer loader would read
+    (``[unused1]``/``[unused2]`` as CLS/SEP changed ``similarity`` silently) is refused; a file no
+    loader reads (the Hub's README.md) is not."""
+    out = shutil.copytree(pretrained[2], tmp_path / "copy")
+    (out / "README.md").write_text("model card\n")
+    VLPModel.from_pretrained(out, device="cpu")
+    (out / stray).write_text(json.dumps({"cls_token": "[unused1]", "sep_token": "[unused2]"}))
+    with pytest.raises(CheckpointError, match=rf"{stray} is not in manifest.json, and the tokenizer would read it"):
+        VLPModel.from_pretrained(out, device="cpu")
+
+
+def test_the_refused_tokenizer_files_cover_what_transformers_reads():
+    import transformers.tokenization_utils_base as tub
+    from transformers import BertTokenizerFast
+
+    from vlp.weights import TOKENIZER_FILES
+
+    read = {tub.SPECIAL_TOKENS_MAP_FILE, tub.ADDED_TOKENS_FILE, tub.TOKENIZER_CONFIG_FILE, tub.FULL_TOKENIZER_FILE}
+    read |= set(BertTokenizerFast.vocab_files_names.values())
+    assert read <= set(TOKENIZER_FILES)
+
+
 def test_a_full_disk_while_saving_leaves_no_staging_folder(pretrained, tmp_path, monkeypatch):
     def full(*args, **kwargs):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")

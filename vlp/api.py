@@ -51,8 +51,10 @@ from vlp.preprocess.images import open_image, to_rgb, upscale_tiny
 from vlp.preprocess.transforms import tokenize
 from vlp.version import __version__
 from vlp.weights import (
+    TOKENIZER_FILES,
     load_weights_file,
     publish,
+    refuse_unlisted,
     removed_on_failure,
     save_tensors,
     staging,
@@ -191,6 +193,7 @@ class VLPModel:
         from transformers import BertTokenizerFast
 
         verify_checkpoint(path, (CONFIG, PREPROCESSOR))  # every file against manifest.json (if it has one)
+        refuse_unlisted(path, TOKENIZER_FILES, "tokenizer")  # and no tokenizer file beside the listed ones
         config = json.loads((path / CONFIG).read_text())
         if config.get("format") != FORMAT:
             raise CheckpointError(

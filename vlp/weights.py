@@ -219,6 +219,34 @@ def verify_checkpoint(ckpt: Path, require: Iterable[str] = ()) -> None:
             raise CheckpointError(f"checkpoint {ckpt}: {rel} does not match its SHA-256 in {MANIFEST} (corrupted)")
 
 
+#: the files a transformers tokenizer loader reads from a folder (transformers' SPECIAL_TOKENS_MAP_FILE,
+#: ADDED_TOKENS_FILE, TOKENIZER_CONFIG_FILE, FULL_TOKENIZER_FILE, the BERT vocabulary and the chat template)
+TOKENIZER_FILES = (
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "vocab.txt",
+    "chat_template.jinja",
+)
+
+
+def refuse_unlisted(folder: Path, names: Iterable[str], reader: str) -> None:
+    """With a manifest: each of ``names`` present in ``folder`` but not listed in it is refused by
+    name (:class:`CheckpointError`): ``reader`` would read it, and nothing says where it came from
+    (a file dropped in after the save). Without a manifest (an older folder) nothing is checked."""
+    mf = folder / MANIFEST
+    if not mf.is_file():
+        return
+    listed = json.loads(mf.read_text())["files"]  # verify_checkpoint read it first
+    for name in names:
+        if (folder / name).is_file() and name not in listed:
+            raise CheckpointError(
+                f"{folder}: {name} is not in {MANIFEST}, and the {reader} would read it: a file added after the "
+                "save can change what loads (special tokens, vocabulary); remove it, or save the folder again"
+            )
+
+
 def step_checkpoints(run_dir: Path) -> list[Path]:
     """``run_dir/checkpoints/step_N`` folders, oldest first."""
     root = run_dir / "checkpoints"
