@@ -238,6 +238,7 @@ def compare_with_saved(cfg: Union[PretrainConfig, FinetuneConfig], run_dir: Path
 
     assert cfg.train.resume
     trained = trained_config(cfg.train.resume, run_dir)
+    saved: Any
     if trained is not None:
         saved, path = trained
     else:
