@@ -382,18 +382,9 @@ def run_helper_calibration(
     (out / OVERRIDE).unlink(missing_ok=True)  # a failed calibration leaves no earlier answer behind
     paths = [str(d) for d in data]
     hc = HelperCache.load(cache)
-    samples = load_pairs(paths, image_root)
-    hc.check_covers(samples)
-    needs_probes = mode == "softmax" and rule == "probes"
-    rows_of, files, probe_files = (
-        _probe_data(hc, samples, paths, reference, image_root)
-        if needs_probes
-        else (samples, paths, [d for d, m in zip(paths, multi_caption_sources(samples, len(paths))) if m])
-    )
-    rows = calibration_rows(hc, rows_of, batch_size, queue_size, batches, seed)
-    if itc_positives == "image":  # the anchor's image's other captions (in the batch or queue) are positives
-        rows.positives, rows.same_image = rows.positives | rows.same_image, torch.zeros_like(rows.same_image)
-        rows.probes = torch.full_like(rows.probes, float("nan"))
+    probes_needed = mode == "softmax" and rule == "probes"
+    sampling = (batch_size, queue_size, batches, seed)
+    rows, files, probe_files = _rows(hc, paths, image_root, reference, probes_needed, itc_positives, sampling)
     settings: dict[str, Any] = dict(
         batch_size=batch_size, queue_size=queue_size, batches=batches, seed=seed, tau_w=tau_w
     )
@@ -428,6 +419,32 @@ def run_helper_calibration(
     if report["override"]:  # for `vlp pretrain ... $(cat DIR/override.txt)`
         (out / OVERRIDE).write_text(report["override"] + "\n")
     return report
+
+
+def _rows(
+    hc: HelperCache,
+    paths: list[str],
+    image_root: Optional[str],
+    reference: Optional[str],
+    probes_needed: bool,
+    itc_positives: str,
+    sampling: tuple[int, int, int, int],
+) -> tuple[CalibrationRows, list[str], list[str]]:
+    """What :func:`run_helper_calibration` calibrates on: the :class:`CalibrationRows` of
+    ``sampling = (batch_size, queue_size, batches, seed)`` (with ``itc_positives="image"`` the
+    anchor's image's other captions made positives), the files they come from and those with probes."""
+    samples = load_pairs(paths, image_root)
+    hc.check_covers(samples)
+    rows_of, files, probe_files = (
+        _probe_data(hc, samples, paths, reference, image_root)
+        if probes_needed
+        else (samples, paths, [d for d, m in zip(paths, multi_caption_sources(samples, len(paths))) if m])
+    )
+    rows = calibration_rows(hc, rows_of, *sampling)
+    if itc_positives == "image":  # the anchor's image's other captions (in the batch or queue) are positives
+        rows.positives, rows.same_image = rows.positives | rows.same_image, torch.zeros_like(rows.same_image)
+        rows.probes = torch.full_like(rows.probes, float("nan"))
+    return rows, files, probe_files
 
 
 def _report_head(
