@@ -53,6 +53,7 @@ from vlp.lab.false_negatives import training_batches
 from vlp.losses.srcl import (
     calibrate_delta,
     calibrate_delta_for_probes,
+    n_eff_rows,
     probe_weights,
     srcl_weights,
     weight_distribution,
@@ -201,14 +202,13 @@ def weight_concentration(w: torch.Tensor, positives: torch.Tensor, k: int = TOP_
     and ``positives`` [R, C]: ``n_eff_mean`` / ``n_eff_median`` of ``N_eff = (sum w)^2 / sum w^2``
     (equal weights: the number of negatives), ``negatives_per_row``, and ``top{k}_share``: the mean
     share of a row's weight its ``k`` heaviest negatives carry."""
+    n_eff, n_neg = n_eff_rows([w], positives)
     wn = w.double().masked_fill(positives, 0.0)
-    total = wn.sum(1)
-    n_eff = total**2 / (wn**2).sum(1)
-    top = wn.topk(min(k, wn.shape[1]), dim=1).values.sum(1) / total
+    top = wn.topk(min(k, wn.shape[1]), dim=1).values.sum(1) / wn.sum(1)
     return {
         "n_eff_mean": float(n_eff.mean()),
         "n_eff_median": float(n_eff.median()),
-        "negatives_per_row": float((~positives).sum(1).double().mean()),
+        "negatives_per_row": float(n_neg.double().mean()),
         f"top{k}_share": float(top.mean()),
     }
 

@@ -153,14 +153,21 @@ def effective_negatives(
     sums; no copy of the negatives is made). ``positives`` [Q, C] bool, shared by the matrices.
     Rows without negatives are left out; NaN when no row has any."""
     ws = [w] if isinstance(w, torch.Tensor) else list(w)
+    n_eff, n_neg = n_eff_rows(ws, positives)
+    rows = torch.count_nonzero(n_neg > 0) * len(ws)
+    return {f"{prefix}n_eff": n_eff.sum() / rows, f"{prefix}n_eff_share": (n_eff / n_neg.clamp_min(1)).sum() / rows}
+
+
+@torch.no_grad()
+def n_eff_rows(ws: Sequence[torch.Tensor], positives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of each of the [Q, C] weight matrices ``ws`` (as :func:`srcl_weights` returns them:
+    positives at weight exactly 1), ``N_eff = (sum w)^2 / sum w^2`` over the row's negatives:
+    [len(ws), Q] fp32, 0 for a row without negatives; and each row's number of negatives [Q]."""
     n_pos = torch.count_nonzero(positives, dim=1).float()  # [Q]
     n_neg = positives.shape[1] - n_pos
-    has = n_neg > 0
-    rows = torch.count_nonzero(has) * len(ws)
     total = torch.stack([x.float().sum(1) for x in ws]) - n_pos  # [len(ws), Q]: the negatives' sums
     squares = torch.stack([torch.linalg.vector_norm(x.float(), dim=1) for x in ws]).square_().sub_(n_pos)
-    n_eff = torch.where(has, total.square_().div_(squares.clamp_min_(MIN_WEIGHT**2)), 0.0)
-    return {f"{prefix}n_eff": n_eff.sum() / rows, f"{prefix}n_eff_share": (n_eff / n_neg.clamp_min(1)).sum() / rows}
+    return torch.where(n_neg > 0, total.square_().div_(squares.clamp_min_(MIN_WEIGHT**2)), 0.0), n_neg
 
 
 def _log_bisect(falls_short: Callable[[float], bool], lo: float, hi: float, iters: int) -> float:
