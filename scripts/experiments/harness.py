@@ -95,7 +95,8 @@ def train_once(
             f"data.train=[{data}]",
             f"train.steps={steps}",
             *overrides,
-            *(["train.resume=auto"] if saved else []),
+            # a run killed before its first checkpoint left a folder: auto starts it again from step 0
+            *(["train.resume=auto"] if saved or (run_dir / "metrics.jsonl").exists() else []),
         ],
     )
     (run_train_helper if helper else run_pretrain)(cfg)
