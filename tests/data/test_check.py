@@ -124,6 +124,11 @@ CAPTION = "a string or a non-empty list of strings"
             "key 'caption' item 1 '?!' has no words left after ALBEF cleaning (pre_caption), expected a text with words",
         ),
         (
+            {"image": "a.png", "caption": "\x00\x00"},
+            "caption",
+            "key 'caption' '\\x00\\x00' has no words left after ALBEF cleaning (pre_caption), expected a text with words",
+        ),
+        (
             {"image": "a.png", "caption": "x", "image_id": [1]},
             "image_id",
             "key 'image_id' is list, expected a string or int",
@@ -147,6 +152,7 @@ CAPTION = "a string or a non-empty list of strings"
         "caption-whitespace",
         "caption-cleans-empty",
         "caption-item-cleans-empty",
+        "caption-nul-only",
         "image_id-list",
         "image_id-bool",
     ],

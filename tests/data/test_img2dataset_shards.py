@@ -167,6 +167,11 @@ def broken_member(tmp_path: Path, name: str, data: bytes) -> ShardInfo:
         ("000000000.txt", b"caf\xe9", "000000000.txt is not UTF-8"),
         ("000000000.txt", b"  \n", "the caption in 000000000.txt is an empty string, expected a caption"),
         ("000000000.url", b"http://x", r"expected a caption in 000000000.txt or 000000000.json"),
+        # texts ALBEF's cleaning (or the tokenizer's control-character removal) leaves nothing of
+        # would train as [CLS][SEP]: the rule of `vlp data check` for JSON files (issue 41, item 9)
+        ("000000000.txt", b"...", r"the caption '\.\.\.' in 000000000.txt has no words left after ALBEF cleaning"),
+        ("000000000.txt", b"\x00\x00", r"the caption '\\x00\\x00' in 000000000.txt has no words left"),
+        ("000000000.json", json.dumps({"caption": "?!"}).encode(), r"'\?!' in 000000000.json has no words left"),
     ],
 )
 def test_a_malformed_member_is_one_data_error_naming_shard_and_member(tmp_path, name, data, message) -> None:
@@ -270,6 +275,28 @@ def test_data_check_reads_shards_and_names_every_bad_member(tmp_path: Path, caps
     (tmp_path / "nothing").mkdir()
     assert main(["data", "check", str(tmp_path / "nothing")]) == 1
     assert "no sizes.json and no .tar files" in capsys.readouterr().out
+
+
+def test_data_check_and_training_refuse_captions_cleaning_empties(tmp_path: Path, capsys) -> None:
+    """A ``"..."`` or NUL-only caption is a bad sample in a shard check, as in a JSON check, and is
+    left out (counted) by the shard reader training uses, instead of training as [CLS][SEP]."""
+    from vlp.cli import main
+
+    data = write_img2dataset(tmp_path / "web", shards=1, per_shard=4, caption_in="txt")
+    path = data / "00000.tar"
+    with tarfile.open(path) as tf:
+        members = [(m.name, tf.extractfile(m).read()) for m in tf.getmembers()]
+    with tarfile.open(path, "w") as tf:
+        for name, blob in members:
+            add(tf, name, {"000000001.txt": b"...", "000000002.txt": b"\x00\x00\x00"}.get(name, blob))
+    assert main(["data", "check", str(data), "--no-images"]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}: sample '000000001': the caption '...' in 000000001.txt has no words left after ALBEF" in out
+    assert f"{path}: sample '000000002': the caption '\\x00\\x00\\x00' in 000000002.txt has no words left" in out
+    assert "2 errors" in out
+    errors: list[DataError] = []
+    kept = [raw.key for raw in iter_shard(ShardInfo(path, 4, 4, 0, "img2dataset"), errors=errors)]
+    assert kept == ["000000000", "000000003"] and len(errors) == 2
 
 
 def test_one_corrupt_shard_of_40_costs_its_samples_not_the_run(tmp_path: Path, capfd) -> None:

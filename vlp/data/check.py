@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
 
-from vlp.data.formats import KINDS, entry_problems
+from vlp.data.formats import KINDS, entry_problems, no_words_problem
 from vlp.data.json_entries import entry_list, plural, read_json, resolve_image
 from vlp.errors import BadImage, BadJSON, DataError
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, open_image
@@ -143,20 +143,16 @@ def _cleaners() -> dict[str, tuple[str, Callable[[str], str]]]:
 
 
 def _emptied_texts(file: str, i: int, e: Any, key: str, clean: Callable[[str], str]) -> list[Problem]:
-    """Texts of ``e[key]`` (a string or the strings of a list) with words that ``clean`` leaves
-    nothing of; blank texts and wrong types are the loaders' rules, not repeated here."""
+    """Texts of ``e[key]`` (a string or the strings of a list) that ``clean`` leaves no words of
+    (:func:`vlp.data.formats.no_words_problem`, the shard reader's rule too); blank texts and wrong
+    types are the loaders' rules, not repeated here."""
     v = e.get(key) if isinstance(e, dict) else None
     texts = [(None, v)] if isinstance(v, str) else list(enumerate(v)) if isinstance(v, list) else []
+    found = [(k, t, no_words_problem(t, clean)) for k, t in texts if isinstance(t, str) and t.strip()]
     return [
-        Problem(
-            file,
-            i,
-            key,
-            f"key '{key}'{'' if k is None else f' item {k}'} {t!r} has no words left after "
-            f"ALBEF cleaning ({clean.__name__}), expected a text with words",
-        )
-        for k, t in texts
-        if isinstance(t, str) and t.strip() and not clean(t)
+        Problem(file, i, key, f"key '{key}'{'' if k is None else f' item {k}'} {t!r} {problem}")
+        for k, t, problem in found
+        if problem is not None
     ]
 
 

@@ -24,6 +24,7 @@ check``, ``load_pairs(on_bad="skip")``), so checking and loading share one set o
 from __future__ import annotations
 
 import sys
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -85,6 +86,7 @@ __all__ = [
     "load_nlvr",
     "MAX_CAPTION_CHARS",
     "caption_problem",
+    "no_words_problem",
     "load_pairs",
     "load_pairs_checked",
     "load_relevance",
@@ -131,6 +133,24 @@ def caption_problem(c: str) -> Optional[str]:
     if len(c) > MAX_CAPTION_CHARS:
         return f"{len(c)} characters long, longer than {MAX_CAPTION_CHARS} characters"
     return None
+
+
+def _is_word_char(ch: str) -> bool:
+    """Whether the tokenizer keeps ``ch`` as (part of) a word: BERT's normaliser drops whitespace,
+    control and format characters (Unicode categories Cc, Cf: NUL, zero-width space) and U+FFFD."""
+    return not ch.isspace() and ch != "\ufffd" and unicodedata.category(ch) not in ("Cc", "Cf")
+
+
+def no_words_problem(text: str, clean: Optional[Callable[[str], str]] = None) -> Optional[str]:
+    """Why ``text`` would train as an empty text (``[CLS][SEP]``), completing "the text ...", or None:
+    ALBEF's cleaning ``clean`` (default :func:`vlp.preprocess.transforms.pre_caption`) leaves no
+    character the tokenizer keeps (:func:`_is_word_char`): ``"..."``, ``"?!"``, NUL bytes. The one
+    rule of ``vlp data check`` (JSON files) and of the shard reader (checks and training)."""
+    if clean is None:
+        from vlp.preprocess.transforms import pre_caption as clean
+    if any(map(_is_word_char, clean(text))):
+        return None
+    return f"has no words left after ALBEF cleaning ({clean.__name__}), expected a text with words"
 
 
 def _captions(entry: Entry, allow_str: bool = True) -> Optional[tuple[str, ...]]:

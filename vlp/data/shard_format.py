@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from vlp.data.formats import caption_problem
+from vlp.data.formats import caption_problem, no_words_problem
 from vlp.data.json_entries import write_atomic
 from vlp.errors import DataError
 
@@ -297,7 +297,13 @@ def _captions(info: ShardInfo, key: str, parts: dict[str, bytes]) -> list[str]:
 
 
 def _checked(path: Path, key: str, member: str, caption: str) -> str:
+    """``caption`` if it can be trained on, else the sample's :class:`DataError`: the JSON loaders'
+    :func:`caption_problem`, and the check's :func:`no_words_problem` (a caption ALBEF's cleaning
+    empties would train as ``[CLS][SEP]``)."""
     problem = caption_problem(caption)
     if problem is not None:
         raise DataError(f"{path}: sample {key!r}: the caption in {member} is {problem}")
+    problem = no_words_problem(caption)
+    if problem is not None:
+        raise DataError(f"{path}: sample {key!r}: the caption {caption[:80]!r} in {member} {problem}")
     return caption
