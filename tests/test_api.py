@@ -201,6 +201,34 @@ def test_a_changed_or_truncated_file_of_a_saved_directory_is_refused(pretrained,
         VLPModel.from_pretrained(out, device="cpu")
 
 
+def test_an_edited_tokenizer_file_is_reported_as_changed_not_truncated(pretrained, tmp_path):
+    """Issue 41, item 9: an edited ``tokenizer_config.json`` (longer, or the same length) is "changed
+    since it was saved"; "truncated" is kept for a file shorter than the manifest says."""
+    out = shutil.copytree(pretrained[2], tmp_path / "copy")
+    f = out / "tokenizer_config.json"
+    saved = f.read_text()
+    f.write_text(saved.replace("{", '{"model_max_length": 7, ', 1))  # longer
+    with pytest.raises(CheckpointError) as e:
+        VLPModel.from_pretrained(out, device="cpu")
+    assert "truncated" not in str(e.value)
+    assert str(e.value).endswith(
+        f"tokenizer_config.json is {f.stat().st_size} bytes, the manifest says {len(saved.encode())} "
+        "(changed since it was saved)"
+    )
+    f.write_text(saved.replace("[CLS]", "[SEP]", 1))  # the same length
+    with pytest.raises(
+        CheckpointError,
+        match=r"tokenizer_config.json does not match its SHA-256 in manifest.json "
+        r"\(changed since it was saved, or corrupted\)$",
+    ):
+        VLPModel.from_pretrained(out, device="cpu")
+    f.write_text(saved[:-10])  # shorter
+    with pytest.raises(
+        CheckpointError, match=r"tokenizer_config.json is \d+ bytes, the manifest says \d+ \(truncated\)$"
+    ):
+        VLPModel.from_pretrained(out, device="cpu")
+
+
 @pytest.mark.parametrize("stray", ["special_tokens_map.json", "added_tokens.json", "vocab.txt"])
 def test_a_tokenizer_file_the_manifest_does_not_list_is_refused_by_name(pretrained, tmp_path, stray):
     """Issue 41, item 3: a file dropped into a saved folder that the tokenizer loader would read

@@ -182,7 +182,9 @@ def _sha256_of(path: str, _size: int, _mtime_ns: int, _inode: int) -> str:
 
 def verify_checkpoint(ckpt: Path, require: Iterable[str] = ()) -> None:
     """Check every file of ``ckpt``'s manifest (present, same size, same SHA-256) and that the
-    ``require``d relative paths exist; raises :class:`CheckpointError` naming the first problem.
+    ``require``d relative paths exist; raises :class:`CheckpointError` naming the first problem: a
+    file shorter than listed is "truncated", a longer one or another SHA-256 "changed since it was
+    saved" (an edit, or corruption).
     A folder without a manifest (an older vlp, or copied by hand) is only checked for files."""
     for rel in ("model.safetensors", *require):
         if not (ckpt / rel).exists():
@@ -211,12 +213,16 @@ def verify_checkpoint(ckpt: Path, require: Iterable[str] = ()) -> None:
         p = ckpt / rel
         if not p.is_file():
             raise CheckpointError(f"checkpoint {ckpt}: {rel} is missing")
-        if p.stat().st_size != meta["bytes"]:
+        size = p.stat().st_size
+        if size != meta["bytes"]:
+            what = "truncated" if size < meta["bytes"] else "changed since it was saved"
             raise CheckpointError(
-                f"checkpoint {ckpt}: {rel} is {p.stat().st_size} bytes, the manifest says {meta['bytes']} (truncated)"
+                f"checkpoint {ckpt}: {rel} is {size} bytes, the manifest says {meta['bytes']} ({what})"
             )
         if _sha256(p) != meta["sha256"]:
-            raise CheckpointError(f"checkpoint {ckpt}: {rel} does not match its SHA-256 in {MANIFEST} (corrupted)")
+            raise CheckpointError(
+                f"checkpoint {ckpt}: {rel} does not match its SHA-256 in {MANIFEST} (changed since it was saved, or corrupted)"
+            )
 
 
 #: the files a transformers tokenizer loader reads from a folder (transformers' SPECIAL_TOKENS_MAP_FILE,

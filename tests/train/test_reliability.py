@@ -181,13 +181,13 @@ def test_a_corrupted_newest_checkpoint_is_reported_and_the_previous_one_used(run
     err = capsys.readouterr().err
     assert err == (
         f"warning: checkpoint {newest}: model.safetensors does not match its SHA-256 in manifest.json "
-        "(corrupted); trying the previous checkpoint\n"
+        "(changed since it was saved, or corrupted); trying the previous checkpoint\n"
     )
     with pytest.raises(CheckpointError) as e:
         find_checkpoint(newest)
     assert (
-        str(e.value)
-        == f"checkpoint {newest}: model.safetensors does not match its SHA-256 in manifest.json (corrupted)"
+        str(e.value) == f"checkpoint {newest}: model.safetensors does not match its SHA-256 in manifest.json "
+        "(changed since it was saved, or corrupted)"
     )
 
 
@@ -255,7 +255,8 @@ def test_no_valid_checkpoint_lists_each_problem(run_copy, capsys):
     (c2 / TRAIN_STATE / "optimizer.json").unlink()
     capsys.readouterr()
     problems = [
-        f"checkpoint {c6}: model.safetensors does not match its SHA-256 in manifest.json (corrupted)",
+        f"checkpoint {c6}: model.safetensors does not match its SHA-256 in manifest.json "
+        "(changed since it was saved, or corrupted)",
         f"checkpoint {c4}: state.json is {new} bytes, the manifest says {old} (truncated)",
         f"checkpoint {c2}: {TRAIN_STATE}/optimizer.json is missing",
     ]
