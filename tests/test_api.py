@@ -263,6 +263,30 @@ def test_a_full_disk_while_saving_leaves_no_staging_folder(pretrained, tmp_path,
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_full_disk_while_saving_over_a_saved_folder_keeps_it_and_gives_save_advice(pretrained, tmp_path, monkeypatch):
+    """Issue 41, item 9: the message of a full disk under ``save_pretrained`` is about saving (free
+    space or another folder), not training's ``train.keep_last`` and resume; and it is true that the
+    earlier save is kept: its files are unchanged and it loads."""
+    out = shutil.copytree(pretrained[2], tmp_path / "saved")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("vlp.weights.save_file", full)
+    with pytest.raises(CheckpointError) as e:
+        pretrained[1].save_pretrained(out)
+    message = str(e.value)
+    assert "keep_last" not in message and "resume" not in message
+    assert message.startswith(f"cannot write {out}: no space left on the device (")
+    assert message.endswith(
+        f"free some space, or save to a folder on another disk; {out} is as it was (the new files were "
+        f"written to {out}.tmp first, now removed)"
+    )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and sorted(tmp_path.iterdir()) == [out]
+    VLPModel.from_pretrained(out, device="cpu")
+
+
 def test_encoders_match_the_retrieval_evaluator(pretrained, run_dir, images):
     """Same features as vlp.eval.retrieval.embed with the evaluation job's transform and max_len."""
     model, cfg, tokenizer = load_model(run_dir, CPU)

@@ -254,12 +254,19 @@ class VLPModel:
     def save_pretrained(self, directory: str | os.PathLike) -> Path:
         """Write ``config.json``, ``model.safetensors`` (no momentum twins or queues), the tokenizer
         files and ``preprocessor.json`` into ``directory`` (written next to it, then renamed). An
-        existing directory is replaced only if it is empty or an earlier ``save_pretrained`` output."""
+        existing directory is replaced only if it is empty or an earlier ``save_pretrained`` output;
+        a write that fails (a full disk: one :class:`CheckpointError` saying to free space or choose
+        another folder) leaves it as it was."""
         out = Path(directory)
         if out.exists() and any(out.iterdir()) and not (out / CONFIG).is_file():
             raise FileExistsError(f"{out} exists and is not a vlp save_pretrained directory; choose another")
         tmp = staging(out)
-        with removed_on_failure(tmp, out):
+        kept = f"{out} is as it was" if out.exists() else f"nothing was left at {out}"
+        advice = (
+            f"free some space, or save to a folder on another disk; {kept} (the new files were written "
+            f"to {tmp} first, now removed)"
+        )
+        with removed_on_failure(tmp, out, advice):
             save_tensors(inference_weights(self.model), tmp / WEIGHTS, metadata={"format": "pt"})
             (tmp / CONFIG).write_text(json.dumps(self.config_dict(), indent=2) + "\n")
             (tmp / PREPROCESSOR).write_text(self.preprocessor.to_json())

@@ -408,26 +408,31 @@ def free_space(path: Path) -> str:
     return f"{free / 1024**power:.1f} {('KiB', 'MiB', 'GiB')[power - 1]}"
 
 
-def write_failure(e: BaseException, target: Path) -> BaseException:
+#: what a full disk while writing a training checkpoint advises (:func:`write_failure`)
+RESUME_ADVICE = "free some space (e.g. train.keep_last to keep fewer checkpoints) and resume"
+
+
+def write_failure(e: BaseException, target: Path, advice: str = RESUME_ADVICE) -> BaseException:
     """What to raise for ``e``, an error while writing ``target``: a :class:`CheckpointError` naming
-    the folder and its free space for a full disk, ``e`` itself otherwise."""
+    the folder and its free space, then ``advice``, for a full disk; ``e`` itself otherwise."""
     if not is_disk_full(e):
         return e
     return CheckpointError(
         f"cannot write {target}: no space left on the device ({free_space(target.parent)} free in "
-        f"{target.parent}); free some space (e.g. train.keep_last to keep fewer checkpoints) and resume"
+        f"{target.parent}); {advice}"
     )
 
 
 @contextmanager
-def removed_on_failure(tmp: Path, target: Path) -> Iterator[None]:
+def removed_on_failure(tmp: Path, target: Path, advice: str = RESUME_ADVICE) -> Iterator[None]:
     """Writing into the staging folder ``tmp`` of ``target``: on any failure ``tmp`` is removed (the
-    earlier ``target``, if any, is untouched); a full disk raises :func:`write_failure`'s one error."""
+    earlier ``target``, if any, is untouched); a full disk raises :func:`write_failure`'s one error
+    (with ``advice``)."""
     try:
         yield
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        failure = write_failure(e, target)
+        failure = write_failure(e, target, advice)
         if failure is e:
             raise
         raise failure from None
