@@ -180,6 +180,34 @@ def test_a_malformed_member_is_one_data_error_naming_shard_and_member(tmp_path, 
     assert "00000.tar: sample '000000000'" in str(e.value)
 
 
+def test_a_count_mismatch_hint_fits_the_folder_kind(tmp_path: Path, monkeypatch) -> None:
+    """Issue 41, item 9: a tar whose count is not its ``_stats.json``'s (or the scan index's) is
+    an img2dataset folder's problem, so the hint is img2dataset's (re-run it, or let vlp count the
+    tars), not ``vlp make-shards``; a vlp folder's hint stays make-shards (tests/data/test_shards.py)."""
+    data = write_img2dataset(tmp_path / "web", shards=2, per_shard=3)
+    stats = data / "00001_stats.json"
+    stats.write_text(json.dumps({"successes": 5}))
+    info = read_sizes([data])[1]
+    with pytest.raises(DataError) as e:
+        list(iter_shard(info, check_count=True))
+    message = str(e.value)
+    assert message.startswith(f"{data / '00001.tar'}: 3 samples, but {stats} says 5 (img2dataset's 'successes')")
+    assert "re-run img2dataset" in message and "delete the folder's *_stats.json files" in message
+    assert "make-shards" not in message
+    monkeypatch.setenv("VLP_CACHE", str(tmp_path / "cache"))
+    for f in data.glob("*_stats.json"):
+        f.unlink()
+    info = read_sizes([data])[1]
+    (index,) = (tmp_path / "cache" / "shard_index").glob("*.json")
+    index.write_text(json.dumps({**json.loads(index.read_text()), "counts": [3, 4]}))
+    info = read_sizes([data])[1]
+    with pytest.raises(DataError) as e:
+        list(iter_shard(info, check_count=True))
+    message = str(e.value)
+    assert message.startswith(f"{data / '00001.tar'}: 3 samples, but vlp's scan index {index} says 4")
+    assert "delete it" in message and "make-shards" not in message
+
+
 def test_an_image_less_sample_and_an_empty_folder_are_named(tmp_path: Path) -> None:
     path = tmp_path / "00000.tar"
     with tarfile.open(path, "w") as tf:
@@ -297,6 +325,11 @@ def test_data_check_and_training_refuse_captions_cleaning_empties(tmp_path: Path
     errors: list[DataError] = []
     kept = [raw.key for raw in iter_shard(ShardInfo(path, 4, 4, 0, "img2dataset"), errors=errors)]
     assert kept == ["000000000", "000000003"] and len(errors) == 2
+    # training: under data.on_bad_sample=skip each is a bad sample, counted and replaced; under raise, the error
+    (batch,) = list(loader([data], batch_size=4, shuffle_buffer=2, on_bad="skip"))
+    assert batch["bad"] == 2 and "..." not in batch["caps"] and all(c.startswith("a photo") for c in batch["caps"])
+    with pytest.raises(DataError, match=r"sample '00000000[12]': the caption .* has no words left"):
+        list(loader([data], batch_size=4, shuffle_buffer=2, on_bad="raise"))
 
 
 def test_one_corrupt_shard_of_40_costs_its_samples_not_the_run(tmp_path: Path, capfd) -> None:

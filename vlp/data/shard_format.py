@@ -50,6 +50,7 @@ class ShardInfo:
     id_offset: int
     layout: str = "vlp"  # vlp | img2dataset
     caption_key: str = "caption"  # img2dataset: the caption's key in {key}.json
+    count_file: Optional[Path] = None  # img2dataset: the _stats.json or scan index ``images`` comes from
 
 
 @dataclass(frozen=True)
@@ -129,12 +130,14 @@ def _img2dataset(tars: list[Path], offset: int, caption_key: str) -> list[ShardI
     """img2dataset tars: one caption per image, so images = pairs; counts from ``_stats.json``
     or the scan index. Shards without samples are left out."""
     counts = _stats_counts(tars)
+    sources = [_stats_file(t) for t in tars]
     if counts is None:
         counts = _scanned_counts(tars, caption_key)
+        sources = [_index_file(tars, caption_key)] * len(tars)
     out = []
-    for tar, n in zip(tars, counts):
+    for tar, n, source in zip(tars, counts, sources):
         if n > 0:
-            out.append(ShardInfo(tar, n, n, offset, "img2dataset", caption_key))
+            out.append(ShardInfo(tar, n, n, offset, "img2dataset", caption_key, source))
             offset += n
     return out
 
@@ -143,7 +146,7 @@ def _stats_counts(tars: list[Path]) -> Optional[list[int]]:
     """Each tar's ``successes`` from img2dataset's ``{name}_stats.json``; None unless every tar has one."""
     counts = []
     for tar in tars:
-        f = tar.with_name(tar.stem + "_stats.json")
+        f = _stats_file(tar)
         if not f.is_file():
             return None
         try:
@@ -156,6 +159,11 @@ def _stats_counts(tars: list[Path]) -> Optional[list[int]]:
     return counts
 
 
+def _stats_file(tar: Path) -> Path:
+    """img2dataset's stats of ``tar``: ``{name}_stats.json`` beside it."""
+    return tar.with_name(tar.stem + "_stats.json")
+
+
 def index_dir() -> Path:
     """Where scan indexes of img2dataset folders are kept: ``$VLP_CACHE/shard_index``, else
     ``$XDG_CACHE_HOME/vlp/shard_index``, else ``~/.cache/vlp/shard_index``."""
@@ -165,12 +173,22 @@ def index_dir() -> Path:
     return Path(base) / "vlp" / "shard_index"
 
 
+def _index_file(tars: list[Path], caption_key: str) -> Path:
+    """The scan index of ``tars``: in :func:`index_dir`, named by a digest of the tars' paths,
+    sizes and modification times (and ``caption_key``)."""
+    digest = hashlib.sha256(json.dumps([_stamp(tars), caption_key]).encode()).hexdigest()[:32]
+    return index_dir() / f"{digest}.json"
+
+
+def _stamp(tars: list[Path]) -> list[tuple[str, int, int]]:
+    """Each tar's resolved path, size and modification time (what a scan index is valid for)."""
+    return [(str(t.resolve()), t.stat().st_size, t.stat().st_mtime_ns) for t in tars]
+
+
 def _scanned_counts(tars: list[Path], caption_key: str) -> list[int]:
     """Samples per tar from one scan (captions parsed, images skipped), kept in :func:`index_dir`
     under a digest of the tars' paths, sizes and modification times."""
-    stamp = [(str(t.resolve()), t.stat().st_size, t.stat().st_mtime_ns) for t in tars]
-    digest = hashlib.sha256(json.dumps([stamp, caption_key]).encode()).hexdigest()[:32]
-    f = index_dir() / f"{digest}.json"
+    f = _index_file(tars, caption_key)
     if f.is_file():
         try:
             counts = json.loads(f.read_text())["counts"]
@@ -181,7 +199,7 @@ def _scanned_counts(tars: list[Path], caption_key: str) -> list[int]:
     print(f"indexing {len(tars)} shard(s) without _stats.json (once; kept in {f.parent})", flush=True)
     counts = [sum(1 for _ in iter_shard(ShardInfo(t, 0, 0, 0, "img2dataset", caption_key), images=False)) for t in tars]
     f.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(f, lambda out: out.write(json.dumps({"tars": stamp, "counts": counts})))
+    write_atomic(f, lambda out: out.write(json.dumps({"tars": _stamp(tars), "counts": counts})))
     return counts
 
 
@@ -230,10 +248,29 @@ def iter_shard(
     except (tarfile.TarError, OSError) as e:
         raise DataError(f"{path}: cannot read shard: {e}") from None
     if check_count and n != info.images:
-        where = path.parent / SIZES_FILE if info.layout == "vlp" else "its _stats.json / scan index"
-        raise DataError(
-            f"{path}: {n} samples, but {where} says {info.images}; the folder is stale or damaged ({MAKE_HINT})"
+        raise DataError(f"{path}: {n} samples, but {count_mismatch_hint(info)}")
+
+
+def count_mismatch_hint(info: ShardInfo) -> str:
+    """What says the shard has ``info.images`` samples, and what to do, fitting the folder's kind:
+    vlp's ``sizes.json`` (write the folder again), img2dataset's ``_stats.json`` (re-run img2dataset,
+    or let vlp count the tars) or vlp's scan index of an img2dataset folder (delete it)."""
+    n, source = info.images, info.count_file
+    if info.layout == "vlp":
+        return (
+            f"{info.path.parent / SIZES_FILE} says {n}; the folder is stale or damaged: write it again with "
+            "`vlp make-shards --data ANNOTATIONS.json --out DIR`"
         )
+    if source is not None and source.parent == index_dir():
+        return (
+            f"vlp's scan index {source} says {n}; the tar changed after it was indexed: delete it (the next "
+            "run counts the tars again)"
+        )
+    where = f"{source} says {n} (img2dataset's 'successes')" if source else f"its _stats.json says {n}"
+    return (
+        f"{where}; the tar or its stats are stale or damaged: re-run img2dataset for this shard, or delete the "
+        "folder's *_stats.json files (vlp then counts the tars in one scan)"
+    )
 
 
 def _raw(info: ShardInfo, index: int, key: str, parts: dict[str, bytes]) -> RawSample:
