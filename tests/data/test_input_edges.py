@@ -91,6 +91,25 @@ def test_the_size_limit_counts_decoded_bytes(tmp_path: Path) -> None:
                 open_image(str(f), "x", max_pixels=1000)
 
 
+def test_data_max_image_pixels_wins_over_pillows_own_cap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 41, item 9: Pillow refuses images over twice ``Image.MAX_IMAGE_PIXELS`` (178.9M pixels)
+    by itself, so ``data.max_image_pixels=0`` ("no limit") or a limit above Pillow's did not apply.
+    Pillow's cap is lowered here (a cheap stand-in for a 180M-pixel image): vlp's setting decides,
+    in both directions, and Pillow's global is left as it was for every other caller."""
+    f = tmp_path / "wide.png"
+    Image.new("RGB", (40, 30), (10, 20, 30)).save(f)  # 1200 pixels, 3600 bytes decoded
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # Pillow alone refuses above 200 pixels
+    with pytest.raises(Image.DecompressionBombError):
+        Image.open(f)
+    assert open_image(str(f), "x", max_pixels=0).getpixel((39, 29)) == (10, 20, 30)  # 0: no limit
+    assert open_image(str(f), "x", max_pixels=1200).size == (40, 30)  # vlp's limit above Pillow's
+    with pytest.raises(BadImage, match=r"3600 bytes decoded, more than the limit of 3000 .*data.max_image_pixels"):
+        open_image(str(f), "x", max_pixels=1000)  # and below it: vlp's message, vlp's limit
+    member = io.BytesIO(f.read_bytes())  # a shard member (a file object) as well
+    assert open_image(member, "x", max_pixels=0).size == (40, 30)  # type: ignore[arg-type]
+    assert Image.MAX_IMAGE_PIXELS == 100
+
+
 def test_a_16_bit_image_is_converted_without_float64_copies(tmp_path: Path) -> None:
     """A 16-bit PNG converted to 8-bit RGB: numpy's allocations stay under 8 bytes a pixel (the float64
     conversion took 24, which made a 9000x9000 PNG of 157 KB cost 2 GB)."""

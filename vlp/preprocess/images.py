@@ -6,8 +6,10 @@ from __future__ import annotations
 import io
 import os
 import stat
+import struct
 import warnings
-from typing import Callable, Optional
+from contextlib import ExitStack, contextmanager
+from typing import BinaryIO, Callable, Iterator, Optional
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -60,18 +62,12 @@ def open_image(
         _regular_file(path, origin)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the limit is checked here
-            with Image.open(path) as im:
-                w, h = im.size
-                if max_pixels and decoded_bytes(im) > 3 * max_pixels:
-                    raise BadImage(
-                        f"{origin}: image {path} is {w}x{h} {im.mode} = {decoded_bytes(im)} bytes decoded, more "
-                        f"than the limit of {3 * max_pixels} (an 8-bit RGB image of {max_pixels} pixels: the "
-                        "decompression-bomb guard, data.max_image_pixels)"
-                    )
-                if before_load is not None:
-                    before_load(im)
-                im.load()
-                rgb = to_rgb(im)
+            try:
+                with Image.open(path) as im:
+                    rgb = _decoded(im, path, origin, max_pixels, before_load)
+            except Image.DecompressionBombError:  # Pillow's global cap, not vlp's: vlp's limit decides
+                with _opened_past_pillow_cap(path) as im:
+                    rgb = _decoded(im, path, origin, max_pixels, before_load)
     except BadImage:
         raise
     except FileNotFoundError:
@@ -85,6 +81,52 @@ def open_image(
     except (OSError, SyntaxError, ValueError) as e:  # truncated or corrupt data (Pillow raises all three)
         raise BadImage(f"{origin}: cannot read image {path}: truncated or corrupt ({e})") from None
     return upscale_tiny(rgb, min_side)
+
+
+def _decoded(
+    im: Image.Image, path: object, origin: str, max_pixels: int, before_load: Optional[Callable[[Image.Image], None]]
+) -> Image.Image:
+    """``im`` (opened, not decoded) decoded as RGB, after :func:`open_image`'s size limit."""
+    if max_pixels and decoded_bytes(im) > 3 * max_pixels:
+        raise BadImage(
+            f"{origin}: image {path} is {im.width}x{im.height} {im.mode} = {decoded_bytes(im)} bytes decoded, more "
+            f"than the limit of {3 * max_pixels} (an 8-bit RGB image of {max_pixels} pixels: the "
+            "decompression-bomb guard, data.max_image_pixels)"
+        )
+    if before_load is not None:
+        before_load(im)
+    im.load()
+    return to_rgb(im)
+
+
+@contextmanager
+def _opened_past_pillow_cap(path: object) -> Iterator[Image.Image]:
+    """``Image.open(path)`` without Pillow's own pixel cap (twice ``Image.MAX_IMAGE_PIXELS``, a
+    process-wide setting), for :func:`open_image` to apply ``data.max_image_pixels`` instead (0: no
+    limit) without changing that setting for other callers: Pillow's registered format plugins,
+    tried in its order on the file's first bytes."""
+    Image.init()
+    with ExitStack() as stack:
+        if isinstance(path, (str, os.PathLike)):
+            fp: BinaryIO = stack.enter_context(open(path, "rb"))
+        else:
+            fp = path  # type: ignore[assignment]  # a file object (a shard member)
+        fp.seek(0)
+        prefix = fp.read(16)
+        for fmt in Image.ID:
+            factory, accept = Image.OPEN[fmt]
+            accepted = accept is None or accept(prefix)  # a str: Pillow's warning that the format does not fit
+            if not accepted or isinstance(accepted, str):
+                continue
+            fp.seek(0)
+            try:
+                im = factory(fp, str(path))
+            except (SyntaxError, IndexError, TypeError, struct.error):
+                continue
+            with im:
+                yield im
+            return
+        raise UnidentifiedImageError(f"cannot identify image file {path}")
 
 
 _NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
