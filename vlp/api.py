@@ -192,7 +192,8 @@ class VLPModel:
     def _from_directory(cls, path: Path, device: torch.device, batch_size: int) -> VLPModel:
         from transformers import BertTokenizerFast
 
-        verify_checkpoint(path, (CONFIG, PREPROCESSOR))  # every file against manifest.json (if it has one)
+        # every file against manifest.json (if it has one); an unlisted file the loader reads is refused
+        verify_checkpoint(path, (CONFIG, PREPROCESSOR), reads=(CONFIG, PREPROCESSOR, WEIGHTS))
         refuse_unlisted(path, TOKENIZER_FILES, "tokenizer")  # and no tokenizer file beside the listed ones
         config = json.loads((path / CONFIG).read_text())
         if config.get("format") != FORMAT:

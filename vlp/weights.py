@@ -180,25 +180,41 @@ def _sha256_of(path: str, _size: int, _mtime_ns: int, _inode: int) -> str:
     return digest.hexdigest()
 
 
-def verify_checkpoint(ckpt: Path, require: Iterable[str] = ()) -> None:
+#: the files (fnmatch patterns, relative to the folder) the checkpoint loaders read: weights, state,
+#: task state, evaluation preprocessing, and training state on resume (:mod:`vlp.train.state`)
+CHECKPOINT_READS = ("model.safetensors", "state.json", TASK_STATE, "preprocessor.json", "train_state/*")
+
+
+def verify_checkpoint(ckpt: Path, require: Iterable[str] = (), reads: Iterable[str] = CHECKPOINT_READS) -> None:
     """Check every file of ``ckpt``'s manifest (present, same size, same SHA-256) and that the
     ``require``d relative paths exist; raises :class:`CheckpointError` naming the first problem: a
     file shorter than listed is "truncated", a longer one or another SHA-256 "changed since it was
-    saved" (an edit, or corruption).
+    saved" (an edit, or corruption); a file matching ``reads`` (what the loader reads) that the
+    manifest does not list is refused by name (:func:`refuse_unlisted`).
     A folder without a manifest (an older vlp, or copied by hand) is only checked for files."""
-    for rel in ("model.safetensors", *require):
-        if not (ckpt / rel).exists():
-            raise CheckpointError(f"checkpoint {ckpt}: missing {rel}")
-    mf = ckpt / MANIFEST
+    verify_manifest(ckpt, f"checkpoint {ckpt}", ("model.safetensors", *require))
+    refuse_unlisted(ckpt, reads, "checkpoint loader")
+
+
+def verify_manifest(folder: Path, name: str, require: Iterable[str]) -> None:
+    """:func:`verify_checkpoint`'s check of any folder vlp wrote with :func:`publish` (a checkpoint,
+    a ``save_pretrained`` folder, a helper feature cache): the ``require``d files exist (the first
+    must be listed), and with a manifest every listed file has its size and SHA-256. Messages start
+    with ``name`` (e.g. ``checkpoint DIR``)."""
+    require = list(require)
+    for rel in require:
+        if not (folder / rel).exists():
+            raise CheckpointError(f"{name}: missing {rel}")
+    mf = folder / MANIFEST
     if not mf.is_file():
         return
     try:
         files = json.loads(mf.read_text())["files"]
     except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"checkpoint {ckpt}: unreadable {MANIFEST} ({e})") from None
+        raise CheckpointError(f"{name}: unreadable {MANIFEST} ({e})") from None
     well_formed = (
         isinstance(files, dict)
-        and "model.safetensors" in files
+        and require[0] in files
         and all(
             isinstance(m, dict) and isinstance(m.get("bytes"), int) and isinstance(m.get("sha256"), str)
             for m in files.values()
@@ -206,22 +222,20 @@ def verify_checkpoint(ckpt: Path, require: Iterable[str] = ()) -> None:
     )
     if not well_formed:
         raise CheckpointError(
-            f"checkpoint {ckpt}: malformed {MANIFEST}: 'files' must map every file, model.safetensors "
+            f"{name}: malformed {MANIFEST}: 'files' must map every file, {require[0]} "
             'included, to {"bytes": n, "sha256": "..."} (corrupted)'
         )
     for rel, meta in files.items():
-        p = ckpt / rel
+        p = folder / rel
         if not p.is_file():
-            raise CheckpointError(f"checkpoint {ckpt}: {rel} is missing")
+            raise CheckpointError(f"{name}: {rel} is missing")
         size = p.stat().st_size
         if size != meta["bytes"]:
             what = "truncated" if size < meta["bytes"] else "changed since it was saved"
-            raise CheckpointError(
-                f"checkpoint {ckpt}: {rel} is {size} bytes, the manifest says {meta['bytes']} ({what})"
-            )
+            raise CheckpointError(f"{name}: {rel} is {size} bytes, the manifest says {meta['bytes']} ({what})")
         if _sha256(p) != meta["sha256"]:
             raise CheckpointError(
-                f"checkpoint {ckpt}: {rel} does not match its SHA-256 in {MANIFEST} (changed since it was saved, or corrupted)"
+                f"{name}: {rel} does not match its SHA-256 in {MANIFEST} (changed since it was saved, or corrupted)"
             )
 
 
@@ -237,19 +251,24 @@ TOKENIZER_FILES = (
 )
 
 
-def refuse_unlisted(folder: Path, names: Iterable[str], reader: str) -> None:
-    """With a manifest: each of ``names`` present in ``folder`` but not listed in it is refused by
-    name (:class:`CheckpointError`): ``reader`` would read it, and nothing says where it came from
-    (a file dropped in after the save). Without a manifest (an older folder) nothing is checked."""
+def refuse_unlisted(folder: Path, patterns: Iterable[str], reader: str) -> None:
+    """With a manifest: each file of ``folder`` (relative path, subfolders included) that matches
+    one of the fnmatch ``patterns`` but is not listed in it is refused by name
+    (:class:`CheckpointError`): ``reader`` would read it, and nothing says where it came from (a file
+    dropped in after the save). Files no pattern matches (a README) are left alone. Without a
+    manifest (an older folder) nothing is checked."""
     mf = folder / MANIFEST
     if not mf.is_file():
         return
-    listed = json.loads(mf.read_text())["files"]  # verify_checkpoint read it first
-    for name in names:
-        if (folder / name).is_file() and name not in listed:
+    listed = json.loads(mf.read_text())["files"]  # verify_manifest read it first
+    patterns = list(patterns)
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if rel not in listed and _matches(rel, patterns) and p.is_file():
             raise CheckpointError(
-                f"{folder}: {name} is not in {MANIFEST}, and the {reader} would read it: a file added after the "
-                "save can change what loads (special tokens, vocabulary); remove it, or save the folder again"
+                f"{folder}: {rel} is not in {MANIFEST}, and the {reader} would read it: a file added after the "
+                "save can change what loads (special tokens, vocabulary, preprocessing, state); remove it, or "
+                "save the folder again"
             )
 
 

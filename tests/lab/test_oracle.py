@@ -51,6 +51,9 @@ def test_bad_oracle_caches_are_refused(tmp_path):
     write_oracle(tmp_path / "d")
     index = json.loads((tmp_path / "d" / "index.json").read_text())
     (tmp_path / "d" / "index.json").write_text(json.dumps({**index, "kind": "oracle"}))
+    with pytest.raises(DataError, match="index.json is .* bytes, the manifest says"):  # an edit since the save
+        HelperCache.load(tmp_path / "d")
+    (tmp_path / "d" / "manifest.json").unlink()  # as a cache written before manifests: the kind rule itself
     with pytest.raises(DataError, match="key 'kind' is 'oracle'"):
         HelperCache.load(tmp_path / "d")
 

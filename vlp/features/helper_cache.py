@@ -20,7 +20,6 @@ batch carries indices down the same data path and the regulator looks the releva
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +29,13 @@ import torch
 from safetensors.torch import load_file
 
 from vlp.data.formats import Sample
-from vlp.errors import DataError
+from vlp.errors import CheckpointError, DataError
 from vlp.features.store import refuse_existing
-from vlp.weights import save_tensors
+from vlp.weights import publish, refuse_unlisted, save_tensors, verify_manifest
 
 CACHE_FORMAT = "vlp-helper-features-v1"
+#: the files of a cache, all read by :meth:`HelperCache.load` (the features first)
+CACHE_FILES = ("features.safetensors", "index.json")
 LEARNED = "learned"
 ORACLE_KINDS = ("oracle-exact", "oracle-graded", "oracle-noisy")
 KINDS = (LEARNED, *ORACLE_KINDS)
@@ -84,6 +85,11 @@ class HelperCache:
                 f"helper feature cache {path}: expected index.json and features.safetensors "
                 "(build it with `vlp cache-helper-features`)"
             )
+        try:  # against the manifest a cache written since issue 41 has (an older one loads unchecked)
+            verify_manifest(path, f"helper feature cache {path}", CACHE_FILES)
+            refuse_unlisted(path, CACHE_FILES, "helper cache reader")
+        except CheckpointError as e:
+            raise DataError(f"{e}; build the cache again with `vlp cache-helper-features`") from None
         try:
             index = json.loads(index_file.read_text())
         except json.JSONDecodeError as e:
@@ -209,5 +215,4 @@ def write_cache(
         "texts": list(texts),
     }
     (tmp / "index.json").write_text(json.dumps(index))
-    os.replace(tmp, out)
-    return out
+    return publish(tmp, out)  # with a manifest (sizes, SHA-256) that HelperCache.load verifies
