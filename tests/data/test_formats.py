@@ -183,3 +183,31 @@ def test_graded_relevance_npz_is_refused(tmp_path, split3x2):
     np.savez(tmp_path / "g.npz", g=np.ones((3, 2)))
     with pytest.raises(DataError, match=r"g\.npz: expected a \.npy array"):
         load_graded_relevance(tmp_path / "g.npz", split3x2)
+
+
+@pytest.mark.parametrize("bad", ["...", "?!", "\x00\x00", "\u200b", "- / -"])
+def test_a_caption_cleaning_empties_is_left_out_of_training_by_the_checks_rule(tmp_path, bad):
+    """The JSON loader (training, make-shards) applies the rule the check and the shard reader
+    apply: a caption ALBEF's cleaning leaves no words of would train as [CLS][SEP]."""
+    from vlp.data.formats import load_pairs_checked, no_words_problem
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    ann = [{"image": "a.png", "caption": ["a red circle", bad]}, {"image": "a.png", "caption": bad}]
+    (tmp_path / "p.json").write_text(json.dumps(ann))
+    assert no_words_problem(bad) is not None
+    table, dropped = load_pairs_checked([tmp_path / "p.json"], on_bad="skip")
+    assert [s.captions for s in table] == [("a red circle",)]
+    assert (dropped.entries, dropped.captions) == (1, 1)
+    assert "has no words left after ALBEF cleaning" in str(dropped.problems[0])
+    with pytest.raises(DataError, match=r"p\.json: entry 0: key 'caption' item 1 .* has no words left"):
+        load_pairs([tmp_path / "p.json"])
+
+
+@pytest.mark.parametrize(
+    "text", ["a", "A-b", "...x", "<person>", "@", "é", "\ta\n", "x" * 5, " ".join(["..."] * 40) + " a", "a\x00"]
+)
+def test_the_fast_no_words_path_agrees_with_the_cleaning(text):
+    from vlp.data.formats import _is_word_char, no_words_problem
+
+    slow = any(map(_is_word_char, pre_caption(text)))
+    assert (no_words_problem(text) is None) == slow

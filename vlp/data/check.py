@@ -130,13 +130,12 @@ def detect_kind(entries: Sequence[Any]) -> str:
 
 
 def _cleaners() -> dict[str, tuple[str, Callable[[str], str]]]:
-    """Each kind's text key and the ALBEF cleaning training applies to it."""
+    """Each kind's text key and the ALBEF cleaning training applies to it (captions of ``pairs`` and
+    ``retrieval`` files: their loader applies the rule itself, :func:`vlp.data.formats._captions`)."""
     from vlp.data.vqa import pre_question
     from vlp.preprocess.transforms import pre_caption
 
     return {
-        "pairs": ("caption", pre_caption),
-        "retrieval": ("caption", pre_caption),
         "vqa": ("question", pre_question),
         "nlvr": ("sentence", pre_caption),
     }
@@ -197,10 +196,11 @@ def _check_file(
     report.files.append(FileSummary(file, kind, detected, len(entries)))
     if not entries:
         report.problems.append(Problem(file, None, None, "no entries (an empty list)"))
-    text_key, clean = _cleaners()[kind]
+    cleaner = _cleaners().get(kind)
     for i, e in enumerate(entries):
         report.problems.extend(Problem(file, i, p.key, p.detail) for p in entry_problems(kind, path, i, e))
-        report.problems.extend(_emptied_texts(file, i, e, text_key, clean))
+        if cleaner is not None:
+            report.problems.extend(_emptied_texts(file, i, e, *cleaner))
         for image in _image_paths(e, IMAGE_KEY[kind]):
             images.setdefault(resolve_image(image, root), []).append((file, i, IMAGE_KEY[kind]))
 

@@ -23,6 +23,7 @@ check``, ``load_pairs(on_bad="skip")``), so checking and loading share one set o
 
 from __future__ import annotations
 
+import re
 import sys
 import unicodedata
 from dataclasses import dataclass
@@ -141,16 +142,25 @@ def _is_word_char(ch: str) -> bool:
     return not ch.isspace() and ch != "\ufffd" and unicodedata.category(ch) not in ("Cc", "Cf")
 
 
+#: printable ASCII that :func:`vlp.preprocess.transforms.pre_caption` keeps as a word character:
+#: all but the space, the characters it deletes and ``-`` / ``/`` (made spaces); ``<person>`` keeps
+#: letters. An ASCII printable text has words after cleaning iff it holds one of these.
+_ASCII_WORD = re.compile(r"[^ ,.'!?\"()*#:;~/-]")
+_NO_WORDS = "has no words left after ALBEF cleaning ({name}), expected a text with words"
+
+
 def no_words_problem(text: str, clean: Optional[Callable[[str], str]] = None) -> Optional[str]:
     """Why ``text`` would train as an empty text (``[CLS][SEP]``), completing "the text ...", or None:
     ALBEF's cleaning ``clean`` (default :func:`vlp.preprocess.transforms.pre_caption`) leaves no
     character the tokenizer keeps (:func:`_is_word_char`): ``"..."``, ``"?!"``, NUL bytes. The one
     rule of ``vlp data check`` (JSON files) and of the shard reader (checks and training)."""
     if clean is None:
+        if text.isascii() and text.isprintable():  # the fast path of millions of ordinary captions
+            return None if _ASCII_WORD.search(text) else _NO_WORDS.format(name="pre_caption")
         from vlp.preprocess.transforms import pre_caption as clean
     if any(map(_is_word_char, clean(text))):
         return None
-    return f"has no words left after ALBEF cleaning ({clean.__name__}), expected a text with words"
+    return _NO_WORDS.format(name=clean.__name__)
 
 
 def _captions(entry: Entry, allow_str: bool = True) -> Optional[tuple[str, ...]]:
@@ -173,6 +183,8 @@ def _captions(entry: Entry, allow_str: bool = True) -> Optional[tuple[str, ...]]
             issues.add(EntryError(path, i, "caption", f"{where} is {type(c).__name__}, expected a caption string"))
         elif problem is not None:
             issues.add(EntryError(path, i, "caption", f"{where} is {problem}"))
+        elif (empty := no_words_problem(c)) is not None:
+            issues.add(EntryError(path, i, "caption", f"{where} {c!r} {empty}"))
         else:
             good.append(c)
     return tuple(good) or None
