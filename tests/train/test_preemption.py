@@ -185,3 +185,78 @@ def test_experiment_scripts_exit_cleanly_when_stopped(capsys) -> None:
     )
     assert exit_status(lambda: 3, "x.py") == 3 and exit_status(lambda: None, "x.py") == 0
     assert str(Preempted("the whole message", "where")) == "the whole message"
+
+
+BLOCKING_SCRIPT = """import os, sys
+import vlp.train.loop as L
+batches = L.endless_batches
+def blocked_at_batch_3(*args, **kwargs):
+    for i, batch in enumerate(batches(*args, **kwargs)):
+        if i == 3:  # a data read that never returns: opening a FIFO no one writes to
+            open(os.environ["MARKER"], "w").close()
+            open(os.environ["FIFO"], "rb")
+        yield batch
+L.endless_batches = blocked_at_batch_3
+from vlp.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def blocked_run(tmp_path: Path, tiny_model: list[str], pairs_file: Path, grace: float) -> subprocess.Popen:
+    """`vlp pretrain` (train.stop_grace_s=``grace``) blocked for good fetching its 4th batch."""
+    script, fifo, marker = tmp_path / "blocked.py", tmp_path / "data.fifo", tmp_path / "blocked"
+    script.write_text(BLOCKING_SCRIPT)
+    os.mkfifo(fifo)
+    args = ["--config", "configs/pretrain/shapes_tiny.yaml", f"data.train=[{pairs_file}]", "data.batch_size=4"]
+    args += ["train.steps=20", "train.log_every=1", "train.progress=false", f"train.stop_grace_s={grace}"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
+    env.update(FIFO=str(fifo), MARKER=str(marker))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "pretrain", *args, *tiny_model, f"output_dir={tmp_path / 'run'}"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 300
+    while not marker.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    time.sleep(0.5)  # into the open()
+    return proc
+
+
+def ended_within(proc: subprocess.Popen, seconds: float) -> tuple[float, str]:
+    """(seconds it took to end, its stderr); fails (and kills it) if it is still running after ``seconds``."""
+    t0 = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"the blocked run was still running {seconds} s after the stop signal")
+    return time.monotonic() - t0, err
+
+
+def test_a_blocked_run_exits_after_the_grace_period_of_a_sigterm(tmp_path, tiny_model, pairs_file) -> None:
+    """Before: the run sat in the FIFO's open() 10 minutes after SIGTERM (the handler only noted it)."""
+    proc = blocked_run(tmp_path, tiny_model, pairs_file, grace=2)
+    proc.send_signal(signal.SIGTERM)
+    took, err = ended_within(proc, 60)
+    assert proc.returncode == 128 + signal.SIGTERM and 2 <= took < 30, (took, err[-3000:])
+    assert (
+        "vlp: error: stopped by SIGTERM, but the run reached no step boundary within train.stop_grace_s=2 s "
+        "(blocked, e.g. waiting for data); exiting without a checkpoint (resume from the last one with --resume auto)"
+    ) in err
+    assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
+
+
+def test_a_second_signal_ends_a_blocked_run_at_once(tmp_path, tiny_model, pairs_file) -> None:
+    proc = blocked_run(tmp_path, tiny_model, pairs_file, grace=600)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.5)  # later than a launcher's copy of the first
+    proc.send_signal(signal.SIGINT)
+    took, err = ended_within(proc, 60)
+    assert proc.returncode == 128 + signal.SIGINT and took < 30, (took, err[-3000:])
+    assert "vlp: error: SIGINT after SIGTERM: exiting at once, without a checkpoint" in err

@@ -27,6 +27,7 @@ HARMLESS = (
     "train.ckpt_every",
     "train.keep_last",
     "train.max_nonfinite_steps",
+    "train.stop_grace_s",
     "train.dist_timeout_minutes",
     # speed and memory knobs: the same computation, to rounding
     "train.compile",

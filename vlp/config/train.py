@@ -85,6 +85,10 @@ class TrainConfig:
     # A step whose loss or gradient is not finite is skipped (no update; logged with its step);
     # this many consecutive ones save a checkpoint and stop the run with an error.
     max_nonfinite_steps: int = 5
+    # After SIGTERM / SIGUSR1 the run saves at the next step boundary; a run that does not end its
+    # step (or checkpoint save, or validation) within this many seconds - blocked, e.g. waiting for
+    # data - exits without a checkpoint, status 128 + the signal (docs/training.md, "Runs that survive").
+    stop_grace_s: float = 60.0
     resume: Optional[str] = None  # a checkpoint folder or run directory, or "auto": this run's newest
     # Config keys (or sections, e.g. model.text) a resume may change although that alters the run
     # (batch size, seed, model shape, steps, ...); any other such change is refused, listing them
@@ -128,6 +132,8 @@ class TrainConfig:
                 f"config keys 'train.keep_last'/'train.max_nonfinite_steps': got {self.keep_last}/"
                 f"{self.max_nonfinite_steps}, expected >= 0 / >= 1"
             )
+        if not self.stop_grace_s > 0:
+            raise ConfigError(f"config key 'train.stop_grace_s': got {self.stop_grace_s}, expected seconds > 0")
         if self.resume and self.average.snapshots:
             raise ConfigError(
                 "config keys 'train.resume'/'train.average.snapshots': resuming a run that averages "

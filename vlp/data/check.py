@@ -168,10 +168,6 @@ def _check_file(
     """Check one file's JSON and entries into ``report``; add its image uses to ``images``
     (resolved path -> [(file, entry, key), ...])."""
     file = str(path)
-    if not path.is_file():
-        report.problems.append(Problem(file, None, None, "annotation file not found"))
-        report.files.append(FileSummary(file, None, False, 0))
-        return
     try:
         entries = entry_list(path, read_json(path))
     except BadJSON as e:
@@ -188,7 +184,9 @@ def _check_file(
         report.files.append(FileSummary(file, None, False, 0))
         return
     except DataError as e:
-        report.problems.append(Problem(file, None, None, str(e).removeprefix(f"{file}: ")))
+        message = str(e).removeprefix(f"{file}: ")
+        message = "annotation file not found" if message == f"annotation file not found: {file}" else message
+        report.problems.append(Problem(file, None, None, message))
         report.files.append(FileSummary(file, None, False, 0))
         return
     detected = kind == "auto"
@@ -300,7 +298,7 @@ def check_shards(
     (:func:`open_image`); a shard whose sample count is not its index's is a problem. A folder that
     is not a shard folder at all is one problem. One summary line per entry; a progress bar over
     the shards."""
-    from vlp.data.shard_format import iter_shard, read_sizes
+    from vlp.data.shard_format import ShardFault, iter_shard, read_sizes
     from vlp.preprocess.images import MemberFile
     from vlp.progress import progress
 
@@ -308,7 +306,7 @@ def check_shards(
     plans = []
     for entry in entries:
         try:
-            plans.append((str(entry), read_sizes([entry], caption_key)))
+            plans.append((str(entry), read_sizes([entry], caption_key, on_bad="skip")))  # broken tars: below
         except DataError as e:
             report.problems.append(Problem(str(entry), None, None, str(e).removeprefix(f"{entry}: ")))
             report.files.append(FileSummary(str(entry), None, False, 0))
@@ -316,26 +314,19 @@ def check_shards(
     for entry, shards in plans:
         samples = 0
         for info in shards:
-            prefix, errors = f"{info.path}: ", list[DataError]()  # one per malformed sample
-            shard_error: list[DataError] = []
-            try:
-                for raw in iter_shard(info, images=images, check_count=True, errors=errors):
-                    samples += 1
-                    if images:
-                        origin = f"{info.path}: sample {raw.key!r}"
-                        try:
-                            open_image(MemberFile(raw.image, raw.member), origin, max_pixels, min_side=0)  # type: ignore[arg-type]
-                        except BadImage as e:
-                            report.problems.append(
-                                Problem(str(info.path), None, raw.member, str(e).removeprefix(prefix))
-                            )
-                        report.images_checked = (report.images_checked or 0) + 1
-            except DataError as e:  # an unreadable tar, or a count other than the index's
-                shard_error.append(e)
-            samples += len(errors)
-            report.problems += [
-                Problem(str(info.path), None, None, str(err).removeprefix(prefix)) for err in errors + shard_error
-            ]
+            # one per malformed sample; at the end, a broken tar or a count other than the index's
+            prefix, errors = f"{info.path}: ", list[DataError]()
+            for raw in iter_shard(info, images=images, check_count=True, errors=errors):
+                samples += 1
+                if images:
+                    origin = f"{info.path}: sample {raw.key!r}"
+                    try:
+                        open_image(MemberFile(raw.image, raw.member), origin, max_pixels, min_side=0)  # type: ignore[arg-type]
+                    except BadImage as e:
+                        report.problems.append(Problem(str(info.path), None, raw.member, str(e).removeprefix(prefix)))
+                    report.images_checked = (report.images_checked or 0) + 1
+            samples += sum(not isinstance(e, ShardFault) for e in errors)  # malformed samples count
+            report.problems += [Problem(str(info.path), None, None, str(err).removeprefix(prefix)) for err in errors]
             bar.update(1)
         layout = shards[0].layout if shards else "vlp"
         report.files.append(FileSummary(entry, f"{layout} shards: {plural(len(shards), 'shard')}", False, samples))

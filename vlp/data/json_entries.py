@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Callable, Optional, TypeVar
 
+from vlp.data.regular_files import is_regular, open_regular
 from vlp.errors import BadJSON, DataError, EntryError
 from vlp.weights import umask_mode
 
@@ -82,11 +83,11 @@ class Entry:
 def read_json(path: str | Path) -> Any:
     """Parse a JSON file; errors name the file (:class:`BadJSON`, with line and column, for syntax errors)."""
     path = Path(path)
-    if not path.is_file():
+    if not is_regular(path, "annotation file"):
         raise DataError(f"annotation file not found: {path}")
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        with open_regular(path, "annotation file") as f:
+            return json.loads(f.read().decode("utf-8"))
     except json.JSONDecodeError as e:
         raise BadJSON(path, e.lineno, e.colno, e.msg) from None
     except UnicodeDecodeError as e:

@@ -21,13 +21,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, BinaryIO, Iterator, Optional, Sequence
 
 from vlp.data.formats import caption_problem, no_words_problem
 from vlp.data.json_entries import write_atomic
+from vlp.data.regular_files import NotRegular, is_regular, open_regular
 from vlp.errors import DataError
 
 SIZES_FILE = "sizes.json"
@@ -65,13 +67,29 @@ class RawSample:
     shard: Path
 
 
-def read_sizes(dirs: Sequence[str | Path], caption_key: str = "caption") -> list[ShardInfo]:
+class ShardFault(DataError):
+    """A shard that cannot be read to its end (a truncated or empty tar) or whose sample count is not
+    its index's: the message names the shard (and the member it broke in); ``lost`` is the samples
+    it costs, those its index listed that could not be read (0: it holds more than listed)."""
+
+    def __init__(self, message: str, lost: int) -> None:
+        super().__init__(message)
+        self.lost = lost
+
+    def __reduce__(self) -> tuple[type[ShardFault], tuple[str, int]]:
+        return type(self), (str(self), self.lost)
+
+
+def read_sizes(dirs: Sequence[str | Path], caption_key: str = "caption", on_bad: str = "raise") -> list[ShardInfo]:
     """The shards of ``dirs`` (shard folders, or brace patterns of tars) in order (entry, then
-    name). Image ids of entry k are offset by the images of entries 0..k-1."""
+    name). Image ids of entry k are offset by the images of entries 0..k-1. A ``*.tar`` that is not
+    a regular file (a FIFO, a directory, ...) is refused (:mod:`vlp.data.regular_files`).
+    ``on_bad``: when a folder without counts is scanned, a tar that breaks raises (``raise``) or
+    counts the samples read before the break, the broken one included, with a warning (``skip``)."""
     shards: list[ShardInfo] = []
     offset = 0
     for entry in dirs:
-        found = _entry_shards(str(entry), offset, caption_key)
+        found = _entry_shards(str(entry), offset, caption_key, on_bad)
         shards += found
         offset += sum(s.images for s in found)
     if not shards:
@@ -84,32 +102,33 @@ def is_brace_pattern(entry: str) -> bool:
     return "{" in entry and ".." in entry
 
 
-def _entry_shards(entry: str, offset: int, caption_key: str) -> list[ShardInfo]:
+def _entry_shards(entry: str, offset: int, caption_key: str, on_bad: str) -> list[ShardInfo]:
     if is_brace_pattern(entry):  # a brace pattern of img2dataset tars
         import braceexpand
 
         tars = [Path(p) for p in braceexpand.braceexpand(entry)]
-        missing = [str(p) for p in tars if not p.is_file()]
+        missing = [str(p) for p in tars if not is_regular(p, "shard")]
         if missing:
             raise DataError(
                 f"data.train entry {entry!r}: {len(missing)} of {len(tars)} tars do not exist, e.g. {missing[0]}"
             )
-        return _img2dataset(tars, offset, caption_key)
+        return _img2dataset(tars, offset, caption_key, on_bad)
     d = Path(entry)
     if d.is_file():
         raise DataError(f"{d} is a file; data.format=webdataset expects shard folders in data.train ({MAKE_HINT})")
-    if (d / SIZES_FILE).is_file():
+    if is_regular(d / SIZES_FILE, "shard index"):
         return _vlp_folder(d, offset)
-    tars = sorted(d.glob("*.tar")) if d.is_dir() else []
+    tars = [t for t in sorted(d.glob("*.tar")) if is_regular(t, "shard")] if d.is_dir() else []
     if not tars:
         raise DataError(f"{d}: no {SIZES_FILE} and no .tar files (not a shard folder); {MAKE_HINT}")
-    return _img2dataset(tars, offset, caption_key)
+    return _img2dataset(tars, offset, caption_key, on_bad)
 
 
 def _vlp_folder(d: Path, offset: int) -> list[ShardInfo]:
     f = d / SIZES_FILE
     try:
-        sizes = json.loads(f.read_text())
+        with open_regular(f, "shard index") as file:
+            sizes = json.loads(file.read())
     except json.JSONDecodeError as e:
         raise DataError(f"{f}: line {e.lineno} column {e.colno}: invalid JSON ({e.msg})") from None
     if not isinstance(sizes, dict) or not sizes:
@@ -120,19 +139,19 @@ def _vlp_folder(d: Path, offset: int) -> list[ShardInfo]:
         ok = isinstance(v, dict) and all(isinstance(v.get(k), int) and v[k] > 0 for k in ("images", "pairs"))
         if not ok or v["pairs"] < v["images"]:
             raise DataError(f'{f}: entry {name!r} is {v!r}, expected {{"images": n, "pairs": m}} with 0 < n <= m')
-        if not (d / name).is_file():
+        if not is_regular(d / name, "shard"):
             raise DataError(f"{f}: shard {name} is listed but {d / name} does not exist")
         out.append(ShardInfo(d / name, v["images"], v["pairs"], offset))
     return out
 
 
-def _img2dataset(tars: list[Path], offset: int, caption_key: str) -> list[ShardInfo]:
+def _img2dataset(tars: list[Path], offset: int, caption_key: str, on_bad: str) -> list[ShardInfo]:
     """img2dataset tars: one caption per image, so images = pairs; counts from ``_stats.json``
     or the scan index. Shards without samples are left out."""
     counts = _stats_counts(tars)
     sources = [_stats_file(t) for t in tars]
     if counts is None:
-        counts = _scanned_counts(tars, caption_key)
+        counts = _scanned_counts(tars, caption_key, on_bad)
         sources = [_index_file(tars, caption_key)] * len(tars)
     out = []
     for tar, n, source in zip(tars, counts, sources):
@@ -147,11 +166,12 @@ def _stats_counts(tars: list[Path]) -> Optional[list[int]]:
     counts = []
     for tar in tars:
         f = _stats_file(tar)
-        if not f.is_file():
+        if not is_regular(f, "shard stats file"):
             return None
         try:
-            n = json.loads(f.read_text()).get("successes")
-        except (json.JSONDecodeError, AttributeError):
+            with open_regular(f, "shard stats file") as file:
+                n = json.loads(file.read()).get("successes")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
             raise DataError(f"{f}: expected img2dataset's stats, a JSON object with 'successes'") from None
         if not isinstance(n, int) or n < 0:
             raise DataError(f"{f}: 'successes' is {n!r}, expected a count >= 0")
@@ -185,21 +205,36 @@ def _stamp(tars: list[Path]) -> list[tuple[str, int, int]]:
     return [(str(t.resolve()), t.stat().st_size, t.stat().st_mtime_ns) for t in tars]
 
 
-def _scanned_counts(tars: list[Path], caption_key: str) -> list[int]:
+def _scanned_counts(tars: list[Path], caption_key: str, on_bad: str) -> list[int]:
     """Samples per tar from one scan (captions parsed, images skipped), kept in :func:`index_dir`
-    under a digest of the tars' paths, sizes and modification times."""
+    under a digest of the tars' paths, sizes and modification times. A tar that breaks raises
+    (``on_bad="raise"``) or counts its samples up to the break, the broken one included, with a
+    warning; an index with such a count is not kept (the next start scans again)."""
     f = _index_file(tars, caption_key)
-    if f.is_file():
-        try:
-            counts = json.loads(f.read_text())["counts"]
-            if isinstance(counts, list) and len(counts) == len(tars) and all(isinstance(n, int) for n in counts):
-                return counts
-        except (json.JSONDecodeError, KeyError, TypeError):
-            pass  # a damaged index is rebuilt
+    try:
+        with open_regular(f, "shard scan index") as file:
+            counts = json.loads(file.read())["counts"]
+        if isinstance(counts, list) and len(counts) == len(tars) and all(isinstance(n, int) for n in counts):
+            return counts
+    except (OSError, DataError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        pass  # none yet, or a damaged index: (re)built
     print(f"indexing {len(tars)} shard(s) without _stats.json (once; kept in {f.parent})", flush=True)
-    counts = [sum(1 for _ in iter_shard(ShardInfo(t, 0, 0, 0, "img2dataset", caption_key), images=False)) for t in tars]
-    f.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(f, lambda out: out.write(json.dumps({"tars": _stamp(tars), "counts": counts})))
+    counts, broken = [], False
+    for t in tars:
+        errors: list[DataError] = []
+        n = sum(1 for _ in iter_shard(ShardInfo(t, 0, 0, 0, "img2dataset", caption_key), False, errors=errors))
+        fault = next((e for e in errors if isinstance(e, ShardFault)), None)
+        n += len(errors) - (fault is not None) + (fault.lost if fault is not None else 0)
+        if fault is not None:
+            if on_bad != "skip":
+                raise DataError(str(fault))
+            broken = True
+            kept = f"{n} samples counted (read up to the break)" if n else "no samples counted: the shard is left out"
+            print(f"vlp data: warning: {fault}; {kept}", file=sys.stderr, flush=True)
+        counts.append(n)
+    if not broken:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(f, lambda out: out.write(json.dumps({"tars": _stamp(tars), "counts": counts})))
     return counts
 
 
@@ -209,46 +244,33 @@ def iter_shard(
     """Stream the samples of one tar (the members of a key adjacent, as webdataset writes them).
 
     ``images=False`` skips the image bytes (seeks over them; ``image`` is empty). ``check_count``:
-    a sample count other than the index's (``info.images``) raises :class:`DataError`. ``errors``:
-    a malformed sample's :class:`DataError` is appended there and the sample left out (it still
-    counts), instead of raised."""
-    path, n = info.path, 0
-    wanted = IMAGE_EXTS + ("json", "txt")
-
-    def sample(key: str, parts: dict[str, bytes]) -> Optional[RawSample]:
-        try:
-            return _raw(info, n, key, parts)
-        except DataError as e:
-            if errors is None:
-                raise
-            errors.append(e)
-            return None
-
+    a sample count other than the index's (``info.images``) raises :class:`DataError`. A tar that
+    breaks (truncated, empty, not a tar) raises :class:`DataError` naming the member it broke in.
+    ``errors``: a malformed sample's :class:`DataError` is appended there and the sample left out
+    (it still counts), instead of raised; so is, at the end, a broken tar's or a wrong count's
+    :class:`ShardFault` (its ``lost``: the listed samples not read; a sample broken off counts)."""
+    path, walk = info.path, _Walk()
     try:
-        with tarfile.open(path, mode="r|" if images else "r:") as tf:
-            key, parts = None, {}
-            for m in tf:
-                if not m.isfile():
-                    continue
-                k, _, ext = m.name.rpartition("/")[2].partition(".")
-                if k != key and key is not None:
-                    raw = sample(key, parts)
-                    if raw is not None:
-                        yield raw
-                    n, parts = n + 1, {}
-                key, ext = k, ext.lower()
-                if ext in wanted:
-                    f = tf.extractfile(m)
-                    parts[ext] = f.read() if (images or ext not in IMAGE_EXTS) and f is not None else b""
-            if key is not None:
-                raw = sample(key, parts)
-                if raw is not None:
-                    yield raw
-                n += 1
-    except (tarfile.TarError, OSError) as e:
-        raise DataError(f"{path}: cannot read shard: {e}") from None
-    if check_count and n != info.images:
-        raise DataError(f"{path}: {n} samples, but {count_mismatch_hint(info)}")
+        with open_regular(path, "shard") as file:
+            walk.size = os.fstat(file.fileno()).st_size
+            yield from _samples(info, file, images, errors, walk)
+    except (tarfile.TarError, OSError, NotRegular) as e:
+        cut = walk.reading or walk.end > walk.size  # the data of the last member seen was cut
+        at = f", in member {walk.member}" if cut else f", after member {walk.member}" if walk.member else ""
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        message = str(e) if isinstance(e, NotRegular) else f"{path}: cannot read shard: {reason}{at}"
+        fault = ShardFault(message, max(info.images - walk.samples, 1 if walk.key is not None else 0))
+        if errors is None:
+            raise DataError(str(fault)) from None
+        errors.append(fault)
+        return
+    if check_count and walk.samples != info.images:
+        fault = ShardFault(
+            f"{path}: {walk.samples} samples, but {count_mismatch_hint(info)}", max(info.images - walk.samples, 0)
+        )
+        if errors is None:
+            raise DataError(str(fault))
+        errors.append(fault)
 
 
 def count_mismatch_hint(info: ShardInfo) -> str:
@@ -271,6 +293,59 @@ def count_mismatch_hint(info: ShardInfo) -> str:
         f"{where}; the tar or its stats are stale or damaged: re-run img2dataset for this shard, or delete the "
         "folder's *_stats.json files (vlp then counts the tars in one scan)"
     )
+
+
+@dataclass
+class _Walk:
+    """How far :func:`_samples` got in a tar of ``size`` bytes: the samples completed, the current
+    key, the last member seen, where its data ends and whether it was being read."""
+
+    samples: int = 0
+    key: Optional[str] = None
+    member: str = ""
+    end: int = 0
+    reading: bool = False
+    size: int = 0
+
+
+def _samples(
+    info: ShardInfo, file: BinaryIO, images: bool, errors: Optional[list[DataError]], walk: _Walk
+) -> Iterator[RawSample]:
+    """:func:`iter_shard`'s walk over the tar's members, recording its progress in ``walk``."""
+    wanted = IMAGE_EXTS + ("json", "txt")
+
+    def sample(key: str, parts: dict[str, bytes]) -> Optional[RawSample]:
+        try:
+            return _raw(info, walk.samples, key, parts)
+        except DataError as e:
+            if errors is None:
+                raise
+            errors.append(e)
+            return None
+
+    with tarfile.open(fileobj=file, mode="r|" if images else "r:") as tf:
+        parts: dict[str, bytes] = {}
+        for m in tf:
+            walk.member, walk.end = m.name, m.offset_data + m.size
+            if not m.isfile():
+                continue
+            k, _, ext = m.name.rpartition("/")[2].partition(".")
+            if k != walk.key and walk.key is not None:
+                raw = sample(walk.key, parts)
+                walk.samples, parts = walk.samples + 1, {}
+                if raw is not None:
+                    yield raw
+            walk.key, ext = k, ext.lower()
+            if ext in wanted:
+                walk.reading = True
+                f = tf.extractfile(m)
+                parts[ext] = f.read() if (images or ext not in IMAGE_EXTS) and f is not None else b""
+                walk.reading = False
+        if walk.key is not None:
+            raw = sample(walk.key, parts)
+            walk.samples, walk.key = walk.samples + 1, None
+            if raw is not None:
+                yield raw
 
 
 def _raw(info: ShardInfo, index: int, key: str, parts: dict[str, bytes]) -> RawSample:

@@ -50,8 +50,9 @@ from vlp.data.datasets import (
     seeded_rng,
     stop_proof_workers,
 )
+from vlp.data.json_entries import plural
 from vlp.data.sample_table import SampleTable, TableBuilder
-from vlp.data.shard_format import ShardInfo, iter_shard, read_sizes
+from vlp.data.shard_format import ShardFault, ShardInfo, iter_shard, read_sizes
 from vlp.errors import DataError
 from vlp.preprocess.draft import Decoder
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, MemberFile
@@ -97,6 +98,8 @@ class _Unit:
     where: str  # "shard.tar sample KEY", for errors
     member: str  # "KEY.jpg" (or .png, ...), the image's name in the tar
     error: Optional[str] = None  # a malformed sample: its DataError, raised when it is decoded
+    cost: int = 1  # the bad samples it stands for (a broken shard's: those it lost)
+    fault: bool = False  # a broken shard (a ShardFault), not one bad sample
 
 
 class ShardStream(IterableDataset):
@@ -157,10 +160,10 @@ class ShardStream(IterableDataset):
         while True:
             n = 0
             for u in shuffle_buffer(self._expand(shards, rng), self.buffer, rng):
-                n += 1
+                n += u.error is None
                 yield u
             if n == 0:
-                raise DataError(f"shards {[str(s.path) for s in shards]} hold no samples")
+                raise DataError(f"shards {[str(s.path) for s in shards]} hold no readable samples")
 
     def _expand(self, shards: Sequence[ShardInfo], rng: random.Random) -> Iterator[_Unit]:
         for info in shards:
@@ -179,10 +182,12 @@ class ShardStream(IterableDataset):
     @staticmethod
     def _malformed(errors: list[DataError]) -> Iterator[_Unit]:
         """A malformed sample (its DataError) as a unit that fails to decode: the bad-sample policy
-        handles it like an image that does not decode."""
+        handles it like an image that does not decode. A broken shard (:class:`ShardFault`) is one
+        such unit that costs the samples it lost."""
         while errors:
-            e = str(errors.pop(0))
-            yield _Unit(-1, "", ("",), b"", e, "", error=e)
+            e = errors.pop(0)
+            fault = isinstance(e, ShardFault)
+            yield _Unit(-1, "", ("",), b"", str(e), "", str(e), e.lost if isinstance(e, ShardFault) else 1, fault)
 
     def reader_batches(
         self, epoch: int, worker: int, start: int = 0, units_done: Optional[int] = None
@@ -215,7 +220,7 @@ class ShardStream(IterableDataset):
         counts it once (``known_bad``: its other captions' units are passed over) and takes the
         next unit of the stream in its place."""
         items: list[dict] = []
-        bad = 0  # bad units since the last good one, carried by the next item
+        bad, replaced = 0, 0  # bad samples since the last good unit (carried by the next item), bad units
         with seeded_rng(seed_of("augment", self.seed, epoch, self.rank, index)):
             while len(items) < self.batch_size:
                 u = next(units)
@@ -228,15 +233,16 @@ class ShardStream(IterableDataset):
                     if self.on_bad != "skip":
                         raise DataError(f"{e}; {BAD_SAMPLE_HINT}") from None
                     known_bad.add(u.where)
-                    bad += 1
-                    print(f"vlp data: skipped a bad sample: {e}", file=sys.stderr, flush=True)
-                    if bad > MAX_REPLACEMENTS:
+                    bad, replaced = bad + u.cost, replaced + 1
+                    what = f"a bad shard ({plural(u.cost, 'bad sample')})" if u.fault else "a bad sample"
+                    print(f"vlp data: skipped {what}: {e}", file=sys.stderr, flush=True)
+                    if replaced > MAX_REPLACEMENTS:
                         raise DataError(
                             f"{e}; and the {MAX_REPLACEMENTS} samples before it in this reader's stream were bad "
                             "too (data.on_bad_sample=skip): check the shards with `vlp data check`"
                         ) from None
                     continue
-                item["bad_samples"], bad = bad, 0  # the bad units it replaced
+                item["bad_samples"], bad, replaced = bad, 0, 0  # the bad samples it replaced
                 items.append(item)
         return self.collator(items), taken
 
@@ -271,7 +277,7 @@ def scan_samples(shards: Sequence[ShardInfo]) -> SampleTable:
     table = TableBuilder()
     for info in shards:
         source = table.source("", f"{info.path} sample ")
-        for raw in iter_shard(info, images=False, check_count=True):
+        for raw in iter_shard(info, images=False, check_count=True, errors=[]):  # the unreadable need no entry
             table.add(source, "", raw.meta["captions"], raw.meta["image_key"], raw.key)
     return table.build()
 
@@ -333,7 +339,7 @@ class ShardLoader:
     ) -> None:
         _check_loader_args(caption_mode, captions_per_image, batch_size, shuffle_buffer, rank, world_size)
         self.dirs = [str(d) for d in dirs]
-        shards = read_sizes(dirs, caption_key)
+        shards = read_sizes(dirs, caption_key, on_bad)
         self.images = sum(s.images for s in shards)
         self.pairs = sum(s.pairs for s in shards)
         self.num_workers = num_workers

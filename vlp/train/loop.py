@@ -158,12 +158,12 @@ def train(
     files: Optional[Mapping[str, str]] = None,
 ) -> dict[str, float]:
     """Train ``task`` for ``cfg.steps`` steps; log to ``run_dir/metrics.jsonl``; checkpoint to
-    ``run_dir/checkpoints/step_N``. ``state`` is stored in every checkpoint's ``state.json``;
-    ``checkpoint_module`` picks what is saved from the unwrapped task (default: ``task.model``);
-    ``files`` (name -> text, e.g. ``preprocessor.json``) are written into every checkpoint folder.
-    ``validation``: evaluate every ``validation.every`` steps and at the end (on every rank, sharded;
-    the main process decides), log to ``run_dir/val_metrics.jsonl`` and keep the best checkpoint in
-    ``run_dir/checkpoints/best``. Returns the last logged record."""
+    ``run_dir/checkpoints/step_N``. ``state`` is stored in every checkpoint's ``state.json``; ``checkpoint_module``
+    picks what is saved from the unwrapped task (default: ``task.model``); ``files`` (name -> text, e.g.
+    ``preprocessor.json``) are written into every checkpoint folder. ``validation``: evaluate every
+    ``validation.every`` steps and at the end (on every rank, sharded; the main process decides), log to
+    ``run_dir/val_metrics.jsonl``, keep the best checkpoint in ``run_dir/checkpoints/best``. Returns the last
+    logged record."""
     # set-up: accelerator, prepared task / optimizer / loader, logs, checkpoints, validation; resume
     run_dir, acc, micro = Path(run_dir), accelerator or make_accelerator(cfg), cfg.grad_accum_steps
     prep = prepare_training(acc, task, loader, cfg)
@@ -184,7 +184,7 @@ def train(
     post = compiled_post_step(acc, optimizer, inner, params, undo, cfg)  # train.compile=full: one more graph
     record: dict[str, float] = {}
     task.train()
-    with stop_signals() as stop, log:  # SIGTERM / SIGUSR1: checkpoint at the next step boundary; log closes its sinks
+    with stop_signals(cfg.stop_grace_s) as stop, log:  # SIGTERM / SIGUSR1: checkpoint at the next step boundary
         for step in range(start, cfg.steps):
             # forward, backward, clip, non-finite check, optimizer, EMA, queues, statistics: no host read
             result = train_step(
@@ -209,7 +209,7 @@ def train(
             rep.add_step(micro, micro * result.pairs * acc.num_processes)
             # log: one read of the device per window; several processes agree on a stop signal here
             is_log_step = done % cfg.log_every == 0 or done == cfg.steps
-            stopping = stop_agreed(stop, is_log_step, acc.num_processes, acc.device)
+            stopping = stop_agreed(stop, is_log_step, acc.num_processes, acc.device)  # the step's phase ends
             if is_log_step:
                 record = log_step(rep, ckpt, done, result.lr, cfg, max_bad_fraction)
                 for msg in log_warnings(record) if rep.main and log_warnings is not None else []:
@@ -218,9 +218,9 @@ def train(
             saved = bool(cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != cfg.steps)  # checkpoint
             if saved:
                 ckpt.save(done)
-            # validate (every rank; rank 0 keeps checkpoints/best)
-            if validate is not None and validate.due(done):
+            if validate is not None and validate.due(done):  # validate (every rank; rank 0 keeps checkpoints/best)
                 validate(done)
+            stop.phase_done()  # after a stop signal, the save and validation had train.stop_grace_s
             # stop on a signal: at this step boundary, with a checkpoint to resume from
             if done != cfg.steps and stopping:
                 stop_run(rep, ckpt, done, preempted(stop, done, cfg.steps, run_dir, ckpt.path(done)), saved=saved)
