@@ -176,13 +176,14 @@ def test_a_truncated_tar_names_the_member_it_broke_in(tmp_path: Path) -> None:
     [
         ("truncated", f"00001.tar: cannot read shard: unexpected end of data, in member {TRUNCATED_AT}"),
         ("zero_byte", "00002.tar: cannot read shard: empty file"),
-        ("count", "00003.tar: 5 samples, but its _stats.json / scan index says 7"),
+        ("count", "00003.tar: 5 samples, but {stats} says 7"),
     ],
 )
 def test_under_raise_a_broken_shard_stays_an_error_naming_shard_and_member(tmp_path, fault, message) -> None:
     data = broken_world(tmp_path / "w", (fault,))
     with pytest.raises(DataError) as e:
         list(loader([data], on_bad="raise"))
+    message = message.format(stats=f"{data}/00003_stats.json")
     assert f"{data}/{message}" in str(e.value) and "set data.on_bad_sample=skip" in str(e.value)
 
 
@@ -239,7 +240,7 @@ def test_data_check_names_each_broken_shard(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert f"{data}/00001.tar: cannot read shard: unexpected end of data, in member {TRUNCATED_AT}" in out
     assert f"{data}/00002.tar: cannot read shard: empty file" in out
-    assert f"{data}/00003.tar: 5 samples, but its _stats.json / scan index says 7" in out
+    assert f"{data}/00003.tar: 5 samples, but {data}/00003_stats.json says 7 (img2dataset's 'successes')" in out
     assert "3 errors" in out and f"{data}: 22 entries" in out
 
 
