@@ -106,3 +106,10 @@ def test_cli_convert_albef_refuses_the_stride0_bomb_in_one_line(tmp_path: Path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"vlp: error: {src}: refused: tensor 'model.image_queue' of shape")
     assert "640000000000 bytes" in err and not out.exists()
+
+
+def test_a_sparse_tensor_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "sparse.pth"
+    torch.save({"model": {"s": torch.eye(3).to_sparse()}}, path)
+    with pytest.raises(CheckpointError, match=r"tensor 'model\.s' is torch\.sparse_coo, expected a dense \(strided\)"):
+        read_state_dict(path)

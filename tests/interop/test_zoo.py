@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import io
+import json
 import os
 import pickle
 import re
@@ -125,6 +126,7 @@ def test_download_convert_load_then_reuse(cache, served, tmp_path):
     assert sorted(p.name for p in (cache / "converted").iterdir()) == [TAG]  # no staging folder left
     assert (out / "key_report.json").is_file() and (cache / "downloads" / FILE).is_file()
     assert not (cache / "downloads" / f"{FILE}.part").exists()
+    assert json.loads((out / "state.json").read_text())["converted_from"] == str(cache / "downloads" / FILE)
     convert_albef_file(root / FILE, tmp_path / "by_hand", kind="pretrain")
     by_hand = load_model(tmp_path / "by_hand", CPU)[0].state_dict()
     zoo_state = m.model.state_dict()

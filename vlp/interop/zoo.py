@@ -285,8 +285,8 @@ def _obtain(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool) 
         if not isinstance(e, FILE_ERRORS):
             raise
         raise CheckpointError(
-            f"{entry.tag}: the file downloaded from {url} does not convert, so it was removed and nothing was "
-            f"kept in {dest.parent}: {_one_line(e)}"
+            f"{entry.tag}: the file downloaded from {url} does not convert and was removed from "
+            f"{dest.parent}: {_one_line(e)}"
         ) from None
     os.replace(part, dest)
     converted.meta["converted_from"] = str(dest)
