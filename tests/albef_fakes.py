@@ -161,3 +161,9 @@ def albef_vqa_state(seed: int = 0) -> dict[str, torch.Tensor]:
             g, f"text_decoder{m}.cls.predictions", s[f"text_decoder{m}.bert.embeddings.word_embeddings.weight"]
         )
     return s
+
+
+def stride0_bomb(state: dict[str, torch.Tensor], key: str = "image_queue", columns: int = 10**10) -> None:
+    """Replace ``state[key]`` ([rows, Q]) with a stride-0 view of one float: [rows, ``columns``],
+    ``rows * columns * 4`` bytes once copied (640 GB for 16 x 10**10), 4 bytes in a ``torch.save`` file."""
+    state[key] = torch.zeros(1).expand(state[key].shape[0], columns)

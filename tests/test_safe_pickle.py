@@ -3,14 +3,18 @@ before anything runs, plain data of every protocol and Python 2 pickles are read
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import resource
 import struct
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
+from vlp import safe_pickle
+from vlp.cli import main
 from vlp.errors import DataError
 from vlp.safe_pickle import restricted_load, restricted_loads
 
@@ -175,3 +179,73 @@ def test_a_container_that_holds_itself_is_refused() -> None:
     loop.append(loop)
     with pytest.raises(DataError, match=r"cycle\.p: .*holds itself"):
         restricted_loads(pickle.dumps(loop, protocol=2), "cycle.p")
+
+
+# --------------------------------------------------------------------------- the byte budget (issue 41, item 7a)
+
+
+def _shared_sentence_refs(chars: int, sentences: int, refs: int, **ref: object) -> bytes:
+    """A refs file whose one sentence of ``chars`` characters is referenced ``sentences * refs``
+    times (one sentences list shared by one ref, itself referenced ``refs`` times); memo references
+    keep the file small."""
+    sent = {"sent": "a" * chars}
+    return pickle.dumps([{**ref, "sentences": [sent] * sentences}] * refs, protocol=2)
+
+
+def test_the_53_kb_refs_shape_is_refused_by_the_default_budget_without_allocating() -> None:
+    """The attack: one 50 KB sentence shared 500,000 times, 25 GB of text for whoever writes it
+    out; its element count (about 1.5M) is under the element bound."""
+    data = _shared_sentence_refs(50_000, 500, 1000, split="train")
+    assert 50_000 < len(data) < 56_000
+    assert 1000 * (4 + 500 * 3) + 1 < safe_pickle.BOUND_FLOOR + safe_pickle.BOUND_PER_BYTE * len(data)
+    budget = safe_pickle.BYTES_FLOOR + safe_pickle.BYTES_PER_BYTE * len(data)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError) as e:
+            restricted_loads(data, "refs.p")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(e.value).startswith(f"refs.p: refused: a file of {len(data)} bytes holds more than {budget} bytes")
+    assert "one string referenced many times" in str(e.value)
+    assert peak < 16 * 2**20, peak  # the walk measures, it copies nothing
+
+
+def test_each_reference_counts_against_the_byte_budget(monkeypatch) -> None:
+    monkeypatch.setattr(safe_pickle, "BYTES_FLOOR", 100_000)
+    monkeypatch.setattr(safe_pickle, "BYTES_PER_BYTE", 1)
+    text = "b" * 1000
+    fits = pickle.dumps({"k": [text] * 90}, protocol=2)  # 90,000 + 1 characters, ~1.2 KB of file
+    assert restricted_loads(fits) == {"k": [text] * 90}
+    with pytest.raises(DataError, match=r"x\.p: refused: a file of \d+ bytes holds more than 10\d{4} bytes of text"):
+        restricted_loads(pickle.dumps({"k": [text] * 110}, protocol=2), "x.p")
+    with pytest.raises(DataError, match="bytes of text"):  # bytes objects and the digits of integers count too
+        restricted_loads(pickle.dumps([b"c" * 1000] * 110, protocol=3), "x.p")
+    with pytest.raises(DataError, match="bytes of text"):
+        restricted_loads(pickle.dumps([10**3000] * 110, protocol=2), "x.p")  # 3,001 digits each
+
+
+def test_prepare_refcoco_refuses_a_shared_sentence_bomb_and_writes_nothing(tmp_path: Path, monkeypatch, capsys) -> None:
+    """`vlp prepare refcoco+` on a refs file whose 20 KB sentence is referenced 500 times (10 MB of
+    JSON from a 21 KB file), under a budget scaled down to 1 MB + 16 per byte."""
+    monkeypatch.setattr(safe_pickle, "BYTES_FLOOR", 1_000_000)
+    refs, inst, out = tmp_path / "refs(unc).p", tmp_path / "instances.json", tmp_path / "out"
+    refs.write_bytes(_shared_sentence_refs(20_000, 50, 10, ref_id=1, ann_id=11, image_id=1, split="train"))
+    inst.write_text(
+        json.dumps(
+            {
+                "images": [{"id": 1, "file_name": "a.jpg", "width": 64, "height": 48}],
+                "annotations": [{"id": 11, "image_id": 1, "bbox": [1, 2, 30, 20], "category_id": 1}],
+            }
+        )
+    )
+    assert refs.stat().st_size < 22_000
+    assert main(["prepare", "refcoco+", str(refs), str(inst), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"vlp: error: {refs}: refused: a file of "), err
+    assert "bytes of text" in err
+    assert not out.exists() or not list(out.glob("*.json"))  # nothing written
+    small = tmp_path / "small.p"  # the same shape with a short sentence still prepares
+    small.write_bytes(_shared_sentence_refs(20, 50, 10, ref_id=1, ann_id=11, image_id=1, split="train"))
+    assert main(["prepare", "refcoco+", str(small), str(inst), "--out", str(out)]) == 0
+    assert len(json.loads((out / "refcoco+_train.json").read_text())) == 500

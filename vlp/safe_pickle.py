@@ -17,14 +17,21 @@ every persistent id is refused before anything is called: one :class:`~vlp.error
 naming the file and the refused ``module.name``. Python 2 pickles load with ``encoding="latin1"``
 (their byte strings become ``str``), as the refer toolkit's files need.
 
-A small file must not make the reader allocate much (:data:`BOUND_PER_BYTE`). Before anything is
-built, the opcodes are scanned (:mod:`pickletools`, which allocates nothing a length field claims):
-a length that runs past the end of the file and a memo index beyond the file's size (a 9-byte
-pickle can otherwise size the memo table to gigabytes) are refused. While loading, the elements
-``set``/``frozenset`` calls copy are counted (a call on one shared list, repeated, copies it each
-time). After loading, the result is measured as its users walk it -- shared references followed,
-as a tree -- and refused past the same bound, or if a container holds itself: an 80 KB pickle of
-one list referenced 10,000 times holds 10**8 elements for whoever walks it.
+A small file must not make the reader, or whoever uses what it read, allocate much
+(:data:`BOUND_PER_BYTE`, :data:`BYTES_PER_BYTE`). Before anything is built, the opcodes are scanned
+(:mod:`pickletools`, which allocates nothing a length field claims): a length that runs past the
+end of the file and a memo index beyond the file's size (a 9-byte pickle can otherwise size the memo
+table to gigabytes) are refused. While loading, the elements ``set``/``frozenset`` calls copy are
+counted (a call on one shared list, repeated, copies it each time). After loading, the result is
+measured as its users walk it -- shared references followed, as a tree -- and refused past either
+bound, or if a container holds itself:
+
+- elements: an 80 KB pickle of one list referenced 10,000 times holds 10**8 elements for whoever
+  walks it;
+- bytes: the characters of every string, the bytes of every bytes object and the decimal digits of
+  every integer, counted each time a container references it (a shared object counts each time).
+  A 53 KB ``refs.p`` whose one 50 KB sentence is referenced 500,000 times holds 25 GB of text
+  for whoever writes it out (``vlp prepare refcoco+`` writes each sentence into its JSON).
 """
 
 from __future__ import annotations
@@ -38,13 +45,18 @@ from typing import Any, Callable, Iterable
 
 from vlp.errors import DataError
 
-__all__ = ["ALLOWED_GLOBALS", "BOUND_PER_BYTE", "restricted_load", "restricted_loads"]
+__all__ = ["ALLOWED_GLOBALS", "BOUND_PER_BYTE", "BYTES_PER_BYTE", "restricted_load", "restricted_loads"]
 
 #: the most elements a pickle of ``b`` bytes may hold when walked as a tree, and that its
 #: ``set``/``frozenset`` calls may copy: ``BOUND_FLOOR + BOUND_PER_BYTE * b`` (plain data needs at
 #: least a byte or two per element; a real refs(unc).p of 40 MB stays far below)
 BOUND_PER_BYTE = 16
 BOUND_FLOOR = 1_000_000
+#: the most bytes (string characters, bytes, integer digits) a pickle of ``b`` bytes may hold when
+#: walked as a tree: ``BYTES_FLOOR + BYTES_PER_BYTE * b`` (a real refs(unc).p holds each sentence
+#: once: its text is well under its file size)
+BYTES_PER_BYTE = 16
+BYTES_FLOOR = 1 << 24
 #: the opcodes that store into the memo at an index given in the file
 _PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 
@@ -94,10 +106,11 @@ def restricted_loads(data: bytes, source: str = "<bytes>") -> Any:
     names it in errors. Raises :class:`DataError` for a refused global or persistent id, or for
     bytes that are not a complete, well-formed pickle."""
     bound = BOUND_FLOOR + BOUND_PER_BYTE * len(data)
+    budget = BYTES_FLOOR + BYTES_PER_BYTE * len(data)
     try:
         _scan(data, source)
         loaded = _RestrictedUnpickler(io.BytesIO(data), source, bound).load()
-        _check_tree(loaded, bound, source)
+        _check_tree(loaded, (bound, budget), f"{source}: refused: a file of {len(data)} bytes")
         return loaded
     except DataError:
         raise
@@ -133,13 +146,23 @@ def _children(obj: Any) -> Iterable[Any]:
     return itertools.chain(obj.keys(), obj.values()) if type(obj) is dict else obj
 
 
-def _check_tree(root: Any, bound: int, source: str) -> None:
-    """Refuse ``root`` if, walked as a tree (each shared reference followed again), it holds more
-    than ``bound`` elements, or if a container holds itself. Iterative, each container visited
-    once; leaves count 1 each and are never pushed."""
+def _leaf_bytes(leaf: Any) -> int:
+    """What a leaf counts against the byte budget: a string's characters, a bytes object's length,
+    an integer's decimal digits (at most ``bits // 3 + 1``); 0 for anything else (floats, None)."""
+    if isinstance(leaf, (str, bytes, bytearray)):
+        return len(leaf)
+    return leaf.bit_length() // 3 + 1 if isinstance(leaf, int) else 0
+
+
+def _check_tree(root: Any, bounds: tuple[int, int], refused: str) -> None:
+    """Refuse ``root`` (:class:`DataError` starting with ``refused``, which names the file) if,
+    walked as a tree (each shared reference followed again), it holds more than ``bounds[0]``
+    elements or more than ``bounds[1]`` bytes (:func:`_leaf_bytes`), or if a container holds itself.
+    Iterative, each container visited once; leaves count 1 element each and are never pushed."""
     if type(root) not in _CONTAINERS:
         return
-    size: dict[int, int] = {}  # id -> elements of the container's tree, itself included
+    bound, budget = bounds
+    size: dict[int, tuple[int, int]] = {}  # id -> (elements, bytes) of the container's tree, itself included
     on_path: set[int] = set()
     todo: list[tuple[Any, bool]] = [(root, False)]
     while todo:
@@ -147,17 +170,27 @@ def _check_tree(root: Any, bound: int, source: str) -> None:
         key = id(obj)
         if finished:
             on_path.discard(key)
-            size[key] = 1 + sum(size.get(id(k), 1) for k in _children(obj))
-            if size[key] > bound:
+            elements, nbytes = 1, 0
+            for child in _children(obj):
+                e, b = size.get(id(child)) or (1, _leaf_bytes(child))
+                elements, nbytes = elements + e, nbytes + b
+            size[key] = (elements, nbytes)
+            if elements > bound:
                 raise DataError(
-                    f"{source}: refused: it expands to more than {bound} elements when its shared references "
-                    "are followed (one container referenced many times), more than a file this size can hold"
+                    f"{refused} expands to more than {bound} elements when its shared references are followed "
+                    "(one container referenced many times), more than a file this size can hold"
+                )
+            if nbytes > budget:
+                raise DataError(
+                    f"{refused} holds more than {budget} bytes of text (strings, bytes, integer digits) when its shared "
+                    f"references are followed (one string referenced many times; the budget is {BYTES_PER_BYTE} bytes per byte of the "
+                    f"file, at least {BYTES_FLOOR})"
                 )
             continue
         if key in size:
             continue
         if key in on_path:
-            raise DataError(f"{source}: refused: a container holds itself (a cycle; plain data has none)")
+            raise DataError(f"{refused} has a container that holds itself (a cycle; plain data has none)")
         on_path.add(key)
         todo.append((obj, True))
         todo.extend((k, False) for k in _children(obj) if type(k) in _CONTAINERS and id(k) not in size)

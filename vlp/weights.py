@@ -126,6 +126,8 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Read weights from a .safetensors file (or a directory holding ``model.safetensors``).
 
     ``.bin``/``.pth`` files are read with ``torch.load(weights_only=True)``: no arbitrary unpickling.
+    Every tensor they hold must fit the file (:func:`check_tensor_sizes`): a small file cannot make
+    its reader allocate gigabytes later.
     """
     path = Path(path)
     if path.is_dir():
@@ -157,11 +159,61 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
         # OSError, and from a malformed data.pkl IndexError, KeyError, UnicodeDecodeError, ...): named, not a traceback
         first = (str(e).splitlines() or [""])[0][:300]
         raise CheckpointError(f"{path}: not a readable PyTorch weights file ({type(e).__name__}: {first})") from None
+    check_tensor_sizes(obj, path)
     if isinstance(obj, dict) and "model" in obj and isinstance(obj["model"], dict):
         obj = obj["model"]
     if not isinstance(obj, dict):
         raise CheckpointError(f"{path}: expected a state dict, got {type(obj).__name__}")
     return obj
+
+
+def _tensors(obj: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor in the plain containers (dicts, lists, tuples) of ``obj``, with its dotted key
+    (``model.image_queue``; list items by index). Iterative: depth costs no recursion."""
+    todo: list[tuple[str, Any]] = [("", obj)]
+    while todo:
+        key, value = todo.pop()
+        if isinstance(value, torch.Tensor):
+            yield key or "<the file's object>", value
+        elif isinstance(value, dict):
+            todo.extend((f"{key}.{k}" if key else str(k), v) for k, v in reversed(list(value.items())))
+        elif isinstance(value, (list, tuple)):
+            todo.extend((f"{key}.{i}" if key else str(i), v) for i, v in reversed(list(enumerate(value))))
+
+
+def check_tensor_sizes(obj: Any, path: Path) -> None:
+    """Refuse (:class:`CheckpointError`, naming the key, its shape and bytes, and ``path``) a
+    tensor loaded from ``path`` that claims more than the file holds, before anything copies it:
+
+    - its elements take more bytes (numel x itemsize) than its storage holds: a view with stride 0
+      or overlapping strides (a [16, 10**10] stride-0 view of 4 bytes becomes 640 GB once a reader
+      makes it contiguous). Views that fit their storage (slices, ``expand`` of a size-1
+      dimension as in BERT's ``position_ids``) pass;
+    - its storage, with the other distinct storages seen so far, takes more bytes than the file
+      (``torch.save`` stores each storage once, uncompressed);
+    - it is not a dense (strided) tensor: weights are dense, and a sparse tensor's storage is not
+      bounded here."""
+    size = path.stat().st_size
+    seen: set[int] = set()  # the data pointers of the storages counted in total
+    total = 0
+    for key, t in _tensors(obj):
+        if t.layout != torch.strided:
+            raise CheckpointError(f"{path}: refused: tensor {key!r} is {t.layout}, expected a dense (strided) tensor")
+        claimed, storage = t.numel() * t.element_size(), t.untyped_storage()
+        if claimed > storage.nbytes():
+            raise CheckpointError(
+                f"{path}: refused: tensor {key!r} of shape {tuple(t.shape)} (stride {t.stride()}) claims "
+                f"{claimed} bytes, but its storage holds {storage.nbytes()}: a view with stride 0 or overlapping "
+                "strides, which a copy would inflate"
+            )
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+        if total > size:
+            raise CheckpointError(
+                f"{path}: refused: tensor {key!r} of shape {tuple(t.shape)} brings its storages to {total} bytes, "
+                f"more than the {size} bytes of the file"
+            )
 
 
 def _sha256(path: Path) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import io
+import json
 import os
 import pickle
 import re
@@ -27,7 +28,7 @@ from typing import Callable
 import pytest
 import torch
 
-from tests.albef_fakes import IMG, albef_state
+from tests.albef_fakes import IMG, albef_state, stride0_bomb
 from vlp import VLPModel, list_pretrained
 from vlp.cli import main
 from vlp.errors import CheckpointError, ConfigError, DownloadError
@@ -125,6 +126,7 @@ def test_download_convert_load_then_reuse(cache, served, tmp_path):
     assert sorted(p.name for p in (cache / "converted").iterdir()) == [TAG]  # no staging folder left
     assert (out / "key_report.json").is_file() and (cache / "downloads" / FILE).is_file()
     assert not (cache / "downloads" / f"{FILE}.part").exists()
+    assert json.loads((out / "state.json").read_text())["converted_from"] == str(cache / "downloads" / FILE)
     convert_albef_file(root / FILE, tmp_path / "by_hand", kind="pretrain")
     by_hand = load_model(tmp_path / "by_hand", CPU)[0].state_dict()
     zoo_state = m.model.state_dict()
@@ -188,18 +190,21 @@ def test_unreachable_url_gives_one_error_with_the_manual_commands(cache, served,
 
 
 def test_interrupted_conversion_leaves_nothing_reused(cache, served, monkeypatch):
+    """The download converted; writing its folder is interrupted: no folder is kept, the download is
+    (it converted), and the next fetch converts it again without asking the server."""
     _, _, requests = served
-    real = zoo.convert_albef_file
+    real = zoo.save_converted
 
-    def killed(src, out_dir, **kwargs):
-        real(src, out_dir, **kwargs)  # the folder is complete, then the process "dies" before the rename
+    def killed(converted, out_dir):
+        real(converted, out_dir)  # the folder is complete, then the process "dies" before the rename
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(zoo, "convert_albef_file", killed)
+    monkeypatch.setattr(zoo, "save_converted", killed)
     with pytest.raises(KeyboardInterrupt):
         zoo.fetch(TAG, progress=False)
     assert list((cache / "converted").iterdir()) == []
-    monkeypatch.setattr(zoo, "convert_albef_file", real)
+    assert sorted(p.name for p in (cache / "downloads").iterdir()) == [FILE]
+    monkeypatch.setattr(zoo, "save_converted", real)
     out = zoo.fetch(TAG, progress=False)
     assert (out / "key_report.json").is_file() and requests == [f"/{FILE}"]
 
@@ -307,6 +312,86 @@ def test_bad_body_is_refused_removed_and_asked_for_again(cache, served, body):
     out = zoo.fetch(TAG, progress=False)
     assert out == cache / "converted" / TAG and dest.read_bytes() == good
     assert requests == [f"/{FILE}"] * 2
+
+
+class _System:
+    """Unpickling this runs ``os.system(command)`` (pickled as a call of ``posix.system``)."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def _torch_zip(pickled: bytes) -> bytes:
+    """A zip laid out like a ``torch.save`` archive whose ``data.pkl`` is ``pickled``."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as z:
+        z.writestr("archive/data.pkl", pickled)
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/version", "3\n")
+    return out.getvalue()
+
+
+def _saved(obj: object, **kwargs) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf, **kwargs)
+    return buf.getvalue()
+
+
+def _unconvertible(marker: Path) -> dict[str, tuple[bytes, str]]:
+    """Files that pass the download's container check but do not convert: name -> (body, a regex of
+    what the error says about it). ``marker``: the file the ``posix.system`` pickle would create."""
+    legacy = _saved({"model": albef_state("pretrain", seed=5)}, _use_new_zipfile_serialization=False)
+    bomb = albef_state("pretrain", seed=5)
+    stride0_bomb(bomb)  # image_queue [16, 10**10]: 640 GB once transposed
+    return {
+        "cut legacy": (legacy[: len(legacy) * 2 // 3], "not a readable PyTorch weights file"),
+        "system zip": (_torch_zip(pickle.dumps(_System(f"touch {marker}"), protocol=2)), "refused"),
+        "garbage zip": (_torch_zip(b"\x80\x02" + bytes(range(256)) * 8), "refused|not a readable"),
+        "not albef": (_saved({"model": {"w": torch.ones(3)}}), "not an ALBEF checkpoint"),
+        "stride-0 bomb": (_saved({"model": bomb}), r"image_queue.*\(16, 10000000000\).*640000000000 bytes"),
+    }
+
+
+@pytest.mark.parametrize("attack", ["cut legacy", "system zip", "garbage zip", "not albef", "stride-0 bomb"])
+def test_a_download_that_does_not_convert_is_removed_and_asked_for_again(cache, served, capsys, tmp_path, attack):
+    """A file that passes the container check (a cut legacy file has a good header, a zip its CRCs)
+    and then fails to read or convert: one error line naming the URL, nothing kept under
+    downloads/, and the next fetch asks the server again."""
+    _, base, requests = served
+    marker = tmp_path / "pwned"
+    body, expected = _unconvertible(marker)[attack]
+    (tmp_path / "body").write_bytes(body)
+    assert zoo._problem(zoo.PRETRAINED[TAG], tmp_path / "body") is None  # it gets past the container check
+    ROUTES[f"/{FILE}"] = lambda h: _reply(h, body, length=attack != "cut legacy")
+    assert main(["zoo", "fetch", TAG]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "vlp: error: " in line]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert f"{base}/{FILE}" in errors[0] and re.search(expected, errors[0]), errors[0]
+    assert not marker.exists()
+    assert not (cache / "downloads").exists() or list((cache / "downloads").iterdir()) == []
+    assert not (cache / "converted" / TAG).exists()
+    ROUTES.clear()  # the server serves the real file now
+    assert main(["zoo", "fetch", TAG]) == 0
+    assert requests == [f"/{FILE}"] * 2
+    assert sorted(p.name for p in (cache / "downloads").iterdir()) == [FILE]
+
+
+@pytest.mark.parametrize("attack", ["not albef", "stride-0 bomb"])
+def test_a_cached_download_that_does_not_convert_is_removed_and_downloaded_again(cache, served, capsys, attack):
+    """What an older vlp kept: a file that passes the container check but does not convert. It is
+    named on stderr, removed, and downloaded again."""
+    root, _, requests = served
+    dest = cache / "downloads" / FILE
+    dest.parent.mkdir(parents=True)
+    dest.write_bytes(_unconvertible(cache / "pwned")[attack][0])
+    assert zoo.fetch(TAG, progress=False) == cache / "converted" / TAG and requests == [f"/{FILE}"]
+    assert dest.read_bytes() == (root / FILE).read_bytes()
+    err = capsys.readouterr().err
+    assert f"warning: {dest}" in err and "does not convert" in err and "downloading again" in err, err
 
 
 def test_bad_file_already_in_the_cache_is_removed_and_downloaded_again(cache, served, capsys):

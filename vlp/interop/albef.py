@@ -22,7 +22,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
@@ -480,22 +480,33 @@ def _wrapper_entries(path: Path) -> list[str]:
     return [str(k) for k in obj if k != "model"] if isinstance(obj, dict) and "model" in obj else []
 
 
-def convert_albef_file(
+@dataclass
+class ConvertedALBEF:
+    """An ALBEF file read and converted in memory (:func:`read_albef_file`), not yet written:
+    ``model`` holds the converted weights, ``meta`` is its ``state.json``, ``report`` what the
+    conversion did. :func:`save_converted` writes it."""
+
+    model: torch.nn.Module
+    meta: dict[str, Any]
+    report: KeyReport
+
+
+def read_albef_file(
     src: str | Path,
-    out_dir: str | Path,
     kind: str = "auto",
     image_size: Optional[int] = None,
     allow_unexpected: Sequence[str] = (),
     config: Optional[str | Path] = None,
-) -> KeyReport:
-    """``vlp convert albef``: an ALBEF ``.pth`` -> a vlp checkpoint folder (``model.safetensors``,
-    ``state.json``, ``key_report.json``) that :func:`vlp.checkpoint.open_checkpoint` / ``vlp evaluate`` read."""
+) -> ConvertedALBEF:
+    """An ALBEF ``.pth`` read (:func:`vlp.weights.read_state_dict`), every key translated and loaded
+    strictly into the vlp model it describes; nothing is written. Raises :class:`CheckpointError`
+    for a file that is not a readable checkpoint of ``kind`` (see :func:`convert_albef_file`)."""
     from vlp.config import FINETUNE_TASKS, FinetuneConfig, ModelConfig, PretrainConfig, load_config, to_dict
     from vlp.models.build import build_model_of_kind
     from vlp.version import __version__
-    from vlp.weights import KIND_KEY, load_strict, read_state_dict, save_checkpoint
+    from vlp.weights import KIND_KEY, load_strict, read_state_dict
 
-    src, out_dir = Path(src), Path(out_dir)
+    src = Path(src)
     state = read_state_dict(src)
     kind = detect_kind(state) if kind == "auto" else kind
     notes = []
@@ -524,9 +535,32 @@ def convert_albef_file(
         "converted_from": str(src),
         "albef_kind": kind,
     }
-    save_checkpoint(out_dir, model, meta)
-    (out_dir / "key_report.json").write_text(json.dumps(report.to_json(), indent=1))
-    return report
+    return ConvertedALBEF(model, meta, report)
+
+
+def save_converted(converted: ConvertedALBEF, out_dir: str | Path) -> KeyReport:
+    """Write ``converted`` as a vlp checkpoint folder (``model.safetensors``, ``state.json``,
+    ``manifest.json``, then ``key_report.json``); its key report."""
+    from vlp.weights import save_checkpoint
+
+    out_dir = Path(out_dir)
+    save_checkpoint(out_dir, converted.model, converted.meta)
+    (out_dir / "key_report.json").write_text(json.dumps(converted.report.to_json(), indent=1))
+    return converted.report
+
+
+def convert_albef_file(
+    src: str | Path,
+    out_dir: str | Path,
+    kind: str = "auto",
+    image_size: Optional[int] = None,
+    allow_unexpected: Sequence[str] = (),
+    config: Optional[str | Path] = None,
+) -> KeyReport:
+    """``vlp convert albef``: an ALBEF ``.pth`` -> a vlp checkpoint folder (``model.safetensors``,
+    ``state.json``, ``key_report.json``) that :func:`vlp.checkpoint.open_checkpoint` / ``vlp evaluate`` read:
+    :func:`read_albef_file`, then :func:`save_converted`."""
+    return save_converted(read_albef_file(src, kind, image_size, allow_unexpected, config), out_dir)
 
 
 def export_albef_checkpoint(ckpt: str | Path, out: str | Path) -> KeyReport:

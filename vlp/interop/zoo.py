@@ -1,6 +1,7 @@
 """A model zoo by name: the released ALBEF checkpoints as tags (``albef-14m``, ``albef-vqa``, ...),
-downloaded on first use into a cache, converted with :func:`vlp.interop.albef.convert_albef_file`
-(what ``vlp convert albef`` runs) and reused after that.
+downloaded on first use into a cache, converted as ``vlp convert albef`` does
+(:func:`vlp.interop.albef.read_albef_file`, then :func:`~vlp.interop.albef.save_converted`) and
+reused after that.
 
     from vlp import VLPModel, list_pretrained
     list_pretrained()                            # ['albef-14m', 'albef-4m', ...]
@@ -8,9 +9,9 @@ downloaded on first use into a cache, converted with :func:`vlp.interop.albef.co
 
 Cache layout (``$VLP_CACHE``, else ``~/.cache/vlp``)::
 
-    downloads/<file>.part             a download in progress (never read)
-    downloads/<file>                  a complete download, renamed from ``.part`` once it checks; kept
-                                      for re-conversion, checked again before each reuse
+    downloads/<file>.part             a download in progress, then checked and converted under this name
+    downloads/<file>                  a download that converted, renamed from ``.part`` only then; kept
+                                      for re-conversion, checked and converted again before each reuse
     converted/<tag>/                  the vlp checkpoint folder (model.safetensors, state.json,
                                       manifest.json, key_report.json); reused while its manifest verifies
     converted/<tag>.partial-<pid>/    a conversion in progress, renamed to ``<tag>`` when complete
@@ -19,8 +20,13 @@ Cache layout (``$VLP_CACHE``, else ``~/.cache/vlp``)::
 The cache never keeps a bad file. A download is checked before it is renamed into place: its size and
 SHA-256 where published (no ALBEF file has them), its Content-Length, and the file itself as a PyTorch
 checkpoint container, without unpickling (:func:`vlp.interop.download.torch_file_problem`: a zip's
-central directory and CRCs, or the legacy pickle header). A file that fails, at download or at reuse,
-is removed, so the next fetch asks the server again. Each socket read times out after
+central directory and CRCs, or the legacy pickle header); then it is read (tensors and plain
+containers only, each tensor's storage bounded: :func:`vlp.weights.read_state_dict`) and converted
+in memory. A new download that fails any of these is removed and named in one error (its URL and
+what was wrong); a file already under ``downloads/`` that fails (one an older vlp kept) is named on
+stderr, removed and downloaded again. So the next fetch asks the server again. Writing the converted
+folder comes last: a failure there (a full disk, an interrupt) keeps the download, which the next
+fetch converts again without downloading. Each socket read times out after
 ``$VLP_ZOO_TIMEOUT_S`` (60 s) and the whole download after ``$VLP_ZOO_DEADLINE_S`` (6 h) (the
 defaults: ``TIMEOUT_S`` and ``DEADLINE_S`` of :mod:`vlp.interop.download`).
 
@@ -48,8 +54,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from vlp.errors import CheckpointError, ConfigError, DownloadError
-from vlp.interop.albef import KINDS, KeyReport, convert_albef_file
+from vlp.errors import CheckpointError, ConfigError, DataError, DownloadError
+from vlp.interop.albef import KINDS, ConvertedALBEF, KeyReport, read_albef_file, save_converted
 from vlp.interop.download import CHUNK, deadline_s, timeout_s, torch_file_problem, transfer
 from vlp.interop.hub import download, is_repo_id
 from vlp.locks import file_lock
@@ -61,12 +67,15 @@ REQUIRED = (MANIFEST, "state.json", "key_report.json")
 MIRROR_ENV, URL_ENV_PREFIX, CACHE_ENV = "VLP_ZOO_MIRROR", "VLP_ZOO_URL_", "VLP_CACHE"
 #: failures of the transfer itself (refused, unreachable, HTTP status, timeout, cut off)
 NETWORK_ERRORS = (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException)
+#: what a file that does not read or convert raises (:func:`read_albef_file`: no user option is
+#: involved, so each is the file's fault): the file is removed from the cache
+FILE_ERRORS = (CheckpointError, DataError, ConfigError)
 
 
 @dataclass(frozen=True)
 class Pretrained:
     """One released checkpoint. ``tag``: the name users type; ``url``: the official download;
-    ``kind``: the ALBEF layout handed to :func:`convert_albef_file` (one of its ``KINDS``);
+    ``kind``: the ALBEF layout handed to :func:`read_albef_file` (one of its ``KINDS``);
     ``image_size``:
     the resolution it was trained at (px; the converted model keeps it); ``about``: what it is;
     ``sha256`` / ``size``: of the file (bytes), ``None`` where not published."""
@@ -190,13 +199,14 @@ def resolve_pretrained(
 def fetch(tag: str, cache: Optional[Path] = None, progress: bool = True) -> Path:
     """The converted vlp checkpoint folder of ``tag``: ``<cache>/converted/<tag>`` reused when its
     manifest verifies; else the official file downloaded (or one already downloaded reused), checked,
-    converted into a staging folder and renamed into place. A fetch that downloads or converts
+    read and converted (a file that fails is removed), then written into a staging folder and renamed
+    into place. A fetch that downloads or converts
     holds the tag's and the file's locks (``<cache>/locks/``): a second fetch into the same cache
     waits, then reuses the folder the first one made. ``progress``: the byte progress bar, the
     conversion's key report and any wait on stderr. Raises :class:`DownloadError` (network, time
     limit, size, SHA-256, not a complete PyTorch checkpoint), :class:`ConfigError` (a malformed
-    ``VLP_ZOO_TIMEOUT_S`` / ``VLP_ZOO_DEADLINE_S``), :class:`CheckpointError` (unknown tag,
-    conversion)."""
+    ``VLP_ZOO_TIMEOUT_S`` / ``VLP_ZOO_DEADLINE_S``), :class:`CheckpointError` (unknown tag, a
+    download that does not read or convert, writing the converted folder)."""
     entry = pretrained_entry(tag)
     url = source_url(entry)
     timeout_s(), deadline_s()  # malformed values fail before any wait or request
@@ -212,8 +222,8 @@ def fetch(tag: str, cache: Optional[Path] = None, progress: bool = True) -> Path
     with file_lock(tag_lock, waiting(tag_lock)), file_lock(download_lock, waiting(download_lock)):
         if _usable(out, progress):  # made by the fetch this one waited for
             return out
-        src = _download(entry, url, root / "downloads" / entry.filename, out, progress)
-        report = _convert(entry, src, out)
+        converted = _obtain(entry, url, root / "downloads" / entry.filename, out, progress)
+        report = _save(converted, out)
     if progress:
         print(f"{tag}: {report.summary()}\nconverted into {out}", file=sys.stderr)
     return find_checkpoint(out, REQUIRED)
@@ -245,16 +255,47 @@ def manual_steps(entry: Pretrained, url: str, dest: Path, out: Path) -> str:
     )
 
 
-def _download(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool) -> Path:
-    """``dest`` holding ``entry``'s file: an earlier complete download if it checks (else it is
-    removed), else fetched from ``url`` into ``dest.part``, checked (:func:`_problem`) and renamed.
-    :class:`DownloadError` on failure, the partial or refused file removed. The caller holds the
-    file's lock."""
+def _one_line(e: BaseException) -> str:
+    """An error's message on one line (a strict load's lists its missing and unexpected keys on several)."""
+    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+
+
+def _obtain(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool) -> ConvertedALBEF:
+    """``entry``'s file read and converted in memory. ``dest``, an earlier download, if it passes
+    :func:`_problem` and converts; else it is removed (said on stderr) and the file is fetched from
+    ``url`` into ``dest.part`` (:func:`_download`), read and converted there, and renamed to ``dest``
+    only then. A download that does not convert is removed and named in one
+    :class:`CheckpointError`; on any other failure (an interrupt) it is removed too. The caller
+    holds the file's lock."""
     if dest.is_file():
-        if (problem := _problem(entry, dest)) is None:
-            return dest
+        problem = _problem(entry, dest)
+        if problem is None:
+            try:
+                return read_albef_file(dest, kind=entry.kind)
+            except FILE_ERRORS as e:
+                problem = f"does not convert ({_one_line(e)})"
         print(f"warning: {dest}: {problem}; removed, downloading again from {url}", file=sys.stderr)
         dest.unlink()
+    part = _download(entry, url, dest, out, progress)
+    try:
+        converted = read_albef_file(part, kind=entry.kind)
+    except BaseException as e:
+        part.unlink(missing_ok=True)
+        _remove_if_empty(dest.parent)
+        if not isinstance(e, FILE_ERRORS):
+            raise
+        raise CheckpointError(
+            f"{entry.tag}: the file downloaded from {url} does not convert and was removed from "
+            f"{dest.parent}: {_one_line(e)}"
+        ) from None
+    os.replace(part, dest)
+    converted.meta["converted_from"] = str(dest)
+    return converted
+
+
+def _download(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool) -> Path:
+    """``dest.part``: ``entry``'s file fetched from ``url`` and checked (:func:`_problem`), for
+    :func:`_obtain` to read. :class:`DownloadError` on failure, the partial or refused file removed."""
     part = dest.with_name(dest.name + ".part")
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -278,8 +319,7 @@ def _download(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool
             f"{entry.tag}: the file downloaded from {url} into {dest} was refused and removed: {problem}; "
             f"{manual_steps(entry, url, dest, out)}"
         )
-    os.replace(part, dest)
-    return dest
+    return part
 
 
 def _remove_if_empty(folder: Path) -> None:
@@ -313,13 +353,13 @@ def _remove(folder: Path) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
-def _convert(entry: Pretrained, src: Path, out: Path) -> KeyReport:
-    """``src`` converted into ``out.partial-<pid>`` and renamed to ``out`` once complete (the key
-    report written): a failed or interrupted conversion never leaves a folder named ``out``."""
+def _save(converted: ConvertedALBEF, out: Path) -> KeyReport:
+    """``converted`` written into ``out.partial-<pid>`` and renamed to ``out`` once complete (the
+    key report written): a failed or interrupted write never leaves a folder named ``out``."""
     staging = out.with_name(f"{out.name}.partial-{os.getpid()}")
     _remove(staging)
     try:
-        report = convert_albef_file(src, staging, kind=entry.kind)
+        report = save_converted(converted, staging)
         _remove(out)  # a folder that did not verify
         try:
             os.replace(staging, out)
