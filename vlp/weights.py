@@ -443,19 +443,25 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: O
     return Path(path)
 
 
+#: what a full disk advises (:func:`write_failure`) unless the writer knows better (training:
+#: :data:`vlp.train.checkpoints.RESUME_ADVICE`; ``save_pretrained``: its own)
+WRITE_ADVICE = "free some space, or write to a folder on another disk"
+
+
 def save_checkpoint(
     directory: str | Path,
     model: nn.Module,
     state: dict[str, Any],
     task_state: Optional[dict[str, torch.Tensor]] = None,
     files: Optional[Mapping[str, str]] = None,
+    advice: str = WRITE_ADVICE,
 ) -> Path:
     """Write ``directory/model.safetensors``, ``state.json``, (if given and non-empty)
     ``task_state.safetensors`` and the text ``files`` (name -> content, e.g. ``preprocessor.json``)
-    atomically, with a manifest (:func:`removed_on_failure`)."""
+    atomically, with a manifest (:func:`removed_on_failure`; ``advice``: what a full disk advises)."""
     directory = Path(directory)
     tmp = staging(directory)
-    with removed_on_failure(tmp, directory):
+    with removed_on_failure(tmp, directory, advice):
         write_parts(tmp, model, state, task_state, files)
         return publish(tmp, directory)
 
@@ -479,11 +485,7 @@ def free_space(path: Path) -> str:
     return f"{free / 1024**power:.1f} {('KiB', 'MiB', 'GiB')[power - 1]}"
 
 
-#: what a full disk while writing a training checkpoint advises (:func:`write_failure`)
-RESUME_ADVICE = "free some space (e.g. train.keep_last to keep fewer checkpoints) and resume"
-
-
-def write_failure(e: BaseException, target: Path, advice: str = RESUME_ADVICE) -> BaseException:
+def write_failure(e: BaseException, target: Path, advice: str = WRITE_ADVICE) -> BaseException:
     """What to raise for ``e``, an error while writing ``target``: a :class:`CheckpointError` naming
     the folder and its free space, then ``advice``, for a full disk; ``e`` itself otherwise."""
     if not is_disk_full(e):
@@ -495,7 +497,7 @@ def write_failure(e: BaseException, target: Path, advice: str = RESUME_ADVICE) -
 
 
 @contextmanager
-def removed_on_failure(tmp: Path, target: Path, advice: str = RESUME_ADVICE) -> Iterator[None]:
+def removed_on_failure(tmp: Path, target: Path, advice: str = WRITE_ADVICE) -> Iterator[None]:
     """Writing into the staging folder ``tmp`` of ``target``: on any failure ``tmp`` is removed (the
     earlier ``target``, if any, is untouched); a full disk raises :func:`write_failure`'s one error
     (with ``advice``)."""

@@ -238,6 +238,24 @@ def test_cli_convert_and_export(converted, capsys):
     assert main(["convert", "albef", str(d / "ALBEF.pth"), str(d / "wrong"), "--kind", "retrieval"]) == 2
 
 
+def test_a_full_disk_under_convert_gives_writing_advice_not_trainings(converted, tmp_path, monkeypatch, capsys):
+    """Issue 41, item 9's class: a full disk outside training (``vlp convert albef``) does not advise
+    ``train.keep_last`` and resume; it says what to do there, and nothing is left half-written."""
+    d, _, _ = converted
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("vlp.weights.save_file", full)
+    out = tmp_path / "conv"
+    assert main(["convert", "albef", str(d / "ALBEF.pth"), str(out), "--config", str(d / "model.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write {out}: no space left on the device (" in err
+    assert "keep_last" not in err and "resume" not in err
+    assert "free some space, or write to a folder on another disk" in err
+    assert sorted(tmp_path.iterdir()) == []
+
+
 def test_cli_image_size_and_allow_unexpected(converted, tmp_path):
     d, _, src = converted
     torch.save({"model": src | {"text_encoder.bert.pooler.dense.weight": torch.zeros(H, H)}}, tmp_path / "x.pth")

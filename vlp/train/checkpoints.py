@@ -42,6 +42,8 @@ from vlp.weights import (
 )
 
 SUPERSEDED = "superseded"
+#: what a full disk while writing a training checkpoint advises (:func:`vlp.weights.write_failure`)
+RESUME_ADVICE = "free some space (e.g. train.keep_last to keep fewer checkpoints) and resume"
 
 
 def set_aside_checkpoints_after(run_dir: Path, step: int) -> list[Path]:
@@ -229,7 +231,7 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
         if failure is None:
             raise CheckpointError(f"checkpoint {final}: another process failed to write its part (its error says why)")
-        raised = write_failure(failure, final)
+        raised = write_failure(failure, final, RESUME_ADVICE)
         if raised is failure:
             raise failure
         raise raised from None
@@ -244,6 +246,7 @@ class Checkpointer:
                 self.state(step, best=dict(best), val=metrics),
                 self.extra_state(),
                 self.files,
+                RESUME_ADVICE,
             )
 
     def resume(self, log: MetricsLog) -> int:
