@@ -116,6 +116,18 @@ def test_writer_resizes_the_shorter_side_and_never_upscales(tmp_path: Path) -> N
     assert json.loads((out / SIZES_FILE).read_text()) == {"shard-00000.tar": {"images": 2, "pairs": 3}}
 
 
+def test_writer_refuses_a_caption_cleaning_empties(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``vlp make-shards`` does not write a caption the shard reader would drop as bad ('...')."""
+    from vlp.cli import main
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    ann = tmp_path / "a.json"
+    ann.write_text(json.dumps([{"image": "a.png", "caption": ["red", "..."]}]))
+    assert main(["make-shards", "--data", str(ann), "--out", str(tmp_path / "out")]) == 2
+    assert f"{ann}: entry 0: key 'caption' item 1 '...' has no words left" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
 def test_writer_refuses_a_folder_with_shards(world: Path, shards: Path, capsys: pytest.CaptureFixture) -> None:
     from vlp.cli import main
 
