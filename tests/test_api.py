@@ -242,6 +242,15 @@ def test_a_tokenizer_file_the_manifest_does_not_list_is_refused_by_name(pretrain
         VLPModel.from_pretrained(out, device="cpu")
 
 
+def test_a_saved_folder_without_a_manifest_is_refused(pretrained, tmp_path):
+    """With its manifest deleted, a stray tokenizer file (or any edit) could not be caught: the
+    folder is refused by name instead of loading unchecked."""
+    out = shutil.copytree(pretrained[2], tmp_path / "copy")
+    (out / MANIFEST).unlink()
+    with pytest.raises(CheckpointError, match=rf"{out}: no manifest.json, so vlp cannot tell whether its files"):
+        VLPModel.from_pretrained(out, device="cpu")
+
+
 def test_the_refused_tokenizer_files_cover_what_transformers_reads():
     import transformers.tokenization_utils_base as tub
     from transformers import BertTokenizerFast

@@ -38,10 +38,20 @@ def test_a_file_a_checkpoint_loader_reads_but_the_manifest_does_not_list_is_refu
         find_checkpoint(ckpt.parents[1])  # the run directory: its only checkpoint refused, by name
 
 
+def test_a_checkpoint_without_a_manifest_is_refused_by_name(ckpt: Path) -> None:
+    """Deleting the manifest is not a way around the rule: nothing in such a folder can be checked,
+    so a resume (falling back to an earlier checkpoint if there is one) and a load refuse it."""
+    earlier = save_checkpoint(ckpt.parent / "step_0000001", nn.Linear(2, 2), {"step": 1})
+    (ckpt / MANIFEST).unlink()
+    with pytest.raises(CheckpointError, match=rf"checkpoint {ckpt}: no {MANIFEST}, so vlp cannot tell"):
+        verify_checkpoint(ckpt)
+    assert find_checkpoint(ckpt.parents[1]) == earlier
+
+
 def test_a_helper_cache_is_verified_against_its_manifest(tmp_path: Path) -> None:
     """``vlp cache-helper-features`` output gets a manifest; a changed ``index.json`` (another
     caption text for a row) or ``features.safetensors`` is refused by name, as is an unlisted file
-    the reader would read; a cache written before manifests loads as before."""
+    the reader would read; so is a cache without a manifest (its files cannot be checked)."""
     out = write_cache(tmp_path / "cache", ["a", "b"], torch.eye(2), ["x", "y"], torch.eye(2), {"kind": "learned"})
     files = json.loads((out / MANIFEST).read_text())["files"]
     assert set(files) == {"features.safetensors", "index.json"}
@@ -53,4 +63,5 @@ def test_a_helper_cache_is_verified_against_its_manifest(tmp_path: Path) -> None
         HelperCache.load(changed)
     old = shutil.copytree(out, tmp_path / "old")
     (old / MANIFEST).unlink()
-    assert HelperCache.load(old).lookup("b", "x")[0].tolist() == [0.0, 1.0]
+    with pytest.raises(DataError, match=rf"{old}: no {MANIFEST}, .*; build the cache again with `vlp cache-helper"):
+        HelperCache.load(old)

@@ -18,8 +18,8 @@ A ``save_pretrained`` directory (docs/api.md) holds exactly:
 * ``preprocessor.json``: image size, resize mode, mean/std, minimum image side, caption cleaning,
   ``max_len`` and padding;
 * ``manifest.json``: every other file's size and SHA-256, written last (as in a checkpoint folder);
-  :meth:`VLPModel.from_pretrained` checks them all before loading (a directory written by an older
-  vlp, without one, loads unchecked).
+  :meth:`VLPModel.from_pretrained` checks them all before loading (a directory without one is
+  refused: nothing in it could be checked).
 
 Loading such a directory goes through no training code (no :mod:`vlp.runs`, no loaders); a
 checkpoint folder or run directory is opened with :func:`vlp.checkpoint.open_checkpoint` (manifest

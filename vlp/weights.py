@@ -242,8 +242,8 @@ def verify_checkpoint(ckpt: Path, require: Iterable[str] = (), reads: Iterable[s
     ``require``d relative paths exist; raises :class:`CheckpointError` naming the first problem: a
     file shorter than listed is "truncated", a longer one or another SHA-256 "changed since it was
     saved" (an edit, or corruption); a file matching ``reads`` (what the loader reads) that the
-    manifest does not list is refused by name (:func:`refuse_unlisted`).
-    A folder without a manifest (an older vlp, or copied by hand) is only checked for files."""
+    manifest does not list is refused by name (:func:`refuse_unlisted`). A folder without a
+    manifest is refused: nothing in it can be checked."""
     verify_manifest(ckpt, f"checkpoint {ckpt}", ("model.safetensors", *require))
     refuse_unlisted(ckpt, reads, "checkpoint loader")
 
@@ -259,7 +259,10 @@ def verify_manifest(folder: Path, name: str, require: Iterable[str]) -> None:
             raise CheckpointError(f"{name}: missing {rel}")
     mf = folder / MANIFEST
     if not mf.is_file():
-        return
+        raise CheckpointError(
+            f"{name}: no {MANIFEST}, so vlp cannot tell whether its files are the ones it wrote (expected a folder "
+            "written by vlp with its manifest: the manifest was deleted, or the folder was put together by hand)"
+        )
     try:
         files = json.loads(mf.read_text())["files"]
     except (ValueError, KeyError, TypeError) as e:

@@ -1,6 +1,7 @@
 """Oracle helper caches (vlp.features.helper_cache) and the world's ground truth (WorldTruth)."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from vlp.errors import DataError
 from vlp.features.helper_cache import HelperCache, cache_rows, index_features, write_cache
 from vlp.lab.oracle import WorldTruth
+from vlp.weights import publish
 from vlp.world import caption_matches
 from vlp.world.relevance import caption_grade
 
@@ -53,9 +55,10 @@ def test_bad_oracle_caches_are_refused(tmp_path):
     (tmp_path / "d" / "index.json").write_text(json.dumps({**index, "kind": "oracle"}))
     with pytest.raises(DataError, match="index.json is .* bytes, the manifest says"):  # an edit since the save
         HelperCache.load(tmp_path / "d")
-    (tmp_path / "d" / "manifest.json").unlink()  # as a cache written before manifests: the kind rule itself
+    stage = shutil.copytree(tmp_path / "d", tmp_path / "stage", ignore=shutil.ignore_patterns("manifest.json"))
+    publish(stage, tmp_path / "sealed")  # the same edit, written with its manifest: the kind rule itself
     with pytest.raises(DataError, match="key 'kind' is 'oracle'"):
-        HelperCache.load(tmp_path / "d")
+        HelperCache.load(tmp_path / "sealed")
 
 
 @pytest.fixture(scope="module")

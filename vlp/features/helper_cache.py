@@ -85,7 +85,7 @@ class HelperCache:
                 f"helper feature cache {path}: expected index.json and features.safetensors "
                 "(build it with `vlp cache-helper-features`)"
             )
-        try:  # against the manifest a cache written since issue 41 has (an older one loads unchecked)
+        try:  # against its manifest (a cache without one, from before issue 41, is refused too)
             verify_manifest(path, f"helper feature cache {path}", CACHE_FILES)
             refuse_unlisted(path, CACHE_FILES, "helper cache reader")
         except CheckpointError as e:
