@@ -88,7 +88,9 @@ class Fault:
             phase, step = rest.split(":")
             fault = cls(sig, phase, int(step))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected SIGNAL@PHASE:STEP such as KILL@manifest:9, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected SIGNAL@PHASE:STEP such as KILL@manifest:9, got {text!r}"
+            ) from None
         if sig not in SIGNALS or phase not in PHASES or fault.step < 1:
             raise argparse.ArgumentTypeError(f"{text}: signal one of {list(SIGNALS)}, phase one of {list(PHASES)}")
         return fault
@@ -158,7 +160,9 @@ class Setup:
         if self.dies(fault):
             done = fault.phase in ("renamed", "pruned")
             return fault.step if done else (fault.step - 1) // self.ckpt_every * self.ckpt_every
-        stop = fault.step if fault.phase == "step" else fault.step + 1  # a signal during a save acts after the next step
+        stop = (
+            fault.step if fault.phase == "step" else fault.step + 1
+        )  # a signal during a save acts after the next step
         if self.processes > 1:
             stop = -(-stop // self.log_every) * self.log_every
         return min(stop, self.steps)
@@ -196,7 +200,14 @@ def make_shards(out: Path, images: int = 8) -> Path:
     from vlp.world import generate_world
 
     world = generate_world(
-        out / "world", n_train=images, n_val=0, n_test=0, image_size=32, progress=False, vqa_per_image=0, nlvr_per_image=0
+        out / "world",
+        n_train=images,
+        n_val=0,
+        n_test=0,
+        image_size=32,
+        progress=False,
+        vqa_per_image=0,
+        nlvr_per_image=0,
     )
     shards = write_shards([world["pretrain"]], out / "shards", size=32, max_per_shard=1, show_progress=False)
     cut_first_image(shards / "shard-00000.tar")
@@ -328,7 +339,7 @@ def run_in_process(argv: Sequence[str], stem: Path, fault: Optional[Fault]) -> i
 def _forked(argv: Sequence[str], stem: Path, fault: Optional[Fault], log: Path) -> int:
     """The child side of :func:`launch` with one process: a session of its own, output into ``log``."""
     os.setsid()
-    out = open(log, "a", buffering=1)  # noqa: SIM115 (the process ends with os._exit)
+    out = open(log, "a", buffering=1)  # closed by os._exit
     os.dup2(out.fileno(), 1)
     os.dup2(out.fileno(), 2)
     sys.stdout = sys.stderr = out
@@ -499,7 +510,9 @@ def inject(setup: Setup, shards: Path, ref: Path, run: Path, fault: Fault) -> Ou
     problems = [] if killed.with_name("attempt1.fired").is_file() else [f"the fault was never reached (exit {status})"]
     expected = setup.exit_status(fault)
     if status != expected and not (expected is None and status != 0):
-        problems.append(f"the faulted run exited with {status}, expected {expected if expected is not None else 'a failure'}")
+        problems.append(
+            f"the faulted run exited with {status}, expected {expected if expected is not None else 'a failure'}"
+        )
     again = launch([*args, "--resume", "auto"], resumed, None, setup.processes)
     if again != 0:
         problems.append(f"the resume exited with {again}; see {resumed}.log")
