@@ -480,7 +480,8 @@ def started_at(stem: Path) -> Optional[int]:
 
 @dataclass
 class Outcome:
-    """One fault: the killed attempt's exit status, where the resume started, and the mismatches."""
+    """One fault: the faulted attempt's exit status, the step the resume started from (the last
+    step: nothing was left to run), and the mismatches."""
 
     fault: Fault
     status: int
@@ -520,7 +521,7 @@ def inject(setup: Setup, shards: Path, ref: Path, run: Path, fault: Fault) -> Ou
     if (start if start is not None else setup.steps) != setup.resumed_at(fault):
         problems.append(f"resumed at step {start}, expected step {setup.resumed_at(fault)}")
     problems += compare(setup, ref, run, [killed, resumed]) if again == 0 else []
-    return Outcome(fault, status, start, problems)
+    return Outcome(fault, status, start if start is not None else setup.steps, problems)
 
 
 def soak(setup: Setup, kills: int, seed: int, out: Path, keep: bool = False) -> int:
