@@ -28,7 +28,7 @@ import shutil
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import torch
 from safetensors.torch import save_file
@@ -42,6 +42,22 @@ TASK_STATE = "task_state.safetensors"
 KIND_KEY = "task"
 MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"step_\d+")  # checkpoints/step_0001000 (not the .tmp staging folders)
+
+#: the phases of writing a checkpoint folder, in order: its staging folder made; the weights written;
+#: ``state.json`` and the other files of the main process written; every rank's training state
+#: written (:mod:`vlp.train.checkpoints`); every file flushed and the manifest written; the folder
+#: renamed to its final name; older step checkpoints pruned (:mod:`vlp.train.checkpoints`)
+CHECKPOINT_PHASES = ("staging", "weights", "state", "train_state", "manifest", "renamed", "pruned")
+#: ``hook(phase, folder)`` callables run at each of :data:`CHECKPOINT_PHASES` (``folder``: the staging
+#: folder ``NAME.tmp`` up to ``manifest``, then ``NAME``). A run has none: the fault-injection tests
+#: (tests/faults, scripts/soak.py) add one that stops the process at a phase.
+PHASE_HOOKS: list[Callable[[str, Path], None]] = []
+
+
+def reached(phase: str, folder: Path) -> None:
+    """Checkpoint writing reached ``phase`` (one of :data:`CHECKPOINT_PHASES`) for ``folder``."""
+    for hook in PHASE_HOOKS:
+        hook(phase, folder)
 
 
 def _matches(key: str, patterns: Iterable[str]) -> bool:
@@ -519,6 +535,7 @@ def staging(directory: Path) -> Path:
     tmp = directory.with_name(directory.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    reached("staging", tmp)
     return tmp
 
 
@@ -532,11 +549,13 @@ def write_parts(
     """The main process's files of a checkpoint, into the staging folder: the weights, the task
     state, ``state.json`` and the text ``files`` (name -> content; the manifest lists them all)."""
     save_tensors(weights_to_save(model), tmp / "model.safetensors")
+    reached("weights", tmp)
     if task_state:
         save_tensors({k: v.detach().contiguous() for k, v in task_state.items()}, tmp / TASK_STATE)
     (tmp / "state.json").write_text(json.dumps(state, indent=2, default=str))
     for name, text in (files or {}).items():
         (tmp / name).write_text(text)
+    reached("state", tmp)
 
 
 def _fsync(path: Path) -> None:
@@ -557,11 +576,13 @@ def publish(tmp: Path, directory: Path) -> Path:
         entries[p.relative_to(tmp).as_posix()] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
     (tmp / MANIFEST).write_text(json.dumps({"format": 1, "files": entries}, indent=1))
     _fsync(tmp / MANIFEST)
+    reached("manifest", tmp)
     old = directory.with_name(directory.name + ".old")
     if directory.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(directory, old)
     os.replace(tmp, directory)
+    reached("renamed", directory)
     _fsync(directory.parent)
     shutil.rmtree(old, ignore_errors=True)
     return directory

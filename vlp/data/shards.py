@@ -24,7 +24,8 @@ The batches of an epoch are a function of (seed, epoch, rank, world_size, worker
 counts it once in ``batch["bad_samples"]`` and takes the reader's next unit in its place (a corrupt
 shard costs its bad samples, not its batches). The units each reader took are tracked per batch
 (:meth:`ShardLoader.position`, checkpointed per rank), so a resume after bad samples seeks to
-the exact unit without decoding the skipped ones.
+the exact unit without decoding the skipped ones; so are the bad samples each reader met in the
+epoch, which a reader that reads its shards again passes over uncounted, before and after a resume.
 """
 
 from __future__ import annotations
@@ -102,6 +103,20 @@ class _Unit:
     fault: bool = False  # a broken shard (a ShardFault), not one bad sample
 
 
+class _BadSeen(set):
+    """The bad samples (their ``where``) a reader met in the epoch, each counted once; ``fresh``: those
+    added since the last batch went out (the batch carries them into the loader's position)."""
+
+    def __init__(self, already: Iterable[str] = ()) -> None:
+        super().__init__(already)
+        self.fresh: list[str] = []
+
+    def add(self, where: str) -> None:
+        if where not in self:
+            self.fresh.append(where)
+        super().add(where)
+
+
 class ShardStream(IterableDataset):
     """Collated batches of one rank; the worker that runs it picks its shards (see the module doc).
 
@@ -140,6 +155,7 @@ class ShardStream(IterableDataset):
         self.n_batches = batches_per_rank(units, batch_size, world_size)
         self.epoch, self.start = 0, 0
         self.units_done: dict[int, int] = {}  # reader -> units taken before ``start`` (a resume's)
+        self.bad_done: dict[int, list[str]] = {}  # reader -> bad samples met before ``start`` (a resume's)
 
     # -- plan (cheap, no I/O)
 
@@ -190,25 +206,32 @@ class ShardStream(IterableDataset):
             yield _Unit(-1, "", ("",), b"", str(e), "", str(e), e.lost if isinstance(e, ShardFault) else 1, fault)
 
     def reader_batches(
-        self, epoch: int, worker: int, start: int = 0, units_done: Optional[int] = None
+        self,
+        epoch: int,
+        worker: int,
+        start: int = 0,
+        units_done: Optional[int] = None,
+        bad_done: Iterable[str] = (),
     ) -> Iterator[tuple[int, Any]]:
         """(batch index in the rank's epoch, collated batch) of reader ``worker`` from global batch
         ``start`` on. The skipped units are read but not decoded: ``units_done`` of them (the
         reader's position a checkpoint recorded, which counts the units its bad samples took), else
-        B per skipped batch (exact when no bad sample came before). Each batch carries
-        ``stream_position`` = (worker, units taken so far)."""
+        B per skipped batch (exact when no bad sample came before); ``bad_done``: the bad samples it
+        met before ``start`` (counted already). Each batch carries ``stream_position`` = (worker,
+        units taken so far) and ``stream_bad``: the bad samples met while filling it."""
         W, B = self.workers, self.batch_size
         skip, quota = worker_batches(start, W, worker), worker_batches(self.n_batches, W, worker)
         units = self.units(epoch, worker)
         taken = skip * B if units_done is None else units_done
         for _ in range(taken):
             next(units)
-        known_bad: set[str] = set()
+        known_bad = _BadSeen(bad_done)
         for j in range(skip, quota):
             index = j * W + worker
             batch, taken = self.fill(epoch, index, units, taken, known_bad)
             if isinstance(batch, dict):
                 batch["stream_position"] = torch.tensor([worker, taken])
+                batch["stream_bad"], known_bad.fresh = known_bad.fresh, []
             yield index, batch
 
     def fill(self, epoch: int, index: int, units: Iterator[_Unit], taken: int, known_bad: set[str]) -> tuple[Any, int]:
@@ -267,7 +290,8 @@ class ShardStream(IterableDataset):
         if n != self.workers:
             raise RuntimeError(f"ShardStream planned for {self.workers} workers but runs in {n}")
         worker = (d + self.start) % self.workers
-        for _, batch in self.reader_batches(self.epoch, worker, self.start, self.units_done.get(worker)):
+        done = self.units_done.get(worker), self.bad_done.get(worker, ())
+        for _, batch in self.reader_batches(self.epoch, worker, self.start, *done):
             yield batch
 
 
@@ -383,6 +407,7 @@ class ShardLoader:
             )
         self.epoch, self.batches_done = 0, 0
         self.reader_units: dict[int, int] = {}  # reader -> units it took this epoch (bad samples included)
+        self.reader_bad: dict[int, list[str]] = {}  # reader -> the bad samples it met this epoch
         if verbose and rank == 0:
             what = (
                 "expand: one pair per caption"
@@ -402,21 +427,34 @@ class ShardLoader:
         """Move to ``epoch``; a different epoch starts at its first batch, the current one keeps its position
         (so ``set_position(e, n)`` then ``set_epoch(e)`` resumes at batch n)."""
         if epoch != self.epoch:
-            self.epoch, self.batches_done, self.reader_units = epoch, 0, {}
+            self.epoch, self.batches_done, self.reader_units, self.reader_bad = epoch, 0, {}, {}
 
-    def set_position(self, epoch: int, batches_done: int, reader_units: Optional[dict[int, int]] = None) -> None:
+    def set_position(
+        self,
+        epoch: int,
+        batches_done: int,
+        reader_units: Optional[dict[int, int]] = None,
+        reader_bad: Optional[dict[int, list[str]]] = None,
+    ) -> None:
         """The next iteration yields batches ``batches_done``, ``batches_done + 1``, ... of ``epoch``.
-        ``reader_units``: :meth:`position`'s readers of a checkpoint at that batch (the units each
-        reader took, bad samples included), which makes the resume exact after bad samples too."""
+        ``reader_units`` and ``reader_bad``: :meth:`position`'s readers of a checkpoint at that batch
+        (the units each reader took, bad samples included, and the bad samples it met), which make
+        the resume exact after bad samples too: the same batches, each bad sample counted once."""
         if not 0 <= batches_done <= len(self):
             raise DataError(f"resume position: batch {batches_done} of epoch {epoch}, expected 0..{len(self)}")
         self.epoch, self.batches_done = epoch, batches_done
         self.reader_units = {int(k): int(v) for k, v in (reader_units or {}).items()}
+        self.reader_bad = {int(k): [str(w) for w in v] for k, v in (reader_bad or {}).items()}
 
     def position(self) -> dict[str, Any]:
-        """Where this rank's stream is: epoch, batches done, and the units each reader took (the
-        part of a checkpoint that only this rank knows)."""
-        return {"epoch": self.epoch, "batches_done": self.batches_done, "reader_units": dict(self.reader_units)}
+        """Where this rank's stream is: epoch, batches done, the units each reader took and the bad
+        samples it met (the part of a checkpoint that only this rank knows)."""
+        return {
+            "epoch": self.epoch,
+            "batches_done": self.batches_done,
+            "reader_units": dict(self.reader_units),
+            "reader_bad": {k: list(v) for k, v in self.reader_bad.items()},
+        }
 
     def state_dict(self) -> dict[str, Any]:
         s = self.stream
@@ -439,11 +477,12 @@ class ShardLoader:
                 "cannot resume the shard stream exactly: "
                 + ", ".join(f"{k} was {state.get(k)} and is {mine[k]}" for k in diff)
             )
-        self.set_position(state["epoch"], state["batches_done"], state.get("reader_units"))
+        self.set_position(state["epoch"], state["batches_done"], state.get("reader_units"), state.get("reader_bad"))
 
     def __iter__(self) -> Iterator[Any]:
         self.stream.epoch, self.stream.start = self.epoch, self.batches_done
         self.stream.units_done = dict(self.reader_units) if self.batches_done else {}
+        self.stream.bad_done = {k: list(v) for k, v in self.reader_bad.items()} if self.batches_done else {}
         nw = self.num_workers
         # A private generator for the workers' base seed: the caller's torch RNG is not drawn from.
         gen = torch.Generator().manual_seed(seed_of("loader", self.stream.seed, self.epoch) % 2**63)
@@ -462,7 +501,8 @@ class ShardLoader:
             if isinstance(batch, dict) and "stream_position" in batch:
                 reader, taken = batch.pop("stream_position").tolist()
                 self.reader_units[int(reader)] = int(taken)
+                self.reader_bad.setdefault(int(reader), []).extend(batch.pop("stream_bad", ()))
             yield batch
         if self.batches_done != len(self):
             raise RuntimeError(f"shard stream ended after {self.batches_done} of {len(self)} batches")
-        self.batches_done, self.reader_units = 0, {}
+        self.batches_done, self.reader_units, self.reader_bad = 0, {}, {}

@@ -33,6 +33,7 @@ from vlp.train.swa import WeightAverager
 from vlp.weights import (
     find_checkpoint,
     publish,
+    reached,
     read_state,
     save_checkpoint,
     staging,
@@ -152,10 +153,13 @@ class Checkpointer:
         self.acc, self.cfg, self.run_dir, self.files = acc, cfg, run_dir, files
         self.optimizer, self.task, self.scalars = prep.optimizer, prep.inner, prep.scalars
         self.module, self.run_state, self.averager = module, state, averager
-        # the run's sample counts ({"seen": n, "bad": k}) for every state.json (set by the loop), and
+        # the run's sample counts ({"seen": n, "bad": k}, as of the last log step) for every
+        # state.json, and each rank's open log window for its train state (both set by the loop);
         # those of the checkpoint a resume started from
         self.samples: Optional[Callable[[], dict[str, int]]] = None
+        self.window: Optional[Callable[[], dict[str, Any]]] = None
         self.resumed_samples: dict[str, int] = {"seen": 0, "bad": 0}
+        self.resumed_window: Optional[dict[str, Any]] = None
         self.loader = prep.loader  # a stream that knows its position (shards) has it checkpointed per rank
         self.resumed_stream: Optional[dict] = None
 
@@ -204,11 +208,14 @@ class Checkpointer:
                     self.module,
                     acc.process_index,
                     position() if position is not None else None,
+                    self.window() if self.window is not None else None,
                 )
+            reached("train_state", tmp)
 
         def publish_parts() -> None:
             publish(tmp, final)
             prune_checkpoints(self.run_dir, self.cfg.keep_last)
+            reached("pruned", final)
 
         acc.wait_for_everyone()
         self._together(main_parts if acc.is_main_process else None, tmp, final)
@@ -270,9 +277,10 @@ class Checkpointer:
                     f"config key 'train.resume': {ckpt} was written by {saved['world_size']} processes, "
                     f"this run has {acc.num_processes}; resume with the same number of processes"
                 )
-            self.resumed_stream = load_train_state(
+            rank_state = load_train_state(
                 ckpt, self.optimizer, self.task, self.module, acc.process_index, acc.num_processes
             )
+            self.resumed_stream, self.resumed_window = rank_state["stream"], rank_state["window"]
             step = int(saved["step"])
             counts = saved.get("samples")
             if isinstance(counts, dict):  # checkpoints from before the counts were saved start from 0

@@ -64,16 +64,16 @@ class NonFiniteError(RuntimeError):
 def endless_batches(loader: Iterable, start: int = 0, stream: Optional[dict[str, Any]] = None) -> Iterator[Any]:
     """Batches over epochs without end, from batch ``start`` of the whole sequence (resume): a
     loader with ``set_position`` seeks there itself (with its checkpointed ``stream`` position,
-    when there is one: its readers' units), others skip the first batches of the epoch."""
+    when there is one: its readers' units and the bad samples they met), others skip the first batches of the epoch."""
     epoch, skip = divmod(start, len(loader)) if start else (0, 0)
     while True:
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
         source = loader
         if skip and hasattr(loader, "set_position"):
-            units = (stream or {}).get("reader_units")
+            units, bad = (stream or {}).get("reader_units"), (stream or {}).get("reader_bad")
             same = stream is not None and (stream.get("epoch"), stream.get("batches_done")) == (epoch, skip)
-            loader.set_position(epoch, skip, *([units] if same and units else []))
+            loader.set_position(epoch, skip, *([units, bad] if same and units else []))
         elif skip:
             source = (
                 skip_first_batches(loader, skip)
@@ -176,8 +176,8 @@ def train(
     )
     validate = Validator(validation, acc, task, inner, cfg.steps, run_dir, log, ckpt) if validation else None
     start = ckpt.resume(log) if cfg.resume else 0
-    rep = Reporter(acc, cfg, log, start, ckpt.resumed_samples)
-    ckpt.samples = rep.sample_counts  # into every state.json
+    rep = Reporter(acc, cfg, log, start, ckpt.resumed_samples, ckpt.resumed_window)
+    ckpt.samples, ckpt.window = rep.sample_counts, rep.window_state  # into state.json / each rank's train state
     batches = endless_batches(prep.loader, start * micro, ckpt.resumed_stream)
     log_warnings = getattr(inner, "log_warnings", None)  # the task's optional hook
     undo = stateful_modules(inner)  # feature queues: a skipped step leaves no trace

@@ -5,7 +5,8 @@
   queue, the LTD decoder, lambda and its momentum, ...); the model itself is ``model.safetensors``;
 - ``optimizer.*`` (one file: the state is the same on every rank), or ``optimizer_rank{r}.*`` under
   DeepSpeed ZeRO, where each rank holds the optimizer state of its partition;
-- ``rng_rank{r}.*``: the ``random``, numpy, torch CPU and CUDA (its current device's) generator states of rank ``r``.
+- ``rng_rank{r}.*``: the ``random``, numpy, torch CPU and CUDA (its current device's) generator states of rank ``r``,
+  with what else only rank ``r`` knows: its data-stream position and its part of the open log window.
 
 Step, learning-rate position (a function of the step), alpha schedules (functions of the step) and
 the data position are in ``state.json``.
@@ -155,10 +156,17 @@ def _outside(key: str, prefix: Optional[str]) -> bool:
 
 
 def save_train_state(
-    directory: Path, optimizer: Any, task: nn.Module, model: nn.Module, rank: int, stream: Optional[dict] = None
+    directory: Path,
+    optimizer: Any,
+    task: nn.Module,
+    model: nn.Module,
+    rank: int,
+    stream: Optional[dict] = None,
+    window: Optional[dict] = None,
 ) -> None:
     """Every rank calls this (into the staging folder of the checkpoint being written). ``stream``:
-    this rank's data-stream position (a shard loader's ``position()``), kept with its RNG states."""
+    this rank's data-stream position (a shard loader's ``position()``); ``window``: its part of the
+    open log window (:meth:`vlp.train.step_stats.Reporter.window_state`); both kept with its RNG states."""
     directory.mkdir(parents=True, exist_ok=True)
     zero = zero_optimizer(optimizer)
     if rank == 0:
@@ -169,15 +177,16 @@ def save_train_state(
         save_tree(directory / f"optimizer_rank{rank}", zero.optimizer.state_dict())
     elif rank == 0:
         save_tree(directory / "optimizer", optimizer.state_dict())
-    save_tree(directory / f"rng_rank{rank}", {**rng_state(), **({"stream": stream} if stream is not None else {})})
+    extra = {k: v for k, v in (("stream", stream), ("window", window)) if v is not None}
+    save_tree(directory / f"rng_rank{rank}", {**rng_state(), **extra})
 
 
 def load_train_state(
     ckpt: Path, optimizer: Any, task: nn.Module, model: nn.Module, rank: int, world: int
-) -> Optional[dict]:
+) -> dict[str, Optional[dict]]:
     """Inverse of :func:`save_train_state` plus the model weights of ``ckpt``, strictly: every
     tensor of the task comes from the checkpoint (zero-size buffers - a disabled queue - excepted).
-    Returns this rank's saved data-stream position, or None."""
+    Returns this rank's saved ``stream`` position and open log ``window`` (None: not saved)."""
     directory = ckpt / TRAIN_STATE
     load_weights(model, ckpt)
     prefix = model_prefix(task, model)
@@ -200,4 +209,4 @@ def load_train_state(
         raise CheckpointError(f"{directory}: no {rng.name}.json for rank {rank}")
     saved = load_tree(rng)
     set_rng_state(saved)
-    return saved.get("stream")
+    return {"stream": saved.get("stream"), "window": saved.get("window")}

@@ -3,6 +3,10 @@ run's device (:class:`StepStats`), and on the host (:class:`Reporter`: wall time
 waiting for data, the record written to ``metrics.jsonl`` and the sinks at a log step, the progress
 bar, and the run's running count of samples and bad samples, the bad-sample budget).
 
+A checkpoint taken between two log steps carries the open window (:meth:`Reporter.window_state`:
+the host counters and this rank's device sums, read once at the checkpoint, itself a sync point),
+so that after a resume the next log record and the run's counts are an uninterrupted run's.
+
 A GPU runs ahead of the host only while the host never waits for a result. So nothing a step
 produces is read back during the step: losses are summed on the device, the skip decision for a
 non-finite step is a device tensor the optimizer and the stateful modules obey
@@ -130,6 +134,25 @@ class StepStats:
         until the window is read."""
         self.records.append((step, measured, rec))
 
+    def state(self) -> dict[str, Any]:
+        """This rank's open window and run of skipped steps, for a checkpoint (:meth:`load_state`
+        restores it): the sum and count vectors of each key set, the bad samples, the skip run, the
+        halt and the step records, as the device tensors themselves (saved exactly, fp64)."""
+        return {
+            "sums": [[list(keys), total, n] for keys, (total, n) in self.sums.items()],
+            "bad": self.bad,
+            "in_a_row": self.in_a_row,
+            "halted_step": self.halted_step,
+            "records": [[step, measured, rec] for step, measured, rec in self.records],
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Continue the window :meth:`state` saved (its tensors moved to this run's device)."""
+        dev = self.device
+        self.sums = {tuple(keys): [total.to(dev), n.to(dev)] for keys, total, n in state["sums"]}
+        self.bad, self.in_a_row, self.halted_step = (state[k].to(dev) for k in ("bad", "in_a_row", "halted_step"))
+        self.records = [(int(step), bool(measured), rec.to(dev)) for step, measured, rec in state["records"]]
+
     def _here(self, v: torch.Tensor) -> torch.Tensor:
         """An output as a 0-d tensor on the run's device: a host scalar (e.g. a 0-d CPU tensor among
         CUDA outputs) is filled in by value, never copied from pageable memory."""
@@ -173,10 +196,17 @@ class Reporter:
     """The log of a run that starts at step ``start``: ``stats`` (device side) and the host-side
     counters of the current window, the progress bar (``bar``), and ``seen_total`` / ``bad_total``:
     samples (all ranks) loaded since the run began (``seen``: carried over from the checkpoint a
-    resume starts from), and the bad ones among them."""
+    resume starts from), and the bad ones among them, as of the last log step. ``window``: the open
+    window a resume's checkpoint saved (:meth:`window_state`), continued."""
 
     def __init__(
-        self, acc: Accelerator, cfg: TrainConfig, log: MetricsLog, start: int, seen: Optional[dict[str, int]] = None
+        self,
+        acc: Accelerator,
+        cfg: TrainConfig,
+        log: MetricsLog,
+        start: int,
+        seen: Optional[dict[str, int]] = None,
+        window: Optional[dict[str, Any]] = None,
     ) -> None:
         self.log, self.main = log, acc.is_main_process
         self.bar = progress(cfg.steps, "train", cfg.progress and acc.is_main_process)
@@ -185,11 +215,26 @@ class Reporter:
         self.seen_total, self.bad_total = (seen or {}).get("seen", 0), (seen or {}).get("bad", 0)
         self.elapsed = 0.0
         self.next_window()
+        if window is not None:
+            self.micro_steps, self.pairs, self.data_time = window["micro_steps"], window["pairs"], window["data_time"]
+            self.started -= window["elapsed"]  # the window's wall time before the stop; the downtime is not counted
+            self.stats.load_state(window["stats"])
 
     def sample_counts(self) -> dict[str, int]:
         """``{"seen": n, "bad": k}``: the run's samples and bad samples so far (checkpointed, so a
         resume continues the judgement of ``data.max_bad_fraction``)."""
         return {"seen": self.seen_total, "bad": self.bad_total}
+
+    def window_state(self) -> dict[str, Any]:
+        """The open window (the steps since the last log step) for a checkpoint: its host counters,
+        its wall time so far and this rank's device sums (:meth:`StepStats.state`)."""
+        return {
+            "micro_steps": self.micro_steps,
+            "pairs": self.pairs,
+            "data_time": self.data_time,
+            "elapsed": time.perf_counter() - self.started,
+            "stats": self.stats.state(),
+        }
 
     def next_window(self) -> None:
         """Start the host-side counters of a new window."""
