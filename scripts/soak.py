@@ -390,8 +390,15 @@ def launch(
     process itself, which then has every import the forked runs need."""
     log = stem.with_name(stem.name + ".log")
     if here and processes == 1 and fault is None:
-        with log.open("a") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            return run_in_process(argv, stem, None)
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as in the forked attempts: another thread count sums in another order
+        try:
+            with log.open("a") as out, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+                return run_in_process(argv, stem, None)
+        finally:
+            torch.set_num_threads(threads)
     if processes == 1:
         sys.stdout.flush()
         sys.stderr.flush()
