@@ -139,10 +139,9 @@ class Setup:
         return Fault(rng.choice(list(SIGNALS)), phase, step)
 
     def dies(self, fault: Fault) -> bool:
-        """Whether ``fault`` ends the process where it strikes: a SIGKILL, or a SIGTERM while the
-        last checkpoint is written (that save comes after the loop, whose stop-signal handler is
-        gone: the signal's default action ends the process, as a SIGKILL would)."""
-        return fault.signal == "KILL" or (fault.phase != "step" and fault.step == self.steps)
+        """Whether ``fault`` ends the process where it strikes: a SIGKILL. (A SIGTERM while the last
+        checkpoint is written is held until that save is done: the run ends complete, status 0.)"""
+        return fault.signal == "KILL"
 
     def exit_status(self, fault: Fault) -> Optional[int]:
         """The faulted run's exit status (None: any failure; a launcher reports a rank that died)."""

@@ -224,6 +224,7 @@ def train(
             # stop on a signal: at this step boundary, with a checkpoint to resume from
             if done != cfg.steps and stopping:
                 stop_run(rep, ckpt, done, preempted(stop, done, cfg.steps, run_dir, ckpt.path(done)), saved=saved)
-    rep.bar.close()
-    ckpt.save(cfg.steps)
+        rep.bar.close()
+        stop.acting()  # the last checkpoint: a stop signal now is held until it is written (no watchdog)
+        ckpt.save(cfg.steps)
     return record
