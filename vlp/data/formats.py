@@ -154,10 +154,12 @@ def no_words_problem(text: str, clean: Optional[Callable[[str], str]] = None) ->
     ALBEF's cleaning ``clean`` (default :func:`vlp.preprocess.transforms.pre_caption`) leaves no
     character the tokenizer keeps (:func:`_is_word_char`): ``"..."``, ``"?!"``, NUL bytes. The one
     rule of ``vlp data check`` (JSON files) and of the shard reader (checks and training)."""
+    if clean is None and text.isascii() and text.isprintable():  # the fast path of ordinary captions
+        return None if _ASCII_WORD.search(text) else _NO_WORDS.format(name="pre_caption")
     if clean is None:
-        if text.isascii() and text.isprintable():  # the fast path of millions of ordinary captions
-            return None if _ASCII_WORD.search(text) else _NO_WORDS.format(name="pre_caption")
-        from vlp.preprocess.transforms import pre_caption as clean
+        from vlp.preprocess.transforms import pre_caption
+
+        clean = pre_caption
     if any(map(_is_word_char, clean(text))):
         return None
     return _NO_WORDS.format(name=clean.__name__)
