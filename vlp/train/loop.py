@@ -171,9 +171,8 @@ def train(
     task, optimizer, inner, params = prep.task, prep.optimizer, prep.inner, prep.params
     log = open_log(run_dir, cfg, acc.is_main_process, state)  # metrics.jsonl + TensorBoard / W&B
     averager = snapshot_averager(inner, prep.loader, cfg)
-    ckpt = Checkpointer(
-        acc, cfg, run_dir, prep, (checkpoint_module or (lambda t: t.model))(inner), state, averager, files
-    )
+    saved_module = (checkpoint_module or (lambda t: t.model))(inner)
+    ckpt = Checkpointer(acc, cfg, run_dir, prep, saved_module, state, averager, files)
     validate = Validator(validation, acc, task, inner, cfg.steps, run_dir, log, ckpt) if validation else None
     start = ckpt.resume(log) if cfg.resume else 0
     rep = Reporter(acc, cfg, log, start, ckpt.resumed_samples, ckpt.resumed_window)
