@@ -164,6 +164,13 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:  # weights_only refuses anything but tensors and plain containers
+        opcode = re.search(r"Unsupported operand (\d+)", str(e))
+        if opcode:  # an opcode no weights file uses: a malformed stream, not a reference to code
+            code = int(opcode.group(1))
+            raise CheckpointError(
+                f"{path}: not a readable PyTorch weights file (its data has pickle opcode {code} ({chr(code)!r}), which "
+                "tensors and plain containers do not use: malformed, or not a weights file)"
+            ) from None
         found = re.search(r"GLOBAL (\S+)", str(e))
         what = f"it references {found.group(1)}" if found else "it holds objects other than tensors"
         raise CheckpointError(

@@ -432,6 +432,7 @@ def test_a_pth_that_needs_arbitrary_unpickling_is_refused(tmp_path):
         (b"\x80\x02.", "IndexError"),
         (b"\x80\x02}q\x00h\x05.", "KeyError"),
         (b"\x80\x02X\x02\x00\x00\x00\xff\xfeq\x00.", "Unicode"),
+        (b"\x80\x02garbage\x00\x01", "pickle opcode 103 ('g')"),  # not "objects other than tensors"
     ],
 )
 def test_a_malformed_data_pkl_is_one_checkpoint_error_not_a_traceback(tmp_path, payload, raised):
