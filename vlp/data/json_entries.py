@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Callable, Optional, TypeVar
 
-from vlp.data.regular_files import is_regular, open_regular
 from vlp.errors import BadJSON, DataError, EntryError
+from vlp.regular_files import is_regular, open_regular
 from vlp.weights import umask_mode
 
 T = TypeVar("T")

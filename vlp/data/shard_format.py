@@ -29,8 +29,8 @@ from typing import Any, BinaryIO, Iterator, Optional, Sequence
 
 from vlp.data.formats import caption_problem, no_words_problem
 from vlp.data.json_entries import write_atomic
-from vlp.data.regular_files import NotRegular, is_regular, open_regular
 from vlp.errors import DataError
+from vlp.regular_files import NotRegular, is_regular, open_regular
 
 SIZES_FILE = "sizes.json"
 SHARD_NAME = "shard-{:05d}.tar"
@@ -83,7 +83,7 @@ class ShardFault(DataError):
 def read_sizes(dirs: Sequence[str | Path], caption_key: str = "caption", on_bad: str = "raise") -> list[ShardInfo]:
     """The shards of ``dirs`` (shard folders, or brace patterns of tars) in order (entry, then
     name). Image ids of entry k are offset by the images of entries 0..k-1. A ``*.tar`` that is not
-    a regular file (a FIFO, a directory, ...) is refused (:mod:`vlp.data.regular_files`).
+    a regular file (a FIFO, a directory, ...) is refused (:mod:`vlp.regular_files`).
     ``on_bad``: when a folder without counts is scanned, a tar that breaks raises (``raise``) or
     counts the samples read before the break, the broken one included, with a warning (``skip``)."""
     shards: list[ShardInfo] = []

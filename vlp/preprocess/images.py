@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from vlp.errors import BadImage
+from vlp.regular_files import kind_of
 
 #: pixel count of the decompression-bomb guard (Pillow's own threshold): an image is refused when
 #: its decoded bytes exceed those of an 8-bit RGB image of this many pixels (:func:`decoded_bytes`)
@@ -129,9 +130,6 @@ def _opened_past_pillow_cap(path: object) -> Iterator[Image.Image]:
         raise UnidentifiedImageError(f"cannot identify image file {path}")
 
 
-_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
-
-
 def _to_8bit(a: np.ndarray, rows: int = 256) -> np.ndarray:
     """``a`` [H, W] (16/32-bit integers or floats) as uint8: ``clip(a * scale, 0, 255)`` truncated,
     scale 255/65535 when the maximum exceeds 255 else 1; float64 only ``rows`` rows at a time."""
@@ -153,8 +151,7 @@ def _regular_file(path: object, origin: str) -> None:
     except OSError:
         return
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        kind = next((name for test, name in _NOT_REGULAR if test(mode)), "a socket or other special file")
-        raise BadImage(f"{origin}: {path} is not a regular file ({kind}), not an image file")
+        raise BadImage(f"{origin}: {path} is {kind_of(mode)}, not a regular file: not an image file")
 
 
 def upscale_tiny(im: Image.Image, min_side: int = MIN_SIDE) -> Image.Image:
