@@ -102,6 +102,11 @@ class DataConfig(BadSampleConfig):
     # webdataset, img2dataset's shards: the key of {key}.json holding the caption (else vlp's
     # "captions" list, else {key}.txt).
     caption_key: str = "caption"
+    # webdataset, URL shard sets only (s3://, gs://, http(s)://, pipe:): the samples of data.train,
+    # as open_clip's --train-num-samples; no count is read at start-up, each shard's is estimated as
+    # an equal share (docs/data.md, "Training from object storage"). None: counts from the shards'
+    # _stats.json files or `vlp data index`.
+    train_num_samples: Optional[int] = None
 
     def __post_init__(self) -> None:
         self.check_bad_sample_keys()
@@ -115,6 +120,8 @@ class DataConfig(BadSampleConfig):
         _choice("data.text_padding", self.text_padding, ["longest", "max_len"])
         _choice("data.format", self.format, ["json", "webdataset"])
         _choice("data.caption_mode", self.caption_mode, ["expand", "sample"])
+        if self.train_num_samples is not None and self.train_num_samples < 1:
+            raise ConfigError(f"config key 'data.train_num_samples': got {self.train_num_samples}, expected >= 1")
         if self.shuffle_buffer < 1:
             raise ConfigError(f"config key 'data.shuffle_buffer': got {self.shuffle_buffer}, expected >= 1")
         if self.format == "webdataset" and self.captions_per_image > 1 and self.caption_mode != "sample":

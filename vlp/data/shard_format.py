@@ -14,6 +14,12 @@ index outside the data folder (:func:`index_dir`) and reused while the tars' siz
 unchanged. A sample's ``image_key`` is its key, its ``image_id`` its position in the folder
 (shard order, then member order): contiguous and distinct. A data entry may also be a brace
 pattern of tars, ``cc12m/{00000..01242}.tar``.
+
+**Shards by URL** (``s3://``, ``gs://``, ``http(s)://``, ``pipe:``; :mod:`vlp.data.shard_urls`):
+img2dataset's layout, one tar URL or a brace pattern of them per entry, streamed. Counts come from
+the ``_stats.json`` files (fetched concurrently), else from an index written once by ``vlp data
+index ENTRY`` (:func:`index_entry`), else from ``data.train_num_samples`` (:func:`estimated`);
+a URL shard set is never scanned at start-up.
 """
 
 from __future__ import annotations
@@ -29,10 +35,12 @@ from typing import Any, BinaryIO, Iterator, Optional, Sequence
 
 from vlp.data.formats import caption_problem, no_words_problem
 from vlp.data.json_entries import write_atomic
+from vlp.data.shard_urls import is_url, open_url, read_stats, shard_urls, stats_url
 from vlp.errors import DataError
 from vlp.regular_files import NotRegular, is_regular, open_regular
 
 SIZES_FILE = "sizes.json"
+ID_STRIDE = 1 << 24  # estimated counts (data.train_num_samples): shard k's image ids start at k * ID_STRIDE
 SHARD_NAME = "shard-{:05d}.tar"
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 MAKE_HINT = (
@@ -44,15 +52,18 @@ MAKE_HINT = (
 @dataclass(frozen=True)
 class ShardInfo:
     """One shard, with its counts. ``id_offset`` is added to its samples' image ids: folders after
-    the first continue the numbering (vlp layout: the folder's ids; img2dataset: each shard's)."""
+    the first continue the numbering (vlp layout: the folder's ids; img2dataset: each shard's).
+    ``path``: a local tar, or a URL (a string). ``counted``: False when ``images`` is an estimate
+    (``data.train_num_samples``), which a shard's real count is not checked against."""
 
-    path: Path
+    path: Path | str
     images: int
     pairs: int
     id_offset: int
     layout: str = "vlp"  # vlp | img2dataset
     caption_key: str = "caption"  # img2dataset: the caption's key in {key}.json
-    count_file: Optional[Path] = None  # img2dataset: the _stats.json or scan index ``images`` comes from
+    count_file: Optional[Path | str] = None  # img2dataset: the _stats.json or scan index ``images`` comes from
+    counted: bool = True
 
 
 @dataclass(frozen=True)
@@ -64,7 +75,7 @@ class RawSample:
     meta: dict[str, Any]
     image: bytes
     member: str
-    shard: Path
+    shard: Path | str
 
 
 class ShardFault(DataError):
@@ -80,12 +91,18 @@ class ShardFault(DataError):
         return type(self), (str(self), self.lost)
 
 
-def read_sizes(dirs: Sequence[str | Path], caption_key: str = "caption", on_bad: str = "raise") -> list[ShardInfo]:
-    """The shards of ``dirs`` (shard folders, or brace patterns of tars) in order (entry, then
-    name). Image ids of entry k are offset by the images of entries 0..k-1. A ``*.tar`` that is not
-    a regular file (a FIFO, a directory, ...) is refused (:mod:`vlp.regular_files`).
-    ``on_bad``: when a folder without counts is scanned, a tar that breaks raises (``raise``) or
-    counts the samples read before the break, the broken one included, with a warning (``skip``)."""
+def read_sizes(
+    dirs: Sequence[str | Path], caption_key: str = "caption", on_bad: str = "raise", num_samples: Optional[int] = None
+) -> list[ShardInfo]:
+    """The shards of ``dirs`` (shard folders, brace patterns of tars, or URL entries) in order
+    (entry, then name). Image ids of entry k are offset by the images of entries 0..k-1. A
+    ``*.tar`` that is not a regular file (a FIFO, a directory, ...) is refused
+    (:mod:`vlp.regular_files`). ``on_bad``: when a folder without counts is scanned, a tar that
+    breaks raises (``raise``) or counts the samples read before the break, the broken one
+    included, with a warning (``skip``). ``num_samples`` (``data.train_num_samples``): URL
+    entries only; no count is read, see :func:`estimated`."""
+    if num_samples is not None:
+        return estimated([str(d) for d in dirs], caption_key, num_samples)
     shards: list[ShardInfo] = []
     offset = 0
     for entry in dirs:
@@ -102,7 +119,34 @@ def is_brace_pattern(entry: str) -> bool:
     return "{" in entry and ".." in entry
 
 
+def estimated(entries: list[str], caption_key: str, num_samples: int) -> list[ShardInfo]:
+    """The shards of URL ``entries`` with ``num_samples`` (open_clip's ``--train-num-samples``)
+    shared out equally as their estimated counts (the first ``num_samples % shards`` get one more):
+    nothing is requested. The epoch length follows from ``num_samples``; a shard holding more or
+    fewer samples than its share is read whole all the same (readers cycle their shards), and its
+    count is not checked. Shard k's image ids start at ``k * ID_STRIDE`` (distinct while a shard
+    holds fewer than 2**24 samples)."""
+    local = [e for e in entries if not is_url(e)]
+    if local:
+        raise DataError(
+            f"data.train_num_samples is for URL shard sets (s3://, gs://, http(s)://, pipe:), but data.train "
+            f"entry {local[0]!r} is a local path: leave data.train_num_samples unset (local counts are read)"
+        )
+    urls = [u for e in entries for u in shard_urls(e)]
+    if not urls or num_samples < len(urls):
+        raise DataError(
+            f"data.train_num_samples={num_samples}: expected at least one sample per shard ({len(urls)} shards)"
+        )
+    share, extra = divmod(num_samples, len(urls))
+    return [
+        ShardInfo(u, share + (k < extra), share + (k < extra), k * ID_STRIDE, "img2dataset", caption_key, None, False)
+        for k, u in enumerate(urls)
+    ]
+
+
 def _entry_shards(entry: str, offset: int, caption_key: str, on_bad: str) -> list[ShardInfo]:
+    if is_url(entry):
+        return _url_shards(entry, offset, caption_key)
     if is_brace_pattern(entry):  # a brace pattern of img2dataset tars
         import braceexpand
 
@@ -149,10 +193,36 @@ def _img2dataset(tars: list[Path], offset: int, caption_key: str, on_bad: str) -
     """img2dataset tars: one caption per image, so images = pairs; counts from ``_stats.json``
     or the scan index. Shards without samples are left out."""
     counts = _stats_counts(tars)
-    sources = [_stats_file(t) for t in tars]
+    sources: Sequence[Path | str] = [_stats_file(t) for t in tars]
     if counts is None:
         counts = _scanned_counts(tars, caption_key, on_bad)
         sources = [_index_file(tars, caption_key)] * len(tars)
+    return _counted(tars, counts, sources, offset, caption_key)
+
+
+def _url_shards(entry: str, offset: int, caption_key: str) -> list[ShardInfo]:
+    """The shards of a URL entry, counted by their ``_stats.json`` files or ``vlp data index``'s
+    index; without either, one :class:`DataError` saying how to count them."""
+    urls = shard_urls(entry)
+    counts = read_stats(urls)
+    sources: Sequence[Path | str] = [stats_url(u) for u in urls]
+    if counts is None:
+        f = _index_file(urls, caption_key)
+        counts = _read_index(f, len(urls))
+        sources = [f] * len(urls)
+        if counts is None:
+            raise DataError(
+                f"data.train entry {entry!r}: {len(urls)} shard URL(s) without img2dataset's _stats.json beside "
+                f"them (e.g. {stats_url(urls[0]) if not urls[0].startswith('pipe:') else urls[0]}): count them "
+                f"once with `vlp data index '{entry}'`, or set data.train_num_samples"
+            )
+    return _counted(urls, counts, sources, offset, caption_key)
+
+
+def _counted(
+    tars: Sequence[Path | str], counts: list[int], sources: Sequence[Path | str], offset: int, caption_key: str
+) -> list[ShardInfo]:
+    """img2dataset shards with their counts, ids continuing from ``offset``; empty ones left out."""
     out = []
     for tar, n, source in zip(tars, counts, sources):
         if n > 0:
@@ -193,31 +263,55 @@ def index_dir() -> Path:
     return Path(base) / "vlp" / "shard_index"
 
 
-def _index_file(tars: list[Path], caption_key: str) -> Path:
+def _index_file(tars: Sequence[Path | str], caption_key: str) -> Path:
     """The scan index of ``tars``: in :func:`index_dir`, named by a digest of the tars' paths,
-    sizes and modification times (and ``caption_key``)."""
+    sizes and modification times, or URLs (and ``caption_key``)."""
     digest = hashlib.sha256(json.dumps([_stamp(tars), caption_key]).encode()).hexdigest()[:32]
     return index_dir() / f"{digest}.json"
 
 
-def _stamp(tars: list[Path]) -> list[tuple[str, int, int]]:
-    """Each tar's resolved path, size and modification time (what a scan index is valid for)."""
-    return [(str(t.resolve()), t.stat().st_size, t.stat().st_mtime_ns) for t in tars]
+def _stamp(tars: Sequence[Path | str]) -> list[tuple[str, int, int]]:
+    """Each tar's resolved path, size and modification time (what a scan index is valid for); a
+    URL's stamp is the URL alone (its size and time would cost a request per shard)."""
+    return [
+        (t, 0, 0) if isinstance(t, str) else (str(t.resolve()), t.stat().st_size, t.stat().st_mtime_ns) for t in tars
+    ]
 
 
-def _scanned_counts(tars: list[Path], caption_key: str, on_bad: str) -> list[int]:
+def _read_index(f: Path, n: int) -> Optional[list[int]]:
+    """The ``n`` counts of scan index ``f``; None when there is none or it is damaged."""
+    try:
+        with open_regular(f, "shard scan index") as file:
+            counts = json.loads(file.read())["counts"]
+        if isinstance(counts, list) and len(counts) == n and all(isinstance(c, int) for c in counts):
+            return counts
+    except (OSError, DataError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        pass  # none yet, or a damaged index: (re)built
+    return None
+
+
+def index_entry(entry: str, caption_key: str = "caption") -> tuple[Path, list[int]]:
+    """``vlp data index``: count the shards of a URL entry in one streamed pass (images skipped)
+    and keep the counts where a run finds them (:func:`index_dir`, keyed by the URLs and
+    ``caption_key``); returns the index file and the counts. A shard that breaks raises."""
+    if not is_url(entry):
+        raise DataError(f"{entry!r}: `vlp data index` counts URL shard sets; local folders are counted at start-up")
+    urls = shard_urls(entry)
+    f = _index_file(urls, caption_key)
+    if f.exists():
+        f.unlink()  # counted again
+    return f, _scanned_counts(urls, caption_key, "raise")
+
+
+def _scanned_counts(tars: Sequence[Path | str], caption_key: str, on_bad: str) -> list[int]:
     """Samples per tar from one scan (captions parsed, images skipped), kept in :func:`index_dir`
     under a digest of the tars' paths, sizes and modification times. A tar that breaks raises
     (``on_bad="raise"``) or counts its samples up to the break, the broken one included, with a
     warning; an index with such a count is not kept (the next start scans again)."""
     f = _index_file(tars, caption_key)
-    try:
-        with open_regular(f, "shard scan index") as file:
-            counts = json.loads(file.read())["counts"]
-        if isinstance(counts, list) and len(counts) == len(tars) and all(isinstance(n, int) for n in counts):
-            return counts
-    except (OSError, DataError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
-        pass  # none yet, or a damaged index: (re)built
+    known = _read_index(f, len(tars))
+    if known is not None:
+        return known
     print(f"indexing {len(tars)} shard(s) without _stats.json (once; kept in {f.parent})", flush=True)
     counts, broken = [], False
     for t in tars:
@@ -251,12 +345,13 @@ def iter_shard(
     :class:`ShardFault` (its ``lost``: the listed samples not read; a sample broken off counts)."""
     path, walk = info.path, _Walk()
     try:
-        with open_regular(path, "shard") as file:
-            walk.size = os.fstat(file.fileno()).st_size
-            yield from _samples(info, file, images, errors, walk)
+        with open_url(path) if isinstance(path, str) else open_regular(path, "shard") as file:
+            walk.size = -1 if isinstance(path, str) else os.fstat(file.fileno()).st_size  # -1: a stream's, unknown
+            yield from _samples(info, file, images or walk.size < 0, errors, walk, images)
     except (tarfile.TarError, OSError, NotRegular) as e:
-        cut = walk.reading or walk.end > walk.size  # the data of the last member seen was cut
-        at = f", in member {walk.member}" if cut else f", after member {walk.member}" if walk.member else ""
+        cut = walk.reading or walk.end > walk.size >= 0  # the data of the last member seen was cut
+        after = "after" if walk.size >= 0 else "in or after"  # a stream breaks where it is read, not where it ends
+        at = f", in member {walk.member}" if cut else f", {after} member {walk.member}" if walk.member else ""
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         message = str(e) if isinstance(e, NotRegular) else f"{path}: cannot read shard: {reason}{at}"
         fault = ShardFault(message, max(info.images - walk.samples, 1 if walk.key is not None else 0))
@@ -264,7 +359,7 @@ def iter_shard(
             raise DataError(str(fault)) from None
         errors.append(fault)
         return
-    if check_count and walk.samples != info.images:
+    if check_count and info.counted and walk.samples != info.images:
         fault = ShardFault(
             f"{path}: {walk.samples} samples, but {count_mismatch_hint(info)}", max(info.images - walk.samples, 0)
         )
@@ -280,10 +375,10 @@ def count_mismatch_hint(info: ShardInfo) -> str:
     n, source = info.images, info.count_file
     if info.layout == "vlp":
         return (
-            f"{info.path.parent / SIZES_FILE} says {n}; the folder is stale or damaged: write it again with "
+            f"{Path(info.path).parent / SIZES_FILE} says {n}; the folder is stale or damaged: write it again with "
             "`vlp make-shards --data ANNOTATIONS.json --out DIR`"
         )
-    if source is not None and source.parent == index_dir():
+    if isinstance(source, Path) and source.parent == index_dir():
         return (
             f"vlp's scan index {source} says {n}; the tar changed after it was indexed: delete it (the next "
             "run counts the tars again)"
@@ -309,9 +404,11 @@ class _Walk:
 
 
 def _samples(
-    info: ShardInfo, file: BinaryIO, images: bool, errors: Optional[list[DataError]], walk: _Walk
+    info: ShardInfo, file: BinaryIO, stream: bool, errors: Optional[list[DataError]], walk: _Walk, images: bool
 ) -> Iterator[RawSample]:
-    """:func:`iter_shard`'s walk over the tar's members, recording its progress in ``walk``."""
+    """:func:`iter_shard`'s walk over the tar's members, recording its progress in ``walk``;
+    ``stream``: read the tar in stream mode (a URL's, or when the images are read), else seek over
+    the members not wanted."""
     wanted = IMAGE_EXTS + ("json", "txt")
 
     def sample(key: str, parts: dict[str, bytes]) -> Optional[RawSample]:
@@ -323,7 +420,7 @@ def _samples(
             errors.append(e)
             return None
 
-    with tarfile.open(fileobj=file, mode="r|" if images else "r:") as tf:
+    with tarfile.open(fileobj=file, mode="r|" if stream else "r:") as tf:
         parts: dict[str, bytes] = {}
         for m in tf:
             walk.member, walk.end = m.name, m.offset_data + m.size
@@ -374,7 +471,7 @@ def _raw(info: ShardInfo, index: int, key: str, parts: dict[str, bytes]) -> RawS
     return RawSample(key, {"captions": captions, "image_key": key, "image_id": index}, parts[ext], f"{key}.{ext}", path)
 
 
-def _json(path: Path, key: str, data: bytes) -> dict:
+def _json(path: Path | str, key: str, data: bytes) -> dict:
     try:
         meta = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
@@ -408,7 +505,7 @@ def _captions(info: ShardInfo, key: str, parts: dict[str, bytes]) -> list[str]:
     return [_checked(path, key, f"{key}.txt", text)]
 
 
-def _checked(path: Path, key: str, member: str, caption: str) -> str:
+def _checked(path: Path | str, key: str, member: str, caption: str) -> str:
     """``caption`` if it can be trained on, else the sample's :class:`DataError`: the JSON loaders'
     :func:`caption_problem`, and the check's :func:`no_words_problem` (a caption ALBEF's cleaning
     empties would train as ``[CLS][SEP]``)."""

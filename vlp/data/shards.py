@@ -334,7 +334,8 @@ class ShardLoader:
     it splits the data by rank itself and yields CPU tensors. ``on_bad`` (``raise`` | ``skip``),
     ``max_pixels``, ``min_side``: images that do not decode (module doc, "Bad samples") and
     :func:`vlp.preprocess.images.open_image`'s limits; ``decode``: ``data.image.decode``
-    (:class:`vlp.preprocess.draft.Decoder`).
+    (:class:`vlp.preprocess.draft.Decoder`); ``num_samples``: ``data.train_num_samples``, the
+    estimated counts of URL shard sets (:func:`vlp.data.shard_format.estimated`).
     """
 
     splits_by_rank = True
@@ -360,10 +361,11 @@ class ShardLoader:
         min_side: int = MIN_SIDE,
         caption_key: str = "caption",
         decode: str = "full",
+        num_samples: Optional[int] = None,
     ) -> None:
         _check_loader_args(caption_mode, captions_per_image, batch_size, shuffle_buffer, rank, world_size)
         self.dirs = [str(d) for d in dirs]
-        shards = read_sizes(dirs, caption_key, on_bad)
+        shards = read_sizes(dirs, caption_key, on_bad, num_samples)
         self.images = sum(s.images for s in shards)
         self.pairs = sum(s.pairs for s in shards)
         self.num_workers = num_workers

@@ -163,6 +163,7 @@ def build_train_loader(
             targets=targets,
             caption_key=d.caption_key,
             decode=d.image.decode,
+            num_samples=d.train_num_samples,
             **bad_sample_args(d),
         )
         return stream, stream.pairs, stream.images

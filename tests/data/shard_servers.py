@@ -1,0 +1,151 @@
+"""Servers on 127.0.0.1 that tests start themselves: a plain HTTP server over a shard folder (byte
+ranges, a log of the paths asked for, injected faults) and moto's S3 server with a bucket of shards.
+No test traffic goes to any other address."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+
+import pytest
+
+# fake credentials of the local S3 server: a run must never write them anywhere
+S3_KEY, S3_SECRET = "vlptestkeyAKIA0000", "vlptestsecret0000000000000000000000000000"
+
+
+@dataclass
+class Fault:
+    """What the HTTP server does to the GETs of paths ending with ``suffix``: ``kind`` is ``reset``
+    (the body is cut after ``after`` bytes and the connection closed), ``500``/``503`` (an error
+    status) or ``stall`` (``after`` bytes, then ``seconds`` of silence); ``times``: how many requests
+    it hits (then the path is served normally; -1: all)."""
+
+    suffix: str
+    kind: str
+    after: int = 0
+    times: int = -1
+    seconds: float = 0.0
+
+
+@dataclass
+class ShardServer:
+    """A running HTTP server over ``root``: ``url`` is its base, ``log`` the requests (``GET /path``,
+    ``HEAD /path``, in order), ``faults`` what it injects."""
+
+    root: Path
+    url: str = ""
+    log: list[str] = field(default_factory=list)
+    faults: list[Fault] = field(default_factory=list)
+
+    def fault_for(self, path: str) -> Optional[Fault]:
+        for f in self.faults:
+            if path.endswith(f.suffix) and f.times != 0:
+                f.times -= f.times > 0
+                return f
+        return None
+
+
+def _handler(server: ShardServer) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:  # quiet
+            pass
+
+        def do_HEAD(self) -> None:
+            self._serve(body=False)
+
+        def do_GET(self) -> None:
+            self._serve(body=True)
+
+        def _serve(self, body: bool) -> None:
+            server.log.append(f"{self.command} {self.path}")
+            f = server.root / self.path.lstrip("/")
+            if not f.is_file():
+                self.send_error(404)
+                return
+            data = f.read_bytes()
+            fault = server.fault_for(self.path) if body else None
+            if fault is not None and fault.kind in ("500", "503"):
+                self.send_error(int(fault.kind))
+                return
+            start, end = 0, len(data)
+            rng = self.headers.get("Range", "")
+            if rng.startswith("bytes="):
+                a, _, b = rng[len("bytes=") :].partition("-")
+                start, end = int(a), min(len(data), int(b) + 1 if b else len(data))
+            self.send_response(206 if rng else 200)
+            self.send_header("Content-Length", str(end - start))
+            self.send_header("Accept-Ranges", "bytes")
+            if rng:
+                self.send_header("Content-Range", f"bytes {start}-{end - 1}/{len(data)}")
+            self.end_headers()
+            if not body:
+                return
+            chunk = data[start:end]
+            if fault is not None:
+                self.wfile.write(chunk[: fault.after])
+                self.wfile.flush()
+                time.sleep(fault.seconds)
+                self.close_connection = True
+                return
+            self.wfile.write(chunk)
+
+    return Handler
+
+
+@contextmanager
+def http_server(root: Path) -> Iterator[ShardServer]:
+    """An HTTP server over ``root`` on 127.0.0.1 (a free port), stopped on exit."""
+    state = ShardServer(root)
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    httpd.daemon_threads = True
+    state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def s3_env(endpoint: str) -> dict[str, str]:
+    """The environment that points s3fs (botocore) at the local S3 server with the fake credentials."""
+    return {
+        "AWS_ACCESS_KEY_ID": S3_KEY,
+        "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+    }
+
+
+@contextmanager
+def s3_server(monkeypatch: pytest.MonkeyPatch, bucket: str, folder: Path) -> Iterator[str]:
+    """moto's S3 server on 127.0.0.1 with ``bucket`` holding the files of ``folder`` (at its top);
+    this process's environment points s3fs at it. Yields the endpoint URL."""
+    import boto3
+    import fsspec
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for k, v in s3_env(endpoint).items():
+        monkeypatch.setenv(k, v)
+    fsspec.filesystem("s3").clear_instance_cache()
+    client = boto3.client("s3", endpoint_url=endpoint)
+    client.create_bucket(Bucket=bucket)
+    for f in sorted(folder.iterdir()):
+        client.upload_file(str(f), bucket, f.name)
+    try:
+        yield endpoint
+    finally:
+        fsspec.filesystem("s3").clear_instance_cache()
+        server.stop()

@@ -1,0 +1,114 @@
+"""Shards read by URL (issue 42): over HTTP and from an S3-compatible server, both started by the
+tests on 127.0.0.1 (tests/data/shard_servers.py). The batches are the same as from the same
+shards on local disk; start-up reads only the stats files; counts without stats come from
+`vlp data index` or data.train_num_samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.data.shard_servers import http_server, s3_server
+from tests.data.test_img2dataset_shards import loader, write_img2dataset
+from vlp.data.shard_format import index_entry, read_sizes
+from vlp.errors import DataError
+
+BRACE = "{00000..00003}.tar"
+
+
+def fingerprint(batches: list[dict]) -> list[tuple]:
+    """Each batch's image ids, captions and image pixels (a digest of them)."""
+    return [(tuple(b["ids"]), tuple(b["caps"]), float(b["images"].double().sum())) for b in batches]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_img2dataset(tmp_path_factory.mktemp("urls") / "cc")
+
+
+def test_http_shards_give_the_local_batches_and_start_up_reads_only_stats(folder: Path) -> None:
+    local = fingerprint(list(loader([folder])))
+    with http_server(folder) as server:
+        ld = loader([f"{server.url}/{BRACE}"])
+        assert len(server.log) == 4 and all(r.startswith("GET") and r.endswith("_stats.json") for r in server.log)
+        assert (ld.images, len(ld)) == (20, 5)
+        assert fingerprint(list(ld)) == local
+        assert any(p.endswith(".tar") for p in server.log)
+        two = loader([f"{server.url}/{BRACE}"], num_workers=2)  # loader worker processes stream too
+        assert fingerprint(list(two)) == fingerprint(list(loader([folder], num_workers=2)))
+
+
+def test_resume_of_a_url_set_gives_the_rest_of_the_epoch(folder: Path) -> None:
+    with http_server(folder) as server:
+        entry = f"{server.url}/{BRACE}"
+        full = fingerprint(list(loader([entry])))
+        ld = loader([entry])
+        it = iter(ld)
+        [next(it) for _ in range(2)]
+        state = ld.state_dict()
+        again = loader([entry])
+        again.load_state_dict(state)
+        assert fingerprint(list(again)) == full[2:]
+
+
+def test_without_stats_counts_come_from_the_index_or_train_num_samples(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("VLP_CACHE", str(tmp_path / "cache"))
+    bare = write_img2dataset(tmp_path / "bare", stats=False)
+    with http_server(bare) as server:
+        entry = f"{server.url}/{BRACE}"
+        with pytest.raises(DataError, match=r"without img2dataset's _stats.json .* `vlp data index '.*'`"):
+            read_sizes([entry])
+        assert not any(r.startswith("GET") and r.endswith(".tar") for r in server.log)  # never scanned at start-up
+        # data.train_num_samples: equal shares, no request at all
+        server.log.clear()
+        est = read_sizes([entry], num_samples=18)
+        assert [s.images for s in est] == [5, 5, 4, 4] and not any(s.counted for s in est) and server.log == []
+        ld = loader([entry], num_samples=18)
+        ids = [i for b in ld for i in b["ids"]]
+        assert len(ld) == 4 and len(ids) == len(set(ids)) == 16  # floor(18 / 4) batches, distinct images
+        # the index, written once
+        f, counts = index_entry(entry)
+        assert counts == [5, 5, 5, 5] and f.is_file()
+        server.log.clear()
+        assert [s.images for s in read_sizes([entry])] == counts
+        assert server.log == ["GET /00000_stats.json", "HEAD /00000.tar"]  # no stats: is the first shard there?
+    with pytest.raises(DataError, match="data.train_num_samples is for URL shard sets"):
+        read_sizes([bare], num_samples=20)
+
+
+def test_s3_shards_give_the_local_batches(folder: Path, monkeypatch) -> None:
+    local = fingerprint(list(loader([folder])))
+    with s3_server(monkeypatch, "shards", folder):
+        ld = loader([f"s3://shards/{BRACE}"])
+        assert ld.images == 20
+        assert fingerprint(list(ld)) == local
+
+
+def test_a_missing_bucket_fails_before_the_first_step_naming_the_url(folder: Path, monkeypatch) -> None:
+    with s3_server(monkeypatch, "shards", folder):
+        with pytest.raises(DataError, match=r"^s3://nobucket/00000.tar: no such shard \(or no such bucket\)"):
+            read_sizes([f"s3://nobucket/{BRACE}"])
+
+
+def test_a_pipe_entry_streams_the_commands_output(folder: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("VLP_CACHE", str(tmp_path / "cache"))
+    entry = f"pipe:cat {folder}/{BRACE}"
+    f, counts = index_entry(entry)
+    assert counts == [5, 5, 5, 5]
+    assert fingerprint(list(loader([entry]))) == fingerprint(list(loader([folder])))
+    with pytest.raises(DataError, match="exited with status"):
+        list(loader([f"pipe:false {BRACE}"], num_samples=20, on_bad="raise"))
+
+
+def test_a_url_that_is_not_a_tar_is_refused() -> None:
+    with pytest.raises(DataError, match=r"'http://127.0.0.1:1/cc/' is not a .tar URL"):
+        read_sizes(["http://127.0.0.1:1/cc/"])
+
+
+def test_images_equal_exactly(folder: Path) -> None:
+    with http_server(folder) as server:
+        a = next(iter(loader([f"{server.url}/{BRACE}"])))
+    b = next(iter(loader([folder])))
+    assert torch.equal(a["images"], b["images"])
