@@ -54,3 +54,21 @@ def test_round_trip_through_dict_and_yaml():
     assert again == cfg
     assert "steps: 11" in to_yaml(cfg)
     assert apply_overrides(cfg, ["eval.k_test=3"]).eval.k_test == 3
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("data.train=[http://h:8/{00000..00007}.tar]", ["http://h:8/{00000..00007}.tar"]),
+        ("data.train=[s3://b/{0..3}.tar,s3://c/{a,b}.tar]", ["s3://b/{0..3}.tar", "s3://c/{a,b}.tar"]),
+        ("data.train=['gs://b/{0..3}.tar']", ["gs://b/{0..3}.tar"]),  # the quoted form, as before
+        ("data.train=[plain/folder, s3://b/{0..1}.tar]", ["plain/folder", "s3://b/{0..1}.tar"]),
+    ],
+)
+def test_a_brace_url_in_a_list_override_needs_no_quotes(override, expected):
+    assert load_config(PretrainConfig, overrides=[override]).data.train == expected
+
+
+def test_an_unbalanced_brace_in_a_list_override_is_one_clear_error():
+    with pytest.raises(ConfigError, match=r"^command-line override .*: unbalanced braces in the list"):
+        load_config(PretrainConfig, overrides=["data.train=[s3://b/{0..3.tar, x]"])

@@ -47,9 +47,32 @@ def _parse_overrides(overrides: Sequence[str]) -> Any:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"command-line override {item!r}: expected key=value, e.g. train.steps=50")
     try:
-        return OmegaConf.from_dotlist(list(overrides))
+        return OmegaConf.from_dotlist([quote_brace_items(item) for item in overrides])
     except (OmegaConfBaseException, yaml.YAMLError) as e:
         raise ConfigError(f"command-line overrides: {str(e).splitlines()[0]}") from None
+
+
+def quote_brace_items(item: str) -> str:
+    """``key=[a/{0..7}.tar, b]`` with each unquoted list item that holds a brace pattern quoted, so
+    that YAML reads it as a string, not a flow mapping (``data.train=[s3://b/{00000..00041}.tar]``);
+    commas inside braces stay in their item; unbalanced braces raise one :class:`ConfigError`.
+    Anything else is returned as it is."""
+    key, _, value = item.partition("=")
+    if not (value.startswith("[") and value.endswith("]") and "{" in value) or "'" in value or '"' in value:
+        return item
+    items, depth, start = [], 0, 1
+    for i, ch in enumerate(value[1:-1], 1):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append(value[start:i])
+            start = i + 1
+    items.append(value[start:-1])
+    if depth != 0:
+        raise ConfigError(
+            f"command-line override {item!r}: unbalanced braces in the list; a brace pattern is "
+            "{00000..00041} or {a,b}, e.g. data.train=[s3://bucket/{00000..00041}.tar]"
+        )
+    return f"{key}=[" + ", ".join(f"'{x.strip()}'" if "{" in x else x for x in items) + "]"
 
 
 def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
