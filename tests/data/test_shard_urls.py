@@ -68,8 +68,12 @@ def test_without_stats_counts_come_from_the_index_or_train_num_samples(tmp_path:
         ld = loader([entry], num_samples=18)
         ids = [i for b in ld for i in b["ids"]]
         assert len(ld) == 4 and len(ids) == len(set(ids)) == 16  # floor(18 / 4) batches, distinct images
-        # the index, written once
-        f, counts = index_entry(entry)
+        # the index, written once (`vlp data index`)
+        from vlp.cli import main
+
+        assert main(["data", "index", entry]) == 0
+        assert f"{entry}: 4 shards, 20 samples; index " in capsys.readouterr().out
+        f, counts = index_entry(entry)  # counted again
         assert counts == [5, 5, 5, 5] and f.is_file()
         server.log.clear()
         assert [s.images for s in read_sizes([entry])] == counts

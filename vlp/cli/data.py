@@ -150,7 +150,7 @@ def _add_make_shards(sub: Any) -> None:
 
 
 def _add_data(sub: Any) -> None:
-    """``vlp data check``."""
+    """``vlp data check`` and ``vlp data index``."""
     s = sub.add_parser("data", help="annotation data tools")
     dt = s.add_subparsers(dest="what", required=True)
     c = dt.add_parser(
@@ -185,6 +185,27 @@ def _add_data(sub: Any) -> None:
     )
     c.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
     c.set_defaults(func=_data_check)
+    x = dt.add_parser(
+        "index",
+        help="count the samples of URL shard sets without _stats.json once (streamed), for data.train to start fast",
+    )
+    x.add_argument(
+        "entries", nargs="+", metavar="URL", help="data.train entries: s3://, gs://, http(s):// or pipe: brace patterns"
+    )
+    x.add_argument(
+        "--caption-key", default="caption", metavar="KEY", help="img2dataset shards: the caption's key in {key}.json"
+    )
+    x.set_defaults(func=_data_index)
+
+
+def _data_index(a: argparse.Namespace) -> int:
+    """``vlp data index``: count each entry's shards and keep the counts where runs find them."""
+    from vlp.data.shard_format import index_entry
+
+    for entry in a.entries:
+        f, counts = index_entry(entry, a.caption_key)
+        print(f"{entry}: {len(counts)} shards, {sum(counts)} samples; index {f}")
+    return 0
 
 
 #: This family's commands, each with the function that adds it to ``vlp``'s subparsers.
