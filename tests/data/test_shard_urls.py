@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.data.shard_servers import http_server, s3_server
-from tests.data.test_img2dataset_shards import loader, write_img2dataset
+from tests.data.shard_servers import Fault, http_server, s3_server
+from tests.data.test_img2dataset_shards import PER_SHARD, loader, write_img2dataset
 from vlp.data.shard_format import index_entry, read_sizes
 from vlp.errors import DataError
 
@@ -116,3 +116,24 @@ def test_images_equal_exactly(folder: Path) -> None:
         a = next(iter(loader([f"{server.url}/{BRACE}"])))
     b = next(iter(loader([folder])))
     assert torch.equal(a["images"], b["images"])
+
+
+def test_a_connection_reset_mid_shard_is_retried_from_where_it_broke(folder: Path, monkeypatch) -> None:
+    monkeypatch.setattr("vlp.data.shard_urls.BACKOFF_S", 0.01)
+    local = fingerprint(list(loader([folder])))
+    with http_server(folder) as server:
+        server.faults = [Fault("00001.tar", "reset", after=700, times=1), Fault("00002.tar", "500", times=2)]
+        assert fingerprint(list(loader([f"{server.url}/{BRACE}"]))) == local
+        assert all(f.times == 0 for f in server.faults)  # each fault struck
+        assert server.log.count("GET /00001.tar") >= 2 and server.log.count("GET /00002.tar") >= 3
+
+
+def test_a_shard_that_keeps_failing_costs_its_samples_named_once(folder: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr("vlp.data.shard_urls.BACKOFF_S", 0.01)
+    with http_server(folder) as server:
+        server.faults = [Fault("00002.tar", "503")]
+        batches = list(loader([f"{server.url}/{BRACE}"], on_bad="skip"))
+    assert len(batches) == 5 and sum(b["bad"] for b in batches) == PER_SHARD  # its 5 samples, once
+    named = [line for line in capsys.readouterr().err.splitlines() if "skipped a bad shard" in line]
+    assert len(named) == 1 and f"{server.url}/00002.tar: cannot read shard" in named[0]
+    assert "(after 5 tries)" in named[0] and "503" in named[0]

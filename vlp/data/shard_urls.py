@@ -130,13 +130,17 @@ def _filesystem(url: str) -> Any:
 
 class RetryingReader(io.RawIOBase):
     """A shard at a URL as a raw binary stream that survives failed reads: a read that raises is
-    retried up to ``retries`` times, each after a wait of ``backoff * 2**k`` seconds times a jitter
-    in [0.5, 1.5), by reopening the URL at the byte the stream had reached. Then it raises
+    retried up to ``retries`` times (default :data:`RETRIES`), each after a wait of ``backoff * 2**k`` seconds times a jitter
+    in [0.5, 1.5) (``backoff``: :data:`BACKOFF_S`), by reopening the URL at the byte the stream had reached. Then it raises
     :class:`OSError` with the reason (a read that succeeds resets the count)."""
 
-    def __init__(self, url: str, opener: Callable[[], IO[bytes]], retries: int = RETRIES, backoff: float = BACKOFF_S):
+    def __init__(
+        self, url: str, opener: Callable[[], IO[bytes]], retries: Optional[int] = None, backoff: Optional[float] = None
+    ):
         super().__init__()
-        self.url, self.opener, self.retries, self.backoff = url, opener, retries, backoff
+        self.url, self.opener = url, opener
+        self.retries = RETRIES if retries is None else retries
+        self.backoff = BACKOFF_S if backoff is None else backoff
         self.file: Optional[IO[bytes]] = None
         self.pos, self.failures = 0, 0
         self.rng = random.Random()
