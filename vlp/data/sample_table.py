@@ -94,6 +94,15 @@ class PackedStrings(Sequence[str]):
         j = _index(i, len(self))
         return self.data[self.offsets[j] : self.offsets[j + 1]].tobytes().decode(ENCODING, ERRORS)
 
+    def encoded(self, chunk: int = 1 << 16) -> Iterator[bytes]:
+        """Each string's UTF-8 bytes in order, without decoding (``chunk`` strings per copy out of the buffer)."""
+        o = self.offsets
+        for a in range(0, len(self), chunk):
+            b = min(a + chunk, len(self))
+            base, ends = int(o[a]), o[a : b + 1].tolist()
+            buf = self.data[base : ends[-1]].tobytes()
+            yield from (buf[x - base : y - base] for x, y in zip(ends, ends[1:]))
+
     @property
     def nbytes(self) -> int:
         return self.data.nbytes + self.offsets.nbytes
