@@ -161,8 +161,8 @@ class StringRows(Mapping[str, int]):
         ends = np.cumsum(length[sel])
         firsts = np.repeat(start[sel] - (ends - length[sel]), length[sel])
         stored = self.strings.data[firsts + np.arange(len(query))]
-        bad = np.concatenate(([0], np.cumsum(stored != query)))
-        same[sel] = bad[ends] == bad[ends - length[sel]]
+        differ = np.searchsorted(ends, np.flatnonzero(stored != query), side="right")  # [mismatches] -> string
+        same[sel[differ]] = False
         return same
 
     def __len__(self) -> int:
