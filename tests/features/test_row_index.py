@@ -8,9 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from vlp.data.sample_table import PackedStrings, Sample, SampleTable
+from vlp.errors import DataError
 from vlp.features import row_index
+from vlp.features.helper_cache import HelperCache, write_cache
 from vlp.features.row_index import KeyRows, StringRows, count_missing, sample_strings, string_key
 from vlp.features.targets import caption_key
 
@@ -109,3 +112,9 @@ def test_a_forked_worker_reads_the_index_without_copying_it() -> None:
     del texts
     assert _forked_growth_kib(packed, n) < 1536
     assert _forked_growth_kib(as_dict, n) > 4096
+
+
+def test_a_cache_index_with_a_non_string_key_is_one_data_error(tmp_path: Path) -> None:
+    write_cache(tmp_path / "c", ["a", 3], torch.zeros(2, 3), ["x", "y"], torch.zeros(2, 3), {"kind": "learned"})  # type: ignore[list-item]
+    with pytest.raises(DataError, match=r"c/index.json: key 'image_keys' holds 3, expected strings"):
+        HelperCache.load(tmp_path / "c")

@@ -108,8 +108,9 @@ class HelperCache:
         meta = {k: v for k, v in index.items() if k not in ("image_keys", "texts")}
         relevance = feats.get("relevance")
         _check_kind(path, meta.get("kind", LEARNED), image, text, relevance)
-        image_index, text_index = StringRows.of(keys), StringRows.of(texts)
-        return cls(image, text, image_index, text_index, meta, path, relevance)
+        return cls(
+            image, text, _rows(index_file, "image_keys", keys), _rows(index_file, "texts", texts), meta, path, relevance
+        )
 
     def check_covers(self, samples: Sequence[Sample], limit: int = 3) -> None:
         """Fail before training if a training image or caption has no cached feature."""
@@ -150,6 +151,15 @@ class HelperCache:
 
     def lookup(self, image_key: str, caption: str) -> tuple[torch.Tensor, torch.Tensor]:
         return self.image[self.image_index[image_key]], self.text[self.text_index[caption]]
+
+
+def _rows(index_file: Path, key: str, strings: list) -> StringRows:
+    """The row index of ``index.json``'s list ``key``; anything but strings in it is one :class:`DataError`."""
+    try:
+        return StringRows.of(strings)
+    except AttributeError:  # a str method on a non-string
+        bad = next(s for s in strings if not isinstance(s, str))
+        raise DataError(f"{index_file}: key {key!r} holds {bad!r}, expected strings") from None
 
 
 def _check_kind(
