@@ -33,7 +33,9 @@ Memory is read from ``/proc/PID/smaps_rollup`` (MiB): ``rss``, ``pss`` (shared p
 among the processes sharing them) and ``uss`` = ``Private_Clean + Private_Dirty``, the pages only
 this process maps. **Growth per worker** = the worker's ``uss`` after the epoch (the workers stay
 alive, idle) minus its ``uss`` at start (read in its ``worker_init_fn``, before it loads an item):
-the memory a worker has copied on write or allocated while indexing. The main process is read
+the memory a worker has copied on write or allocated while indexing, and file pages (a
+memory-mapped feature file, library code) only it has read; ``growth_dirty_mib`` counts the written
+pages alone (``Private_Dirty``: copies and allocations). The main process is read
 after start-up (before the workers fork) and after the epoch. A run stops early, marked
 ``aborted``, when the machine's ``MemAvailable`` falls below ``--min-available-gib``. JSON with
 ``--out``; a table on stdout.
@@ -135,6 +137,7 @@ def smaps(pid: int | str = "self") -> dict[str, float]:
         "rss": round(mib["Rss"], 1),
         "pss": round(mib["Pss"], 1),
         "uss": round(mib["Private_Clean"] + mib["Private_Dirty"], 1),
+        "private_dirty": round(mib["Private_Dirty"], 1),  # written pages: copies and allocations, no file pages
     }
 
 
@@ -202,6 +205,7 @@ def run_epoch(dataset: IndexOnly, a: argparse.Namespace, folder: Path) -> dict[s
         w = json.loads(f.read_text())
         w["end"] = smaps(w["pid"])
         w["growth_uss_mib"] = round(w["end"]["uss"] - w["start"]["uss"], 1)
+        w["growth_dirty_mib"] = round(w["end"]["private_dirty"] - w["start"]["private_dirty"], 1)
         workers.append(w)
     main_after = smaps()
     del it, loader
@@ -333,14 +337,14 @@ def _print_table(r: dict[str, Any]) -> None:
         f"{r['items']:,} items in {r['batches']} batches over {r['workers']} workers, {r['epoch_seconds']} s"
         + (f"; ABORTED: {r['aborted']}" if r["aborted"] else "")
     )
-    print(f"{'process':<16}{'rss MiB':>10}{'pss MiB':>10}{'uss MiB':>10}{'uss start':>11}{'growth':>9}")
+    print(f"{'process':<16}{'rss MiB':>10}{'pss MiB':>10}{'uss MiB':>10}{'uss start':>11}{'growth':>9}{'dirty':>8}")
     for name, m in (("main (start-up)", r["main_after_startup"]), ("main (after)", r["main_after_epoch"])):
         print(f"{name:<16}{m['rss']:>10}{m['pss']:>10}{m['uss']:>10}")
     for w in r["worker_memory"]:
         e = w["end"]
         print(
             f"{'worker ' + str(w['worker']):<16}{e['rss']:>10}{e['pss']:>10}{e['uss']:>10}"
-            f"{w['start']['uss']:>11}{w['growth_uss_mib']:>9}"
+            f"{w['start']['uss']:>11}{w['growth_uss_mib']:>9}{w['growth_dirty_mib']:>8}"
         )
 
 

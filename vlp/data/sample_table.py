@@ -206,6 +206,11 @@ class SampleTable(Sequence[Sample]):
         """The image key of ``image_id`` (0 <= image_id < :attr:`num_images`)."""
         return self.sources[self.key_sources[image_id]][0] + self.keys[image_id]
 
+    def encoded_keys(self) -> Iterator[bytes]:
+        """The distinct image keys' UTF-8 in id order (:meth:`key` of each, encoded), from the buffers."""
+        prefixes = [p.encode(ENCODING, ERRORS) for p, _ in self.sources]
+        return (prefixes[s] + b for s, b in zip(self.key_sources.tolist(), self.keys.encoded()))
+
     @property
     def num_images(self) -> int:
         """Distinct image keys K."""

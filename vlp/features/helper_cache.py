@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 
 from vlp.data.formats import Sample
 from vlp.errors import CheckpointError, DataError
-from vlp.features.row_index import StringRows, count_missing, sample_strings
+from vlp.features.row_index import StringRows, count_missing_strings, sample_encoded
 from vlp.features.store import refuse_existing
 from vlp.weights import publish, refuse_unlisted, save_tensors, verify_manifest
 
@@ -114,8 +114,8 @@ class HelperCache:
 
     def check_covers(self, samples: Sequence[Sample], limit: int = 3) -> None:
         """Fail before training if a training image or caption has no cached feature."""
-        keys, captions = sample_strings(samples)
-        if count_missing(self.image_index, keys) == 0 and count_missing(self.text_index, captions) == 0:
+        keys, captions = sample_encoded(samples)
+        if count_missing_strings(self.image_index, keys) == 0 and count_missing_strings(self.text_index, captions) == 0:
             return
         missing_img = [s for s in samples if s.image_key not in self.image_index]
         missing_txt = [(s, c) for s in samples for c in s.captions if c not in self.text_index]

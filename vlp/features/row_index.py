@@ -25,7 +25,7 @@ import numpy as np
 
 from vlp.data.sample_table import ENCODING, ERRORS, PackedStrings, Sample, SampleTable
 
-#: strings looked up per vectorised step of :func:`count_missing`
+#: strings looked up per vectorised step of :meth:`StringRows.count_missing`
 CHUNK = 1 << 16
 
 
@@ -45,12 +45,13 @@ def _keys_of(encoded: Iterable[bytes], n: int = -1) -> np.ndarray:
     return np.fromiter(map(bytes_key, encoded), dtype=np.int64, count=n)
 
 
-def sample_strings(samples: Sequence[Sample]) -> tuple[Iterable[str], Iterable[str]]:
-    """The image keys and the captions of ``samples``; of a :class:`SampleTable`, its distinct
-    keys and packed captions, without building a :class:`Sample` each."""
+def sample_encoded(samples: Sequence[Sample]) -> tuple[Iterable[bytes], Iterable[bytes]]:
+    """The UTF-8 of the image keys and of the captions of ``samples``; of a :class:`SampleTable`,
+    its distinct keys and its captions straight from its buffers (no string decoded)."""
     if isinstance(samples, SampleTable):
-        return iter(samples.key_to_id), iter(samples.captions)
-    return (s.image_key for s in samples), (c for s in samples for c in s.captions)
+        return samples.encoded_keys(), samples.captions.encoded()
+    keys = (s.image_key.encode(ENCODING, ERRORS) for s in samples)
+    return keys, (c.encode(ENCODING, ERRORS) for s in samples for c in s.captions)
 
 
 def _narrowed(rows: np.ndarray) -> np.ndarray:
@@ -134,11 +135,11 @@ class StringRows(Mapping[str, int]):
             raise KeyError(s)
         return row
 
-    def count_missing(self, strings: Iterable[str]) -> int:
-        """How many of ``strings`` are not held: per chunk, one vectorised key search and one byte
-        comparison with the stored strings; a string whose first row with its key holds another
-        string (two strings share a key) is looked up on its own."""
-        it, missing = (s.encode(ENCODING, ERRORS) for s in strings), 0
+    def count_missing(self, encoded: Iterable[bytes]) -> int:
+        """How many of the strings ``encoded`` (UTF-8) are not held: per chunk, one vectorised key
+        search and one byte comparison with the stored strings; a string whose first row with its
+        key holds another string (two strings share a key) is looked up on its own."""
+        it, missing = iter(encoded), 0
         while True:
             chunk = [b for _, b in zip(range(CHUNK), it)]
             if not chunk:
@@ -172,11 +173,16 @@ class StringRows(Mapping[str, int]):
         return iter(self.strings)
 
 
-def count_missing(index: Mapping, keys: Iterable) -> int:
-    """How many of ``keys`` ``index`` lacks: vectorised for a :class:`StringRows` or
-    :class:`KeyRows`, a lookup each for another mapping (a dict)."""
+def count_missing_strings(index: Mapping[str, int], encoded: Iterable[bytes]) -> int:
+    """How many of the strings ``encoded`` (UTF-8) ``index`` lacks: vectorised for a
+    :class:`StringRows`, decoded and looked up one by one in another mapping (a dict)."""
     if isinstance(index, StringRows):
-        return index.count_missing(keys)
+        return index.count_missing(encoded)
+    return sum(b.decode(ENCODING, ERRORS) not in index for b in encoded)
+
+
+def count_missing(index: Mapping[int, int], keys: Iterable[int]) -> int:
+    """How many of ``keys`` ``index`` lacks: vectorised for a :class:`KeyRows`, a lookup each otherwise."""
     if isinstance(index, KeyRows):
         return int((index.positions(np.fromiter(keys, dtype=np.int64)) < 0).sum())
     return sum(k not in index for k in keys)
