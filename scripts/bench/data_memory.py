@@ -3,6 +3,7 @@
     python scripts/bench/data_memory.py                                  # 5.1M entries, 8 workers, one epoch
     python scripts/bench/data_memory.py --entries 200000 --workers 2     # a quick run
     PYTHONPATH=OLD_TREE python scripts/bench/data_memory.py              # an older vlp (its own data form)
+    python scripts/bench/data_memory.py --features 8                     # with an SRCL cache and LTD targets
 
 It writes an ALBEF-format pretraining file of ``--entries`` entries (``{"image": ..., "caption":
 ...}``; image paths like ALBEF's ``/data/cc3m/train/000123456.jpg``, captions of random words,
@@ -20,11 +21,21 @@ It writes an ALBEF-format pretraining file of ``--entries`` entries (``{"image":
    id, per-item seeding) except that no image is opened (a fixed 1x1 image; the transform
    returns 0) and batches carry three ints.
 
+With ``--features DIM``, it also writes (to ``--data``, kept and reused) a synthetic SRCL helper
+cache (``vlp.features.helper_cache``: every distinct image key and caption of the file, random
+unit features of DIM dimensions) and an LTD targets file (``vlp.features.targets``: every distinct
+caption) of the samples, as ``vlp cache-helper-features`` and ``vlp make-targets`` would; start-up
+then also times ``HelperCache.load`` and ``LatentTargets.load``, the dataset takes both (its
+``check_covers`` runs in the ``dataset`` figure) and every item looks its features and targets up,
+as in training. DIM only sizes the feature tensors; their indexes do not depend on it.
+
 Memory is read from ``/proc/PID/smaps_rollup`` (MiB): ``rss``, ``pss`` (shared pages divided
 among the processes sharing them) and ``uss`` = ``Private_Clean + Private_Dirty``, the pages only
 this process maps. **Growth per worker** = the worker's ``uss`` after the epoch (the workers stay
 alive, idle) minus its ``uss`` at start (read in its ``worker_init_fn``, before it loads an item):
-the memory a worker has copied on write or allocated while indexing. The main process is read
+the memory a worker has copied on write or allocated while indexing, and file pages (a
+memory-mapped feature file, library code) only it has read; ``growth_dirty_mib`` counts the written
+pages alone (``Private_Dirty``: copies and allocations). The main process is read
 after start-up (before the workers fork) and after the epoch. A run stops early, marked
 ``aborted``, when the machine's ``MemAvailable`` falls below ``--min-available-gib``. JSON with
 ``--out``; a table on stdout.
@@ -44,13 +55,15 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from PIL import Image
 
 from vlp.data.datasets import ImageTextDataset, train_loader
 from vlp.data.formats import load_pairs
+from vlp.features.helper_cache import HelperCache, cache_rows, write_cache
+from vlp.features.targets import LatentTargets, write_targets
 
 WORDS = (
     "a an the man woman child dog cat bird horse car bus train boat plane bicycle street road city "
@@ -92,6 +105,26 @@ def write_albef(path: Path, entries: int, shared: float, seed: int = 0) -> Path:
     return path
 
 
+def _unit_rows(n: int, dim: int, seed: int) -> torch.Tensor:
+    """[n, dim] random unit vectors (fp32)."""
+    v = torch.randn(n, dim, generator=torch.Generator().manual_seed(seed))
+    return v / v.norm(dim=1, keepdim=True)
+
+
+def write_feature_files(ann: Path, samples: Sequence[Any], dim: int, seed: int) -> tuple[Path, Path]:
+    """A synthetic helper cache and LTD targets file of ``samples`` (the rows ``vlp
+    cache-helper-features`` and ``vlp make-targets`` write), next to ``ann``; reused when present."""
+    cache, targets = ann.with_name(f"{ann.stem}_helper{dim}"), ann.with_name(f"{ann.stem}_targets{dim}.safetensors")
+    if not cache.is_dir():
+        _, keys, texts = cache_rows(samples)
+        meta = {"kind": "learned", "helper": "synthetic", "helper_init": "random", "data": [str(ann)]}
+        write_cache(cache, keys, _unit_rows(len(keys), dim, seed), texts, _unit_rows(len(texts), dim, seed + 1), meta)
+    if not targets.is_file():
+        captions = sorted({c for smp in samples for c in smp.captions})
+        write_targets(targets, captions, _unit_rows(len(captions), dim, seed + 2), "synthetic", [str(ann)])
+    return cache, targets
+
+
 def smaps(pid: int | str = "self") -> dict[str, float]:
     """``rss``, ``pss`` and ``uss`` (private clean + dirty) of a process in MiB (smaps_rollup)."""
     kib = dict.fromkeys(SMAPS_FIELDS, 0)
@@ -104,6 +137,7 @@ def smaps(pid: int | str = "self") -> dict[str, float]:
         "rss": round(mib["Rss"], 1),
         "pss": round(mib["Pss"], 1),
         "uss": round(mib["Private_Clean"] + mib["Private_Dirty"], 1),
+        "private_dirty": round(mib["Private_Dirty"], 1),  # written pages: copies and allocations, no file pages
     }
 
 
@@ -171,6 +205,7 @@ def run_epoch(dataset: IndexOnly, a: argparse.Namespace, folder: Path) -> dict[s
         w = json.loads(f.read_text())
         w["end"] = smaps(w["pid"])
         w["growth_uss_mib"] = round(w["end"]["uss"] - w["start"]["uss"], 1)
+        w["growth_dirty_mib"] = round(w["end"]["private_dirty"] - w["start"]["private_dirty"], 1)
         workers.append(w)
     main_after = smaps()
     del it, loader
@@ -187,6 +222,33 @@ def run_epoch(dataset: IndexOnly, a: argparse.Namespace, folder: Path) -> dict[s
     }
 
 
+def start_up(ann: Path, features: Optional[tuple[Path, Path]]) -> tuple[IndexOnly, dict[str, Any]]:
+    """The dataset of ``ann`` as ``vlp pretrain`` builds it, with the helper cache and targets
+    ``features`` when given; the seconds each step took."""
+    load_before, seconds = os.getloadavg()[0], {}
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    samples = load_pairs([ann])
+    seconds["load_pairs"] = time.perf_counter() - t0
+    cache = targets = None
+    if features is not None:
+        t = time.perf_counter()
+        cache = HelperCache.load(features[0])
+        seconds["helper_cache"] = time.perf_counter() - t
+        t = time.perf_counter()
+        targets = LatentTargets.load(features[1])
+        seconds["targets"] = time.perf_counter() - t
+    t = time.perf_counter()
+    dataset = IndexOnly(samples, no_transform, cache, targets)
+    del samples
+    gc.collect()
+    seconds["dataset"] = time.perf_counter() - t
+    t2, cpu2 = time.perf_counter(), time.process_time()
+    startup = {k: round(v, 1) for k, v in seconds.items()}
+    startup["total"], startup["cpu"] = round(t2 - t0, 1), round(cpu2 - cpu0, 1)  # CPU s: an unshared core's
+    startup["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]  # 1-min, before and after
+    return dataset, startup
+
+
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--entries", type=int, default=5_100_000, help="annotation entries (ALBEF 4M: 5.1M)")
@@ -198,6 +260,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p.add_argument("--gc-freeze", action="store_true", help="gc.freeze() before the workers fork")
     p.add_argument("--min-available-gib", type=float, default=2.0, help="stop early below this MemAvailable")
     p.add_argument("--data", default=None, help="folder for the generated file (kept; default: a temporary one)")
+    p.add_argument("--features", type=int, default=0, help="with a helper cache and LTD targets of DIM dimensions")
     p.add_argument("--out", default=None, help="write the report as JSON")
     a = p.parse_args(argv)
     if a.workers < 1 or not 0 < a.fraction <= 1:
@@ -211,22 +274,14 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         if not ann.is_file():
             write_albef(ann, a.entries, a.shared, a.seed)
         written = time.perf_counter() - t0
+        features = None
+        if a.features:
+            t0 = time.perf_counter()
+            features = write_feature_files(ann, load_pairs([ann]), a.features, a.seed)
+            features_written = time.perf_counter() - t0
         gc.collect()
-        before, load_before = smaps(), os.getloadavg()[0]
-        t0, cpu0 = time.perf_counter(), time.process_time()
-        samples = load_pairs([ann])
-        t1 = time.perf_counter()
-        dataset = IndexOnly(samples, no_transform)
-        del samples
-        gc.collect()
-        t2, cpu2 = time.perf_counter(), time.process_time()
-        startup = {
-            "load_pairs": round(t1 - t0, 1),
-            "dataset": round(t2 - t1, 1),
-            "total": round(t2 - t0, 1),
-            "cpu": round(cpu2 - cpu0, 1),  # CPU seconds of the main process: what an unshared core would take
-            "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # 1-min, before and after
-        }
+        before = smaps()
+        dataset, startup = start_up(ann, features)
         main_after_startup, peak = smaps(), _peak_rss_mib()
         worker_dir = Path(tmp, "workers")
         worker_dir.mkdir()
@@ -240,6 +295,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             "held_mib": round(dataset.samples.nbytes / 2**20, 1) if hasattr(dataset.samples, "nbytes") else None,
             "file_mib": round(ann.stat().st_size / 2**20, 1),
             "file_written_seconds": round(written, 1),
+            "features_dim": a.features,
+            "features_written_seconds": round(features_written, 1) if features else None,
             "startup_seconds": startup,
             "main_before_load": before,
             "main_after_startup": main_after_startup,
@@ -270,7 +327,9 @@ def _print_table(r: dict[str, Any]) -> None:
     s = r["startup_seconds"]
     print(
         f"{r['entries']:,} entries, {r['images']:,} images, form {r['form']} ({r['held_mib']} MiB held); "
-        f"start-up {s['total']} s (load_pairs {s['load_pairs']} s, dataset {s['dataset']} s; {s['cpu']} CPU s, "
+        f"start-up {s['total']} s (load_pairs {s['load_pairs']} s, "
+        + (f"helper cache {s['helper_cache']} s, targets {s['targets']} s, " if "helper_cache" in s else "")
+        + f"dataset {s['dataset']} s; {s['cpu']} CPU s, "
         f"load average {s['load_average'][0]}-{s['load_average'][1]}), "
         f"main peak RSS {r['main_peak_rss_mib']} MiB"
     )
@@ -278,14 +337,14 @@ def _print_table(r: dict[str, Any]) -> None:
         f"{r['items']:,} items in {r['batches']} batches over {r['workers']} workers, {r['epoch_seconds']} s"
         + (f"; ABORTED: {r['aborted']}" if r["aborted"] else "")
     )
-    print(f"{'process':<16}{'rss MiB':>10}{'pss MiB':>10}{'uss MiB':>10}{'uss start':>11}{'growth':>9}")
+    print(f"{'process':<16}{'rss MiB':>10}{'pss MiB':>10}{'uss MiB':>10}{'uss start':>11}{'growth':>9}{'dirty':>8}")
     for name, m in (("main (start-up)", r["main_after_startup"]), ("main (after)", r["main_after_epoch"])):
         print(f"{name:<16}{m['rss']:>10}{m['pss']:>10}{m['uss']:>10}")
     for w in r["worker_memory"]:
         e = w["end"]
         print(
             f"{'worker ' + str(w['worker']):<16}{e['rss']:>10}{e['pss']:>10}{e['uss']:>10}"
-            f"{w['start']['uss']:>11}{w['growth_uss_mib']:>9}"
+            f"{w['start']['uss']:>11}{w['growth_uss_mib']:>9}{w['growth_dirty_mib']:>8}"
         )
 
 

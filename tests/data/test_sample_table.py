@@ -69,6 +69,7 @@ def test_load_pairs_table_round_trips_to_the_samples(files: list[Path]) -> None:
     keys = sorted({s.image_key for s in want})  # the numbering ImageTextDataset always used
     assert [table.key_to_id[s.image_key] for s in want] == [keys.index(s.image_key) for s in want]
     assert table.image_ids.tolist() == [keys.index(s.image_key) for s in want]
+    assert [k.decode("utf-8") for k in table.encoded_keys()] == keys  # two sources, non-ASCII paths
     assert dict(table.key_to_id) == {k: i for i, k in enumerate(keys)} and table.num_images == 4
     assert f"{files[0]}:nothing" not in table.key_to_id
 

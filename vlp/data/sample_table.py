@@ -94,6 +94,15 @@ class PackedStrings(Sequence[str]):
         j = _index(i, len(self))
         return self.data[self.offsets[j] : self.offsets[j + 1]].tobytes().decode(ENCODING, ERRORS)
 
+    def encoded(self, chunk: int = 1 << 16) -> Iterator[bytes]:
+        """Each string's UTF-8 bytes in order, without decoding (``chunk`` strings per copy out of the buffer)."""
+        o = self.offsets
+        for a in range(0, len(self), chunk):
+            b = min(a + chunk, len(self))
+            base, ends = int(o[a]), o[a : b + 1].tolist()
+            buf = self.data[base : ends[-1]].tobytes()
+            yield from (buf[x - base : y - base] for x, y in zip(ends, ends[1:]))
+
     @property
     def nbytes(self) -> int:
         return self.data.nbytes + self.offsets.nbytes
@@ -196,6 +205,11 @@ class SampleTable(Sequence[Sample]):
     def key(self, image_id: int) -> str:
         """The image key of ``image_id`` (0 <= image_id < :attr:`num_images`)."""
         return self.sources[self.key_sources[image_id]][0] + self.keys[image_id]
+
+    def encoded_keys(self) -> Iterator[bytes]:
+        """The distinct image keys' UTF-8 in id order (:meth:`key` of each, encoded), from the buffers."""
+        prefixes = [p.encode(ENCODING, ERRORS) for p, _ in self.sources]
+        return (prefixes[s] + b for s, b in zip(self.key_sources.tolist(), self.keys.encoded()))
 
     @property
     def num_images(self) -> int:

@@ -4,7 +4,8 @@ A cache is a folder with ``features.safetensors`` (``image`` [N_img, E], ``text`
 L2-normalised, fp32) and ``index.json`` (format, the image keys and caption strings in row order,
 and where the features came from). Images are looked up by their sample key (``image_id`` or
 path), captions by their exact text, so one cache serves any subset or order of the data it was
-built from.
+built from. Loaded, the keys and captions are held in numpy arrays
+(:class:`~vlp.features.row_index.StringRows`), which forked loader workers share without copying.
 
 ``index.json``'s ``kind`` says what the helper is: ``learned`` (a trained helper; the default when
 absent) or an oracle, ``oracle-exact`` / ``oracle-graded``: the world's ground truth, or ``oracle-noisy``: the
@@ -23,13 +24,14 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 from safetensors.torch import load_file
 
 from vlp.data.formats import Sample
 from vlp.errors import CheckpointError, DataError
+from vlp.features.row_index import StringRows, count_missing_strings, sample_encoded
 from vlp.features.store import refuse_existing
 from vlp.weights import publish, refuse_unlisted, save_tensors, verify_manifest
 
@@ -45,8 +47,8 @@ KINDS = (LEARNED, *ORACLE_KINDS)
 class HelperCache:
     image: torch.Tensor  # [N_img, E]
     text: torch.Tensor  # [N_txt, E]
-    image_index: dict[str, int]
-    text_index: dict[str, int]
+    image_index: Mapping[str, int]  # image key -> row of ``image`` (a StringRows when loaded)
+    text_index: Mapping[str, int]  # caption -> row of ``text``
     meta: dict[str, Any]
     path: Path
     relevance: Optional[torch.Tensor] = None  # [N_txt, N_img] ground truth of an oracle cache
@@ -107,11 +109,14 @@ class HelperCache:
         relevance = feats.get("relevance")
         _check_kind(path, meta.get("kind", LEARNED), image, text, relevance)
         return cls(
-            image, text, {k: i for i, k in enumerate(keys)}, {t: i for i, t in enumerate(texts)}, meta, path, relevance
+            image, text, _rows(index_file, "image_keys", keys), _rows(index_file, "texts", texts), meta, path, relevance
         )
 
     def check_covers(self, samples: Sequence[Sample], limit: int = 3) -> None:
         """Fail before training if a training image or caption has no cached feature."""
+        keys, captions = sample_encoded(samples)
+        if count_missing_strings(self.image_index, keys) == 0 and count_missing_strings(self.text_index, captions) == 0:
+            return
         missing_img = [s for s in samples if s.image_key not in self.image_index]
         missing_txt = [(s, c) for s in samples for c in s.captions if c not in self.text_index]
         if missing_img or missing_txt:
@@ -146,6 +151,15 @@ class HelperCache:
 
     def lookup(self, image_key: str, caption: str) -> tuple[torch.Tensor, torch.Tensor]:
         return self.image[self.image_index[image_key]], self.text[self.text_index[caption]]
+
+
+def _rows(index_file: Path, key: str, strings: list) -> StringRows:
+    """The row index of ``index.json``'s list ``key``; anything but strings in it is one :class:`DataError`."""
+    try:
+        return StringRows.of(strings)
+    except AttributeError:  # a str method on a non-string
+        bad = next(s for s in strings if not isinstance(s, str))
+        raise DataError(f"{index_file}: key {key!r} holds {bad!r}, expected strings") from None
 
 
 def _check_kind(

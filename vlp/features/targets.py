@@ -6,7 +6,8 @@ File format ``vlp-latent-targets-v1`` (one safetensors file, see docs/data.md): 
 captions), ``num_captions`` and ``data`` (the annotation files it was built from). Training looks
 captions up by their text, so the file serves any subset of the data it was built from; a caption
 without a target (the annotations changed: a stale file) or a different encoder than the config
-asks for is refused before the first step.
+asks for is refused before the first step. Loaded, the keys are held sorted in numpy arrays
+(:class:`~vlp.features.row_index.KeyRows`), which forked loader workers share without copying.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
 from vlp.data.formats import Sample
 from vlp.errors import DataError
+from vlp.features.row_index import KeyRows, bytes_key, count_missing, sample_encoded, string_key
 from vlp.features.store import read_features, write_features
 
 TARGETS_FORMAT = "vlp-latent-targets-v1"
@@ -29,8 +31,8 @@ _HINT = "build it with `vlp make-targets --data ANN_JSON --out FILE`"
 
 
 def caption_key(text: str) -> int:
-    """Stable signed 64-bit key of a caption's exact text."""
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
+    """Stable signed 64-bit key of a caption's exact text (:func:`~vlp.features.row_index.string_key`)."""
+    return string_key(text)
 
 
 def content_hash(captions: Iterable[str]) -> str:
@@ -93,7 +95,7 @@ def write_targets(
 @dataclass
 class LatentTargets:
     vectors: torch.Tensor  # [N, D]
-    rows: dict[int, int]  # caption key -> row
+    rows: Mapping[int, int]  # caption key -> row (a KeyRows when loaded)
     header: dict[str, Any]
     path: Path
 
@@ -120,10 +122,12 @@ class LatentTargets:
                 f"{path}: targets were made by {header.get('encoder')!r} but config key 'loss.ltd.encoder' "
                 f"asks for {canonical_encoder(encoder)!r}; rebuild with `vlp make-targets --encoder {encoder}`"
             )
-        return cls(vectors, {k: i for i, k in enumerate(keys.tolist())}, header, Path(path))
+        return cls(vectors, KeyRows(keys.numpy()), header, Path(path))
 
     def check_covers(self, samples: Sequence[Sample], limit: int = 3) -> None:
         """Fail before training if a training caption has no target (a stale file)."""
+        if count_missing(self.rows, map(bytes_key, sample_encoded(samples)[1])) == 0:  # caption_key of each
+            return
         missing = [(s, c) for s in samples for c in s.captions if caption_key(c) not in self.rows]
         if missing:
             ex = "; ".join(f"{s.origin}: {c!r}" for s, c in missing[:limit])

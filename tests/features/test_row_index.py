@@ -1,0 +1,127 @@
+"""Row indexes of feature files (vlp/features/row_index.py): exact lookups in numpy arrays, equal to
+the dict they replace, that a forked worker reads without copying."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vlp.data.sample_table import PackedStrings, Sample, SampleTable
+from vlp.errors import DataError
+from vlp.features import row_index
+from vlp.features.helper_cache import HelperCache, write_cache
+from vlp.features.row_index import (
+    KeyRows,
+    StringRows,
+    count_missing,
+    count_missing_strings,
+    sample_encoded,
+    string_key,
+)
+from vlp.features.targets import caption_key
+
+STRINGS = ["b", "a", "", "héllo wörld", "\ud800 lone surrogate", "a dog on a beach", "zz", "a"]
+
+
+def test_string_rows_equal_the_dict_of_rows_and_are_exact() -> None:
+    rows = StringRows.of(STRINGS)
+    want = {}
+    for i, s in enumerate(STRINGS):
+        want.setdefault(s, i)  # a repeated string finds its first row
+    assert dict(rows.items()) == want and len(rows) == len(STRINGS) and list(rows) == list(rows.keys()) == STRINGS
+    assert all(rows[s] == want[s] for s in STRINGS)
+    for absent in ("c", "A", "a ", "héllo", 3, b"a"):
+        assert absent not in rows
+        with pytest.raises(KeyError):
+            rows[absent]  # type: ignore[index]
+    queries = [q.encode("utf-8", "surrogatepass") for q in ("a", "c", "", "zz", "zz ", "\ud800 lone surrogate")]
+    assert count_missing_strings(rows, queries) == count_missing_strings(dict(want), queries) == 2
+    assert caption_key("a dog on a beach") == string_key("a dog on a beach")  # LTD files keep their keys
+
+
+def test_strings_sharing_a_key_are_told_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two strings with the same 64-bit key: each finds its own row, a third with that key none."""
+    monkeypatch.setattr(row_index, "bytes_key", lambda data: len(data))  # keys collide by length
+    rows = StringRows.of(["cat", "dog", "horse", "cow"])
+    assert [rows[s] for s in ("cat", "dog", "horse", "cow")] == [0, 1, 2, 3]
+    assert "pig" not in rows and "mouse" not in rows and "ox" not in rows
+    monkeypatch.setattr(row_index, "CHUNK", 2)  # chunks end inside the queries
+    assert rows.count_missing(s.encode() for s in ["dog", "pig", "cow", "cat", "horse", "mouse", "ox"]) == 3
+    assert rows.count_missing([b"dog", b"cow", b"cat"]) == 0
+
+
+def test_key_rows_equal_the_dict_and_vectorise() -> None:
+    keys = np.array([5, -(2**63), 2**63 - 1, 0, 5, -7], dtype=np.int64)
+    rows = KeyRows(keys)
+    assert dict(rows.items()) == {5: 0, -(2**63): 1, 2**63 - 1: 2, 0: 3, -7: 5} and len(rows) == 6
+    assert list(rows) == keys.tolist() and rows.rows.dtype == np.int32 and not rows.sorted.flags.writeable
+    for absent in (1, 2**63, -(2**63) - 1, "5"):
+        assert absent not in rows
+    pos = rows.positions(np.array([0, 1, 2**63 - 1, -8], dtype=np.int64))
+    assert (pos >= 0).tolist() == [True, False, True, False] and rows.sorted[pos[0]] == 0
+    assert count_missing(rows, [5, 6, 0, 2**63 - 1]) == 1
+
+
+def test_sample_encoded_of_a_table_are_its_distinct_keys_and_captions() -> None:
+    samples = [
+        Sample("x.jpg", ("c1", "c2"), "k2", "o"),
+        Sample("y.jpg", ("c3",), "k1", "o"),
+        Sample("x.jpg", ("c1",), "k2", "o"),
+    ]
+    keys, captions = sample_encoded(SampleTable.of(samples))
+    assert list(keys) == [b"k1", b"k2"] and list(captions) == [b"c1", b"c2", b"c3", b"c1"]
+    keys, captions = sample_encoded(samples)
+    assert list(keys) == [b"k2", b"k1", b"k2"] and list(captions) == [b"c1", b"c2", b"c3", b"c1"]
+    packed = PackedStrings.of(STRINGS)
+    assert [b.decode("utf-8", "surrogatepass") for b in packed.encoded(chunk=3)] == STRINGS
+
+
+def _uss_kib() -> int:
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/smaps_rollup").read_text().splitlines()[1:])
+    return sum(int(fields[f].split()[0]) for f in ("Private_Clean", "Private_Dirty"))
+
+
+def _text(i: int) -> str:
+    return f"a photo of thing number {i} on a table"
+
+
+def _look_all_up(index: object, n: int, out: mp.Queue) -> None:
+    """Every text looked up in ``index`` (each query made here and freed: only the index is shared)."""
+    before = _uss_kib()
+    assert all(index[_text(i)] == i for i in range(n))  # type: ignore[index]
+    out.put(_uss_kib() - before)
+
+
+def _forked_growth_kib(index: object, n: int) -> int:
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    p = ctx.Process(target=_look_all_up, args=(index, n, out))
+    p.start()
+    growth = out.get(timeout=120)
+    p.join()
+    assert p.exitcode == 0
+    return growth
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux smaps_rollup")
+def test_a_forked_worker_reads_the_index_without_copying_it() -> None:
+    """200k captions: a forked worker looking every one up grows by under 1.5 MiB with a
+    StringRows (0.35 measured); with the dict it replaces, by more than 4 MiB (6.3 measured: the
+    pages of the row numbers' int objects, whose reference counts each lookup writes)."""
+    n = 200_000
+    texts = [_text(i) for i in range(n)]
+    packed = StringRows.of(texts)
+    as_dict = {t: i for i, t in enumerate(texts)}
+    del texts
+    assert _forked_growth_kib(packed, n) < 1536
+    assert _forked_growth_kib(as_dict, n) > 4096
+
+
+def test_a_cache_index_with_a_non_string_key_is_one_data_error(tmp_path: Path) -> None:
+    write_cache(tmp_path / "c", ["a", 3], torch.zeros(2, 3), ["x", "y"], torch.zeros(2, 3), {"kind": "learned"})  # type: ignore[list-item]
+    with pytest.raises(DataError, match=r"c/index.json: key 'image_keys' holds 3, expected strings"):
+        HelperCache.load(tmp_path / "c")

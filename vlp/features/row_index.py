@@ -1,0 +1,188 @@
+"""Row indexes of feature files in sorted numpy arrays, so that forked loader workers share them.
+
+A feature file's rows are found by key: an SRCL helper cache's by image key and caption text, LTD
+targets' by a caption's 64-bit key. A Python dict of those keys (5.1M captions at ALBEF 4M scale)
+is copied by every forked loader worker as it reads it: reading an object writes its reference
+count (the same cause as for annotation entries, :mod:`vlp.data.sample_table`). These indexes hold
+plain numpy arrays instead, which the workers read without writing:
+
+- :class:`KeyRows` (``int -> row``): the keys [N] int64 sorted, with the row of each [N]; a lookup
+  is a binary search (``np.searchsorted``);
+- :class:`StringRows` (``str -> row``): the strings themselves, packed
+  (:class:`~vlp.data.sample_table.PackedStrings`), and a :class:`KeyRows` of their 64-bit keys
+  (:func:`string_key`); a lookup finds the rows with the string's key and compares the stored
+  string, so it is exact even where two strings share a key.
+
+Both are read-only ``Mapping``s equal to the dict of their rows; iteration is in row order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from vlp.data.sample_table import ENCODING, ERRORS, PackedStrings, Sample, SampleTable
+
+#: strings looked up per vectorised step of :meth:`StringRows.count_missing`
+CHUNK = 1 << 16
+
+
+def bytes_key(data: bytes) -> int:
+    """Stable signed 64-bit key of a byte string (BLAKE2b)."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little", signed=True)
+
+
+def string_key(text: str) -> int:
+    """Stable signed 64-bit key of a string's exact text: :func:`bytes_key` of its UTF-8
+    (``surrogatepass``, as :class:`PackedStrings` stores it)."""
+    return bytes_key(text.encode(ENCODING, ERRORS))
+
+
+def _keys_of(encoded: Iterable[bytes], n: int = -1) -> np.ndarray:
+    """[n] int64: :func:`bytes_key` of each byte string."""
+    return np.fromiter(map(bytes_key, encoded), dtype=np.int64, count=n)
+
+
+def sample_encoded(samples: Sequence[Sample]) -> tuple[Iterable[bytes], Iterable[bytes]]:
+    """The UTF-8 of the image keys and of the captions of ``samples``; of a :class:`SampleTable`,
+    its distinct keys and its captions straight from its buffers (no string decoded)."""
+    if isinstance(samples, SampleTable):
+        return samples.encoded_keys(), samples.captions.encoded()
+    keys = (s.image_key.encode(ENCODING, ERRORS) for s in samples)
+    return keys, (c.encode(ENCODING, ERRORS) for s in samples for c in s.captions)
+
+
+def _narrowed(rows: np.ndarray) -> np.ndarray:
+    """``rows`` as int32 when they fit (half the memory), read-only."""
+    out = rows.astype(np.int32) if len(rows) < 2**31 else rows
+    out.flags.writeable = False
+    return out
+
+
+class KeyRows(Mapping[int, int]):
+    """``key -> row`` of int64 keys [N] given in row order: ``sorted`` [N] int64 and ``rows`` [N]
+    (int32 or int64), ``sorted[i]`` being the key of row ``rows[i]``. A key held by several rows
+    finds the first of them."""
+
+    def __init__(self, keys: np.ndarray) -> None:
+        keys = np.asarray(keys, dtype=np.int64)
+        if keys.ndim != 1:
+            raise ValueError(f"expected keys [N], got shape {keys.shape}")
+        order = np.argsort(keys, kind="stable")
+        self.sorted = keys[order]
+        self.sorted.flags.writeable = False
+        self.rows = _narrowed(order)
+
+    def first(self, key: int) -> int:
+        """The position in :attr:`sorted` of the first entry with ``key`` (len when none)."""
+        if not -(2**63) <= key < 2**63:
+            return len(self.sorted)
+        i = int(np.searchsorted(self.sorted, np.int64(key)))
+        return i if i < len(self.sorted) and self.sorted[i] == key else len(self.sorted)
+
+    def __getitem__(self, key: int) -> int:
+        i = self.first(key) if isinstance(key, (int, np.integer)) else len(self.sorted)
+        if i == len(self.sorted):
+            raise KeyError(key)
+        return int(self.rows[i])
+
+    def positions(self, keys: np.ndarray) -> np.ndarray:
+        """[M] int64: the position in :attr:`sorted` of each of ``keys`` [M] int64, -1 where absent."""
+        i = np.searchsorted(self.sorted, keys)
+        found = i < len(self.sorted)
+        found[found] = self.sorted[i[found]] == keys[found]
+        return np.where(found, i, -1)
+
+    def __len__(self) -> int:
+        return len(self.sorted)
+
+    def __iter__(self) -> Iterator[int]:
+        by_row = np.empty_like(self.sorted)
+        by_row[self.rows] = self.sorted
+        return iter(by_row.tolist())
+
+
+class StringRows(Mapping[str, int]):
+    """``string -> row`` of the strings of a feature file (``strings[row]``), exact (module doc)."""
+
+    def __init__(self, strings: PackedStrings, key_rows: KeyRows) -> None:
+        if len(key_rows) != len(strings):
+            raise ValueError(f"{len(key_rows)} keys for {len(strings)} strings")
+        self.strings, self.key_rows = strings, key_rows
+
+    @classmethod
+    def of(cls, strings: Sequence[str]) -> StringRows:
+        """The index of ``strings`` in row order (packed; the sequence is not kept)."""
+        packed = PackedStrings.of(strings)
+        return cls(packed, KeyRows(_keys_of(packed.encoded(), len(packed))))
+
+    def _row(self, s: str, i: int) -> int:
+        """The row of ``s``, its key's run starting at position ``i`` of the sorted keys (-1 or
+        len: none); -1 if absent."""
+        k, j = self.key_rows, i
+        while 0 <= i and j < len(k.sorted) and k.sorted[j] == k.sorted[i]:
+            row = int(k.rows[j])
+            if self.strings[row] == s:
+                return row
+            j += 1
+        return -1
+
+    def __getitem__(self, s: str) -> int:
+        row = self._row(s, self.key_rows.first(string_key(s))) if isinstance(s, str) else -1
+        if row < 0:
+            raise KeyError(s)
+        return row
+
+    def count_missing(self, encoded: Iterable[bytes]) -> int:
+        """How many of the strings ``encoded`` (UTF-8) are not held: per chunk, one vectorised key
+        search and one byte comparison with the stored strings; a string whose first row with its
+        key holds another string (two strings share a key) is looked up on its own."""
+        it, missing = iter(encoded), 0
+        while True:
+            chunk = [b for _, b in zip(range(CHUNK), it)]
+            if not chunk:
+                return missing
+            pos = self.key_rows.positions(_keys_of(chunk, len(chunk)))
+            same = self._same_bytes(chunk, pos)
+            missing += int((pos < 0).sum())
+            for j in np.flatnonzero((pos >= 0) & ~same).tolist():
+                missing += self._row(chunk[j].decode(ENCODING, ERRORS), int(pos[j])) < 0
+
+    def _same_bytes(self, chunk: list[bytes], pos: np.ndarray) -> np.ndarray:
+        """[M] bool: whether ``chunk[j]`` equals the string of the row at position ``pos[j]`` of
+        the sorted keys (False where ``pos[j]`` < 0), compared as bytes in one gather."""
+        o, rows = self.strings.offsets, self.key_rows.rows[np.maximum(pos, 0)]
+        start, length = o[rows].astype(np.int64), (o[rows + 1] - o[rows]).astype(np.int64)
+        qlen = np.fromiter(map(len, chunk), dtype=np.int64, count=len(chunk))
+        same = (pos >= 0) & (qlen == length)
+        sel = np.flatnonzero(same)
+        query = np.frombuffer(b"".join(chunk[j] for j in sel.tolist()), dtype=np.uint8)
+        ends = np.cumsum(length[sel])
+        firsts = np.repeat(start[sel] - (ends - length[sel]), length[sel])
+        stored = self.strings.data[firsts + np.arange(len(query))]
+        differ = np.searchsorted(ends, np.flatnonzero(stored != query), side="right")  # [mismatches] -> string
+        same[sel[differ]] = False
+        return same
+
+    def __len__(self) -> int:
+        return len(self.strings)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.strings)
+
+
+def count_missing_strings(index: Mapping[str, int], encoded: Iterable[bytes]) -> int:
+    """How many of the strings ``encoded`` (UTF-8) ``index`` lacks: vectorised for a
+    :class:`StringRows`, decoded and looked up one by one in another mapping (a dict)."""
+    if isinstance(index, StringRows):
+        return index.count_missing(encoded)
+    return sum(b.decode(ENCODING, ERRORS) not in index for b in encoded)
+
+
+def count_missing(index: Mapping[int, int], keys: Iterable[int]) -> int:
+    """How many of ``keys`` ``index`` lacks: vectorised for a :class:`KeyRows`, a lookup each otherwise."""
+    if isinstance(index, KeyRows):
+        return int((index.positions(np.fromiter(keys, dtype=np.int64)) < 0).sum())
+    return sum(k not in index for k in keys)
