@@ -411,16 +411,21 @@ class ShardLoader:
         self.reader_units: dict[int, int] = {}  # reader -> units it took this epoch (bad samples included)
         self.reader_bad: dict[int, list[str]] = {}  # reader -> the bad samples it met this epoch
         if verbose and rank == 0:
-            what = (
-                "expand: one pair per caption"
-                if caption_mode == "expand"
-                else f"sample: {captions_per_image} random caption(s) per image and epoch"
-            )
-            print(
-                f"vlp data: webdataset, {len(shards)} shards, {self.images} images, {self.pairs} pairs; caption "
-                f"mode {what}; {n} batches of {batch_size} per rank per epoch x {world_size} ranks "
-                f"({self.units - n * batch_size * world_size} of {self.units} units left out per epoch)"
-            )
+            self._announce(len(shards), caption_mode, captions_per_image, batch_size, world_size)
+
+    def _announce(self, shards: int, caption_mode: str, captions_per_image: int, batch_size: int, world: int) -> None:
+        """The one line that says what the loader reads and how much of it an epoch leaves out."""
+        what = (
+            "expand: one pair per caption"
+            if caption_mode == "expand"
+            else f"sample: {captions_per_image} random caption(s) per image and epoch"
+        )
+        n = self.stream.n_batches
+        print(
+            f"vlp data: webdataset, {shards} shards, {self.images} images, {self.pairs} pairs; caption "
+            f"mode {what}; {n} batches of {batch_size} per rank per epoch x {world} ranks "
+            f"({self.units - n * batch_size * world} of {self.units} units left out per epoch)"
+        )
 
     def __len__(self) -> int:
         return self.stream.n_batches
