@@ -23,6 +23,7 @@ from vlp.cli.common import USER_ERRORS
 from vlp.dist import OtherRankDone, launch_rank
 from vlp.train.loop import NonFiniteError
 from vlp.train.preemption import Preempted
+from vlp.url_credentials import redacted
 
 __all__ = ["MULTI_PROCESS", "USER_ERRORS", "build_parser", "main"]
 
@@ -90,10 +91,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if launch_rank()[0] == 0:
             print(f"vlp: {e}", file=sys.stderr)
         return 0
-    except USER_ERRORS as e:
-        print(f"vlp: error: {e}", file=sys.stderr)
+    except USER_ERRORS as e:  # any URL credential in the message blotted out (vlp.url_credentials)
+        print(f"vlp: error: {redacted(str(e))}", file=sys.stderr)
         return 2
     except NonFiniteError as e:  # the run's own numbers, not its input: status 1
-        print(f"vlp: error: {e}", file=sys.stderr)
+        print(f"vlp: error: {redacted(str(e))}", file=sys.stderr)
         return 1
     return int(status or 0)

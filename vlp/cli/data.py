@@ -11,8 +11,9 @@ from vlp.cli.common import call, wrote
 from vlp.config.loss import HELPER_INITS
 from vlp.data.check import CHECK_KINDS, CheckReport, check_annotations, check_shards, default_workers, is_shard_entry
 from vlp.data.formats import write_json_atomic
-from vlp.errors import ConfigError
+from vlp.errors import ConfigError, DataError
 from vlp.preprocess.images import MAX_PIXELS
+from vlp.url_credentials import refusal
 
 
 def _cache_helper(a: argparse.Namespace) -> None:
@@ -56,6 +57,9 @@ def _data_check(a: argparse.Namespace) -> int:
         raise ConfigError(f"--max-pixels must be >= 0 (0: no limit), got {a.max_pixels}")
     if a.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {a.workers}")
+    refused = next((r for r in (refusal(str(f), "vlp data check argument") for f in a.files) if r), None)
+    if refused:  # before a report names the argument as it was given
+        raise DataError(refused)
     shards = [f for f in a.files if is_shard_entry(f)]
     files = [f for f in a.files if f not in shards]
     report = CheckReport()

@@ -8,6 +8,7 @@ from typing import Optional
 
 from vlp.config.load import _choice
 from vlp.errors import ConfigError
+from vlp.url_credentials import refusal
 
 # ----------------------------------------------------------------------------- data
 
@@ -110,6 +111,10 @@ class DataConfig(BadSampleConfig):
 
     def __post_init__(self) -> None:
         self.check_bad_sample_keys()
+        for entry in self.train:  # before anything is written (config.yaml, run_info.json)
+            refused = refusal(str(entry), "config key 'data.train': entry")
+            if refused:
+                raise ConfigError(refused)
         if self.image.decode == "device" and not self.image.uint8:
             raise ConfigError(
                 "config key 'data.image.decode': device decodes and augments the images on the training "

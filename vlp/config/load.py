@@ -4,7 +4,8 @@ A config is built as ``defaults <- YAML file <- overrides`` where overrides look
 ``train.steps=50 model.vision.depth=2``. Unknown keys and wrong types raise
 :class:`ConfigError` naming the offending key and where it came from. This module knows no
 schema (the dataclasses of the sibling modules); they import their checks (:func:`_choice`,
-:func:`_reject`) from here.
+:func:`_reject`) from here. A message that echoes a value (an override, a YAML error) has any URL
+credential in it replaced by ``***`` (:func:`vlp.url_credentials.redacted`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from vlp.errors import ConfigError
+from vlp.url_credentials import redacted
 
 T = TypeVar("T")
 
 
 def _choice(key: str, value: Any, allowed: Collection[Any]) -> None:
     if value not in allowed:
-        raise ConfigError(f"config key '{key}': got {value!r}, expected one of {list(allowed)}")
+        raise ConfigError(f"config key '{key}': got {redacted(repr(value))}, expected one of {list(allowed)}")
 
 
 def _reject(wrong: Sequence[str]) -> None:
@@ -38,18 +40,18 @@ def _merge(base: Any, other: Any, source: str) -> Any:
         return OmegaConf.merge(base, other)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
-        reason = str(e).splitlines()[0]
+        reason = redacted(str(e).splitlines()[0])
         raise ConfigError(f"{source}: config key '{key}': {reason}") from None
 
 
 def _parse_overrides(overrides: Sequence[str]) -> Any:
     for item in overrides:
         if "=" not in item or item.startswith("="):
-            raise ConfigError(f"command-line override {item!r}: expected key=value, e.g. train.steps=50")
+            raise ConfigError(f"command-line override {redacted(repr(item))}: expected key=value, e.g. train.steps=50")
     try:
         return OmegaConf.from_dotlist([quote_brace_items(item) for item in overrides])
     except (OmegaConfBaseException, yaml.YAMLError) as e:
-        raise ConfigError(f"command-line overrides: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"command-line overrides: {redacted(str(e).splitlines()[0])}") from None
 
 
 def quote_brace_items(item: str) -> str:
@@ -69,7 +71,7 @@ def quote_brace_items(item: str) -> str:
     items.append(value[start:-1])
     if depth != 0:
         raise ConfigError(
-            f"command-line override {item!r}: unbalanced braces in the list; a brace pattern is "
+            f"command-line override {redacted(repr(item))}: unbalanced braces in the list; a brace pattern is "
             "{00000..00041} or {a,b}, e.g. data.train=[s3://bucket/{00000..00041}.tar]"
         )
     return f"{key}=[" + ", ".join(f"'{x.strip()}'" if "{" in x else x for x in items) + "]"
@@ -88,7 +90,7 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
         try:
             data = OmegaConf.load(path)
         except Exception as e:  # yaml.YAMLError and friends
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+            raise ConfigError(f"{path}: not valid YAML: {redacted(str(e))}") from None
         if not isinstance(data, DictConfig):
             raise ConfigError(f"{path}: expected a mapping of config keys at the top level, got a list")
         cfg = _merge(cfg, data, str(path))
@@ -103,7 +105,7 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
         raise
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None) or "?"
-        raise ConfigError(f"config key '{key}': {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"config key '{key}': {redacted(str(e).splitlines()[0])}") from None
     check = getattr(obj, "check_given", None)
     if check is not None:  # rules about which keys were set, not only their values
         check(given)

@@ -11,7 +11,8 @@ jitter); a ``pipe:`` stream cannot be reopened there and is not retried.
 Counts without reading a shard: img2dataset's ``{name}_stats.json`` beside each tar, fetched
 concurrently (:func:`read_stats`). Credentials and the endpoint come from the filesystem's own
 configuration (for S3: the ``AWS_*`` environment variables or a profile, ``AWS_ENDPOINT_URL`` for
-an S3-compatible server); vlp passes none.
+an S3-compatible server); vlp passes none. A URL holding credentials (a user part, a signed URL's
+query) is refused by :func:`shard_urls`, which every URL entry goes through before it is read.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from contextlib import contextmanager
 from typing import IO, Any, BinaryIO, Callable, Iterator, Optional, cast
 
 from vlp.errors import DataError
+from vlp.url_credentials import refusal
 
 PIPE = "pipe:"
 BLOCK_SIZE = 4 << 20  # bytes of a shard a reader holds (fsspec's read-ahead block)
@@ -40,10 +42,14 @@ def is_url(entry: str) -> bool:
 
 def shard_urls(entry: str) -> list[str]:
     """The tar URLs of a URL entry: the brace pattern expanded (``{00000..00041}``, ``{a,b}``), or
-    the one URL. A URL that is not a ``.tar`` (but for ``pipe:``) raises one :class:`DataError`."""
+    the one URL. A URL that is not a ``.tar`` (but for ``pipe:``), or that holds credentials
+    (:mod:`vlp.url_credentials`), raises one :class:`DataError` (naming it with the secret as ``***``)."""
     import braceexpand
 
     urls = list(braceexpand.braceexpand(entry))
+    refused = next((r for r in map(refusal, [entry, *urls]) if r), None)
+    if refused:
+        raise DataError(refused)
     bad = [u for u in urls if not u.startswith(PIPE) and not u.endswith(".tar")]
     if bad:
         raise DataError(

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from vlp.errors import ConfigError, DataError
+from vlp.url_credentials import redacted
 
 
 class MetricsLog:
@@ -311,7 +312,7 @@ def run_info() -> dict[str, Any]:
         },
         "device": {"cpu": cpu_model(), "gpus": gpus},
         "processes": launch_rank()[1],
-        "argv": list(sys.argv),
+        "argv": [redacted(a) for a in sys.argv],  # no URL credential (vlp.url_credentials)
         "hostname": socket.gethostname(),
         "start_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
