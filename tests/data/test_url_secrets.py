@@ -74,12 +74,16 @@ def test_the_config_check_refuses_each_form_naming_the_key(url: str) -> None:
     assert str(e.value).startswith("config key 'data.train': entry ") and secret_free(str(e.value))
 
 
-def test_a_config_file_with_a_signed_url_is_refused(tmp_path: Path) -> None:
+def test_a_config_file_with_a_signed_url_is_refused_and_its_errors_do_not_echo_one(tmp_path: Path) -> None:
     f = tmp_path / "run.yaml"
     f.write_text(f"data:\n  format: webdataset\n  train: ['https://h.example/00000.tar?Signature={SECRET}']\n")
     with pytest.raises(ConfigError, match="query parameter 'signature'") as e:
         load_config(PretrainConfig, f)
     assert secret_free(str(e.value))
+    f.write_text(f"train:\n  steps: https://user:{SECRET}@h.example/00000.tar\n")  # the wrong type
+    with pytest.raises(ConfigError, match="train.steps") as e:
+        load_config(PretrainConfig, f)
+    assert secret_free(str(e.value)) and "***" in str(e.value)
 
 
 URL = f"https://user:{SECRET}@127.0.0.1:1/00000.tar"
