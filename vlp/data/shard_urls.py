@@ -123,10 +123,9 @@ def check_reachable(url: str, timeouts: Optional[UrlTimeouts] = None) -> None:
 
 
 def expected(url: str, e: BaseException) -> str:
-    """What was expected, for an S3 request whose error says credentials are missing or refused
-    (else "")."""
+    """What was expected, for an S3 request whose error says credentials are missing (else "")."""
     name = type(e).__name__
-    if url.startswith("s3") and ("Credentials" in name or "AccessDenied" in name or isinstance(e, PermissionError)):
+    if url.startswith("s3") and "Credentials" in name:
         return (
             "; expected S3 credentials in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile (AWS_PROFILE), "
             "allowed to read this bucket (and AWS_ENDPOINT_URL for an S3-compatible server)"
