@@ -153,6 +153,8 @@ def test_with_train_num_samples_a_wrong_bucket_fails_at_start_up(folder: Path, m
     with s3_server(monkeypatch, "shards", folder):
         with pytest.raises(DataError, match=r"^s3://nobucket/00000.tar: no such shard \(or no such bucket\)"):
             read_sizes([f"s3://nobucket/{BRACE}"], num_samples=20)
+        with pytest.raises(DataError, match=r"^s3://nobucket/00000.tar: no such shard"):  # each entry is asked
+            read_sizes([f"s3://shards/{BRACE}", f"s3://nobucket/{BRACE}"], num_samples=40)
 
 
 @pytest.mark.parametrize("case", ["bucket", "credentials"])

@@ -130,23 +130,25 @@ def estimated(
 ) -> list[ShardInfo]:
     """The shards of URL ``entries`` with ``num_samples`` (open_clip's ``--train-num-samples``)
     shared out equally as their estimated counts (the first ``num_samples % shards`` get one more):
-    no count is requested, only whether the first shard is there (one ``info`` request, so a wrong
-    bucket or missing credentials fail at start-up: :func:`check_reachable`). The epoch length follows from ``num_samples``; a shard holding more or
-    fewer samples than its share is read whole all the same (readers cycle their shards), and its
-    count is not checked. Shard k's image ids start at ``k * ID_STRIDE`` (distinct while a shard
-    holds fewer than 2**24 samples)."""
+    no count is requested, only whether each entry's first shard is there (one ``info`` request,
+    so a wrong bucket or missing credentials fail at start-up: :func:`check_reachable`). The epoch
+    length follows from ``num_samples``; a shard holding more or fewer samples than its share is
+    read whole all the same (readers cycle their shards), and its count is not checked. Shard k's
+    image ids start at ``k * ID_STRIDE`` (distinct while a shard holds fewer than 2**24 samples)."""
     local = [e for e in entries if not is_url(e)]
     if local:
         raise DataError(
             f"data.train_num_samples is for URL shard sets (s3://, gs://, http(s)://, pipe:), but data.train "
             f"entry {local[0]!r} is a local path: leave data.train_num_samples unset (local counts are read)"
         )
-    urls = [u for e in entries for u in shard_urls(e)]
+    per_entry = [shard_urls(e) for e in entries]
+    urls = [u for us in per_entry for u in us]
     if not urls or num_samples < len(urls):
         raise DataError(
             f"data.train_num_samples={num_samples}: expected at least one sample per shard ({len(urls)} shards)"
         )
-    check_reachable(urls[0], timeouts)
+    for us in per_entry:
+        check_reachable(us[0], timeouts)
     share, extra = divmod(num_samples, len(urls))
     return [
         ShardInfo(u, share + (k < extra), share + (k < extra), k * ID_STRIDE, "img2dataset", caption_key, None, False)
