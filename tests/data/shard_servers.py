@@ -22,14 +22,16 @@ S3_KEY, S3_SECRET = "vlptestkeyAKIA0000", "vlptestsecret000000000000000000000000
 class Fault:
     """What the HTTP server does to the GETs of paths ending with ``suffix``: ``kind`` is ``reset``
     (the body is cut after ``after`` bytes and the connection closed), ``500``/``503`` (an error
-    status) or ``stall`` (``after`` bytes, then ``seconds`` of silence); ``times``: how many requests
-    it hits (then the path is served normally; -1: all)."""
+    status), ``stall`` (``after`` bytes, then ``seconds`` of silence) or ``trickle`` (the body in
+    pieces of ``step`` bytes, one every ``seconds``); ``times``: how many requests it hits (then the
+    path is served normally; -1: all)."""
 
     suffix: str
     kind: str
     after: int = 0
     times: int = -1
     seconds: float = 0.0
+    step: int = 512
 
 
 @dataclass
@@ -88,6 +90,9 @@ def _handler(server: ShardServer) -> type[http.server.BaseHTTPRequestHandler]:
             if not body:
                 return
             chunk = data[start:end]
+            if fault is not None and fault.kind == "trickle":
+                self._trickle(chunk, fault)
+                return
             if fault is not None:
                 self.wfile.write(chunk[: fault.after])
                 self.wfile.flush()
@@ -95,6 +100,15 @@ def _handler(server: ShardServer) -> type[http.server.BaseHTTPRequestHandler]:
                 self.close_connection = True
                 return
             self.wfile.write(chunk)
+
+        def _trickle(self, chunk: bytes, fault: Fault) -> None:
+            try:
+                for i in range(0, len(chunk), fault.step):
+                    self.wfile.write(chunk[i : i + fault.step])
+                    self.wfile.flush()
+                    time.sleep(fault.seconds)
+            except OSError:  # the reader gave up (its deadline) and closed the connection
+                self.close_connection = True
 
     return Handler
 

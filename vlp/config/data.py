@@ -108,6 +108,17 @@ class DataConfig(BadSampleConfig):
     # an equal share (docs/data.md, "Training from object storage"). None: counts from the shards'
     # _stats.json files or `vlp data index`.
     train_num_samples: Optional[int] = None
+    # URL shard sets only: a read that gets no byte for this many seconds fails like a connection
+    # reset (retried with backoff, then the shard is broken). Given to the backends as their own
+    # timeouts (aiohttp's sock_read/sock_connect for http(s), botocore's read/connect_timeout for
+    # s3); a pipe: command's output is waited for as long. 60 s, botocore's default: a slow link
+    # still sends a byte a minute, a dead connection does not.
+    url_read_timeout_s: float = 60.0
+    # URL shard sets only: a shard whose bytes have not all arrived after this many seconds of
+    # waiting for them (a trickling server) is broken at once, its remaining samples bad. Only the
+    # time the reader waits for bytes counts (not decoding, not waiting for the training), so
+    # 3600 s breaks a 1 GB LAION shard only below 0.3 MB/s (2.2 Mbit/s).
+    url_shard_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
         self.check_bad_sample_keys()
@@ -127,6 +138,9 @@ class DataConfig(BadSampleConfig):
         _choice("data.caption_mode", self.caption_mode, ["expand", "sample"])
         if self.train_num_samples is not None and self.train_num_samples < 1:
             raise ConfigError(f"config key 'data.train_num_samples': got {self.train_num_samples}, expected >= 1")
+        for key in ("url_read_timeout_s", "url_shard_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"config key 'data.{key}': got {getattr(self, key)}, expected seconds > 0")
         if self.shuffle_buffer < 1:
             raise ConfigError(f"config key 'data.shuffle_buffer': got {self.shuffle_buffer}, expected >= 1")
         if self.format == "webdataset" and self.captions_per_image > 1 and self.caption_mode != "sample":

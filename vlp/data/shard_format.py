@@ -35,7 +35,8 @@ from typing import Any, BinaryIO, Iterator, Optional, Sequence
 
 from vlp.data.formats import caption_problem, no_words_problem
 from vlp.data.json_entries import write_atomic
-from vlp.data.shard_urls import is_url, open_url, read_stats, shard_urls, stats_url
+from vlp.data.shard_urls import check_reachable, is_url, open_url, read_stats, shard_urls, stats_url
+from vlp.data.url_deadlines import UrlTimeouts
 from vlp.errors import DataError
 from vlp.regular_files import NotRegular, is_regular, open_regular
 
@@ -92,7 +93,11 @@ class ShardFault(DataError):
 
 
 def read_sizes(
-    dirs: Sequence[str | Path], caption_key: str = "caption", on_bad: str = "raise", num_samples: Optional[int] = None
+    dirs: Sequence[str | Path],
+    caption_key: str = "caption",
+    on_bad: str = "raise",
+    num_samples: Optional[int] = None,
+    timeouts: Optional[UrlTimeouts] = None,
 ) -> list[ShardInfo]:
     """The shards of ``dirs`` (shard folders, brace patterns of tars, or URL entries) in order
     (entry, then name). Image ids of entry k are offset by the images of entries 0..k-1. A
@@ -100,13 +105,14 @@ def read_sizes(
     (:mod:`vlp.regular_files`). ``on_bad``: when a folder without counts is scanned, a tar that
     breaks raises (``raise``) or counts the samples read before the break, the broken one
     included, with a warning (``skip``). ``num_samples`` (``data.train_num_samples``): URL
-    entries only; no count is read, see :func:`estimated`."""
+    entries only; no count is read, see :func:`estimated`. ``timeouts``: the per-read deadline of
+    the requests for URL entries' counts."""
     if num_samples is not None:
-        return estimated([str(d) for d in dirs], caption_key, num_samples)
+        return estimated([str(d) for d in dirs], caption_key, num_samples, timeouts)
     shards: list[ShardInfo] = []
     offset = 0
     for entry in dirs:
-        found = _entry_shards(str(entry), offset, caption_key, on_bad)
+        found = _entry_shards(str(entry), offset, caption_key, on_bad, timeouts)
         shards += found
         offset += sum(s.images for s in found)
     if not shards:
@@ -119,24 +125,30 @@ def is_brace_pattern(entry: str) -> bool:
     return "{" in entry and ".." in entry
 
 
-def estimated(entries: list[str], caption_key: str, num_samples: int) -> list[ShardInfo]:
+def estimated(
+    entries: list[str], caption_key: str, num_samples: int, timeouts: Optional[UrlTimeouts] = None
+) -> list[ShardInfo]:
     """The shards of URL ``entries`` with ``num_samples`` (open_clip's ``--train-num-samples``)
     shared out equally as their estimated counts (the first ``num_samples % shards`` get one more):
-    nothing is requested. The epoch length follows from ``num_samples``; a shard holding more or
-    fewer samples than its share is read whole all the same (readers cycle their shards), and its
-    count is not checked. Shard k's image ids start at ``k * ID_STRIDE`` (distinct while a shard
-    holds fewer than 2**24 samples)."""
+    no count is requested, only whether each entry's first shard is there (one ``info`` request,
+    so a wrong bucket or missing credentials fail at start-up: :func:`check_reachable`). The epoch
+    length follows from ``num_samples``; a shard holding more or fewer samples than its share is
+    read whole all the same (readers cycle their shards), and its count is not checked. Shard k's
+    image ids start at ``k * ID_STRIDE`` (distinct while a shard holds fewer than 2**24 samples)."""
     local = [e for e in entries if not is_url(e)]
     if local:
         raise DataError(
             f"data.train_num_samples is for URL shard sets (s3://, gs://, http(s)://, pipe:), but data.train "
             f"entry {local[0]!r} is a local path: leave data.train_num_samples unset (local counts are read)"
         )
-    urls = [u for e in entries for u in shard_urls(e)]
+    per_entry = [shard_urls(e) for e in entries]
+    urls = [u for us in per_entry for u in us]
     if not urls or num_samples < len(urls):
         raise DataError(
             f"data.train_num_samples={num_samples}: expected at least one sample per shard ({len(urls)} shards)"
         )
+    for us in per_entry:
+        check_reachable(us[0], timeouts)
     share, extra = divmod(num_samples, len(urls))
     return [
         ShardInfo(u, share + (k < extra), share + (k < extra), k * ID_STRIDE, "img2dataset", caption_key, None, False)
@@ -144,9 +156,11 @@ def estimated(entries: list[str], caption_key: str, num_samples: int) -> list[Sh
     ]
 
 
-def _entry_shards(entry: str, offset: int, caption_key: str, on_bad: str) -> list[ShardInfo]:
+def _entry_shards(
+    entry: str, offset: int, caption_key: str, on_bad: str, timeouts: Optional[UrlTimeouts]
+) -> list[ShardInfo]:
     if is_url(entry):
-        return _url_shards(entry, offset, caption_key)
+        return _url_shards(entry, offset, caption_key, timeouts)
     if is_brace_pattern(entry):  # a brace pattern of img2dataset tars
         import braceexpand
 
@@ -200,11 +214,11 @@ def _img2dataset(tars: list[Path], offset: int, caption_key: str, on_bad: str) -
     return _counted(tars, counts, sources, offset, caption_key)
 
 
-def _url_shards(entry: str, offset: int, caption_key: str) -> list[ShardInfo]:
+def _url_shards(entry: str, offset: int, caption_key: str, timeouts: Optional[UrlTimeouts]) -> list[ShardInfo]:
     """The shards of a URL entry, counted by their ``_stats.json`` files or ``vlp data index``'s
     index; without either, one :class:`DataError` saying how to count them."""
     urls = shard_urls(entry)
-    counts = read_stats(urls)
+    counts = read_stats(urls, timeouts)
     sources: Sequence[Path | str] = [stats_url(u) for u in urls]
     if counts is None:
         f = _index_file(urls, caption_key)
@@ -333,7 +347,11 @@ def _scanned_counts(tars: Sequence[Path | str], caption_key: str, on_bad: str) -
 
 
 def iter_shard(
-    info: ShardInfo, images: bool = True, check_count: bool = False, errors: Optional[list[DataError]] = None
+    info: ShardInfo,
+    images: bool = True,
+    check_count: bool = False,
+    errors: Optional[list[DataError]] = None,
+    timeouts: Optional[UrlTimeouts] = None,
 ) -> Iterator[RawSample]:
     """Stream the samples of one tar (the members of a key adjacent, as webdataset writes them).
 
@@ -342,10 +360,12 @@ def iter_shard(
     breaks (truncated, empty, not a tar) raises :class:`DataError` naming the member it broke in.
     ``errors``: a malformed sample's :class:`DataError` is appended there and the sample left out
     (it still counts), instead of raised; so is, at the end, a broken tar's or a wrong count's
-    :class:`ShardFault` (its ``lost``: the listed samples not read; a sample broken off counts)."""
+    :class:`ShardFault` (its ``lost``: the listed samples not read; a sample broken off counts).
+    ``timeouts``: a URL shard's deadlines (:class:`~vlp.data.url_deadlines.UrlTimeouts`); one
+    that passes breaks the shard like a reset that retries did not mend."""
     path, walk = info.path, _Walk()
     try:
-        with open_url(path) if isinstance(path, str) else open_regular(path, "shard") as file:
+        with open_url(path, timeouts) if isinstance(path, str) else open_regular(path, "shard") as file:
             walk.size = -1 if isinstance(path, str) else os.fstat(file.fileno()).st_size  # -1: a stream's, unknown
             yield from _samples(info, file, images or walk.size < 0, errors, walk, images)
     except (tarfile.TarError, OSError, NotRegular) as e:

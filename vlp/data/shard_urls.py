@@ -6,7 +6,8 @@ A ``data.train`` entry that is a URL names tars: one ``.tar`` URL or a brace pat
 binary file that :mod:`tarfile` reads in stream mode, holding at most one block
 (:data:`BLOCK_SIZE`) of the shard in memory; nothing is written to disk. Reads that fail are
 retried from the byte they stopped at (:class:`RetryingReader`, bounded tries with backoff and
-jitter); a ``pipe:`` stream cannot be reopened there and is not retried.
+jitter); a ``pipe:`` stream cannot be reopened there and is not retried. Reads have a per-read and
+a per-shard deadline (:mod:`vlp.data.url_deadlines`, :class:`UrlTimeouts`).
 
 Counts without reading a shard: img2dataset's ``{name}_stats.json`` beside each tar, fetched
 concurrently (:func:`read_stats`). Credentials and the endpoint come from the filesystem's own
@@ -25,11 +26,20 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import IO, Any, BinaryIO, Callable, Iterator, Optional, cast
 
+from vlp.data.url_deadlines import (
+    BLOCK_SIZE,
+    Deadline,
+    PipeReader,
+    RangeFile,
+    ShardTimeout,
+    UrlTimeouts,
+    is_timeout,
+    storage_options,
+)
 from vlp.errors import DataError
 from vlp.url_credentials import refusal
 
 PIPE = "pipe:"
-BLOCK_SIZE = 4 << 20  # bytes of a shard a reader holds (fsspec's read-ahead block)
 STATS_THREADS = 64  # stats files fetched at once
 RETRIES = 4  # tries after the first failed read of a shard, before it counts as broken
 BACKOFF_S = 0.5  # the first retry's wait; doubled each try, times a jitter in [0.5, 1.5)
@@ -64,36 +74,38 @@ def stats_url(url: str) -> str:
     return url[: -len(".tar")] + "_stats.json"
 
 
-def read_stats(urls: list[str]) -> Optional[list[int]]:
+def read_stats(urls: list[str], timeouts: Optional[UrlTimeouts] = None) -> Optional[list[int]]:
     """Each tar's ``successes`` from its ``_stats.json``, fetched concurrently (nothing else is
     requested); None when the first tar has none or any is missing (``pipe:`` URLs have none).
     A stats file that cannot be read for another reason (no credentials, a server error) or does
     not hold a count raises one :class:`DataError` naming it; so does a first tar that cannot be
-    found (no such bucket or key), asked for when its stats file is missing."""
+    found (no such bucket or key), asked for when its stats file is missing. ``timeouts``: the
+    per-read deadline of each request (:class:`UrlTimeouts`)."""
     if not urls or any(u.startswith(PIPE) for u in urls):
         return None
-    first = _fetch_stats(urls[0])
+    t = timeouts or UrlTimeouts()
+    first = _fetch_stats(urls[0], t)
     if first is None:
-        _check_reachable(urls[0])
+        check_reachable(urls[0], t)
         return None
     with ThreadPoolExecutor(min(STATS_THREADS, len(urls))) as pool:
-        rest = list(pool.map(_fetch_stats, urls[1:]))
+        rest = list(pool.map(lambda u: _fetch_stats(u, t), urls[1:]))
     if any(n is None for n in rest):
         return None
     return [first] + [n for n in rest if n is not None]
 
 
-def _fetch_stats(url: str) -> Optional[int]:
+def _fetch_stats(url: str, timeouts: UrlTimeouts) -> Optional[int]:
     """``successes`` of ``url``'s stats file; None when it does not exist."""
     import json
 
     f = stats_url(url)
     try:
-        data = _filesystem(f).cat_file(f)
+        data = _filesystem(f, timeouts).cat_file(f)
     except FileNotFoundError:
         return None
     except Exception as e:  # fsspec backends raise their own types: credentials, permissions, HTTP status
-        raise DataError(f"{f}: cannot read img2dataset's stats: {reason_of(e)}") from None
+        raise DataError(f"{f}: cannot read img2dataset's stats: {reason_of(e)}{expected(f, e)}") from None
     try:
         n = json.loads(data).get("successes")
     except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
@@ -103,14 +115,28 @@ def _fetch_stats(url: str) -> Optional[int]:
     return n
 
 
-def _check_reachable(url: str) -> None:
-    """Raise one :class:`DataError` naming ``url`` unless the shard there can be found."""
+def check_reachable(url: str, timeouts: Optional[UrlTimeouts] = None) -> None:
+    """Raise one :class:`DataError` naming ``url`` unless the shard there can be found (one
+    ``info`` request: a HEAD); ``pipe:`` URLs are not checked."""
+    if url.startswith(PIPE):
+        return
     try:
-        _filesystem(url).info(url)
+        _filesystem(url, timeouts or UrlTimeouts()).info(url)
     except FileNotFoundError:
         raise DataError(f"{url}: no such shard (or no such bucket); expected the tars data.train names") from None
     except Exception as e:  # fsspec backends raise their own types
-        raise DataError(f"{url}: cannot reach the shard: {reason_of(e)}") from None
+        raise DataError(f"{url}: cannot reach the shard: {reason_of(e)}{expected(url, e)}") from None
+
+
+def expected(url: str, e: BaseException) -> str:
+    """What was expected, for an S3 request whose error says credentials are missing (else "")."""
+    name = type(e).__name__
+    if url.startswith("s3") and "Credentials" in name:
+        return (
+            "; expected S3 credentials in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile (AWS_PROFILE), "
+            "allowed to read this bucket (and AWS_ENDPOINT_URL for an S3-compatible server)"
+        )
+    return ""
 
 
 def reason_of(e: BaseException) -> str:
@@ -119,13 +145,14 @@ def reason_of(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def _filesystem(url: str) -> Any:
-    """The fsspec filesystem of ``url`` (cached per process by fsspec). A missing backend (s3fs,
-    gcsfs, aiohttp) raises one :class:`DataError` naming the extra that brings it."""
+def _filesystem(url: str, timeouts: UrlTimeouts) -> Any:
+    """The fsspec filesystem of ``url`` with ``timeouts``' per-read deadline (cached per process
+    and options by fsspec). A missing backend (s3fs, gcsfs, aiohttp) raises one :class:`DataError`
+    naming the extra that brings it."""
     import fsspec.core
 
     try:
-        fs, _ = fsspec.core.url_to_fs(url)
+        fs, _ = fsspec.core.url_to_fs(url, **storage_options(url.partition("://")[0], timeouts))
     except ImportError as e:
         extra = {"s3": "vlp[s3]", "gs": "vlp[gcs]", "gcs": "vlp[gcs]"}.get(url.partition("://")[0], "vlp[http]")
         raise DataError(f"{url}: cannot read this URL: {reason_of(e)}; install {extra}") from None
@@ -135,18 +162,27 @@ def _filesystem(url: str) -> Any:
 
 
 class RetryingReader(io.RawIOBase):
-    """A shard at a URL as a raw binary stream that survives failed reads: a read that raises is
-    retried up to ``retries`` times (default :data:`RETRIES`), each after a wait of ``backoff * 2**k`` seconds times a jitter
-    in [0.5, 1.5) (``backoff``: :data:`BACKOFF_S`), by reopening the URL at the byte the stream had reached. Then it raises
-    :class:`OSError` with the reason (a read that succeeds resets the count)."""
+    """A shard at a URL as a raw binary stream that survives failed reads: a read that raises (a
+    reset, an error status, no byte for ``timeouts.read_s``) is retried up to ``retries`` times
+    (default :data:`RETRIES`), each after a wait of ``backoff * 2**k`` seconds times a jitter in
+    [0.5, 1.5) (``backoff``: :data:`BACKOFF_S`), by reopening the URL at the byte the stream had
+    reached (``opener(deadline)``); then it raises :class:`OSError` with the reason (a read that
+    succeeds resets the count). A missing shard is not retried; nor is one past its per-shard
+    deadline (:class:`~vlp.data.url_deadlines.Deadline`, ``timeouts.shard_s``)."""
 
     def __init__(
-        self, url: str, opener: Callable[[], IO[bytes]], retries: Optional[int] = None, backoff: Optional[float] = None
+        self,
+        url: str,
+        opener: Callable[[Deadline], IO[bytes]],
+        retries: Optional[int] = None,
+        backoff: Optional[float] = None,
+        timeouts: Optional[UrlTimeouts] = None,
     ):
         super().__init__()
         self.url, self.opener = url, opener
         self.retries = RETRIES if retries is None else retries
         self.backoff = BACKOFF_S if backoff is None else backoff
+        self.deadline = Deadline(timeouts or UrlTimeouts())
         self.file: Optional[IO[bytes]] = None
         self.pos, self.failures = 0, 0
         self.rng = random.Random()
@@ -155,26 +191,36 @@ class RetryingReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
+        with self.deadline.timing():
+            data = self._read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        self.pos += n
+        return n
+
+    def _read(self, n: int) -> bytes:
         while True:
             try:
+                self.deadline.check()
                 if self.file is None:
-                    self.file = self.opener()
+                    self.file = self.opener(self.deadline)
                     if self.pos:
                         self.file.seek(self.pos)
-                data = self.file.read(len(buffer))
+                data = self.file.read(n)
             except Exception as e:  # fsspec backends raise their own types (aiohttp, botocore)
                 self._drop()
+                if isinstance(e, ShardTimeout) or self.deadline.left() <= 0:
+                    raise self.deadline.expired() from None
                 self.failures += 1
+                reason = self.deadline.stalled() if is_timeout(e) else reason_of(e)
                 if isinstance(e, FileNotFoundError) or self.failures > self.retries:
                     tries = "" if isinstance(e, FileNotFoundError) else f" (after {self.failures} tries)"
-                    raise OSError(f"{reason_of(e)}{tries}") from None
-                time.sleep(self.backoff * 2 ** (self.failures - 1) * self.rng.uniform(0.5, 1.5))
+                    raise OSError(f"{reason}{tries}") from None
+                wait = self.backoff * 2 ** (self.failures - 1) * self.rng.uniform(0.5, 1.5)
+                time.sleep(max(0.0, min(wait, self.deadline.left())))
                 continue
             self.failures = 0
-            n = len(data)
-            buffer[:n] = data
-            self.pos += n
-            return n
+            return data
 
     def _drop(self) -> None:
         if self.file is not None:
@@ -190,29 +236,36 @@ class RetryingReader(io.RawIOBase):
 
 
 @contextmanager
-def open_url(url: str) -> Iterator[BinaryIO]:
-    """The tar at ``url`` as a buffered binary stream (module doc); ``pipe:COMMAND``: the command's
-    standard output (a non-zero exit status raises :class:`OSError` at the end)."""
+def open_url(url: str, timeouts: Optional[UrlTimeouts] = None) -> Iterator[BinaryIO]:
+    """The tar at ``url`` as a buffered binary stream (module doc) under ``timeouts``' deadlines;
+    ``pipe:COMMAND``: the command's standard output (a non-zero exit status raises
+    :class:`OSError` at the end)."""
+    t = timeouts or UrlTimeouts()
     if url.startswith(PIPE):
-        with _pipe(url[len(PIPE) :]) as out:
+        with _pipe(url[len(PIPE) :], t) as out:
             yield out
         return
-    fs = _filesystem(url)
+    fs = _filesystem(url, t)
+    path = fs._strip_protocol(url)
 
-    def opener() -> IO[bytes]:
+    def opener(deadline: Deadline) -> IO[bytes]:
+        if getattr(fs, "async_impl", False):  # http(s), s3, gs: ranged requests cancelled at the deadline
+            return cast(IO[bytes], RangeFile(fs, path, deadline))
         return fs.open(url, "rb", block_size=BLOCK_SIZE, cache_type="readahead")
 
-    with io.BufferedReader(RetryingReader(url, opener), buffer_size=1 << 16) as f:
+    with io.BufferedReader(RetryingReader(url, opener, timeouts=t), buffer_size=1 << 16) as f:
         yield f
 
 
 @contextmanager
-def _pipe(command: str) -> Iterator[BinaryIO]:
-    """The standard output of ``command``; its non-zero exit status (not one from the kill that
-    stops a command read only in part) raises :class:`OSError`, in place of what its short output
-    made the reader raise."""
-    proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE)
-    out = cast(BinaryIO, proc.stdout)
+def _pipe(command: str, timeouts: UrlTimeouts) -> Iterator[BinaryIO]:
+    """The standard output of ``command`` under ``timeouts``' deadlines (:class:`PipeReader`: a
+    read past one raises :class:`OSError` and the command is killed); its non-zero exit status
+    (not one from the kill that stops a command read only in part) raises :class:`OSError`, in
+    place of what its short output made the reader raise."""
+    proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, bufsize=0)
+    raw = cast(IO[bytes], proc.stdout)
+    out = cast(BinaryIO, io.BufferedReader(PipeReader(raw.fileno(), Deadline(timeouts)), buffer_size=1 << 16))
     done = False
     try:
         yield out
@@ -223,6 +276,7 @@ def _pipe(command: str) -> Iterator[BinaryIO]:
         if not done and proc.poll() is None:
             proc.kill()
         out.close()
+        raw.close()
         status = proc.wait()
         if status > 0:
             raise OSError(f"`{command}` exited with status {status}")

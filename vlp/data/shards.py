@@ -54,6 +54,7 @@ from vlp.data.datasets import (
 from vlp.data.json_entries import plural
 from vlp.data.sample_table import SampleTable, TableBuilder
 from vlp.data.shard_format import ShardFault, ShardInfo, iter_shard, read_sizes
+from vlp.data.url_deadlines import UrlTimeouts
 from vlp.errors import DataError
 from vlp.preprocess.draft import Decoder
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, MemberFile
@@ -143,8 +144,10 @@ class ShardStream(IterableDataset):
         max_pixels: int = MAX_PIXELS,
         min_side: int = MIN_SIDE,
         decode: str = "full",
+        timeouts: Optional[UrlTimeouts] = None,
     ) -> None:
         self.shards = list(shards)
+        self.timeouts = timeouts  # URL shards' deadlines (data.url_read_timeout_s, data.url_shard_timeout_s)
         self.on_bad, self.max_pixels, self.min_side = on_bad, max_pixels, min_side
         self.decoder = Decoder(transform, decode)  # data.image.decode (vlp.preprocess.draft)
         self.transform, self.collator = self.decoder.transform, collator
@@ -184,8 +187,8 @@ class ShardStream(IterableDataset):
     def _expand(self, shards: Sequence[ShardInfo], rng: random.Random) -> Iterator[_Unit]:
         for info in shards:
             errors: list[DataError] = []
-            for raw in iter_shard(info, check_count=True, errors=errors):
-                yield from self._malformed(errors)
+            for raw in iter_shard(info, check_count=True, errors=errors, timeouts=self.timeouts):
+                yield from self._malformed(info, errors)
                 caps, iid, key = raw.meta["captions"], raw.meta["image_id"] + info.id_offset, raw.meta["image_key"]
                 where, member = f"{info.path} sample {raw.key}", raw.member
                 if self.caption_mode == "expand":
@@ -193,17 +196,20 @@ class ShardStream(IterableDataset):
                         yield _Unit(iid, key, (c,), raw.image, where, member)
                 else:
                     yield _Unit(iid, key, tuple(pick_captions(caps, self.k, rng)), raw.image, where, member)
-            yield from self._malformed(errors)
+            yield from self._malformed(info, errors)
 
     @staticmethod
-    def _malformed(errors: list[DataError]) -> Iterator[_Unit]:
+    def _malformed(info: ShardInfo, errors: list[DataError]) -> Iterator[_Unit]:
         """A malformed sample (its DataError) as a unit that fails to decode: the bad-sample policy
         handles it like an image that does not decode. A broken shard (:class:`ShardFault`) is one
-        such unit that costs the samples it lost."""
+        such unit that costs the samples it lost, known by its shard (a reader that reads the shard
+        again in the epoch passes over its fault uncounted, wherever a timeout broke it this time)."""
         while errors:
             e = errors.pop(0)
-            fault = isinstance(e, ShardFault)
-            yield _Unit(-1, "", ("",), b"", str(e), "", str(e), e.lost if isinstance(e, ShardFault) else 1, fault)
+            if isinstance(e, ShardFault):
+                yield _Unit(-1, "", ("",), b"", f"{info.path} (shard)", "", str(e), e.lost, True)
+            else:
+                yield _Unit(-1, "", ("",), b"", str(e), "", str(e))
 
     def reader_batches(
         self,
@@ -335,7 +341,8 @@ class ShardLoader:
     ``max_pixels``, ``min_side``: images that do not decode (module doc, "Bad samples") and
     :func:`vlp.preprocess.images.open_image`'s limits; ``decode``: ``data.image.decode``
     (:class:`vlp.preprocess.draft.Decoder`); ``num_samples``: ``data.train_num_samples``, the
-    estimated counts of URL shard sets (:func:`vlp.data.shard_format.estimated`).
+    estimated counts of URL shard sets (:func:`vlp.data.shard_format.estimated`); ``timeouts``: URL
+    shards' per-read and per-shard deadlines (:class:`vlp.data.url_deadlines.UrlTimeouts`).
     """
 
     splits_by_rank = True
@@ -362,10 +369,11 @@ class ShardLoader:
         caption_key: str = "caption",
         decode: str = "full",
         num_samples: Optional[int] = None,
+        timeouts: Optional[UrlTimeouts] = None,
     ) -> None:
         _check_loader_args(caption_mode, captions_per_image, batch_size, shuffle_buffer, rank, world_size)
         self.dirs = [str(d) for d in dirs]
-        shards = read_sizes(dirs, caption_key, on_bad, num_samples)
+        shards = read_sizes(dirs, caption_key, on_bad, num_samples, timeouts)
         self.images = sum(s.images for s in shards)
         self.pairs = sum(s.pairs for s in shards)
         self.num_workers = num_workers
@@ -399,6 +407,7 @@ class ShardLoader:
             max_pixels,
             min_side,
             decode,
+            timeouts,
         )
         self.units = self.pairs if caption_mode == "expand" else self.images
         n = self.stream.n_batches

@@ -147,6 +147,7 @@ def build_train_loader(
     collate = Collator(tokenizer, cfg.model.text.max_len, d.text_padding)
     if d.format == "webdataset":
         from vlp.data.shards import ShardLoader
+        from vlp.data.url_deadlines import UrlTimeouts
 
         stream = ShardLoader(
             d.train,
@@ -164,6 +165,7 @@ def build_train_loader(
             caption_key=d.caption_key,
             decode=d.image.decode,
             num_samples=d.train_num_samples,
+            timeouts=UrlTimeouts(d.url_read_timeout_s, d.url_shard_timeout_s),
             **bad_sample_args(d),
         )
         return stream, stream.pairs, stream.images

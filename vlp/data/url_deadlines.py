@@ -1,0 +1,164 @@
+"""Deadlines of shard reads by URL (``data.url_read_timeout_s``, ``data.url_shard_timeout_s``).
+
+**Per read**: a read that gets no byte for ``read_s`` seconds fails like a connection reset (the
+caller retries it, then counts the shard as broken). The backends' own timeouts enforce it: aiohttp's
+``ClientTimeout(sock_connect, sock_read)`` for ``http(s)://`` and botocore's ``connect_timeout`` /
+``read_timeout`` for ``s3://`` (:func:`storage_options`); a ``pipe:`` command's output is waited
+for with :func:`select.select` (:class:`PipeReader`).
+
+**Per shard**: a shard whose bytes have not all arrived after ``shard_s`` seconds of waiting for
+them (a trickling server) is broken at once, not retried. The clock (:class:`Deadline`) runs only
+while the reader waits for the shard's bytes (retries and their backoff included), not while the
+loader decodes images or waits for the training to take its batches, so a slow consumer never
+trips it. A ranged request in flight is cancelled when it runs out (:class:`RangeFile`: asyncio's
+``wait_for`` through :func:`fsspec.asyn.sync`), and so is a ``pipe:`` read.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import select
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+READ_TIMEOUT_S = 60.0  # botocore's default read timeout: no byte for a minute is a dead connection
+SHARD_TIMEOUT_S = 3600.0  # a 1 GB shard needs only 0.3 MB/s to arrive within it
+BLOCK_SIZE = 4 << 20  # bytes of one ranged request (a reader holds one block of its shard)
+
+
+@dataclass(frozen=True)
+class UrlTimeouts:
+    """The two deadlines of a URL shard's reads, in seconds (module doc)."""
+
+    read_s: float = READ_TIMEOUT_S
+    shard_s: float = SHARD_TIMEOUT_S
+
+
+class ShardTimeout(OSError):
+    """A shard not read within its per-shard deadline: broken at once, not retried."""
+
+
+def is_timeout(e: BaseException) -> bool:
+    """Whether ``e`` is a backend's read or connect timeout (asyncio/aiohttp, fsspec, botocore)."""
+    return isinstance(e, TimeoutError) or "Timeout" in type(e).__name__
+
+
+class Deadline:
+    """The per-shard clock: seconds spent waiting for one shard's bytes (:meth:`timing`), against
+    ``timeouts.shard_s``."""
+
+    def __init__(self, timeouts: UrlTimeouts) -> None:
+        self.timeouts = timeouts
+        self.spent = 0.0
+        self.since: Optional[float] = None  # when the wait in progress began
+
+    @contextmanager
+    def timing(self) -> Iterator[None]:
+        """Count the time of the block as time spent waiting for the shard."""
+        self.since = time.monotonic()
+        try:
+            yield
+        finally:
+            self.spent += time.monotonic() - self.since
+            self.since = None
+
+    def left(self) -> float:
+        """Seconds of waiting the shard has left (<= 0: its deadline has passed)."""
+        running = time.monotonic() - self.since if self.since is not None else 0.0
+        return self.timeouts.shard_s - self.spent - running
+
+    def expired(self) -> ShardTimeout:
+        return ShardTimeout(f"not read within {self.timeouts.shard_s:g} s")
+
+    def stalled(self) -> str:
+        """The reason a read that hit the per-read deadline gives."""
+        return f"no byte for {self.timeouts.read_s:g} s"
+
+    def check(self) -> None:
+        """Raise :class:`ShardTimeout` when the shard's deadline has passed."""
+        if self.left() <= 0:
+            raise self.expired()
+
+
+def storage_options(protocol: str, timeouts: UrlTimeouts) -> dict[str, Any]:
+    """fsspec options that give ``protocol``'s backend the per-read deadline: aiohttp's socket
+    timeouts for http(s) (no total limit: a block over a slow link may take long), botocore's for
+    s3; none for other protocols (they get the per-shard deadline only)."""
+    t = timeouts.read_s
+    if protocol in ("http", "https"):
+        import aiohttp
+
+        return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=t, sock_read=t)}}
+    if protocol in ("s3", "s3a"):
+        return {"config_kwargs": {"connect_timeout": t, "read_timeout": t}}
+    return {}
+
+
+class RangeFile:
+    """A file of an async fsspec filesystem (http(s), s3, gs) read in ranged requests of ``block``
+    bytes (``seek`` then ``read``, as :class:`~vlp.data.shard_urls.RetryingReader` uses it). Each
+    request is cancelled when ``deadline`` runs out, raising :class:`ShardTimeout`."""
+
+    def __init__(self, fs: Any, path: str, deadline: Deadline, block: int = BLOCK_SIZE) -> None:
+        self.fs, self.path, self.deadline, self.block_size = fs, path, deadline, block
+        self.pos, self.start, self.data = 0, 0, b""
+        self.size = int(self._call(fs._info, path)["size"])
+
+    def _call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+        import fsspec.asyn
+
+        self.deadline.check()
+        try:
+            return fsspec.asyn.sync(self.fs.loop, method, *args, timeout=self.deadline.left(), **kwargs)
+        except Exception as e:
+            if is_timeout(e) and self.deadline.left() <= 0:
+                raise self.deadline.expired() from None
+            raise
+
+    def seek(self, pos: int) -> int:
+        self.pos = pos
+        return pos
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes from the position (b"" at the end)."""
+        if self.pos >= self.size:
+            return b""
+        if not self.start <= self.pos < self.start + len(self.data):
+            end = min(self.pos + self.block_size, self.size)
+            data = self._call(self.fs._cat_file, self.path, start=self.pos, end=end)
+            self.start, self.data = self.pos, bytes(data[: end - self.pos])
+            if not self.data:
+                raise OSError(f"the server sent no bytes at offset {self.pos} of {self.size}")
+        out = self.data[self.pos - self.start : self.pos - self.start + n]
+        self.pos += len(out)
+        return out
+
+    def close(self) -> None:
+        self.data = b""
+
+
+class PipeReader(io.RawIOBase):
+    """A ``pipe:`` command's standard output (file descriptor ``fd``) under both deadlines: a read
+    that waits ``read_s`` for a byte, or past the shard's deadline, raises :class:`OSError`."""
+
+    def __init__(self, fd: int, deadline: Deadline) -> None:
+        super().__init__()
+        self.fd, self.deadline = fd, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        with self.deadline.timing():
+            self.deadline.check()
+            wait = min(self.deadline.timeouts.read_s, self.deadline.left())
+            ready, _, _ = select.select([self.fd], [], [], max(wait, 0.0))
+            if not ready:
+                self.deadline.check()
+                raise OSError(self.deadline.stalled())
+            data = os.read(self.fd, len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
