@@ -24,7 +24,7 @@ from vlp.data.shard_writer import write_shards
 from vlp.data.shards import ShardLoader
 from vlp.errors import DataError
 from vlp.features.helper_cache import HelperCache, write_cache
-from vlp.features.targets import LatentTargets
+from vlp.features.targets import LatentTargets, write_targets
 from vlp.runs.common import FeatureEncoder, write_feature_cache
 from vlp.runs.features import run_make_targets
 
@@ -165,6 +165,12 @@ def test_a_lookup_miss_mid_run_is_one_error_naming_shard_key_and_cache(sets, tmp
             msg = str(e.value)
             assert "\n" not in msg and msg.startswith(f"{server.url}/00001.tar sample 000010002: "), msg
             assert f"helper feature cache {stale} has no entry for this sample (image key '000010002'" in msg
+        captions = [c for c in full.text_index if c != "a photo number 7"]  # sample 000010002's
+        targets = write_targets(tmp_path / "t", captions, torch.ones(len(captions), 2), "test", [entry], meta["shards"])
+        with pytest.raises(DataError) as e:
+            list(loader([entry], None, LatentTargets.load(targets), on_bad="skip"))
+        assert str(e.value).startswith(f"{server.url}/00001.tar sample 000010002: latent targets {targets} has no ")
+        assert "caption 'a photo number 7'" in str(e.value)
 
 
 def test_the_commands_take_shard_entries(sets, tmp_path: Path, capsys) -> None:
