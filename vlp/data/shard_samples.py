@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -97,8 +97,11 @@ class ShardImages(IterableDataset):
         w, n = (info.id, info.num_workers) if info is not None else (0, 1)
         for raw in iter_samples(self.shards[w::n]):
             where = f"{raw.shard} sample {raw.key}"
+            member: Any = MemberFile(raw.image, raw.member)
             try:
-                image = open_image(MemberFile(raw.image, raw.member), where, self.max_pixels, self.min_side)
+                image = open_image(
+                    member, where, self.max_pixels, self.min_side
+                )  # read as a file (its name in messages)
             except DataError as e:
                 print(f"vlp data: left out a bad image: {e}", file=sys.stderr, flush=True)
                 continue

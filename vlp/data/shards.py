@@ -30,6 +30,7 @@ epoch, which a reader that reads its shards again passes over uncounted, before 
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 from dataclasses import dataclass
@@ -300,7 +301,7 @@ class ShardStream(IterableDataset):
             what, path = "helper feature cache", cache.path
         elif targets is not None:
             what, path = "latent targets", targets.path
-            caption = next((c for c in u.captions if not _has(lambda c=c: targets.lookup(c))), caption)
+            caption = next((c for c in u.captions if not _has(functools.partial(targets.lookup, c))), caption)
         return (
             f"{what} {path} has no entry for this sample (image key {u.image_key!r}, caption {caption!r}): it "
             "was built from other data; build it again from the training data (`vlp cache-helper-features` / "

@@ -489,7 +489,8 @@ def _shard_image_rows(shards: Sequence, encoder: FeatureEncoder, batch_size: int
 
     shown = progress(sum(s.images for s in shards), "helper features (shard images)", bar)
     keys: list[str] = []
-    feats, texts = [], set()
+    feats: list[torch.Tensor] = []
+    texts: set[str] = set()
     for batch_keys, captions, images in DataLoader(
         ShardImages(shards, encoder.preprocess), batch_size=batch_size, num_workers=min(workers, len(shards))
     ):
