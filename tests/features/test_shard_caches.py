@@ -5,8 +5,10 @@ shards a file records, without a request for a tar; a stale file fails with one 
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 from pathlib import Path
 from typing import Any, Optional
 
@@ -200,3 +202,36 @@ def test_the_commands_take_shard_entries(sets, tmp_path: Path, capsys) -> None:
         ["cache-helper-features", "--oracle", "exact", "--world", str(tmp_path), "--data", entry, "--out", "x"]
     )
     assert wrong == 2 and "--oracle reads the world's annotation files, not shards" in capsys.readouterr().err
+
+
+def rewrite_member(tar: Path, name: str, data: bytes) -> None:
+    """``tar`` written again with member ``name`` holding ``data``."""
+    with tarfile.open(tar) as tf:
+        members = [(m, tf.extractfile(m).read()) for m in tf.getmembers()]  # type: ignore[union-attr]
+    with tarfile.open(tar, "w") as tf:
+        for m, body in members:
+            body = data if m.name == name else body
+            m.size = len(body)
+            tf.addfile(m, io.BytesIO(body))
+
+
+def test_bad_samples_are_left_out_a_broken_shard_or_a_repeated_key_stops_the_build(sets, tmp_path, capsys) -> None:
+    cc = shutil.copytree(sets["cc"], tmp_path / "cc")
+    rewrite_member(cc / "00001.tar", "000010001.jpg", b"not an image")
+    rewrite_member(cc / "00002.tar", "000020003.json", b"{not json")
+    cache = build(tmp_path / "cache", [str(cc)])
+    assert (
+        len(cache.image_index) == 18 and "000010001" not in cache.image_index and "000020003" not in cache.image_index
+    )
+    err = capsys.readouterr().err
+    assert "left out a bad image: " in err and "00001.tar sample 000010001" in err
+    assert "left out a malformed sample: " in err and "sample '000020003': invalid 000020003.json" in err
+    broken = shutil.copytree(sets["cc"], tmp_path / "broken")
+    data = (broken / "00002.tar").read_bytes()
+    (broken / "00002.tar").write_bytes(data[: len(data) // 2])
+    with pytest.raises(
+        DataError, match=r"00002\.tar: cannot read shard: .*; a feature file is built from whole shards only"
+    ):
+        build(tmp_path / "b", [str(broken)])
+    with pytest.raises(DataError, match="image key '000000000' is held by two samples"):
+        build(tmp_path / "twice", [str(sets["cc"]), str(cc)])
