@@ -90,6 +90,11 @@ def test_a_cache_of_a_vlp_shard_folder_has_the_annotation_caches_keys_and_captio
     assert by_shards.meta["data"] == [str(sets["vlp"])] and by_shards.meta["shards"] == tars
     assert "shards" not in by_file.meta and by_file.shards is None
     assert check_epoch([str(sets["vlp"])], by_shards) == len(load_pairs([sets["ann"]])) * 5 == 40
+    mixed = build(tmp_path / "mixed", [str(sets["ann"]), str(sets["cc"])])  # annotation files and shards together
+    assert list(mixed.image_index) == sorted(
+        [*by_file.image_index, *(f"{s:05d}{j:04d}" for s in range(4) for j in range(5))]
+    )
+    assert mixed.shards == sorted(str(t.resolve()) for t in sets["cc"].glob("*.tar"))
 
 
 def test_img2dataset_caches_from_a_folder_and_over_http_are_equal_and_cover_their_epochs(sets, tmp_path) -> None:
@@ -198,6 +203,10 @@ def test_the_commands_take_shard_entries(sets, tmp_path: Path, capsys) -> None:
         ld = loader([entry], cache, targets)
         assert not any(r.endswith(".tar") for r in server.log)
         assert sum(len(b) for b in ld) == 20
+    keyed = tmp_path / "urls.safetensors"  # --caption-key: img2dataset's caption under another key of {key}.json
+    assert main(["make-targets", "--data", str(sets["cc"]), "--caption-key", "url", "--out", str(keyed)]) == 0
+    by_url = LatentTargets.load(keyed)
+    assert by_url.header["num_captions"] == 20 and by_url.lookup("http://example.com/3.jpg").shape == (384,)
     wrong = main(
         ["cache-helper-features", "--oracle", "exact", "--world", str(tmp_path), "--data", entry, "--out", "x"]
     )

@@ -297,10 +297,10 @@ class ShardStream(IterableDataset):
     def _lacking(self, u: _Unit) -> str:
         """Which feature file lacks unit ``u``, and what: for the lookup-miss error."""
         cache, targets, caption = self.helper_cache, self.targets, u.captions[0]
+        what, path = "latent targets", getattr(targets, "path", None)
         if cache is not None and not _has(lambda: cache.lookup(u.image_key, caption)):
             what, path = "helper feature cache", cache.path
         elif targets is not None:
-            what, path = "latent targets", targets.path
             caption = next((c for c in u.captions if not _has(functools.partial(targets.lookup, c))), caption)
         return (
             f"{what} {path} has no entry for this sample (image key {u.image_key!r}, caption {caption!r}): it "
@@ -348,7 +348,9 @@ class ShardLoader:
     ``max_pixels``, ``min_side``: images that do not decode (module doc, "Bad samples") and
     :func:`vlp.preprocess.images.open_image`'s limits; ``decode``: ``data.image.decode``
     (:class:`vlp.preprocess.draft.Decoder`); ``num_samples``: ``data.train_num_samples``, the
-    estimated counts of URL shard sets (:func:`vlp.data.shard_format.estimated`).
+    estimated counts of URL shard sets (:func:`vlp.data.shard_format.estimated`). ``helper_cache``
+    and ``targets`` are checked against the shards before the first step by the coverage rule of
+    :func:`vlp.data.shard_samples.check_coverage` (a URL shard set: by the shards they record).
     """
 
     splits_by_rank = True
