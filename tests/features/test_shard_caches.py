@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.data.shard_servers import http_server
+from tests.data.shard_servers import S3_KEY, S3_SECRET, http_server, s3_server
 from tests.data.test_img2dataset_shards import write_img2dataset
 from tests.helpers import NO_TASKS
 from vlp.cli import main
@@ -112,6 +112,18 @@ def test_img2dataset_caches_from_a_folder_and_over_http_are_equal_and_cover_thei
         loader([entry], remote)  # start-up: the stats files only, no tar
         assert server.log and all(r.startswith("GET") and r.endswith("_stats.json") for r in server.log)
         assert check_epoch([entry], remote) == 20
+
+
+def test_a_cache_of_s3_shards_equals_the_local_one_and_index_json_holds_no_credentials(sets, tmp_path, monkeypatch):
+    local = build(tmp_path / "local", [str(sets["cc"])])
+    with s3_server(monkeypatch, "shards", sets["cc"]):
+        entry = f"s3://shards/{BRACE}"
+        remote = build(tmp_path / "remote", [entry])
+        assert remote.shards == [f"s3://shards/{s:05d}.tar" for s in range(4)]
+        assert torch.equal(remote.image, local.image) and torch.equal(remote.text, local.text)
+        assert check_epoch([entry], remote) == 20
+    written = b"".join(f.read_bytes() for f in (tmp_path / "remote").iterdir())
+    assert S3_KEY.encode() not in written and S3_SECRET.encode() not in written
 
 
 def test_ltd_targets_from_the_three_shard_sets(sets, tmp_path: Path) -> None:
