@@ -210,8 +210,8 @@ def test_resume_skips_without_decoding(shards: Path, monkeypatch: pytest.MonkeyP
     ld = loader([shards])
     full = list(ld)
     decoded = []
-    real = ShardStream._item
-    monkeypatch.setattr(ShardStream, "_item", lambda self, u: decoded.append(u) or real(self, u))
+    real = ShardStream._image
+    monkeypatch.setattr(ShardStream, "_image", lambda self, u: decoded.append(u) or real(self, u))
     ld.set_position(0, 26)
     rest = list(ld)
     assert len(decoded) == 4 * 4 and pairs_of(rest) == pairs_of(full[26:])

@@ -15,8 +15,11 @@ from vlp.errors import ConfigError, DataError
 from vlp.preprocess.images import MAX_PIXELS
 from vlp.url_credentials import refusal
 
+CAPTION_KEY_HELP = "img2dataset shards: the caption's key in {key}.json (data.caption_key; default caption)"
+
 
 def _cache_helper(a: argparse.Namespace) -> None:
+    from vlp.data.shard_samples import is_shard_data
     from vlp.lab.oracle import run_cache_oracle_features
     from vlp.runs.features import run_cache_helper_features
 
@@ -28,6 +31,8 @@ def _cache_helper(a: argparse.Namespace) -> None:
     if a.oracle is not None:
         if a.helper_init is not None:
             raise ConfigError("vlp cache-helper-features: --helper-init is for --helper (an oracle has no weights)")
+        if any(is_shard_data(d) for d in a.data):
+            raise ConfigError("vlp cache-helper-features: --oracle reads the world's annotation files, not shards")
         if a.oracle_auc is not None and a.oracle != "exact":
             raise ConfigError("vlp cache-helper-features: --oracle-auc corrupts the exact oracle (--oracle exact)")
         wrote(
@@ -115,18 +120,31 @@ def _add_cache_helper(sub: Any) -> None:
         help="with --oracle exact: corrupt the truth by fixed per-pair noise to a helper of this ROC-AUC (0.5-1)",
     )
     s.add_argument("--oracle-seed", type=int, default=0, help="seed of the --oracle-auc noise")
-    s.add_argument("--data", required=True, nargs="+", help="pretraining annotation file(s)")
+    s.add_argument(
+        "--data",
+        required=True,
+        nargs="+",
+        help="pretraining annotation file(s), shard folder(s) (vlp's or img2dataset's), brace patterns of tars or "
+        "URL shard entries (s3://, gs://, http(s)://, pipe:), as data.train names them",
+    )
     s.add_argument("--out", required=True, help="cache folder to create (loss.srcl.helper_features)")
     s.add_argument("--image-root", help="folder for relative image paths (default: each file's folder)")
     s.add_argument("--batch-size", type=int, default=256)
     s.add_argument("--num-workers", type=int, default=0)
+    s.add_argument("--caption-key", metavar="KEY", help=CAPTION_KEY_HELP)
     s.set_defaults(func=_cache_helper)
 
 
 def _add_make_targets(sub: Any) -> None:
     """``vlp make-targets`` (LTD)."""
     s = sub.add_parser("make-targets", help="embed every caption once with a sentence encoder (LTD targets)")
-    s.add_argument("--data", required=True, nargs="+", help="annotation file(s) (pretraining or retrieval-train)")
+    s.add_argument(
+        "--data",
+        required=True,
+        nargs="+",
+        help="annotation file(s) (pretraining or retrieval-train), shard folder(s), brace patterns of tars or URL "
+        "shard entries (s3://, gs://, http(s)://, pipe:), as data.train names them",
+    )
     s.add_argument(
         "--encoder",
         default="all-MiniLM-L6-v2",
@@ -134,6 +152,7 @@ def _add_make_targets(sub: Any) -> None:
     )
     s.add_argument("--out", required=True, help="targets file to create (loss.ltd.targets)")
     s.add_argument("--batch-size", type=int, default=256)
+    s.add_argument("--caption-key", metavar="KEY", help=CAPTION_KEY_HELP)
     s.set_defaults(func=_make_targets)
 
 

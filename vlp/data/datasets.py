@@ -27,6 +27,7 @@ import random
 import signal
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Protocol, Sequence
 
 import torch
@@ -51,6 +52,10 @@ BAD_SAMPLE_HINT = "set data.on_bad_sample=skip to replace bad samples"
 class HelperFeatures(Protocol):
     """The SRCL helper's precomputed features of the samples (:class:`vlp.features.helper_cache.HelperCache`)."""
 
+    path: Path  # the cache folder, named by errors
+
+    @property
+    def shards(self) -> Optional[list[str]]: ...  # the shards it was built from (None: annotation files)
     def check_covers(self, samples: Sequence[Sample]) -> None: ...
     def lookup(self, image_key: str, caption: str) -> tuple[torch.Tensor, torch.Tensor]: ...
 
@@ -58,6 +63,10 @@ class HelperFeatures(Protocol):
 class CaptionTargets(Protocol):
     """LTD's precomputed target of every caption (:class:`vlp.features.targets.LatentTargets`)."""
 
+    path: Path  # the targets file, named by errors
+
+    @property
+    def shards(self) -> Optional[list[str]]: ...  # the shards it was built from (None: annotation files)
     def check_covers(self, samples: Sequence[Sample]) -> None: ...
     def lookup(self, caption: str) -> torch.Tensor: ...
 

@@ -30,6 +30,7 @@ epoch, which a reader that reads its shards again passes over uncounted, before 
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 from dataclasses import dataclass
@@ -52,8 +53,8 @@ from vlp.data.datasets import (
     stop_proof_workers,
 )
 from vlp.data.json_entries import plural
-from vlp.data.sample_table import SampleTable, TableBuilder
 from vlp.data.shard_format import ShardFault, ShardInfo, iter_shard, read_sizes
+from vlp.data.shard_samples import check_coverage
 from vlp.data.url_deadlines import UrlTimeouts
 from vlp.errors import DataError
 from vlp.preprocess.draft import Decoder
@@ -77,6 +78,15 @@ def shuffle_buffer(items: Iterable[Any], size: int, rng: random.Random) -> Itera
         buf[i] = x
     rng.shuffle(buf)
     yield from buf
+
+
+def _has(lookup: Callable[[], Any]) -> bool:
+    """Whether a feature lookup finds its entry."""
+    try:
+        lookup()
+    except KeyError:
+        return False
+    return True
 
 
 def batches_per_rank(units: int, batch_size: int, world_size: int) -> int:
@@ -257,7 +267,7 @@ class ShardStream(IterableDataset):
                 if u.where in known_bad:
                     continue
                 try:
-                    item = self._item(u)
+                    image = self._image(u)
                 except DataError as e:
                     if self.on_bad != "skip":
                         raise DataError(f"{e}; {BAD_SAMPLE_HINT}") from None
@@ -271,24 +281,38 @@ class ShardStream(IterableDataset):
                             "too (data.on_bad_sample=skip): check the shards with `vlp data check`"
                         ) from None
                     continue
+                item = self._item(u, image)  # a lookup miss raises: a stale feature file is no bad sample
                 item["bad_samples"], bad, replaced = bad, 0, 0  # the bad samples it replaced
                 items.append(item)
         return self.collator(items), taken
 
-    def _item(self, u: _Unit) -> dict:
+    def _image(self, u: _Unit) -> Any:
+        """The unit's image, decoded and transformed; a bad sample raises :class:`DataError`."""
         if u.error is not None:
             raise DataError(u.error)
-        image = self.decoder.open(MemberFile(u.image, u.member), u.where, self.max_pixels, self.min_side)
+        return self.transform(self.decoder.open(MemberFile(u.image, u.member), u.where, self.max_pixels, self.min_side))
+
+    def _item(self, u: _Unit, image: Any) -> dict:
+        """The training item of a decoded unit, with its helper features and LTD targets; a unit a
+        feature file lacks is one :class:`DataError` naming the shard, the sample key and the file."""
         try:
-            return make_item(
-                self.transform(image), u.image_id, u.image_key, u.captions, self.k > 1, self.helper_cache, self.targets
-            )
-        except KeyError as e:
-            raise DataError(
-                f"{u.where}: no helper feature / latent target for {e} (image {u.image_key!r}); "
-                "rebuild the cache or targets from the annotation files the shards were written "
-                "from"
-            ) from None
+            return make_item(image, u.image_id, u.image_key, u.captions, self.k > 1, self.helper_cache, self.targets)
+        except KeyError:
+            raise DataError(f"{u.where}: {self._lacking(u)}") from None
+
+    def _lacking(self, u: _Unit) -> str:
+        """Which feature file lacks unit ``u``, and what: for the lookup-miss error."""
+        cache, targets, caption = self.helper_cache, self.targets, u.captions[0]
+        what, path = "latent targets", getattr(targets, "path", None)
+        if cache is not None and not _has(lambda: cache.lookup(u.image_key, caption)):
+            what, path = "helper feature cache", cache.path
+        elif targets is not None:
+            caption = next((c for c in u.captions if not _has(functools.partial(targets.lookup, c))), caption)
+        return (
+            f"{what} {path} has no entry for this sample (image key {u.image_key!r}, caption {caption!r}): it "
+            "was built from other data; build it again from the training data (`vlp cache-helper-features` / "
+            "`vlp make-targets --data ...`)"
+        )
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -299,17 +323,6 @@ class ShardStream(IterableDataset):
         done = self.units_done.get(worker), self.bad_done.get(worker, ())
         for _, batch in self.reader_batches(self.epoch, worker, self.start, *done):
             yield batch
-
-
-def scan_samples(shards: Sequence[ShardInfo]) -> SampleTable:
-    """Every shard sample as a :class:`Sample` (no image path) of a :class:`SampleTable`, reading
-    only the JSON members."""
-    table = TableBuilder()
-    for info in shards:
-        source = table.source("", f"{info.path} sample ")
-        for raw in iter_shard(info, images=False, check_count=True, errors=[]):  # the unreadable need no entry
-            table.add(source, "", raw.meta["captions"], raw.meta["image_key"], raw.key)
-    return table.build()
 
 
 def _check_loader_args(
@@ -343,6 +356,9 @@ class ShardLoader:
     (:class:`vlp.preprocess.draft.Decoder`); ``num_samples``: ``data.train_num_samples``, the
     estimated counts of URL shard sets (:func:`vlp.data.shard_format.estimated`); ``timeouts``: URL
     shards' per-read and per-shard deadlines (:class:`vlp.data.url_deadlines.UrlTimeouts`).
+    ``helper_cache`` and ``targets`` are checked against the shards before the first step by the
+    coverage rule of :func:`vlp.data.shard_samples.check_coverage` (a URL shard set: by the shards
+    they record).
     """
 
     splits_by_rank = True
@@ -386,9 +402,7 @@ class ShardLoader:
                 f"workers = {readers} readers: every reader needs a shard of its own. Rewrite with "
                 f"`vlp make-shards --max-per-shard {per}` or smaller, or use fewer data.num_workers"
             )
-        for store in (helper_cache, targets):
-            if store is not None:
-                store.check_covers(scan_samples(shards))
+        check_coverage(shards, helper_cache, targets)  # URL shards: by the shards the files record, no request
         self.stream = ShardStream(
             shards,
             transform,

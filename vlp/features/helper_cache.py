@@ -2,7 +2,8 @@
 
 A cache is a folder with ``features.safetensors`` (``image`` [N_img, E], ``text`` [N_txt, E],
 L2-normalised, fp32) and ``index.json`` (format, the image keys and caption strings in row order,
-and where the features came from). Images are looked up by their sample key (``image_id`` or
+and where the features came from; built from shard entries, ``shards``: every shard read,
+:mod:`vlp.data.shard_samples`). Images are looked up by their sample key (``image_id`` or
 path), captions by their exact text, so one cache serves any subset or order of the data it was
 built from. Loaded, the keys and captions are held in numpy arrays
 (:class:`~vlp.features.row_index.StringRows`), which forked loader workers share without copying.
@@ -61,6 +62,13 @@ class HelperCache:
     def kind(self) -> str:
         """``learned`` or one of :data:`ORACLE_KINDS`."""
         return str(self.meta.get("kind", LEARNED))
+
+    @property
+    def shards(self) -> Optional[list[str]]:
+        """The shards (URLs as listed, local tars' resolved paths) the cache was built from,
+        ``index.json``'s ``shards``; None for a cache of annotation files only."""
+        shards = self.meta.get("shards")
+        return None if shards is None else [str(s) for s in shards]
 
     @property
     def is_oracle(self) -> bool:

@@ -3,7 +3,8 @@
 File format ``vlp-latent-targets-v1`` (one safetensors file, see docs/data.md): tensors ``keys``
 [N] int64 (a 64-bit BLAKE2b hash of each caption's exact text) and ``targets`` [N, D] fp32; header
 ``encoder`` (model name), ``dim``, ``normalized``, ``content_hash`` (SHA-256 of the sorted distinct
-captions), ``num_captions`` and ``data`` (the annotation files it was built from). Training looks
+captions), ``num_captions``, ``data`` (the annotation files or shard entries it was built from) and,
+from shard entries, ``shards`` (every shard read: :mod:`vlp.data.shard_samples`). Training looks
 captions up by their text, so the file serves any subset of the data it was built from; a caption
 without a target (the annotations changed: a stale file) or a different encoder than the config
 asks for is refused before the first step. Loaded, the keys are held sorted in numpy arrays
@@ -73,9 +74,15 @@ def encode_sentences(
 
 
 def write_targets(
-    out: str | Path, captions: Sequence[str], vectors: torch.Tensor, encoder: str, data: Sequence[str]
+    out: str | Path,
+    captions: Sequence[str],
+    vectors: torch.Tensor,
+    encoder: str,
+    data: Sequence[str],
+    shards: Optional[Sequence[str]] = None,
 ) -> Path:
-    """Write a targets file for distinct ``captions`` [N] and ``vectors`` [N, D]."""
+    """Write a targets file for distinct ``captions`` [N] and ``vectors`` [N, D]; ``shards``: the
+    shards ``data`` named (header ``shards``, what a URL shard set is checked against)."""
     keys = torch.tensor([caption_key(c) for c in captions], dtype=torch.long)
     if len(set(keys.tolist())) != len(captions):
         raise DataError("make-targets: two distinct captions share a 64-bit key (report this)")
@@ -88,6 +95,7 @@ def write_targets(
         "content_hash": content_hash(captions),
         "num_captions": len(captions),
         "data": [str(d) for d in data],
+        **({} if shards is None else {"shards": list(shards)}),
     }
     return write_features(out, {"keys": keys, "targets": vectors.float()}, header)
 
@@ -106,6 +114,13 @@ class LatentTargets:
     @property
     def encoder(self) -> str:
         return str(self.header.get("encoder"))
+
+    @property
+    def shards(self) -> Optional[list[str]]:
+        """The shards (URLs as listed, local tars' resolved paths) the targets were built from, the
+        header's ``shards``; None for targets of annotation files only."""
+        shards = self.header.get("shards")
+        return None if shards is None else [str(s) for s in shards]
 
     @classmethod
     def load(cls, path: str | Path, encoder: Optional[str] = None) -> LatentTargets:

@@ -51,9 +51,11 @@ def run_cache_helper_features(
     num_workers: int = 0,
     show_progress: bool = True,
     helper_init: str = "pretrained",
+    caption_key: str = "caption",
 ) -> Path:
-    """Features of every image and caption of ``data`` under the frozen helper, written to the
-    cache folder ``out`` that ``loss.srcl.helper_features`` points at. ``helper``: a vlp helper
+    """Features of every image and caption of ``data`` (annotation files, shard folders, brace
+    patterns of tars or URL entries; ``caption_key``: img2dataset's caption key) under the frozen
+    helper, written to the cache folder ``out`` that ``loss.srcl.helper_features`` points at. ``helper``: a vlp helper
     checkpoint or run directory (:func:`checkpoint_encoder`), or an open_clip model
     ``open_clip:ARCH/PRETRAINED`` (:func:`vlp.runs.common.open_clip_encoder`; ``open_clip:ARCH``
     without weights only with ``helper_init="random"``, which ``index.json`` records)."""
@@ -67,18 +69,36 @@ def run_cache_helper_features(
         )
     else:
         encoder = checkpoint_encoder(helper)
-    return write_feature_cache(out, data, encoder, image_root, batch_size, num_workers, show_progress)
+    return write_feature_cache(out, data, encoder, image_root, batch_size, num_workers, show_progress, caption_key)
 
 
 def run_make_targets(
-    data: Sequence[str], encoder: str, out: str | Path, batch_size: int = 256, show_progress: bool = True
+    data: Sequence[str],
+    encoder: str,
+    out: str | Path,
+    batch_size: int = 256,
+    show_progress: bool = True,
+    caption_key: str = "caption",
 ) -> Path:
-    """Embed every distinct caption of the annotation files ``data`` once with a sentence encoder
-    and write the LTD targets file ``out`` (``loss.ltd.targets``)."""
+    """Embed every distinct caption of ``data`` once with a sentence encoder and write the LTD
+    targets file ``out`` (``loss.ltd.targets``). ``data``: annotation files, and shard entries
+    (shard folders, brace patterns of tars, URL entries; their JSON or text members streamed,
+    :mod:`vlp.data.shard_samples`; ``caption_key``: img2dataset's caption key), whose shards the
+    file records (``shards``: what a URL shard set is checked against)."""
+    from vlp.data.shard_format import read_sizes
+    from vlp.data.shard_samples import iter_samples, shard_name, split_data
+    from vlp.data.shard_urls import is_url
     from vlp.features.targets import encode_sentences, write_targets
 
     refuse_existing(out)
-    captions = sorted({c for smp in load_pairs(list(data)) for c in smp.captions})
+    files, entries = split_data(data)
+    shards = read_sizes(entries, caption_key) if entries else []
+    found = {c for smp in load_pairs(files) for c in smp.captions} if files else set()
+    found.update(c for raw in iter_samples(shards, images=False) for c in raw.meta["captions"])
+    captions = sorted(found)
     print(f"vlp make-targets: {len(captions)} distinct captions, encoder {encoder}")
     vectors = encode_sentences(encoder, captions, batch_size, str(default_device()), show_progress)
-    return write_targets(out, captions, vectors, encoder, [str(Path(d).resolve()) for d in data])
+    recorded = [d if is_url(d) else str(Path(d).resolve()) for d in data]
+    return write_targets(
+        out, captions, vectors, encoder, recorded, [shard_name(s) for s in shards] if entries else None
+    )
