@@ -235,9 +235,9 @@ def fingerprint(batch: Any) -> str:
 
 
 def record_batches(stem: Path) -> Callable[..., Iterator[Any]]:
-    """A stand-in for :func:`vlp.train.loop.endless_batches` that appends ``[index, fingerprint]``
-    of every batch the loop fetches to ``STEM.rankR.jsonl`` (``index``: the batch's place in the
-    run's whole sequence)."""
+    """A stand-in for :func:`vlp.train.loop.endless_batches` that appends ``[index, fingerprint,
+    image ids]`` of every batch the loop fetches to ``STEM.rankR.jsonl`` (``index``: the batch's
+    place in the run's whole sequence; the ids: its ``image_ids``, which show the shards a rank read)."""
     import vlp.train.loop as loop
 
     real, rank = loop.endless_batches, int(os.environ.get("RANK", "0"))
@@ -246,7 +246,8 @@ def record_batches(stem: Path) -> Callable[..., Iterator[Any]]:
     def recorded(loader: Any, start: int = 0, stream: Optional[dict] = None) -> Iterator[Any]:
         with path.open("a") as f:
             for i, batch in enumerate(real(loader, start, stream), start):
-                f.write(json.dumps([i, fingerprint(batch)]) + "\n")
+                ids = batch.get("image_ids") if isinstance(batch, dict) else None
+                f.write(json.dumps([i, fingerprint(batch), [] if ids is None else ids.tolist()]) + "\n")
                 f.flush()
                 yield batch
 
@@ -435,7 +436,16 @@ def batches(stems: Iterable[Path]) -> list[tuple[str, int, str]]:
     for stem in stems:
         for f in sorted(stem.parent.glob(f"{stem.name}.rank*.jsonl")):
             rank = f.name.removeprefix(stem.name + ".")
-            out += [(rank, i, sha) for i, sha in (json.loads(line) for line in f.read_text().splitlines())]
+            out += [(rank, rec[0], rec[1]) for rec in map(json.loads, f.read_text().splitlines())]
+    return out
+
+
+def image_ids(stem: Path) -> dict[str, dict[int, list[int]]]:
+    """The image ids of every batch the attempt under ``stem`` fetched: rank file -> batch index -> ids."""
+    out: dict[str, dict[int, list[int]]] = {}
+    for f in sorted(stem.parent.glob(f"{stem.name}.rank*.jsonl")):
+        recs = map(json.loads, f.read_text().splitlines())
+        out[f.name.removeprefix(stem.name + ".")] = {rec[0]: rec[2] for rec in recs}
     return out
 
 
