@@ -104,8 +104,14 @@ def test_sample_checks_exactly_n_shards_drawn_with_a_printed_seed(folder: Path, 
         assert read[0] == read[1]  # the same seed draws the same shards
         status, lines = check(capsys, entry, "--sample", "9")
         assert status == 1 and lines[-1].endswith("; 4 of 4 shards checked, drawn at random with --seed 0")
-    assert main(["data", "check", entry, "--sample", "0"]) == 2
-    assert "--sample N checks N >= 1 shards" in capsys.readouterr().err
+    out = folder.parent / "sampled.json"
+    status, lines = check(capsys, str(folder), "--sample", "3", "--seed", "1", "--json", str(out))  # local too
+    assert json.loads(out.read_text())["sampled"] == {"shards": 3, "of": 4, "seed": 1}
+    assert lines[-2].endswith("; 3 of 4 shards checked, drawn at random with --seed 1")  # then: wrote OUT
+    assert f"{folder}: 15 entries (img2dataset shards: 3 of 4 shards)" in lines
+    for args in ([entry, "--sample", "0"], [str(folder / "00000_stats.json"), "--sample", "2"]):
+        assert main(["data", "check", *args]) == 2
+        assert "--sample N checks N >= 1 shards of shard folders or URL entries" in capsys.readouterr().err
 
 
 def test_a_shard_that_cannot_be_read_is_one_problem_and_the_rest_are_checked(

@@ -16,12 +16,15 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, TypeVar
 
 from vlp.data.formats import KINDS, entry_problems, no_words_problem
 from vlp.data.json_entries import entry_list, plural, read_json, resolve_image
 from vlp.errors import BadImage, BadJSON, DataError
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, open_image
+
+if TYPE_CHECKING:
+    from vlp.data.shard_format import ShardInfo
 
 #: ``--kind`` values: ``auto`` (:func:`detect_kind`) or one of the annotation kinds
 CHECK_KINDS: tuple[str, ...] = ("auto", *KINDS)
@@ -342,7 +345,9 @@ def check_shards(
     return report
 
 
-def _shard_plans(entries: Sequence[str | Path], caption_key: str, report: CheckReport) -> list[tuple[str, list[Any]]]:
+def _shard_plans(
+    entries: Sequence[str | Path], caption_key: str, report: CheckReport
+) -> list[tuple[str, list[ShardInfo]]]:
     """Each entry with its shards (:class:`vlp.data.shard_format.ShardInfo`); a local entry that is
     not a shard set is a problem in ``report`` (a URL entry's :class:`DataError` is raised)."""
     from vlp.data.shard_format import read_sizes, url_shards_to_check
@@ -361,7 +366,7 @@ def _shard_plans(entries: Sequence[str | Path], caption_key: str, report: CheckR
     return plans
 
 
-def _check_shard(info: Any, images: bool, max_pixels: int, report: CheckReport) -> int:
+def _check_shard(info: ShardInfo, images: bool, max_pixels: int, report: CheckReport) -> int:
     """Check every member of the shard ``info`` into ``report``; return its samples (malformed ones
     included). One problem per malformed sample; at the end, a broken tar or a count other than the
     index's."""
