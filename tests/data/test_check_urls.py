@@ -87,6 +87,9 @@ def test_without_stats_or_an_index_samples_are_counted_while_read(tmp_path: Path
         status, lines = check(capsys, entry)
         assert status == 1 and same_form(lines, entry, f"{server.url}/") == local
         assert sum(r.startswith("GET") and r.endswith(".tar") for r in server.log) == 4  # each shard read once
+    entry = f"pipe:cat {bare}/{BRACE}"  # a pipe: entry has no stats at all
+    status, lines = check(capsys, entry)
+    assert status == 1 and same_form(lines, entry, f"pipe:cat {bare}/") == local
     assert len(list((tmp_path / "cache" / "shard_index").iterdir())) == 1  # the local folder's scan; none of the URLs
 
 
