@@ -166,18 +166,22 @@ def gcs_server(monkeypatch: pytest.MonkeyPatch, bucket: str, folder: Path) -> It
     from gcsfs.core import GCSFileSystem
 
     server = create_server("127.0.0.1", 0, in_memory=True, default_bucket=bucket)
-    server.start()
-    endpoint = f"http://127.0.0.1:{server._api._httpd.server_address[1]}"  # the port it bound (0 asked for)
-    env = {"STORAGE_EMULATOR_HOST": endpoint, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false", "FSSPEC_GS_TOKEN": "anon"}
-    for k, v in env.items():  # the environment serves loader worker processes that import gcsfs afresh
-        monkeypatch.setenv(k, v)
-    monkeypatch.setitem(_registry, "gs", GCSFileSystem)
-    monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon"})
-    GCSFileSystem.clear_instance_cache()
-    fs = fsspec.filesystem("gs")
-    for f in sorted(folder.iterdir()):
-        fs.put_file(str(f), f"gs://{bucket}/{f.name}")
+    server.start()  # its thread is not a daemon: stopped below whatever happens, or the process never exits
     try:
+        endpoint = f"http://127.0.0.1:{server._api._httpd.server_address[1]}"  # the port it bound (0 asked for)
+        env = {
+            "STORAGE_EMULATOR_HOST": endpoint,
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+            "FSSPEC_GS_TOKEN": "anon",
+        }
+        for k, v in env.items():  # the environment serves loader worker processes that import gcsfs afresh
+            monkeypatch.setenv(k, v)
+        monkeypatch.setitem(_registry, "gs", GCSFileSystem)
+        monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon"})
+        GCSFileSystem.clear_instance_cache()
+        fs = fsspec.filesystem("gs")
+        for f in sorted(folder.iterdir()):
+            fs.put_file(str(f), f"gs://{bucket}/{f.name}")
         yield endpoint
     finally:
         GCSFileSystem.clear_instance_cache()
