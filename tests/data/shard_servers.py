@@ -163,3 +163,40 @@ def s3_server(monkeypatch: pytest.MonkeyPatch, bucket: str, folder: Path) -> Ite
     finally:
         fsspec.filesystem("s3").clear_instance_cache()
         server.stop()
+
+
+@contextmanager
+def gcs_server(monkeypatch: pytest.MonkeyPatch, bucket: str, folder: Path) -> Iterator[str]:
+    """A GCS emulator (gcp-storage-emulator, in memory, a thread) on 127.0.0.1 with ``bucket``
+    holding the files of ``folder`` (at its top); this process's environment points gcsfs at it
+    (``STORAGE_EMULATOR_HOST``, anonymous: no credentials looked for). gcsfs's default class asks
+    GCS's gRPC control plane for each bucket's layout (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT``), which
+    the emulator does not serve: gs:// is read here by gcsfs's core ``GCSFileSystem``. Yields the
+    emulator's URL."""
+    import fsspec
+    import fsspec.config
+    from fsspec.registry import _registry
+    from gcp_storage_emulator.server import create_server
+    from gcsfs.core import GCSFileSystem
+
+    server = create_server("127.0.0.1", 0, in_memory=True, default_bucket=bucket)
+    server.start()  # its thread is not a daemon: stopped below whatever happens, or the process never exits
+    try:
+        endpoint = f"http://127.0.0.1:{server._api._httpd.server_address[1]}"  # the port it bound (0 asked for)
+        env = {
+            "STORAGE_EMULATOR_HOST": endpoint,
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+            "FSSPEC_GS_TOKEN": "anon",
+        }
+        for k, v in env.items():  # the environment serves loader worker processes that import gcsfs afresh
+            monkeypatch.setenv(k, v)
+        monkeypatch.setitem(_registry, "gs", GCSFileSystem)
+        monkeypatch.setitem(fsspec.config.conf, "gs", {"token": "anon"})
+        GCSFileSystem.clear_instance_cache()
+        fs = fsspec.filesystem("gs")
+        for f in sorted(folder.iterdir()):
+            fs.put_file(str(f), f"gs://{bucket}/{f.name}")
+        yield endpoint
+    finally:
+        GCSFileSystem.clear_instance_cache()
+        server.stop()

@@ -67,6 +67,10 @@ def _data_check(a: argparse.Namespace) -> int:
         raise DataError(refused)
     shards = [f for f in a.files if is_shard_entry(f)]
     files = [f for f in a.files if f not in shards]
+    if a.sample is not None and (a.sample < 1 or not shards):
+        raise ConfigError(
+            f"--sample N checks N >= 1 shards of shard folders or URL entries, got {a.sample} for {a.files}"
+        )
     report = CheckReport()
     if files:
         report = check_annotations(
@@ -80,8 +84,15 @@ def _data_check(a: argparse.Namespace) -> int:
         )
     if shards:  # shard folders (vlp's or img2dataset's) or brace patterns of tars
         found = check_shards(
-            shards, images=not a.no_images, max_pixels=a.max_pixels, caption_key=a.caption_key, show_progress=True
+            shards,
+            images=not a.no_images,
+            max_pixels=a.max_pixels,
+            caption_key=a.caption_key,
+            show_progress=True,
+            sample=a.sample,
+            seed=a.seed,
         )
+        report.sampled = found.sampled
         report.files += found.files
         report.problems += found.problems
         if found.images_checked is not None:
@@ -184,7 +195,8 @@ def _add_data(sub: Any) -> None:
         "files",
         nargs="+",
         metavar="ANN_JSON|SHARDS",
-        help="annotation file(s), shard folder(s) (vlp's or img2dataset's) or brace patterns of tars",
+        help="annotation file(s), shard folder(s) (vlp's or img2dataset's), brace patterns of tars, or URL "
+        "entries as in data.train (s3://, gs://, http(s)://, pipe:; no stats or index needed)",
     )
     g = c.add_mutually_exclusive_group()
     g.add_argument("--images", metavar="ROOT", help="folder for relative image paths (default: each file's folder)")
@@ -206,6 +218,13 @@ def _add_data(sub: Any) -> None:
     c.add_argument(
         "--caption-key", default="caption", metavar="KEY", help="img2dataset shards: the caption's key in {key}.json"
     )
+    c.add_argument(
+        "--sample",
+        type=int,
+        metavar="N",
+        help="check N shards drawn at random from all the shard entries' (default: every shard)",
+    )
+    c.add_argument("--seed", type=int, default=0, help="seed of the --sample draw (printed in the summary)")
     c.add_argument("--json", metavar="OUT", help="also write the report as JSON here")
     c.set_defaults(func=_data_check)
     x = dt.add_parser(

@@ -11,16 +11,20 @@ upscales them). Each distinct image file is opened once, however many entries us
 from __future__ import annotations
 
 import os
+import random
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, TypeVar
 
 from vlp.data.formats import KINDS, entry_problems, no_words_problem
 from vlp.data.json_entries import entry_list, plural, read_json, resolve_image
 from vlp.errors import BadImage, BadJSON, DataError
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, open_image
+
+if TYPE_CHECKING:
+    from vlp.data.shard_format import ShardInfo
 
 #: ``--kind`` values: ``auto`` (:func:`detect_kind`) or one of the annotation kinds
 CHECK_KINDS: tuple[str, ...] = ("auto", *KINDS)
@@ -73,6 +77,7 @@ class CheckReport:
     files: list[FileSummary] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     images_checked: Optional[int] = None  # distinct image files opened; None: images not checked
+    sampled: Optional[tuple[int, int, int]] = None  # shards checked, of how many, drawn with which seed
 
     @property
     def entries(self) -> int:
@@ -96,7 +101,14 @@ class CheckReport:
         return (
             f"checked {plural(len(self.files), 'file')}, {plural(self.entries, 'entry', 'entries')}, {images}: "
             f"{plural(self.errors, 'error')}, {plural(self.warnings, 'warning')}"
-        )
+        ) + self.sampled_note()
+
+    def sampled_note(self) -> str:
+        """The summary's note of a ``--sample`` check: how many shards of how many, and the seed."""
+        if self.sampled is None:
+            return ""
+        n, total, seed = self.sampled
+        return f"; {n} of {plural(total, 'shard')} checked, drawn at random with --seed {seed}"
 
     def lines(self) -> list[str]:
         """The report as printed: one line per problem, one per file, then the summary."""
@@ -110,6 +122,7 @@ class CheckReport:
             "images_checked": self.images_checked,
             "errors": self.errors,
             "warnings": self.warnings,
+            "sampled": None if self.sampled is None else dict(zip(("shards", "of", "seed"), self.sampled)),
             "files": [asdict(f) for f in self.files],
             "problems": [asdict(p) for p in self.problems],
         }
@@ -277,12 +290,13 @@ def check_annotations(
 
 
 def is_shard_entry(arg: str | Path) -> bool:
-    """Whether a ``vlp data check`` argument names shards (a folder, or a brace pattern of tars)
-    rather than an annotation file."""
+    """Whether a ``vlp data check`` argument names shards (a folder, a brace pattern of tars, or a
+    URL entry: ``s3://``, ``gs://``, ``http(s)://``, ``pipe:``) rather than an annotation file."""
     from vlp.data.shard_format import is_brace_pattern
+    from vlp.data.shard_urls import is_url
 
     text = str(arg)
-    return Path(text).is_dir() or (is_brace_pattern(text) and text.endswith(".tar"))
+    return is_url(text) or Path(text).is_dir() or (is_brace_pattern(text) and text.endswith(".tar"))
 
 
 def check_shards(
@@ -291,47 +305,87 @@ def check_shards(
     max_pixels: int = MAX_PIXELS,
     caption_key: str = "caption",
     show_progress: bool = False,
+    sample: Optional[int] = None,
+    seed: int = 0,
 ) -> CheckReport:
-    """Check shard folders (vlp's or img2dataset's) or brace patterns of tars, every member of every
-    shard: each malformed sample (its JSON, its captions, a missing image or caption member) is one
-    problem naming the shard and the sample; with ``images`` each image is decoded as training does
-    (:func:`open_image`); a shard whose sample count is not its index's is a problem. A folder that
-    is not a shard folder at all is one problem. One summary line per entry; a progress bar over
-    the shards."""
-    from vlp.data.shard_format import ShardFault, iter_shard, read_sizes
-    from vlp.preprocess.images import MemberFile
+    """Check shard folders (vlp's or img2dataset's), brace patterns of tars or URL entries, every
+    member of every shard: each malformed sample (its JSON, its captions, a missing image or caption
+    member) is one problem naming the shard and the sample; with ``images`` each image is decoded as
+    training does (:func:`open_image`); a shard whose sample count is not its index's (or stats')
+    is a problem, and so is a shard that cannot be read to its end (named with the member it broke
+    in; the check goes on). A URL entry needs no count: without stats or an index its samples are
+    counted while read. A local folder that is not a shard folder at all is one problem; a URL entry
+    that cannot be reached (no such bucket, no credentials) raises one :class:`DataError`.
+    ``sample``: check that many shards of all the entries', drawn at random with ``seed`` (the
+    summary says how many of how many). One summary line per entry; a progress bar over the shards."""
     from vlp.progress import progress
 
     report = CheckReport(images_checked=0 if images else None)
-    plans = []
-    for entry in entries:
-        try:
-            plans.append((str(entry), read_sizes([entry], caption_key, on_bad="skip")))  # broken tars: below
-        except DataError as e:
-            report.problems.append(Problem(str(entry), None, None, str(e).removeprefix(f"{entry}: ")))
-            report.files.append(FileSummary(str(entry), None, False, 0))
-    bar = progress(sum(len(shards) for _, shards in plans), "checking shards", enabled=show_progress)
+    plans = _shard_plans(entries, caption_key, report)
+    total = sum(len(shards) for _, shards in plans)
+    chosen = set(range(total)) if sample is None else set(random.Random(seed).sample(range(total), min(sample, total)))
+    if sample is not None:
+        report.sampled = (len(chosen), total, seed)
+    bar = progress(len(chosen), "checking shards", enabled=show_progress)
+    k = 0
     for entry, shards in plans:
-        samples = 0
+        samples = checked = 0
         for info in shards:
-            # one per malformed sample; at the end, a broken tar or a count other than the index's
-            prefix, errors = f"{info.path}: ", list[DataError]()
-            for raw in iter_shard(info, images=images, check_count=True, errors=errors):
-                samples += 1
-                if images:
-                    origin = f"{info.path}: sample {raw.key!r}"
-                    try:
-                        open_image(MemberFile(raw.image, raw.member), origin, max_pixels, min_side=0)  # type: ignore[arg-type]
-                    except BadImage as e:
-                        report.problems.append(Problem(str(info.path), None, raw.member, str(e).removeprefix(prefix)))
-                    report.images_checked = (report.images_checked or 0) + 1
-            samples += sum(not isinstance(e, ShardFault) for e in errors)  # malformed samples count
-            report.problems += [Problem(str(info.path), None, None, str(err).removeprefix(prefix)) for err in errors]
-            bar.update(1)
+            k += 1
+            if k - 1 in chosen:
+                samples += _check_shard(info, images, max_pixels, report)
+                checked += 1
+                bar.update(1)
         layout = shards[0].layout if shards else "vlp"
-        report.files.append(FileSummary(entry, f"{layout} shards: {plural(len(shards), 'shard')}", False, samples))
+        count = (
+            plural(len(shards), "shard") if checked == len(shards) else f"{checked} of {plural(len(shards), 'shard')}"
+        )
+        report.files.append(FileSummary(entry, f"{layout} shards: {count}", False, samples))
     bar.close()
     return report
+
+
+def _shard_plans(
+    entries: Sequence[str | Path], caption_key: str, report: CheckReport
+) -> list[tuple[str, list[ShardInfo]]]:
+    """Each entry with its shards (:class:`vlp.data.shard_format.ShardInfo`); a local entry that is
+    not a shard set is a problem in ``report`` (a URL entry's :class:`DataError` is raised)."""
+    from vlp.data.shard_format import read_sizes, url_shards_to_check
+    from vlp.data.shard_urls import is_url
+
+    plans = []
+    for entry in map(str, entries):
+        if is_url(entry):
+            plans.append((entry, url_shards_to_check(entry, caption_key)))
+            continue
+        try:
+            plans.append((entry, read_sizes([entry], caption_key, on_bad="skip")))  # broken tars: checked later
+        except DataError as e:
+            report.problems.append(Problem(entry, None, None, str(e).removeprefix(f"{entry}: ")))
+            report.files.append(FileSummary(entry, None, False, 0))
+    return plans
+
+
+def _check_shard(info: ShardInfo, images: bool, max_pixels: int, report: CheckReport) -> int:
+    """Check every member of the shard ``info`` into ``report``; return its samples (malformed ones
+    included). One problem per malformed sample; at the end, a broken tar or a count other than the
+    index's."""
+    from vlp.data.shard_format import ShardFault, iter_shard
+    from vlp.preprocess.images import MemberFile
+
+    prefix, errors, samples = f"{info.path}: ", list[DataError](), 0
+    for raw in iter_shard(info, images=images, check_count=True, errors=errors):
+        samples += 1
+        if images:
+            origin = f"{info.path}: sample {raw.key!r}"
+            try:
+                open_image(MemberFile(raw.image, raw.member), origin, max_pixels, min_side=0)  # type: ignore[arg-type]
+            except BadImage as e:
+                report.problems.append(Problem(str(info.path), None, raw.member, str(e).removeprefix(prefix)))
+            report.images_checked = (report.images_checked or 0) + 1
+    samples += sum(not isinstance(e, ShardFault) for e in errors)  # malformed samples count
+    report.problems += [Problem(str(info.path), None, None, str(err).removeprefix(prefix)) for err in errors]
+    return samples
 
 
 def default_workers() -> int:

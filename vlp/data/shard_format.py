@@ -214,9 +214,21 @@ def _img2dataset(tars: list[Path], offset: int, caption_key: str, on_bad: str) -
     return _counted(tars, counts, sources, offset, caption_key)
 
 
-def _url_shards(entry: str, offset: int, caption_key: str, timeouts: Optional[UrlTimeouts]) -> list[ShardInfo]:
+def url_shards_to_check(entry: str, caption_key: str = "caption") -> list[ShardInfo]:
+    """The shards of URL ``entry`` for ``vlp data check``, which reads every shard whole: counted by
+    their ``_stats.json`` files or ``vlp data index``'s index as for a run (a shard's count is then
+    checked), else uncounted (``counted=False``: counted while read) instead of refused. A stats
+    file or first shard that cannot be reached (no such bucket, no credentials) raises one
+    :class:`DataError` naming it."""
+    return _url_shards(entry, 0, caption_key, None, uncounted=True)
+
+
+def _url_shards(
+    entry: str, offset: int, caption_key: str, timeouts: Optional[UrlTimeouts], uncounted: bool = False
+) -> list[ShardInfo]:
     """The shards of a URL entry, counted by their ``_stats.json`` files or ``vlp data index``'s
-    index; without either, one :class:`DataError` saying how to count them."""
+    index; without either, one :class:`DataError` saying how to count them (``uncounted``: the
+    shards with no count instead)."""
     urls = shard_urls(entry)
     counts = read_stats(urls, timeouts)
     sources: Sequence[Path | str] = [stats_url(u) for u in urls]
@@ -224,6 +236,8 @@ def _url_shards(entry: str, offset: int, caption_key: str, timeouts: Optional[Ur
         f = _index_file(urls, caption_key)
         counts = _read_index(f, len(urls))
         sources = [f] * len(urls)
+        if counts is None and uncounted:
+            return [ShardInfo(u, 0, 0, offset, "img2dataset", caption_key, None, False) for u in urls]
         if counts is None:
             raise DataError(
                 f"data.train entry {entry!r}: {len(urls)} shard URL(s) without img2dataset's _stats.json beside "
