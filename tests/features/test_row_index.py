@@ -12,14 +12,14 @@ import torch
 
 from vlp.data.sample_table import PackedStrings, Sample, SampleTable
 from vlp.errors import DataError
-from vlp.features import row_index
+from vlp.features import packed_keys
 from vlp.features.helper_cache import HelperCache, write_cache
 from vlp.features.row_index import (
     KeyRows,
     StringRows,
     count_missing,
     count_missing_strings,
-    sample_encoded,
+    sample_strings,
     string_key,
 )
 from vlp.features.targets import caption_key
@@ -38,20 +38,21 @@ def test_string_rows_equal_the_dict_of_rows_and_are_exact() -> None:
         assert absent not in rows
         with pytest.raises(KeyError):
             rows[absent]  # type: ignore[index]
-    queries = [q.encode("utf-8", "surrogatepass") for q in ("a", "c", "", "zz", "zz ", "\ud800 lone surrogate")]
+    queries = [PackedStrings.of(["a", "c", ""]), PackedStrings.of(["zz", "zz ", "\ud800 lone surrogate"])]  # 2 chunks
     assert count_missing_strings(rows, queries) == count_missing_strings(dict(want), queries) == 2
     assert caption_key("a dog on a beach") == string_key("a dog on a beach")  # LTD files keep their keys
 
 
 def test_strings_sharing_a_key_are_told_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two strings with the same 64-bit key: each finds its own row, a third with that key none."""
-    monkeypatch.setattr(row_index, "bytes_key", lambda data: len(data))  # keys collide by length
+    monkeypatch.setattr(packed_keys, "packed_keys", lambda p: np.diff(p.offsets).astype(np.int64))  # keys collide
+    monkeypatch.setattr(packed_keys, "key_of", len)  # by length
     rows = StringRows.of(["cat", "dog", "horse", "cow"])
     assert [rows[s] for s in ("cat", "dog", "horse", "cow")] == [0, 1, 2, 3]
     assert "pig" not in rows and "mouse" not in rows and "ox" not in rows
-    monkeypatch.setattr(row_index, "CHUNK", 2)  # chunks end inside the queries
-    assert rows.count_missing(s.encode() for s in ["dog", "pig", "cow", "cat", "horse", "mouse", "ox"]) == 3
-    assert rows.count_missing([b"dog", b"cow", b"cat"]) == 0
+    queries = PackedStrings.of(["dog", "pig", "cow", "cat", "horse", "mouse", "ox"])
+    assert rows.count_missing(packed_keys.chunks(queries, 2)) == 3  # chunks end inside the queries
+    assert rows.count_missing([PackedStrings.of(["dog", "cow", "cat"])]) == 0
 
 
 def test_key_rows_equal_the_dict_and_vectorise() -> None:
@@ -66,16 +67,20 @@ def test_key_rows_equal_the_dict_and_vectorise() -> None:
     assert count_missing(rows, [5, 6, 0, 2**63 - 1]) == 1
 
 
-def test_sample_encoded_of_a_table_are_its_distinct_keys_and_captions() -> None:
+def test_sample_strings_of_a_table_are_its_distinct_keys_and_captions() -> None:
     samples = [
         Sample("x.jpg", ("c1", "c2"), "k2", "o"),
         Sample("y.jpg", ("c3",), "k1", "o"),
         Sample("x.jpg", ("c1",), "k2", "o"),
     ]
-    keys, captions = sample_encoded(SampleTable.of(samples))
-    assert list(keys) == [b"k1", b"k2"] and list(captions) == [b"c1", b"c2", b"c3", b"c1"]
-    keys, captions = sample_encoded(samples)
-    assert list(keys) == [b"k2", b"k1", b"k2"] and list(captions) == [b"c1", b"c2", b"c3", b"c1"]
+
+    def flat(chunks: object) -> list[str]:
+        return [s for chunk in chunks for s in chunk]  # type: ignore[attr-defined]
+
+    keys, captions = sample_strings(SampleTable.of(samples))
+    assert flat(keys) == ["k1", "k2"] and flat(captions) == ["c1", "c2", "c3", "c1"]
+    keys, captions = sample_strings(samples)
+    assert flat(keys) == ["k2", "k1", "k2"] and flat(captions) == ["c1", "c2", "c3", "c1"]
     packed = PackedStrings.of(STRINGS)
     assert [b.decode("utf-8", "surrogatepass") for b in packed.encoded(chunk=3)] == STRINGS
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -32,7 +33,7 @@ from safetensors.torch import load_file
 
 from vlp.data.formats import Sample
 from vlp.errors import CheckpointError, DataError
-from vlp.features.row_index import StringRows, count_missing_strings, sample_encoded
+from vlp.features.row_index import StringRows, count_missing_strings, sample_strings
 from vlp.features.store import refuse_existing
 from vlp.weights import publish, refuse_unlisted, save_tensors, verify_manifest
 
@@ -95,34 +96,16 @@ class HelperCache:
                 f"helper feature cache {path}: expected index.json and features.safetensors "
                 "(build it with `vlp cache-helper-features`)"
             )
-        try:  # against its manifest (a cache without one, from before issue 41, is refused too)
-            verify_manifest(path, f"helper feature cache {path}", CACHE_FILES)
-            refuse_unlisted(path, CACHE_FILES, "helper cache reader")
-        except CheckpointError as e:
-            raise DataError(f"{e}; build the cache again with `vlp cache-helper-features`") from None
-        try:
-            index = json.loads(index_file.read_text())
-        except json.JSONDecodeError as e:
-            raise DataError(f"{index_file}: not valid JSON: {e}") from None
-        if index.get("format") != CACHE_FORMAT:
-            raise DataError(f"{index_file}: key 'format' is {index.get('format')!r}, expected {CACHE_FORMAT!r}")
-        feats = load_file(str(feat_file))
-        image, text = feats.get("image"), feats.get("text")
-        keys, texts = index.get("image_keys", []), index.get("texts", [])
-        if image is None or text is None or image.shape[0] != len(keys) or text.shape[0] != len(texts):
-            raise DataError(
-                f"{path}: features.safetensors does not match index.json ({len(keys)} image keys, {len(texts)} texts)"
-            )
-        meta = {k: v for k, v in index.items() if k not in ("image_keys", "texts")}
-        relevance = feats.get("relevance")
-        _check_kind(path, meta.get("kind", LEARNED), image, text, relevance)
-        return cls(
-            image, text, _rows(index_file, "image_keys", keys), _rows(index_file, "texts", texts), meta, path, relevance
-        )
+        with ThreadPoolExecutor(1) as pool:  # SHA-256 releases the GIL: the manifest is checked beside the parsing
+            verified = pool.submit(_verify, path)
+            try:
+                return _read(path, index_file, feat_file)
+            finally:
+                verified.result()  # files that differ from their manifest are reported first
 
     def check_covers(self, samples: Sequence[Sample], limit: int = 3) -> None:
         """Fail before training if a training image or caption has no cached feature."""
-        keys, captions = sample_encoded(samples)
+        keys, captions = sample_strings(samples)
         if count_missing_strings(self.image_index, keys) == 0 and count_missing_strings(self.text_index, captions) == 0:
             return
         missing_img = [s for s in samples if s.image_key not in self.image_index]
@@ -161,11 +144,42 @@ class HelperCache:
         return self.image[self.image_index[image_key]], self.text[self.text_index[caption]]
 
 
+def _verify(path: Path) -> None:
+    """The cache's files against its manifest (a cache without one, from before issue 41, is refused too)."""
+    try:
+        verify_manifest(path, f"helper feature cache {path}", CACHE_FILES)
+        refuse_unlisted(path, CACHE_FILES, "helper cache reader")
+    except CheckpointError as e:
+        raise DataError(f"{e}; build the cache again with `vlp cache-helper-features`") from None
+
+
+def _read(path: Path, index_file: Path, feat_file: Path) -> HelperCache:
+    """The cache of ``index.json`` and ``features.safetensors``; one :class:`DataError` where they disagree."""
+    try:
+        index = json.loads(index_file.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{index_file}: not valid JSON: {e}") from None
+    if index.get("format") != CACHE_FORMAT:
+        raise DataError(f"{index_file}: key 'format' is {index.get('format')!r}, expected {CACHE_FORMAT!r}")
+    feats = load_file(str(feat_file))
+    image, text = feats.get("image"), feats.get("text")
+    keys, texts = index.get("image_keys", []), index.get("texts", [])
+    if image is None or text is None or image.shape[0] != len(keys) or text.shape[0] != len(texts):
+        raise DataError(
+            f"{path}: features.safetensors does not match index.json ({len(keys)} image keys, {len(texts)} texts)"
+        )
+    meta = {k: v for k, v in index.items() if k not in ("image_keys", "texts")}
+    relevance = feats.get("relevance")
+    _check_kind(path, meta.get("kind", LEARNED), image, text, relevance)
+    image_rows, text_rows = _rows(index_file, "image_keys", keys), _rows(index_file, "texts", texts)
+    return HelperCache(image, text, image_rows, text_rows, meta, path, relevance)
+
+
 def _rows(index_file: Path, key: str, strings: list) -> StringRows:
     """The row index of ``index.json``'s list ``key``; anything but strings in it is one :class:`DataError`."""
     try:
         return StringRows.of(strings)
-    except AttributeError:  # a str method on a non-string
+    except TypeError:  # a non-string among them
         bad = next(s for s in strings if not isinstance(s, str))
         raise DataError(f"{index_file}: key {key!r} holds {bad!r}, expected strings") from None
 

@@ -10,23 +10,26 @@ plain numpy arrays instead, which the workers read without writing:
   is a binary search (``np.searchsorted``);
 - :class:`StringRows` (``str -> row``): the strings themselves, packed
   (:class:`~vlp.data.sample_table.PackedStrings`), and a :class:`KeyRows` of their 64-bit keys
-  (:func:`string_key`); a lookup finds the rows with the string's key and compares the stored
-  string, so it is exact even where two strings share a key.
+  (:mod:`vlp.features.packed_keys`, computed by numpy over the packed bytes); a
+  lookup finds the rows with the string's key and compares the stored string, so it is exact even
+  where two strings share a key.
+
+LTD targets files store :func:`string_key` (BLAKE2b) keys of their captions.
 
 Both are read-only ``Mapping``s equal to the dict of their rows; iteration is in row order.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from vlp.data.sample_table import ENCODING, ERRORS, PackedStrings, Sample, SampleTable
-
-#: strings looked up per vectorised step of :meth:`StringRows.count_missing`
-CHUNK = 1 << 16
+from vlp.features import packed_keys as keys64
+from vlp.features.packed_keys import chunks, prefixed, string_words
 
 
 def bytes_key(data: bytes) -> int:
@@ -40,18 +43,43 @@ def string_key(text: str) -> int:
     return bytes_key(text.encode(ENCODING, ERRORS))
 
 
-def _keys_of(encoded: Iterable[bytes], n: int = -1) -> np.ndarray:
-    """[n] int64: :func:`bytes_key` of each byte string."""
-    return np.fromiter(map(bytes_key, encoded), dtype=np.int64, count=n)
+def bytes_keys(strings: PackedStrings) -> np.ndarray:
+    """[M] int64: :func:`bytes_key` of each of ``strings`` (one BLAKE2b call each)."""
+    digest = functools.partial(hashlib.blake2b, digest_size=8)
+    return np.frombuffer(b"".join([digest(b).digest() for b in strings.encoded()]), dtype="<i8").astype(np.int64)
 
 
-def sample_encoded(samples: Sequence[Sample]) -> tuple[Iterable[bytes], Iterable[bytes]]:
-    """The UTF-8 of the image keys and of the captions of ``samples``; of a :class:`SampleTable`,
-    its distinct keys and its captions straight from its buffers (no string decoded)."""
+def pack(strings: Sequence[str]) -> PackedStrings:
+    """``strings`` packed (UTF-8, ``surrogatepass``), a chunk at a time: each chunk joined and
+    encoded in one call, its strings' byte lengths their lengths where ASCII (only the others
+    encoded one by one). Anything but a string raises TypeError."""
+    data, lengths, n = bytearray(), [], keys64.CHUNK
+    for a in range(0, len(strings), n):
+        part = strings[a : a + n]
+        data += "".join(part).encode(ENCODING, ERRORS)
+        size = np.fromiter(map(len, part), dtype=np.int64, count=len(part))
+        for i in np.flatnonzero(~np.fromiter(map(str.isascii, part), dtype=bool, count=len(part))).tolist():
+            size[i] = len(part[i].encode(ENCODING, ERRORS))
+        lengths.append(size)
+    offsets = np.zeros(len(strings) + 1, dtype=np.int64)
+    np.cumsum(np.concatenate([np.zeros(0, np.int64), *lengths]), out=offsets[1:])
+    return PackedStrings(np.frombuffer(data, dtype=np.uint8), offsets)
+
+
+def sample_strings(samples: Sequence[Sample]) -> tuple[Iterable[PackedStrings], Iterable[PackedStrings]]:
+    """The image keys and the captions of ``samples``, packed in chunks
+    (:data:`~vlp.features.packed_keys.CHUNK` strings); of a
+    :class:`SampleTable`, its distinct keys (each with its source's prefix) and its captions, straight
+    from its buffers (no string decoded)."""
     if isinstance(samples, SampleTable):
-        return samples.encoded_keys(), samples.captions.encoded()
-    keys = (s.image_key.encode(ENCODING, ERRORS) for s in samples)
-    return keys, (c.encode(ENCODING, ERRORS) for s in samples for c in s.captions)
+        t = samples
+        prefixes = [p.encode(ENCODING, ERRORS) for p, _ in t.sources]
+        n = keys64.CHUNK
+        sources = (t.key_sources[a : a + n] for a in range(0, len(t.keys), n))
+        keys = (prefixed(prefixes, s, k) for s, k in zip(sources, chunks(t.keys, n)))
+        return keys, chunks(t.captions)
+    keys = chunks(pack([s.image_key for s in samples]))
+    return keys, chunks(pack([c for s in samples for c in s.captions]))
 
 
 def _narrowed(rows: np.ndarray) -> np.ndarray:
@@ -70,7 +98,9 @@ class KeyRows(Mapping[int, int]):
         keys = np.asarray(keys, dtype=np.int64)
         if keys.ndim != 1:
             raise ValueError(f"expected keys [N], got shape {keys.shape}")
-        order = np.argsort(keys, kind="stable")
+        order = np.argsort(keys)  # twice as fast as a stable sort; rows of equal keys put in order below
+        if len(keys) > 1 and bool((keys[order[1:]] == keys[order[:-1]]).any()):
+            order = np.argsort(keys, kind="stable")
         self.sorted = keys[order]
         self.sorted.flags.writeable = False
         self.rows = _narrowed(order)
@@ -90,7 +120,9 @@ class KeyRows(Mapping[int, int]):
 
     def positions(self, keys: np.ndarray) -> np.ndarray:
         """[M] int64: the position in :attr:`sorted` of each of ``keys`` [M] int64, -1 where absent."""
-        i = np.searchsorted(self.sorted, keys)
+        order = np.argsort(keys)  # sorted, the queries search the sorted keys in one cache-friendly sweep
+        i = np.empty(len(keys), dtype=np.int64)
+        i[order] = np.searchsorted(self.sorted, keys[order])
         found = i < len(self.sorted)
         found[found] = self.sorted[i[found]] == keys[found]
         return np.where(found, i, -1)
@@ -115,8 +147,8 @@ class StringRows(Mapping[str, int]):
     @classmethod
     def of(cls, strings: Sequence[str]) -> StringRows:
         """The index of ``strings`` in row order (packed; the sequence is not kept)."""
-        packed = PackedStrings.of(strings)
-        return cls(packed, KeyRows(_keys_of(packed.encoded(), len(packed))))
+        packed = pack(strings)
+        return cls(packed, KeyRows(keys64.packed_keys(packed)))
 
     def _row(self, s: str, i: int) -> int:
         """The row of ``s``, its key's run starting at position ``i`` of the sorted keys (-1 or
@@ -130,39 +162,35 @@ class StringRows(Mapping[str, int]):
         return -1
 
     def __getitem__(self, s: str) -> int:
-        row = self._row(s, self.key_rows.first(string_key(s))) if isinstance(s, str) else -1
+        row = self._row(s, self.key_rows.first(keys64.key_of(s.encode(ENCODING, ERRORS)))) if isinstance(s, str) else -1
         if row < 0:
             raise KeyError(s)
         return row
 
-    def count_missing(self, encoded: Iterable[bytes]) -> int:
-        """How many of the strings ``encoded`` (UTF-8) are not held: per chunk, one vectorised key
+    def count_missing(self, strings: Iterable[PackedStrings]) -> int:
+        """How many of ``strings`` (packed chunks) are not held: per chunk, one vectorised key
         search and one byte comparison with the stored strings; a string whose first row with its
         key holds another string (two strings share a key) is looked up on its own."""
-        it, missing = iter(encoded), 0
-        while True:
-            chunk = [b for _, b in zip(range(CHUNK), it)]
-            if not chunk:
-                return missing
-            pos = self.key_rows.positions(_keys_of(chunk, len(chunk)))
+        missing = 0
+        for chunk in strings:
+            pos = self.key_rows.positions(keys64.packed_keys(chunk))
             same = self._same_bytes(chunk, pos)
             missing += int((pos < 0).sum())
             for j in np.flatnonzero((pos >= 0) & ~same).tolist():
-                missing += self._row(chunk[j].decode(ENCODING, ERRORS), int(pos[j])) < 0
+                missing += self._row(chunk[j], int(pos[j])) < 0
+        return missing
 
-    def _same_bytes(self, chunk: list[bytes], pos: np.ndarray) -> np.ndarray:
-        """[M] bool: whether ``chunk[j]`` equals the string of the row at position ``pos[j]`` of
-        the sorted keys (False where ``pos[j]`` < 0), compared as bytes in one gather."""
+    def _same_bytes(self, chunk: PackedStrings, pos: np.ndarray) -> np.ndarray:
+        """[M] bool: whether string j of ``chunk`` equals the string of the row at position ``pos[j]``
+        of the sorted keys (False where ``pos[j]`` < 0), compared 8 bytes at a time in one gather."""
         o, rows = self.strings.offsets, self.key_rows.rows[np.maximum(pos, 0)]
         start, length = o[rows].astype(np.int64), (o[rows + 1] - o[rows]).astype(np.int64)
-        qlen = np.fromiter(map(len, chunk), dtype=np.int64, count=len(chunk))
-        same = (pos >= 0) & (qlen == length)
+        q = chunk.offsets.astype(np.int64)
+        same = (pos >= 0) & (np.diff(q) == length)
         sel = np.flatnonzero(same)
-        query = np.frombuffer(b"".join(chunk[j] for j in sel.tolist()), dtype=np.uint8)
-        ends = np.cumsum(length[sel])
-        firsts = np.repeat(start[sel] - (ends - length[sel]), length[sel])
-        stored = self.strings.data[firsts + np.arange(len(query))]
-        differ = np.searchsorted(ends, np.flatnonzero(stored != query), side="right")  # [mismatches] -> string
+        counts, _, stored = string_words(self.strings.data, start[sel], length[sel])
+        query = string_words(chunk.data, q[:-1][sel], length[sel])[2]
+        differ = np.searchsorted(np.cumsum(counts), np.flatnonzero(stored != query), side="right")  # -> string
         same[sel[differ]] = False
         return same
 
@@ -173,16 +201,17 @@ class StringRows(Mapping[str, int]):
         return iter(self.strings)
 
 
-def count_missing_strings(index: Mapping[str, int], encoded: Iterable[bytes]) -> int:
-    """How many of the strings ``encoded`` (UTF-8) ``index`` lacks: vectorised for a
+def count_missing_strings(index: Mapping[str, int], strings: Iterable[PackedStrings]) -> int:
+    """How many of ``strings`` (packed chunks) ``index`` lacks: vectorised for a
     :class:`StringRows`, decoded and looked up one by one in another mapping (a dict)."""
     if isinstance(index, StringRows):
-        return index.count_missing(encoded)
-    return sum(b.decode(ENCODING, ERRORS) not in index for b in encoded)
+        return index.count_missing(strings)
+    return sum(s not in index for chunk in strings for s in chunk)
 
 
-def count_missing(index: Mapping[int, int], keys: Iterable[int]) -> int:
-    """How many of ``keys`` ``index`` lacks: vectorised for a :class:`KeyRows`, a lookup each otherwise."""
+def count_missing(index: Mapping[int, int], keys: Iterable[int] | np.ndarray) -> int:
+    """How many of ``keys`` (or [M] int64) ``index`` lacks: vectorised for a :class:`KeyRows`, a lookup each otherwise."""
     if isinstance(index, KeyRows):
-        return int((index.positions(np.fromiter(keys, dtype=np.int64)) < 0).sum())
+        wanted = keys if isinstance(keys, np.ndarray) else np.fromiter(keys, dtype=np.int64)
+        return int((index.positions(wanted.astype(np.int64)) < 0).sum())
     return sum(k not in index for k in keys)

@@ -22,7 +22,7 @@ import torch
 
 from vlp.data.formats import Sample
 from vlp.errors import DataError
-from vlp.features.row_index import KeyRows, bytes_key, count_missing, sample_encoded, string_key
+from vlp.features.row_index import KeyRows, bytes_keys, count_missing, sample_strings, string_key
 from vlp.features.store import read_features, write_features
 
 TARGETS_FORMAT = "vlp-latent-targets-v1"
@@ -141,7 +141,7 @@ class LatentTargets:
 
     def check_covers(self, samples: Sequence[Sample], limit: int = 3) -> None:
         """Fail before training if a training caption has no target (a stale file)."""
-        if count_missing(self.rows, map(bytes_key, sample_encoded(samples)[1])) == 0:  # caption_key of each
+        if sum(count_missing(self.rows, bytes_keys(c)) for c in sample_strings(samples)[1]) == 0:  # caption_key of each
             return
         missing = [(s, c) for s in samples for c in s.captions if caption_key(c) not in self.rows]
         if missing:
