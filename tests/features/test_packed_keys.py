@@ -17,7 +17,7 @@ from vlp.data.sample_table import PackedStrings, SampleTable
 from vlp.errors import DataError
 from vlp.features import packed_keys
 from vlp.features.helper_cache import HelperCache, cache_rows, write_cache
-from vlp.features.packed_keys import chunks, key_of, prefixed, ranges
+from vlp.features.packed_keys import chunks, key_of, prefixed, string_words
 
 EDGES = ["", "a", "abcdefg", "abcdefgh", "abcdefghi", "abcdefgh\x00", "\x00", "\x00\x00", "héllo wörld", "\ud800 x"]
 
@@ -51,12 +51,15 @@ def test_packed_keys_are_spread_over_similar_strings() -> None:
     assert np.bincount(low.astype(np.int64), minlength=1 << 16).max() < 30  # ~3.1 per value on average
 
 
-def test_chunks_prefixed_and_ranges() -> None:
+def test_chunks_prefixed_and_string_words() -> None:
     packed = PackedStrings.of(EDGES)
     assert [s for c in chunks(packed, 3) for s in c] == EDGES
     out = prefixed([b"P:", b"", "ü/".encode()], np.array([0, 1, 2] * 3 + [0]), packed)
     assert list(out) == [("P:", "", "ü/")[i % 3] + s for i, s in enumerate(EDGES)]
-    assert ranges(np.array([5, 0, 2]), np.array([2, 0, 3])).tolist() == [5, 6, 2, 3, 4]
+    data = np.frombuffer(b"abcdefghijk", dtype=np.uint8)  # words at the buffer's end are read from before it
+    counts, words = string_words(data, np.array([0, 9, 3, 11]), np.array([11, 2, 8, 0]))
+    want = [b"abcdefgh", b"ijk", b"jk", b"defghijk", b""]
+    assert counts.tolist() == [2, 1, 1, 1] and words.tolist() == [int.from_bytes(w, "little") for w in want]
 
 
 def _two_files(folder: Path) -> list[Path]:

@@ -65,13 +65,6 @@ def key_of(data: bytes) -> int:
     return key - (1 << 64) if key >= 1 << 63 else key
 
 
-def ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """[sum(lengths)] int64: ``starts[i] + 0 .. starts[i] + lengths[i] - 1`` for each i, concatenated."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    firsts = np.cumsum(lengths) - lengths  # where each range begins in the output
-    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(np.asarray(starts, np.int64) - firsts, lengths)
-
-
 def chunks(strings: PackedStrings, n: Optional[int] = None) -> Iterator[PackedStrings]:
     """``strings`` in consecutive slices of ``n`` (default :data:`CHUNK`) strings (views of its
     buffer, offsets rebased)."""
@@ -83,21 +76,22 @@ def chunks(strings: PackedStrings, n: Optional[int] = None) -> Iterator[PackedSt
 
 
 def prefixed(prefixes: Sequence[bytes], sources: np.ndarray, strings: PackedStrings) -> PackedStrings:
-    """The strings ``prefixes[sources[i]] + strings[i]`` [M], packed (one gather over the bytes)."""
+    """The strings ``prefixes[sources[i]] + strings[i]`` [M], packed: the strings' bytes moved in
+    one scatter, each source's prefix written into its strings' heads in another."""
     sources = np.asarray(sources, dtype=np.int64)
     plen = np.array([len(p) for p in prefixes], dtype=np.int64)
-    head = np.frombuffer(b"".join(prefixes), dtype=np.uint8)
-    blob = np.concatenate([head, strings.data])  # the prefixes, then the strings' bytes
     o = strings.offsets.astype(np.int64)
-    cut = plen[sources]  # [M] prefix length of each string
-    lens = cut + np.diff(o)
-    pos = ranges(np.zeros(len(lens), np.int64), lens)  # [bytes] position within its output string
-    in_prefix = pos < np.repeat(cut, lens)
-    from_prefix = np.repeat((np.cumsum(plen) - plen)[sources], lens)
-    from_string = np.repeat(len(head) + o[:-1] - cut, lens)
-    offsets = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    return PackedStrings(blob[np.where(in_prefix, from_prefix, from_string) + pos], offsets)
+    cut, slen = plen[sources], np.diff(o)  # [M] each string's prefix and own length
+    offsets = np.zeros(len(cut) + 1, dtype=np.int64)
+    np.cumsum(cut + slen, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), dtype=np.uint8)
+    out[np.arange(len(strings.data), dtype=np.int64) + np.repeat(np.cumsum(cut), slen)] = strings.data
+    for src in np.unique(sources).tolist():
+        head = np.frombuffer(prefixes[src], dtype=np.uint8)
+        if len(head):
+            at = offsets[:-1][sources == src]
+            out[(at[:, None] + np.arange(len(head))).ravel()] = np.tile(head, len(at))
+    return PackedStrings(out, offsets)
 
 
 def packed_keys(strings: PackedStrings) -> np.ndarray:
@@ -114,28 +108,31 @@ def _chunk_keys(strings: PackedStrings) -> np.ndarray:
     """[M] int64 keys of a chunk (offsets starting at 0)."""
     o = strings.offsets.astype(np.int64)
     lengths = np.diff(o)
-    counts, j, words = string_words(strings.data, o[:-1], lengths)
-    mixed = _mix(words ^ (j.astype(np.uint64) * _GOLDEN))
-    sums = np.add.reduceat(mixed, np.cumsum(counts) - counts)
+    counts, words = string_words(strings.data, o[:-1], lengths)
+    firsts = np.cumsum(counts) - counts
+    j = np.arange(len(words), dtype=np.uint64) - np.repeat(firsts, counts).astype(np.uint64)  # [W] word number
+    sums = np.add.reduceat(_mix(words ^ (j * _GOLDEN)), firsts)
     return _mix(sums ^ (lengths.astype(np.uint64) * _M2)).view(np.int64)
 
 
-def string_words(
-    data: np.ndarray, starts: np.ndarray, lengths: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+#: ``_MASKS[k]``: the low k bytes of a word
+_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [_MASK], dtype=np.uint64)
+
+
+def string_words(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The 8-byte little-endian words of the M strings ``data[starts[i]:starts[i] + lengths[i]]``
     (uint8 ``data``), the last word of each zero-padded, an empty string one zero word:
-    ``counts`` [M] words per string, ``j`` [W] each word's number within its string and
-    ``words`` [W] uint64, string by string."""
+    ``counts`` [M] words per string and ``words`` [W] uint64, string by string."""
     starts, lengths = np.asarray(starts, np.int64), np.asarray(lengths, np.int64)
     counts = np.maximum(1, (lengths + 7) // 8)
-    j = ranges(np.zeros(len(counts), np.int64), counts)
-    at = np.repeat(starts, counts) + 8 * j  # [W] first byte of each word
-    left = np.clip(np.repeat(starts + lengths, counts) - at, 0, 8)  # [W] the string's bytes in it
+    firsts = np.cumsum(counts) - counts
+    at = 8 * np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(starts - 8 * firsts, counts)  # [W] first bytes
     if len(data) < 8:
         data = np.concatenate([data, np.zeros(8 - len(data), np.uint8)])
     unaligned = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))  # a word at every byte
-    read = np.minimum(at, len(data) - 8)  # a word running past the buffer is read from 8 bytes before its end
-    words = unaligned[read] >> (np.uint64(8) * (at - read).astype(np.uint64))
-    mask = np.where(left == 8, _ALL_ONES, (np.uint64(1) << (np.uint64(8) * left.astype(np.uint64))) - np.uint64(1))
-    return counts, j, words & mask
+    words = unaligned[np.minimum(at, len(data) - 8)]
+    late = np.flatnonzero(at > len(data) - 8)  # words running past the buffer: read 8 bytes before its end
+    words[late] >>= (np.uint64(8) * (at[late] - (len(data) - 8)).astype(np.uint64)) % np.uint64(64)
+    last = firsts + counts - 1
+    words[last] &= _MASKS[lengths - 8 * (counts - 1)]  # only the string's bytes of its last word
+    return counts, words

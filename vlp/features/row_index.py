@@ -188,8 +188,8 @@ class StringRows(Mapping[str, int]):
         q = chunk.offsets.astype(np.int64)
         same = (pos >= 0) & (np.diff(q) == length)
         sel = np.flatnonzero(same)
-        counts, _, stored = string_words(self.strings.data, start[sel], length[sel])
-        query = string_words(chunk.data, q[:-1][sel], length[sel])[2]
+        counts, stored = string_words(self.strings.data, start[sel], length[sel])
+        query = string_words(chunk.data, q[:-1][sel], length[sel])[1]
         differ = np.searchsorted(np.cumsum(counts), np.flatnonzero(stored != query), side="right")  # -> string
         same[sel[differ]] = False
         return same
