@@ -67,6 +67,18 @@ def test_key_rows_equal_the_dict_and_vectorise() -> None:
     assert count_missing(rows, [5, 6, 0, 2**63 - 1]) == 1
 
 
+def test_key_rows_of_repeated_keys_find_their_first_row() -> None:
+    """Sorted by a fast unstable sort where the keys are distinct; with repeats, each key still finds
+    its first row (20k rows, where an unstable sort reorders equal keys)."""
+    keys = np.random.default_rng(0).integers(0, 50, 20_000)
+    rows = KeyRows(keys)
+    first = {}
+    for i, k in enumerate(keys.tolist()):
+        first.setdefault(k, i)
+    assert {k: rows[k] for k in first} == first
+    assert np.argsort(keys).tolist() != np.argsort(keys, kind="stable").tolist()  # the case this guards
+
+
 def test_sample_strings_of_a_table_are_its_distinct_keys_and_captions() -> None:
     samples = [
         Sample("x.jpg", ("c1", "c2"), "k2", "o"),

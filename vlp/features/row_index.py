@@ -98,10 +98,11 @@ class KeyRows(Mapping[int, int]):
         keys = np.asarray(keys, dtype=np.int64)
         if keys.ndim != 1:
             raise ValueError(f"expected keys [N], got shape {keys.shape}")
-        order = np.argsort(keys)  # twice as fast as a stable sort; rows of equal keys put in order below
-        if len(keys) > 1 and bool((keys[order[1:]] == keys[order[:-1]]).any()):
-            order = np.argsort(keys, kind="stable")
+        order = np.argsort(keys)  # twice as fast as a stable sort, which equal keys need (their rows in order)
         self.sorted = keys[order]
+        if bool((self.sorted[1:] == self.sorted[:-1]).any()):
+            order = np.argsort(keys, kind="stable")
+            self.sorted = keys[order]
         self.sorted.flags.writeable = False
         self.rows = _narrowed(order)
 
