@@ -17,6 +17,7 @@ from vlp.features.helper_cache import HelperCache, write_cache
 from vlp.features.row_index import (
     KeyRows,
     StringRows,
+    bytes_keys,
     count_missing,
     count_missing_strings,
     sample_strings,
@@ -41,6 +42,7 @@ def test_string_rows_equal_the_dict_of_rows_and_are_exact() -> None:
     queries = [PackedStrings.of(["a", "c", ""]), PackedStrings.of(["zz", "zz ", "\ud800 lone surrogate"])]  # 2 chunks
     assert count_missing_strings(rows, queries) == count_missing_strings(dict(want), queries) == 2
     assert caption_key("a dog on a beach") == string_key("a dog on a beach")  # LTD files keep their keys
+    assert bytes_keys(PackedStrings.of(STRINGS)).tolist() == [string_key(s) for s in STRINGS]
 
 
 def test_strings_sharing_a_key_are_told_apart(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -130,9 +130,11 @@ def string_words(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> t
     if len(data) < 8:
         data = np.concatenate([data, np.zeros(8 - len(data), np.uint8)])
     unaligned = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))  # a word at every byte
-    words = unaligned[np.minimum(at, len(data) - 8)]
-    late = np.flatnonzero(at > len(data) - 8)  # words running past the buffer: read 8 bytes before its end
-    words[late] >>= (np.uint64(8) * (at[late] - (len(data) - 8)).astype(np.uint64)) % np.uint64(64)
     last = firsts + counts - 1
+    late = last[at[last] > len(data) - 8]  # last words running past the buffer: read from 8 bytes before its end
+    shift = (np.uint64(8) * (at[late] - (len(data) - 8)).astype(np.uint64)) % np.uint64(64)
+    at[late] = len(data) - 8
+    words = unaligned[at]
+    words[late] >>= shift
     words[last] &= _MASKS[lengths - 8 * (counts - 1)]  # only the string's bytes of its last word
     return counts, words

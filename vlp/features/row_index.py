@@ -45,8 +45,11 @@ def string_key(text: str) -> int:
 
 def bytes_keys(strings: PackedStrings) -> np.ndarray:
     """[M] int64: :func:`bytes_key` of each of ``strings`` (one BLAKE2b call each)."""
-    digest = functools.partial(hashlib.blake2b, digest_size=8)
-    return np.frombuffer(b"".join([digest(b).digest() for b in strings.encoded()]), dtype="<i8").astype(np.int64)
+    digest, out = functools.partial(hashlib.blake2b, digest_size=8), bytearray()
+    for part in chunks(strings):
+        buf, ends = part.data.tobytes(), part.offsets.tolist()
+        out += b"".join([digest(buf[x:y]).digest() for x, y in zip(ends, ends[1:])])
+    return np.frombuffer(out, dtype="<i8").astype(np.int64)
 
 
 def pack(strings: Sequence[str]) -> PackedStrings:
