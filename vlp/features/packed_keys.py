@@ -27,12 +27,11 @@ import numpy as np
 
 from vlp.data.sample_table import PackedStrings
 
-#: strings per vectorised step (bounds the temporaries: about 30 bytes per byte of the chunk)
+#: strings per vectorised step (bounds the temporaries to a few times the chunk's bytes)
 CHUNK = 1 << 16
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)  # SplitMix64's multipliers
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MASK = 2**64 - 1
-_ALL_ONES = np.uint64(_MASK)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
