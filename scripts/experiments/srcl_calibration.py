@@ -26,12 +26,16 @@ helper, SRCL at 1/4, 1/2, 2 and 4 times the seed's no-GT delta (the factor 1 is 
 3 seeds. The pre-registered reading is in docs/experiments.md ("Does the calibration pick a good
 delta?"). Everything is skipped when its output exists, so an interrupted run resumes; ``--shard
 I/2`` splits the work between two processes (preparation by seed parity, then every other run).
+``--record DIR`` keeps the results and calibration reports in DIR as they are written (the
+repository's ``results/srcl_calibration``, committed as the work goes on), and copies them back at
+start, so that a run on a new machine goes on from what an earlier one finished.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -128,19 +132,20 @@ class Experiment:
         return path
 
     def calibration(self, helper: str, seed: int) -> dict[str, Any]:
-        """The no-GT and the ground-truth reports of ``helper`` for ``seed`` (batch 64, no queue)."""
-        cache = self.cache(helper, seed)
+        """The no-GT and the ground-truth reports of ``helper`` for ``seed`` (batch 64, no queue); the
+        helper's cache is built only where a report is missing (a run builds it when it needs it)."""
         name = f"{slug(helper)}_seed{seed}"
         nogt, gt = self.out / "calibration" / name, self.out / "ground_truth" / name
         common = dict(batch_size=self.a.batch_size, queue_size=0, batches=DIAG_BATCHES, target_weight=TARGET)
         with self._locked(f"calib_{name}"):
             if not (nogt / "helper_diagnostics.json").exists():
                 try:
-                    run_helper_calibration(cache, [self.mix], nogt, force=True, **common)
+                    run_helper_calibration(self.cache(helper, seed), [self.mix], nogt, force=True, **common)
                 except CalibrationError as e:  # no delta for this helper: recorded in its report's "refused"
                     print(f"{name}: the no-GT calibration refuses: {e}", flush=True)
             if not (gt / "helper_diagnostics.json").exists():
-                run_helper_diagnostics(cache, self.root, self.mix, gt, **common)
+                run_helper_diagnostics(self.cache(helper, seed), self.root, self.mix, gt, **common)
+            record(self.out, self.a.record, [nogt / "helper_diagnostics.json", gt / "helper_diagnostics.json"])
         r = json.loads((nogt / "helper_diagnostics.json").read_text())
         g = json.loads((gt / "helper_diagnostics.json").read_text())
         return {
@@ -152,14 +157,14 @@ class Experiment:
             "negatives_per_row": r.get("at_delta", {}).get("negatives_per_row"),
             "below_0_2": r["weights"].get("target_weight", {}).get("all_negatives", {}).get("below_0_2"),
             "refused": r.get("refused"),
-            "cache": str(cache),
+            "cache": str(self.out / "caches" / name),
         }
 
     def prepare(self, seeds: list[int], shard: tuple[int, int]) -> None:
-        """Every seed's warm-up, caches and calibrations: this shard's seeds (by parity) first."""
+        """Every seed's calibrations (and the caches they need): this shard's seeds (by parity) first.
+        Warm-ups are trained by the first run that starts from them."""
         i, n = shard
         for seed in [s for s in seeds if s % n == i] + [s for s in seeds if s % n != i]:
-            self.warmup(seed)
             for helper in HELPERS:
                 self.calibration(helper, seed)
 
@@ -175,7 +180,8 @@ class Experiment:
             c = self.calibration(helper, seed)
             if c["delta_nogt"] is None:
                 raise RuntimeError(f"{arm} seed {seed}: the no-GT calibration found no delta")
-            src = [*SRCL, f"loss.srcl.helper_features={c['cache']}", f"loss.srcl.delta={factor * c['delta_nogt']}"]
+            cache = self.cache(helper, seed)
+            src = [*SRCL, f"loss.srcl.helper_features={cache}", f"loss.srcl.delta={factor * c['delta_nogt']}"]
         return [*self.base, f"init_from={warm}", "model.queue_size=0", "loss.distill=false", *src]
 
 
@@ -184,6 +190,8 @@ class MarkedSweep(Sweep):
 
     #: (arm, seed) -> whether the arm has a delta to train at (False: recorded as ``no_delta``, not trained)
     has_delta: Any = None
+    #: the --record folder (None: nothing copied)
+    record_to: Optional[Path] = None
 
     def _run_one(self, name: str, seed: int) -> None:
         if self.has_delta is not None and not self.has_delta(name, seed):
@@ -196,6 +204,32 @@ class MarkedSweep(Sweep):
             super()._run_one(name, seed)
         finally:
             mark.unlink(missing_ok=True)
+        record(self.results.path.parent, self.record_to, [self.results.path])
+
+
+def record(out: Path, to: Optional[Path], files: list[Path]) -> None:
+    """Copy ``files`` (under ``out``) to the same places under ``to``, written whole then renamed."""
+    if to is None:
+        return
+    for f in files:
+        if f.exists():
+            dst = to / f.relative_to(out)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst.with_suffix(".tmp")
+            shutil.copyfile(f, tmp)
+            tmp.replace(dst)
+
+
+def restore(out: Path, kept: Optional[Path]) -> None:
+    """The files :func:`record` kept, copied back into ``out`` where ``out`` has none: a run on a new
+    machine skips what an earlier machine finished (results JSONs are merged by their own reader)."""
+    if kept is None or not kept.exists():
+        return
+    for f in kept.rglob("*.json"):
+        dst = out / f.relative_to(kept)
+        if not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, dst)
 
 
 def status(out: Path) -> str:
@@ -223,6 +257,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--warmup-steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--status", action="store_true", help="print what is done and what is running, then exit")
+    p.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        help="a folder (in the repository) that keeps the small files a lost machine would lose: results and "
+        "calibration reports are copied there as they are written, and back into --out at start",
+    )
     a = p.parse_args(argv)
     out = Path(a.out)
     if a.status:
@@ -231,6 +272,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     arms, default_seeds = GRIDS[a.grid]
     seeds = list(a.seeds or default_seeds)
     t0 = time.time()
+    restore(out, a.record)
     exp = Experiment(out, a)
     exp.prepare(seeds, a.shard)
     results = SeedResults(out / f"results_{a.grid}.json")
@@ -249,7 +291,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         timed=True,
         t0=t0,
     )
-    sweep.has_delta = exp.has_delta
+    sweep.has_delta, sweep.record_to = exp.has_delta, a.record
     sweep.run(seeds, arms, shard=a.shard)
     if a.shard != (0, 1):
         print(f"shard {a.shard[0]}/{a.shard[1]} done; run again without --shard for the report", flush=True)
