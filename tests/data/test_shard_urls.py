@@ -5,6 +5,7 @@ shards on local disk; start-up reads only the stats files; counts without stats 
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,9 @@ import torch
 from tests.data.shard_servers import Fault, http_server, s3_server
 from tests.data.test_img2dataset_shards import PER_SHARD, loader, write_img2dataset
 from vlp.data.shard_format import index_entry, read_sizes
+from vlp.data.shard_samples import iter_samples
+from vlp.data.shard_urls import read_stats, shard_urls
+from vlp.data.url_deadlines import UrlTimeouts
 from vlp.errors import DataError
 
 BRACE = "{00000..00003}.tar"
@@ -138,3 +142,22 @@ def test_a_shard_that_keeps_failing_costs_its_samples_named_once(folder: Path, m
     named = [line for line in capsys.readouterr().err.splitlines() if "skipped a bad shard" in line]
     assert len(named) == 1 and f"{server.url}/00002.tar: cannot read shard" in named[0]
     assert "(after 5 tries)" in named[0] and "503" in named[0]
+
+
+def test_the_main_process_reads_urls_after_its_loader_workers_end(folder: Path, monkeypatch) -> None:
+    """Forked loader workers inherit the main process's open connections, registered in its event
+    loop's epoll set, which a fork shares; workers that closed them (fsspec drops its cached
+    filesystems in a child) unregistered them in the main process, whose next requests then waited
+    for their read deadline. The main process reads shards and stats, forks workers over each
+    kind of entry, and must read on at once after every epoch."""
+    short = UrlTimeouts(read_s=5.0)
+    with http_server(folder) as web, s3_server(monkeypatch, "shards", folder):
+        entries = {"http": f"{web.url}/{BRACE}", "s3": f"s3://shards/{BRACE}", "local": str(folder)}
+        for entry in entries.values():  # the read path, in this process: connections left in the pools
+            assert sum(1 for _ in iter_samples(read_sizes([entry], timeouts=short))) == 20
+        for name, workers in [("s3", 1), ("http", 1), ("local", 2), ("s3", 2), ("http", 2)]:
+            assert len(list(loader([entries[name]], num_workers=workers, timeouts=short))) == 5
+            for url in ("http", "s3"):
+                t = time.perf_counter()
+                assert read_stats(shard_urls(entries[url]), short) == [PER_SHARD] * 4, (name, workers, url)
+                assert time.perf_counter() - t < 2.0, (name, workers, url)

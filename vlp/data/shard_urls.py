@@ -19,9 +19,11 @@ query) is refused by :func:`shard_urls`, which every URL entry goes through befo
 from __future__ import annotations
 
 import io
+import os
 import random
 import subprocess
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import IO, Any, BinaryIO, Callable, Iterator, Optional, cast
@@ -145,6 +147,24 @@ def reason_of(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
+#: the fsspec filesystems this process has opened (weakly: fsspec's own cache decides how long they live)
+_OPENED: weakref.WeakSet[Any] = weakref.WeakSet()
+#: in a forked child, the parent's filesystems, held so that they are never finalized in the child
+_INHERITED: list[Any] = []
+
+
+def _hold_inherited() -> None:
+    """Run in every forked child (loader workers): hold the filesystems the parent had opened. Their
+    sessions' sockets are the parent's, registered in its event loop's epoll set, which a fork
+    shares; fsspec drops its cached instances in a child, and their finalizers closing those
+    sockets there unregister them in the parent, whose next request on them then waits for its
+    read deadline (seen as every stats file timing out once a loader had forked workers)."""
+    _INHERITED.extend(_OPENED)
+
+
+os.register_at_fork(after_in_child=_hold_inherited)
+
+
 def _filesystem(url: str, timeouts: UrlTimeouts) -> Any:
     """The fsspec filesystem of ``url`` with ``timeouts``' per-read deadline (cached per process
     and options by fsspec). A missing backend (s3fs, gcsfs, aiohttp) raises one :class:`DataError`
@@ -158,6 +178,7 @@ def _filesystem(url: str, timeouts: UrlTimeouts) -> Any:
         raise DataError(f"{url}: cannot read this URL: {reason_of(e)}; install {extra}") from None
     except ValueError as e:
         raise DataError(f"{url}: not a URL fsspec can read: {reason_of(e)}") from None
+    _OPENED.add(fs)
     return fs
 
 
