@@ -22,7 +22,8 @@ S3_KEY, S3_SECRET = "vlptestkeyAKIA0000", "vlptestsecret000000000000000000000000
 class Fault:
     """What the HTTP server does to the GETs of paths ending with ``suffix``: ``kind`` is ``reset``
     (the body is cut after ``after`` bytes and the connection closed), ``500``/``503`` (an error
-    status), ``stall`` (``after`` bytes, then ``seconds`` of silence) or ``trickle`` (the body in
+    status), ``delay`` (the whole response, after ``seconds``), ``stall`` (``after`` bytes, then
+    ``seconds`` of silence, then the connection closed) or ``trickle`` (the body in
     pieces of ``step`` bytes, one every ``seconds``); ``times``: how many requests it hits (then the
     path is served normally; -1: all)."""
 
@@ -37,12 +38,27 @@ class Fault:
 @dataclass
 class ShardServer:
     """A running HTTP server over ``root``: ``url`` is its base, ``log`` the requests (``GET /path``,
-    ``HEAD /path``, in order), ``faults`` what it injects."""
+    ``HEAD /path``, in order), ``faults`` what it injects, ``most_at_once`` the most requests it
+    was serving at one time."""
 
     root: Path
     url: str = ""
     log: list[str] = field(default_factory=list)
     faults: list[Fault] = field(default_factory=list)
+    most_at_once: int = 0
+    _serving: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        with self._lock:
+            self._serving += 1
+            self.most_at_once = max(self.most_at_once, self._serving)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._serving -= 1
 
     def fault_for(self, path: str) -> Optional[Fault]:
         for f in self.faults:
@@ -63,10 +79,12 @@ def _handler(server: ShardServer) -> type[http.server.BaseHTTPRequestHandler]:
             pass
 
         def do_HEAD(self) -> None:
-            self._serve(body=False)
+            with server.serving():
+                self._serve(body=False)
 
         def do_GET(self) -> None:
-            self._serve(body=True)
+            with server.serving():
+                self._serve(body=True)
 
         def _serve(self, body: bool) -> None:
             server.log.append(f"{self.command} {self.path}")
@@ -76,6 +94,9 @@ def _handler(server: ShardServer) -> type[http.server.BaseHTTPRequestHandler]:
                 return
             data = f.read_bytes()
             fault = server.fault_for(self.path) if body else None
+            if fault is not None and fault.kind == "delay":
+                time.sleep(fault.seconds)
+                fault = None
             if fault is not None and fault.kind in ("500", "503"):
                 self.send_error(int(fault.kind))
                 return

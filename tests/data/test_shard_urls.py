@@ -87,6 +87,25 @@ def test_without_stats_counts_come_from_the_index_or_train_num_samples(tmp_path:
         read_sizes([bare], num_samples=20)
 
 
+def test_vlp_data_index_reads_url_shards_at_once_and_stops_at_a_broken_one(tmp_path: Path, monkeypatch) -> None:
+    """A scan of a URL set waits on the store: its shards are read several at a time (here each
+    response comes after 0.3 s, so requests overlap only if the scan does not wait for each in turn); a
+    shard that breaks stops it with the shard named, and no index is kept."""
+    monkeypatch.setenv("VLP_CACHE", str(tmp_path / "cache"))
+    bare = write_img2dataset(tmp_path / "bare", stats=False, shards=8)
+    with http_server(bare) as server:
+        entry = f"{server.url}/{{00000..00007}}.tar"
+        server.faults.append(Fault(".tar", "delay", seconds=0.3))
+        f, counts = index_entry(entry)
+        assert counts == [PER_SHARD] * 8 and f.is_file()
+        assert server.most_at_once >= 4
+        server.faults[:] = [Fault("00005.tar", "reset", after=700)]
+        f.unlink()
+        with pytest.raises(DataError, match=r"00005\.tar"):
+            index_entry(entry)
+        assert not f.exists()
+
+
 def test_s3_shards_give_the_local_batches(folder: Path, monkeypatch) -> None:
     local = fingerprint(list(loader([folder])))
     with s3_server(monkeypatch, "shards", folder):

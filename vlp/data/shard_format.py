@@ -41,6 +41,7 @@ from vlp.errors import DataError
 from vlp.regular_files import NotRegular, is_regular, open_regular
 
 SIZES_FILE = "sizes.json"
+SCAN_THREADS = 16  # URL shards read at once by a scan (`vlp data index`)
 ID_STRIDE = 1 << 24  # estimated counts (data.train_num_samples): shard k's image ids start at k * ID_STRIDE
 SHARD_NAME = "shard-{:05d}.tar"
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
@@ -335,29 +336,50 @@ def _scanned_counts(tars: Sequence[Path | str], caption_key: str, on_bad: str) -
     """Samples per tar from one scan (captions parsed, images skipped), kept in :func:`index_dir`
     under a digest of the tars' paths, sizes and modification times. A tar that breaks raises
     (``on_bad="raise"``) or counts its samples up to the break, the broken one included, with a
-    warning; an index with such a count is not kept (the next start scans again)."""
+    warning; an index with such a count is not kept (the next start scans again). URL shards are
+    read :data:`SCAN_THREADS` at a time (a scan is mostly waiting on the store), local ones in turn;
+    a progress bar shows the shards done."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vlp.progress import progress
+
     f = _index_file(tars, caption_key)
     known = _read_index(f, len(tars))
     if known is not None:
         return known
     print(f"indexing {len(tars)} shard(s) without _stats.json (once; kept in {f.parent})", flush=True)
+    threads = SCAN_THREADS if any(isinstance(t, str) for t in tars) else 1
     counts, broken = [], False
-    for t in tars:
-        errors: list[DataError] = []
-        n = sum(1 for _ in iter_shard(ShardInfo(t, 0, 0, 0, "img2dataset", caption_key), False, errors=errors))
-        fault = next((e for e in errors if isinstance(e, ShardFault)), None)
-        n += len(errors) - (fault is not None) + (fault.lost if fault is not None else 0)
-        if fault is not None:
-            if on_bad != "skip":
-                raise DataError(str(fault))
-            broken = True
-            kept = f"{n} samples counted (read up to the break)" if n else "no samples counted: the shard is left out"
-            print(f"vlp data: warning: {fault}; {kept}", file=sys.stderr, flush=True)
-        counts.append(n)
+    pool = ThreadPoolExecutor(threads)
+    try:
+        bar = progress(len(tars), "vlp data: counting shards")
+        for n, fault in pool.map(lambda t: _scan_one(t, caption_key), tars):
+            bar.update(1)
+            if fault is not None:
+                if on_bad != "skip":
+                    raise DataError(str(fault))
+                broken = True
+                kept = (
+                    f"{n} samples counted (read up to the break)" if n else "no samples counted: the shard is left out"
+                )
+                print(f"vlp data: warning: {fault}; {kept}", file=sys.stderr, flush=True)
+            counts.append(n)
+        bar.close()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a shard that raised: the rest are not read
     if not broken:
         f.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(f, lambda out: out.write(json.dumps({"tars": _stamp(tars), "counts": counts})))
     return counts
+
+
+def _scan_one(tar: Path | str, caption_key: str) -> tuple[int, Optional[ShardFault]]:
+    """One tar's sample count from a scan (images skipped), and the fault that ended it early."""
+    errors: list[DataError] = []
+    n = sum(1 for _ in iter_shard(ShardInfo(tar, 0, 0, 0, "img2dataset", caption_key), False, errors=errors))
+    fault = next((e for e in errors if isinstance(e, ShardFault)), None)
+    n += len(errors) - (fault is not None) + (fault.lost if fault is not None else 0)
+    return n, fault
 
 
 def iter_shard(
