@@ -21,7 +21,8 @@ import torch
 
 from tests.data.test_img2dataset_shards import PER_SHARD, loader, tiny_run, write_img2dataset
 from vlp.data.json_entries import read_json
-from vlp.data.shard_format import ShardFault, ShardInfo, iter_shard, read_sizes
+from vlp.data.shard_format import ShardFault, ShardInfo, _index_file, index_entry, iter_shard, read_sizes
+from vlp.data.shard_urls import shard_urls
 from vlp.errors import DataError
 
 FIFO = "is a FIFO (named pipe), not a regular file"
@@ -271,3 +272,29 @@ def test_broken_shards_are_judged_under_max_bad_fraction(tmp_path: Path, capfd) 
     overrides = tiny_run(run, data, "data.max_bad_fraction=0.05", *extra)
     assert main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", *overrides]) == 2
     assert "more than data.max_bad_fraction=0.05" in capfd.readouterr().err
+
+
+def test_a_url_shards_count_mismatch_says_what_to_do_with_a_store(tmp_path: Path, monkeypatch) -> None:
+    """The hint fits a URL set: stats files in a bucket are not "the folder's", and a stale scan
+    index of URLs is not counted again by the next run (it refuses without counts): `vlp data index`."""
+    from tests.data.shard_servers import http_server
+
+    monkeypatch.setenv("VLP_CACHE", str(tmp_path / "cache"))
+    data = broken_world(tmp_path / "w", ("count",))
+    with http_server(data) as server:
+        entry = f"{server.url}/{{00000..00005}}.tar"
+        with pytest.raises(DataError) as e:
+            list(loader([entry], on_bad="raise"))
+        message = str(e.value)
+        assert f"{server.url}/00003.tar: 5 samples, but {server.url}/00003_stats.json says 7" in message
+        assert "delete the folder's" not in message and "`vlp data index` on the data.train entry" in message
+        for stats in data.glob("*_stats.json"):
+            stats.unlink()
+        index_entry(entry)
+        index_file, counts = _index_file(shard_urls(entry), "caption"), [PER_SHARD] * 6
+        index_file.write_text(index_file.read_text().replace(str(counts), str([5, 5, 5, 5, 6, 5])))  # stale
+        with pytest.raises(DataError) as e:
+            list(loader([entry], on_bad="raise"))
+        message = str(e.value)
+        assert f"vlp's scan index {index_file} says 6" in message
+        assert "run `vlp data index` on the data.train entry again" in message and "the next run counts" not in message

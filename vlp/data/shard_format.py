@@ -427,23 +427,30 @@ def iter_shard(
 def count_mismatch_hint(info: ShardInfo) -> str:
     """What says the shard has ``info.images`` samples, and what to do, fitting the folder's kind:
     vlp's ``sizes.json`` (write the folder again), img2dataset's ``_stats.json`` (re-run img2dataset,
-    or let vlp count the tars) or vlp's scan index of an img2dataset folder (delete it)."""
+    or let vlp count the tars) or vlp's scan index of an img2dataset folder (delete it) or of a URL
+    set (``vlp data index`` again: a run does not scan URL shards)."""
     n, source = info.images, info.count_file
     if info.layout == "vlp":
         return (
             f"{Path(info.path).parent / SIZES_FILE} says {n}; the folder is stale or damaged: write it again with "
             "`vlp make-shards --data ANNOTATIONS.json --out DIR`"
         )
+    url = isinstance(info.path, str)
     if isinstance(source, Path) and source.parent == index_dir():
-        return (
-            f"vlp's scan index {source} says {n}; the tar changed after it was indexed: delete it (the next "
-            "run counts the tars again)"
+        again = (
+            "run `vlp data index` on the data.train entry again"
+            if url
+            else "delete it (the next run counts the tars again)"
         )
+        return f"vlp's scan index {source} says {n}; the tar changed after it was indexed: {again}"
     where = f"{source} says {n} (img2dataset's 'successes')" if source else f"its _stats.json says {n}"
-    return (
-        f"{where}; the tar or its stats are stale or damaged: re-run img2dataset for this shard, or delete the "
-        "folder's *_stats.json files (vlp then counts the tars in one scan)"
+    count = (
+        "remove the set's *_stats.json files from the store and count the tars once with `vlp data index` on the "
+        "data.train entry"
+        if url
+        else "delete the folder's *_stats.json files (vlp then counts the tars in one scan)"
     )
+    return f"{where}; the tar or its stats are stale or damaged: re-run img2dataset for this shard, or {count}"
 
 
 @dataclass
