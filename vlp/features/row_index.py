@@ -79,10 +79,9 @@ def sample_strings(samples: Sequence[Sample]) -> tuple[Iterable[PackedStrings], 
         prefixes = [p.encode(ENCODING, ERRORS) for p, _ in t.sources]
         n = keys64.CHUNK
         sources = (t.key_sources[a : a + n] for a in range(0, len(t.keys), n))
-        keys = (prefixed(prefixes, s, k) for s, k in zip(sources, chunks(t.keys, n)))
-        return keys, chunks(t.captions)
-    keys = chunks(pack([s.image_key for s in samples]))
-    return keys, chunks(pack([c for s in samples for c in s.captions]))
+        table_keys = (prefixed(prefixes, s, k) for s, k in zip(sources, chunks(t.keys, n)))
+        return table_keys, chunks(t.captions)
+    return chunks(pack([s.image_key for s in samples])), chunks(pack([c for s in samples for c in s.captions]))
 
 
 def _narrowed(rows: np.ndarray) -> np.ndarray:
