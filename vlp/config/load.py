@@ -144,6 +144,7 @@ def apply_overrides(cfg: T, overrides: Sequence[str]) -> T:
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
+    """The config object ``cfg`` as a plain nested dict (the inverse of :func:`from_dict`)."""
     return OmegaConf.to_container(OmegaConf.structured(cfg))  # type: ignore[return-value]
 
 

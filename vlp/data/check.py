@@ -81,14 +81,17 @@ class CheckReport:
 
     @property
     def entries(self) -> int:
+        """Entries in all the checked files together."""
         return sum(f.entries for f in self.files)
 
     @property
     def errors(self) -> int:
+        """How many problems are errors."""
         return sum(p.severity == "error" for p in self.problems)
 
     @property
     def warnings(self) -> int:
+        """How many problems are warnings."""
         return sum(p.severity == "warning" for p in self.problems)
 
     @property
@@ -97,6 +100,7 @@ class CheckReport:
         return self.errors == 0
 
     def summary(self) -> str:
+        """The report's last line: files, entries and images checked, errors and warnings (and :meth:`sampled_note`)."""
         images = "images not checked" if self.images_checked is None else plural(self.images_checked, "image")
         return (
             f"checked {plural(len(self.files), 'file')}, {plural(self.entries, 'entry', 'entries')}, {images}: "
@@ -115,6 +119,7 @@ class CheckReport:
         return [*map(str, self.problems), *map(str, self.files), self.summary()]
 
     def to_json(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict (format ``vlp-data-check-v1``; what ``--json`` writes)."""
         return {
             "format": "vlp-data-check-v1",
             "ok": self.ok,

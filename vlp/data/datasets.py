@@ -55,9 +55,17 @@ class HelperFeatures(Protocol):
     path: Path  # the cache folder, named by errors
 
     @property
-    def shards(self) -> Optional[list[str]]: ...  # the shards it was built from (None: annotation files)
-    def check_covers(self, samples: Sequence[Sample]) -> None: ...
-    def lookup(self, image_key: str, caption: str) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def shards(self) -> Optional[list[str]]:
+        """The shards the features were built from (None: annotation files)."""
+        ...
+
+    def check_covers(self, samples: Sequence[Sample]) -> None:
+        """Raise :class:`DataError` if an image or caption of ``samples`` has no cached feature."""
+        ...
+
+    def lookup(self, image_key: str, caption: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The helper's features of image ``image_key`` and of ``caption``, each [E]."""
+        ...
 
 
 class CaptionTargets(Protocol):
@@ -66,9 +74,17 @@ class CaptionTargets(Protocol):
     path: Path  # the targets file, named by errors
 
     @property
-    def shards(self) -> Optional[list[str]]: ...  # the shards it was built from (None: annotation files)
-    def check_covers(self, samples: Sequence[Sample]) -> None: ...
-    def lookup(self, caption: str) -> torch.Tensor: ...
+    def shards(self) -> Optional[list[str]]:
+        """The shards the targets were built from (None: annotation files)."""
+        ...
+
+    def check_covers(self, samples: Sequence[Sample]) -> None:
+        """Raise :class:`DataError` if a caption of ``samples`` has no target."""
+        ...
+
+    def lookup(self, caption: str) -> torch.Tensor:
+        """The LTD target [D] of ``caption`` (its exact text)."""
+        ...
 
 
 def seed_of(*parts: Any) -> int:
@@ -121,6 +137,7 @@ class EpochSampler(Sampler[SeededIndex]):
         self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
 
     def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order and item seeds the next iteration yields."""
         self.epoch = epoch
 
     def __len__(self) -> int:
@@ -141,6 +158,7 @@ class EpochLoader(DataLoader):
     prepared loader does, which forwards its ``set_epoch`` to the sampler)."""
 
     def set_epoch(self, epoch: int) -> None:
+        """Select the epoch of the next iteration (:meth:`EpochSampler.set_epoch` of its sampler)."""
         self.sampler.set_epoch(epoch)
 
 
@@ -275,6 +293,9 @@ class ItemDataset(Dataset, ABC):
         self.on_bad, self.max_pixels, self.min_side = on_bad, max_pixels, min_side
 
     def image(self, path: str, origin: str) -> Image.Image:
+        """The image at ``path`` as RGB (:func:`load_image` with the dataset's ``max_pixels`` / ``min_side``);
+        a missing, unreadable or too large image raises :class:`~vlp.errors.BadImage`, its message
+        starting with ``origin``."""
         return load_image(path, origin, self.max_pixels, self.min_side)
 
     @abstractmethod
@@ -396,9 +417,14 @@ class ImageTextDataset(ItemDataset):
         return len(self.samples)
 
     def image(self, path: str, origin: str) -> Image.Image:
+        """What :attr:`transform` takes for the image at ``path``, as ``decode`` opens it
+        (:meth:`vlp.preprocess.draft.Decoder.open`: a PIL image, or a JPEG left encoded for ``device``);
+        a bad image raises :class:`~vlp.errors.BadImage`, its message starting with ``origin``."""
         return self.decoder.open(path, origin, self.max_pixels, self.min_side)
 
     def load(self, i: int) -> dict:
+        """Sample ``i`` as a training item (:func:`make_item`): its transformed image, its image id and
+        its caption(s) drawn with :func:`pick_captions`, plus helper features / LTD targets when given."""
         s = self.samples[i]
         caps = pick_captions(s.captions, self.captions_per_image)
         return make_item(

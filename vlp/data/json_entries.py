@@ -73,10 +73,12 @@ class Entry:
 
     @property
     def ok(self) -> bool:
+        """Whether no rule applied through :meth:`get` so far recorded a problem."""
         return len(self.issues.found) == self._found
 
     @property
     def origin(self) -> str:
+        """The entry's name in messages: ``"{path} entry {i}"``."""
         return f"{self.path} entry {self.i}"
 
 

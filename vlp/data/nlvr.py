@@ -61,6 +61,9 @@ class NLVRDataset(EntryDataset):
         return (self.rng or random).random() < 0.5
 
     def load(self, i: int) -> dict:
+        """Item ``i``: ``image0``/``image1`` [3, H, W] (the transformed left and right images, swapped with
+        the sentence's left/right under ``flip``), ``sentence`` and ``label`` (int); a bad image raises
+        :class:`~vlp.errors.BadImage`."""
         it = self.items[i]
         left, right = it.images
         sentence = it.sentence

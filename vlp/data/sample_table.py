@@ -105,6 +105,7 @@ class PackedStrings(Sequence[str]):
 
     @property
     def nbytes(self) -> int:
+        """Bytes held by ``data`` and ``offsets`` together."""
         return self.data.nbytes + self.offsets.nbytes
 
 
@@ -115,10 +116,13 @@ class PackedBuilder:
         self.data, self.offsets = bytearray(), array("q", [0])
 
     def add(self, s: str) -> None:
+        """Append ``s`` (UTF-8 encoded) and its end offset."""
         self.data += s.encode(ENCODING, ERRORS)
         self.offsets.append(len(self.data))
 
     def build(self) -> PackedStrings:
+        """The strings added so far as a :class:`PackedStrings` of read-only views of the buffers (no copy;
+        offsets that fit are narrowed to int32)."""
         return PackedStrings(_frozen(self.data, np.uint8), _frozen(self.offsets, np.int64))
 
 

@@ -209,9 +209,13 @@ class RetryingReader(io.RawIOBase):
         self.rng = random.Random()
 
     def readable(self) -> bool:
+        """Always True: the stream is read, never written."""
         return True
 
     def readinto(self, buffer: Any) -> int:
+        """Read up to ``len(buffer)`` bytes at the stream's position into ``buffer``, retrying failed reads
+        (class doc); returns how many (0 at the end). Raises :class:`~vlp.data.url_deadlines.ShardTimeout`
+        past the shard's deadline, :class:`OSError` for a missing shard or once the retries are spent."""
         with self.deadline.timing():
             data = self._read(len(buffer))
         n = len(data)
@@ -252,6 +256,7 @@ class RetryingReader(io.RawIOBase):
             self.file = None
 
     def close(self) -> None:
+        """Close the open connection to the URL, if any (errors in closing it ignored), then the stream."""
         self._drop()
         super().close()
 

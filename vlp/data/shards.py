@@ -487,6 +487,8 @@ class ShardLoader:
         }
 
     def state_dict(self) -> dict[str, Any]:
+        """:meth:`position` plus the plan a resume must match (batches per epoch, seed, world size, loader
+        workers, batch size), as :meth:`load_state_dict` reads it back."""
         s = self.stream
         return {
             **self.position(),

@@ -71,6 +71,7 @@ class Deadline:
         return self.timeouts.shard_s - self.spent - running
 
     def expired(self) -> ShardTimeout:
+        """The error (returned, not raised) of a shard past its deadline."""
         return ShardTimeout(f"not read within {self.timeouts.shard_s:g} s")
 
     def stalled(self) -> str:
@@ -119,6 +120,7 @@ class RangeFile:
             raise
 
     def seek(self, pos: int) -> int:
+        """Move to byte ``pos`` (read from there by the next :meth:`read`); returns ``pos``."""
         self.pos = pos
         return pos
 
@@ -137,6 +139,7 @@ class RangeFile:
         return out
 
     def close(self) -> None:
+        """Drop the block held (the file has no connection of its own to close)."""
         self.data = b""
 
 
@@ -149,9 +152,13 @@ class PipeReader(io.RawIOBase):
         self.fd, self.deadline = fd, deadline
 
     def readable(self) -> bool:
+        """Always True: the command's output is read, never written."""
         return True
 
     def readinto(self, buffer: Any) -> int:
+        """Read up to ``len(buffer)`` bytes of the output into ``buffer``; returns how many (0 at its end).
+        Raises :class:`ShardTimeout` past the shard's deadline, :class:`OSError` when no byte came for
+        ``read_s`` seconds."""
         with self.deadline.timing():
             self.deadline.check()
             wait = min(self.deadline.timeouts.read_s, self.deadline.left())

@@ -13,6 +13,8 @@ class VEDataset(EntryDataset):
     the item a bad sample (``on_bad``, training only; :class:`ItemDataset`)."""
 
     def load(self, i: int) -> dict:
+        """Item ``i``: ``image`` [3, H, W] (the transformed premise), ``sentence`` (the hypothesis) and
+        ``label``; a bad image raises :class:`~vlp.errors.BadImage`."""
         it = self.items[i]
         return {"image": self.transform(self.image(it.image, it.origin)), "sentence": it.sentence, "label": it.label}
 

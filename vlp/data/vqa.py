@@ -68,6 +68,9 @@ class VQADataset(EntryDataset):
         self.max_words = TRAIN_MAX_WORDS if train else TEST_MAX_WORDS
 
     def load(self, i: int) -> dict:
+        """Question ``i`` as an item (class doc): ``image`` [3, H, W], the question cleaned both ways
+        (``max_words`` words), its answers and weights, ``question_id`` and ``index`` = ``i``; a bad image
+        raises :class:`~vlp.errors.BadImage`."""
         q = self.items[i]
         return {
             "image": self.transform(self.image(q.image, q.origin)),

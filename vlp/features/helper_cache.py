@@ -57,6 +57,7 @@ class HelperCache:
 
     @property
     def dim(self) -> int:
+        """The feature width E (1 for an oracle cache, whose features are row indices)."""
         return int(self.image.shape[1])
 
     @property
@@ -73,6 +74,7 @@ class HelperCache:
 
     @property
     def is_oracle(self) -> bool:
+        """Whether :attr:`kind` is one of :data:`ORACLE_KINDS` (the features are row indices)."""
         return self.kind in ORACLE_KINDS
 
     @property
@@ -141,6 +143,8 @@ class HelperCache:
         )
 
     def lookup(self, image_key: str, caption: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cached features (image [E], text [E]) of image ``image_key`` and of ``caption`` (its
+        exact text); a key or caption not in the cache raises ``KeyError`` (see :meth:`check_covers`)."""
         return self.image[self.image_index[image_key]], self.text[self.text_index[caption]]
 
 

@@ -55,6 +55,8 @@ def encoder_source(name: str) -> str:
 
 
 def canonical_encoder(name: str) -> str:
+    """The encoder name recorded in a targets file: :data:`DEFAULT_ENCODER` for MiniLM's short names,
+    else ``name`` as given."""
     return DEFAULT_ENCODER if name in ("minilm", "all-MiniLM-L6-v2") else name
 
 
@@ -109,10 +111,12 @@ class LatentTargets:
 
     @property
     def dim(self) -> int:
+        """The target width D."""
         return int(self.vectors.shape[1])
 
     @property
     def encoder(self) -> str:
+        """The name of the encoder that made the targets (the header's ``encoder``)."""
         return str(self.header.get("encoder"))
 
     @property
@@ -152,4 +156,6 @@ class LatentTargets:
             )
 
     def lookup(self, caption: str) -> torch.Tensor:
+        """The target [D] of ``caption`` (its exact text); a caption without one raises ``KeyError``
+        (see :meth:`check_covers`)."""
         return self.vectors[self.rows[caption_key(caption)]]

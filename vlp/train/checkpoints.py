@@ -164,9 +164,11 @@ class Checkpointer:
         self.resumed_stream: Optional[dict] = None
 
     def path(self, step: int) -> Path:
+        """The folder of the checkpoint at ``step``: ``RUN/checkpoints/step_NNNNNNN`` (zero-padded to seven digits)."""
         return self.run_dir / "checkpoints" / f"step_{step:07d}"
 
     def extra_state(self) -> Optional[dict[str, torch.Tensor]]:
+        """The task's tensors checkpointed next to the model (its ``extra_state()``); None when the task has none."""
         return self.task.extra_state() if hasattr(self.task, "extra_state") else None
 
     def state(self, step: int, **info: Any) -> dict[str, Any]:

@@ -35,6 +35,7 @@ class MetricsLog:
         self.sinks = sinks
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` as one JSON line (non-finite floats as ``null``) and pass it, as given, to the sinks."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         with open(self.path, "a") as f:
             f.write(json.dumps(clean) + "\n")
@@ -50,6 +51,7 @@ class MetricsLog:
             self.sinks.truncate_after(step)
 
     def close(self) -> None:
+        """Close the sinks (the log file itself is opened per record)."""
         if self.sinks is not None:
             self.sinks.close()
 
@@ -85,9 +87,13 @@ BACKENDS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "w
 
 
 class Logger(Protocol):
-    def log(self, record: dict[str, Any], step: int) -> None: ...
+    def log(self, record: dict[str, Any], step: int) -> None:
+        """Record the numbers of ``record`` at ``step``."""
+        ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Flush and release the backend."""
+        ...
 
 
 def scalars(record: dict[str, Any]) -> dict[str, float]:
@@ -110,9 +116,11 @@ class TensorBoardLogger:
         self._cls, self.log_dir, self.purge_step, self.writer = SummaryWriter, Path(run_dir) / "tb", None, None
 
     def truncate_after(self, step: int) -> None:
+        """Have the writer, when it opens, purge the events of steps after ``step``."""
         self.purge_step = step + 1
 
     def log(self, record: dict[str, Any], step: int) -> None:
+        """Write the :func:`scalars` of ``record`` at ``step`` and flush (opening the writer at the first record)."""
         if self.writer is None:
             self.writer = self._cls(str(self.log_dir), purge_step=self.purge_step)
         for k, v in scalars(record).items():
@@ -120,6 +128,7 @@ class TensorBoardLogger:
         self.writer.flush()
 
     def close(self) -> None:
+        """Close the writer, if one was opened."""
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -143,10 +152,13 @@ class WandbLogger:
         self.wandb, self.run_dir, self.project, self.config, self.mode = wandb, Path(run_dir), project, config, mode
         self.run = None
 
-    def truncate_after(self, step: int) -> None:  # W&B keeps the steps it has; nothing to purge
+    def truncate_after(self, step: int) -> None:
+        """Nothing: W&B keeps the steps it has and ignores records of them."""
         pass
 
     def log(self, record: dict[str, Any], step: int) -> None:
+        """Log the :func:`scalars` of ``record`` at ``step``; the first record starts (or resumes) the
+        W&B run whose id ``RUN/wandb_run_id`` keeps."""
         if self.run is None:
             id_file = self.run_dir / "wandb_run_id"
             run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
@@ -163,6 +175,7 @@ class WandbLogger:
         self.run.log(scalars(record), step=step)
 
     def close(self) -> None:
+        """Finish the W&B run, if one was started."""
         if self.run is not None:
             self.run.finish()
             self.run = None
@@ -175,15 +188,19 @@ class Loggers:
         self.backends = backends
 
     def log(self, record: dict[str, Any], step: Optional[int] = None, prefix: str = "") -> None:
+        """Pass ``record`` (without its ``step``, each key prefixed with ``prefix``) to every backend at
+        ``step`` (default: the record's ``step``, a ``KeyError`` when it has none)."""
         step = int(record["step"] if step is None else step)
         for b in self.backends:
             b.log({f"{prefix}{k}": v for k, v in record.items() if k != "step"}, step)
 
     def truncate_after(self, step: int) -> None:
+        """Every backend's ``truncate_after(step)`` (a resumed run logs the later steps again)."""
         for b in self.backends:
             b.truncate_after(step)
 
     def close(self) -> None:
+        """Close every backend."""
         for b in self.backends:
             b.close()
 
@@ -274,6 +291,7 @@ def git_revision(root: str | Path) -> Optional[dict[str, Any]]:
 
 
 def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s ``model name``), else ``platform.processor()`` or the machine type."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -99,6 +99,7 @@ class StopRequest:
             self.phase_done()
 
     def names(self) -> str:
+        """The names of the signals received, distinct and sorted, joined by ``", "`` (e.g. ``"SIGTERM, SIGUSR1"``)."""
         return ", ".join(sorted({signal.Signals(s).name for s in self.signals}))
 
     def phase_done(self) -> None:
@@ -116,11 +117,13 @@ class StopRequest:
         self.cancel()
 
     def cancel(self) -> None:
+        """Stop the watchdog's timer, if one runs."""
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
 
     def expire(self) -> None:
+        """The watchdog's end: exit at once without a checkpoint (:func:`exit_now`, the first signal's status)."""
         exit_now(
             f"stopped by {self.names()}, but the run reached no step boundary within train.stop_grace_s="
             f"{self.grace:g} s (blocked, e.g. waiting for data); exiting without a checkpoint (resume from the "

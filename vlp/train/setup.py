@@ -98,6 +98,7 @@ def warn_if_launch_precision_differs(cfg: TrainConfig) -> Optional[str]:
 
 
 def uses_deepspeed(acc: Accelerator) -> bool:
+    """Whether ``acc`` runs under DeepSpeed."""
     return acc.distributed_type == DistributedType.DEEPSPEED
 
 
@@ -202,12 +203,15 @@ class DeviceLoader:
         return len(self.loader)
 
     def set_epoch(self, epoch: int) -> None:
+        """The wrapped loader's ``set_epoch``."""
         self.loader.set_epoch(epoch)
 
     def set_position(self, epoch: int, batches: int, *stream: Any) -> None:
+        """The wrapped loader's ``set_position`` (e.g. :meth:`vlp.data.shards.ShardLoader.set_position`)."""
         self.loader.set_position(epoch, batches, *stream)
 
     def position(self) -> Optional[dict[str, Any]]:
+        """The wrapped loader's ``position()`` (where its stream is); None when it has no such method."""
         position = getattr(self.loader, "position", None)
         return position() if position is not None else None
 

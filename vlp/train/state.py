@@ -123,6 +123,9 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the generator states of :func:`rng_state` (Python, numpy, torch CPU; the CUDA one on the
+    current device where CUDA is available). An older checkpoint's list of per-device CUDA states gives
+    the current device's entry, else the first."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
