@@ -356,12 +356,9 @@ def run_loader_bench(
     from vlp.checkpoint import image_size
 
     _check_loader_args(workers, warmup, rounds, batch, n, decodes)
-    res, icfg, d = image_size(cfg), cfg.data.image, cfg.data
+    res, icfg = image_size(cfg), cfg.data.image
     with tempfile.TemporaryDirectory(prefix="vlp-loader-bench-") as tmp:
-        if images is None:
-            paths = write_test_jpegs(Path(tmp), n or DEFAULT_N, size, quality, cfg.train.seed)
-        else:
-            paths = find_images(images)[:n]
+        paths = _bench_images(Path(tmp), images, n, size, quality, cfg.train.seed)
         samples = [Sample(str(p), ("a photo",), str(p), f"loader bench image {i}") for i, p in enumerate(paths)]
         scales, sizes, crop_max = _header_scales(samples, res, icfg.crop_scale)
         datasets = _decode_datasets(samples, res, cfg)
@@ -369,12 +366,7 @@ def run_loader_bench(
         not_timed = {k: "no image is reduced: the full decode" for k in decodes[1:] if same.get(k)}
         decodes = [k for k in decodes if k not in not_timed]
         by_decode = _time_decodes(datasets, decodes, len(paths), workers, warmup, rounds, cfg.train.seed, batch)
-        on_device = None
-        if "device" in by_decode:
-            dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-            b = min(d.batch_size, len(paths))
-            on_device = time_device_decode(datasets["device"](), len(paths), b, dev, rounds, cfg.train.seed)
-            by_decode["device"].update(output_shape=on_device["output_shape"], output_dtype=on_device["output_dtype"])
+        on_device = _device_share(by_decode, datasets["device"], len(paths), cfg, rounds, device)
         mean_kb = statistics.mean(p.stat().st_size for p in paths) / 1024
     source_sizes = Counter(f"{w}x{h}" for w, h in sizes)
     top = _training_top(by_decode, decodes, icfg.decode)
@@ -407,6 +399,38 @@ def run_loader_bench(
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(result, indent=2))
     return result
+
+
+def _bench_images(
+    tmp: Path, images: Optional[Sequence[str | Path]], n: Optional[int], size: tuple[int, int], quality: int, seed: int
+) -> list[Path]:
+    """The images to time: the first ``n`` (default all) of the files / folders ``images``, or, with
+    ``images`` None, ``n`` (default :data:`DEFAULT_N`) JPEGs of ``size`` at ``quality`` written
+    into ``tmp``. Returns their paths."""
+    if images is None:
+        return write_test_jpegs(tmp, n or DEFAULT_N, size, quality, seed)
+    return find_images(images)[:n]
+
+
+def _device_share(
+    by_decode: dict[str, dict[str, Any]],
+    dataset: Callable[[], Dataset],
+    n: int,
+    cfg: PretrainConfig,
+    rounds: int,
+    device: Optional[str | torch.device],
+) -> Optional[dict[str, Any]]:
+    """With ``device`` among the timed decodes (``by_decode``), the device's share of decoding
+    (:func:`time_device_decode` of the ``n`` items of ``dataset`` in batches of ``data.batch_size`` on
+    ``device``: default CUDA when there is one, else the CPU); its output shape and dtype go into
+    ``by_decode["device"]``. Returns its figures, or None when ``device`` was not timed."""
+    if "device" not in by_decode:
+        return None
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    b = min(cfg.data.batch_size, n)
+    on_device = time_device_decode(dataset(), n, b, dev, rounds, cfg.train.seed)
+    by_decode["device"].update(output_shape=on_device["output_shape"], output_dtype=on_device["output_dtype"])
+    return on_device
 
 
 def _check_loader_args(
