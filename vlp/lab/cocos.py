@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from vlp.checkpoint import image_size, open_checkpoint
-from vlp.config import apply_overrides
+from vlp.config import PretrainConfig, apply_overrides
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
 from vlp.preprocess.transforms import test_transform
@@ -110,7 +110,7 @@ def run_cocos(
     return record
 
 
-def _cocos_loader(cfg: Any, data: Sequence[str], tokenizer: Any) -> DataLoader:
+def _cocos_loader(cfg: PretrainConfig, data: Sequence[str], tokenizer: Any) -> DataLoader:
     """The loader of one COCOS pass over ``data`` (images checked first): test transforms, the run's
     batch size and captions per image, shuffled by a generator seeded 0, the last partial batch dropped
     unless it is the only one. Returns the DataLoader (batches as :class:`vlp.data.datasets.Collator` makes them)."""

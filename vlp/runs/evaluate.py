@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 from vlp.checkpoint import image_size, open_checkpoint
-from vlp.config import EvalConfig, apply_overrides
+from vlp.config import EvalConfig, PretrainConfig, apply_overrides
 from vlp.data.formats import CAPTION_GROUPS_FORMAT, RetrievalSplit, load_retrieval_split
 from vlp.data.json_entries import read_json
 from vlp.data.relevance import Relevance, load_relevance_file
@@ -207,7 +207,13 @@ def _load_eval_data(
 
 
 def _embed_and_score(
-    model: Any, tokenizer: Any, cfg: Any, d: _EvalData, device: torch.device, show_progress: bool, sharded: bool
+    model: Any,
+    tokenizer: Any,
+    cfg: PretrainConfig,
+    d: _EvalData,
+    device: torch.device,
+    show_progress: bool,
+    sharded: bool,
 ) -> RetrievalResult:
     """Encodes the split of ``d`` with test transforms at the checkpoint's image size (``cfg``) and
     ranks it both ways by ``cfg.eval`` (split over the ranks when ``sharded``). Returns the result."""
@@ -242,7 +248,7 @@ def _embed_and_score(
 
 def _metrics_record(
     result: RetrievalResult,
-    cfg: Any,
+    cfg: PretrainConfig,
     device: torch.device,
     preset: Optional[str],
     kind: str,
