@@ -126,7 +126,24 @@ def generate_world(
         records[split], scenes[split] = _write_split_images(root, split, counts[split], seed, image_size, progress)
     helper = _write_helper_split(root, n_helper, seed, image_size, progress)
 
-    paths = {
+    paths = _world_paths(root)
+    texts = {s: [[c["text"] for c in r["captions"]] for r in records[s]] for s in SPLITS}
+    _write_train_files(paths, records["train"], texts["train"])
+    for split in ("val", "test"):
+        _write_eval_files(paths, split, records[split], texts[split], scenes[split])
+    _write_scenes(
+        paths["scenes"], seed, image_size, records if helper is None else {**records, HELPER_SPLIT: helper[1]}
+    )
+    paths.update(_write_all_tasks(root, seed, scenes, records, vqa_per_image, nlvr_per_image, templates))
+    if helper is not None:
+        paths["helper_split"] = helper[0]
+    return {**paths, "root": root}
+
+
+def _world_paths(root: Path) -> dict[str, Path]:
+    """The paths of the world's pretraining, retrieval, relevance, caption-kind and scene files under
+    ``root``. Returns name -> path, in the order :func:`generate_world` returns them."""
+    return {
         "pretrain": root / "pretrain.json",
         "helper": root / "helper.json",
         "retrieval_train": root / "retrieval_train.json",
@@ -140,28 +157,41 @@ def generate_world(
         "caption_kinds_test": root / "caption_kinds_test.json",
         "scenes": root / "scenes.json",
     }
-    texts = {s: [[c["text"] for c in r["captions"]] for r in records[s]] for s in SPLITS}
-    _write_train_files(paths, records["train"], texts["train"])
-    for split in ("val", "test"):
-        _write_eval_files(paths, split, records[split], texts[split], scenes[split])
+
+
+def _write_scenes(path: Path, seed: int, image_size: int, splits: Mapping[str, list[dict[str, Any]]]) -> None:
+    """Writes ``scenes.json``: the seed, the image size, the attribute vocabularies and each split's
+    scene records (``splits``); returns None."""
     write_compact_json(
-        paths["scenes"],
+        path,
         {
             "seed": seed,
             "image_size": image_size,
             "attributes": {"shapes": list(SHAPES), "colors": list(COLORS), "sizes": list(SIZES)},
-            "splits": records if helper is None else {**records, HELPER_SPLIT: helper[1]},
+            "splits": splits,
         },
     )
+
+
+def _write_all_tasks(
+    root: Path,
+    seed: int,
+    scenes: dict[str, list[Scene]],
+    records: dict[str, list[dict[str, Any]]],
+    vqa_per_image: int,
+    nlvr_per_image: int,
+    templates: Sequence[str],
+) -> dict[str, Path]:
+    """Writes the downstream task files of the world under ``root`` (each split's ``scenes`` and
+    image ``records``): VQA and NLVR2 (:func:`write_task_files`), grounding, SNLI-VE and the
+    zero-shot classification splits of val and test. Returns name -> path, in that order."""
     images = {s: [r["image"] for r in records[s]] for s in SPLITS}
-    paths.update(write_task_files(root, seed, scenes, images, vqa_per_image, nlvr_per_image, templates))
+    paths = dict(write_task_files(root, seed, scenes, images, vqa_per_image, nlvr_per_image, templates))
     paths.update(write_grounding_splits(root))
     paths.update(write_ve_splits(root))
     for split in ("val", "test"):
         paths.update(write_classification_splits(root, split))
-    if helper is not None:
-        paths["helper_split"] = helper[0]
-    return {**paths, "root": root}
+    return paths
 
 
 def format_world_files(paths: Mapping[str, Path]) -> str:
@@ -238,9 +268,7 @@ def _write_eval_files(
     """``retrieval_<split>.json``, ``relevance_<split>.json``, ``relevance_graded_<split>.npy`` and
     ``caption_kinds_<split>.json``, checking that every caption is true of its own image and that
     the graded relevance is 1.0 exactly where the caption is true."""
-    write_compact_json(
-        paths[f"retrieval_{split}"], [{"image": r["image"], "caption": t} for r, t in zip(records, texts)]
-    )
+    write_compact_json(paths[f"retrieval_{split}"], [{"image": r["image"], "caption": t} for r, t in zip(records, texts)])
     preds = [c["predicate"] for r in records for c in r["captions"]]
     write_compact_json(
         paths[f"caption_kinds_{split}"],
