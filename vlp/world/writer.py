@@ -268,7 +268,9 @@ def _write_eval_files(
     """``retrieval_<split>.json``, ``relevance_<split>.json``, ``relevance_graded_<split>.npy`` and
     ``caption_kinds_<split>.json``, checking that every caption is true of its own image and that
     the graded relevance is 1.0 exactly where the caption is true."""
-    write_compact_json(paths[f"retrieval_{split}"], [{"image": r["image"], "caption": t} for r, t in zip(records, texts)])
+    write_compact_json(
+        paths[f"retrieval_{split}"], [{"image": r["image"], "caption": t} for r, t in zip(records, texts)]
+    )
     preds = [c["predicate"] for r in records for c in r["captions"]]
     write_compact_json(
         paths[f"caption_kinds_{split}"],
