@@ -47,6 +47,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check vlp scripts tests
 	$(VENV)/bin/lint-imports
 	$(PY) scripts/lint/mypy_baseline.py
+	$(PY) scripts/lint/habits.py
 
 format: setup
 	$(VENV)/bin/ruff check --fix vlp scripts tests

@@ -39,7 +39,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 
@@ -126,7 +126,8 @@ def _supported(fn, **kwargs) -> dict:
     return {k: v for k, v in kwargs.items() if k in params}
 
 
-def main(argv: Optional[list[str]] = None) -> dict:
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    """The command line, with ``--images`` and ``--k-test`` defaulted from ``--quick``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--images", type=int, default=None, help="default 5000 (--quick: 60)")
     p.add_argument("--captions", type=int, default=5, help="captions per image")
@@ -146,24 +147,15 @@ def main(argv: Optional[list[str]] = None) -> dict:
     a = p.parse_args(argv)
     a.images = a.images or (60 if a.quick else 5000)
     a.k_test = a.k_test or (4 if a.quick else 16)
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    return a
 
-    import vlp.eval.retrieval as retrieval
-    from vlp.config import EvalConfig, ImageConfig, ModelConfig, TextConfig, VisionConfig
-    from vlp.data.formats import load_retrieval_split
-    from vlp.eval.metrics import retrieval_metrics
-    from vlp.models.albef import ALBEF
-    from vlp.preprocess.transforms import load_tokenizer, test_transform
 
-    device = torch.device(a.device)
-    vision = VisionConfig(preset=a.preset, **({"img_size": a.image_size} if a.image_size else {}))
-    mcfg = ModelConfig(vision=vision, text=TextConfig(preset=a.preset, init="random", max_len=32), queue_size=0)
-    torch.manual_seed(0)
-    model = ALBEF(mcfg).to(device).eval()
-    tokenizer = load_tokenizer(mcfg.text)
+def eval_config(a: argparse.Namespace) -> Any:
+    """The EvalConfig of the run from the options this vlp's EvalConfig has (an older one has fewer)."""
+    from vlp.config import EvalConfig
+
     fields = {f for f in EvalConfig.__dataclass_fields__}
-    ecfg = EvalConfig(
+    return EvalConfig(
         **{
             k: v
             for k, v in dict(
@@ -178,6 +170,99 @@ def main(argv: Optional[list[str]] = None) -> dict:
             if k in fields
         }
     )
+
+
+@contextmanager
+def timed_itm(device: torch.device, timed: dict[str, float]) -> Iterator[None]:
+    """Within: ``vlp.eval.retrieval.score_pairs`` wrapped to add its wall time to ``timed["itm"]``."""
+    import vlp.eval.retrieval as retrieval
+
+    score_pairs = retrieval.score_pairs
+
+    def timed_score_pairs(*args, **kwargs):
+        t = time.perf_counter()
+        out = score_pairs(*args, **kwargs)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        timed["itm"] += time.perf_counter() - t
+        return out
+
+    retrieval.score_pairs = timed_score_pairs
+    yield
+    retrieval.score_pairs = score_pairs
+
+
+def run_phases(
+    a: argparse.Namespace, model: Any, tokenizer: Any, ecfg: Any, res: int, workers: int, split: Any, phases: Phases
+) -> tuple[Any, int, dict[str, float]]:
+    """Embed, ITC, ITM re-ranking and metrics of ``split``, each a phase of ``phases`` -> (the
+    image-to-text scores [N_img, N_txt], the ITM pairs scored, the metrics)."""
+    import vlp.eval.retrieval as retrieval
+    from vlp.config import ImageConfig
+    from vlp.eval.metrics import retrieval_metrics
+    from vlp.preprocess.transforms import test_transform
+
+    device = torch.device(a.device)
+    with torch.no_grad():
+        with phases.phase("embed"):
+            emb = retrieval.embed(
+                model,
+                split,
+                tokenizer,
+                test_transform(res, ImageConfig()),
+                32,
+                a.batch,
+                device,
+                False,
+                **_supported(
+                    retrieval.embed,
+                    num_workers=workers,
+                    precision=ecfg.precision,
+                    offload=getattr(ecfg, "offload", "none"),
+                ),
+            )
+        with phases.phase("itc"):
+            sim = emb.image_feat.float() @ emb.text_feat.float().T
+        with phases.phase("itm + final"):
+            i2t, t2i, pairs = retrieval.rerank_both(model, emb, sim, ecfg, show_progress=False)
+        with phases.phase("metrics"):
+            metrics = retrieval_metrics(i2t.cpu(), t2i.cpu(), split.img2txt, split.txt2img)
+    return i2t, pairs, metrics
+
+
+def phase_rows(rows: dict[str, dict[str, Any]], itm_seconds: float) -> dict[str, dict[str, Any]]:
+    """The report's phases from the measured ones: "itm + final" split into the timed ITM scoring and
+    the rest ("final"), without the raw seconds, in the order embed, itc, itm, final, metrics."""
+    both = rows.pop("itm + final")
+    rows["itm"] = {"seconds": round(itm_seconds, 2)}
+    rows["final"] = {
+        **both,
+        "seconds": round(max(0.0, both.pop("raw_seconds") - itm_seconds), 2),
+        "note": "peak RSS and CUDA peak over itm + final",
+    }
+    return {
+        k: {f: v for f, v in rows[k].items() if f != "raw_seconds"} for k in ("embed", "itc", "itm", "final", "metrics")
+    }
+
+
+def main(argv: Optional[list[str]] = None) -> dict:
+    a = parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+
+    import vlp.eval.retrieval as retrieval
+    from vlp.config import ModelConfig, TextConfig, VisionConfig
+    from vlp.data.formats import load_retrieval_split
+    from vlp.models.albef import ALBEF
+    from vlp.preprocess.transforms import load_tokenizer
+
+    device = torch.device(a.device)
+    vision = VisionConfig(preset=a.preset, **({"img_size": a.image_size} if a.image_size else {}))
+    mcfg = ModelConfig(vision=vision, text=TextConfig(preset=a.preset, init="random", max_len=32), queue_size=0)
+    torch.manual_seed(0)
+    model = ALBEF(mcfg).to(device).eval()
+    tokenizer = load_tokenizer(mcfg.text)
+    ecfg = eval_config(a)
     precision = ecfg.resolved_precision(device) if hasattr(ecfg, "resolved_precision") else ecfg.precision
     workers = ecfg.resolved_workers() if hasattr(ecfg, "resolved_workers") else (a.workers or 0)
     res = vision.img_size or {"tiny": 64, "small": 224, "base": 256}[a.preset]
@@ -189,53 +274,9 @@ def main(argv: Optional[list[str]] = None) -> dict:
         made = time.perf_counter() - t0
         phases = Phases(device)
         timed = {"itm": 0.0}
-        score_pairs = retrieval.score_pairs
-
-        def timed_score_pairs(*args, **kwargs):
-            t = time.perf_counter()
-            out = score_pairs(*args, **kwargs)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            timed["itm"] += time.perf_counter() - t
-            return out
-
-        retrieval.score_pairs = timed_score_pairs
-        with torch.no_grad():
-            with phases.phase("embed"):
-                emb = retrieval.embed(
-                    model,
-                    split,
-                    tokenizer,
-                    test_transform(res, ImageConfig()),
-                    32,
-                    a.batch,
-                    device,
-                    False,
-                    **_supported(
-                        retrieval.embed,
-                        num_workers=workers,
-                        precision=ecfg.precision,
-                        offload=getattr(ecfg, "offload", "none"),
-                    ),
-                )
-            with phases.phase("itc"):
-                sim = emb.image_feat.float() @ emb.text_feat.float().T
-            with phases.phase("itm + final"):
-                i2t, t2i, pairs = retrieval.rerank_both(model, emb, sim, ecfg, show_progress=False)
-            with phases.phase("metrics"):
-                metrics = retrieval_metrics(i2t.cpu(), t2i.cpu(), split.img2txt, split.txt2img)
-        retrieval.score_pairs = score_pairs
-    rows = phases.rows
-    both = rows.pop("itm + final")
-    rows["itm"] = {"seconds": round(timed["itm"], 2)}
-    rows["final"] = {
-        **both,
-        "seconds": round(max(0.0, both.pop("raw_seconds") - timed["itm"]), 2),
-        "note": "peak RSS and CUDA peak over itm + final",
-    }
-    rows = {
-        k: {f: v for f, v in rows[k].items() if f != "raw_seconds"} for k in ("embed", "itc", "itm", "final", "metrics")
-    }
+        with timed_itm(device, timed):
+            i2t, pairs, metrics = run_phases(a, model, tokenizer, ecfg, res, workers, split, phases)
+    rows = phase_rows(phases.rows, timed["itm"])
     report = {
         "images": a.images,
         "captions": len(split.texts),

@@ -48,18 +48,15 @@ is much steadier than two threads competing with other jobs.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
-import functools
 import json
-import math
 import platform
 import statistics
 import sys
 import time
 from datetime import date
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -68,8 +65,13 @@ from torch import nn
 from vlp.config import LossConfig, PretrainConfig, load_config
 from vlp.errors import ConfigError
 from vlp.models.albef import ALBEF, param_count
-from vlp.models.text import FusionEncoder, TextEncoder
 from vlp.tasks.objectives import TokenInfo
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # reference_eager.py, reference_checks.py
+
+from reference_checks import check_same_maths, count_flops  # noqa: E402
+from reference_checks import record_vlp_draws as record_vlp_draws  # noqa: E402,F401 - tests/test_reference_step.py
+from reference_eager import fusion_forward, text_forward, use_eager_attention  # noqa: E402
 
 PRESETS = {
     "config": [],
@@ -86,74 +88,6 @@ PRESETS = {
         "model.vision.pretrained=null",
     ],
 }
-
-
-# --------------------------------------------------------------------------- eager attention
-
-
-def use_eager_attention(model: ALBEF) -> None:
-    """Switch the ViT (online and momentum) to timm's unfused attention. The text towers and the
-    fusion encoder are run by :func:`text_forward` and :func:`fusion_forward`."""
-    for tower in (model.vision, model.momentum["vision"]):
-        for m in tower.modules():
-            if hasattr(m, "fused_attn"):
-                m.fused_attn = False
-
-
-def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:  # [B, L, H] -> [B, heads, L, H/heads]
-    b, n, h = x.shape
-    return x.view(b, n, heads, h // heads).permute(0, 2, 1, 3)
-
-
-def _projections(att: nn.Module) -> tuple[Callable, Callable, Callable]:
-    """The query, key and value projections of ``att``, BERT's three Linears written out from vlp's
-    fused ones: a self-attention's ``qkv`` split into its three row blocks, a cross-attention's
-    ``query`` and its ``kv`` split into two."""
-    s = att.self
-    if hasattr(s, "qkv"):
-        ws, bs = s.qkv.weight.chunk(3), s.qkv.bias.chunk(3)
-    else:
-        ws, bs = (s.query.weight, *s.kv.weight.chunk(2)), (s.query.bias, *s.kv.bias.chunk(2))
-    return tuple(functools.partial(F.linear, weight=w, bias=b) for w, b in zip(ws, bs))  # type: ignore[return-value]
-
-
-def eager_attention(
-    att: nn.Module, x: torch.Tensor, context: torch.Tensor, additive_mask: Optional[torch.Tensor], training: bool
-) -> torch.Tensor:
-    """One BERT-style attention block of vlp's fusion layer (``att``: ``vlp.models.text.Attention``),
-    written out: Q from ``x`` [B, T, H], K/V projected from ``context`` [B, N, W] here and now,
-    matmul, softmax, dropout, matmul, output dense + residual + LayerNorm."""
-    query, key, value = _projections(att)
-    q = _heads(query(x), att.heads)
-    k = _heads(key(context), att.heads)
-    v = _heads(value(context), att.heads)
-    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if additive_mask is not None:
-        scores = scores + additive_mask
-    probs = F.dropout(F.softmax(scores, dim=-1), att.dropout_p, training)
-    ctx = torch.matmul(probs, v).permute(0, 2, 1, 3).reshape(x.shape)
-    return att.output(ctx, x)
-
-
-def fusion_forward(
-    fusion: FusionEncoder, text_hidden: torch.Tensor, text_mask: torch.Tensor, image_tokens: Optional[torch.Tensor]
-) -> torch.Tensor:
-    """vlp's fusion layers (self-attention, cross-attention to ``image_tokens`` [B, N, W], FFN),
-    eager, with the image K/V projected inside every layer of every call. Returns [B, T, H].
-    Layers without cross-attention (the text tower's) take ``image_tokens=None``."""
-    add = (1.0 - text_mask[:, None, None, :].to(text_hidden.dtype)) * torch.finfo(text_hidden.dtype).min
-    x = text_hidden
-    for layer in fusion.layer:
-        x = eager_attention(layer.attention, x, x, add, fusion.training)
-        if layer.crossattention is not None:
-            x = eager_attention(layer.crossattention, x, image_tokens, None, fusion.training)
-        x = layer.output(F.gelu(layer.intermediate.dense(x)), x)
-    return x
-
-
-def text_forward(text: TextEncoder, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """vlp's BERT text tower, eager: embeddings, then BERT layers with additive-mask attention."""
-    return fusion_forward(text.encoder, text.embeddings(input_ids=ids), mask, None)
 
 
 # --------------------------------------------------------------------------- the reference step
@@ -213,8 +147,7 @@ class ReferenceALBEFStep(nn.Module):
         mlm: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> dict[str, torch.Tensor]:
         md, c = self.model, self.loss_cfg
-        tw = md.momentum
-        image, ids, att, image_ids = batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"]
+        image, ids, att = batch["images"], batch["input_ids"], batch["attention_mask"]
         alpha = self.alpha(step)
         with torch.no_grad():
             md.temp.clamp_(0.001, 0.5)
@@ -223,8 +156,20 @@ class ReferenceALBEFStep(nn.Module):
         image_feat = F.normalize(md.vision_proj(image_embeds[:, 0, :]), dim=-1)
         text_embeds = text_forward(md.text, ids, att)
         text_feat = F.normalize(md.text_proj(text_embeds[:, 0, :]), dim=-1)
+        loss_itc, sim_i2t, sim_t2i, image_embeds_m = self.itc_loss(batch, image_feat, text_feat, step, alpha)
+        loss_itm = self.itm_loss(batch, image_embeds, text_embeds, sim_i2t, sim_t2i, negatives)
+        loss_mlm = self.mlm_loss(ids, att, image_embeds, image_embeds_m, alpha, mlm)
+        loss = c.itc * loss_itc + c.itm * loss_itm + c.mlm * loss_mlm
+        return {"loss": loss, "itc": loss_itc, "itm": loss_itm, "mlm": loss_mlm}
 
-        # ----- ITC with momentum features, queues and momentum distillation
+    def itc_loss(
+        self, batch: dict[str, torch.Tensor], image_feat: torch.Tensor, text_feat: torch.Tensor, step: int, alpha: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """ITC with momentum features, queues and momentum distillation (the momentum update first, the
+        batch's momentum features enqueued last) -> (loss, sim_i2t [B, B + Q], sim_t2i [B, B + Q], the
+        momentum ViT's image tokens [B, N, W])."""
+        md, tw = self.model, self.model.momentum
+        image, ids, att, image_ids = batch["images"], batch["input_ids"], batch["attention_mask"], batch["image_ids"]
         with torch.no_grad():
             self.momentum_update(md.momentum_at(step))  # = vlp's update after the previous step
             image_embeds_m = tw["vision"].forward_features(image)
@@ -246,8 +191,21 @@ class ReferenceALBEFStep(nn.Module):
         loss_t2i = -torch.sum(F.log_softmax(sim_t2i, dim=1) * sim_t2i_targets, dim=1).mean()
         loss_itc = (loss_i2t + loss_t2i) / 2
         self.enqueue(image_feat_m, text_feat_m, image_ids)
+        return loss_itc, sim_i2t, sim_t2i, image_embeds_m
 
-        # ----- ITM: positives, then hard negatives in a second fusion forward
+    def itm_loss(
+        self,
+        batch: dict[str, torch.Tensor],
+        image_embeds: torch.Tensor,
+        text_embeds: torch.Tensor,
+        sim_i2t: torch.Tensor,
+        sim_t2i: torch.Tensor,
+        negatives: Optional[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """ITM: the positives, then the hard negatives (drawn here unless given) in a second fusion
+        forward -> the loss over the rows that have a negative (a scalar)."""
+        md = self.model
+        image, att, image_ids = batch["images"], batch["attention_mask"], batch["image_ids"]
         bs = image.size(0)
         output_pos = fusion_forward(md.fusion, text_embeds, att, image_embeds)
         if negatives is None:
@@ -274,9 +232,20 @@ class ReferenceALBEFStep(nn.Module):
             [torch.ones(bs, dtype=torch.bool), self.has_negative(image_ids), self.has_negative(image_ids)]
         ).to(image.device)
         ce = F.cross_entropy(vl_output, itm_labels, reduction="none")
-        loss_itm = ce[valid].mean()
+        return ce[valid].mean()
 
-        # ----- MLM through all 12 layers with cross-attention, head at every position
+    def mlm_loss(
+        self,
+        ids: torch.Tensor,
+        att: torch.Tensor,
+        image_embeds: torch.Tensor,
+        image_embeds_m: torch.Tensor,
+        alpha: float,
+        mlm: Optional[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """MLM through all the text and fusion layers with cross-attention, the head at every position
+        (masks drawn here unless given), distilled from the momentum model -> the loss (a scalar)."""
+        md, c, tw = self.model, self.loss_cfg, self.model.momentum
         if mlm is None:
             masked_ids, labels = self.mask(ids, att)
         else:
@@ -298,9 +267,7 @@ class ReferenceALBEFStep(nn.Module):
                 loss_mlm = (1 - alpha) * loss_mlm + alpha * loss_distill[selected].mean()
         else:  # nothing masked in this batch
             loss_mlm = prediction_scores.sum() * 0.0
-
-        loss = c.itc * loss_itc + c.itm * loss_itm + c.mlm * loss_mlm
-        return {"loss": loss, "itc": loss_itc, "itm": loss_itm, "mlm": loss_mlm}
+        return loss_mlm
 
     # -- the pieces ------------------------------------------------------------------------------
 
@@ -357,71 +324,11 @@ class ReferenceALBEFStep(nn.Module):
         return ids, labels
 
 
-# --------------------------------------------------------------------------- vlp's draws
-
-
-@contextlib.contextmanager
-def record_vlp_draws() -> Iterator[dict[str, list]]:
-    """Record the hard negatives and MLM masks vlp's step draws (``vlp.tasks.objectives``), so the
-    reference can be run on the same ones: ``negatives`` gets ``(neg_img, neg_txt)`` per ITM call
-    (vlp draws per text first, then per image), ``mlm`` gets ``(masked_ids, labels)``.
-
-    vlp has no injection hook of its own; this wraps the module's functions for the duration."""
-    from vlp.tasks import objectives
-
-    rec: dict[str, list] = {"negatives": [], "mlm": []}
-    sample, mask = objectives.sample_hard_negatives, objectives.mask_tokens
-    pending: list[torch.Tensor] = []
-
-    def sample_rec(*args, **kwargs):
-        idx, ok = sample(*args, **kwargs)
-        pending.append(idx.clone())
-        if len(pending) == 2:
-            rec["negatives"].append((pending[0], pending[1]))
-            pending.clear()
-        return idx, ok
-
-    def mask_rec(*args, **kwargs):
-        out = mask(*args, **kwargs)
-        rec["mlm"].append(tuple(x.clone() for x in out))
-        return out
-
-    objectives.sample_hard_negatives, objectives.mask_tokens = sample_rec, mask_rec
-    try:
-        yield rec
-    finally:
-        objectives.sample_hard_negatives, objectives.mask_tokens = sample, mask
-
-
 # --------------------------------------------------------------------------- benchmark
 
 
-def check_same_maths(task: nn.Module, ref: ReferenceALBEFStep, batch: dict[str, torch.Tensor], step: int) -> dict:
-    """Both steps on copies of themselves, one batch, vlp's draws injected: |loss differences|."""
-    task, ref = copy.deepcopy(task), copy.deepcopy(ref)
-    with record_vlp_draws() as rec:
-        out = task(batch, step=step)
-    r = ref(batch, step=step, negatives=rec["negatives"][0], mlm=rec["mlm"][0])
-    return {k: abs(float(out[k].detach()) - float(r[k].detach())) for k in ("itc", "itm", "mlm", "loss")}
-
-
-def count_flops(task: nn.Module, ref: ReferenceALBEFStep, batch: dict[str, torch.Tensor], step: int) -> dict:
-    """Matmul FLOP (torch's counter) of one forward + backward of each, on copies, per pair. The
-    attention runs on the math path while counting: the counter has no formula for some fused
-    kernels (e.g. CPU flash attention) and would count them as 0."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.utils.flop_counter import FlopCounterMode
-
-    out = {}
-    for name, module in (("reference", ref), ("vlp", task)):
-        module = copy.deepcopy(module)
-        with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-            module(batch, step=step)["loss"].backward()
-        out[name] = counter.get_total_flops() / len(batch["input_ids"])
-    return out
-
-
-def main(argv=None) -> int:
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    """The command line."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/pretrain/shapes_tiny.yaml")
     p.add_argument("--world", help="shapes world directory for data.train (generated with 600 images if missing)")
@@ -447,16 +354,12 @@ def main(argv=None) -> int:
     )
     p.add_argument("--out")
     p.add_argument("overrides", nargs="*", help="dotted config overrides (model.queue_size=4096 ...)")
-    a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    return p.parse_args(argv)
 
-    # the training stack (accelerate etc.) only for the benchmark, not for importing the step
-    from vlp.runs.pretrain import build_pretraining
-    from vlp.train.optim import build_optimizer
-    from vlp.train.setup import apply_train_options
-    from vlp.train.step import optimizer_step, set_lr
 
+def bench_config(a: argparse.Namespace) -> PretrainConfig:
+    """The pretraining config of the benchmark: ``--config`` with the preset, the world (generated when
+    missing) and the overrides; vlp's precision, and enough steps for the lr schedule to span the run."""
     overrides = list(PRESETS[a.preset])
     if a.world:
         world = Path(a.world)
@@ -473,33 +376,80 @@ def main(argv=None) -> int:
         raise ConfigError("the reference step is ALBEF only (model.arch=albef)")
     cfg.train.precision = a.vlp_precision  # vlp's accelerator; the reference runs fp32 outside it
     cfg.train.steps = max(cfg.train.steps, a.warmup + a.steps * a.rounds)  # the lr schedule spans the benchmark
+    return cfg
 
-    run = build_pretraining(cfg)
-    ref = ReferenceALBEFStep(copy.deepcopy(run.model), cfg.loss, run.task.tokens, cfg.train.seed)
-    acc = run.accelerator()
-    apply_train_options(run.task, cfg.train)
-    opt_vlp = build_optimizer(run.task, cfg.train)
-    task, opt_vlp = acc.prepare(run.task, opt_vlp)
-    inner = acc.unwrap_model(task)
-    params_vlp = [q for g in opt_vlp.param_groups for q in g["params"]]
-    opt_ref = build_optimizer(ref, cfg.train)
-    params_ref = [q for g in opt_ref.param_groups for q in g["params"]]
-    device = acc.device
-    ref.to(device)
 
-    if len(run.loader) < a.batches:
-        raise SystemExit(
-            f"reference_step.py: --world {a.world} gives {len(run.loader)} batches of "
-            f"{cfg.data.batch_size}, fewer than --batches {a.batches}; use a larger world (or a new "
-            "--world folder, which is generated at the right size)"
-        )
-    it = iter(run.loader)
-    batches = [{k: v.to(device) for k, v in next(it).items()} for _ in range(a.batches)]
-    pairs_per_step = len(batches[0]["input_ids"])
+class Bench:
+    """vlp's step as ``vlp pretrain`` runs it (accelerator, optimizer step) and the reference step with
+    its own AdamW, from the same initial weights, on the accelerator's device."""
 
+    def __init__(self, cfg: PretrainConfig) -> None:
+        # the training stack (accelerate etc.) only for the benchmark, not for importing the step
+        from vlp.runs.pretrain import build_pretraining
+        from vlp.train.optim import build_optimizer
+        from vlp.train.setup import apply_train_options
+
+        self.cfg = cfg
+        self.run = run = build_pretraining(cfg)
+        self.ref = ReferenceALBEFStep(copy.deepcopy(run.model), cfg.loss, run.task.tokens, cfg.train.seed)
+        self.acc = run.accelerator()
+        apply_train_options(run.task, cfg.train)
+        opt_vlp = build_optimizer(run.task, cfg.train)
+        self.task, self.opt_vlp = self.acc.prepare(run.task, opt_vlp)
+        self.inner = self.acc.unwrap_model(self.task)
+        self.params_vlp = [q for g in self.opt_vlp.param_groups for q in g["params"]]
+        self.opt_ref = build_optimizer(self.ref, cfg.train)
+        self.params_ref = [q for g in self.opt_ref.param_groups for q in g["params"]]
+        self.device = self.acc.device
+        self.ref.to(self.device)
+
+    def sync(self) -> float:
+        """``time.perf_counter()`` after the device's queued work has finished."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def step_vlp(self, step: int, batch: dict) -> None:
+        """One training step of vlp's task: lr, forward, backward, ``optimizer_step``."""
+        from vlp.train.step import optimizer_step, set_lr
+
+        set_lr(self.opt_vlp, step, self.cfg.train)
+        loss = self.task(batch, step=step)["loss"]
+        self.acc.backward(loss)
+        optimizer_step(self.acc, self.opt_vlp, self.inner, self.params_vlp, step, self.cfg.train)
+
+    def step_ref(self, step: int, batch: dict) -> None:
+        """One training step of the reference: lr, forward, backward, gradient clipping, AdamW."""
+        from vlp.train.step import set_lr
+
+        set_lr(self.opt_ref, step, self.cfg.train)
+        self.ref(batch, step=step)["loss"].backward()
+        if self.cfg.train.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.params_ref, self.cfg.train.grad_clip)
+        self.opt_ref.step()
+        self.opt_ref.zero_grad(set_to_none=True)
+
+    def batches(self, a: argparse.Namespace) -> list[dict[str, torch.Tensor]]:
+        """The first ``--batches`` batches of the loader on the device (exits when the world has fewer)."""
+        run = self.run
+        if len(run.loader) < a.batches:
+            raise SystemExit(
+                f"reference_step.py: --world {a.world} gives {len(run.loader)} batches of "
+                f"{self.cfg.data.batch_size}, fewer than --batches {a.batches}; use a larger world (or a new "
+                "--world folder, which is generated at the right size)"
+            )
+        it = iter(run.loader)
+        return [{k: v.to(self.device) for k, v in next(it).items()} for _ in range(a.batches)]
+
+
+def checks_before_timing(
+    a: argparse.Namespace, bench: Bench, batch: dict[str, torch.Tensor]
+) -> tuple[Optional[dict], Optional[dict]]:
+    """The FLOP count (``--flops``) and the same-maths check (fp32, unless ``--no-check``) on one batch,
+    printed -> (the check's |differences| or None, the FLOP per pair or None)."""
     check = flops = None
     if a.flops:
-        flops = count_flops(inner, ref, batches[0], a.warmup)
+        flops = count_flops(bench.inner, bench.ref, batch, a.warmup)
         print(
             "GFLOP per pair (one forward + backward, matmuls): "
             + ", ".join(f"{k} {v / 1e9:.2f}" for k, v in flops.items())
@@ -508,43 +458,29 @@ def main(argv=None) -> int:
     if a.vlp_precision != "fp32":
         print("vlp runs bf16: the same-maths check (fp32) is skipped")
     elif not a.no_check:
-        check = check_same_maths(inner, ref, batches[0], a.warmup)
+        check = check_same_maths(bench.inner, bench.ref, batch, a.warmup)
         print(
             "same maths, |vlp - reference| on one batch with vlp's draws injected: "
             + ", ".join(f"{k} {v:.1e}" for k, v in check.items())
         )
+    return check, flops
 
-    def sync() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter()
 
-    def step_vlp(step: int, batch: dict) -> None:
-        set_lr(opt_vlp, step, cfg.train)
-        loss = task(batch, step=step)["loss"]
-        acc.backward(loss)
-        optimizer_step(acc, opt_vlp, inner, params_vlp, step, cfg.train)
-
-    def step_ref(step: int, batch: dict) -> None:
-        set_lr(opt_ref, step, cfg.train)
-        ref(batch, step=step)["loss"].backward()
-        if cfg.train.grad_clip:
-            torch.nn.utils.clip_grad_norm_(params_ref, cfg.train.grad_clip)
-        opt_ref.step()
-        opt_ref.zero_grad(set_to_none=True)
-
-    fns = {"reference": step_ref, "vlp": step_vlp}
-    state = {name: {"step": 0, "times": []} for name in a.variants}
-    task.train()
-    ref.train()
+def time_variants(a: argparse.Namespace, bench: Bench, batches: list[dict]) -> dict[str, dict[str, Any]]:
+    """``--warmup`` untimed steps per variant, then ``--rounds`` rounds of ``--steps`` steps each (the
+    order rotated each round) -> {variant: {"step": next step, "times": seconds per step per round}}."""
+    fns = {"reference": bench.step_ref, "vlp": bench.step_vlp}
+    state: dict[str, dict[str, Any]] = {name: {"step": 0, "times": []} for name in a.variants}
+    bench.task.train()
+    bench.ref.train()
 
     def run_steps(name: str, n: int) -> float:
         s = state[name]
-        t0 = sync()
+        t0 = bench.sync()
         for _ in range(n):
             fns[name](s["step"], batches[s["step"] % len(batches)])
             s["step"] += 1
-        return sync() - t0
+        return bench.sync() - t0
 
     for name in a.variants:
         run_steps(name, a.warmup)
@@ -552,31 +488,14 @@ def main(argv=None) -> int:
         order = a.variants[r % len(a.variants) :] + a.variants[: r % len(a.variants)]
         for name in order:
             state[name]["times"].append(run_steps(name, a.steps) / a.steps)
+    return state
 
-    result: dict[str, Any] = {
-        "date": date.today().isoformat(),
-        "device": torch.cuda.get_device_name(device)
-        if device.type == "cuda"
-        else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
-        "args": vars(a),
-        "pairs_per_step": pairs_per_step,
-        "trainable_params_m": param_count(run.model) / 1e6,
-        "image_size": cfg.model.vision.img_size,
-        "text_len": [int(b["input_ids"].shape[1]) for b in batches],
-        "queue_size": cfg.model.queue_size,
-        "vlp_precision": a.vlp_precision,
-        "torch": torch.__version__,
-        "same_maths_abs_diff": check,
-        "gflop_per_pair": {k: v / 1e9 for k, v in flops.items()} if flops else None,
-        "ms_per_step": {},
-        "ms_per_step_rounds": {},
-        "pairs_per_s": {},
-        "pairs_per_s_range": {},
-    }
-    print(
-        f"{pairs_per_step} pairs per step, {result['trainable_params_m']:.1f}M trainable parameters, "
-        f"{a.rounds} rounds x {a.steps} steps, {result['device']}"
-    )
+
+def report_variants(
+    state: dict[str, dict[str, Any]], pairs_per_step: int, flops: Optional[dict], result: dict[str, Any]
+) -> None:
+    """Each variant's median and best ms per step, pairs/s (and GFLOP/s with ``--flops``) into
+    ``result`` and the printed table."""
     print(f"{'variant':12s} {'ms/step':>9s} {'best':>9s} {'pairs/s':>8s} {'pairs/s over rounds':>20s}")
     for name, s in state.items():
         med, best = statistics.median(s["times"]), min(s["times"])
@@ -594,18 +513,61 @@ def main(argv=None) -> int:
             f"{name:12s} {1000 * med:9.1f} {1000 * best:9.1f} {pairs_per_step / med:8.1f} "
             f"{min(rates):11.1f} - {max(rates):.1f}{gf}"
         )
+
+
+def report_speedup(state: dict[str, dict[str, Any]], result: dict[str, Any]) -> None:
+    """vlp's throughput over the reference's (medians, best rounds, per round) into ``result``, printed."""
+    ref_t, vlp_t = state["reference"]["times"], state["vlp"]["times"]
+    per_round = [tr / tv for tr, tv in zip(ref_t, vlp_t)]  # each round's two figures are adjacent in time
+    result["speedup"] = statistics.median(ref_t) / statistics.median(vlp_t)
+    result["speedup_best"] = min(ref_t) / min(vlp_t)
+    result["speedup_per_round"] = per_round
+    result["speedup_per_round_median"] = statistics.median(per_round)
+    print(
+        f"vlp / reference throughput: {result['speedup']:.2f}x (medians), {result['speedup_best']:.2f}x (best "
+        f"rounds), per round median {statistics.median(per_round):.2f}x, range {min(per_round):.2f}-"
+        f"{max(per_round):.2f}x"
+    )
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    cfg = bench_config(a)
+    bench = Bench(cfg)
+    device = bench.device
+    batches = bench.batches(a)
+    pairs_per_step = len(batches[0]["input_ids"])
+    check, flops = checks_before_timing(a, bench, batches[0])
+    state = time_variants(a, bench, batches)
+    result: dict[str, Any] = {
+        "date": date.today().isoformat(),
+        "device": torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)",
+        "args": vars(a),
+        "pairs_per_step": pairs_per_step,
+        "trainable_params_m": param_count(bench.run.model) / 1e6,
+        "image_size": cfg.model.vision.img_size,
+        "text_len": [int(b["input_ids"].shape[1]) for b in batches],
+        "queue_size": cfg.model.queue_size,
+        "vlp_precision": a.vlp_precision,
+        "torch": torch.__version__,
+        "same_maths_abs_diff": check,
+        "gflop_per_pair": {k: v / 1e9 for k, v in flops.items()} if flops else None,
+        "ms_per_step": {},
+        "ms_per_step_rounds": {},
+        "pairs_per_s": {},
+        "pairs_per_s_range": {},
+    }
+    print(
+        f"{pairs_per_step} pairs per step, {result['trainable_params_m']:.1f}M trainable parameters, "
+        f"{a.rounds} rounds x {a.steps} steps, {result['device']}"
+    )
+    report_variants(state, pairs_per_step, flops, result)
     if len(state) == 2:
-        ref_t, vlp_t = state["reference"]["times"], state["vlp"]["times"]
-        per_round = [tr / tv for tr, tv in zip(ref_t, vlp_t)]  # each round's two figures are adjacent in time
-        result["speedup"] = statistics.median(ref_t) / statistics.median(vlp_t)
-        result["speedup_best"] = min(ref_t) / min(vlp_t)
-        result["speedup_per_round"] = per_round
-        result["speedup_per_round_median"] = statistics.median(per_round)
-        print(
-            f"vlp / reference throughput: {result['speedup']:.2f}x (medians), {result['speedup_best']:.2f}x (best "
-            f"rounds), per round median {statistics.median(per_round):.2f}x, range {min(per_round):.2f}-"
-            f"{max(per_round):.2f}x"
-        )
+        report_speedup(state, result)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=1))

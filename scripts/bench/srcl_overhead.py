@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -126,7 +126,8 @@ def run_steps(task, opt, batch, step0: int, n: int, device, dtype) -> float:
     return (time.perf_counter() - t) / max(n, 1)
 
 
-def main(argv=None) -> int:
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    """The command line."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="tiny", choices=["tiny", "small", "base"])
     p.add_argument("--batch", type=int, default=64)
@@ -143,16 +144,16 @@ def main(argv=None) -> int:
     p.add_argument("--ltd-dim", type=int, default=384, help="LTD target dimension (all-MiniLM-L6-v2: 384)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--out")
-    a = p.parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if a.precision == "bf16" else None
-    runs = {}
-    tmp = tempfile.TemporaryDirectory()
-    targets = None
-    if any(VARIANTS[n][2] for n in a.variants):
-        targets = LatentTargets.load(write_random_targets(a, Path(tmp.name)))
+    return p.parse_args(argv)
+
+
+def warm_variants(
+    a: argparse.Namespace, device: torch.device, dtype: Optional[torch.dtype], targets: Optional[LatentTargets]
+) -> tuple[dict[str, list[Any]], Any]:
+    """Each variant built and run for ``--warmup`` steps -> ({name: [task, optimizer, batch, next step,
+    step times]}, the last variant's config)."""
+    runs: dict[str, list[Any]] = {}
+    cfg = None
     for name in a.variants:
         regulation, live, ltd = VARIANTS[name]
         task, opt, cfg = build(a, regulation, live, device, targets if ltd else None)
@@ -162,22 +163,25 @@ def main(argv=None) -> int:
         )
         run_steps(task, opt, batch, 0, a.warmup, device, dtype)
         runs[name] = [task, opt, batch, a.warmup, []]
+    return runs, cfg
+
+
+def run_rounds(
+    a: argparse.Namespace, runs: dict[str, list[Any]], device: torch.device, dtype: Optional[torch.dtype]
+) -> None:
+    """``--rounds`` rounds of ``--steps`` steps of every variant (the order rotated each round), each
+    round's seconds per step appended to its variant's times."""
     for r in range(a.rounds):
         order = a.variants[r % len(a.variants) :] + a.variants[: r % len(a.variants)]
         for name in order:
             task, opt, batch, step, times = runs[name]
             times.append(run_steps(task, opt, batch, step, a.steps, device, dtype))
             runs[name][3] = step + a.steps
-    base = statistics.median(runs["plain"][4]) if "plain" in runs else None
-    result = {
-        "device": torch.cuda.get_device_name()
-        if device.type == "cuda"
-        else f"CPU ({platform.processor() or 'cpu'}, {torch.get_num_threads()} threads)",
-        "args": vars(a),
-        "ms_per_step": {},
-        "overhead_pct": {},
-        "ms_per_step_rounds": {},
-    }
+
+
+def report_variants(runs: dict[str, list[Any]], result: dict[str, Any], base: Optional[float]) -> None:
+    """Each variant's median ms per step and overhead against ``plain`` (median seconds ``base``) into
+    ``result``, and its printed line."""
     for name, (_, _, _, _, times) in runs.items():
         med = statistics.median(times)
         result["ms_per_step"][name] = 1000 * med
@@ -197,66 +201,114 @@ def main(argv=None) -> int:
             + (f"  {100 * (med / base - 1):+6.1f}%" if base else "")
             + f"  (rounds {1000 * min(times):.0f}-{1000 * max(times):.0f} ms{spread})"
         )
+
+
+def median_ms(call: Callable[[], None], device: torch.device) -> float:
+    """Median milliseconds of ``call`` over 60 calls, the first 10 left out (synchronised on CUDA)."""
+    calls = []
+    for _ in range(60):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        call()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        calls.append(time.perf_counter() - t)
+    return 1000 * statistics.median(calls[10:])
+
+
+def print_alone(label: str, ms: float, base: Optional[float]) -> None:
+    """The printed line of a part's work alone: ms per step and its share of a plain step."""
+    print(f"{label:20s} {ms:9.2f} ms/step" + (f"  {100 * ms / (1000 * base):+6.2f}% of a plain step" if base else ""))
+
+
+def regulation_alone(
+    a: argparse.Namespace, cfg: Any, reg_task: Any, device: torch.device, result: dict[str, Any], base: Optional[float]
+) -> None:
+    """The SRCL regulation's work alone (helper features, regulate, reading its statistics) into ``result``."""
+    reg, c = reg_task.regulator, a.batch + a.queue
+    g = torch.Generator().manual_seed(2)
+    cos = (torch.rand(2, a.batch, c, generator=g) * 2 - 1).to(device)
+    pos = torch.zeros(a.batch, c, dtype=torch.bool, device=device)
+    pos[range(a.batch), range(a.batch)] = True
+    hb = make_batch(a, cfg, device, with_helper=True)
+
+    def call() -> None:
+        h = reg.helper_features(hb, 0)
+        r = reg.regulate(cos[0], cos[1], pos, pos, h, 0)
+        float(r.stats["srcl_w_mean"])  # the loop reads the statistics once per step
+
+    ms = median_ms(call, device)
+    result["regulation_ms_per_step"] = ms
+    if base:
+        result["regulation_pct_of_plain_step"] = 100 * ms / (1000 * base)
+    print_alone("regulation alone", ms, base)
+
+
+def ltd_alone(
+    a: argparse.Namespace,
+    cfg: Any,
+    run: list[Any],
+    device: torch.device,
+    dtype: Optional[torch.dtype],
+    result: dict[str, Any],
+    base: Optional[float],
+) -> None:
+    """LTD's work alone (decoder forward, cosine loss, backward, AdamW on the head, lambda ascent) into ``result``."""
+    rec, e = run[0].reconstruction, cfg.model.embed_dim
+    g = torch.Generator().manual_seed(4)
+    emb = torch.nn.functional.normalize(torch.randn(a.batch, e, generator=g), dim=1).to(device).requires_grad_()
+    l_con = torch.zeros((), device=device, requires_grad=True)
+    lb = {"ltd_target": run[2]["ltd_target"]}
+    head_opt = torch.optim.AdamW(rec.decoder.parameters(), lr=1e-4)
+
+    def call() -> None:
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss, stats = rec(l_con, emb, lb)
+        loss.backward()
+        head_opt.step()
+        head_opt.zero_grad(set_to_none=True)
+        rec.after_optimizer_step()
+        float(stats["ltd_rec"])  # the loop reads the statistics once per step
+
+    ms = median_ms(call, device)
+    result["ltd_ms_per_step"] = ms
+    result["ltd_head_params"] = sum(q.numel() for q in rec.decoder.parameters())
+    if base:
+        result["ltd_pct_of_plain_step"] = 100 * ms / (1000 * base)
+    print_alone("ltd alone", ms, base)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if a.precision == "bf16" else None
+    tmp = tempfile.TemporaryDirectory()
+    targets = None
+    if any(VARIANTS[n][2] for n in a.variants):
+        targets = LatentTargets.load(write_random_targets(a, Path(tmp.name)))
+    runs, cfg = warm_variants(a, device, dtype, targets)
+    run_rounds(a, runs, device, dtype)
+    base = statistics.median(runs["plain"][4]) if "plain" in runs else None
+    result = {
+        "device": torch.cuda.get_device_name()
+        if device.type == "cuda"
+        else f"CPU ({platform.processor() or 'cpu'}, {torch.get_num_threads()} threads)",
+        "args": vars(a),
+        "ms_per_step": {},
+        "overhead_pct": {},
+        "ms_per_step_rounds": {},
+    }
+    report_variants(runs, result, base)
     # The added work alone (no model), timed over many calls: the noise-free part of the overhead.
     reg_task = next((runs[n][0] for n in runs if VARIANTS[n] == ("srcl", False, False)), None)
     if reg_task is not None:
-        reg, e, c = reg_task.regulator, cfg.model.embed_dim, a.batch + a.queue
-        g = torch.Generator().manual_seed(2)
-        cos = (torch.rand(2, a.batch, c, generator=g) * 2 - 1).to(device)
-        pos = torch.zeros(a.batch, c, dtype=torch.bool, device=device)
-        pos[range(a.batch), range(a.batch)] = True
-        hb = make_batch(a, cfg, device, with_helper=True)
-        calls = []
-        for _ in range(60):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            h = reg.helper_features(hb, 0)
-            r = reg.regulate(cos[0], cos[1], pos, pos, h, 0)
-            float(r.stats["srcl_w_mean"])  # the loop reads the statistics once per step
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            calls.append(time.perf_counter() - t)
-        ms = 1000 * statistics.median(calls[10:])
-        result["regulation_ms_per_step"] = ms
-        if base:
-            result["regulation_pct_of_plain_step"] = 100 * ms / (1000 * base)
-        print(
-            f"{'regulation alone':20s} {ms:9.2f} ms/step"
-            + (f"  {100 * ms / (1000 * base):+6.2f}% of a plain step" if base else "")
-        )
+        regulation_alone(a, cfg, reg_task, device, result, base)
     ltd_name = next((n for n in runs if VARIANTS[n][2]), None)
-    if ltd_name is not None:  # LTD's work alone: decoder fwd + cosine loss + bwd, AdamW on the head, lambda ascent
-        rec, e = runs[ltd_name][0].reconstruction, cfg.model.embed_dim
-        g = torch.Generator().manual_seed(4)
-        emb = torch.nn.functional.normalize(torch.randn(a.batch, e, generator=g), dim=1).to(device).requires_grad_()
-        l_con = torch.zeros((), device=device, requires_grad=True)
-        lb = {"ltd_target": runs[ltd_name][2]["ltd_target"]}
-        head_opt = torch.optim.AdamW(rec.decoder.parameters(), lr=1e-4)
-        calls = []
-        for _ in range(60):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss, stats = rec(l_con, emb, lb)
-            loss.backward()
-            head_opt.step()
-            head_opt.zero_grad(set_to_none=True)
-            rec.after_optimizer_step()
-            float(stats["ltd_rec"])  # the loop reads the statistics once per step
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            calls.append(time.perf_counter() - t)
-        ms = 1000 * statistics.median(calls[10:])
-        result["ltd_ms_per_step"] = ms
-        result["ltd_head_params"] = sum(q.numel() for q in rec.decoder.parameters())
-        if base:
-            result["ltd_pct_of_plain_step"] = 100 * ms / (1000 * base)
-        print(
-            f"{'ltd alone':20s} {ms:9.2f} ms/step"
-            + (f"  {100 * ms / (1000 * base):+6.2f}% of a plain step" if base else "")
-        )
+    if ltd_name is not None:
+        ltd_alone(a, cfg, runs[ltd_name], device, dtype, result, base)
     tmp.cleanup()
     if a.out:
         with open(a.out, "w") as f:

@@ -26,10 +26,12 @@ Every run is skipped when its result already exists, so an interrupted run resum
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from harness import (
     Sweep,
@@ -100,15 +102,19 @@ def probe_metrics(name: str, seed: int, run: Path, root: Path) -> dict[str, floa
     return out
 
 
-def main(argv=None) -> int:
-    p = experiment_parser(__doc__, out="runs/ltd_testbed", steps=400)
-    p.set_defaults(seeds=[0, 1, 2, 3, 4])
-    p.add_argument("--eta", type=float, help="the constraint's bound (default: --eta-fraction x the protected floors)")
-    p.add_argument("--protect", nargs="+", default=["shape", "color"], choices=list(ATTRIBUTES))
-    p.add_argument("--eta-fraction", type=float, default=0.8)
-    a = p.parse_args(argv)
-    out = Path(a.out)
-    t0 = time.time()
+class Prepared(NamedTuple):
+    """The shared inputs of every run: the world, the caption targets and the constraint's bound."""
+
+    root: Path  # the shapes world
+    targets: Path  # all-MiniLM-L6-v2 embeddings of the training captions
+    floors: dict[str, Any]  # the L_rec floor record of each suppressed attribute
+    lowest: str  # the protected attribute with the lowest floor
+    eta: float  # the constraint's bound
+
+
+def prepare(a: argparse.Namespace, out: Path) -> Prepared:
+    """The world, its caption targets and the L_rec floors (each made once, under the prepare lock) and
+    the constraint's bound (``--eta``, else ``--eta-fraction`` x the lowest protected floor)."""
     with file_lock(prepare_lock(out)):  # shards (--shard) prepare one at a time
         root = prepare_world(out, a.images, a.test_images)
         targets = root / "targets_minilm.safetensors"
@@ -120,15 +126,26 @@ def main(argv=None) -> int:
         floors = json.loads(floor_file.read_text())["floors"]
         lowest = min(a.protect, key=lambda x: floors[x]["floor"])
         eta = a.eta if a.eta is not None else round(a.eta_fraction * floors[lowest]["floor"], 4)
-    variants = arms(eta)
+    return Prepared(root, targets, floors, lowest, eta)
 
-    constraint = next(n for n in variants if n.startswith("LTD constraint"))
+
+def constraint_arm(variants: dict[str, list[str]]) -> str:
+    """The name of the constraint arm among ``variants``."""
+    return next(n for n in variants if n.startswith("LTD constraint"))
+
+
+def run_arms(
+    a: argparse.Namespace, out: Path, prep: Prepared, variants: dict[str, list[str]], t0: float
+) -> SeedResults:
+    """Train and evaluate every arm and seed of this shard (done runs skipped) -> the results so far."""
+    root, eta = prep.root, prep.eta
+    constraint = constraint_arm(variants)
 
     def overrides(name: str, seed: int) -> list[str]:
         extra = list(variants[name])
         if name == MATCHED:
             extra.append(f"loss.ltd.beta={matched_beta(out / f'{slug(constraint)}_seed{seed}', eta):.6g}")
-        return ["train.progress=false", f"loss.ltd.targets={targets}", *extra]
+        return ["train.progress=false", f"loss.ltd.targets={prep.targets}", *extra]
 
     results = SeedResults(out / "results.json")
     Sweep(
@@ -149,10 +166,11 @@ def main(argv=None) -> int:
         t0=t0,
         after=lambda name, seed, run: probe_metrics(name, seed, run, root),
     ).run(a.seeds, list(variants), shard=a.shard)
-    if a.shard != (0, 1):
-        print(f"shard {a.shard[0]}/{a.shard[1]} done; run again without --shard for the report", flush=True)
-        return 0
+    return results
 
+
+def plot_results(a: argparse.Namespace, out: Path, results: SeedResults, constraint: str, eta: float) -> None:
+    """The constraint arm's lambda and L_rec curves and the minimal-pair and probe bars per arm (PNGs in ``out``)."""
     curves = {f"seed {s}": out / f"{slug(constraint)}_seed{s}" / "metrics.jsonl" for s in a.seeds}
     curves = {k: v for k, v in curves.items() if v.exists()}
     if curves:
@@ -176,15 +194,23 @@ def main(argv=None) -> int:
         out / "probes.png",
         "linear-probe accuracy on caption embeddings",
     )
+
+
+def write_ltd_report(
+    a: argparse.Namespace, out: Path, results: SeedResults, prep: Prepared, variants: dict[str, list[str]]
+) -> None:
+    """``OUT/report.md``: the setup, the floors, the results over seeds, the paired differences and tests
+    and the matched arm's beta per seed."""
+    eta, constraint = prep.eta, constraint_arm(variants)
     floor_rows = "\n".join(
         f"| {k} | {f['floor']:.4f} | {f['floor_mentioning']:.4f} | {100 * f['share_mentioning']:.0f}% |"
-        for k, f in floors.items()
+        for k, f in prep.floors.items()
     )
     write_report(
         out / "report.md",
         f"Shapes world: {a.images} training images (5 captions each), `configs/ltd/shapes_dual.yaml` from scratch, "
         f"{a.steps} steps, {len(a.seeds)} seeds, {run_minutes(results)} on this machine. LTD targets: "
-        f"all-MiniLM-L6-v2. Constraint bound eta = {eta:.4g} ({a.eta_fraction:g} x the floor of {lowest}, the lower "
+        f"all-MiniLM-L6-v2. Constraint bound eta = {eta:.4g} ({a.eta_fraction:g} x the floor of {prep.lowest}, the lower "
         f"of the protected {' and '.join(a.protect)}). Zero-shot retrieval on the {a.test_images}-image test split (ITC cosine); probes: linear, on frozen "
         "embeddings of the test split's distinct captions (accuracy %, held-out half); mp: minimal-pair accuracy % "
         "(chance 50).",
@@ -204,6 +230,25 @@ def main(argv=None) -> int:
             if (out / f"{slug(constraint)}_seed{s}" / "metrics.jsonl").exists()
         ),
     )
+
+
+def main(argv=None) -> int:
+    p = experiment_parser(__doc__, out="runs/ltd_testbed", steps=400)
+    p.set_defaults(seeds=[0, 1, 2, 3, 4])
+    p.add_argument("--eta", type=float, help="the constraint's bound (default: --eta-fraction x the protected floors)")
+    p.add_argument("--protect", nargs="+", default=["shape", "color"], choices=list(ATTRIBUTES))
+    p.add_argument("--eta-fraction", type=float, default=0.8)
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    t0 = time.time()
+    prep = prepare(a, out)
+    variants = arms(prep.eta)
+    results = run_arms(a, out, prep, variants, t0)
+    if a.shard != (0, 1):
+        print(f"shard {a.shard[0]}/{a.shard[1]} done; run again without --shard for the report", flush=True)
+        return 0
+    plot_results(a, out, results, constraint_arm(variants), prep.eta)
+    write_ltd_report(a, out, results, prep, variants)
     return 0
 
 

@@ -38,10 +38,13 @@ exists, so an interrupted run resumes.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
 from harness import (
     Sweep,
@@ -136,7 +139,8 @@ def arm(name: str) -> tuple[str | None, list[str]]:
     return {**ARMS, **ABLATIONS, **REMOVAL, **DOSE}[name]
 
 
-def main(argv=None) -> int:
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    """The command line (the harness's options and the testbed's)."""
     p = experiment_parser(__doc__, out="runs/srcl_testbed", steps=300)
     p.set_defaults(seeds=None)
     p.add_argument("--grid", choices=list(GRIDS), default="main")
@@ -153,100 +157,137 @@ def main(argv=None) -> int:
         help="median false-negative weight delta aims at (default 0.15; the dose grid: 0.12, the paper's example)",
     )
     p.add_argument("--diag-batches", type=int, default=20)
-    a = p.parse_args(argv)
-    names, default_seeds = GRIDS[a.grid]
-    target = a.target_weight if a.target_weight is not None else 0.12 if a.grid == "dose" else 0.15
-    seeds = a.seeds or list(default_seeds)
-    out = Path(a.out)
-    t0 = time.time()
+    return p.parse_args(argv)
+
+
+def train_helper(a: argparse.Namespace, out: Path, root: Path, base: list[str]) -> tuple[Path, dict[str, Any]]:
+    """The learned helper (disjoint images, every caption kind), trained and evaluated once -> (its run
+    folder, its own zero-shot retrieval metrics on the test split)."""
+    helper_dir = train_once(
+        out / "helper",
+        "configs/helper/shapes_tiny.yaml",
+        root / "helper_split.json",
+        a.helper_steps,
+        base,
+        helper=True,
+    )
+    helper_eval = out / "helper" / "eval" / "metrics.json"
+    if not helper_eval.exists():
+        run_evaluate_retrieval(
+            helper_dir,
+            root / "retrieval_test.json",
+            root / "relevance_test.json",
+            helper_dir / "eval",
+            overrides=["eval.score=itc"],
+            graded_relevance=root / "relevance_graded_test.npy",
+            show_progress=False,
+        )
+    return helper_dir, json.loads(helper_eval.read_text())
+
+
+def cache_sources(grid: str, out: Path, root: Path, mix: Path, helper_dir: Path) -> dict[str, Path]:
+    """The similarity sources' feature caches of the mix, each written once -> {source: cache folder}:
+    the learned helper, the exact and graded oracles and (the dose grid) the noisy oracles."""
+    caches = {"helper": out / "cache_helper", "oracle": out / "cache_oracle", "graded": out / "cache_oracle_graded"}
+    if grid == "dose":
+        caches |= {f"noisy {q:g}": out / f"cache_oracle_auc{q:g}" for q in AUCS}
+        for q in AUCS:
+            if not caches[f"noisy {q:g}"].exists():
+                run_cache_oracle_features(root, [mix], caches[f"noisy {q:g}"], auc=q, seed=0)
+    if not caches["helper"].exists():
+        run_cache_helper_features(helper_dir, [str(mix)], caches["helper"])
+    if not caches["oracle"].exists():
+        run_cache_oracle_features(root, [mix], caches["oracle"])
+    if not caches["graded"].exists():
+        run_cache_oracle_features(root, [mix], caches["graded"], graded=True)
+    return caches
+
+
+@dataclass
+class Testbed:
+    """The prepared world, mix and similarity caches, and what every arm's run is built from."""
+
+    a: argparse.Namespace
+    out: Path
+    target: float  # the median false-negative weight delta aims at
+    root: Path
+    mix: Path  # the diagnostic pretraining file (object and count captions)
+    base: list[str]  # every run's overrides
+    caches: dict[str, Path]
+
+    def diagnose(self, source: str, queue: int) -> dict:
+        """The similarity source's diagnostics with a queue of ``queue`` (computed once)."""
+        suffix = "" if self.target == 0.15 else f"_t{self.target:g}"
+        f = self.out / f"diagnostics_{slug(source)}_q{queue}{suffix}" / "helper_diagnostics.json"
+        if not f.exists():
+            run_helper_diagnostics(
+                self.caches[source],
+                self.root,
+                self.mix,
+                f.parent,
+                batch_size=self.a.batch_size,
+                queue_size=queue,
+                batches=self.a.diag_batches,
+                target_weight=self.target,
+            )
+        return json.loads(f.read_text())
+
+    def queue_of(self, name: str) -> int:
+        """The arm's ITC queue: its own ``model.queue_size`` override, else ``--queue``."""
+        sizes = [int(o.split("=")[1]) for o in arm(name)[1] if o.startswith("model.queue_size=")]
+        return sizes[-1] if sizes else self.a.queue
+
+    def overrides(self, name: str, seed: int) -> list[str]:
+        """The arm's run from this seed's warm-up (trained once), with its source's cache and delta."""
+        a = self.a
+        source, extra = arm(name)
+        warm = train_once(
+            self.out / f"warmup_seed{seed}",
+            PRESET,
+            self.mix,
+            a.warmup_steps,
+            [*self.base, "model.queue_size=0", f"train.seed={seed}"],
+        )
+        if source is None:
+            src = []
+        else:
+            d = self.diagnose(source, self.queue_of(name))
+            delta = d["delta"]["target_weight"]
+            if delta is None:
+                raise RuntimeError(f"{name}: no delta reaches the target weight for {source}: {d.get('delta_error')}")
+            src = [f"loss.srcl.helper_features={self.caches[source]}", f"loss.srcl.delta={delta}"]
+        return [*self.base, f"init_from={warm}", f"model.queue_size={a.queue}", "loss.distill=false", *src, *extra]
+
+
+def prepare(a: argparse.Namespace, out: Path, target: float) -> tuple[Testbed, dict[str, Any], dict[str, dict]]:
+    """World, mix, helper, caches and the diagnostics at ``--queue`` (under the prepare lock) -> (the
+    testbed, the helper's own retrieval metrics, {source: diagnostics})."""
     with file_lock(prepare_lock(out)):  # shards (--shard) prepare one at a time
         root = prepare_world(out, a.images, a.test_images, n_helper=a.helper_images)
         mix = root / f"pretrain_kinds_{'+'.join(KINDS)}.json"
         if not mix.exists():
             write_caption_mix(root, KINDS, seed=0)
         base = [f"data.batch_size={a.batch_size}", *ITC_ONLY]
-
         # the learned helper: disjoint images, every caption kind; its own retrieval; its cache of the mix
-        helper_dir = train_once(
-            out / "helper",
-            "configs/helper/shapes_tiny.yaml",
-            root / "helper_split.json",
-            a.helper_steps,
-            base,
-            helper=True,
-        )
-        helper_eval = out / "helper" / "eval" / "metrics.json"
-        if not helper_eval.exists():
-            run_evaluate_retrieval(
-                helper_dir,
-                root / "retrieval_test.json",
-                root / "relevance_test.json",
-                helper_dir / "eval",
-                overrides=["eval.score=itc"],
-                graded_relevance=root / "relevance_graded_test.npy",
-                show_progress=False,
-            )
-        helper_retrieval = json.loads(helper_eval.read_text())
-        caches = {"helper": out / "cache_helper", "oracle": out / "cache_oracle", "graded": out / "cache_oracle_graded"}
-        if a.grid == "dose":
-            caches |= {f"noisy {q:g}": out / f"cache_oracle_auc{q:g}" for q in AUCS}
-            for q in AUCS:
-                if not caches[f"noisy {q:g}"].exists():
-                    run_cache_oracle_features(root, [mix], caches[f"noisy {q:g}"], auc=q, seed=0)
-        if not caches["helper"].exists():
-            run_cache_helper_features(helper_dir, [str(mix)], caches["helper"])
-        if not caches["oracle"].exists():
-            run_cache_oracle_features(root, [mix], caches["oracle"])
-        if not caches["graded"].exists():
-            run_cache_oracle_features(root, [mix], caches["graded"], graded=True)
+        helper_dir, helper_retrieval = train_helper(a, out, root, base)
+        caches = cache_sources(a.grid, out, root, mix, helper_dir)
+        tb = Testbed(a, out, target, root, mix, base, caches)
+        diag = {s: tb.diagnose(s, a.queue) for s in caches}
+    return tb, helper_retrieval, diag
 
-        def diagnose(source: str, queue: int) -> dict:
-            """The similarity source's diagnostics with a queue of ``queue`` (computed once)."""
-            suffix = "" if target == 0.15 else f"_t{target:g}"
-            f = out / f"diagnostics_{slug(source)}_q{queue}{suffix}" / "helper_diagnostics.json"
-            if not f.exists():
-                run_helper_diagnostics(
-                    caches[source],
-                    root,
-                    mix,
-                    f.parent,
-                    batch_size=a.batch_size,
-                    queue_size=queue,
-                    batches=a.diag_batches,
-                    target_weight=target,
-                )
-            return json.loads(f.read_text())
 
-        def queue_of(name: str) -> int:
-            sizes = [int(o.split("=")[1]) for o in arm(name)[1] if o.startswith("model.queue_size=")]
-            return sizes[-1] if sizes else a.queue
-
-        diag = {s: diagnose(s, a.queue) for s in caches}
-
-    def overrides(name: str, seed: int) -> list[str]:
-        source, extra = arm(name)
-        warm = train_once(
-            out / f"warmup_seed{seed}", PRESET, mix, a.warmup_steps, [*base, "model.queue_size=0", f"train.seed={seed}"]
-        )
-        if source is None:
-            src = []
-        else:
-            d = diagnose(source, queue_of(name))
-            delta = d["delta"]["target_weight"]
-            if delta is None:
-                raise RuntimeError(f"{name}: no delta reaches the target weight for {source}: {d.get('delta_error')}")
-            src = [f"loss.srcl.helper_features={caches[source]}", f"loss.srcl.delta={delta}"]
-        return [*base, f"init_from={warm}", f"model.queue_size={a.queue}", "loss.distill=false", *src, *extra]
-
+def run_grid(tb: Testbed, names: list[str], seeds: list[int], t0: float) -> SeedResults:
+    """Train and evaluate the grid's arms for every seed of this shard (done runs skipped) -> the results."""
+    a, out = tb.a, tb.out
     results = SeedResults(out / f"results_{a.grid}.json")
     Sweep(
         results,
-        root,
+        tb.root,
         PRESET,
-        mix,
+        tb.mix,
         a.steps,
         run_dir=lambda name, seed: out / a.grid / f"{slug(name)}_seed{seed}",
-        overrides=overrides,
+        overrides=tb.overrides,
         summary=lambda m: (
             f"t2i R-prec {m['img_r_precision']:.2f} (generic {m['img_r_precision@generic']:.2f}) "
             f"nDCG@10 {m['img_ndcg10']:.2f}"
@@ -257,11 +298,13 @@ def main(argv=None) -> int:
         timed=True,
         t0=t0,
     ).run(seeds, names, shard=a.shard)
-    if a.shard != (0, 1):
-        print(f"shard {a.shard[0]}/{a.shard[1]} done; run again without --shard for the report", flush=True)
-        return 0
+    return results
 
-    auc = {None: "-", **{s: f"{d['helper_auc']['with_queue']:.3f}" for s, d in diag.items()}}
+
+def setup_lines(
+    a: argparse.Namespace, results: SeedResults, helper_retrieval: dict[str, Any], diag: dict[str, dict]
+) -> list[str]:
+    """The report's opening: the setup, the helper's own retrieval and each similarity source's diagnosis."""
     lines = [
         f"Shapes world: {a.images} training images captioned by {' and '.join(KINDS)} captions only; helper trained "
         f"{a.helper_steps} steps on {a.helper_images} disjoint images with every caption kind. Per seed: "
@@ -288,41 +331,70 @@ def main(argv=None) -> int:
             f"| {s} | {d['helper_auc']['with_queue']:.3f} | {100 * share['in_batch']:.1f}% / {100 * share['with_queue']:.1f}% | "
             f"{_delta_cell(d['delta']['rule_20pct'])} | {target_cells} |"
         )
+    return lines
+
+
+def plot_removal(out: Path, results: SeedResults, seeds: list[int]) -> None:
+    """The removal grid's sweep by threshold, with the main grid's arms dotted (``OUT/removal_sweep.png``)."""
+    main = SeedResults(out / "results_main.json")
+    plot_sweep(
+        results,
+        seeds,
+        {f"helper removal {t:g}": t for t in THRESHOLDS},
+        ["img_r_precision", "img_ndcg10", "img_r_precision@generic"],
+        out / "removal_sweep.png",
+        "learned-helper removal (ALBEF++) by threshold; dotted: the main grid's arms",
+        "removal threshold",
+        summarise({k: v for k, v in main.data.items() if k in ("plain ITC", "oracle removal")}, seeds, METRICS),
+    )
+
+
+def dose_response(
+    out: Path, results: SeedResults, seeds: list[int], names: list[str], diag: dict[str, dict], target: float
+) -> str:
+    """The dose grid's plot by measured helper AUC (``OUT/dose_response.png``) -> its report section:
+    each arm against plain ITC with paired t-tests on the primary endpoints."""
+    measured = {f"oracle AUC {q:g} SRCL": diag[f"noisy {q:g}"]["helper_auc"]["with_queue"] for q in AUCS}
+    plot_sweep(
+        results,
+        seeds,
+        {**measured, "oracle SRCL": diag["oracle"]["helper_auc"]["with_queue"]},
+        [*PRIMARY, "img_r_precision@generic"],
+        out / "dose_response.png",
+        f"SRCL by helper quality (delta: median false-negative weight {target:g}); dotted: plain ITC, delta 1",
+        "helper ROC-AUC (false vs true negatives, measured)",
+        summarise(
+            {k: v for k, v in results.data.items() if k in ("plain ITC", "oracle SRCL, delta 1")}, seeds, METRICS
+        ),
+    )
+    return (
+        "Each arm minus plain ITC on the primary endpoints, seed by seed, with a paired t-test "
+        f"(two-sided, n - 1 dof); {len(DOSE) - 1} arms x {len(PRIMARY)} endpoints = "
+        f"{(len(DOSE) - 1) * len(PRIMARY)} tests: Holm-Bonferroni at a family-wise 0.05 needs p < "
+        f"{0.05 / ((len(DOSE) - 1) * len(PRIMARY)):.3g} for the smallest p:\n\n"
+        + paired_tests_table(results.data, seeds, PRIMARY, "plain ITC", names)
+    )
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    names, default_seeds = GRIDS[a.grid]
+    target = a.target_weight if a.target_weight is not None else 0.12 if a.grid == "dose" else 0.15
+    seeds = a.seeds or list(default_seeds)
+    out = Path(a.out)
+    t0 = time.time()
+    tb, helper_retrieval, diag = prepare(a, out, target)
+    results = run_grid(tb, names, seeds, t0)
+    if a.shard != (0, 1):
+        print(f"shard {a.shard[0]}/{a.shard[1]} done; run again without --shard for the report", flush=True)
+        return 0
+
+    auc = {None: "-", **{s: f"{d['helper_auc']['with_queue']:.3f}" for s, d in diag.items()}}
+    lines = setup_lines(a, results, helper_retrieval, diag)
     table = results_table(results, seeds, METRICS, label=lambda name: f"{name} (AUC {auc[arm(name)[0]]})")
     if a.grid == "removal":
-        main = SeedResults(out / "results_main.json")
-        plot_sweep(
-            results,
-            seeds,
-            {f"helper removal {t:g}": t for t in THRESHOLDS},
-            ["img_r_precision", "img_ndcg10", "img_r_precision@generic"],
-            out / "removal_sweep.png",
-            "learned-helper removal (ALBEF++) by threshold; dotted: the main grid's arms",
-            "removal threshold",
-            summarise({k: v for k, v in main.data.items() if k in ("plain ITC", "oracle removal")}, seeds, METRICS),
-        )
-    tests = ""
-    if a.grid == "dose":
-        measured = {f"oracle AUC {q:g} SRCL": diag[f"noisy {q:g}"]["helper_auc"]["with_queue"] for q in AUCS}
-        plot_sweep(
-            results,
-            seeds,
-            {**measured, "oracle SRCL": diag["oracle"]["helper_auc"]["with_queue"]},
-            [*PRIMARY, "img_r_precision@generic"],
-            out / "dose_response.png",
-            f"SRCL by helper quality (delta: median false-negative weight {target:g}); dotted: plain ITC, delta 1",
-            "helper ROC-AUC (false vs true negatives, measured)",
-            summarise(
-                {k: v for k, v in results.data.items() if k in ("plain ITC", "oracle SRCL, delta 1")}, seeds, METRICS
-            ),
-        )
-        tests = (
-            "Each arm minus plain ITC on the primary endpoints, seed by seed, with a paired t-test "
-            f"(two-sided, n - 1 dof); {len(DOSE) - 1} arms x {len(PRIMARY)} endpoints = "
-            f"{(len(DOSE) - 1) * len(PRIMARY)} tests: Holm-Bonferroni at a family-wise 0.05 needs p < "
-            f"{0.05 / ((len(DOSE) - 1) * len(PRIMARY)):.3g} for the smallest p:\n\n"
-            + paired_tests_table(results.data, seeds, PRIMARY, "plain ITC", names)
-        )
+        plot_removal(out, results, seeds)
+    tests = dose_response(out, results, seeds, names, diag, target) if a.grid == "dose" else ""
     both = {**SeedResults(out / "results_main.json").data, **results.data}
     paired = paired_table(both, seeds, METRICS, baseline_of, variants=names)
     write_report(

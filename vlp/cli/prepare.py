@@ -73,14 +73,8 @@ def _run(a: argparse.Namespace) -> None:
     _print_counts(d, counts, [a.out])
 
 
-def _add_prepare(sub: Any) -> None:
-    """``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|snli-ve|refcoco+|eccv-caption``."""
-    from vlp.data.prepare.eccv import ECCV_BENCHMARKS
-    from vlp.data.prepare.nlvr import NLVR_SPLITS
-    from vlp.data.prepare.vqa import VQA_SPLITS
-
-    s = sub.add_parser("prepare", help="convert official dataset releases into vlp's (ALBEF's) annotation files")
-    pp = s.add_subparsers(dest="dataset", required=True)
+def _add_karpathy(pp: Any) -> None:
+    """Adds ``coco`` and ``flickr30k`` (Karpathy split files) to the ``prepare`` subparsers ``pp``; returns None."""
     for name, text in (
         ("coco", "Karpathy dataset_coco.json -> coco_{train,val,test}.json"),
         ("flickr30k", "Karpathy dataset_flickr30k.json -> flickr30k_{train,val,test}.json"),
@@ -93,6 +87,10 @@ def _add_prepare(sub: Any) -> None:
             c.add_argument(
                 "--prefix", default="flickr30k-images", help="folder put before each file name ('' for none)"
             )
+
+
+def _add_pretraining(pp: Any) -> None:
+    """Adds the pretraining-pair sources ``cc3m``, ``sbu``, ``vg`` and ``vg-qa`` to ``pp``; returns None."""
     c = pp.add_parser("cc3m", help="CC3M Train_GCC-training.tsv + img2dataset images -> pretraining pairs")
     c.add_argument("tsv", metavar="TSV")
     c.add_argument("--images", required=True, metavar="DIR", help="img2dataset output folder (00000/, 00001/, ...)")
@@ -115,6 +113,13 @@ def _add_prepare(sub: Any) -> None:
                 "--answer-list", metavar="JSON", help="keep only answers in this answer_list.json (vqa-answers)"
             )
         c.add_argument("--out", required=True, metavar="JSON")
+
+
+def _add_vqa_nlvr_ve(pp: Any) -> None:
+    """Adds ``vqa``, ``vqa-answers``, ``nlvr2`` and ``snli-ve`` (the classification tasks) to ``pp``; returns None."""
+    from vlp.data.prepare.nlvr import NLVR_SPLITS
+    from vlp.data.prepare.vqa import VQA_SPLITS
+
     c = pp.add_parser("vqa", help="official VQA v2 questions (+ annotations) -> vqa_*.json")
     c.add_argument("questions", metavar="QUESTIONS_JSON")
     c.add_argument("--annotations", metavar="ANNOTATIONS_JSON", help="omit for the test splits")
@@ -134,6 +139,10 @@ def _add_prepare(sub: Any) -> None:
     c.add_argument("jsonl", nargs="+", metavar="SNLI_VE_JSONL", help="snli_ve_train.jsonl, snli_ve_dev.jsonl, ...")
     c.add_argument("--image-root", metavar="ROOT", help="if given, check that every <Flickr30K_ID>.jpg exists under it")
     c.add_argument("--out", required=True, metavar="DIR", help="output folder")
+
+
+def _add_refcoco(pp: Any) -> None:
+    """Adds ``refcoco+`` (grounding files from the refer toolkit's refs) to ``pp``; returns None."""
     c = pp.add_parser(
         "refcoco+",
         help="refer toolkit refs(unc).p + COCO instances.json -> refcoco+_{train,val,testA,testB}.json (grounding)",
@@ -148,6 +157,12 @@ def _add_prepare(sub: Any) -> None:
     c.add_argument("--dets-by", default="image_id", choices=["image_id", "ref_id"], help="the detections' keys")
     c.add_argument("--image-prefix", default="", help="put before each COCO file_name, e.g. train2014/")
     c.add_argument("--image-root", metavar="ROOT", help="if given, check that every image exists under it")
+
+
+def _add_eccv_caption(pp: Any) -> None:
+    """Adds ``eccv-caption`` (a relevance file of the Karpathy COCO test file) to ``pp``; returns None."""
+    from vlp.data.prepare.eccv import ECCV_BENCHMARKS
+
     c = pp.add_parser(
         "eccv-caption",
         help="ECCV Caption (or CxC) positives by COCO id -> vlp relevance file of the Karpathy 5k test file",
@@ -172,6 +187,14 @@ def _add_prepare(sub: Any) -> None:
         help="whose positives (default: %(default)s)",
     )
     c.add_argument("--out", required=True, metavar="JSON", help="the relevance file to write")
+
+
+def _add_prepare(sub: Any) -> None:
+    """``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|snli-ve|refcoco+|eccv-caption``."""
+    s = sub.add_parser("prepare", help="convert official dataset releases into vlp's (ALBEF's) annotation files")
+    pp = s.add_subparsers(dest="dataset", required=True)
+    for add in (_add_karpathy, _add_pretraining, _add_vqa_nlvr_ve, _add_refcoco, _add_eccv_caption):
+        add(pp)
     s.set_defaults(func=_run)
 
 

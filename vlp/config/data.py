@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from vlp.config.load import _choice
+from vlp.config.load import check_choice
 from vlp.errors import ConfigError
 from vlp.url_credentials import refusal
 
@@ -37,7 +37,7 @@ class ImageConfig:
     decode: str = "full"  # full | draft | device
 
     def __post_init__(self) -> None:
-        _choice("data.image.decode", self.decode, ["full", "draft", "device"])
+        check_choice("data.image.decode", self.decode, ["full", "draft", "device"])
 
 
 @dataclass
@@ -61,7 +61,7 @@ class BadSampleConfig:
 
     def check_bad_sample_keys(self) -> None:
         """Validate the keys above (called by the subclasses' ``__post_init__``)."""
-        _choice("data.on_bad_sample", self.on_bad_sample, ["skip", "raise"])
+        check_choice("data.on_bad_sample", self.on_bad_sample, ["skip", "raise"])
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ConfigError(f"config key 'data.max_bad_fraction': got {self.max_bad_fraction}, expected 0 <= x <= 1")
         if self.max_image_pixels < 0:
@@ -133,9 +133,9 @@ class DataConfig(BadSampleConfig):
             )
         if self.captions_per_image < 1:
             raise ConfigError(f"config key 'data.captions_per_image': got {self.captions_per_image}, expected >= 1")
-        _choice("data.text_padding", self.text_padding, ["longest", "max_len"])
-        _choice("data.format", self.format, ["json", "webdataset"])
-        _choice("data.caption_mode", self.caption_mode, ["expand", "sample"])
+        check_choice("data.text_padding", self.text_padding, ["longest", "max_len"])
+        check_choice("data.format", self.format, ["json", "webdataset"])
+        check_choice("data.caption_mode", self.caption_mode, ["expand", "sample"])
         if self.train_num_samples is not None and self.train_num_samples < 1:
             raise ConfigError(f"config key 'data.train_num_samples': got {self.train_num_samples}, expected >= 1")
         for key in ("url_read_timeout_s", "url_shard_timeout_s"):

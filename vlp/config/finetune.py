@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 
 from vlp.config.data import BadSampleConfig, ImageConfig
-from vlp.config.load import _choice, _reject, load_config
+from vlp.config.load import check_choice, load_config, reject_broken_rules
 from vlp.config.loss import LossConfig
 from vlp.config.train import EvalConfig, TrainConfig
 from vlp.errors import ConfigError
@@ -45,7 +45,7 @@ class FinetuneDataConfig(BadSampleConfig):
 
     def __post_init__(self) -> None:
         self.check_bad_sample_keys()
-        _choice("data.text_padding", self.text_padding, ["longest", "max_len"])
+        check_choice("data.text_padding", self.text_padding, ["longest", "max_len"])
 
 
 @dataclass
@@ -111,7 +111,7 @@ class FinetuneConfig:
     eval_every: int = 0  # optimizer steps between validations; 0: once per epoch
 
     def __post_init__(self) -> None:
-        _choice("task", self.task, FINETUNE_TASKS)
+        check_choice("task", self.task, FINETUNE_TASKS)
         wrong: list[str] = []
         if self.task in ("retrieval", "grounding"):
             wrong += [f"loss.mlm={self.loss.mlm} (the {self.task} model has no MLM head)"] if self.loss.mlm else []
@@ -136,7 +136,7 @@ class FinetuneConfig:
                 f"data.image.decode={self.data.image.decode} ({what[self.data.image.decode]}: pretraining only; "
                 "fine-tuning decodes full)"
             )
-        _reject(wrong)
+        reject_broken_rules(wrong)
 
     def check_given(self, given: dict[str, str]) -> None:
         """Both ``train.steps`` and ``train.epochs`` set (in the file or on the command line) is an

@@ -3,9 +3,9 @@
 A config is built as ``defaults <- YAML file <- overrides`` where overrides look like
 ``train.steps=50 model.vision.depth=2``. Unknown keys and wrong types raise
 :class:`ConfigError` naming the offending key and where it came from. This module knows no
-schema (the dataclasses of the sibling modules); they import their checks (:func:`_choice`,
-:func:`_reject`) from here. A message that echoes a value (an override, a YAML error) has any URL
-credential in it replaced by ``***`` (:func:`vlp.url_credentials.redacted`).
+schema (the dataclasses of the sibling modules); they import their checks (:func:`check_choice`,
+:func:`reject_broken_rules`) from here. A message that echoes a value (an override, a YAML error)
+has any URL credential in it replaced by ``***`` (:func:`vlp.url_credentials.redacted`).
 """
 
 from __future__ import annotations
@@ -23,14 +23,16 @@ from vlp.url_credentials import redacted
 T = TypeVar("T")
 
 
-def _choice(key: str, value: Any, allowed: Collection[Any]) -> None:
+def check_choice(key: str, value: Any, allowed: Collection[Any]) -> None:
+    """Return nothing when ``value`` (of config key ``key``, dotted) is one of ``allowed``; otherwise
+    raise :class:`ConfigError` naming the key, the value (URL credentials redacted) and the choices."""
     if value not in allowed:
         raise ConfigError(f"config key '{key}': got {redacted(repr(value))}, expected one of {list(allowed)}")
 
 
-def _reject(wrong: Sequence[str]) -> None:
+def reject_broken_rules(wrong: Sequence[str]) -> None:
     """Raise one :class:`ConfigError` listing every broken cross-section rule in ``wrong`` (each
-    naming the keys to change); nothing when ``wrong`` is empty."""
+    naming the keys to change); return nothing when ``wrong`` is empty."""
     if wrong:
         raise ConfigError("config keys: " + "; ".join(wrong))
 

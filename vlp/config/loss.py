@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from vlp.config.load import _choice
+from vlp.config.load import check_choice
 from vlp.errors import ConfigError
 
 #: ``loss.srcl.helper_init`` / ``--helper-init``: how the SRCL helper got its weights
@@ -55,8 +55,8 @@ class SRCLConfig:
     helper_init: str = "pretrained"
 
     def __post_init__(self) -> None:
-        _choice("loss.srcl.norm", self.norm, ["softmax", "mean"])
-        _choice("loss.srcl.helper_init", self.helper_init, HELPER_INITS)
+        check_choice("loss.srcl.norm", self.norm, ["softmax", "mean"])
+        check_choice("loss.srcl.helper_init", self.helper_init, HELPER_INITS)
         if self.delta is not None and self.delta < 0 or self.tau_w <= 0:
             raise ConfigError(
                 f"config keys 'loss.srcl.delta'/'loss.srcl.tau_w': got {self.delta}/{self.tau_w}, "
@@ -98,7 +98,7 @@ class ContrastiveConfig:
     smoothap_tau: float = 0.01  # sigmoid temperature of SmoothAP
 
     def __post_init__(self) -> None:
-        _choice("loss.contrastive.name", self.name, CONTRASTIVE_LOSSES)
+        check_choice("loss.contrastive.name", self.name, CONTRASTIVE_LOSSES)
         if self.tau is not None and self.tau <= 0 or self.smoothap_tau <= 0:
             raise ConfigError(
                 f"config keys 'loss.contrastive.tau'/'smoothap_tau': got {self.tau}/{self.smoothap_tau}, expected > 0"
@@ -149,8 +149,8 @@ class LTDConfig:
     itd_time_axis_bug: bool = False
 
     def __post_init__(self) -> None:
-        _choice("loss.ltd.mode", self.mode, ["off", "constraint", "dual"])
-        _choice("loss.ltd.decoder", self.decoder, ["latent", "tokens"])
+        check_choice("loss.ltd.mode", self.mode, ["off", "constraint", "dual"])
+        check_choice("loss.ltd.decoder", self.decoder, ["latent", "tokens"])
         if self.eta <= 0:
             raise ConfigError(f"config key 'loss.ltd.eta': got {self.eta}, expected > 0 (the bound divides L_rec)")
         if self.beta < 0 or self.hidden < 1:
@@ -202,12 +202,12 @@ class LossConfig:
     ltd: LTDConfig = field(default_factory=LTDConfig)
 
     def __post_init__(self) -> None:
-        _choice("loss.itc_positives", self.itc_positives, ["pair", "image"])
-        _choice("loss.regulation", self.regulation, ["none", "srcl", "removal"])
-        _choice("loss.itc_bank", self.itc_bank, ["local", "global"])
-        _choice("loss.itm_negatives", self.itm_negatives, ["local", "global"])
-        _choice("loss.mlm_masking", self.mlm_masking, ["local", "global"])
-        _choice("loss.mlm_slots", self.mlm_slots, ["auto", "fixed", "exact"])
+        check_choice("loss.itc_positives", self.itc_positives, ["pair", "image"])
+        check_choice("loss.regulation", self.regulation, ["none", "srcl", "removal"])
+        check_choice("loss.itc_bank", self.itc_bank, ["local", "global"])
+        check_choice("loss.itm_negatives", self.itm_negatives, ["local", "global"])
+        check_choice("loss.mlm_masking", self.mlm_masking, ["local", "global"])
+        check_choice("loss.mlm_slots", self.mlm_slots, ["auto", "fixed", "exact"])
         if self.itm_hardness < 0:
             raise ConfigError(f"config key 'loss.itm_hardness': got {self.itm_hardness}, expected >= 0")
         if self.itc_bank == "global" and self.regulation != "none":

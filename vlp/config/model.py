@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from vlp.config.load import _choice
+from vlp.config.load import check_choice
 from vlp.errors import ConfigError
 
 # ----------------------------------------------------------------------------- model
@@ -38,9 +38,9 @@ class VisionConfig:
     init_allow_missing: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        _choice("model.vision.preset", self.preset, VISION_PRESETS)
+        check_choice("model.vision.preset", self.preset, VISION_PRESETS)
         if self.init is not None:
-            _choice("model.vision.init", self.init, ["none", "timm", "deit", "clip", "open_clip"])
+            check_choice("model.vision.init", self.init, ["none", "timm", "deit", "clip", "open_clip"])
         if self.init == "none" and self.pretrained is not None:
             raise ConfigError(
                 f"config keys 'model.vision.init'/'model.vision.pretrained': init=none loads no weights, "
@@ -71,7 +71,7 @@ class TextConfig:
     albef_compat: bool = False
 
     def __post_init__(self) -> None:
-        _choice("model.text.preset", self.preset, TEXT_PRESETS)
+        check_choice("model.text.preset", self.preset, TEXT_PRESETS)
 
 
 VISION_PRESETS: dict[str, dict[str, Any]] = {
@@ -134,4 +134,4 @@ class ModelConfig:
     momentum_warmup_steps: int = 0
 
     def __post_init__(self) -> None:
-        _choice("model.arch", self.arch, ["albef", "dual"])
+        check_choice("model.arch", self.arch, ["albef", "dual"])

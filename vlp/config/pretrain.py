@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from vlp.config.data import DataConfig
-from vlp.config.load import _reject
+from vlp.config.load import reject_broken_rules
 from vlp.config.loss import LossConfig
 from vlp.config.model import ModelConfig
 from vlp.config.train import EvalConfig, TrainConfig
@@ -52,4 +52,4 @@ class PretrainConfig:
             wrong.append(f"loss.distill=true (momentum distillation applies to InfoNCE, not {c.contrastive.name})")
         if c.ltd.mode != "off" and c.ltd.decoder == "latent" and not c.ltd.targets:
             wrong.append("loss.ltd.targets unset (LTD needs a file from `vlp make-targets`)")
-        _reject(wrong)
+        reject_broken_rules(wrong)

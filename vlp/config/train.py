@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from vlp.config.load import _choice
+from vlp.config.load import check_choice
 from vlp.errors import ConfigError
 
 
@@ -104,16 +104,16 @@ class TrainConfig:
     wandb_project: Optional[str] = None  # None: "vlp"
 
     def __post_init__(self) -> None:
-        _choice("train.precision", self.precision, ["fp32", "bf16"])
+        check_choice("train.precision", self.precision, ["fp32", "bf16"])
         self.compile = {"true": "blocks", "false": "off"}.get(str(self.compile).lower(), str(self.compile))
-        _choice("train.compile", self.compile, ["off", "blocks", "full"])
+        check_choice("train.compile", self.compile, ["off", "blocks", "full"])
         if self.cuda_graphs and self.compile != "full":
             raise ConfigError(
                 f"config keys 'train.cuda_graphs'/'train.compile': CUDA graphs replay the compiled step: "
                 f"set train.compile=full (got {self.compile!r})"
             )
         for name in self.loggers:
-            _choice("train.loggers", name, ["tensorboard", "wandb"])
+            check_choice("train.loggers", name, ["tensorboard", "wandb"])
         if self.report_to is not None:
             self.loggers = self._reported()
         if self.steps < 1:
@@ -144,7 +144,7 @@ class TrainConfig:
         """``train.report_to`` as the sinks of ``train.loggers`` (checked against it when both are set)."""
         names = list(self.report_to or [])
         for name in names:
-            _choice("train.report_to", name, ["tensorboard", "wandb", "none"])
+            check_choice("train.report_to", name, ["tensorboard", "wandb", "none"])
         if not names or ("none" in names and len(names) > 1):
             raise ConfigError(
                 f"config key 'train.report_to': got {names}, expected some of [tensorboard, wandb], or [none]"
@@ -175,9 +175,9 @@ class EvalConfig:
     offload: str = "auto"
 
     def __post_init__(self) -> None:
-        _choice("eval.score", self.score, ["itm", "itm+itc", "itc"])
-        _choice("eval.precision", self.precision, ["auto", "fp32", "bf16"])
-        _choice("eval.offload", self.offload, ["auto", "none", "images", "all"])
+        check_choice("eval.score", self.score, ["itm", "itm+itc", "itc"])
+        check_choice("eval.precision", self.precision, ["auto", "fp32", "bf16"])
+        check_choice("eval.offload", self.offload, ["auto", "none", "images", "all"])
         if self.k_test < 1:
             raise ConfigError(f"config key 'eval.k_test': got {self.k_test}, expected >= 1")
         for key in ("batch_size", "itm_batch_size"):

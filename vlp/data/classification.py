@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from vlp.data.json_entries import _image, _object, _text, entry_list, read_json, resolve_image
+from vlp.data.json_entries import entry_image, entry_list, entry_object, entry_text, read_json, resolve_image
 from vlp.errors import DataError, EntryError
 
 #: image files an ImageFolder class folder contributes (case-insensitive)
@@ -135,8 +135,8 @@ def _json_list(
         raise DataError(f"{path}: no entries")
     rows = []
     for i, e in enumerate(entries):
-        e = _object(path, i, e)
-        rows.append((_image(path, i, e), _text(path, i, e, "label", "a class name string").strip()))
+        e = entry_object(path, i, e)
+        rows.append((entry_image(path, i, e), entry_text(path, i, e, "label", "a class name string").strip()))
     names = classes if classes is not None else sorted({label for _, label in rows})
     index = {c: k for k, c in enumerate(names)}
     labels = []

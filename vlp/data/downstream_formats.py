@@ -13,8 +13,8 @@ the VQA predictions file, NLVR2 and SNLI-VE examples.
 
 Relative image paths are resolved against ``image_root`` (default: the annotation file's folder);
 VG-QA images against ``vg_root`` (default: like the VQA images). The entry parsers
-(``_vqa_question``, ``_nlvr_item``, ``_ve_item``) use the shared rules of :mod:`vlp.data.json_entries`;
-:func:`vlp.data.formats.entry_problems` runs them for ``vlp data check``.
+(:func:`parse_vqa_question`, :func:`parse_nlvr_item`, ``_ve_item``) use the shared rules of
+:mod:`vlp.data.json_entries`; :func:`vlp.data.formats.entry_problems` runs them for ``vlp data check``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from typing import Any, Optional, Sequence
 
 from vlp.data.json_entries import (
     Issues,
-    _field,
-    _image,
-    _text,
+    entry_field,
+    entry_image,
     entry_list,
+    entry_text,
     read_json,
     resolve_image,
     write_json_atomic,
@@ -84,7 +84,7 @@ VG_ANSWER_WEIGHT = 0.5
 def _question_id(path: Path, i: int, e: dict, required: bool) -> Optional[int | str]:
     if "question_id" not in e and not required:
         return None
-    return _field(path, i, e, "question_id", (int, str), "an int or string question id")
+    return entry_field(path, i, e, "question_id", (int, str), "an int or string question id")
 
 
 def _question_type(path: Path, i: int, e: dict) -> Optional[str]:
@@ -115,26 +115,28 @@ def _vqa_answers(
 ) -> tuple[tuple[str, ...], tuple[float, ...], tuple[str, ...]]:
     """(answers, weights, raw answers) of a VQA v2 (list of annotator answers) or VG-QA (one string) entry."""
     if dataset == "vg":
-        a = _field(path, i, e, "answer", (str,), "an answer string (VG-QA)")
+        a = entry_field(path, i, e, "answer", (str,), "an answer string (VG-QA)")
         return (a,), (VG_ANSWER_WEIGHT,), (a,)
     what = "a non-empty list of annotator answer strings (VQA)"
-    raw = _field(path, i, e, "answer", (list,), what)
+    raw = entry_field(path, i, e, "answer", (list,), what)
     if not raw or not all(isinstance(a, str) for a in raw):
         raise EntryError(path, i, "answer", f"key 'answer' must be {what}")
     answers, weights = _vqa_weights(raw)
     return answers, weights, tuple(raw)
 
 
-def _vqa_question(
+def parse_vqa_question(
     path: Path, i: int, e: Any, roots: dict[str, Path], require_answers: bool, issues: Issues
 ) -> Optional[VQAQuestion]:
-    """Entry ``i`` of a VQA / VG-QA file, or None when it has a problem (they go to ``issues``)."""
+    """Entry ``i`` (``e``) of the VQA / VG-QA file ``path`` as a :class:`VQAQuestion` (its image resolved
+    against ``roots[dataset]``), or None when it has a problem: problems go to ``issues``, so the first
+    raises :class:`EntryError` unless ``issues`` collects them."""
     entry = issues.entry(path, i, e)
     if entry is None:
         return None
     dataset = entry.get(_dataset)
-    question = entry.get(_text, "question", "a non-empty question string")
-    image = entry.get(_image)
+    question = entry.get(entry_text, "question", "a non-empty question string")
+    image = entry.get(entry_image)
     qid = entry.get(_question_id, dataset != "vg")  # a bad dataset is checked as "vqa"
     qtype = entry.get(_question_type)
     answers, weights, raw = (), (), ()
@@ -165,7 +167,7 @@ def load_vqa(
         vqa_root = Path(image_root) if image_root else path.parent
         roots = {"vqa": vqa_root, "vg": Path(vg_root) if vg_root else vqa_root}
         for i, e in enumerate(entry_list(path, read_json(path))):
-            questions.append(_vqa_question(path, i, e, roots, require_answers, Issues()))
+            questions.append(parse_vqa_question(path, i, e, roots, require_answers, Issues()))
     if not questions:
         raise DataError(f"no VQA questions in {[str(p) for p in paths]}")
     return questions
@@ -199,19 +201,21 @@ def _nlvr_label(path: Path, i: int, e: dict) -> int:
 
 def _nlvr_images(path: Path, i: int, e: dict, root: Path) -> tuple[str, str]:
     what = "a list of exactly 2 image path strings"
-    v = _field(path, i, e, "images", (list,), what)
+    v = entry_field(path, i, e, "images", (list,), what)
     if len(v) != 2 or not all(isinstance(x, str) for x in v):
         raise EntryError(path, i, "images", f"key 'images' must be {what}, got {len(v)} items")
     return resolve_image(v[0], root), resolve_image(v[1], root)
 
 
-def _nlvr_item(path: Path, i: int, e: Any, root: Path, issues: Issues) -> Optional[NLVRItem]:
-    """Entry ``i`` of an NLVR2 file, or None when it has a problem (they go to ``issues``)."""
+def parse_nlvr_item(path: Path, i: int, e: Any, root: Path, issues: Issues) -> Optional[NLVRItem]:
+    """Entry ``i`` (``e``) of the NLVR2 file ``path`` as an :class:`NLVRItem` (images resolved against
+    ``root``), or None when it has a problem: problems go to ``issues``, so the first raises
+    :class:`EntryError` unless ``issues`` collects them."""
     entry = issues.entry(path, i, e)
     if entry is None:
         return None
     images = entry.get(_nlvr_images, root)
-    sentence = entry.get(_text, "sentence", "a non-empty sentence string")
+    sentence = entry.get(entry_text, "sentence", "a non-empty sentence string")
     label = entry.get(_nlvr_label)
     if not entry.ok:
         return None
@@ -222,7 +226,7 @@ def load_nlvr(path: str | Path, image_root: Optional[str | Path] = None) -> list
     """Load an NLVR2 file (ALBEF ``nlvr_{train,dev,test}.json``); ``identifier`` keys are ignored."""
     path = Path(path)
     root = Path(image_root) if image_root else path.parent
-    items = [_nlvr_item(path, i, e, root, Issues()) for i, e in enumerate(entry_list(path, read_json(path)))]
+    items = [parse_nlvr_item(path, i, e, root, Issues()) for i, e in enumerate(entry_list(path, read_json(path)))]
     if not items:
         raise DataError(f"{path}: no entries")
     return items
@@ -254,8 +258,8 @@ def _ve_item(path: Path, i: int, e: Any, root: Path, issues: Issues) -> Optional
     entry = issues.entry(path, i, e)
     if entry is None:
         return None
-    image = entry.get(_image)
-    sentence = entry.get(_text, "sentence", "a non-empty hypothesis string")
+    image = entry.get(entry_image)
+    sentence = entry.get(entry_text, "sentence", "a non-empty hypothesis string")
     label = entry.get(_ve_label)
     if not entry.ok or image is None or sentence is None or label is None:
         return None

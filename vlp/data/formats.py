@@ -15,10 +15,10 @@ Formats (see ``docs/data.md``):
 Relative image paths are resolved against ``image_root`` (default: the annotation file's folder).
 
 Validation: each format's entries go through one parser per kind (``_pair``, ``_split_entry``,
-``_vqa_question``, ``_nlvr_item``) built from per-key rules that raise :class:`EntryError`
-(:mod:`vlp.data.json_entries`). The parsers report through an :class:`Issues` sink that either
-raises the first problem (the loaders) or collects them all (:func:`entry_problems` for ``vlp data
-check``, ``load_pairs(on_bad="skip")``), so checking and loading share one set of rules.
+:func:`parse_vqa_question`, :func:`parse_nlvr_item`) built from per-key rules that raise
+:class:`EntryError` (:mod:`vlp.data.json_entries`). The parsers report through an :class:`Issues`
+sink that either raises the first problem (the loaders) or collects them all (:func:`entry_problems`
+for ``vlp data check``, ``load_pairs(on_bad="skip")``), so checking and loading share one set of rules.
 """
 
 from __future__ import annotations
@@ -37,18 +37,18 @@ from vlp.data.downstream_formats import (
     VQA_DATASETS,
     NLVRItem,
     VQAQuestion,
-    _nlvr_item,
-    _vqa_question,
     load_answer_list,
     load_nlvr,
     load_vqa,
+    parse_nlvr_item,
+    parse_vqa_question,
     write_vqa_predictions,
 )
 from vlp.data.json_entries import (
     Entry,
     Issues,
-    _field,
-    _image,
+    entry_field,
+    entry_image,
     entry_list,
     plural,
     read_json,
@@ -171,7 +171,7 @@ def _captions(entry: Entry, allow_str: bool = True) -> Optional[tuple[str, ...]]
     the entry's issues and is left out; None when the key is bad or no caption is left."""
     path, i, issues = entry.path, entry.i, entry.issues
     what = "a string or a non-empty list of strings" if allow_str else "a non-empty list of strings"
-    v = entry.get(_field, "caption", (str, list) if allow_str else (list,), what)
+    v = entry.get(entry_field, "caption", (str, list) if allow_str else (list,), what)
     if v is None:
         return None
     if isinstance(v, list) and not v:
@@ -196,7 +196,7 @@ def _image_key(path: Path, i: int, e: dict, image: Optional[str]) -> Optional[st
     """The entry's ``image_id`` (a string or int) when given, else its image path."""
     if "image_id" not in e:
         return image
-    return _field(path, i, e, "image_id", (str, int), "a string or int")
+    return entry_field(path, i, e, "image_id", (str, int), "a string or int")
 
 
 def _pair(path: Path, i: int, e: Any, root: Path, issues: Issues) -> Optional[tuple[str, tuple[str, ...], str]]:
@@ -206,7 +206,7 @@ def _pair(path: Path, i: int, e: Any, root: Path, issues: Issues) -> Optional[tu
     entry = issues.entry(path, i, e)
     if entry is None:
         return None
-    image = entry.get(_image)
+    image = entry.get(entry_image)
     captions = _captions(entry)
     key = entry.get(_image_key, image)
     if image is None or captions is None or key is None:
@@ -291,7 +291,7 @@ def _split_entry(path: Path, i: int, e: Any, issues: Issues) -> Optional[tuple[s
     entry = issues.entry(path, i, e)
     if entry is None:
         return None
-    image = entry.get(_image)
+    image = entry.get(entry_image)
     captions = _captions(entry, allow_str=False)
     return None if image is None or captions is None else (image, captions)
 
@@ -362,8 +362,10 @@ KINDS: tuple[str, ...] = ("pairs", "retrieval", "vqa", "nlvr")
 _ENTRY_PARSERS: dict[str, Callable[[Path, int, Any, Issues], Any]] = {
     "pairs": lambda path, i, e, issues: _pair(path, i, e, path.parent, issues),
     "retrieval": _split_entry,
-    "vqa": lambda path, i, e, issues: _vqa_question(path, i, e, {"vqa": path.parent, "vg": path.parent}, False, issues),
-    "nlvr": lambda path, i, e, issues: _nlvr_item(path, i, e, path.parent, issues),
+    "vqa": lambda path, i, e, issues: parse_vqa_question(
+        path, i, e, {"vqa": path.parent, "vg": path.parent}, False, issues
+    ),
+    "nlvr": lambda path, i, e, issues: parse_nlvr_item(path, i, e, path.parent, issues),
 }
 
 

@@ -30,10 +30,10 @@ from typing import Any, Optional
 
 from vlp.data.json_entries import (
     Issues,
-    _field,
-    _image,
-    _text,
+    entry_field,
+    entry_image,
     entry_list,
+    entry_text,
     read_json,
     resolve_image,
 )
@@ -91,14 +91,14 @@ def _bbox(path: Path, i: int, e: dict) -> Box:
 
 
 def _candidates(path: Path, i: int, e: dict) -> tuple[Box, ...]:
-    v = _field(path, i, e, "candidates", (list,), "a non-empty list of boxes [x, y, w, h]")
+    v = entry_field(path, i, e, "candidates", (list,), "a non-empty list of boxes [x, y, w, h]")
     if not v:
         raise EntryError(path, i, "candidates", "key 'candidates' is an empty list, expected at least one box")
     return tuple(_box(path, i, f"candidates[{k}]", b) for k, b in enumerate(v))
 
 
 def _ref_id(path: Path, i: int, e: dict) -> int | str:
-    return _field(path, i, e, "ref_id", (int, str), "an int or string ref id")
+    return entry_field(path, i, e, "ref_id", (int, str), "an int or string ref id")
 
 
 def _image_size(path: Path, i: int, e: dict) -> Optional[tuple[int, int]]:
@@ -121,8 +121,8 @@ def _grounding_entry(
     entry = issues.entry(path, i, e)
     if entry is None:
         return None
-    image = entry.get(_image)
-    text = entry.get(_text, "text", "a non-empty referring expression string")
+    image = entry.get(entry_image)
+    text = entry.get(entry_text, "text", "a non-empty referring expression string")
     need = split_kind == "eval"
     ref_id = entry.get(_ref_id) if need or "ref_id" in entry else None
     bbox = entry.get(_bbox) if need or "bbox" in entry else None

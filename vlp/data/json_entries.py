@@ -1,9 +1,9 @@
 """JSON annotation files in and out, and the per-key entry rules every annotation loader shares.
 
 The loaders of :mod:`vlp.data.formats` (pretraining, retrieval) and :mod:`vlp.data.downstream_formats`
-(VQA, NLVR2) build their entry parsers from the rules here (``_object``, ``_field``, ``_text``,
-``_image``), which raise :class:`EntryError`; the parsers report through an :class:`Issues` sink
-that either raises the first problem or collects them all. Files are written atomically
+(VQA, NLVR2) build their entry parsers from the rules here (:func:`entry_object`, :func:`entry_field`,
+:func:`entry_text`, :func:`entry_image`), which raise :class:`EntryError`; the parsers report through an
+:class:`Issues` sink that either raises the first problem or collects them all. Files are written atomically
 (:func:`write_atomic`, :func:`write_json_atomic`).
 """
 
@@ -51,7 +51,7 @@ class Issues:
     def entry(self, path: Path, i: int, e: Any) -> Optional[Entry]:
         """Entry ``i`` of ``path`` as an :class:`Entry` to read key by key, or None when it is not a
         JSON object (the problem goes here)."""
-        obj = self.get(_object, path, i, e)
+        obj = self.get(entry_object, path, i, e)
         return None if obj is None else Entry(self, path, i, obj)
 
 
@@ -107,15 +107,17 @@ def entry_list(path: Path, data: Any) -> list:
     return data
 
 
-def _object(path: Path, i: int, e: Any) -> dict:
-    """Entry ``i`` itself, which must be a JSON object."""
+def entry_object(path: Path, i: int, e: Any) -> dict:
+    """Entry ``i`` (``e``) of ``path`` itself, returned as is; raise :class:`EntryError` (no key)
+    when it is not a JSON object."""
     if not isinstance(e, dict):
         raise EntryError(path, i, None, f"expected an object, got {type(e).__name__}")
     return e
 
 
-def _field(path: Path, i: int, e: dict, key: str, types: tuple[type, ...], what: str) -> Any:
-    """``e[key]``, which must exist and be one of ``types`` (never a bool); ``what`` names the expectation."""
+def entry_field(path: Path, i: int, e: dict, key: str, types: tuple[type, ...], what: str) -> Any:
+    """``e[key]`` of entry ``i`` of ``path``; raise :class:`EntryError` naming the key when it is
+    missing or not one of ``types`` (a bool never passes); ``what`` names the expectation."""
     if key not in e:
         raise EntryError(path, i, key, f"missing key '{key}' (expected {what})")
     v = e[key]
@@ -124,17 +126,19 @@ def _field(path: Path, i: int, e: dict, key: str, types: tuple[type, ...], what:
     return v
 
 
-def _text(path: Path, i: int, e: dict, key: str, what: str) -> str:
-    """A string field that is not empty or blank."""
-    v = _field(path, i, e, key, (str,), what)
+def entry_text(path: Path, i: int, e: dict, key: str, what: str) -> str:
+    """The string ``e[key]`` of entry ``i`` of ``path``, as written; raise :class:`EntryError` naming
+    the key when it is missing, not a string, or empty or blank (``what`` names the expectation)."""
+    v = entry_field(path, i, e, key, (str,), what)
     if not v.strip():
         raise EntryError(path, i, key, f"key '{key}' is an empty string, expected {what}")
     return v
 
 
-def _image(path: Path, i: int, e: dict) -> str:
-    """The entry's ``image`` path as written (not empty)."""
-    return _text(path, i, e, "image", "an image path string")
+def entry_image(path: Path, i: int, e: dict) -> str:
+    """The ``image`` path of entry ``i`` of ``path``, as written (not resolved); raise
+    :class:`EntryError` when it is missing, not a string, or empty."""
+    return entry_text(path, i, e, "image", "an image path string")
 
 
 def _normal(image: str) -> bool:

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from vlp.checkpoint import image_size, open_checkpoint
-from vlp.config import apply_overrides
+from vlp.config import PretrainConfig, apply_overrides
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
 from vlp.preprocess.transforms import test_transform
@@ -66,26 +66,13 @@ def run_cocos(
     gradient magnitude G(1-G)/tau/R^2 instead of ECIR's G(1-G)/R^2 (:func:`vlp.losses.cocos.cocos_smoothap`)."""
     from vlp.losses.cocos import cocos
     from vlp.progress import progress
-    from vlp.viz import plot_cocos
 
     ckpt = open_checkpoint(checkpoint)
     model, tokenizer = ckpt.load(), ckpt.tokenizer
     cfg = apply_overrides(ckpt.pretrain_config, overrides)
     c = cfg.loss.contrastive
     tau = c.tau if c.tau is not None else float(getattr(model, "temp", 0.05))
-    samples = load_pairs(list(data), cfg.data.image_root)
-    check_images(samples)
-    dataset = ImageTextDataset(
-        samples, test_transform(image_size(cfg), cfg.data.image), captions_per_image=cfg.data.captions_per_image
-    )
-    loader = DataLoader(
-        dataset,
-        batch_size=cfg.data.batch_size,
-        shuffle=True,
-        drop_last=len(dataset) >= cfg.data.batch_size,
-        collate_fn=Collator(tokenizer, cfg.model.text.max_len, cfg.data.text_padding),
-        generator=torch.Generator().manual_seed(0),
-    )
+    loader = _cocos_loader(cfg, data, tokenizer)
     n = len(loader) if batches is None else min(batches, len(loader))
     bar = progress(n, f"cocos {loss}", show_progress)
     per_batch, counts = _cocos_pass(
@@ -119,15 +106,42 @@ def run_cocos(
         "threshold": threshold,
         "stats": summary,
     }
-    out = Path(out)
+    _write_cocos(Path(out), record, counts)
+    return record
+
+
+def _cocos_loader(cfg: PretrainConfig, data: Sequence[str], tokenizer: Any) -> DataLoader:
+    """The loader of one COCOS pass over ``data`` (images checked first): test transforms, the run's
+    batch size and captions per image, shuffled by a generator seeded 0, the last partial batch dropped
+    unless it is the only one. Returns the DataLoader (batches as :class:`vlp.data.datasets.Collator` makes them)."""
+    samples = load_pairs(list(data), cfg.data.image_root)
+    check_images(samples)
+    dataset = ImageTextDataset(
+        samples, test_transform(image_size(cfg), cfg.data.image), captions_per_image=cfg.data.captions_per_image
+    )
+    return DataLoader(
+        dataset,
+        batch_size=cfg.data.batch_size,
+        shuffle=True,
+        drop_last=len(dataset) >= cfg.data.batch_size,
+        collate_fn=Collator(tokenizer, cfg.model.text.max_len, cfg.data.text_padding),
+        generator=torch.Generator().manual_seed(0),
+    )
+
+
+def _write_cocos(out: Path, record: dict[str, Any], counts: dict[str, list[torch.Tensor]]) -> None:
+    """Writes ``out/cocos.json`` (``record``) and ``out/cocos.png`` (the per-query count histograms of
+    ``counts``, direction -> [queries] per batch); returns None."""
+    from vlp.viz import plot_cocos
+
     out.mkdir(parents=True, exist_ok=True)
     (out / "cocos.json").write_text(json.dumps(record, indent=2))
     plot_cocos(
         {d: torch.cat(v) for d, v in counts.items()},
         out / "cocos.png",
-        f"COCOS {loss}: contributing candidates per query ({n} batches of {cfg.data.batch_size}, eval mode)",
+        f"COCOS {record['loss']}: contributing candidates per query "
+        f"({record['batches']} batches of {record['batch_size']}, eval mode)",
     )
-    return record
 
 
 def mean_std(values: list[float]) -> dict[str, Optional[float]]:

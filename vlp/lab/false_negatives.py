@@ -96,10 +96,7 @@ def false_negative_share(
     ``i2t_share``/``t2i_share`` and ``i2t_per_anchor``/``t2i_per_anchor`` (batch + queue; equal
     to the in-batch values without a queue), ``same_image_per_anchor``, and the settings.
     """
-    if batch_size < 2:
-        raise ValueError(f"batch_size must be >= 2, got {batch_size}")
-    if queue_size < 0 or batches < 1:
-        raise ValueError(f"queue_size must be >= 0 and batches >= 1, got {queue_size} and {batches}")
+    _check_settings(batch_size, queue_size, batches)
     samples = load_pairs([data_file])
     if len(samples) < batch_size:
         raise ValueError(f"{data_file}: {len(samples)} items, fewer than one batch of {batch_size}")
@@ -130,8 +127,6 @@ def false_negative_share(
             tot["i2t_q"] += int(truth(q_cap)[:, imgs].sum())
             tot["t2i_q"] += int(cap_true[:, q_img].sum())
             tot["same"] += int((q_img[:, None] == imgs[None, :]).sum())
-    anchors = batches * b
-    negatives = anchors * (b - 1 + queue_size)
     return {
         "data": str(data_file),
         "items": len(samples),
@@ -139,6 +134,36 @@ def false_negative_share(
         "queue_size": queue_size,
         "batches": batches,
         "seed": seed,
+        **_pooled_shares(tot, kinds, (kind_fn, kind_neg, kind_drawn), batches, b, queue_size),
+    }
+
+
+def _check_settings(batch_size: int, queue_size: int, batches: int) -> None:
+    """Raises ValueError unless ``batch_size >= 2``, ``queue_size >= 0`` and ``batches >= 1``; returns None."""
+    if batch_size < 2:
+        raise ValueError(f"batch_size must be >= 2, got {batch_size}")
+    if queue_size < 0 or batches < 1:
+        raise ValueError(f"queue_size must be >= 0 and batches >= 1, got {queue_size} and {batches}")
+
+
+def _pooled_shares(
+    tot: dict[str, int],
+    kinds: list[str],
+    by_kind: tuple[np.ndarray, np.ndarray, np.ndarray],
+    batches: int,
+    batch_size: int,
+    queue_size: int,
+) -> dict[str, Any]:
+    """The fractions of :func:`false_negative_share` from its counts pooled over ``batches`` batches
+    of ``batch_size`` with a queue of ``queue_size``: ``tot`` (``fn``, ``anchors``, ``i2t_q``,
+    ``t2i_q``, ``same``) and ``by_kind`` (false negatives, negatives and drawn captions, each
+    [kinds] in the order of ``kinds``). Returns the ``in_batch_*``, ``caption_kinds``,
+    ``i2t_*``/``t2i_*`` and ``same_image_per_anchor`` entries, in that order."""
+    kind_fn, kind_neg, kind_drawn = by_kind
+    b = batch_size
+    anchors = batches * b
+    negatives = anchors * (b - 1 + queue_size)
+    return {
         "in_batch_share": tot["fn"] / (anchors * (b - 1)),
         "in_batch_per_anchor": tot["fn"] / anchors,
         "in_batch_anchors": tot["anchors"] / anchors,

@@ -51,72 +51,53 @@ def _peak_memory_mb(device: torch.device) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peak process RSS"
 
 
-def run_bench(
-    cfg: PretrainConfig,
-    steps: int = 20,
-    warmup: int = 3,
-    peak_tflops: Optional[float] = None,
-    out: Optional[str | Path] = None,
-) -> dict[str, Any]:
-    if steps < 1 or warmup < 0:
-        raise ConfigError(f"vlp bench: --steps must be >= 1 and --warmup >= 0, got {steps} / {warmup}")
-    cfg.train.steps = max(cfg.train.steps, warmup + steps)  # the lr schedule spans the benchmark
-    job = build_pretraining(cfg)
-    acc = job.accelerator()
-    prep = prepare_training(acc, *job.built(), cfg.train)
-    task, optimizer, loader, inner, params = prep.task, prep.optimizer, prep.loader, prep.inner, prep.params
-    device = acc.device
+class _PhaseClock:
+    """The seconds each phase of the current step took (``spent``: phase -> seconds), each timed
+    with a device synchronisation before and after."""
 
-    def sync() -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.spent: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+
+    def sync(self) -> float:
+        """Waits for the device's queued work; returns :func:`time.perf_counter` after it."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times: dict[str, list[float]] = {p: [] for p in PHASES}
-    spent: dict[str, float] = dict.fromkeys(PHASES, 0.0)
-
     @contextlib.contextmanager
-    def timed(phase: str) -> Iterator[None]:  # the step's phases, with a device sync around each
-        if phase not in spent:  # a part of a timed phase (the compiled post-step inside "optimizer")
+    def timed(self, phase: str) -> Iterator[None]:
+        """Adds the time of the block to ``spent[phase]``; yields None (a phase not in :data:`PHASES`,
+        a part of a timed one such as the compiled post-step inside "optimizer", is not timed)."""
+        if phase not in self.spent:
             yield
             return
-        t0 = sync()
+        t0 = self.sync()
         yield
-        spent[phase] += sync() - t0
+        self.spent[phase] += self.sync() - t0
 
-    stats = StepStats(device, cfg.train.max_nonfinite_steps, acc.num_processes)
-    undo = stateful_modules(inner)
-    post = compiled_post_step(acc, optimizer, inner, params, undo, cfg.train)
-    flops, pairs = 0.0, 0
-    batches = endless_batches(loader)
-    last: dict[str, Any] = {}
 
-    def fetch() -> Any:
-        last["batch"] = next(batches)
-        return last["batch"]
-
-    task.train()
-    for step in range(warmup + steps):
-        spent.update(dict.fromkeys(PHASES, 0.0))
-        train_step(
-            acc, task, inner, optimizer, params, fetch, step, cfg.train, stats, phase=timed, undo=undo, post=post
-        )
-        if step >= warmup:
-            for p in PHASES:
-                times[p].append(spent[p])
-            b = len(last["batch"]["input_ids"]) * acc.num_processes
-            flops += step_flops(cfg, last["batch"]["input_ids"].shape[1]) * b
-            pairs += b
-        if (step + 1) % cfg.train.log_every == 0:
-            stats.read()  # as the loop does at a log step: the window's records do not pile up
+def _bench_result(
+    cfg: PretrainConfig,
+    acc: Any,
+    model: torch.nn.Module,
+    times: dict[str, list[float]],
+    work: tuple[float, int],
+    steps: int,
+    warmup: int,
+    peak_tflops: Optional[float],
+) -> dict[str, Any]:
+    """The record of :func:`run_bench` from the timed steps' ``times`` (phase -> seconds per step)
+    and ``work`` (FLOP and pairs over them, all processes): throughput, ms per phase, peak memory,
+    FLOP per pair, achieved TFLOP/s and MFU, the versions and the config. Returns the dict."""
+    flops, pairs = work
+    device = acc.device
     total = sum(sum(v) for v in times.values())
     ms = {p: 1000 * statistics.mean(v) for p, v in times.items()}
     ms["step"] = sum(ms.values())
     memory, memory_kind = _peak_memory_mb(device)
     achieved = flops / total
-    result: dict[str, Any] = {
+    return {
         "date": date.today().isoformat(),
         "device": _device_name(device),
         "processes": acc.num_processes,
@@ -134,11 +115,62 @@ def run_bench(
         "achieved_tflops": achieved / 1e12,
         "peak_tflops_per_process": peak_tflops,
         "mfu": achieved / (peak_tflops * 1e12 * acc.num_processes) if peak_tflops else None,
-        "trainable_params_m": param_count(job.model) / 1e6,
+        "trainable_params_m": param_count(model) / 1e6,
         "vlp_version": __version__,
         "torch": torch.__version__,
         "config": to_dict(cfg),
     }
+
+
+def run_bench(
+    cfg: PretrainConfig,
+    steps: int = 20,
+    warmup: int = 3,
+    peak_tflops: Optional[float] = None,
+    out: Optional[str | Path] = None,
+) -> dict[str, Any]:
+    """``vlp bench``: ``warmup`` untimed then ``steps`` timed pretraining steps of ``cfg``, phase by
+    phase (module docstring). Returns the record of :func:`_bench_result`, also written to ``out``
+    as JSON by the main process."""
+    if steps < 1 or warmup < 0:
+        raise ConfigError(f"vlp bench: --steps must be >= 1 and --warmup >= 0, got {steps} / {warmup}")
+    cfg.train.steps = max(cfg.train.steps, warmup + steps)  # the lr schedule spans the benchmark
+    job = build_pretraining(cfg)
+    acc = job.accelerator()
+    prep = prepare_training(acc, *job.built(), cfg.train)
+    task, optimizer, loader, inner, params = prep.task, prep.optimizer, prep.loader, prep.inner, prep.params
+    device = acc.device
+
+    clock = _PhaseClock(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times: dict[str, list[float]] = {p: [] for p in PHASES}
+    stats = StepStats(device, cfg.train.max_nonfinite_steps, acc.num_processes)
+    undo = stateful_modules(inner)
+    post = compiled_post_step(acc, optimizer, inner, params, undo, cfg.train)
+    flops, pairs = 0.0, 0
+    batches = endless_batches(loader)
+    last: dict[str, Any] = {}
+
+    def fetch() -> Any:
+        last["batch"] = next(batches)
+        return last["batch"]
+
+    task.train()
+    for step in range(warmup + steps):
+        clock.spent.update(dict.fromkeys(PHASES, 0.0))
+        train_step(
+            acc, task, inner, optimizer, params, fetch, step, cfg.train, stats, phase=clock.timed, undo=undo, post=post
+        )
+        if step >= warmup:
+            for p in PHASES:
+                times[p].append(clock.spent[p])
+            b = len(last["batch"]["input_ids"]) * acc.num_processes
+            flops += step_flops(cfg, last["batch"]["input_ids"].shape[1]) * b
+            pairs += b
+        if (step + 1) % cfg.train.log_every == 0:
+            stats.read()  # as the loop does at a log step: the window's records do not pile up
+    result = _bench_result(cfg, acc, job.model, times, (flops, pairs), steps, warmup, peak_tflops)
     _write(result, out, acc.is_main_process)
     return result
 

@@ -236,8 +236,6 @@ def run_demo_full(
     nlvr_ta, ve, ve_hypothesis_only, grounding) to dotted overrides. ``nlvr_ta``: run the optional text-assignment stage before NLVR2. ``reuse``:
     keep the stages an earlier (interrupted) run of the same command finished.
     """
-    from vlp.runs.evaluate import run_evaluate_retrieval
-    from vlp.runs.pretrain import run_pretrain
     from vlp.world import generate_world
 
     out = Path(out)
@@ -248,6 +246,21 @@ def run_demo_full(
         out / "world", seed=seed, n_train=n_train, n_val=n_val, n_test=n_test, nlvr_templates=DEMO_NLVR_TEMPLATES
     )
     demo.clear()
+    results = {"zero_shot": _pretrain_and_zero_shot(demo, w, pretrain_steps)}
+    results.update(_finetune_stages(demo, w, nlvr_ta))
+    results["classification"] = demo.classification(out / "pretrain", w)
+    return write_full_results(demo, results)
+
+
+def _pretrain_and_zero_shot(demo: FullDemo, w: dict[str, Path], pretrain_steps: Optional[int]) -> dict:
+    """Stages ``pretrain`` (on the world's pretraining file ``w["pretrain"]``; ``pretrain_steps``
+    overrides the config's) and ``zero_shot`` (retrieval on ``w["retrieval_test"]`` by the pretrained
+    checkpoint), each skipped where an earlier run finished it. Returns the zero-shot metrics
+    (``zero_shot/metrics.json``)."""
+    from vlp.runs.evaluate import run_evaluate_retrieval
+    from vlp.runs.pretrain import run_pretrain
+
+    out, seed = demo.out, demo.seed
     demo.stage("pretrain")
     if not demo.finished("pretrain"):
         cfg = load_config(
@@ -267,7 +280,15 @@ def run_demo_full(
         run_evaluate_retrieval(
             out / "pretrain", w["retrieval_test"], None, out / "zero_shot", overrides=demo.extra.get("zero_shot", [])
         )
-    results = {"zero_shot": json.loads((out / "zero_shot" / "metrics.json").read_text())}
+    return json.loads((out / "zero_shot" / "metrics.json").read_text())
+
+
+def _finetune_stages(demo: FullDemo, w: dict[str, Path], nlvr_ta: bool) -> dict:
+    """The fine-tuning stages from the pretrained checkpoint on the world's files ``w``: retrieval,
+    VQA, (the optional NLVR text assignment, ``nlvr_ta``, then) NLVR2 and its text-only baseline,
+    VE and its hypothesis-only baseline, grounding. Returns stage name -> its results, in that order."""
+    out = demo.out
+    results: dict[str, dict] = {}
     results["retrieval"] = demo.finetune(
         "retrieval",
         "retrieval",
@@ -305,8 +326,7 @@ def run_demo_full(
         out / "pretrain",
         [f"data.train=[{w['grounding_train']}]", f"data.val={w['grounding_val']}", f"data.test={w['grounding_test']}"],
     )
-    results["classification"] = demo.classification(out / "pretrain", w)
-    return write_full_results(demo, results)
+    return results
 
 
 def full_rows(r: dict) -> list[tuple]:

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
 from vlp.checkpoint import image_size, open_checkpoint
-from vlp.config import EvalConfig, apply_overrides
+from vlp.config import EvalConfig, PretrainConfig, apply_overrides
 from vlp.data.formats import CAPTION_GROUPS_FORMAT, RetrievalSplit, load_retrieval_split
 from vlp.data.json_entries import read_json
-from vlp.data.relevance import load_relevance_file
+from vlp.data.relevance import Relevance, load_relevance_file
 from vlp.dist import barrier, is_dist, rank, world_size
 from vlp.errors import CheckpointError, DataError
 from vlp.eval.retrieval import RetrievalResult, check_k_test, embed, evaluate_retrieval
@@ -139,8 +140,6 @@ def run_evaluate_retrieval(
     Launched as several processes, every process must call it: encoding and ITM scoring are split
     over the ranks (:mod:`vlp.eval.retrieval`), every rank returns the same result and rank 0
     alone prints and writes files."""
-    from vlp.data.formats import load_graded_relevance
-
     if graded_relevance and not relevance:
         raise DataError(
             f"graded relevance {graded_relevance} needs the relevance file as well (--relevance / "
@@ -160,16 +159,68 @@ def run_evaluate_retrieval(
     tokenizer = opened.tokenizer
     cfg = apply_overrides(opened.pretrain_config, overrides)
     ecfg: EvalConfig = cfg.eval
+    d = _load_eval_data(data, image_root, relevance, graded_relevance, caption_groups, ecfg)
+    result = _embed_and_score(model, tokenizer, cfg, d, device, show_progress, sharded)
+    if not main:
+        return result
+    record = _metrics_record(result, cfg, device, preset, kind, ckpt, d, relevance, caption_groups)
+    write_evaluation(Path(out), record, d.split, result, d.rel)
+    return result
+
+
+@dataclass
+class _EvalData:
+    """A retrieval split and what comes with it: ``relevant`` (the relevance file's lists, or None),
+    ``graded`` (float32 [texts, images] gains, or None) and ``groups`` (caption group name -> caption
+    indices, or None)."""
+
+    split: RetrievalSplit
+    relevant: Optional[Relevance]
+    graded: Optional[torch.Tensor]
+    groups: Optional[dict[str, list[int]]]
+
+    @property
+    def rel(self) -> Optional[list[list[int]]]:
+        """The relevant images of each text (the relevance file's ``images``), or None without one."""
+        return self.relevant.images if self.relevant is not None else None
+
+
+def _load_eval_data(
+    data: str | Path,
+    image_root: Optional[str],
+    relevance: Optional[str | Path],
+    graded_relevance: Optional[str | Path],
+    caption_groups: Optional[str | Path | CaptionGroups],
+    ecfg: EvalConfig,
+) -> _EvalData:
+    """Reads the split ``data`` and its optional relevance, graded relevance and caption groups, and
+    checks the images and ``ecfg.k_test`` against it (all before any encoding). Returns them."""
+    from vlp.data.formats import load_graded_relevance
+
     split = load_retrieval_split(data, image_root)
     check_image_paths(split.images, split.source)  # before any encoding
     relevant = load_relevance_file(relevance, split) if relevance else None
-    rel = relevant.images if relevant is not None else None
     graded = load_graded_relevance(graded_relevance, split) if graded_relevance else None
     groups = load_caption_groups(caption_groups, split) if caption_groups is not None else None
     check_k_test(ecfg, len(split.images), len(split.texts), split.source)  # before any encoding
+    return _EvalData(split, relevant, graded, groups)
+
+
+def _embed_and_score(
+    model: Any,
+    tokenizer: Any,
+    cfg: PretrainConfig,
+    d: _EvalData,
+    device: torch.device,
+    show_progress: bool,
+    sharded: bool,
+) -> RetrievalResult:
+    """Encodes the split of ``d`` with test transforms at the checkpoint's image size (``cfg``) and
+    ranks it both ways by ``cfg.eval`` (split over the ranks when ``sharded``). Returns the result."""
+    ecfg: EvalConfig = cfg.eval
     emb = embed(
         model,
-        split,
+        d.split,
         tokenizer,
         test_transform(image_size(cfg), cfg.data.image),
         cfg.model.text.max_len,
@@ -181,20 +232,35 @@ def run_evaluate_retrieval(
         distributed=sharded,
         offload=ecfg.offload,
     )
-    result = evaluate_retrieval(
+    return evaluate_retrieval(
         model,
         emb,
-        split,
+        d.split,
         ecfg,
-        rel,
+        d.rel,
         show_progress,
-        graded_relevance=graded,
+        graded_relevance=d.graded,
         distributed=sharded,
-        caption_groups=groups,
-        relevant_texts=relevant.texts if relevant is not None else None,
+        caption_groups=d.groups,
+        relevant_texts=d.relevant.texts if d.relevant is not None else None,
     )
-    if not main:
-        return result
+
+
+def _metrics_record(
+    result: RetrievalResult,
+    cfg: PretrainConfig,
+    device: torch.device,
+    preset: Optional[str],
+    kind: str,
+    ckpt: Path,
+    d: _EvalData,
+    relevance: Optional[str | Path],
+    caption_groups: Optional[str | Path | CaptionGroups],
+) -> dict[str, Any]:
+    """What ``metrics.json`` holds: the metrics, then the evaluation's settings, the checkpoint and
+    the split's size; with a relevance file, whether the nDCG gains are graded and the file (and its
+    benchmark); with caption groups, their file (or ``"given"``: a mapping). Returns the dict."""
+    ecfg: EvalConfig = cfg.eval
     record = {
         **result.metrics,
         "score": ecfg.score,
@@ -205,19 +271,18 @@ def run_evaluate_retrieval(
         "preset": preset,
         "checkpoint_kind": kind,
         "image_size": image_size(cfg),
-        "n_images": len(split.images),
-        "n_texts": len(split.texts),
+        "n_images": len(d.split.images),
+        "n_texts": len(d.split.texts),
         "checkpoint": str(ckpt),
     }
-    if relevant is not None:
-        record["ndcg_gains"] = "graded" if graded is not None else "binary"
+    if d.relevant is not None:
+        record["ndcg_gains"] = "graded" if d.graded is not None else "binary"
         record["relevance"] = str(relevance)
-        if relevant.benchmark is not None:
-            record["relevance_benchmark"] = relevant.benchmark
-    if groups is not None:
+        if d.relevant.benchmark is not None:
+            record["relevance_benchmark"] = d.relevant.benchmark
+    if d.groups is not None:
         record["caption_groups"] = str(caption_groups) if isinstance(caption_groups, (str, Path)) else "given"
-    write_evaluation(Path(out), record, split, result, rel)
-    return result
+    return record
 
 
 def write_evaluation(out: Path, record: dict, split: RetrievalSplit, result: RetrievalResult, rel) -> None:

@@ -355,58 +355,22 @@ def run_loader_bench(
     there is one, else the CPU)."""
     from vlp.checkpoint import image_size
 
-    if workers < 0 or warmup < 0 or rounds < 1 or batch < 1 or (n is not None and n < 1):
-        raise ConfigError(
-            f"vlp bench --loader-only: --workers and warmup must be >= 0, --n-images, rounds and batch >= 1, "
-            f"got {workers} / {warmup} / {n} / {rounds} / {batch}"
-        )
-    unknown = [d for d in decodes if d not in DECODES]
-    if unknown or not decodes:
-        raise ConfigError(f"vlp bench --loader-only: decodes must be among {list(DECODES)}, got {list(decodes)}")
-    res, icfg, d = image_size(cfg), cfg.data.image, cfg.data
+    _check_loader_args(workers, warmup, rounds, batch, n, decodes)
+    res, icfg = image_size(cfg), cfg.data.image
     with tempfile.TemporaryDirectory(prefix="vlp-loader-bench-") as tmp:
-        if images is None:
-            paths = write_test_jpegs(Path(tmp), n or DEFAULT_N, size, quality, cfg.train.seed)
-        else:
-            paths = find_images(images)[:n]
+        paths = _bench_images(Path(tmp), images, n, size, quality, cfg.train.seed)
         samples = [Sample(str(p), ("a photo",), str(p), f"loader bench image {i}") for i, p in enumerate(paths)]
-        scales: Counter[int] = Counter()
-        sizes, crop_max = [], 1
-        for s in samples:
-            w, h, fmt = _header(s)
-            sizes.append((w, h))
-            scales[draft_scale(w, h, res, icfg.crop_scale) if fmt == "JPEG" else 1] += 1
-            crop_max = max(crop_max, crop_draft_scale(w, h, (res, res)) if fmt == "JPEG" else 1)
-        transform: Callable = train_transform(res, icfg)
-        uint8 = train_transform(res, replace(icfg, uint8=True))  # what decode=device needs
-        common: dict[str, Any] = {"max_pixels": d.max_image_pixels, "min_side": d.min_image_side}  # errors raise
-        datasets = {
-            "full": lambda: ImageTextDataset(samples, transform, decode="full", **common),
-            "draft": lambda: DraftImageTextDataset(samples, transform, res=res, crop_scale=icfg.crop_scale, **common),
-            "draft-crop": lambda: ImageTextDataset(samples, transform, decode="draft", **common),
-            "device": lambda: ImageTextDataset(samples, uint8, decode="device", **common),
-        }
+        scales, sizes, crop_max = _header_scales(samples, res, icfg.crop_scale)
+        datasets = _decode_datasets(samples, res, cfg)
         same = {"draft": set(scales) == {1}, "draft-crop": crop_max == 1}  # decodes exactly as "full" does
         not_timed = {k: "no image is reduced: the full decode" for k in decodes[1:] if same.get(k)}
         decodes = [k for k in decodes if k not in not_timed]
-        timed: dict[str, list] = {name: [] for name in decodes}
-        for _ in range(rounds):  # decodes alternate, so that a busy machine slows each alike
-            for name in decodes:
-                timed[name].append(time_loader(datasets[name](), len(paths), workers, warmup, cfg.train.seed, batch))
-        by_decode = {name: summarize(v, workers) for name, v in timed.items()}
-        on_device = None
-        if "device" in by_decode:
-            dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-            b = min(d.batch_size, len(paths))
-            on_device = time_device_decode(datasets["device"](), len(paths), b, dev, rounds, cfg.train.seed)
-            by_decode["device"].update(output_shape=on_device["output_shape"], output_dtype=on_device["output_dtype"])
+        by_decode = _time_decodes(datasets, decodes, len(paths), workers, warmup, rounds, cfg.train.seed, batch)
+        on_device = _device_share(by_decode, datasets["device"], len(paths), cfg, rounds, device)
         mean_kb = statistics.mean(p.stat().st_size for p in paths) / 1024
     source_sizes = Counter(f"{w}x{h}" for w, h in sizes)
-    first, top = by_decode[decodes[0]], TRAINING_DECODE[icfg.decode]
-    top = top if top in by_decode else decodes[0]
+    top = _training_top(by_decode, decodes, icfg.decode)
     main = by_decode[top]
-    for v in by_decode.values():
-        v["speedup"] = v["images_per_s"] / first["images_per_s"]
     result: dict[str, Any] = {
         "date": date.today().isoformat(),
         "device": cpu_name(),
@@ -419,15 +383,7 @@ def run_loader_bench(
         "by_decode": by_decode,
         "not_timed": not_timed,
         "device_decode": on_device,
-        "draft_scale": scales.most_common(1)[0][0],
-        "draft_scales": {str(k): v for k, v in sorted(scales.items())},
-        "image_size": res,
-        "output_shape": main["output_shape"],
-        "output_dtype": main["output_dtype"],
-        "uint8": icfg.uint8,
-        "crop_scale": icfg.crop_scale,
-        "hflip": icfg.hflip,
-        "randaugment": icfg.randaugment,
+        **_pipeline_fields(cfg, res, scales, main),
         "images": "given" if images is not None else "generated",
         "n_images": len(paths),
         "warmup_per_worker": warmup,
@@ -437,16 +393,151 @@ def run_loader_bench(
         "source_sizes": dict(source_sizes.most_common(5)),
         "jpeg_quality": quality if images is None else None,
         "mean_file_kb": mean_kb,
+        **_versions(),
+    }
+    if out is not None:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _bench_images(
+    tmp: Path, images: Optional[Sequence[str | Path]], n: Optional[int], size: tuple[int, int], quality: int, seed: int
+) -> list[Path]:
+    """The images to time: the first ``n`` (default all) of the files / folders ``images``, or, with
+    ``images`` None, ``n`` (default :data:`DEFAULT_N`) JPEGs of ``size`` at ``quality`` written
+    into ``tmp``. Returns their paths."""
+    if images is None:
+        return write_test_jpegs(tmp, n or DEFAULT_N, size, quality, seed)
+    return find_images(images)[:n]
+
+
+def _device_share(
+    by_decode: dict[str, dict[str, Any]],
+    dataset: Callable[[], Dataset],
+    n: int,
+    cfg: PretrainConfig,
+    rounds: int,
+    device: Optional[str | torch.device],
+) -> Optional[dict[str, Any]]:
+    """With ``device`` among the timed decodes (``by_decode``), the device's share of decoding
+    (:func:`time_device_decode` of the ``n`` items of ``dataset`` in batches of ``data.batch_size`` on
+    ``device``: default CUDA when there is one, else the CPU); its output shape and dtype go into
+    ``by_decode["device"]``. Returns its figures, or None when ``device`` was not timed."""
+    if "device" not in by_decode:
+        return None
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    b = min(cfg.data.batch_size, n)
+    on_device = time_device_decode(dataset(), n, b, dev, rounds, cfg.train.seed)
+    by_decode["device"].update(output_shape=on_device["output_shape"], output_dtype=on_device["output_dtype"])
+    return on_device
+
+
+def _check_loader_args(
+    workers: int, warmup: int, rounds: int, batch: int, n: Optional[int], decodes: Sequence[str]
+) -> None:
+    """Raises ConfigError on a negative ``workers`` or ``warmup``, ``rounds``, ``batch`` or ``n``
+    below 1, or ``decodes`` empty or not among :data:`DECODES`; returns None."""
+    if workers < 0 or warmup < 0 or rounds < 1 or batch < 1 or (n is not None and n < 1):
+        raise ConfigError(
+            f"vlp bench --loader-only: --workers and warmup must be >= 0, --n-images, rounds and batch >= 1, "
+            f"got {workers} / {warmup} / {n} / {rounds} / {batch}"
+        )
+    unknown = [d for d in decodes if d not in DECODES]
+    if unknown or not decodes:
+        raise ConfigError(f"vlp bench --loader-only: decodes must be among {list(DECODES)}, got {list(decodes)}")
+
+
+def _header_scales(
+    samples: Sequence[Sample], res: int, crop_scale: Optional[Sequence[float]]
+) -> tuple[Counter[int], list[tuple[int, int]], int]:
+    """From each image's header: the count of images per draft scale of the per-image draft decode
+    (1 for a file that is not a JPEG), the (width, height) of each, and the largest per-crop draft
+    scale of a full-image crop (1 without a JPEG). Returns (scales, sizes, crop_max)."""
+    scales: Counter[int] = Counter()
+    sizes, crop_max = [], 1
+    for s in samples:
+        w, h, fmt = _header(s)
+        sizes.append((w, h))
+        scales[draft_scale(w, h, res, crop_scale) if fmt == "JPEG" else 1] += 1
+        crop_max = max(crop_max, crop_draft_scale(w, h, (res, res)) if fmt == "JPEG" else 1)
+    return scales, sizes, crop_max
+
+
+def _decode_datasets(samples: list[Sample], res: int, cfg: PretrainConfig) -> dict[str, Callable[[], Dataset]]:
+    """Per decode of :data:`DECODES`, a function making a fresh training dataset of ``samples`` with
+    the training transform at ``res`` (uint8 for ``device``) and ``cfg.data``'s image limits (an image
+    outside them raises). Returns decode -> dataset maker."""
+    icfg, d = cfg.data.image, cfg.data
+    transform: Callable = train_transform(res, icfg)
+    uint8 = train_transform(res, replace(icfg, uint8=True))  # what decode=device needs
+    common: dict[str, Any] = {"max_pixels": d.max_image_pixels, "min_side": d.min_image_side}  # errors raise
+    return {
+        "full": lambda: ImageTextDataset(samples, transform, decode="full", **common),
+        "draft": lambda: DraftImageTextDataset(samples, transform, res=res, crop_scale=icfg.crop_scale, **common),
+        "draft-crop": lambda: ImageTextDataset(samples, transform, decode="draft", **common),
+        "device": lambda: ImageTextDataset(samples, uint8, decode="device", **common),
+    }
+
+
+def _time_decodes(
+    datasets: dict[str, Callable[[], Dataset]],
+    decodes: Sequence[str],
+    n: int,
+    workers: int,
+    warmup: int,
+    rounds: int,
+    seed: int,
+    batch: int,
+) -> dict[str, dict[str, Any]]:
+    """Times the loader of each of ``decodes`` (:func:`time_loader` over ``n`` items) ``rounds`` times,
+    the decodes alternating so that a busy machine slows each alike. Returns decode -> its
+    :func:`summarize` figures, in the order of ``decodes``."""
+    timed: dict[str, list] = {name: [] for name in decodes}
+    for _ in range(rounds):
+        for name in decodes:
+            timed[name].append(time_loader(datasets[name](), n, workers, warmup, seed, batch))
+    return {name: summarize(v, workers) for name, v in timed.items()}
+
+
+def _training_top(by_decode: dict[str, dict[str, Any]], decodes: Sequence[str], decode: str) -> str:
+    """Adds each decode's ``speedup`` over the first of ``decodes`` to ``by_decode``. Returns the decode
+    that training with ``data.image.decode=decode`` uses, or the first of ``decodes`` when that one
+    was not timed."""
+    first, top = by_decode[decodes[0]], TRAINING_DECODE[decode]
+    top = top if top in by_decode else decodes[0]
+    for v in by_decode.values():
+        v["speedup"] = v["images_per_s"] / first["images_per_s"]
+    return top
+
+
+def _pipeline_fields(cfg: PretrainConfig, res: int, scales: Counter[int], main: dict[str, Any]) -> dict[str, Any]:
+    """The image pipeline's part of the record: the most common and every per-image draft scale
+    (``scales``), the resolution ``res``, the output of the training decode (``main``) and the
+    ``data.image`` settings. Returns the dict."""
+    icfg = cfg.data.image
+    return {
+        "draft_scale": scales.most_common(1)[0][0],
+        "draft_scales": {str(k): v for k, v in sorted(scales.items())},
+        "image_size": res,
+        "output_shape": main["output_shape"],
+        "output_dtype": main["output_dtype"],
+        "uint8": icfg.uint8,
+        "crop_scale": icfg.crop_scale,
+        "hflip": icfg.hflip,
+        "randaugment": icfg.randaugment,
+    }
+
+
+def _versions() -> dict[str, Any]:
+    """The software the timing ran on: torch (and its threads), Pillow (with libjpeg-turbo or not), vlp."""
+    return {
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "pillow": Image.__version__,
         "libjpeg_turbo": _libjpeg_turbo(),
         "vlp_version": __version__,
     }
-    if out is not None:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(result, indent=2))
-    return result
 
 
 def _libjpeg_turbo() -> Optional[bool]:

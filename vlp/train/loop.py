@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Optional, Protocol
 
@@ -32,12 +33,12 @@ from vlp.config import TrainConfig
 from vlp.errors import DataError
 from vlp.train.checkpoints import Checkpointer, check_shared_filesystem
 from vlp.train.logging import MetricsLog, open_loggers
-from vlp.train.post_step import compiled_post_step
+from vlp.train.post_step import PostStep, compiled_post_step
 from vlp.train.preemption import preempted, stop_agreed, stop_signals
 from vlp.train.setup import make_accelerator, prepare_training, warn_if_cuda_graphs_skipped
 from vlp.train.step import stateful_modules, train_step
 from vlp.train.step_stats import Reporter
-from vlp.train.swa import snapshot_averager
+from vlp.train.swa import WeightAverager, snapshot_averager
 from vlp.train.validation import Validation, Validator
 
 #: the bad-sample share is judged once this many samples were loaded (a few bad ones in the first
@@ -164,61 +165,46 @@ def train(
     ``validation.every`` steps and at the end (on every rank, sharded; the main process decides), log to
     ``run_dir/val_metrics.jsonl``, keep the best checkpoint in ``run_dir/checkpoints/best``. Returns the last
     logged record."""
-    # set-up: accelerator, prepared task / optimizer / loader, logs, checkpoints, validation; resume
-    run_dir, acc, micro = Path(run_dir), accelerator or make_accelerator(cfg), cfg.grad_accum_steps
-    prep = prepare_training(acc, task, loader, cfg)
-    check_shared_filesystem(run_dir, acc.device)  # every rank must see run_dir (checkpoints)
-    task, optimizer, inner, params = prep.task, prep.optimizer, prep.inner, prep.params
-    log = open_log(run_dir, cfg, acc.is_main_process, state)  # metrics.jsonl + TensorBoard / W&B
-    averager = snapshot_averager(inner, prep.loader, cfg)
-    saved_module = (checkpoint_module or (lambda t: t.model))(inner)
-    ckpt = Checkpointer(acc, cfg, run_dir, prep, saved_module, state, averager, files)
-    validate = Validator(validation, acc, task, inner, cfg.steps, run_dir, log, ckpt) if validation else None
-    start = ckpt.resume(log) if cfg.resume else 0
-    rep = Reporter(acc, cfg, log, start, ckpt.resumed_samples, ckpt.resumed_window)
-    ckpt.samples, ckpt.window = rep.sample_counts, rep.window_state  # into state.json / each rank's train state
-    batches = endless_batches(prep.loader, start * micro, ckpt.resumed_stream)
-    log_warnings = getattr(inner, "log_warnings", None)  # the task's optional hook
-    undo = stateful_modules(inner)  # feature queues: a skipped step leaves no trace
-    post = compiled_post_step(acc, optimizer, inner, params, undo, cfg)  # train.compile=full: one more graph
+    run_dir = Path(run_dir)
+    run = _set_up(task, loader, cfg, run_dir, state, accelerator, checkpoint_module, validation, files)
+    acc, rep, ckpt, micro = run.acc, run.rep, run.ckpt, cfg.grad_accum_steps
     record: dict[str, float] = {}
-    task.train()
-    with stop_signals(cfg.stop_grace_s) as stop, log:  # SIGTERM / SIGUSR1: checkpoint at the next step boundary
-        for step in range(start, cfg.steps):
+    run.task.train()
+    with stop_signals(cfg.stop_grace_s) as stop, run.log:  # SIGTERM / SIGUSR1: checkpoint at the next step boundary
+        for step in range(run.start, cfg.steps):
             # forward, backward, clip, non-finite check, optimizer, EMA, queues, statistics: no host read
             result = train_step(
                 acc,
-                task,
-                inner,
-                optimizer,
-                params,
-                lambda: rep.fetch(batches),
+                run.task,
+                run.inner,
+                run.optimizer,
+                run.params,
+                lambda: rep.fetch(run.batches),
                 step,
                 cfg,
                 rep.stats,
-                undo=undo,
-                post=post,
+                undo=run.undo,
+                post=run.post,
             )
             done = step + 1
-            if step == start:
+            if step == run.start:
                 warn_if_cuda_graphs_skipped(cfg)
-            if averager is not None:  # weight averaging
-                averager.after_step(done)
+            if run.averager is not None:  # weight averaging
+                run.averager.after_step(done)
             # pairs: the last micro-batch's size, times the micro-steps and the processes
             rep.add_step(micro, micro * result.pairs * acc.num_processes)
             # log: one read of the device per window; several processes agree on a stop signal here
             is_log_step = done % cfg.log_every == 0 or done == cfg.steps
             stopping = stop_agreed(stop, is_log_step, acc.num_processes, acc.device)  # the step's phase ends
             if is_log_step:
-                record = log_step(rep, ckpt, done, result.lr, cfg, max_bad_fraction)
-                for msg in log_warnings(record) if rep.main and log_warnings is not None else []:
-                    print(f"warning: {msg}", file=sys.stderr)
+                record = _log_and_warn(run, done, result.lr, cfg, max_bad_fraction)
             rep.bar.update(1)
             saved = bool(cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != cfg.steps)  # checkpoint
             if saved:
                 ckpt.save(done)
-            if validate is not None and validate.due(done):  # validate (every rank; rank 0 keeps checkpoints/best)
-                validate(done)
+            # validate (every rank; rank 0 keeps checkpoints/best)
+            if run.validate is not None and run.validate.due(done):
+                run.validate(done)
             stop.phase_done()  # after a stop signal, the save and validation had train.stop_grace_s
             # stop on a signal: at this step boundary, with a checkpoint to resume from
             if done != cfg.steps and stopping:
@@ -226,4 +212,90 @@ def train(
         rep.bar.close()
         stop.acting()  # the last checkpoint: a stop signal now is held until it is written (no watchdog)
         ckpt.save(cfg.steps)
+    return record
+
+
+@dataclass
+class _Run:
+    """What :func:`train` sets up before its first step: the accelerator, the prepared task
+    (``task``; ``inner`` unwrapped), optimizer and trainable ``params``, the metrics log, the
+    weight averager (or None), the checkpointer, the validator (or None), the step to start from
+    (``start``: 0, or the resumed step), the log window's reporter, the endless batch stream, the
+    task's optional ``log_warnings`` hook, the modules a skipped step must undo and the compiled
+    post-step (or None)."""
+
+    acc: Accelerator
+    task: nn.Module
+    inner: nn.Module
+    optimizer: torch.optim.Optimizer
+    params: list[torch.Tensor]
+    log: MetricsLog
+    averager: Optional[WeightAverager]
+    ckpt: Checkpointer
+    validate: Optional[Validator]
+    start: int
+    rep: Reporter
+    batches: Iterator[Any]
+    log_warnings: Optional[Callable[[dict[str, float]], Iterable[str]]]
+    undo: list[nn.Module]
+    post: Optional[PostStep]
+
+
+def _set_up(
+    task: nn.Module,
+    loader: Iterable,
+    cfg: TrainConfig,
+    run_dir: Path,
+    state: Optional[dict[str, Any]],
+    accelerator: Optional[Accelerator],
+    checkpoint_module: Optional[Callable[[nn.Module], nn.Module]],
+    validation: Optional[Validation],
+    files: Optional[Mapping[str, str]],
+) -> _Run:
+    """The set-up of :func:`train` (its arguments): accelerator, prepared task / optimizer / loader,
+    logs, checkpoints, validation; resume from the last checkpoint under ``train.resume``. Returns
+    the :class:`_Run`."""
+    acc, micro = accelerator or make_accelerator(cfg), cfg.grad_accum_steps
+    prep = prepare_training(acc, task, loader, cfg)
+    check_shared_filesystem(run_dir, acc.device)  # every rank must see run_dir (checkpoints)
+    log = open_log(run_dir, cfg, acc.is_main_process, state)  # metrics.jsonl + TensorBoard / W&B
+    averager = snapshot_averager(prep.inner, prep.loader, cfg)
+    saved_module = (checkpoint_module or (lambda t: t.model))(prep.inner)
+    ckpt = Checkpointer(acc, cfg, run_dir, prep, saved_module, state, averager, files)
+    validate = Validator(validation, acc, prep.task, prep.inner, cfg.steps, run_dir, log, ckpt) if validation else None
+    start = ckpt.resume(log) if cfg.resume else 0
+    rep = Reporter(acc, cfg, log, start, ckpt.resumed_samples, ckpt.resumed_window)
+    ckpt.samples, ckpt.window = rep.sample_counts, rep.window_state  # into state.json / each rank's train state
+    batches = endless_batches(prep.loader, start * micro, ckpt.resumed_stream)
+    log_warnings = getattr(prep.inner, "log_warnings", None)  # the task's optional hook
+    undo = stateful_modules(prep.inner)  # feature queues: a skipped step leaves no trace
+    # train.compile=full: the post-step is one more graph
+    post = compiled_post_step(acc, prep.optimizer, prep.inner, prep.params, undo, cfg)
+    return _Run(
+        acc=acc,
+        task=prep.task,
+        inner=prep.inner,
+        optimizer=prep.optimizer,
+        params=prep.params,
+        log=log,
+        averager=averager,
+        ckpt=ckpt,
+        validate=validate,
+        start=start,
+        rep=rep,
+        batches=batches,
+        log_warnings=log_warnings,
+        undo=undo,
+        post=post,
+    )
+
+
+def _log_and_warn(
+    run: _Run, step: int, lr: float, cfg: TrainConfig, max_bad_fraction: Optional[float]
+) -> dict[str, float]:
+    """The log step after optimizer step ``step`` (:func:`log_step`), then the task's warnings about
+    its record, printed by the main process. Returns the record."""
+    record = log_step(run.rep, run.ckpt, step, lr, cfg, max_bad_fraction)
+    for msg in run.log_warnings(record) if run.rep.main and run.log_warnings is not None else []:
+        print(f"warning: {msg}", file=sys.stderr)
     return record

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from vlp.world.captions import CAPTION_KINDS, KIND_WEIGHTS, draw_caption
 from vlp.world.scene import Scene, scene_from_dict, world_rng
-from vlp.world.writer import _write_json
+from vlp.world.writer import write_compact_json
 
 __all__ = [
     "CaptionMix",
@@ -53,7 +53,7 @@ def write_generic_mix(root: str | Path, generic_share: float, seed: int = 0, out
         generic = world_rng(seed, "train", i, "generic-mix").random() < generic_share
         image = _image_field(root, path, r["image"])
         items.append({"image": image, "caption": texts[1:] if generic and len(texts) > 1 else texts[0]})
-    _write_json(path, items)
+    write_compact_json(path, items)
     return path
 
 
@@ -164,6 +164,6 @@ def write_caption_mix(
         items.append(
             {"image": _image_field(root, path, r["image"]), "caption": listed if len(listed) > 1 else listed[0]}
         )
-    _write_json(path, items)
+    write_compact_json(path, items)
     n_captions = sum(len(e["caption"]) if isinstance(e["caption"], list) else 1 for e in items)
     return CaptionMix(path, kinds, len(items), n_captions, tuple(dropped), added)

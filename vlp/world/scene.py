@@ -34,6 +34,7 @@ __all__ = [
     "scene_from_dict",
     "sample_scene",
     "render_scene",
+    "draw_shape",
     "world_rng",
 ]
 
@@ -167,7 +168,7 @@ def render_scene(scene: Scene, image_size: int = 64, rng: random.Random | None =
     img = Image.new("RGB", (image_size, image_size), BACKGROUND_RGB)
     draw = ImageDraw.Draw(img)
     for obj, (cx, cy, half) in zip(scene.objects, object_geometry(scene, image_size, rng)):
-        _draw_shape(draw, obj.shape, cx, cy, half, COLOR_RGB[obj.color])
+        draw_shape(draw, obj.shape, cx, cy, half, COLOR_RGB[obj.color])
     return img
 
 
@@ -188,10 +189,11 @@ def object_geometry(
     return out
 
 
-def _draw_shape(
+def draw_shape(
     draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, half: float, fill: tuple[int, int, int]
 ) -> None:
-    """Draw ``shape`` in a box of half-side ``half`` centred on (cx, cy)."""
+    """Draw ``shape`` filled with the RGB colour ``fill`` in a box of half-side ``half`` centred on
+    (cx, cy) in pixels; return nothing. Raise ``ValueError`` for a shape not in :data:`SHAPES`."""
     if shape == "circle":
         draw.ellipse([cx - half, cy - half, cx + half, cy + half], fill=fill)
     elif shape == "square":

@@ -41,6 +41,7 @@ __all__ = [
     "CAPTION_GROUPS_FORMAT",
     "GENERIC_KINDS",
     "generate_world",
+    "write_compact_json",
     "write_task_files",
 ]
 
@@ -53,13 +54,15 @@ GENERIC_KINDS: tuple[str, ...] = tuple(k for k in CAPTION_KINDS if k != "scene")
 _IMAGE_NAME = re.compile(r"^(train|val|test|helper)_\d{6}\.png$")
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    """Write compact ASCII JSON atomically (temp file in the same directory, then ``os.replace``)."""
+def write_compact_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` to ``path`` as compact ASCII JSON, atomically (temp file in the same directory,
+    then ``os.replace``); return nothing. A failure (``json.dump``'s ``TypeError`` or ``ValueError``
+    for an object JSON cannot hold, an ``OSError``) is raised and leaves no file behind."""
     write_json_atomic(path, obj, separators=(",", ":"), ensure_ascii=True)
 
 
 def _write_npy(path: Path, arr: np.ndarray) -> None:
-    """Write a ``.npy`` array atomically (like :func:`_write_json`)."""
+    """Write a ``.npy`` array atomically (like :func:`write_compact_json`)."""
     write_atomic(path, lambda f: np.save(f, arr, allow_pickle=False), binary=True)
 
 
@@ -123,7 +126,24 @@ def generate_world(
         records[split], scenes[split] = _write_split_images(root, split, counts[split], seed, image_size, progress)
     helper = _write_helper_split(root, n_helper, seed, image_size, progress)
 
-    paths = {
+    paths = _world_paths(root)
+    texts = {s: [[c["text"] for c in r["captions"]] for r in records[s]] for s in SPLITS}
+    _write_train_files(paths, records["train"], texts["train"])
+    for split in ("val", "test"):
+        _write_eval_files(paths, split, records[split], texts[split], scenes[split])
+    _write_scenes(
+        paths["scenes"], seed, image_size, records if helper is None else {**records, HELPER_SPLIT: helper[1]}
+    )
+    paths.update(_write_all_tasks(root, seed, scenes, records, vqa_per_image, nlvr_per_image, templates))
+    if helper is not None:
+        paths["helper_split"] = helper[0]
+    return {**paths, "root": root}
+
+
+def _world_paths(root: Path) -> dict[str, Path]:
+    """The paths of the world's pretraining, retrieval, relevance, caption-kind and scene files under
+    ``root``. Returns name -> path, in the order :func:`generate_world` returns them."""
+    return {
         "pretrain": root / "pretrain.json",
         "helper": root / "helper.json",
         "retrieval_train": root / "retrieval_train.json",
@@ -137,28 +157,41 @@ def generate_world(
         "caption_kinds_test": root / "caption_kinds_test.json",
         "scenes": root / "scenes.json",
     }
-    texts = {s: [[c["text"] for c in r["captions"]] for r in records[s]] for s in SPLITS}
-    _write_train_files(paths, records["train"], texts["train"])
-    for split in ("val", "test"):
-        _write_eval_files(paths, split, records[split], texts[split], scenes[split])
-    _write_json(
-        paths["scenes"],
+
+
+def _write_scenes(path: Path, seed: int, image_size: int, splits: Mapping[str, list[dict[str, Any]]]) -> None:
+    """Writes ``scenes.json``: the seed, the image size, the attribute vocabularies and each split's
+    scene records (``splits``); returns None."""
+    write_compact_json(
+        path,
         {
             "seed": seed,
             "image_size": image_size,
             "attributes": {"shapes": list(SHAPES), "colors": list(COLORS), "sizes": list(SIZES)},
-            "splits": records if helper is None else {**records, HELPER_SPLIT: helper[1]},
+            "splits": splits,
         },
     )
+
+
+def _write_all_tasks(
+    root: Path,
+    seed: int,
+    scenes: dict[str, list[Scene]],
+    records: dict[str, list[dict[str, Any]]],
+    vqa_per_image: int,
+    nlvr_per_image: int,
+    templates: Sequence[str],
+) -> dict[str, Path]:
+    """Writes the downstream task files of the world under ``root`` (each split's ``scenes`` and
+    image ``records``): VQA and NLVR2 (:func:`write_task_files`), grounding, SNLI-VE and the
+    zero-shot classification splits of val and test. Returns name -> path, in that order."""
     images = {s: [r["image"] for r in records[s]] for s in SPLITS}
-    paths.update(write_task_files(root, seed, scenes, images, vqa_per_image, nlvr_per_image, templates))
+    paths = dict(write_task_files(root, seed, scenes, images, vqa_per_image, nlvr_per_image, templates))
     paths.update(write_grounding_splits(root))
     paths.update(write_ve_splits(root))
     for split in ("val", "test"):
         paths.update(write_classification_splits(root, split))
-    if helper is not None:
-        paths["helper_split"] = helper[0]
-    return {**paths, "root": root}
+    return paths
 
 
 def format_world_files(paths: Mapping[str, Path]) -> str:
@@ -179,7 +212,7 @@ def _write_helper_split(
         path.unlink(missing_ok=True)
         return None
     records, _ = _write_split_images(root, HELPER_SPLIT, n, seed, image_size, progress)
-    _write_json(path, [{"image": r["image"], "caption": [c["text"] for c in r["captions"]]} for r in records])
+    write_compact_json(path, [{"image": r["image"], "caption": [c["text"] for c in r["captions"]]} for r in records])
     return path, records
 
 
@@ -216,10 +249,10 @@ def _write_split_images(
 
 def _write_train_files(paths: dict[str, Path], records: list[dict[str, Any]], texts: list[list[str]]) -> None:
     """``pretrain.json``, ``helper.json`` and ``retrieval_train.json`` of the training images."""
-    _write_json(paths["pretrain"], [{"image": r["image"], "caption": t} for r, t in zip(records, texts)])
+    write_compact_json(paths["pretrain"], [{"image": r["image"], "caption": t} for r, t in zip(records, texts)])
     # the "human-quality" caption set of the SRCL helper: the fully specified scene captions
-    _write_json(paths["helper"], [{"image": r["image"], "caption": t[0]} for r, t in zip(records, texts)])
-    _write_json(
+    write_compact_json(paths["helper"], [{"image": r["image"], "caption": t[0]} for r, t in zip(records, texts)])
+    write_compact_json(
         paths["retrieval_train"],
         [
             {"image": r["image"], "caption": c, "image_id": Path(r["image"]).stem}
@@ -235,9 +268,11 @@ def _write_eval_files(
     """``retrieval_<split>.json``, ``relevance_<split>.json``, ``relevance_graded_<split>.npy`` and
     ``caption_kinds_<split>.json``, checking that every caption is true of its own image and that
     the graded relevance is 1.0 exactly where the caption is true."""
-    _write_json(paths[f"retrieval_{split}"], [{"image": r["image"], "caption": t} for r, t in zip(records, texts)])
+    write_compact_json(
+        paths[f"retrieval_{split}"], [{"image": r["image"], "caption": t} for r, t in zip(records, texts)]
+    )
     preds = [c["predicate"] for r in records for c in r["captions"]]
-    _write_json(
+    write_compact_json(
         paths[f"caption_kinds_{split}"],
         {
             "format": CAPTION_GROUPS_FORMAT,
@@ -251,7 +286,7 @@ def _write_eval_files(
     for k, (own, rel) in enumerate(zip(owners, relevant)):
         if own not in rel:  # a caption must be true of its own image
             raise AssertionError(f"{split} text {k} does not match its own image {own}")
-    _write_json(
+    write_compact_json(
         paths[f"relevance_{split}"],
         {
             "format": RELEVANCE_FORMAT,
@@ -287,5 +322,5 @@ def write_task_files(
     paths = {}
     for key, (name, obj) in files.items():
         paths[key] = root / name
-        _write_json(paths[key], obj)
+        write_compact_json(paths[key], obj)
     return paths

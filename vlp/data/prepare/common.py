@@ -15,8 +15,10 @@ from vlp.errors import DataError
 # --------------------------------------------------------------------------
 
 
-def _key(path: Path, where: str, obj: Any, key: str, types: tuple[type, ...], what: str) -> Any:
-    """``obj[key]`` of ``where`` in ``path``; a missing key or a wrong type is a DataError naming both."""
+def required_key(path: Path, where: str, obj: Any, key: str, types: tuple[type, ...], what: str) -> Any:
+    """``obj[key]`` (the object at ``where``, e.g. ``"entry 3"``, of file ``path``); raise
+    :class:`DataError` naming file, place and key when ``obj`` is not an object, or the key is missing
+    or not one of ``types`` (a bool never passes); ``what`` names the expectation."""
     if not isinstance(obj, dict):
         raise DataError(f"{path}: {where}: expected an object, got {type(obj).__name__}")
     if key not in obj:
@@ -27,16 +29,18 @@ def _key(path: Path, where: str, obj: Any, key: str, types: tuple[type, ...], wh
     return v
 
 
-def _text(path: Path, where: str, obj: Any, key: str, what: str) -> str:
-    """A non-empty string ``obj[key]``, stripped."""
-    v = _key(path, where, obj, key, (str,), what)
+def required_text(path: Path, where: str, obj: Any, key: str, what: str) -> str:
+    """The string ``obj[key]``, stripped; raise :class:`DataError` naming file, place and key where
+    :func:`required_key` does (``types`` a string) and when the string is empty or blank."""
+    v = required_key(path, where, obj, key, (str,), what)
     if not v.strip():
         raise DataError(f"{path}: {where}: key '{key}' is empty, expected {what}")
     return v.strip()
 
 
-def _top_list(path: Path, data: Any, key: Optional[str]) -> list:
-    """``data[key]`` (or ``data`` itself when ``key`` is None), which must be a list."""
+def top_list(path: Path, data: Any, key: Optional[str]) -> list:
+    """``data[key]`` (or ``data`` itself when ``key`` is None) of file ``path``; raise
+    :class:`DataError` naming the file (and key) when it is missing or not a list."""
     if key is not None:
         if not isinstance(data, dict) or key not in data:
             raise DataError(f"{path}: missing top-level key '{key}' (expected an object with a list under '{key}')")
@@ -48,8 +52,10 @@ def _top_list(path: Path, data: Any, key: Optional[str]) -> list:
     return data
 
 
-def _check_images(rel_paths: Iterable[str], image_root: Optional[str | Path], source: Path) -> None:
-    """With an ``image_root``, every (relative) image must exist under it; one error with the count."""
+def check_images_exist(rel_paths: Iterable[str], image_root: Optional[str | Path], source: Path) -> None:
+    """Return nothing when ``image_root`` is None or every (relative) image of ``rel_paths`` is a file
+    under it; otherwise raise one :class:`DataError` naming ``source``, the count of missing images
+    and a few of them."""
     if image_root is None:
         return
     root = Path(image_root)
@@ -61,11 +67,14 @@ def _check_images(rel_paths: Iterable[str], image_root: Optional[str | Path], so
         )
 
 
-def _absolute(root: Path, rel: str) -> str:
+def absolute_path(root: Path, rel: str) -> str:
+    """``rel`` joined to the resolved ``root``, as a string (the file need not exist)."""
     return str(root.resolve() / rel)
 
 
-def _lines(path: Path) -> list[str]:
+def read_lines(path: Path) -> list[str]:
+    """The lines of the UTF-8 text file ``path`` (without line ends); raise :class:`DataError` when it
+    is not a file or not UTF-8."""
     if not path.is_file():
         raise DataError(f"file not found: {path}")
     try:
@@ -74,10 +83,10 @@ def _lines(path: Path) -> list[str]:
         raise DataError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
 
 
-def _json_lines(path: Path) -> Iterator[tuple[str, Any]]:
+def read_json_lines(path: Path) -> Iterator[tuple[str, Any]]:
     """``("line N", object)`` for every non-blank line of a JSON-lines file; a line that is not JSON
-    raises :class:`DataError` naming file and line."""
-    for n, line in enumerate(_lines(path), 1):
+    raises :class:`DataError` naming file and line (so does a file :func:`read_lines` rejects)."""
+    for n, line in enumerate(read_lines(path), 1):
         if not line.strip():
             continue
         where = f"line {n}"

@@ -22,7 +22,7 @@ from typing import Any
 
 from vlp.data.formats import RetrievalSplit, load_retrieval_split
 from vlp.data.json_entries import read_json, write_json_atomic
-from vlp.data.prepare.common import _key, _top_list
+from vlp.data.prepare.common import required_key, top_list
 from vlp.data.relevance import relevance_record
 from vlp.errors import DataError
 
@@ -101,18 +101,18 @@ def coco_captions(path: str | Path) -> tuple[dict[str, int], dict[int, tuple[int
     path = Path(path)
     data = read_json(path)
     names = {}
-    for i, img in enumerate(_top_list(path, data, "images")):
+    for i, img in enumerate(top_list(path, data, "images")):
         where = f"images[{i}]"
-        names[_key(path, where, img, "file_name", (str,), "the image file name")] = _key(
+        names[required_key(path, where, img, "file_name", (str,), "the image file name")] = required_key(
             path, where, img, "id", (int,), "the COCO image id"
         )
     captions = {}
-    for i, ann in enumerate(_top_list(path, data, "annotations")):
+    for i, ann in enumerate(top_list(path, data, "annotations")):
         where = f"annotations[{i}]"
-        cid = _key(path, where, ann, "id", (int,), "the COCO caption id")
+        cid = required_key(path, where, ann, "id", (int,), "the COCO caption id")
         captions[cid] = (
-            _key(path, where, ann, "image_id", (int,), "the COCO image id"),
-            _key(path, where, ann, "caption", (str,), "the caption text"),
+            required_key(path, where, ann, "image_id", (int,), "the COCO image id"),
+            required_key(path, where, ann, "caption", (str,), "the caption text"),
         )
     return names, captions
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from vlp.data.json_entries import write_json_atomic
-from vlp.data.prepare.common import _absolute, _key, _lines
+from vlp.data.prepare.common import absolute_path, read_lines, required_key
 from vlp.errors import DataError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
@@ -32,7 +32,7 @@ def img2dataset_index(image_dir: str | Path) -> dict[str, str]:
             raise DataError(f"{side}: expected an img2dataset sidecar object, got {type(meta).__name__}")
         if meta.get("status", "success") != "success":
             continue
-        url = _key(side, "sidecar", meta, "url", (str,), "the image URL")
+        url = required_key(side, "sidecar", meta, "url", (str,), "the image URL")
         image = next((side.with_suffix(s) for s in IMAGE_SUFFIXES if side.with_suffix(s).is_file()), None)
         if image is not None:
             index.setdefault(url, image.relative_to(root).as_posix())
@@ -49,7 +49,7 @@ def _pairs_from_urls(rows: list[tuple[str, str, str]], image_dir: str | Path, ou
         if rel is None:
             missing += 1
         else:
-            entries.append({"image": _absolute(root, rel), "caption": caption})
+            entries.append({"image": absolute_path(root, rel), "caption": caption})
     if not entries:
         raise DataError(
             f"none of the {len(rows)} images was found in {root} (img2dataset output with sidecar .json files)"
@@ -64,7 +64,7 @@ def cc3m(tsv: str | Path, image_dir: str | Path, out: str | Path) -> dict[str, i
     ``[{"image": absolute path, "caption": str}]``. Returns ``rows``, ``entries``, ``missing_images``."""
     path = Path(tsv)
     rows = []
-    for n, line in enumerate(_lines(path), 1):
+    for n, line in enumerate(read_lines(path), 1):
         if n == 1 and line.strip().lower() == "caption\turl":
             continue
         if not line.strip():
@@ -87,7 +87,7 @@ def sbu(captions_txt: str | Path, urls_txt: str | Path, image_dir: str | Path, o
     """SBU ``SBU_captioned_photo_dataset_captions.txt`` + ``SBU_captioned_photo_dataset_urls.txt``
     (line-aligned) + the img2dataset download in ``image_dir`` -> pretraining pairs."""
     cpath, upath = Path(captions_txt), Path(urls_txt)
-    caps, urls = _lines(cpath), _lines(upath)
+    caps, urls = read_lines(cpath), read_lines(upath)
     # a trailing empty line at the end of either file is not a row
     while caps and not caps[-1].strip():
         caps.pop()

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from vlp.data.json_entries import read_json, write_json_atomic
-from vlp.data.prepare.common import _check_images, _key, _text, _top_list
+from vlp.data.prepare.common import check_images_exist, required_key, required_text, top_list
 from vlp.errors import DataError
 
 KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}
@@ -19,21 +19,24 @@ def _karpathy(
     dataset_json: str | Path, out_dir: str | Path, name: str, image_path, image_id, image_root: Optional[str | Path]
 ) -> dict[str, int]:
     path = Path(dataset_json)
-    images = _top_list(path, read_json(path), "images")
+    images = top_list(path, read_json(path), "images")
     out: dict[str, list] = {"train": [], "val": [], "test": []}
     counts = {f"{s}_{k}": 0 for s in out for k in ("images", "captions")}
     paths = []
     for i, img in enumerate(images):
         where = f"images[{i}]"
-        split = _key(path, where, img, "split", (str,), "one of train, restval, val, test")
+        split = required_key(path, where, img, "split", (str,), "one of train, restval, val, test")
         if split not in KARPATHY_SPLITS:
             raise DataError(f"{path}: {where}: key 'split' is {split!r}, expected one of train, restval, val, test")
         split = KARPATHY_SPLITS[split]
         rel = image_path(path, where, img)
-        sentences = _key(path, where, img, "sentences", (list,), 'a non-empty list of {"raw": caption}')
+        sentences = required_key(path, where, img, "sentences", (list,), 'a non-empty list of {"raw": caption}')
         if not sentences:
             raise DataError(f"{path}: {where}: key 'sentences' is an empty list, expected captions")
-        caps = [_text(path, f"{where}.sentences[{k}]", s, "raw", "a caption string") for k, s in enumerate(sentences)]
+        caps = [
+            required_text(path, f"{where}.sentences[{k}]", s, "raw", "a caption string")
+            for k, s in enumerate(sentences)
+        ]
         paths.append(rel)
         counts[f"{split}_images"] += 1
         counts[f"{split}_captions"] += len(caps)
@@ -42,7 +45,7 @@ def _karpathy(
             out["train"].extend({"image": rel, "caption": c, "image_id": iid} for c in caps)
         else:
             out[split].append({"image": rel, "caption": caps})
-    _check_images(paths, image_root, path)
+    check_images_exist(paths, image_root, path)
     out_dir = Path(out_dir)
     for split, entries in out.items():
         if not entries:
@@ -65,13 +68,13 @@ def coco_karpathy(
 
     def image_path(path: Path, where: str, img: dict) -> str:
         return (
-            _text(path, where, img, "filepath", "the image folder, e.g. val2014")
+            required_text(path, where, img, "filepath", "the image folder, e.g. val2014")
             + "/"
-            + _text(path, where, img, "filename", "the image file name")
+            + required_text(path, where, img, "filename", "the image file name")
         )
 
     def image_id(path: Path, where: str, img: dict) -> str:
-        return f"coco_{_key(path, where, img, 'cocoid', (int, str), 'the COCO image id')}"
+        return f"coco_{required_key(path, where, img, 'cocoid', (int, str), 'the COCO image id')}"
 
     return _karpathy(dataset_coco_json, out_dir, "coco", image_path, image_id, image_root)
 
@@ -89,10 +92,10 @@ def flickr30k_karpathy(
     """
 
     def image_path(path: Path, where: str, img: dict) -> str:
-        name = _text(path, where, img, "filename", "the image file name")
+        name = required_text(path, where, img, "filename", "the image file name")
         return f"{prefix.rstrip('/')}/{name}" if prefix else name
 
     def image_id(path: Path, where: str, img: dict) -> str:
-        return f"flickr30k_{Path(_text(path, where, img, 'filename', 'the image file name')).stem}"
+        return f"flickr30k_{Path(required_text(path, where, img, 'filename', 'the image file name')).stem}"
 
     return _karpathy(dataset_flickr30k_json, out_dir, "flickr30k", image_path, image_id, image_root)

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 from vlp.data.json_entries import write_json_atomic
-from vlp.data.prepare.common import _check_images, _json_lines, _key, _text
+from vlp.data.prepare.common import check_images_exist, read_json_lines, required_key, required_text
 from vlp.errors import DataError
 
 # --------------------------------------------------------------------------
@@ -35,28 +35,30 @@ def nlvr2(jsonl: str | Path, split: str, out: str | Path, image_root: Optional[s
         raise DataError(f"unknown NLVR2 split {split!r}, expected one of {list(NLVR_SPLITS)}")
     path = Path(jsonl)
     entries = []
-    for where, e in _json_lines(path):
-        ident = _text(path, where, e, "identifier", "an identifier like train-10171-0-0")
+    for where, e in read_json_lines(path):
+        ident = required_text(path, where, e, "identifier", "an identifier like train-10171-0-0")
         parts = ident.split("-")
         if len(parts) != 4 or parts[0] != split:
             raise DataError(f"{path}: {where}: key 'identifier' is {ident!r}, expected {split}-N-N-N (split {split!r})")
-        label = _key(path, where, e, "label", (str,), '"True" or "False"')
+        label = required_key(path, where, e, "label", (str,), '"True" or "False"')
         if label not in ("True", "False"):
             raise DataError(f'{path}: {where}: key \'label\' is {label!r}, expected "True" or "False"')
         directory = (
-            _key(path, where, e, "directory", (int, str), "the train image folder number") if split == "train" else None
+            required_key(path, where, e, "directory", (int, str), "the train image folder number")
+            if split == "train"
+            else None
         )
         entries.append(
             {
                 "images": nlvr_images(split, ident, directory),
-                "sentence": _text(path, where, e, "sentence", "a sentence string"),
+                "sentence": required_text(path, where, e, "sentence", "a sentence string"),
                 "label": label,
                 "identifier": ident,
             }
         )
     if not entries:
         raise DataError(f"{path}: no examples")
-    _check_images((p for e in entries for p in e["images"]), image_root, path)
+    check_images_exist((p for e in entries for p in e["images"]), image_root, path)
     write_json_atomic(Path(out), entries)
     return {
         "examples": len(entries),

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from vlp.data.grounding import check_box
 from vlp.data.json_entries import read_json, write_json_atomic
-from vlp.data.prepare.common import _check_images, _key, _text, _top_list
+from vlp.data.prepare.common import check_images_exist, required_key, required_text, top_list
 from vlp.errors import DataError
 from vlp.safe_pickle import restricted_load
 
@@ -48,20 +48,24 @@ def _coco(path: Path) -> tuple[dict[int, dict[str, Any]], dict[int, Box], dict[i
     boxes by id, and the annotation ids of each image (ascending)."""
     data = read_json(path)
     images: dict[int, dict[str, Any]] = {}
-    for i, img in enumerate(_top_list(path, data, "images")):
+    for i, img in enumerate(top_list(path, data, "images")):
         where = f"images[{i}]"
-        iid = _key(path, where, img, "id", (int,), "an int image id")
+        iid = required_key(path, where, img, "id", (int,), "an int image id")
         images[iid] = {
-            "file_name": _text(path, where, img, "file_name", "the image file name"),
-            "size": [_key(path, where, img, k, (int,), f"the image {k} in pixels") for k in ("width", "height")],
+            "file_name": required_text(path, where, img, "file_name", "the image file name"),
+            "size": [
+                required_key(path, where, img, k, (int,), f"the image {k} in pixels") for k in ("width", "height")
+            ],
         }
     boxes: dict[int, Box] = {}
     by_image: dict[int, list[int]] = {}
-    for i, ann in enumerate(_top_list(path, data, "annotations")):
+    for i, ann in enumerate(top_list(path, data, "annotations")):
         where = f"annotations[{i}]"
-        aid = _key(path, where, ann, "id", (int,), "an int annotation id")
-        iid = _key(path, where, ann, "image_id", (int,), "an int image id")
-        boxes[aid] = _checked_box(path, f"{where}.bbox", _key(path, where, ann, "bbox", (list,), "[x, y, w, h]"))
+        aid = required_key(path, where, ann, "id", (int,), "an int annotation id")
+        iid = required_key(path, where, ann, "image_id", (int,), "an int image id")
+        boxes[aid] = _checked_box(
+            path, f"{where}.bbox", required_key(path, where, ann, "bbox", (list,), "[x, y, w, h]")
+        )
         by_image.setdefault(iid, []).append(aid)
     return images, boxes, {iid: sorted(aids) for iid, aids in by_image.items()}
 
@@ -93,12 +97,12 @@ def _ref_entries(
     """The split of ref ``i`` and its entries, one per sentence."""
     images, boxes, by_image = coco
     where = f"refs[{i}]"
-    ref_id = _key(path, where, ref, "ref_id", (int,), "an int ref id")
-    split = _key(path, where, ref, "split", (str,), f"one of {list(REFER_SPLITS)}")
+    ref_id = required_key(path, where, ref, "ref_id", (int,), "an int ref id")
+    split = required_key(path, where, ref, "split", (str,), f"one of {list(REFER_SPLITS)}")
     if split not in REFER_SPLITS:
         raise DataError(f"{path}: {where}: key 'split' is {split!r}, expected one of {list(REFER_SPLITS)}")
-    image_id = _key(path, where, ref, "image_id", (int,), "an int image id")
-    ann_id = _key(path, where, ref, "ann_id", (int,), "an int annotation id")
+    image_id = required_key(path, where, ref, "image_id", (int,), "an int image id")
+    ann_id = required_key(path, where, ref, "ann_id", (int,), "an int annotation id")
     if image_id not in images:
         raise DataError(f"{path}: {where}: image_id {image_id} is not an image of the instances file")
     if ann_id not in boxes:
@@ -110,7 +114,7 @@ def _ref_entries(
         if key not in dets:
             raise DataError(f"{path}: {where}: no detections for {dets_by} {key}")
         candidates = dets[key]
-    sentences = _key(path, where, ref, "sentences", (list,), "a non-empty list of {sent, raw, ...}")
+    sentences = required_key(path, where, ref, "sentences", (list,), "a non-empty list of {sent, raw, ...}")
     if not sentences:
         raise DataError(f"{path}: {where}: key 'sentences' is an empty list, expected referring expressions")
     image = images[image_id]
@@ -121,7 +125,9 @@ def _ref_entries(
         "candidates": candidates,
         "image_size": image["size"],
     }
-    texts = [_text(path, f"{where}.sentences[{k}]", s, "sent", "a sentence string") for k, s in enumerate(sentences)]
+    texts = [
+        required_text(path, f"{where}.sentences[{k}]", s, "sent", "a sentence string") for k, s in enumerate(sentences)
+    ]
     return split, [{"text": t, **entry} for t in texts]
 
 
@@ -160,7 +166,7 @@ def prepare_refcoco(
         out.setdefault(split, []).extend(entries)
     if "train" not in out:
         raise DataError(f"{refs_path}: no refs of split 'train'")
-    _check_images((e["image"] for entries in out.values() for e in entries), image_root, refs_path)
+    check_images_exist((e["image"] for entries in out.values() for e in entries), image_root, refs_path)
     paths = {}
     for split in (s for s in REFER_SPLITS if s in out):
         paths[split] = Path(out_dir) / f"{dataset}_{split}.json"

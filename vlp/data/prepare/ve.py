@@ -8,7 +8,7 @@ from typing import Optional
 
 from vlp.data.downstream_formats import VE_IMAGE_SUFFIX, VE_LABELS
 from vlp.data.json_entries import write_json_atomic
-from vlp.data.prepare.common import _check_images, _json_lines, _key, _text
+from vlp.data.prepare.common import check_images_exist, read_json_lines, required_key, required_text
 from vlp.errors import DataError
 
 VE_SPLITS = ("train", "dev", "test")
@@ -35,20 +35,24 @@ def snli_ve(jsonl: str | Path, out: str | Path, image_root: Optional[str | Path]
     path = Path(jsonl)
     entries = []
     skipped = 0
-    for where, e in _json_lines(path):
-        image = str(_key(path, where, e, "Flickr30K_ID", (str, int), "a Flickr30k image id")).strip()
+    for where, e in read_json_lines(path):
+        image = str(required_key(path, where, e, "Flickr30K_ID", (str, int), "a Flickr30k image id")).strip()
         if not image or Path(image).suffix:
             raise DataError(f"{path}: {where}: key 'Flickr30K_ID' is {image!r}, expected a Flickr30k id without suffix")
-        label = _key(path, where, e, "gold_label", (str,), f"one of {list(VE_LABELS)} (or '-')")
+        label = required_key(path, where, e, "gold_label", (str,), f"one of {list(VE_LABELS)} (or '-')")
         if label not in VE_LABELS:
             skipped += 1
             continue
         entries.append(
-            {"image": image, "sentence": _text(path, where, e, "sentence2", "a hypothesis string"), "label": label}
+            {
+                "image": image,
+                "sentence": required_text(path, where, e, "sentence2", "a hypothesis string"),
+                "label": label,
+            }
         )
     if not entries:
         raise DataError(f"{path}: no examples with a label in {list(VE_LABELS)} ({skipped} skipped)")
-    _check_images((e["image"] + VE_IMAGE_SUFFIX for e in entries), image_root, path)
+    check_images_exist((e["image"] + VE_IMAGE_SUFFIX for e in entries), image_root, path)
     write_json_atomic(Path(out), entries)
     return {
         "examples": len(entries),

@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 
 from vlp.data.answers import normalize_answer
 from vlp.data.json_entries import read_json, write_json_atomic
-from vlp.data.prepare.common import _absolute, _key, _text, _top_list
+from vlp.data.prepare.common import absolute_path, required_key, required_text, top_list
 from vlp.errors import DataError
 
 # --------------------------------------------------------------------------
@@ -22,10 +22,10 @@ VG_FOLDERS = ("VG_100K", "VG_100K_2")
 def _vg_images(ipath: Path) -> dict[Any, str]:
     """VG ``image_data.json`` -> image id -> ``VG_100K[_2]/NAME`` (the folder from the image's URL)."""
     folder: dict[Any, str] = {}
-    for i, img in enumerate(_top_list(ipath, read_json(ipath), None)):
+    for i, img in enumerate(top_list(ipath, read_json(ipath), None)):
         where = f"entry {i}"
-        iid = _key(ipath, where, img, "image_id", (int, str), "the VG image id")
-        url = _text(ipath, where, img, "url", "the image URL (.../VG_100K/ID.jpg or .../VG_100K_2/ID.jpg)")
+        iid = required_key(ipath, where, img, "image_id", (int, str), "the VG image id")
+        url = required_text(ipath, where, img, "url", "the image URL (.../VG_100K/ID.jpg or .../VG_100K_2/ID.jpg)")
         parts = urlparse(url).path.rstrip("/").split("/")
         if len(parts) < 2 or parts[-2] not in VG_FOLDERS:
             raise DataError(
@@ -49,11 +49,11 @@ def visual_genome(
     root = Path(image_root)
     captions: dict[Any, list[str]] = {}
     dropped = regions = 0
-    for i, item in enumerate(_top_list(rpath, read_json(rpath), None)):
-        for k, r in enumerate(_key(rpath, f"entry {i}", item, "regions", (list,), "a list of regions")):
+    for i, item in enumerate(top_list(rpath, read_json(rpath), None)):
+        for k, r in enumerate(required_key(rpath, f"entry {i}", item, "regions", (list,), "a list of regions")):
             where = f"entry {i} regions[{k}]"
-            iid = _key(rpath, where, r, "image_id", (int, str), "the VG image id")
-            phrase = _key(rpath, where, r, "phrase", (str,), "the region description")
+            iid = required_key(rpath, where, r, "image_id", (int, str), "the VG image id")
+            phrase = required_key(rpath, where, r, "phrase", (str,), "the region description")
             if iid not in folder:
                 raise DataError(f"{rpath}: {where}: image_id {iid!r} is not in {ipath}")
             regions += 1
@@ -62,7 +62,7 @@ def visual_genome(
                 dropped += 1
             else:
                 caps.append(phrase.strip())
-    entries = [{"image": _absolute(root, folder[iid]), "caption": caps} for iid, caps in captions.items() if caps]
+    entries = [{"image": absolute_path(root, folder[iid]), "caption": caps} for iid, caps in captions.items() if caps]
     if not entries:
         raise DataError(f"{rpath}: no region phrases")
     write_json_atomic(Path(out), entries)
@@ -96,20 +96,22 @@ def visual_genome_qa(
     if answer_list_json is not None:
         apath = Path(answer_list_json)
         allowed = set()
-        for i, a in enumerate(_top_list(apath, read_json(apath), None)):
+        for i, a in enumerate(top_list(apath, read_json(apath), None)):
             if not isinstance(a, str):
                 raise DataError(f"{apath}: entry {i} is {type(a).__name__}, expected an answer string")
             allowed.add(normalize_answer(a))
     root = Path(image_root)
     entries: list[dict[str, Any]] = []
     qas = empty = outside = 0
-    for i, item in enumerate(_top_list(qpath, read_json(qpath), None)):
-        for k, qa in enumerate(_key(qpath, f"entry {i}", item, "qas", (list,), "a list of question-answer objects")):
+    for i, item in enumerate(top_list(qpath, read_json(qpath), None)):
+        for k, qa in enumerate(
+            required_key(qpath, f"entry {i}", item, "qas", (list,), "a list of question-answer objects")
+        ):
             where = f"entry {i} qas[{k}]"
-            iid = _key(qpath, where, qa, "image_id", (int, str), "the VG image id")
-            question = _key(qpath, where, qa, "question", (str,), "the question").strip()
-            answer = normalize_answer(_key(qpath, where, qa, "answer", (str,), "the answer"))
-            qa_id = _key(qpath, where, qa, "qa_id", (int, str), "the question-answer id")
+            iid = required_key(qpath, where, qa, "image_id", (int, str), "the VG image id")
+            question = required_key(qpath, where, qa, "question", (str,), "the question").strip()
+            answer = normalize_answer(required_key(qpath, where, qa, "answer", (str,), "the answer"))
+            qa_id = required_key(qpath, where, qa, "qa_id", (int, str), "the question-answer id")
             if iid not in folder:
                 raise DataError(f"{qpath}: {where}: image_id {iid!r} is not in {ipath}")
             qas += 1
@@ -122,7 +124,7 @@ def visual_genome_qa(
                     {
                         "question": question,
                         "answer": answer,
-                        "image": _absolute(root, folder[iid]),
+                        "image": absolute_path(root, folder[iid]),
                         "dataset": "vg",
                         "question_id": f"vg_{qa_id}",
                     }

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from vlp.data.json_entries import read_json, write_json_atomic
-from vlp.data.prepare.common import _check_images, _key, _text, _top_list
+from vlp.data.prepare.common import check_images_exist, required_key, required_text, top_list
 from vlp.errors import DataError
 
 # --------------------------------------------------------------------------
@@ -52,30 +52,31 @@ def vqa_v2(
     if split_name not in VQA_SPLITS:
         raise DataError(f"unknown VQA split {split_name!r}, expected one of {list(VQA_SPLITS)}")
     qpath = Path(questions_json)
-    questions = _top_list(qpath, read_json(qpath), "questions")
+    questions = top_list(qpath, read_json(qpath), "questions")
     answers: Optional[dict] = None
     if annotations_json is not None:
         apath = Path(annotations_json)
         answers = {}
-        for i, a in enumerate(_top_list(apath, read_json(apath), "annotations")):
+        for i, a in enumerate(top_list(apath, read_json(apath), "annotations")):
             where = f"annotations[{i}]"
-            qid = _key(apath, where, a, "question_id", (int, str), "the question id")
-            raw = _key(apath, where, a, "answers", (list,), 'a non-empty list of {"answer": str}')
+            qid = required_key(apath, where, a, "question_id", (int, str), "the question id")
+            raw = required_key(apath, where, a, "answers", (list,), 'a non-empty list of {"answer": str}')
             if not raw:
                 raise DataError(f"{apath}: {where}: key 'answers' is an empty list, expected annotator answers")
             texts = [
-                _key(apath, f"{where}.answers[{k}]", x, "answer", (str,), "an answer string") for k, x in enumerate(raw)
+                required_key(apath, f"{where}.answers[{k}]", x, "answer", (str,), "an answer string")
+                for k, x in enumerate(raw)
             ]
             atype = a.get("answer_type")
             answers[qid] = (texts, atype if isinstance(atype, str) else None)
     entries = []
     for i, q in enumerate(questions):
         where = f"questions[{i}]"
-        qid = _key(qpath, where, q, "question_id", (int, str), "the question id")
-        image_id = _key(qpath, where, q, "image_id", (int,), "the COCO image id (int)")
+        qid = required_key(qpath, where, q, "question_id", (int, str), "the question id")
+        image_id = required_key(qpath, where, q, "image_id", (int,), "the COCO image id (int)")
         e: dict[str, Any] = {
             "question_id": qid,
-            "question": _text(qpath, where, q, "question", "a question string"),
+            "question": required_text(qpath, where, q, "question", "a question string"),
             "image": vqa_image(split_name, image_id),
             "dataset": "vqa",
         }
@@ -88,7 +89,7 @@ def vqa_v2(
         entries.append(e)
     if not entries:
         raise DataError(f"{qpath}: key 'questions' is an empty list")
-    _check_images((e["image"] for e in entries), image_root, qpath)
+    check_images_exist((e["image"] for e in entries), image_root, qpath)
     write_json_atomic(Path(out), entries)
     return {
         "questions": len(entries),
@@ -107,14 +108,14 @@ def answer_list(annotations: Sequence[str | Path], top_k: int, out: str | Path) 
         raise DataError(f"top_k must be >= 1, got {top_k}")
     counts: Counter[str] = Counter()
     for apath in map(Path, annotations):
-        for i, a in enumerate(_top_list(apath, read_json(apath), "annotations")):
+        for i, a in enumerate(top_list(apath, read_json(apath), "annotations")):
             where = f"annotations[{i}]"
             if isinstance(a, dict) and "multiple_choice_answer" in a:
-                ans = _key(apath, where, a, "multiple_choice_answer", (str,), "an answer string")
+                ans = required_key(apath, where, a, "multiple_choice_answer", (str,), "an answer string")
             else:
-                raw = _key(apath, where, a, "answers", (list,), 'a non-empty list of {"answer": str}')
+                raw = required_key(apath, where, a, "answers", (list,), 'a non-empty list of {"answer": str}')
                 texts = [
-                    _key(apath, f"{where}.answers[{k}]", x, "answer", (str,), "an answer string")
+                    required_key(apath, f"{where}.answers[{k}]", x, "answer", (str,), "an answer string")
                     for k, x in enumerate(raw)
                 ]
                 if not texts:

@@ -42,9 +42,9 @@ from vlp.world.predicates import RELATIONS, relation_holds
 from vlp.world.scene import (
     Obj,
     Scene,
-    _draw_shape,
     count_matching,
     describe,
+    draw_shape,
     object_geometry,
     scene_from_dict,
     world_rng,
@@ -54,6 +54,7 @@ __all__ = [
     "GROUNDING_FILES",
     "object_boxes",
     "referring_expression",
+    "scenes_json_key",
     "write_grounding_splits",
 ]
 
@@ -85,7 +86,7 @@ def object_boxes(scene: Scene, image_size: int, rng: Optional[random.Random]) ->
     boxes = []
     for obj, (cx, cy, half) in zip(scene.objects, object_geometry(scene, image_size, rng)):
         mask = Image.new("RGB", (image_size, image_size), (0, 0, 0))
-        _draw_shape(ImageDraw.Draw(mask), obj.shape, cx, cy, half, (255, 255, 255))
+        draw_shape(ImageDraw.Draw(mask), obj.shape, cx, cy, half, (255, 255, 255))
         bbox = mask.getbbox()
         if bbox is None:
             raise AssertionError(f"object {obj} covers no pixel at image size {image_size}")
@@ -159,7 +160,10 @@ def referring_expression(scene: Scene, k: int, rng: random.Random) -> Optional[s
 # --------------------------------------------------------------------------
 
 
-def _world_key(path: Path, data: Any, key: str, what: str) -> Any:
+def scenes_json_key(path: Path, data: Any, key: str, what: str) -> Any:
+    """``data[key]``, a part of the shapes world's ``scenes.json`` read from ``path``; raise
+    :class:`DataError` naming the file and key (``what`` names the expectation) when ``data`` is not
+    an object or has no ``key``."""
     if not isinstance(data, dict) or key not in data:
         raise DataError(f"{path}: missing key '{key}' (expected {what}); is this a shapes world's scenes.json?")
     return data[key]
@@ -201,12 +205,12 @@ def write_grounding_splits(root: str | Path) -> dict[str, Path]:
     root = Path(root)
     path = root / "scenes.json"
     data = read_json(path)
-    seed = _world_key(path, data, "seed", "the world seed")
-    image_size = _world_key(path, data, "image_size", "the image side in pixels")
-    splits = _world_key(path, data, "splits", "the scene records of each split")
+    seed = scenes_json_key(path, data, "seed", "the world seed")
+    image_size = scenes_json_key(path, data, "image_size", "the image side in pixels")
+    splits = scenes_json_key(path, data, "splits", "the scene records of each split")
     paths = {}
     for split, name in GROUNDING_FILES.items():
-        records = _world_key(path, splits, split, f"the scene records of split {split!r}")
+        records = scenes_json_key(path, splits, split, f"the scene records of split {split!r}")
         entries = [e for i, r in enumerate(records) for e in _image_entries(r, split, i, seed, image_size)]
         paths[f"grounding_{split}"] = root / name
         write_json_atomic(paths[f"grounding_{split}"], entries, separators=(",", ":"), ensure_ascii=True)

@@ -46,7 +46,7 @@ from vlp.world.scene import (
     scene_from_dict,
     world_rng,
 )
-from vlp.world.tasks.grounding import _world_key
+from vlp.world.tasks.grounding import scenes_json_key
 
 __all__ = [
     "UNRENDERED",
@@ -191,11 +191,11 @@ def write_ve_splits(root: str | Path, per_image: int = 3) -> dict[str, Path]:
     root = Path(root)
     path = root / "scenes.json"
     data = read_json(path)
-    seed = _world_key(path, data, "seed", "the world seed")
-    splits = _world_key(path, data, "splits", "the scene records of each split")
+    seed = scenes_json_key(path, data, "seed", "the world seed")
+    splits = scenes_json_key(path, data, "splits", "the scene records of each split")
     paths = {}
     for split, name in VE_FILES.items():
-        records = _world_key(path, splits, split, f"the scene records of split {split!r}")
+        records = scenes_json_key(path, splits, split, f"the scene records of split {split!r}")
         scenes = [scene_from_dict(r) for r in records]
         entries = make_ve_records(scenes, [r["image"] for r in records], split, seed, per_image)
         paths[Path(name).stem] = root / name
