@@ -14,7 +14,7 @@ from vlp.cli.common import call, wrote
 def _convert_albef(a: argparse.Namespace) -> None:
     from vlp.interop.albef import convert_albef_file
 
-    print(call(convert_albef_file, a, out_dir=a.out).summary())
+    print(call(convert_albef_file, a, used=("out",), out_dir=a.out).summary())
     print(f"wrote {a.out} (key report: {Path(a.out) / 'key_report.json'})")
 
 

@@ -18,6 +18,10 @@ from vlp.url_credentials import refusal
 CAPTION_KEY_HELP = "img2dataset shards: the caption's key in {key}.json (data.caption_key; default caption)"
 
 
+#: ``vlp cache-helper-features``' options of ``--oracle`` (read by the handler, not by the helper's run).
+_ORACLE_OPTIONS = ("oracle", "world", "oracle_auc", "oracle_seed")
+
+
 def _cache_helper(a: argparse.Namespace) -> None:
     from vlp.data.shard_samples import is_shard_data
     from vlp.lab.oracle import run_cache_oracle_features
@@ -41,7 +45,7 @@ def _cache_helper(a: argparse.Namespace) -> None:
             )
         )
     else:
-        wrote(call(run_cache_helper_features, a))
+        wrote(call(run_cache_helper_features, a, used=_ORACLE_OPTIONS))
 
 
 def _make_targets(a: argparse.Namespace) -> None:
@@ -53,7 +57,7 @@ def _make_targets(a: argparse.Namespace) -> None:
 def _make_shards(a: argparse.Namespace) -> None:
     from vlp.data.shard_writer import write_shards
 
-    wrote(call(write_shards, a, files=a.data, out_dir=a.out))
+    wrote(call(write_shards, a, used=("data", "out"), files=a.data, out_dir=a.out))
 
 
 def _data_check(a: argparse.Namespace) -> int:

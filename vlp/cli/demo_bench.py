@@ -13,6 +13,10 @@ from vlp.config import PretrainConfig, load_config
 from vlp.dist import rank
 from vlp.errors import ConfigError
 
+#: ``vlp bench``'s options read by its handler: the config, the mode, and ``--loader-only``'s options
+#: (:func:`_loader_bench`).
+_BENCH_OPTIONS = ("config", "overrides", "count_ops", "loader_only", "images", "workers", "n_images", "source_size")
+
 
 def _bench(a: argparse.Namespace) -> None:
     if a.loader_only:
@@ -22,11 +26,12 @@ def _bench(a: argparse.Namespace) -> None:
 
     cfg = load_config(PretrainConfig, a.config, a.overrides)
     if a.count_ops:
-        counted = call(run_count_ops, a, cfg=cfg)
+        # --steps and --peak-tflops are the timing's (run_bench): counting reads neither, as before
+        counted = call(run_count_ops, a, used=(*_BENCH_OPTIONS, "steps", "peak_tflops"), cfg=cfg)
         if rank() == 0:
             print(format_count_ops(counted))
         return
-    result = call(run_bench, a, cfg=cfg)
+    result = call(run_bench, a, used=_BENCH_OPTIONS, cfg=cfg)
     if rank() == 0:
         print(format_bench(result))
         if a.out:
@@ -52,9 +57,10 @@ def _demo(a: argparse.Namespace) -> None:
     from vlp.runs.demo import run_demo, run_demo_full
 
     if a.full:
-        call(run_demo_full, a, n_train=a.images, stage_overrides=_stage_overrides(a.overrides))
+        stages = _stage_overrides(a.overrides)
+        call(run_demo_full, a, used=("full", "images", "overrides"), n_train=a.images, stage_overrides=stages)
     else:
-        call(run_demo, a, n_train=a.images)
+        call(run_demo, a, used=("full", "images", "nlvr_ta", "reuse"), n_train=a.images)  # the last two: --full's
 
 
 def _stage_overrides(items: Sequence[str]) -> dict[str, list[str]]:

@@ -42,6 +42,12 @@ def _helper_settings_of_run(a: argparse.Namespace) -> None:
     a.itc_positives = a.itc_positives or cfg.loss.itc_positives
 
 
+#: ``vlp analyze helper``'s options read by its handler (and :func:`_helper_settings_of_run`).
+_HELPER_OPTIONS = ("config", "overrides", "world", "queue")
+#: ... and the calibration's options that the ground-truth report (``--world``) has no parameter for.
+_CALIBRATION_ONLY = ("image_root", "mode", "rule", "reference", "force", "itc_positives", "min_same_image_auc")
+
+
 def _helper_diagnostics(a: argparse.Namespace) -> None:
     """``vlp analyze helper``: the calibration on real data, or with ``--world`` the ground-truth
     report. Options neither given nor in ``--config`` take the run function's defaults."""
@@ -52,7 +58,7 @@ def _helper_diagnostics(a: argparse.Namespace) -> None:
     if a.world is None:
         from vlp.lab.calibration import calibration_summary, run_helper_calibration
 
-        print(calibration_summary(call(run_helper_calibration, a, queue_size=a.queue)))
+        print(calibration_summary(call(run_helper_calibration, a, used=_HELPER_OPTIONS, queue_size=a.queue)))
     else:
         from vlp.lab.diagnostics import diagnostics_summary, run_helper_diagnostics
 
@@ -71,7 +77,8 @@ def _helper_diagnostics(a: argparse.Namespace) -> None:
 
         if a.mode not in (None, "softmax"):
             raise ConfigError("vlp analyze helper --world: the ground-truth report is for the softmax norm")
-        r = call(run_helper_diagnostics, a, world_root=a.world, data_file=a.data, queue_size=a.queue)
+        used = (*_HELPER_OPTIONS, *_CALIBRATION_ONLY, "data")
+        r = call(run_helper_diagnostics, a, used=used, world_root=a.world, data_file=a.data, queue_size=a.queue)
         print(diagnostics_summary(r))
     wrote(Path(a.out) / "helper_diagnostics.json")
 
@@ -79,7 +86,14 @@ def _helper_diagnostics(a: argparse.Namespace) -> None:
 def _false_negatives(a: argparse.Namespace) -> None:
     from vlp.lab.false_negatives import format_false_negatives, run_false_negatives
 
-    rows = call(run_false_negatives, a, data_file=a.data, world_root=a.world, queue_sizes=a.queue)
+    rows = call(
+        run_false_negatives,
+        a,
+        used=("data", "world", "queue"),
+        data_file=a.data,
+        world_root=a.world,
+        queue_sizes=a.queue,
+    )
     print(format_false_negatives(rows))
     if a.out:
         wrote(a.out)
@@ -88,14 +102,15 @@ def _false_negatives(a: argparse.Namespace) -> None:
 def _probes(a: argparse.Namespace) -> None:
     from vlp.lab.probes import format_probes, run_probes
 
-    print(format_probes(call(run_probes, a, run=a.checkpoint, world_root=a.world)))
+    print(format_probes(call(run_probes, a, used=("checkpoint", "world"), run=a.checkpoint, world_root=a.world)))
     wrote(Path(a.out) / "probes.json")
 
 
 def _minimal_pairs(a: argparse.Namespace) -> None:
     from vlp.lab.minimal_pairs import format_minimal_pairs, run_minimal_pairs
 
-    r = call(run_minimal_pairs, a, run=a.checkpoint, world_root=a.world, n_captions=a.captions)
+    used = ("checkpoint", "world", "captions")
+    r = call(run_minimal_pairs, a, used=used, run=a.checkpoint, world_root=a.world, n_captions=a.captions)
     print(format_minimal_pairs(r))
     wrote(Path(a.out) / "minimal_pairs.json")
 
@@ -103,7 +118,7 @@ def _minimal_pairs(a: argparse.Namespace) -> None:
 def _ltd_floor(a: argparse.Namespace) -> None:
     from vlp.lab.ltd_floor import run_ltd_floor
 
-    call(run_ltd_floor, a, targets_file=a.targets, data_files=a.data)
+    call(run_ltd_floor, a, used=("targets", "data"), targets_file=a.targets, data_files=a.data)
     wrote(Path(a.out) / "ltd_floor.json")
 
 
@@ -135,7 +150,7 @@ def _plot(a: argparse.Namespace) -> None:
         from vlp.runs.explain import run_retrieval_gradcam
 
         with naming_layer(a.layer):
-            written = call(run_retrieval_gradcam, a, run_or_eval_dir=a.dir)
+            written = call(run_retrieval_gradcam, a, used=("dir", "gradcam"), run_or_eval_dir=a.dir)
         for p in written:
             wrote(p)
 

@@ -21,6 +21,7 @@ def _make_world(a: argparse.Namespace) -> None:
     paths = call(
         generate_world,
         a,
+        used=("images", "val_images", "test_images", "helper_images", "generic_share", "caption_kinds"),
         n_train=a.images,
         n_val=a.val_images,
         n_test=a.test_images,
