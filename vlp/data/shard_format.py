@@ -352,19 +352,20 @@ def _scanned_counts(tars: Sequence[Path | str], caption_key: str, on_bad: str) -
     counts, broken = [], False
     pool = ThreadPoolExecutor(threads)
     try:
-        bar = progress(len(tars), "vlp data: counting shards")
-        for n, fault in pool.map(lambda t: _scan_one(t, caption_key), tars):
-            bar.update(1)
-            if fault is not None:
-                if on_bad != "skip":
-                    raise DataError(str(fault))
-                broken = True
-                kept = (
-                    f"{n} samples counted (read up to the break)" if n else "no samples counted: the shard is left out"
-                )
-                print(f"vlp data: warning: {fault}; {kept}", file=sys.stderr, flush=True)
-            counts.append(n)
-        bar.close()
+        with progress(len(tars), "vlp data: counting shards") as bar:
+            for n, fault in pool.map(lambda t: _scan_one(t, caption_key), tars):
+                bar.update(1)
+                if fault is not None:
+                    if on_bad != "skip":
+                        raise DataError(str(fault))
+                    broken = True
+                    kept = (
+                        f"{n} samples counted (read up to the break)"
+                        if n
+                        else "no samples counted: the shard is left out"
+                    )
+                    print(f"vlp data: warning: {fault}; {kept}", file=sys.stderr, flush=True)
+                counts.append(n)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)  # a shard that raised: the rest are not read
     if not broken:
