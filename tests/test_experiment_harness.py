@@ -11,8 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "experiments"))
 from harness import Sweep, shard  # noqa: E402
-
-from vlp.eval.report import SeedResults  # noqa: E402
+from seed_results import SeedResults  # noqa: E402
 
 
 def test_shard_parses_i_of_n_and_refuses_the_rest():

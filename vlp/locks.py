@@ -1,5 +1,5 @@
 """One exclusive file lock for every place where processes take turns: experiment result files
-shared by ``--shard`` workers (:mod:`vlp.eval.report`) and the model zoo's cache
+shared by ``--shard`` workers (``scripts/experiments/seed_results.py``) and the model zoo's cache
 (:mod:`vlp.interop.download`)."""
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from seed_results import SeedResults, markdown_table, paired_differences, paired_t_test, summarise
+
 from vlp.config import PretrainConfig, load_config
-from vlp.eval.report import SeedResults, markdown_table, paired_differences, paired_t_test, summarise
 from vlp.locks import file_lock
 from vlp.runs.evaluate import run_evaluate_retrieval
 from vlp.runs.pretrain import run_pretrain, run_train_helper
@@ -219,7 +220,7 @@ def paired_tests_table(
 ) -> str:
     """The Markdown table of each variant minus ``baseline`` on ``metrics``, seed by seed, with a
     paired t-test per cell: ``mean ± std (t, p)`` over the seeds both have (two-sided p, n - 1
-    degrees of freedom, :func:`vlp.eval.report.paired_t_test`), and ``tests``: how many cells
+    degrees of freedom, :func:`seed_results.paired_t_test`), and ``tests``: how many cells
     (the family a multiple-comparison correction divides by)."""
     lines = [f"| variant - {baseline} | seeds | {' | '.join(metrics)} |", "|---|---:|" + "---:|" * len(metrics)]
     base = data.get(baseline, {})

@@ -45,8 +45,8 @@ from harness import (
     run_minutes,
     write_report,
 )
+from seed_results import SeedResults, slug
 
-from vlp.eval.report import SeedResults, slug
 from vlp.lab.ltd_floor import run_ltd_floor
 from vlp.lab.minimal_pairs import run_minimal_pairs
 from vlp.lab.probes import run_probes

@@ -48,10 +48,10 @@ from harness import (
     prepare_world,
     train_once,
 )
+from seed_results import SeedResults, slug
 from srcl_testbed import ITC_ONLY, KINDS, PRESET, SRCL  # the SRCL testbed's world, training and regulated arms
 
 from vlp.errors import CalibrationError
-from vlp.eval.report import SeedResults, slug
 from vlp.lab.calibration import run_helper_calibration
 from vlp.lab.diagnostics import run_helper_diagnostics
 from vlp.lab.oracle import run_cache_oracle_features

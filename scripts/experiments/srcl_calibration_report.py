@@ -10,8 +10,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 from harness import paired_tests_table, results_table, run_minutes, write_report
-
-from vlp.eval.report import SeedResults, paired_t_test
+from seed_results import SeedResults, paired_t_test
 
 FAMILY_ALPHA = 0.05
 

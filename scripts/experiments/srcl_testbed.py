@@ -59,8 +59,8 @@ from harness import (
     train_once,
     write_report,
 )
+from seed_results import SeedResults, slug, summarise
 
-from vlp.eval.report import SeedResults, slug, summarise
 from vlp.lab.diagnostics import run_helper_diagnostics
 from vlp.lab.oracle import run_cache_oracle_features
 from vlp.locks import file_lock

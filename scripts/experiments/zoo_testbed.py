@@ -37,8 +37,8 @@ from harness import (
     train_once,
     write_report,
 )
+from seed_results import SeedResults, slug
 
-from vlp.eval.report import SeedResults, slug
 from vlp.lab.cocos import run_cocos
 from vlp.locks import file_lock
 from vlp.train.preemption import exit_status

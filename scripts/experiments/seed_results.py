@@ -1,4 +1,5 @@
-"""Experiment summaries: resumable per-seed results, mean ± sample std over seeds, Markdown tables."""
+"""Experiment summaries: resumable per-seed results, mean ± sample std over seeds, Markdown tables (the
+experiment scripts' helper; moved here from vlp/eval, which no code of vlp used)."""
 
 from __future__ import annotations
 

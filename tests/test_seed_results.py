@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
-from vlp.eval.report import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "experiments"))  # the experiments' helpers
+
+from seed_results import (  # noqa: E402
     SeedResults,
     markdown_table,
     paired_differences,
