@@ -87,8 +87,14 @@ BACKENDS = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "w
 
 
 class Logger(Protocol):
+    """What :class:`Loggers` asks of a backend (TensorBoard, W&B)."""
+
     def log(self, record: dict[str, Any], step: int) -> None:
         """Record the numbers of ``record`` at ``step``."""
+        ...
+
+    def truncate_after(self, step: int) -> None:
+        """Forget what was logged after ``step`` (a resumed run logs those steps again)."""
         ...
 
     def close(self) -> None:
@@ -184,7 +190,7 @@ class WandbLogger:
 class Loggers:
     """Every configured backend behind one ``log``/``close`` (empty: does nothing)."""
 
-    def __init__(self, backends: list[Any]) -> None:
+    def __init__(self, backends: list[Logger]) -> None:
         self.backends = backends
 
     def log(self, record: dict[str, Any], step: Optional[int] = None, prefix: str = "") -> None:
@@ -230,7 +236,7 @@ def open_loggers(
     check_loggers(names)
     if not main:
         return Loggers([])
-    backends: list[Any] = []
+    backends: list[Logger] = []
     for name in dict.fromkeys(names):
         if name == "tensorboard":
             backends.append(TensorBoardLogger(run_dir))
