@@ -17,7 +17,62 @@ from pathlib import Path
 import timm
 import torch
 
-from vlp.models.clip_weights import synthetic_clip_state
+
+def synthetic_clip_state(
+    width: int, depth: int, patch: int, grid: int, embed: int = 16, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """A random OpenAI/open_clip ``model.state_dict()`` (image tower + a few text-tower keys) at any
+    size: what this script writes and the tests load, since no real CLIP weights can be downloaded
+    offline."""
+    W, DEPTH, PATCH, EMBED = width, depth, patch, embed
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.2
+
+    sd = {
+        "visual.conv1.weight": r(W, 3, PATCH, PATCH),
+        "visual.class_embedding": r(W),
+        "visual.positional_embedding": r(1 + grid * grid, W),
+        "visual.ln_pre.weight": 1 + r(W),
+        "visual.ln_pre.bias": r(W),
+    }
+    for i in range(DEPTH):
+        b = f"visual.transformer.resblocks.{i}."
+        sd.update(
+            {
+                b + "ln_1.weight": 1 + r(W),
+                b + "ln_1.bias": r(W),
+                b + "attn.in_proj_weight": r(3 * W, W),
+                b + "attn.in_proj_bias": r(3 * W),
+                b + "attn.out_proj.weight": r(W, W),
+                b + "attn.out_proj.bias": r(W),
+                b + "ln_2.weight": 1 + r(W),
+                b + "ln_2.bias": r(W),
+                b + "mlp.c_fc.weight": r(4 * W, W),
+                b + "mlp.c_fc.bias": r(4 * W),
+                b + "mlp.c_proj.weight": r(W, 4 * W),
+                b + "mlp.c_proj.bias": r(W),
+            }
+        )
+    sd.update({"visual.ln_post.weight": 1 + r(W), "visual.ln_post.bias": r(W), "visual.proj": r(W, EMBED)})
+    # text tower, temperature and OpenAI's hyper-parameter tensors: dropped on purpose
+    sd.update(
+        {
+            "token_embedding.weight": r(50, EMBED),
+            "positional_embedding": r(8, EMBED),
+            "transformer.resblocks.0.ln_1.weight": r(EMBED),
+            "transformer.resblocks.0.attn.in_proj_weight": r(3 * EMBED, EMBED),
+            "ln_final.weight": r(EMBED),
+            "ln_final.bias": r(EMBED),
+            "text_projection": r(EMBED, EMBED),
+            "logit_scale": torch.tensor(4.6),
+            "input_resolution": torch.tensor(32),
+            "context_length": torch.tensor(8),
+            "vocab_size": torch.tensor(50),
+        }
+    )
+    return sd
 
 
 def main() -> None:

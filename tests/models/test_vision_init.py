@@ -9,9 +9,10 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
 
+from tests.helpers import load_script
 from vlp.config import VisionConfig
 from vlp.errors import CheckpointError, ConfigError
-from vlp.models.clip_weights import CLIP_DROPPED, CLIP_TRANSFORMS, synthetic_clip_state
+from vlp.models.clip_weights import CLIP_DROPPED, CLIP_TRANSFORMS
 from vlp.models.vision import (
     TIMM_DROPPED,
     build_vision,
@@ -20,6 +21,9 @@ from vlp.models.vision import (
     resize_pos_embed,
     write_init_report,
 )
+
+# random CLIP weights at any size, from the script that writes the tiny weight files of docs/training.md
+synthetic_clip_state = load_script("scripts/make_tiny_vision_weights.py").synthetic_clip_state
 
 W, HEADS, DEPTH, PATCH, EMBED = 32, 2, 2, 8, 16  # tiny CLIP: 32 px -> 4x4 grid + CLS
 CLIP_REASON = dict(CLIP_DROPPED)
