@@ -9,6 +9,7 @@ else in vlp calls ``torch.distributed`` collectives (``tests/test_collectives.py
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import warnings
@@ -18,6 +19,18 @@ import torch
 import torch.distributed as dist
 
 _ONE_PROCESS_GROUP = False  # see collectives_on_one_process
+
+
+def _destroy_group_at_exit() -> None:
+    """At interpreter exit, the process group this process still holds is destroyed: a gloo rank
+    that exited with its group alive intermittently died in std::terminate ("terminate called
+    without an active exception", exit -6) on a loaded machine, failing a run that had finished."""
+    if dist.is_available() and dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+atexit.register(_destroy_group_at_exit)
 
 
 class OtherRankDone(Exception):
