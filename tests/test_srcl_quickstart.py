@@ -16,8 +16,8 @@ from tests.helpers import NO_TASKS, QUICK, SHAPES_TINY, TINY_ALBEF, load_script,
 from vlp.cli import main
 from vlp.data.formats import load_pairs
 from vlp.features.helper_cache import HelperCache
+from vlp.features.open_clip_cache import OPEN_CLIP_CACHE
 from vlp.models.open_clip_helper import OpenClipHelper
-from vlp.runs.common import OPEN_CLIP_CACHE
 
 WORLD = dict(seed=2, n_train=16, n_val=2, n_test=2, image_size=32, **NO_TASKS)
 

@@ -30,10 +30,10 @@ from vlp.data.datasets import (
 )
 from vlp.data.downstream_formats import NLVRItem
 from vlp.data.formats import load_pairs
+from vlp.data.image_checks import check_images
 from vlp.data.nlvr import NLVRCollator, NLVRDataset
 from vlp.errors import ConfigError, DataError
 from vlp.preprocess.transforms import load_tokenizer
-from vlp.runs.common import check_images
 from vlp.runs.pretrain import build_train_loader
 from vlp.train.loop import endless_batches
 from vlp.train.setup import make_accelerator

@@ -25,9 +25,10 @@ from vlp.data.formats import load_pairs
 from vlp.data.shard_writer import write_shards
 from vlp.data.shards import ShardLoader
 from vlp.errors import DataError
+from vlp.features.cache_writer import write_feature_cache
+from vlp.features.encoders import FeatureEncoder
 from vlp.features.helper_cache import HelperCache, write_cache
 from vlp.features.targets import LatentTargets, write_targets
-from vlp.runs.common import FeatureEncoder, write_feature_cache
 from vlp.runs.features import run_make_targets
 
 BRACE = "{00000..00003}.tar"

@@ -11,7 +11,7 @@ from vlp.data.formats import load_pairs
 from vlp.features.helper_cache import HelperCache, write_cache
 from vlp.lab.diagnostics import run_helper_diagnostics
 from vlp.lab.oracle import noisy_relevance, run_cache_oracle_features
-from vlp.runs.common import build_regulator
+from vlp.runs.assembly import build_regulator
 from vlp.world import caption_matches
 from vlp.world.relevance import caption_grade
 

@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from vlp.config import FinetuneConfig, FinetuneDataConfig, TrainConfig, VQAConfig
 from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.models.momentum import FeatureQueue
-from vlp.runs.common import check_queue
+from vlp.runs.job import check_queue
 from vlp.train.checkpoints import prune_checkpoints
 from vlp.train.logging import read_metrics
 from vlp.train.loop import BAD_SHARE_AFTER, NonFiniteError, train

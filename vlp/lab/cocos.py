@@ -16,8 +16,8 @@ from vlp.checkpoint import image_size, open_checkpoint
 from vlp.config import PretrainConfig, apply_overrides
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
+from vlp.data.image_checks import check_images
 from vlp.preprocess.transforms import test_transform
-from vlp.runs.common import check_images
 
 
 def _cocos_pass(

@@ -3,9 +3,9 @@
 This is the glue layer: it reads files, builds tokenizer, model, data and task, and runs the loop
 (:mod:`vlp.train`) or the evaluators (:mod:`vlp.eval`); the layers below never touch run files.
 
-* :mod:`vlp.runs.common`: what several families share: :class:`~vlp.runs.common.Job` (one
-  training run, of any command, as handed to the loop), the run directory, image-file and queue
-  checks, the SRCL regulator and the LTD reconstruction of a task;
+* :mod:`vlp.runs.job`: :class:`~vlp.runs.job.Job`, one training run of any command as handed to the
+  loop, and the queue check; :mod:`vlp.runs.run_dir`: the run directory and the resumed run's config;
+  :mod:`vlp.runs.assembly`: the SRCL regulator and the LTD reconstruction of a task;
 * :mod:`vlp.runs.pretrain`: ``vlp pretrain``, ``vlp train-helper`` (the pretraining job);
 * :mod:`vlp.runs.finetune`: ``vlp finetune retrieval|vqa|nlvr2``, ``vlp pretrain nlvr-ta``;
 * :mod:`vlp.runs.evaluate`: ``vlp evaluate retrieval`` and its protocol presets;

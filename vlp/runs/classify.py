@@ -26,11 +26,11 @@ from typing import Any, Optional
 import torch
 
 from vlp.data.classification import ClassificationInputs, read_classification_inputs
+from vlp.data.image_checks import check_image_paths
 from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.eval.classification import TOP_K, classification_metrics, itm_rerank, prompt_ensemble
 from vlp.eval.mode import evaluating
 from vlp.progress import progress
-from vlp.runs.common import check_image_paths
 
 
 def _load(checkpoint: str | Path, device: Optional[str], batch_size: int, rerank_k: int):

@@ -14,6 +14,7 @@ import torch
 from vlp.checkpoint import image_size, open_checkpoint
 from vlp.config import EvalConfig, PretrainConfig, apply_overrides
 from vlp.data.formats import CAPTION_GROUPS_FORMAT, RetrievalSplit, load_retrieval_split
+from vlp.data.image_checks import check_image_paths
 from vlp.data.json_entries import read_json
 from vlp.data.relevance import Relevance, load_relevance_file
 from vlp.dist import barrier, is_dist, rank, world_size
@@ -21,7 +22,6 @@ from vlp.errors import CheckpointError, DataError
 from vlp.eval.retrieval import RetrievalResult, check_k_test, embed, evaluate_retrieval
 from vlp.hardware import default_device
 from vlp.preprocess.transforms import test_transform
-from vlp.runs.common import check_image_paths
 
 # Zero-shot protocols (docs/evaluation.md): which checkpoint kind each takes and the eval settings.
 EVAL_PRESETS: dict[str, dict] = {

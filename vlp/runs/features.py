@@ -12,11 +12,12 @@ import torch
 from vlp.checkpoint import image_size, open_checkpoint
 from vlp.data.formats import load_pairs
 from vlp.errors import ConfigError
+from vlp.features.cache_writer import write_feature_cache
+from vlp.features.encoders import FeatureEncoder, open_clip_encoder
 from vlp.features.store import refuse_existing
 from vlp.hardware import default_device
 from vlp.models.open_clip_helper import is_open_clip_spec
 from vlp.preprocess.transforms import test_transform, tokenize
-from vlp.runs.common import FeatureEncoder, open_clip_encoder, write_feature_cache
 
 
 def checkpoint_encoder(helper: str | Path) -> FeatureEncoder:
@@ -57,7 +58,7 @@ def run_cache_helper_features(
     patterns of tars or URL entries; ``caption_key``: img2dataset's caption key) under the frozen
     helper, written to the cache folder ``out`` that ``loss.srcl.helper_features`` points at. ``helper``: a vlp helper
     checkpoint or run directory (:func:`checkpoint_encoder`), or an open_clip model
-    ``open_clip:ARCH/PRETRAINED`` (:func:`vlp.runs.common.open_clip_encoder`; ``open_clip:ARCH``
+    ``open_clip:ARCH/PRETRAINED`` (:func:`vlp.features.encoders.open_clip_encoder`; ``open_clip:ARCH``
     without weights only with ``helper_init="random"``, which ``index.json`` records)."""
     refuse_existing(out)  # before the helper loads
     if is_open_clip_spec(helper):

@@ -22,6 +22,7 @@ import torch
 from PIL import Image
 
 from vlp.data.grounding import Box, GroundingEntry, read_grounding_file
+from vlp.data.image_checks import check_image_paths
 from vlp.errors import DataError
 from vlp.eval.grounding import (
     box_scores,
@@ -33,7 +34,6 @@ from vlp.eval.grounding import (
 )
 from vlp.models.gradcam import fusion_encoder
 from vlp.progress import progress
-from vlp.runs.common import check_image_paths
 
 METRICS, PREDICTIONS, EXAMPLES = "metrics.json", "predictions.json", "grounding_examples.png"
 

@@ -1,4 +1,4 @@
-"""``vlp pretrain`` and ``vlp train-helper``: the pretraining :class:`~vlp.runs.common.Job` (model,
+"""``vlp pretrain`` and ``vlp train-helper``: the pretraining :class:`~vlp.runs.job.Job` (model,
 task, data) of a config, and the run that trains it and evaluates zero-shot retrieval at the end."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from vlp.checkpoint import image_size
 from vlp.config import PretrainConfig
 from vlp.data.datasets import Collator, ImageTextDataset, train_loader
 from vlp.data.formats import load_pairs, load_retrieval_split
+from vlp.data.image_checks import bad_sample_args, check_image_paths, check_images
 from vlp.dist import launch_rank
 from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.eval.retrieval import check_k_test
@@ -24,19 +25,9 @@ from vlp.models.dual import DualEncoder
 from vlp.models.transfer import load_pretrained
 from vlp.models.vision import check_vision_init, write_init_report
 from vlp.preprocess.transforms import PixelNorm, load_tokenizer, train_transform
-from vlp.runs.common import (
-    Job,
-    bad_sample_args,
-    build_reconstruction,
-    build_regulator,
-    check_helper_weights,
-    check_image_paths,
-    check_images,
-    check_queue,
-    load_targets_for,
-    token_info,
-)
+from vlp.runs.assembly import build_reconstruction, build_regulator, check_helper_weights, load_targets_for
 from vlp.runs.evaluate import run_evaluate_retrieval
+from vlp.runs.job import Job, check_queue, token_info
 from vlp.tasks.dual import DualTask
 from vlp.tasks.pretrain import PretrainTask
 from vlp.tasks.regulation import SRCLRegulator
@@ -140,7 +131,7 @@ def build_train_loader(
     epoch), items seeded per (seed, epoch, index), fixed-size batches; accelerate shards it over the
     ranks: :func:`vlp.data.datasets.train_loader`) or webdataset shard folders (``data.format``;
     the stream splits itself by rank and worker, :mod:`vlp.data.shards`). Bad samples follow
-    ``data.on_bad_sample`` (missing files are checked first: :func:`vlp.runs.common.check_images`);
+    ``data.on_bad_sample`` (missing files are checked first: :func:`vlp.data.image_checks.check_images`);
     images decode per ``data.image.decode`` (:mod:`vlp.preprocess.draft`)."""
     d = cfg.data
     transform = train_transform(image_size(cfg), d.image)

@@ -3,7 +3,7 @@ module per task (NLVR2 and SNLI-VE share :mod:`~vlp.runs.finetune.classification
 
 Every run: read the pretrained checkpoint's model config, change the resolution (position
 embedding interpolated) and any ``model_overrides``, build the task model, load the weights
-(:func:`vlp.models.transfer.load_pretrained`) into a :class:`~vlp.runs.common.Job`, train with the
+(:func:`vlp.models.transfer.load_pretrained`) into a :class:`~vlp.runs.job.Job`, train with the
 shared loop, validate every epoch keeping the best checkpoint, and evaluate the best checkpoint on
 the test split at the end (:mod:`~vlp.runs.finetune.common`). Like the rest of :mod:`vlp.runs`,
 this is glue: it reads files, the tasks and models never do.

@@ -20,7 +20,6 @@ from torch.utils.data import DataLoader
 from vlp.config import FinetuneConfig
 from vlp.dist import gather_rows
 from vlp.eval.mode import evaluating
-from vlp.runs.common import Job
 from vlp.runs.finetune.common import (
     ConstantImage,
     finetune_job,
@@ -31,6 +30,7 @@ from vlp.runs.finetune.common import (
     start,
     write_results,
 )
+from vlp.runs.job import Job
 
 
 @dataclass

@@ -14,9 +14,9 @@ from vlp.data.formats import Sample
 from vlp.dist import gather_rows, rank, shard_bounds, world_size
 from vlp.errors import ConfigError
 from vlp.eval.mode import evaluating
-from vlp.runs.common import Job
 from vlp.runs.finetune.common import finetune_job, fit, load_best, write_results
 from vlp.runs.finetune.retrieval import contrastive_task
+from vlp.runs.job import Job
 
 
 def grounding_model(job: Job):

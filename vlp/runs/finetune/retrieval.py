@@ -11,9 +11,11 @@ from torch import nn
 from vlp.config import FinetuneConfig
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import Sample, load_pairs, load_retrieval_split
+from vlp.data.image_checks import check_image_paths
 from vlp.dist import rank
-from vlp.runs.common import Job, build_reconstruction, check_image_paths, check_queue, load_targets_for, token_info
+from vlp.runs.assembly import build_reconstruction, load_targets_for
 from vlp.runs.finetune.common import finetune_job, fit, load_best, make_loader, start, train_steps, write_results
+from vlp.runs.job import Job, check_queue, token_info
 
 
 def contrastive_task(job: Job, samples: Sequence[Sample]) -> tuple[Path, nn.Module]:
