@@ -70,7 +70,7 @@ sys.path.insert(0, str(ROOT / "tests" / "data"))  # the suite's local servers (s
 from shard_servers import http_server, s3_server  # noqa: E402
 
 from vlp.checkpoint import image_size  # noqa: E402
-from vlp.config import PretrainConfig, load_config  # noqa: E402
+from vlp.config import DataConfig, PretrainConfig, load_config  # noqa: E402
 from vlp.data.shard_format import index_entry, read_sizes  # noqa: E402
 from vlp.data.shard_samples import iter_samples  # noqa: E402
 from vlp.data.shards import ShardLoader  # noqa: E402
@@ -127,10 +127,8 @@ def stack_images(items: list[dict]) -> dict[str, Any]:
 def time_loader(entry: str, cfg: Any, workers: int, batch: int, seed: int) -> dict[str, Any]:
     """One epoch of the training loader over ``entry``: samples/s after the first batch, CPU per sample."""
     transform = train_transform(image_size(cfg), cfg.data.image)
-    loader = ShardLoader(
-        [entry], transform, stack_images, batch, num_workers=workers, seed=seed, shuffle_buffer=100,
-        decode=cfg.data.image.decode, verbose=False,
-    )  # fmt: skip
+    data = DataConfig(train=[entry], batch_size=batch, num_workers=workers, shuffle_buffer=100, image=cfg.data.image)
+    loader = ShardLoader(data, transform, stack_images, seed=seed, verbose=False)
     children0, self0 = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
     t_start = time.perf_counter()
     t_first, n = 0.0, 0
@@ -263,9 +261,8 @@ def run_startup(a: argparse.Namespace) -> dict[str, Any]:
                 server.log.clear()
             num = a.shards * a.per_shard if a.counts == "num_samples" else None
             load0, t, cpu = load_avg(), time.perf_counter(), time.process_time()
-            loader = ShardLoader(
-                [entry], transform, stack_images, a.batch, num_workers=0, num_samples=num, verbose=False
-            )
+            data = DataConfig(train=[entry], batch_size=a.batch, train_num_samples=num)
+            loader = ShardLoader(data, transform, stack_images, verbose=False)
             out["counts_and_loader_s"] = round(time.perf_counter() - t, 3)
             out["requests_before_first_batch"] = len(server.log)
             next(iter(loader))

@@ -12,6 +12,7 @@ import shutil
 import tarfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -53,7 +54,23 @@ def collect(items: list[dict]) -> dict:
     }
 
 
-def loader(dirs: list[Path], **kw) -> ShardLoader:
+#: these tests' short loader keywords -> the data config keys they stand for
+DATA_KEYS = {"on_bad": "on_bad_sample", "num_samples": "train_num_samples"}
+#: the keywords that are ShardLoader's own, not data config keys
+LOADER_KEYS = ("transform", "collator", "seed", "rank", "world_size", "helper_cache", "targets", "verbose")
+
+
+def shard_data(dirs: list, **kw: Any) -> DataConfig:
+    """The ``data`` section of a webdataset run over ``dirs`` with the keys ``kw`` (short names of
+    :data:`DATA_KEYS`; ``timeouts``: a :class:`UrlTimeouts`)."""
+    timeouts = kw.pop("timeouts", None)
+    if timeouts is not None:
+        kw.update(url_read_timeout_s=timeouts.read_s, url_shard_timeout_s=timeouts.shard_s)
+    keys = {DATA_KEYS.get(k, k): v for k, v in kw.items()}
+    return DataConfig(train=[str(d) for d in dirs], format="webdataset", **keys)
+
+
+def loader(dirs: list, **kw: Any) -> ShardLoader:
     # a random transform: resume must reproduce even the augmentations
     args = dict(
         transform=T.Compose([T.RandomResizedCrop(8, scale=(0.5, 1.0)), T.ToTensor()]),
@@ -63,7 +80,9 @@ def loader(dirs: list[Path], **kw) -> ShardLoader:
         seed=3,
         verbose=False,
     )
-    return ShardLoader(dirs, **{**args, **kw})
+    args.update(kw)
+    own = {k: args.pop(k) for k in LOADER_KEYS if k in args}
+    return ShardLoader(shard_data(dirs, **args), own.pop("transform"), own.pop("collator"), **own)
 
 
 def vlp_shard(path: Path, images: int = 1) -> ShardInfo:

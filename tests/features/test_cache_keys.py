@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from tests.data.test_img2dataset_shards import write_img2dataset
+from tests.data.test_shards import shard_data
 from tests.helpers import NO_TASKS
 from vlp.data.formats import load_pairs
 from vlp.data.shard_writer import write_shards
@@ -33,15 +34,8 @@ def features(folder: Path, keys: list[str], texts: list[str]) -> tuple[HelperCac
 
 def items_of(shards: Path, cache: HelperCache, targets: LatentTargets, batch_size: int = 4) -> list[dict]:
     """An epoch's items (no image transform) of the shards in ``shards`` with ``cache`` and ``targets``."""
-    ld = ShardLoader(
-        [shards],
-        lambda im: torch.zeros(1),
-        lambda it: it,
-        batch_size,
-        helper_cache=cache,
-        targets=targets,
-        verbose=False,
-    )
+    data = shard_data([shards], batch_size=batch_size)
+    ld = ShardLoader(data, lambda im: torch.zeros(1), lambda it: it, helper_cache=cache, targets=targets, verbose=False)
     return [it for batch in ld for it in batch]
 
 

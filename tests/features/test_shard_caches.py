@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from tests.data.shard_servers import S3_KEY, S3_SECRET, http_server, s3_server
 from tests.data.test_img2dataset_shards import write_img2dataset
+from tests.data.test_shards import shard_data
 from tests.helpers import NO_TASKS
 from vlp.cli import main
 from vlp.data.formats import load_pairs
@@ -58,7 +59,8 @@ def build(out: Path, data: list[str]) -> HelperCache:
 
 
 def loader(data: list[str], cache: Optional[HelperCache], targets: Optional[LatentTargets] = None, **kw: Any):
-    return ShardLoader(data, preprocess, lambda it: it, 2, helper_cache=cache, targets=targets, verbose=False, **kw)
+    stream = shard_data(data, batch_size=2, **kw)
+    return ShardLoader(stream, preprocess, lambda it: it, helper_cache=cache, targets=targets, verbose=False)
 
 
 def check_epoch(data: list[str], cache: HelperCache, targets: Optional[LatentTargets] = None) -> int:

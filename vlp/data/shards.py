@@ -34,13 +34,13 @@ import functools
 import random
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from vlp.config import DataConfig
 from vlp.data.datasets import (
     BAD_SAMPLE_HINT,
     MAX_REPLACEMENTS,
@@ -59,9 +59,6 @@ from vlp.data.url_deadlines import UrlTimeouts
 from vlp.errors import DataError
 from vlp.preprocess.draft import Decoder
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, MemberFile
-
-CAPTION_MODES = ("expand", "sample")
-
 
 # ----------------------------------------------------------------------------- reading
 
@@ -325,19 +322,15 @@ class ShardStream(IterableDataset):
             yield batch
 
 
-def _check_loader_args(
-    caption_mode: str, captions_per_image: int, batch_size: int, shuffle_buffer: int, rank: int, world_size: int
-) -> None:
-    """:class:`ShardLoader`'s arguments, each problem one :class:`DataError`."""
-    if caption_mode not in CAPTION_MODES:
-        raise DataError(f"caption mode {caption_mode!r}: expected one of {list(CAPTION_MODES)}")
-    if captions_per_image > 1 and caption_mode != "sample":
-        raise DataError(f"captions_per_image={captions_per_image} needs caption_mode='sample' (image-level items)")
-    if batch_size < 1 or shuffle_buffer < 1 or not 0 <= rank < world_size:
+def _check_stream(data: DataConfig, rank: int, world_size: int) -> None:
+    """What :class:`~vlp.config.DataConfig` checks only under ``data.format=webdataset``, and the rank
+    within its world: each problem one :class:`DataError`."""
+    if data.captions_per_image > 1 and data.caption_mode != "sample":
         raise DataError(
-            f"expected batch_size >= 1, shuffle_buffer >= 1 and 0 <= rank < world_size, got "
-            f"{batch_size}, {shuffle_buffer}, rank {rank} of {world_size}"
+            f"data.captions_per_image={data.captions_per_image} needs data.caption_mode=sample (image-level items)"
         )
+    if not 0 <= rank < world_size:
+        raise DataError(f"expected 0 <= rank < world_size, got rank {rank} of {world_size}")
 
 
 class ShardLoader:
@@ -350,12 +343,13 @@ class ShardLoader:
     to another epoch (from its first batch), :meth:`set_position` to any batch of any epoch.
     Because every epoch has ``len(loader)`` batches, the position after ``b`` consumed batches is
     ``divmod(b, len(loader))``. Not to be passed to ``accelerate.prepare`` (``splits_by_rank``):
-    it splits the data by rank itself and yields CPU tensors. ``on_bad`` (``raise`` | ``skip``),
-    ``max_pixels``, ``min_side``: images that do not decode (module doc, "Bad samples") and
-    :func:`vlp.preprocess.images.open_image`'s limits; ``decode``: ``data.image.decode``
-    (:class:`vlp.preprocess.draft.Decoder`); ``num_samples``: ``data.train_num_samples``, the
-    estimated counts of URL shard sets (:func:`vlp.data.shard_format.estimated`); ``timeouts``: URL
-    shards' per-read and per-shard deadlines (:class:`vlp.data.url_deadlines.UrlTimeouts`).
+    it splits the data by rank itself and yields CPU tensors. ``data``: the run's ``data`` section,
+    of which it reads ``train`` (the shard entries), ``batch_size``, ``num_workers``, ``shuffle_buffer``,
+    ``caption_mode``, ``captions_per_image``, ``caption_key``, ``image.decode``
+    (:class:`vlp.preprocess.draft.Decoder`), ``train_num_samples`` (the estimated counts of URL shard
+    sets: :func:`vlp.data.shard_format.estimated`), ``url_read_timeout_s`` / ``url_shard_timeout_s``
+    (:class:`vlp.data.url_deadlines.UrlTimeouts`) and the bad-sample keys (``on_bad_sample``,
+    ``max_image_pixels``, ``min_image_side``: module doc, "Bad samples"); ``seed``: ``train.seed``.
     ``helper_cache`` and ``targets`` are checked against the shards before the first step by the
     coverage rule of :func:`vlp.data.shard_samples.check_coverage` (a URL shard set: by the shards
     they record).
@@ -365,35 +359,26 @@ class ShardLoader:
 
     def __init__(
         self,
-        dirs: Sequence[str | Path],
+        data: DataConfig,
         transform: Callable[[Image.Image], torch.Tensor],
         collator: Callable[[list[dict]], Any],
-        batch_size: int,
+        *,
+        seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
-        num_workers: int = 0,
-        seed: int = 0,
-        shuffle_buffer: int = 1000,
-        caption_mode: str = "expand",
-        captions_per_image: int = 1,
         helper_cache: Optional[HelperFeatures] = None,
         targets: Optional[CaptionTargets] = None,
         verbose: bool = True,
-        on_bad: str = "raise",
-        max_pixels: int = MAX_PIXELS,
-        min_side: int = MIN_SIDE,
-        caption_key: str = "caption",
-        decode: str = "full",
-        num_samples: Optional[int] = None,
-        timeouts: Optional[UrlTimeouts] = None,
     ) -> None:
-        _check_loader_args(caption_mode, captions_per_image, batch_size, shuffle_buffer, rank, world_size)
-        self.dirs = [str(d) for d in dirs]
-        shards = read_sizes(dirs, caption_key, on_bad, num_samples, timeouts)
+        _check_stream(data, rank, world_size)
+        d = data
+        self.dirs = [str(e) for e in d.train]
+        timeouts = UrlTimeouts(d.url_read_timeout_s, d.url_shard_timeout_s)
+        shards = read_sizes(d.train, d.caption_key, d.on_bad_sample, d.train_num_samples, timeouts)
         self.images = sum(s.images for s in shards)
         self.pairs = sum(s.pairs for s in shards)
-        self.num_workers = num_workers
-        workers = max(1, num_workers)
+        self.num_workers = d.num_workers
+        workers = max(1, d.num_workers)
         readers = world_size * workers
         if len(shards) < readers:
             per = -(-self.images // readers)
@@ -407,34 +392,34 @@ class ShardLoader:
             shards,
             transform,
             collator,
-            batch_size,
+            d.batch_size,
             rank,
             world_size,
             workers,
             seed,
-            shuffle_buffer,
-            caption_mode,
-            captions_per_image,
+            d.shuffle_buffer,
+            d.caption_mode,
+            d.captions_per_image,
             helper_cache,
             targets,
-            on_bad,
-            max_pixels,
-            min_side,
-            decode,
+            d.on_bad_sample,
+            d.max_image_pixels,
+            d.min_image_side,
+            d.image.decode,
             timeouts,
         )
-        self.units = self.pairs if caption_mode == "expand" else self.images
+        self.units = self.pairs if d.caption_mode == "expand" else self.images
         n = self.stream.n_batches
         if n == 0:
             raise DataError(
-                f"{self.dirs}: {self.units} {'pairs' if caption_mode == 'expand' else 'images'} make no "
-                f"full batch of {batch_size} per rank x {world_size} ranks"
+                f"{self.dirs}: {self.units} {'pairs' if d.caption_mode == 'expand' else 'images'} make no "
+                f"full batch of {d.batch_size} per rank x {world_size} ranks"
             )
         self.epoch, self.batches_done = 0, 0
         self.reader_units: dict[int, int] = {}  # reader -> units it took this epoch (bad samples included)
         self.reader_bad: dict[int, list[str]] = {}  # reader -> the bad samples it met this epoch
         if verbose and rank == 0:
-            self._announce(len(shards), caption_mode, captions_per_image, batch_size, world_size)
+            self._announce(len(shards), d.caption_mode, d.captions_per_image, d.batch_size, world_size)
 
     def _announce(self, shards: int, caption_mode: str, captions_per_image: int, batch_size: int, world: int) -> None:
         """The one line that says what the loader reads and how much of it an epoch leaves out."""

@@ -138,26 +138,10 @@ def build_train_loader(
     collate = Collator(tokenizer, cfg.model.text.max_len, d.text_padding)
     if d.format == "webdataset":
         from vlp.data.shards import ShardLoader
-        from vlp.data.url_deadlines import UrlTimeouts
 
+        rank, world = launch_rank()
         stream = ShardLoader(
-            d.train,
-            transform,
-            collate,
-            d.batch_size,
-            *launch_rank(),
-            num_workers=d.num_workers,
-            seed=cfg.train.seed,
-            shuffle_buffer=d.shuffle_buffer,
-            caption_mode=d.caption_mode,
-            captions_per_image=d.captions_per_image,
-            helper_cache=cache,
-            targets=targets,
-            caption_key=d.caption_key,
-            decode=d.image.decode,
-            num_samples=d.train_num_samples,
-            timeouts=UrlTimeouts(d.url_read_timeout_s, d.url_shard_timeout_s),
-            **bad_sample_args(d),
+            d, transform, collate, seed=cfg.train.seed, rank=rank, world_size=world, helper_cache=cache, targets=targets
         )
         return stream, stream.pairs, stream.images
     samples = load_pairs(d.train, d.image_root, on_bad=d.on_bad_sample)
