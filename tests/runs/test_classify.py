@@ -15,7 +15,7 @@ from vlp.cli import main
 from vlp.data.classification import read_classification_inputs
 from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.runs.classify import classification_scores, run_evaluate_classification
-from vlp.world.tasks.classification import write_classification_splits
+from vlp.world.task_files.classification import write_classification_splits
 
 WORLD = dict(seed=0, n_train=40, n_val=4, n_test=20)
 PRETRAIN = [*TINY_ALBEF, *QUICK, "train.steps=2", "train.log_every=1", "train.warmup_steps=1"]

@@ -11,7 +11,7 @@ from vlp.cli import main
 from vlp.interop.albef import detect_kind
 from vlp.models.ve import VEModel
 from vlp.pretrained import load_model
-from vlp.world.tasks.ve import write_ve_splits
+from vlp.world.task_files.ve import write_ve_splits
 
 WORLD = dict(seed=5, n_train=16, n_val=4, n_test=4)
 PRETRAIN = [*TINY_ALBEF, "model.embed_dim=32", *QUICK, "train.steps=2"]

@@ -17,7 +17,7 @@ from vlp.models.build import build_model_of_kind
 from vlp.preprocess.transforms import load_tokenizer
 from vlp.runs.grounding import choose_boxes, entry_size, run_evaluate_grounding
 from vlp.weights import save_checkpoint
-from vlp.world.tasks.grounding import write_grounding_splits
+from vlp.world.task_files.grounding import write_grounding_splits
 
 TINY = ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=2"]
 

@@ -1,4 +1,4 @@
-"""Zero-shot classification splits of a shapes world (vlp.world.tasks.classification): labels agree
+"""Zero-shot classification splits of a shapes world (vlp.world.task_files.classification): labels agree
 with the scenes, and every prompt is a caption of the world's grammar."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from vlp.errors import DataError
 from vlp.world.captions import caption_text, parse_caption
 from vlp.world.predicates import caption_matches
 from vlp.world.scene import COLORS, SHAPES, scene_from_dict
-from vlp.world.tasks.classification import CLASSIFICATION_ATTRIBUTES, write_classification_splits
+from vlp.world.task_files.classification import CLASSIFICATION_ATTRIBUTES, write_classification_splits
 
 NUMBER = {"one": 1, "two": 2, "three": 3, "four": 4}
 

@@ -1,4 +1,4 @@
-"""Tests for the shapes world's grounding files (vlp.world.tasks.grounding): exact pixel boxes
+"""Tests for the shapes world's grounding files (vlp.world.task_files.grounding): exact pixel boxes
 checked on rendered images, referring expressions that pick out exactly their object."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from vlp.data.grounding import read_grounding_file
 from vlp.world.phrases import parse_noun_phrase
 from vlp.world.predicates import RELATIONS, relation_holds
 from vlp.world.scene import BACKGROUND_RGB, COLOR_RGB, Obj, Scene, render_scene, sample_scene, scene_from_dict
-from vlp.world.tasks.grounding import object_boxes, referring_expression, write_grounding_splits
+from vlp.world.task_files.grounding import object_boxes, referring_expression, write_grounding_splits
 from vlp.world.writer import generate_world
 
 

@@ -1,4 +1,4 @@
-"""Tests for the shapes world's NLVR2 data (vlp.world.tasks.nlvr).
+"""Tests for the shapes world's NLVR2 data (vlp.world.task_files.nlvr).
 
 Labels are re-derived here from the scenes with an independent regex reading of the statement
 text, not with the generator's own parser.
@@ -15,7 +15,7 @@ import pytest
 
 from tests.world.conftest import _load, _matching
 from vlp.world.scene import Obj, Scene
-from vlp.world.tasks.nlvr import NLVR_TEMPLATES, make_nlvr_records, statement_label
+from vlp.world.task_files.nlvr import NLVR_TEMPLATES, make_nlvr_records, statement_label
 
 NUMBERS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight"]
 

@@ -12,7 +12,7 @@ import pytest
 
 from vlp.data.downstream_formats import load_ve
 from vlp.world.scene import Desc, Obj, Scene, scene_from_dict
-from vlp.world.tasks.ve import (
+from vlp.world.task_files.ve import (
     UNRENDERED,
     Hypothesis,
     hypothesis_label,

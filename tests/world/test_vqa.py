@@ -1,4 +1,4 @@
-"""Tests for the shapes world's VQA data (vlp.world.tasks.vqa).
+"""Tests for the shapes world's VQA data (vlp.world.task_files.vqa).
 
 Answers are re-derived here from the scenes with an independent regex reading of the question
 text, not with the generator's own parser.
@@ -14,7 +14,7 @@ import pytest
 
 from tests.world.conftest import CELLS, _load, _matching
 from vlp.world.scene import Obj, Scene
-from vlp.world.tasks.vqa import QUESTION_TYPES, TYPE_ANSWERS, answer_question, make_answer_list, make_vqa_records
+from vlp.world.task_files.vqa import QUESTION_TYPES, TYPE_ANSWERS, answer_question, make_answer_list, make_vqa_records
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ its module.
 from vlp.world.mix import CaptionMix, write_caption_mix, write_generic_mix
 from vlp.world.predicates import caption_matches
 from vlp.world.scene import Obj, Scene, scene_from_dict
-from vlp.world.tasks.nlvr import NLVR_TEMPLATES, check_templates
+from vlp.world.task_files.nlvr import NLVR_TEMPLATES, check_templates
 from vlp.world.writer import format_world_files, generate_world
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 :func:`generate_world` samples, captions and renders the scenes of the train, val and test
 splits and writes the pretraining, retrieval and relevance files, ``scenes.json`` and the VQA
-and NLVR2 files (:func:`write_task_files`) and those of the other tasks (:mod:`vlp.world.tasks`);
+and NLVR2 files (:func:`write_task_files`) and those of the other tasks (:mod:`vlp.world.task_files`);
 pretraining files that mix the captions are :mod:`vlp.world.mix`. The file formats are described in
 ``docs/shapes_world.md`` (relevance and caption groups: :mod:`vlp.data.formats`).
 """
@@ -28,11 +28,11 @@ from vlp.world.scene import (
     scene_to_dict,
     world_rng,
 )
-from vlp.world.tasks.classification import write_classification_splits
-from vlp.world.tasks.grounding import write_grounding_splits
-from vlp.world.tasks.nlvr import NLVR_TEMPLATES, check_templates, nlvr_task_files
-from vlp.world.tasks.ve import write_ve_splits
-from vlp.world.tasks.vqa import vqa_task_files
+from vlp.world.task_files.classification import write_classification_splits
+from vlp.world.task_files.grounding import write_grounding_splits
+from vlp.world.task_files.nlvr import NLVR_TEMPLATES, check_templates, nlvr_task_files
+from vlp.world.task_files.ve import write_ve_splits
+from vlp.world.task_files.vqa import vqa_task_files
 
 __all__ = [
     "SPLITS",
@@ -88,8 +88,8 @@ def generate_world(
     ``caption_kinds_{val,test}.json`` (the kind of each caption of ``retrieval_<split>.json``, in its
     order, and the union ``generic`` of the non-scene kinds: the caption groups of ``vlp evaluate
     retrieval``),
-    ``scenes.json``, and the downstream tasks of :mod:`vlp.world.tasks.vqa` and
-    :mod:`vlp.world.tasks.nlvr`:
+    ``scenes.json``, and the downstream tasks of :mod:`vlp.world.task_files.vqa` and
+    :mod:`vlp.world.task_files.nlvr`:
     ``vqa_{train,val,test}.json`` (up to ``vqa_per_image`` questions per image; test without
     answers), ``vqa_test_annotations.json``, ``answer_list.json`` and
     ``nlvr_{train,dev,test}.json`` (``nlvr_per_image`` statements per image of the split, the
@@ -107,10 +107,10 @@ def generate_world(
     relevance_test, relevance_graded_val, relevance_graded_test, caption_kinds_val,
     caption_kinds_test, scenes, vqa_train, vqa_val, vqa_test, vqa_test_annotations, answer_list,
     nlvr_train, nlvr_dev, nlvr_test, root``, the SNLI-VE triples
-    (:func:`~vlp.world.tasks.ve.write_ve_splits`: ``ve_{train,dev,test}``), the grounding splits
-    (:func:`~vlp.world.tasks.grounding.write_grounding_splits`: ``grounding_{train,val,test}``),
+    (:func:`~vlp.world.task_files.ve.write_ve_splits`: ``ve_{train,dev,test}``), the grounding splits
+    (:func:`~vlp.world.task_files.grounding.write_grounding_splits`: ``grounding_{train,val,test}``),
     the zero-shot classification splits of val and test
-    (:func:`~vlp.world.tasks.classification.write_classification_splits`:
+    (:func:`~vlp.world.task_files.classification.write_classification_splits`:
     ``classification_<shape|colour|count>_<split>`` and their ``_classes`` / ``_templates`` files)
     and, with ``n_helper`` > 0, ``helper_split``.
     """

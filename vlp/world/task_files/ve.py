@@ -46,7 +46,7 @@ from vlp.world.scene import (
     scene_from_dict,
     world_rng,
 )
-from vlp.world.tasks.grounding import scenes_json_key
+from vlp.world.task_files.grounding import scenes_json_key
 
 __all__ = [
     "UNRENDERED",
