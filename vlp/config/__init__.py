@@ -45,6 +45,8 @@ from vlp.config.presets import (
     Preset,
     Weights,
     get_preset,
+    has_preset,
+    list_presets,
     register_preset,
     unregister_preset,
 )
@@ -84,6 +86,8 @@ __all__ = [
     "apply_overrides",
     "from_dict",
     "get_preset",
+    "has_preset",
+    "list_presets",
     "load_config",
     "load_finetune_config",
     "preset_model_config",
