@@ -113,6 +113,9 @@ def test_a_registered_release_is_a_zoo_tag(capsys):
     finally:
         unregister_preset("test-release")
     assert "test-release" not in zoo.PRETRAINED and len(zoo.PRETRAINED) == len(OLD_ZOO)
+    with pytest.raises(KeyError):  # the zoo's view removes released presets only
+        del zoo.PRETRAINED["albef-tiny"]
+    assert "albef-tiny" in vlp.list_models()
 
 
 def test_a_bad_preset_is_refused():

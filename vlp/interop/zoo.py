@@ -94,14 +94,19 @@ class Pretrained:
 
     def __post_init__(self) -> None:
         try:
-            Weights(self.url, self.kind, self.sha256, self.size)
+            _ = self.weights
         except ConfigError as e:
             raise ConfigError(f"pretrained {self.tag}: {e}") from None
 
     @property
+    def weights(self) -> Weights:
+        """The registry's record of the file (checks the kind and the SHA-256's form)."""
+        return Weights(self.url, self.kind, self.sha256, self.size)
+
+    @property
     def filename(self) -> str:
         """The file name of the official URL (also the name under a mirror and in the cache)."""
-        return self.url.rsplit("/", 1)[-1]
+        return self.weights.filename
 
     @classmethod
     def of(cls, preset: Preset) -> Pretrained:
@@ -140,7 +145,8 @@ class Released(MutableMapping[str, Pretrained]):
         register_preset(entry.preset(), replace=True)
 
     def __delitem__(self, tag: str) -> None:
-        self[tag]  # KeyError unless it is a preset with weights
+        if tag not in self:  # a model preset is not the zoo's to remove
+            raise KeyError(tag)
         unregister_preset(tag)
 
 
