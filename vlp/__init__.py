@@ -17,13 +17,22 @@ class _NoDeepSpeedAcceleratorWarning(logging.Filter):
 
 logging.getLogger("DeepSpeed").addFilter(_NoDeepSpeedAcceleratorWarning())
 
-__all__ = ["VLPModel", "__version__", "create_model_and_transforms", "list_models", "list_pretrained"]
+__all__ = [
+    "Preset",
+    "VLPModel",
+    "__version__",
+    "create_model_and_transforms",
+    "list_models",
+    "list_pretrained",
+    "register_preset",
+]
 
 
 def __getattr__(name: str):
     """``from vlp import VLPModel`` imports the inference API (torch, transformers) only when asked;
     ``list_pretrained`` the model zoo (:mod:`vlp.interop.zoo`); ``create_model_and_transforms`` and
-    ``list_models`` the presets (:mod:`vlp.factory`)."""
+    ``list_models`` the presets (:mod:`vlp.factory`); ``Preset`` and ``register_preset`` the preset
+    registry they all read (:mod:`vlp.config.presets`)."""
     if name == "VLPModel":
         from vlp.api import VLPModel
 
@@ -32,6 +41,10 @@ def __getattr__(name: str):
         from vlp.interop.zoo import list_pretrained
 
         return list_pretrained
+    if name in ("Preset", "register_preset"):
+        from vlp.config import presets
+
+        return getattr(presets, name)
     if name in ("create_model_and_transforms", "list_models"):
         from vlp import factory
 

@@ -9,7 +9,9 @@ The schema is split by concept, one module each; this package re-exports every p
 
 - :mod:`vlp.config.load`: YAML loading, dotted overrides, dict/YAML round trips, presets
   (``load_config``, ``apply_overrides``, ``from_dict``, ``to_dict``, ``to_yaml``, ``resolved``)
-- :mod:`vlp.config.model`: image/text towers, the dual encoder, ``VISION_PRESETS``/``TEXT_PRESETS``
+- :mod:`vlp.config.presets`: the one preset registry (``Preset``, ``register_preset``; the tower presets
+  ``VISION_PRESETS``/``TEXT_PRESETS``)
+- :mod:`vlp.config.model`: image/text towers, the dual encoder, ``preset_model_config``
 - :mod:`vlp.config.data`: pretraining data, image augmentation, the bad-sample policy
 - :mod:`vlp.config.loss`: loss weights, contrastive loss zoo, SRCL, LTD/ITD and its multiplier
 - :mod:`vlp.config.train`: training, weight averaging, retrieval evaluation
@@ -35,7 +37,19 @@ from vlp.config.loss import (
     MultiplierConfig,
     SRCLConfig,
 )
-from vlp.config.model import TEXT_PRESETS, VISION_PRESETS, DualConfig, ModelConfig, TextConfig, VisionConfig
+from vlp.config.model import DualConfig, ModelConfig, TextConfig, VisionConfig, preset_model_config
+from vlp.config.presets import (
+    TEXT_PRESETS,
+    VISION_PRESETS,
+    Preprocessing,
+    Preset,
+    Weights,
+    get_preset,
+    has_preset,
+    list_presets,
+    register_preset,
+    unregister_preset,
+)
 from vlp.config.pretrain import PretrainConfig
 from vlp.config.train import AverageConfig, EvalConfig, TrainConfig
 from vlp.errors import ConfigError
@@ -60,17 +74,26 @@ __all__ = [
     "ModelConfig",
     "MultiplierConfig",
     "NLVRConfig",
+    "Preprocessing",
+    "Preset",
     "PretrainConfig",
     "SRCLConfig",
     "TextConfig",
     "TrainConfig",
     "VQAConfig",
     "VisionConfig",
+    "Weights",
     "apply_overrides",
     "from_dict",
+    "get_preset",
+    "has_preset",
+    "list_presets",
     "load_config",
     "load_finetune_config",
+    "preset_model_config",
+    "register_preset",
     "resolved",
     "to_dict",
     "to_yaml",
+    "unregister_preset",
 ]

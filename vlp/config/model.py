@@ -1,12 +1,16 @@
-"""Model configs: the ViT image tower, the BERT text tower (+ fusion), the dual encoder, and the
-presets that fill the towers' unset fields (:func:`vlp.config.load.resolved`)."""
+"""Model configs: the ViT image tower, the BERT text tower (+ fusion), the dual encoder; the tower
+presets that fill the towers' unset fields (:func:`vlp.config.load.resolved`) are the preset
+registry's (:mod:`vlp.config.presets`, re-exported here), and :func:`preset_model_config` is the
+model config of a registered preset."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from vlp.config.load import check_choice
+from vlp.config.load import check_choice, from_dict
+from vlp.config.presets import TEXT_PRESETS, VISION_PRESETS, Preset, get_preset
 from vlp.errors import ConfigError
 
 # ----------------------------------------------------------------------------- model
@@ -74,23 +78,6 @@ class TextConfig:
         check_choice("model.text.preset", self.preset, TEXT_PRESETS)
 
 
-VISION_PRESETS: dict[str, dict[str, Any]] = {
-    # CPU-sized: 64 px, 8 px patches -> 64 patch tokens + CLS.
-    "tiny": dict(arch="vit_tiny_patch16_224", img_size=64, patch_size=8, width=192, depth=4, heads=3),
-    "small": dict(arch="vit_small_patch16_224", img_size=224, patch_size=16, width=384, depth=12, heads=6),
-    # ALBEF: ViT-B/16 at 256 px, DeiT-B initialisation.
-    "base": dict(arch="vit_base_patch16_224", img_size=256, patch_size=16, width=768, depth=12, heads=12),
-}
-
-TEXT_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(hidden=192, layers=2, fusion_layers=2, heads=4, intermediate=768, init="random"),
-    # all-MiniLM-L6-v2: layers 0-2 -> text tower, layers 3-5 -> fusion block (new cross-attention).
-    "small": dict(hidden=384, layers=3, fusion_layers=3, heads=12, intermediate=1536, init="minilm"),
-    # ALBEF: bert-base-uncased, layers 0-5 text, 6-11 fusion.
-    "base": dict(hidden=768, layers=6, fusion_layers=6, heads=12, intermediate=3072, init="bert-base-uncased"),
-}
-
-
 @dataclass
 class DualConfig:
     """Resource-constrained dual encoder (``model.arch: dual``): a timm CNN/ViT image tower and a
@@ -135,3 +122,14 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_choice("model.arch", self.arch, ["albef", "dual"])
+
+
+def preset_model_config(preset: Preset | str) -> ModelConfig:
+    """The :class:`ModelConfig` of a registered preset (or its name: :func:`vlp.config.presets.get_preset`),
+    a fresh copy; :class:`ConfigError` naming the preset if its architecture is not a valid ``model``
+    section."""
+    entry = get_preset(preset) if isinstance(preset, str) else preset
+    try:
+        return from_dict(ModelConfig, copy.deepcopy(dict(entry.model)))
+    except ConfigError as e:
+        raise ConfigError(f"preset {entry.name!r}: its architecture is not a valid model section: {e}") from None

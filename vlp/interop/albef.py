@@ -26,9 +26,10 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
+from vlp.config.presets import ALBEF_KINDS
 from vlp.errors import CheckpointError
 
-KINDS = ("pretrain", "retrieval", "vqa", "nlvr", "ve")
+KINDS = ALBEF_KINDS  # the preset registry's (vlp.config.presets), which checks released weights by it
 TWIN = "momentum.twin."
 VOCAB, POSITIONS = 30522, 512  # what vlp's text tower is built with (vlp.models.text.build_text)
 

@@ -1,5 +1,5 @@
-"""A model zoo by name: the released ALBEF checkpoints as tags (``albef-14m``, ``albef-vqa``, ...),
-downloaded on first use into a cache, converted as ``vlp convert albef`` does
+"""A model zoo by name: the released ALBEF checkpoints as tags (``albef-14m``, ``albef-vqa``, ...;
+the presets with weights of the one preset registry, :mod:`vlp.config.presets`), downloaded on first use into a cache, converted as ``vlp convert albef`` does
 (:func:`vlp.interop.albef.read_albef_file`, then :func:`~vlp.interop.albef.save_converted`) and
 reused after that.
 
@@ -50,18 +50,22 @@ import shlex
 import shutil
 import sys
 import urllib.error
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from vlp.config import Preset, Weights, get_preset, preset_model_config, register_preset, unregister_preset
+from vlp.config.presets import ALBEF_RELEASE, albef_release, has_preset, list_presets
 from vlp.errors import CheckpointError, ConfigError, DataError, DownloadError
-from vlp.interop.albef import KINDS, ConvertedALBEF, KeyReport, read_albef_file, save_converted
+from vlp.interop.albef import ConvertedALBEF, KeyReport, read_albef_file, save_converted
 from vlp.interop.download import CHUNK, deadline_s, timeout_s, torch_file_problem, transfer
 from vlp.interop.hub import download, is_repo_id
 from vlp.locks import file_lock
+from vlp.models.build import model_image_size
 from vlp.weights import MANIFEST, find_checkpoint
 
-OFFICIAL = "https://storage.googleapis.com/sfr-pcl-data-research/ALBEF/"
+OFFICIAL = ALBEF_RELEASE
 #: what a converted folder must hold to be reused (model.safetensors is checked by the manifest)
 REQUIRED = (MANIFEST, "state.json", "key_report.json")
 MIRROR_ENV, URL_ENV_PREFIX, CACHE_ENV = "VLP_ZOO_MIRROR", "VLP_ZOO_URL_", "VLP_CACHE"
@@ -74,11 +78,11 @@ FILE_ERRORS = (CheckpointError, DataError, ConfigError)
 
 @dataclass(frozen=True)
 class Pretrained:
-    """One released checkpoint. ``tag``: the name users type; ``url``: the official download;
-    ``kind``: the ALBEF layout handed to :func:`read_albef_file` (one of its ``KINDS``);
-    ``image_size``:
-    the resolution it was trained at (px; the converted model keeps it); ``about``: what it is;
-    ``sha256`` / ``size``: of the file (bytes), ``None`` where not published."""
+    """One released checkpoint, as the zoo reads a preset with weights (:mod:`vlp.config.presets`).
+    ``tag``: the name users type; ``url``: the official download; ``kind``: the ALBEF layout handed
+    to :func:`read_albef_file` (one of its ``KINDS``); ``image_size``: the resolution it was
+    trained at (px; the converted model keeps it); ``about``: what it is; ``sha256`` / ``size``: of
+    the file (bytes), ``None`` where not published."""
 
     tag: str
     url: str
@@ -89,50 +93,65 @@ class Pretrained:
     size: Optional[int] = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ConfigError(f"pretrained {self.tag}: kind {self.kind!r}, expected one of {list(KINDS)}")
-        if self.sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
-            raise ConfigError(f"pretrained {self.tag}: sha256 must be 64 lower-case hex digits")
+        try:
+            _ = self.weights
+        except ConfigError as e:
+            raise ConfigError(f"pretrained {self.tag}: {e}") from None
+
+    @property
+    def weights(self) -> Weights:
+        """The registry's record of the file (checks the kind and the SHA-256's form)."""
+        return Weights(self.url, self.kind, self.sha256, self.size)
 
     @property
     def filename(self) -> str:
         """The file name of the official URL (also the name under a mirror and in the cache)."""
-        return self.url.rsplit("/", 1)[-1]
+        return self.weights.filename
+
+    @classmethod
+    def of(cls, preset: Preset) -> Pretrained:
+        """The entry of a preset with released weights (its image size: its architecture's)."""
+        w = preset.weights
+        if w is None:
+            raise CheckpointError(f"preset {preset.name!r} has no released weights (a model preset: vlp.list_models())")
+        size = model_image_size(preset_model_config(preset))
+        return cls(preset.name, w.url, w.kind, size, preset.about, w.sha256, w.size)
+
+    def preset(self) -> Preset:
+        """This entry as a registry preset: an official ALBEF checkpoint (:func:`albef_release`)."""
+        return albef_release(self.tag, self.url, self.kind, self.image_size, self.about, self.sha256, self.size)
 
 
-# The ALBEF release (github.com/salesforce/ALBEF README, "Download"). Checksums and exact sizes are
-# not published (ALBEF.pth: about 3.25 GiB, a third-party Content-Length reading); ALBEF released no
-# SNLI-VE or fine-tuned NLVR2 weights.
-_ENTRIES = (
-    Pretrained("albef-14m", OFFICIAL + "ALBEF.pth", "pretrain", 256, "pretrained on 14M image-text pairs"),
-    Pretrained("albef-4m", OFFICIAL + "ALBEF_4M.pth", "pretrain", 256, "pretrained on 4M image-text pairs"),
-    Pretrained("albef-retrieval-coco", OFFICIAL + "mscoco.pth", "retrieval", 384, "fine-tuned for COCO retrieval"),
-    Pretrained(
-        "albef-retrieval-flickr",
-        OFFICIAL + "flickr30k.pth",
-        "retrieval",
-        384,
-        "fine-tuned for Flickr30k retrieval",
-    ),
-    Pretrained("albef-vqa", OFFICIAL + "vqa.pth", "vqa", 384, "fine-tuned for VQA v2 (+ VG QA)"),
-    Pretrained(
-        "albef-nlvr-ta",
-        OFFICIAL + "pretrain_model_nlvr.pth",
-        "nlvr",
-        256,
-        "after NLVR2 text-assignment pretraining (vlp task nlvr-ta; fine-tune it on NLVR2)",
-    ),
-    # ALBEF's Grounding.py fine-tunes its retrieval model (models.model_retrieval.ALBEF) and saves
-    # its state dict: the grounding checkpoint has the retrieval layout.
-    Pretrained(
-        "albef-grounding-refcoco",
-        OFFICIAL + "refcoco.pth",
-        "retrieval",
-        384,
-        "fine-tuned for weakly supervised grounding on RefCOCO+ (the retrieval layout; vlp evaluate grounding)",
-    ),
-)
-PRETRAINED: dict[str, Pretrained] = {e.tag: e for e in _ENTRIES}
+class Released(MutableMapping[str, Pretrained]):
+    """The registry's presets with released weights as zoo entries, by tag in registration order:
+    a live view, so a preset registered later (:func:`vlp.config.register_preset`) is listed and
+    fetched too. Setting an entry registers its preset (replacing one of that name:
+    :meth:`Pretrained.preset`), deleting one unregisters it."""
+
+    def __getitem__(self, tag: str) -> Pretrained:
+        if not has_preset(tag) or get_preset(tag).weights is None:
+            raise KeyError(tag)
+        return Pretrained.of(get_preset(tag))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([p.name for p in list_presets(released=True)])
+
+    def __len__(self) -> int:
+        return len(list_presets(released=True))
+
+    def __setitem__(self, tag: str, entry: Pretrained) -> None:
+        if tag != entry.tag:
+            raise ConfigError(f"pretrained entry {entry.tag!r} set under another tag, {tag!r}")
+        register_preset(entry.preset(), replace=True)
+
+    def __delitem__(self, tag: str) -> None:
+        if tag not in self:  # a model preset is not the zoo's to remove
+            raise KeyError(tag)
+        unregister_preset(tag)
+
+
+#: tag -> entry: the presets with released weights (the ALBEF release: :mod:`vlp.config.presets`)
+PRETRAINED: MutableMapping[str, Pretrained] = Released()
 
 
 def list_pretrained() -> list[str]:
