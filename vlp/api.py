@@ -45,6 +45,8 @@ from vlp.errors import CheckpointError
 from vlp.eval.mode import evaluating
 from vlp.hardware import default_device
 from vlp.interop.zoo import resolve_pretrained
+from vlp.kinds import checkpoint_kinds, kinds_with
+from vlp.kinds import kind as kind_entry
 from vlp.models.build import build_model_of_kind, without_init_sources
 from vlp.models.gradcam import GradCAM, fusion_layer_index, gradcam, token_mean
 from vlp.preprocess.images import open_image, to_rgb, upscale_tiny
@@ -71,8 +73,6 @@ FORMAT, FORMAT_VERSION = "vlp-pretrained", 1
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 #: state-dict prefixes save_pretrained leaves out (training-only state)
 DROPPED = ("momentum.", "queue.")
-RETRIEVAL_KINDS = ("pretrain", "helper", "retrieval")
-KINDS = (*RETRIEVAL_KINDS, "vqa", "nlvr2", "nlvr-ta", "ve")
 #: the SNLI-VE classes in ALBEF's order (the columns of :meth:`VLPModel.entailment`)
 VE_LABELS = ("contradiction", "neutral", "entailment")
 
@@ -159,8 +159,8 @@ class VLPModel:
         source: Optional[dict] = None,
         batch_size: int = 64,
     ) -> None:
-        if kind not in KINDS:
-            raise CheckpointError(f"unknown checkpoint kind {kind!r}; expected one of {list(KINDS)}")
+        if kind not in checkpoint_kinds():
+            raise CheckpointError(f"unknown checkpoint kind {kind!r}; expected one of {list(checkpoint_kinds())}")
         self.model, self.kind, self.model_config = model.eval(), kind, model_config
         self.tokenizer, self.preprocessor = tokenizer, preprocessor
         self.answers, self.vqa_k_test, self.source = answers, vqa_k_test, source or {}
@@ -232,7 +232,7 @@ class VLPModel:
         if isinstance(ckpt.config, FinetuneConfig):  # the fine-tuning run's settings
             ft = ckpt.config
             k_test, data = ft.vqa.k_test, ft.data.train
-            if ckpt.kind == "vqa" and ft.data.answer_list and Path(ft.data.answer_list).is_file():
+            if kind_entry(ckpt.kind).candidate_answers and ft.data.answer_list and Path(ft.data.answer_list).is_file():
                 answers = load_answer_list(ft.data.answer_list)
         source = {
             "checkpoint": str(ckpt.path.resolve()),
@@ -309,7 +309,7 @@ class VLPModel:
             "weights": {"file": WEIGHTS, "momentum_twins": "dropped", "queues": "dropped"},
             "source": self.source,
         }
-        if self.kind == "vqa":
+        if kind_entry(self.kind).candidate_answers:
             out["vqa"] = {"k_test": self.vqa_k_test, "answers": self.answers}
         return out
 
@@ -349,7 +349,11 @@ class VLPModel:
 
     # -- capabilities --------------------------------------------------------------------------
 
-    def _require(self, method: str, kinds: Sequence[str], what: str, fusion: bool = False) -> None:
+    def _require(self, method: str, what: str, fusion: bool = False) -> None:
+        """Raise :class:`UnsupportedKind` unless the checkpoint's kind offers VLPModel method ``method``
+        (:attr:`vlp.kinds.Kind.capabilities`; ``fusion``: and the model has a fusion encoder); the
+        message names ``what`` it needs and the kinds that have it."""
+        kinds = kinds_with(method)
         dual = self.model_config.arch == "dual"
         if self.kind not in kinds or (fusion and dual):
             arch = " with model.arch=dual (no fusion encoder)" if dual else ""
@@ -363,13 +367,13 @@ class VLPModel:
     @_inference
     def encode_image(self, images: Images, batch_size: Optional[int] = None) -> torch.Tensor:
         """L2-normalised ITC image features [N, D] (D = ``model.embed_dim``)."""
-        self._require("encode_image", RETRIEVAL_KINDS, "ITC projections")
+        self._require("encode_image", "ITC projections")
         return torch.cat([self.model.encode_image(b).feat.cpu() for b in self._image_batches(images, batch_size)])
 
     @_inference
     def encode_text(self, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
         """L2-normalised ITC text features [N, D]."""
-        self._require("encode_text", RETRIEVAL_KINDS, "ITC projections")
+        self._require("encode_text", "ITC projections")
         tok, bs = self.tokenize(texts), batch_size or self.batch_size
         ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
         return torch.cat(
@@ -385,7 +389,7 @@ class VLPModel:
     def itm_score(self, images: Images, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
         """Match probability [N] of aligned pairs (``images[i]``, ``texts[i]``): the ITM head's
         softmax class 1 on the fused [CLS] state."""
-        self._require("itm_score", RETRIEVAL_KINDS, "the ITM head", fusion=True)
+        self._require("itm_score", "the ITM head", fusion=True)
         tok, bs = self.tokenize(texts), batch_size or self.batch_size
         n_img = len(self._image_list(images))
         if n_img != len(tok["input_ids"]):
@@ -406,7 +410,7 @@ class VLPModel:
     ) -> Iterator[tuple[GradCAM, torch.Tensor, torch.Tensor]]:
         """(Grad-CAM, input ids, attention mask) of aligned pairs, batch by batch, in eval mode
         with gradients on (:func:`vlp.models.gradcam.gradcam`)."""
-        self._require(method, RETRIEVAL_KINDS, "the ITM head", fusion=True)
+        self._require(method, "the ITM head", fusion=True)
         tok, bs = self.tokenize(texts), batch_size or self.batch_size
         n_img = len(self._image_list(images))
         if n_img != len(tok["input_ids"]):
@@ -450,7 +454,7 @@ class VLPModel:
     def gradcam_layer(self, layer: Optional[int] = None) -> int:
         """The fusion layer Grad-CAM uses for ``layer`` (None: the middle one); one the model does
         not have raises ``ValueError``."""
-        self._require("gradcam_layer", RETRIEVAL_KINDS, "the ITM head", fusion=True)
+        self._require("gradcam_layer", "the ITM head", fusion=True)
         return fusion_layer_index(self.model, layer)
 
     # -- VQA -----------------------------------------------------------------------------------
@@ -470,7 +474,7 @@ class VLPModel:
         full-sequence likelihood (:meth:`vlp.models.vqa.VQAModel.rank_answers`)."""
         from vlp.data.vqa import VQACollator, tokenize_answers
 
-        self._require("answer", ("vqa",), "the VQA answer decoder")
+        self._require("answer", "the VQA answer decoder")
         answers = list(candidates) if candidates is not None else self.answers
         if not answers:
             raise ValueError(
@@ -507,7 +511,7 @@ class VLPModel:
     ) -> Union[float, torch.Tensor]:
         """Probability that each sentence is true of its image pair: a float for one sentence
         (a ``str``), else a tensor [N]; ``> 0.5`` is the model's True."""
-        self._require("nlvr", ("nlvr2",), "the NLVR2 classifier")
+        self._require("nlvr", "the NLVR2 classifier")
         single = isinstance(sentences, str)
         from vlp.data.nlvr import tokenize_sentences  # lazily: vlp.data.nlvr loads the training datasets
 
@@ -530,7 +534,7 @@ class VLPModel:
         """SNLI-VE: the probabilities [N, 3] that each hypothesis is contradicted by / neutral to /
         entailed by its image (ALBEF's class order 0 / 1 / 2: :data:`VE_LABELS`); one image per
         hypothesis. Hypotheses are cut as the VE fine-tuning cut them."""
-        self._require("entailment", ("ve",), "the SNLI-VE classifier")
+        self._require("entailment", "the SNLI-VE classifier")
         from vlp.data.nlvr import tokenize_sentences  # lazily: vlp.data.nlvr loads the training datasets
 
         tok = tokenize_sentences(self.tokenizer, _as_list(hypotheses, (str,)), self.preprocessor.max_len)
