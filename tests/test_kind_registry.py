@@ -202,3 +202,23 @@ def test_every_built_in_kind_resolves_its_model_runner_and_evaluator():
     assert set(finetune_kinds()) >= {"retrieval", "vqa", "nlvr2", "nlvr-ta", "ve", "grounding"}
     assert kinds_with("similarity") == ("pretrain", "helper", "retrieval")
     assert {name for name in kind_names() if kind(name).evaluate is None} == {"nlvr-ta"}
+
+
+def toy_answer(vm, images, questions, candidates=None, k=None, batch_size=None) -> list[str]:
+    """The toy kind's ``answer`` action: whether gradients were on, once per question."""
+    return [f"grad={torch.is_grad_enabled()}" for _ in vm.image_list(images)]
+
+
+def test_vlpmodel_actions_go_through_the_registry(tmp_path):
+    from vlp.api import UnsupportedKind, VLPModel
+    from vlp.checkpoint import Preprocessor
+
+    entry = register_kind(Kind("toy-answer", ToyMatchModel, capabilities=("answer",), actions={"answer": toy_answer}))
+    try:
+        pre = Preprocessor(image_size=16, mean=[0.5] * 3, std=[0.5] * 3, max_len=8)
+        vm = VLPModel(nn.Linear(1, 1), entry.name, ModelConfig(), None, pre)
+        assert vm.answer(torch.zeros(2, 3, 16, 16), ["q1", "q2"]) == ["grad=False", "grad=False"]
+        with pytest.raises(UnsupportedKind, match=r"VLPModel.nlvr needs the NLVR2 classifier \(nlvr2 checkpoint\); "):
+            vm.nlvr(torch.zeros(1, 3, 16, 16), torch.zeros(1, 3, 16, 16), "s")
+    finally:
+        unregister_kind(entry.name)

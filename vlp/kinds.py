@@ -184,6 +184,8 @@ def kinds_with(capability: str) -> tuple[str, ...]:
 _BUILD = "vlp.models.build:"
 _FINETUNE = "vlp.runs.finetune:"
 _EVALUATE = "vlp.runs.evaluate_task:"
+#: the Grad-CAM actions of the kinds with an ITM head (:mod:`vlp.api.gradcam`)
+GRADCAM_ACTIONS = {m: "vlp.api.gradcam:" + m for m in ("explain", "grounding_maps", "gradcam_layer")}
 
 for _entry in (
     Kind(
@@ -191,6 +193,7 @@ for _entry in (
         _BUILD + "albef_with_mlm",
         evaluate=_EVALUATE + "evaluate_retrieval",
         capabilities=RETRIEVAL_CAPABILITIES,
+        actions=GRADCAM_ACTIONS,
         pretraining=True,
         albef_format="pretrain",
     ),
@@ -199,6 +202,7 @@ for _entry in (
         _BUILD + "albef_with_mlm",
         evaluate=_EVALUATE + "evaluate_retrieval",
         capabilities=RETRIEVAL_CAPABILITIES,
+        actions=GRADCAM_ACTIONS,
         pretraining=True,
         albef_format="pretrain",
     ),
@@ -209,6 +213,7 @@ for _entry in (
         finetune=_FINETUNE + "run_finetune_retrieval",
         evaluate=_EVALUATE + "evaluate_retrieval",
         capabilities=RETRIEVAL_CAPABILITIES,
+        actions=GRADCAM_ACTIONS,
         contrastive=True,
         regulated=True,
         albef_format="retrieval",
@@ -222,6 +227,7 @@ for _entry in (
         text_cleaning="pre_question",
         candidate_answers=True,
         capabilities=("answer",),
+        actions={"answer": "vlp.api.answer:answer"},
         albef_format="vqa",
     ),
     Kind(
@@ -231,6 +237,7 @@ for _entry in (
         finetune=_FINETUNE + "run_finetune_nlvr",
         evaluate=_EVALUATE + "evaluate_nlvr",
         capabilities=("nlvr",),
+        actions={"nlvr": "vlp.api.classify:nlvr"},
         albef_format="nlvr",
     ),
     Kind("nlvr-ta", _BUILD + "nlvr_ta_model", finetune=_FINETUNE + "run_nlvr_ta", albef_format="nlvr"),
@@ -241,6 +248,7 @@ for _entry in (
         finetune=_FINETUNE + "run_finetune_ve",
         evaluate=_EVALUATE + "evaluate_ve",
         capabilities=("entailment",),
+        actions={"entailment": "vlp.api.classify:entailment"},
         albef_format="ve",
     ),
     Kind(

@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
+
 from vlp.checkpoint import open_checkpoint
 from vlp.kinds import kind
 
@@ -79,7 +81,8 @@ def evaluate_nlvr(checkpoint: PathLike, data: PathLike, out: PathLike, image_roo
     items = load_nlvr(data, image_root)
     vm = VLPModel.from_pretrained(checkpoint)
     prob = vm.nlvr([it.images[0] for it in items], [it.images[1] for it in items], [it.sentence for it in items])
-    return write_metrics(out, _accuracy([(float(p) > 0.5) == bool(it.label) for p, it in zip(prob, items)]))
+    true = torch.as_tensor(prob).reshape(-1) > 0.5  # a list of sentences: a tensor [N]
+    return write_metrics(out, _accuracy([bool(t) == bool(it.label) for t, it in zip(true, items)]))
 
 
 def evaluate_ve(checkpoint: PathLike, data: PathLike, out: PathLike, image_root: Optional[str] = None) -> dict:
