@@ -8,7 +8,8 @@ directory) and encodes, scores and answers with it, batched and without gradient
 A ``save_pretrained`` directory (docs/api.md) holds exactly:
 
 * ``config.json``: format marker, vlp version, checkpoint kind, the model config, where the weights
-  came from, and for VQA the candidate answers and ``k_test``;
+  came from, and for a kind that ranks candidate answers (VQA) its answers and ``k_test``, under
+  the kind's name (``vqa``);
 * ``model.safetensors``: the inference weights. **Momentum twins and feature queues are dropped**
   (they only serve training; a pretraining file shrinks to about half). Loading builds the model of
   the kind with an empty queue and allows exactly the ``momentum.twin.*`` and ``queue.*`` keys to be
@@ -196,7 +197,7 @@ class VLPModel:
         tokenizer = BertTokenizerFast.from_pretrained(str(path))
         model = build_inference_model(kind, mcfg, len(tokenizer))
         load_inference_weights(model, path / WEIGHTS)
-        vqa = config.get("vqa") or {}
+        vqa = config.get(kind) or {}  # a kind with candidate answers: under its name (config_dict)
         return cls(
             model.to(device),
             kind,
@@ -296,7 +297,7 @@ class VLPModel:
             "source": self.source,
         }
         if kind_entry(self.kind).candidate_answers:
-            out["vqa"] = {"k_test": self.vqa_k_test, "answers": self.answers}
+            out[self.kind] = {"k_test": self.vqa_k_test, "answers": self.answers}
         return out
 
     # -- preprocessing -------------------------------------------------------------------------
