@@ -199,6 +199,8 @@ def test_every_built_in_kind_resolves_its_model_runner_and_evaluator():
         assert entry.finetune is None or callable(entry.runner()), name
         assert entry.evaluate is None or callable(entry.evaluator()), name
         assert entry.saves_as in checkpoint_kinds(), name
+        assert set(entry.actions) <= set(entry.capabilities), name
+        assert all(callable(entry.action(method)) for method in entry.actions), name
     assert set(finetune_kinds()) >= {"retrieval", "vqa", "nlvr2", "nlvr-ta", "ve", "grounding"}
     assert kinds_with("similarity") == ("pretrain", "helper", "retrieval")
     assert {name for name in kind_names() if kind(name).evaluate is None} == {"nlvr-ta"}
