@@ -32,9 +32,11 @@ import torch
 from PIL import Image
 from torch import nn
 
-from vlp.config import FINETUNE_TASKS, FinetuneConfig, ImageConfig, ModelConfig, PretrainConfig, from_dict
+from vlp.config import FinetuneConfig, ImageConfig, ModelConfig, PretrainConfig, from_dict
 from vlp.errors import CheckpointError
 from vlp.hardware import default_device
+from vlp.kinds import is_finetuned, is_kind
+from vlp.kinds import kind as kind_entry
 from vlp.models.build import build_model_of_kind, model_image_size, without_init_sources
 from vlp.preprocess.images import MIN_SIDE
 from vlp.preprocess.transforms import load_tokenizer, test_transform
@@ -85,9 +87,11 @@ class Preprocessor:
 def preprocessor_of(kind: str, config: RunConfig, model: ModelConfig) -> Preprocessor:
     """The preprocessing a run of checkpoint kind ``kind`` trained with: ``model``'s resolution, the
     run's image mean/std, and the model's ``text.max_len`` (pretraining) or the fine-tuning run's
-    ``data.max_len``; VQA questions are cleaned with ``pre_question`` and its answers cut at
+    ``data.max_len``; texts cleaned as the kind's entry says (:attr:`vlp.kinds.Kind.text_cleaning`:
+    VQA questions with ``pre_question``), and the candidate answers of a kind that ranks them cut at
     ``vqa.answer_max_len``. What training writes as ``preprocessor.json`` and what an older
     checkpoint without that file is read with."""
+    entry = kind_entry(kind) if is_kind(kind) else None
     ft = config if isinstance(config, FinetuneConfig) else None
     image = ft.data.image if ft is not None else config.data.image
     return Preprocessor(
@@ -95,8 +99,10 @@ def preprocessor_of(kind: str, config: RunConfig, model: ModelConfig) -> Preproc
         list(image.mean),
         list(image.std),
         ft.data.max_len if ft is not None else model.text.max_len,
-        caption_cleaning="pre_question" if kind == "vqa" else "pre_caption",
-        answer_max_len=ft.vqa.answer_max_len if ft is not None and kind == "vqa" else None,
+        caption_cleaning=entry.text_cleaning if entry is not None else "pre_caption",
+        answer_max_len=ft.vqa.answer_max_len
+        if ft is not None and entry is not None and entry.candidate_answers
+        else None,
     )
 
 
@@ -118,8 +124,7 @@ class Checkpoint:
     """An opened checkpoint (:func:`open_checkpoint`).
 
     ``path``: the verified checkpoint folder (a run directory's newest valid one); ``kind``: its
-    ``state.json`` "task" (``pretrain``, ``helper``, ``retrieval``, ``vqa``, ``nlvr2``, ``nlvr-ta``,
-    ``ve``), which model it is; ``state``: ``state.json`` as read (step, vlp version, ...);
+    ``state.json`` "task" (one of :func:`vlp.kinds.checkpoint_kinds`), which model it is; ``state``: ``state.json`` as read (step, vlp version, ...);
     ``config``: the run's config (a :class:`PretrainConfig`, or the :class:`FinetuneConfig` of a
     fine-tuned kind); ``model_config``: the config the model is built from, every initialisation
     source off (the weights come from the file); ``pretrain_config``: the settings the commands
@@ -168,7 +173,7 @@ def open_checkpoint(
     state = read_state(ckpt)
     kind = str(state.get(KIND_KEY, "pretrain"))
     config: RunConfig
-    if kind in FINETUNE_TASKS:
+    if is_finetuned(kind):
         config = from_dict(FinetuneConfig, state["config"])
         settings = PretrainConfig(model=checkpoint_model_config(state), eval=config.eval)
         settings.data.image = config.data.image

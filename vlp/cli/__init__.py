@@ -1,4 +1,4 @@
-"""Command line: ``vlp pretrain [nlvr-ta] | finetune retrieval|vqa|nlvr2|ve|grounding | train-helper |
+"""Command line: ``vlp pretrain [nlvr-ta] | finetune TASK | train-helper |
 cache-helper-features | make-targets | make-shards | data check | prepare | analyze | evaluate |
 make-world | bench | demo | convert | explain | zoo | plot``.
 

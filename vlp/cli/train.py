@@ -1,5 +1,5 @@
-"""The training commands: ``vlp pretrain``, ``pretrain nlvr-ta``, ``finetune
-retrieval|vqa|nlvr2|ve|grounding`` and ``train-helper``. Each reads a YAML config, dotted overrides
+"""The training commands: ``vlp pretrain``, ``pretrain nlvr-ta``, ``finetune TASK`` (every
+fine-tuning task of the kind registry with a help line, :mod:`vlp.kinds`) and ``train-helper``. Each reads a YAML config, dotted overrides
 and ``--resume``, and runs its family's module of :mod:`vlp.runs`."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any, Callable
 
 from vlp.config import PretrainConfig, load_config, load_finetune_config
 from vlp.dist import rank
+from vlp.kinds import kinds
 
 
 def _pretrain(a: argparse.Namespace) -> None:
@@ -97,21 +98,16 @@ def _add_nlvr_ta(sub: Any) -> None:
     )
 
 
-#: ``vlp finetune TASK``: each task and its help.
-FINETUNE_TASKS = (
-    ("retrieval", "image-text retrieval (ITC by image id + ITM), COCO / Flickr30k Karpathy files"),
-    ("vqa", "VQA v2 (+ VG-QA): answer decoder, ranked candidate answers"),
-    ("nlvr2", "NLVR2: a sentence about two images, doubled fusion layers"),
-    ("ve", "SNLI-VE: image premise + hypothesis -> entailment / neutral / contradiction"),
-    ("grounding", "weakly supervised grounding: ITC + ITM on referring expressions, validated by Grad-CAM boxes"),
-)
+def finetune_commands() -> list[tuple[str, str]]:
+    """``vlp finetune TASK``: each registered fine-tuning task that has a help line, with it."""
+    return [(k.name, k.about) for k in kinds().values() if k.finetune is not None and k.about]
 
 
 def _add_finetune(sub: Any) -> None:
-    """``vlp finetune retrieval|vqa|nlvr2|ve|grounding``."""
+    """``vlp finetune TASK``."""
     s = sub.add_parser("finetune", help="fine-tune a pretrained checkpoint on a downstream task")
     ft = s.add_subparsers(dest="task", required=True)
-    for task, text in FINETUNE_TASKS:
+    for task, text in finetune_commands():
         _add_config_command(
             ft, task, text, f"configs/finetune/shapes_{task}.yaml", "pretrained=runs/pretrain train.epochs=1", _finetune
         )

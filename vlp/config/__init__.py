@@ -21,7 +21,6 @@ The schema is split by concept, one module each; this package re-exports every p
 
 from vlp.config.data import BadSampleConfig, DataConfig, ImageConfig
 from vlp.config.finetune import (
-    FINETUNE_TASKS,
     FinetuneConfig,
     FinetuneDataConfig,
     NLVRConfig,
@@ -56,7 +55,6 @@ from vlp.errors import ConfigError
 
 __all__ = [
     "CONTRASTIVE_LOSSES",
-    "FINETUNE_TASKS",
     "TEXT_PRESETS",
     "VISION_PRESETS",
     "AverageConfig",

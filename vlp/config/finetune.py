@@ -1,6 +1,7 @@
-"""Fine-tuning configs: ``vlp finetune retrieval|vqa|nlvr2|ve|grounding`` and ``vlp pretrain nlvr-ta``
-(downstream data, VQA, NLVR2, SNLI-VE and grounding options, the run config and its cross-section rules), and
-:func:`load_finetune_config`, which loads one for a task."""
+"""Fine-tuning configs: ``vlp finetune TASK`` and ``vlp pretrain nlvr-ta`` (downstream data, VQA,
+NLVR2, SNLI-VE and grounding options, the run config and its cross-section rules), and
+:func:`load_finetune_config`, which loads one for a task. The tasks and their rules are the
+fine-tuning entries of the kind registry (:mod:`vlp.kinds`)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,9 @@ from vlp.config.load import check_choice, load_config, reject_broken_rules
 from vlp.config.loss import LossConfig
 from vlp.config.train import EvalConfig, TrainConfig
 from vlp.errors import ConfigError
+from vlp.kinds import finetune_kinds, kind, kinds
 
 # ----------------------------------------------------------------------------- fine-tuning
-
-FINETUNE_TASKS = ("retrieval", "vqa", "nlvr2", "nlvr-ta", "ve", "grounding")
 
 
 @dataclass
@@ -89,7 +89,7 @@ class GroundingConfig:
 
 @dataclass
 class FinetuneConfig:
-    """``vlp finetune retrieval|vqa|nlvr2|ve|grounding`` and ``vlp pretrain nlvr-ta``. The model is the
+    """``vlp finetune TASK`` and ``vlp pretrain nlvr-ta``. The model is the
     ``pretrained`` checkpoint's architecture (its config), changed only by ``image_size`` (the
     position embedding is interpolated) and ``model_overrides``."""
 
@@ -111,19 +111,36 @@ class FinetuneConfig:
     eval_every: int = 0  # optimizer steps between validations; 0: once per epoch
 
     def __post_init__(self) -> None:
-        check_choice("task", self.task, FINETUNE_TASKS)
-        wrong: list[str] = []
-        if self.task in ("retrieval", "grounding"):
+        check_choice("task", self.task, finetune_kinds())
+        reject_broken_rules([*self._task_rules(), *self._run_rules()])
+
+    def _task_rules(self) -> list[str]:
+        """The broken rules of the task's registry entry (:class:`vlp.kinds.Kind`): a contrastive task
+        has no MLM head and takes ITC positives by image id; SRCL regulation only where the entry
+        allows it; a section another task owns (``Kind.sections``) left at its defaults."""
+        task, wrong = kind(self.task), []
+        if task.contrastive:
             wrong += [f"loss.mlm={self.loss.mlm} (the {self.task} model has no MLM head)"] if self.loss.mlm else []
             wrong += (
                 [f"loss.itc_positives={self.loss.itc_positives} ({self.task} positives are by image id: image)"]
                 if self.loss.itc_positives != "image"
                 else []
             )
-        if self.task != "grounding" and self.grounding != GroundingConfig():
-            wrong.append(f"grounding.* set for task={self.task} (the grounding section is for task=grounding)")
-        if self.loss.regulation != "none" and self.task != "retrieval":
-            wrong.append(f"loss.regulation={self.loss.regulation} (SRCL regulates ITC: retrieval only)")
+        for other in kinds().values():
+            for section in other.sections if other.name != self.task else ():
+                value = getattr(self, section)
+                if value != type(value)():
+                    wrong.append(
+                        f"{section}.* set for task={self.task} (the {section} section is for task={other.name})"
+                    )
+        if self.loss.regulation != "none" and not task.regulated:
+            regulated = " / ".join(k.name for k in kinds().values() if k.regulated)
+            wrong.append(f"loss.regulation={self.loss.regulation} (SRCL regulates ITC: {regulated} only)")
+        return wrong
+
+    def _run_rules(self) -> list[str]:
+        """The broken rules of every task: image size, validation interval, fine-tuning image decoding."""
+        wrong: list[str] = []
         if self.image_size is not None and self.image_size < 1:
             wrong.append(f"image_size={self.image_size} (expected >= 1 or null)")
         if self.eval_every < 0:
@@ -136,7 +153,7 @@ class FinetuneConfig:
                 f"data.image.decode={self.data.image.decode} ({what[self.data.image.decode]}: pretraining only; "
                 "fine-tuning decodes full)"
             )
-        reject_broken_rules(wrong)
+        return wrong
 
     def check_given(self, given: dict[str, str]) -> None:
         """Both ``train.steps`` and ``train.epochs`` set (in the file or on the command line) is an

@@ -29,6 +29,7 @@ from typing import Any, Mapping, Optional
 from vlp.config.data import ImageConfig
 from vlp.config.load import check_choice
 from vlp.errors import ConfigError
+from vlp.kinds import albef_formats
 
 # ----------------------------------------------------------------------------- tower presets
 
@@ -50,8 +51,6 @@ TEXT_PRESETS: dict[str, dict[str, Any]] = {
     "base": dict(hidden=768, layers=6, fusion_layers=6, heads=12, intermediate=3072, init="bert-base-uncased"),
 }
 
-#: the official ALBEF checkpoint layouts the converter reads (``vlp convert albef --kind``)
-ALBEF_KINDS = ("pretrain", "retrieval", "vqa", "nlvr", "ve")
 #: how texts are cleaned before tokenizing (:mod:`vlp.preprocess.text`)
 CAPTION_CLEANINGS = ("pre_caption", "pre_question")
 
@@ -61,7 +60,7 @@ CAPTION_CLEANINGS = ("pre_caption", "pre_question")
 @dataclass(frozen=True)
 class Weights:
     """Released weights of a preset. ``url``: the official download; ``kind``: the ALBEF layout the
-    converter reads (one of :data:`ALBEF_KINDS`); ``sha256`` / ``size``: of the file (bytes),
+    converter reads (one of :func:`vlp.kinds.albef_formats`); ``sha256`` / ``size``: of the file (bytes),
     ``None`` where not published."""
 
     url: str
@@ -70,8 +69,8 @@ class Weights:
     size: Optional[int] = None
 
     def __post_init__(self) -> None:
-        if self.kind not in ALBEF_KINDS:
-            raise ConfigError(f"weights {self.url}: kind {self.kind!r}, expected one of {list(ALBEF_KINDS)}")
+        if self.kind not in albef_formats():
+            raise ConfigError(f"weights {self.url}: kind {self.kind!r}, expected one of {list(albef_formats())}")
         if self.sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
             raise ConfigError(f"weights {self.url}: sha256 must be 64 lower-case hex digits")
 

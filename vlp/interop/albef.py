@@ -26,10 +26,12 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
-from vlp.config.presets import ALBEF_KINDS
 from vlp.errors import CheckpointError
+from vlp.kinds import albef_formats, is_finetuned, kinds
+from vlp.kinds import kind as kind_entry
 
-KINDS = ALBEF_KINDS  # the preset registry's (vlp.config.presets), which checks released weights by it
+#: the ALBEF checkpoint formats (those of the kind registry's entries, :attr:`vlp.kinds.Kind.albef_format`)
+KINDS = albef_formats()
 TWIN = "momentum.twin."
 VOCAB, POSITIONS = 30522, 512  # what vlp's text tower is built with (vlp.models.text.build_text)
 
@@ -442,15 +444,8 @@ def vlp_kind_of(kind: str, state: dict[str, torch.Tensor]) -> str:
     return kind
 
 
-ALBEF_KIND = {
-    "pretrain": "pretrain",
-    "helper": "pretrain",
-    "retrieval": "retrieval",
-    "vqa": "vqa",
-    "nlvr2": "nlvr",
-    "nlvr-ta": "nlvr",
-    "ve": "ve",
-}
+#: the ALBEF format of each vlp checkpoint kind that has one (:attr:`vlp.kinds.Kind.albef_format`)
+ALBEF_KIND = {k.name: k.albef_format for k in kinds().values() if k.albef_format}
 
 
 def resize_albef_pos_embed(state: dict[str, torch.Tensor], image_size: int) -> dict[str, torch.Tensor]:
@@ -502,7 +497,7 @@ def read_albef_file(
     """An ALBEF ``.pth`` read (:func:`vlp.weights.read_state_dict`), every key translated and loaded
     strictly into the vlp model it describes; nothing is written. Raises :class:`CheckpointError`
     for a file that is not a readable checkpoint of ``kind`` (see :func:`convert_albef_file`)."""
-    from vlp.config import FINETUNE_TASKS, FinetuneConfig, ModelConfig, PretrainConfig, load_config, to_dict
+    from vlp.config import FinetuneConfig, ModelConfig, PretrainConfig, load_config, to_dict
     from vlp.models.build import build_model_of_kind
     from vlp.version import __version__
     from vlp.weights import KIND_KEY, load_strict, read_state_dict
@@ -527,7 +522,7 @@ def read_albef_file(
         f"{'' if base else ' (width / 64)'}; text.albef_compat=true"
     ]
     load_strict(model, vlp_state, source=str(src), allow_missing=report.missing)
-    run_cfg = FinetuneConfig(task=vlp_kind) if vlp_kind in FINETUNE_TASKS else PretrainConfig(model=cfg)
+    run_cfg = FinetuneConfig(task=vlp_kind) if is_finetuned(vlp_kind) else PretrainConfig(model=cfg)
     meta = {
         KIND_KEY: vlp_kind,
         "vlp_version": __version__,
@@ -571,9 +566,10 @@ def export_albef_checkpoint(ckpt: str | Path, out: str | Path) -> KeyReport:
 
     opened = open_checkpoint(ckpt, torch.device("cpu"))
     path, kind, model = opened.path, opened.kind, opened.load()
-    if opened.model_config.arch != "albef" or kind not in ALBEF_KIND:
+    albef_format = kind_entry(kind).albef_format if opened.model_config.arch == "albef" else ""
+    if not albef_format:
         raise CheckpointError(f"{path}: a {opened.model_config.arch} {kind!r} checkpoint has no ALBEF layout")
-    albef, report = export_albef_report(model.state_dict(), ALBEF_KIND[kind])
+    albef, report = export_albef_report(model.state_dict(), albef_format)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": {k: v.detach().cpu().contiguous() for k, v in albef.items()}}, str(out))
     return report

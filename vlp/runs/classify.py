@@ -30,19 +30,21 @@ from vlp.data.image_checks import check_image_paths
 from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.eval.classification import TOP_K, classification_metrics, itm_rerank, prompt_ensemble
 from vlp.eval.mode import evaluating
+from vlp.kinds import kinds_with
 from vlp.progress import progress
 
 
 def _load(checkpoint: str | Path, device: Optional[str], batch_size: int, rerank_k: int):
     """The :class:`vlp.api.VLPModel` of ``checkpoint``; a kind without ITC projections, or a dual
     encoder asked to re-rank, is a :class:`CheckpointError`."""
-    from vlp.api import RETRIEVAL_KINDS, VLPModel
+    from vlp.api import VLPModel
 
     vm = VLPModel.from_pretrained(checkpoint, device=device, batch_size=batch_size)
-    if vm.kind not in RETRIEVAL_KINDS:
+    retrieval_kinds = kinds_with("similarity")
+    if vm.kind not in retrieval_kinds:
         raise CheckpointError(
             f"{checkpoint}: a {vm.kind} checkpoint has no ITC projections; zero-shot classification takes a "
-            f"{' or '.join(RETRIEVAL_KINDS)} checkpoint"
+            f"{' or '.join(retrieval_kinds)} checkpoint"
         )
     if rerank_k > 0 and vm.model_config.arch == "dual":
         raise CheckpointError(

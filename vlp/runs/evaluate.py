@@ -21,20 +21,23 @@ from vlp.dist import barrier, is_dist, rank, world_size
 from vlp.errors import CheckpointError, DataError
 from vlp.eval.retrieval import RetrievalResult, check_k_test, embed, evaluate_retrieval
 from vlp.hardware import default_device
+from vlp.kinds import kind as kind_entry
+from vlp.kinds import kinds_with
 from vlp.preprocess.transforms import test_transform
 
 # Zero-shot protocols (docs/evaluation.md): which checkpoint kind each takes and the eval settings.
+RETRIEVAL_KINDS = kinds_with("similarity")
 EVAL_PRESETS: dict[str, dict] = {
     # A raw pretrained checkpoint at its pretraining resolution (ALBEF#25), ITM re-ranking.
     "zero-shot": {
-        "kinds": ("pretrain", "helper"),
+        "kinds": tuple(k for k in RETRIEVAL_KINDS if kind_entry(k).pretraining),
         "overrides": ["eval.score=itm"],
         "about": "raw pretrained checkpoint at its pretraining resolution, ITC top-k + ITM re-rank",
     },
     # ALBEF/BLIP "zero-shot Flickr30k": the COCO-fine-tuned retrieval checkpoint evaluated on Flickr30k
     # at its fine-tuning resolution, k_test 128 (ALBEF#29, #74, #89).
     "albef-flickr": {
-        "kinds": ("retrieval",),
+        "kinds": tuple(k for k in RETRIEVAL_KINDS if not kind_entry(k).pretraining),
         "overrides": ["eval.score=itm", "eval.k_test=128"],
         "about": "ALBEF protocol: COCO-fine-tuned retrieval checkpoint on Flickr30k, k_test 128, ITM",
     },
@@ -64,7 +67,7 @@ def preset_overrides(ckpt: Path, kind: str, preset: Optional[str], overrides: Se
                 f"({p['about']}); this one is a {kind} checkpoint"
             )
         return [*p["overrides"], *overrides]
-    if kind not in ("pretrain", "helper", "retrieval"):
+    if kind not in kinds_with("similarity"):
         raise CheckpointError(f"{ckpt}: a {kind} checkpoint has no retrieval heads (ITC/ITM)")
     return list(overrides)
 

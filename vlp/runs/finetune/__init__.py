@@ -1,5 +1,6 @@
-"""Fine-tuning: ``vlp finetune retrieval|vqa|nlvr2|ve|grounding`` and ``vlp pretrain nlvr-ta``, one
-module per task (NLVR2 and SNLI-VE share :mod:`~vlp.runs.finetune.classification`).
+"""Fine-tuning: ``vlp finetune TASK`` and ``vlp pretrain nlvr-ta``, one module per task (NLVR2 and
+SNLI-VE share :mod:`~vlp.runs.finetune.classification`); :func:`run_finetune` runs the task's
+registered runner (:attr:`vlp.kinds.Kind.finetune`).
 
 Every run: read the pretrained checkpoint's model config, change the resolution (position
 embedding interpolated) and any ``model_overrides``, build the task model, load the weights
@@ -11,9 +12,8 @@ this is glue: it reads files, the tasks and models never do.
 
 from __future__ import annotations
 
-from typing import Callable
-
 from vlp.config import FinetuneConfig
+from vlp.kinds import kind
 from vlp.runs.finetune.classification import (
     classify_correct,
     nlvr_accuracy,
@@ -28,7 +28,6 @@ from vlp.runs.finetune.retrieval import contrastive_task, run_finetune_retrieval
 from vlp.runs.finetune.vqa import predict_answers, rank_answer_indices, run_finetune_vqa
 
 __all__ = [
-    "RUNNERS",
     "ConstantImage",
     "classify_correct",
     "contrastive_task",
@@ -48,16 +47,7 @@ __all__ = [
     "shard_of",
 ]
 
-RUNNERS: dict[str, Callable[[FinetuneConfig], dict]] = {
-    "retrieval": run_finetune_retrieval,
-    "vqa": run_finetune_vqa,
-    "nlvr2": run_finetune_nlvr,
-    "nlvr-ta": run_nlvr_ta,
-    "ve": run_finetune_ve,
-    "grounding": run_finetune_grounding,
-}
-
 
 def run_finetune(cfg: FinetuneConfig) -> dict:
-    """Fine-tune ``cfg.task``; returns its results (``results.json``)."""
-    return RUNNERS[cfg.task](cfg)
+    """Fine-tune ``cfg.task`` with its registered runner; returns its results (``results.json``)."""
+    return kind(cfg.task).runner()(cfg)

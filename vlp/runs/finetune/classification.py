@@ -37,7 +37,6 @@ from vlp.runs.job import Job
 class Recipe:
     """What one classification task brings to :func:`run_classification`."""
 
-    task: str  # results.json's "task"
     load: Callable[..., list]  # (file, image root or None) -> items
     dataset: Callable[..., Any]  # (items, transform, **options) -> Dataset
     collator: Callable[..., Any]  # (tokenizer, max_len) -> collate function
@@ -87,7 +86,7 @@ def run_classification(cfg: FinetuneConfig, recipe: Recipe) -> dict:
 
     validate = (lambda _task, _step: {"acc": accuracy(evals["val"])}) if "val" in evals else None
     fit(job, recipe.make_task(job, cfg), validate, "acc")
-    results: dict[str, Any] = {"task": recipe.task, recipe.blank_key: blank, **options}
+    results: dict[str, Any] = {"task": cfg.task, recipe.blank_key: blank, **options}
     majority = None
     if recipe.majority:
         majority = max(range(len(recipe.majority)), key=lambda c: sum(it.label == c for it in train_items))
@@ -113,7 +112,6 @@ def nlvr_recipe() -> Recipe:
     from vlp.tasks.nlvr import NLVRTask
 
     return Recipe(
-        task="nlvr2",
         load=load_nlvr,
         dataset=NLVRDataset,
         collator=NLVRCollator,
@@ -155,7 +153,6 @@ def ve_recipe() -> Recipe:
     from vlp.tasks.ve import VETask
 
     return Recipe(
-        task="ve",
         load=load_ve,
         dataset=VEDataset,
         collator=VECollator,

@@ -18,6 +18,7 @@ from vlp.config import FinetuneConfig, ModelConfig, apply_overrides
 from vlp.data.datasets import train_loader
 from vlp.dist import OtherRankDone, rank, shard_bounds, world_size
 from vlp.errors import ConfigError, DataError
+from vlp.kinds import kind as kind_entry
 from vlp.models.build import build_model_of_kind
 from vlp.models.transfer import load_pretrained
 from vlp.preprocess.transforms import load_tokenizer
@@ -43,7 +44,8 @@ def finetune_model_config(cfg: FinetuneConfig, source_state: dict[str, Any]) -> 
 
 def finetune_job(cfg: FinetuneConfig, kind: Optional[str] = None) -> Job:
     """The job of every fine-tuning run, before its data: the model of checkpoint kind ``kind``
-    (default ``cfg.task``) with the pretrained checkpoint's weights (seeded first)."""
+    (default the kind ``cfg.task`` saves as, :attr:`vlp.kinds.Kind.saves_as`) with the pretrained
+    checkpoint's weights (seeded first)."""
     if not cfg.pretrained:
         raise ConfigError(
             "config key 'pretrained': fine-tuning starts from a vlp checkpoint (run directory or "
@@ -56,7 +58,7 @@ def finetune_job(cfg: FinetuneConfig, kind: Optional[str] = None) -> Job:
     source = open_checkpoint(cfg.pretrained, load=False)
     model_cfg = finetune_model_config(cfg, source.state)
     tokenizer = load_tokenizer(model_cfg.text)
-    kind = kind or cfg.task
+    kind = kind or kind_entry(cfg.task).saves_as
     model = build_model_of_kind(kind, model_cfg, len(tokenizer))
     transfer = load_pretrained(model, source.path)
     return Job(kind, cfg, model_cfg, model, tokenizer, source=source.path, transfer=transfer)

@@ -66,7 +66,7 @@ def run_finetune_grounding(cfg: FinetuneConfig) -> dict:
     train_entries = [e for path in d.train for e in read_grounding_file(path, d.image_root, "train")]
     evals = {s: read_grounding_file(getattr(d, s), d.image_root, "eval") for s in ("val", "test") if getattr(d, s)}
     sizes = {s: [entry_size(e) for e in entries] for s, entries in evals.items()}
-    job = finetune_job(cfg, kind="retrieval")
+    job = finetune_job(cfg)  # a retrieval checkpoint (the entry's checkpoint_kind)
     layer = grounding_layer(job)
     samples = [Sample(e.image, (e.text,), e.image, e.origin) for e in train_entries]  # image id = the image
     run_dir, task = contrastive_task(job, samples)
@@ -100,7 +100,7 @@ def run_finetune_grounding(cfg: FinetuneConfig) -> dict:
     fit(job, task, validate if "val" in evals else None, "acc")
     with_boxes = all(e.bbox is not None and e.candidates for e in train_entries)
     results: dict[str, Any] = {
-        "task": "grounding",
+        "task": cfg.task,
         "layer": layer,
         "words_only": g.words_only,
         "best": str(load_best(job)),

@@ -20,4 +20,4 @@ def run_nlvr_ta(cfg: FinetuneConfig) -> dict:
     loader = make_loader(job, dataset, Collator(job.tokenizer, cfg.data.max_len, cfg.data.text_padding), train=True)
     start(job, loader, len(dataset))
     fit(job, TextAssignmentTask(job.model, cfg.train.seed), None, "acc")
-    return write_results(job, {"task": "nlvr-ta", "checkpoint": str(find_checkpoint(job.run_dir))})  # rank 0 only
+    return write_results(job, {"task": cfg.task, "checkpoint": str(find_checkpoint(job.run_dir))})  # rank 0 only

@@ -95,7 +95,7 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
     validate = (lambda _task, _step: evaluate("val")[1].metrics) if "val" in splits else None
     fit(job, task, validate, "r_mean")
     results: dict[str, Any] = {
-        "task": "retrieval",
+        "task": cfg.task,
         "score": cfg.eval.score,
         "k_test": cfg.eval.k_test,
         "best": str(load_best(job)),

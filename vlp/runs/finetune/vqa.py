@@ -63,7 +63,7 @@ def run_finetune_vqa(cfg: FinetuneConfig) -> dict:
     validate = (lambda _task, _step: val_metrics(predict(val_q))) if val_q else None
     fit(job, task, validate, "acc")
     results: dict[str, Any] = {
-        "task": "vqa",
+        "task": cfg.task,
         "k_test": cfg.vqa.k_test,
         "answers": len(answers),
         "best": str(load_best(job)),

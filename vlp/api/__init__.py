@@ -8,7 +8,8 @@ directory) and encodes, scores and answers with it, batched and without gradient
 A ``save_pretrained`` directory (docs/api.md) holds exactly:
 
 * ``config.json``: format marker, vlp version, checkpoint kind, the model config, where the weights
-  came from, and for VQA the candidate answers and ``k_test``;
+  came from, and for a kind that ranks candidate answers (VQA) its answers and ``k_test``, under
+  the kind's name (``vqa``);
 * ``model.safetensors``: the inference weights. **Momentum twins and feature queues are dropped**
   (they only serve training; a pretraining file shrinks to about half). Loading builds the model of
   the kind with an empty queue and allows exactly the ``momentum.twin.*`` and ``queue.*`` keys to be
@@ -29,24 +30,26 @@ verified, read once; its ``preprocessor.json`` where training wrote one).
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
 from PIL import Image
 from torch import nn
 
+from vlp.api.classify import VE_LABELS
+from vlp.api.gradcam import Explanation
+from vlp.api.inputs import ImageLike, Images, Texts, as_list, inference
 from vlp.checkpoint import PREPROCESSOR, Preprocessor, open_checkpoint
 from vlp.config import FinetuneConfig, ModelConfig, from_dict, to_dict
 from vlp.errors import CheckpointError
-from vlp.eval.mode import evaluating
 from vlp.hardware import default_device
 from vlp.interop.zoo import resolve_pretrained
+from vlp.kinds import checkpoint_kinds, kinds_with
+from vlp.kinds import kind as kind_entry
 from vlp.models.build import build_model_of_kind, without_init_sources
-from vlp.models.gradcam import GradCAM, fusion_layer_index, gradcam, token_mean
 from vlp.preprocess.images import open_image, to_rgb, upscale_tiny
 from vlp.preprocess.transforms import tokenize
 from vlp.version import __version__
@@ -62,30 +65,30 @@ from vlp.weights import (
     weights_to_save,
 )
 
-#: what an image argument may be: a path, a PIL image, or a preprocessed tensor [3, H, W]
-ImageLike = Union[str, os.PathLike, Image.Image, torch.Tensor]
-Images = Union[ImageLike, Sequence[ImageLike]]
-Texts = Union[str, Sequence[str]]
+__all__ = [
+    "CONFIG",
+    "DROPPED",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "PREPROCESSOR",
+    "VE_LABELS",
+    "WEIGHTS",
+    "Explanation",
+    "ImageLike",
+    "Images",
+    "Preprocessor",
+    "Texts",
+    "UnsupportedKind",
+    "VLPModel",
+    "build_inference_model",
+    "inference_weights",
+    "load_inference_weights",
+]
 
 FORMAT, FORMAT_VERSION = "vlp-pretrained", 1
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
 #: state-dict prefixes save_pretrained leaves out (training-only state)
 DROPPED = ("momentum.", "queue.")
-RETRIEVAL_KINDS = ("pretrain", "helper", "retrieval")
-KINDS = (*RETRIEVAL_KINDS, "vqa", "nlvr2", "nlvr-ta", "ve")
-#: the SNLI-VE classes in ALBEF's order (the columns of :meth:`VLPModel.entailment`)
-VE_LABELS = ("contradiction", "neutral", "entailment")
-
-
-class Explanation(NamedTuple):
-    """What :meth:`VLPModel.explain` returns: the text's tokens ([CLS] and [SEP] included), one
-    Grad-CAM map per token [T, h, w] on the ViT's patch grid (not upsampled), the ITM match
-    probability of the pair, and the fusion layer the maps come from."""
-
-    tokens: list[str]
-    maps: torch.Tensor
-    itm_score: float
-    layer: int
 
 
 class UnsupportedKind(ValueError):
@@ -116,35 +119,19 @@ def load_inference_weights(model: nn.Module, path: Path) -> None:
         twin.copy_from_online()
 
 
-def _inference(method):
-    """A :class:`VLPModel` method run without gradients and in eval mode (the model's modes are
-    restored after: a model someone put in train mode to fine-tune further stays in train mode)."""
-
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        with torch.no_grad(), evaluating(self.model):
-            return method(self, *args, **kwargs)
-
-    return run
-
-
-def _as_list(x, single: tuple) -> list:
-    """A single item (of the ``single`` types, or a 3-d tensor) as a one-element list."""
-    if isinstance(x, single) or (isinstance(x, torch.Tensor) and x.dim() == 3):
-        return [x]
-    return list(x)
-
-
 class VLPModel:
     """A loaded vlp model with its config, tokenizer and evaluation preprocessing.
 
     Methods take one or several images (paths, PIL images, or tensors [3, H, W] / [N, 3, H, W]
     already preprocessed like :meth:`pixel_values`) and one or several strings; they run under
     ``torch.no_grad()`` in eval mode (the model's modes restored after) in batches of ``batch_size``
-    and return CPU tensors. What a kind can do:
-    ``encode_image`` / ``encode_text`` / ``similarity``: pretrain, helper, retrieval (ALBEF or dual
-    encoder); ``itm_score``: the same kinds with an ALBEF fusion encoder; ``answer``: vqa;
-    ``nlvr``: nlvr2. Anything else raises :class:`UnsupportedKind`.
+    and return CPU tensors. What a kind can do is its registry entry's ``capabilities``
+    (:mod:`vlp.kinds`): ``encode_image`` / ``encode_text`` / ``similarity``: pretrain, helper,
+    retrieval (ALBEF or dual encoder); ``itm_score`` and the Grad-CAM methods: the same kinds with an
+    ALBEF fusion encoder; ``answer``: vqa; ``nlvr``: nlvr2; ``entailment``: ve. Anything else raises
+    :class:`UnsupportedKind`. The class itself loads, saves, encodes and scores; the per-kind
+    actions (Grad-CAM, answer, nlvr, entailment) are the entry's ``actions``, in :mod:`vlp.api.gradcam`,
+    :mod:`vlp.api.answer` and :mod:`vlp.api.classify`.
     """
 
     def __init__(
@@ -159,8 +146,8 @@ class VLPModel:
         source: Optional[dict] = None,
         batch_size: int = 64,
     ) -> None:
-        if kind not in KINDS:
-            raise CheckpointError(f"unknown checkpoint kind {kind!r}; expected one of {list(KINDS)}")
+        if kind not in checkpoint_kinds():
+            raise CheckpointError(f"unknown checkpoint kind {kind!r}; expected one of {list(checkpoint_kinds())}")
         self.model, self.kind, self.model_config = model.eval(), kind, model_config
         self.tokenizer, self.preprocessor = tokenizer, preprocessor
         self.answers, self.vqa_k_test, self.source = answers, vqa_k_test, source or {}
@@ -210,7 +197,7 @@ class VLPModel:
         tokenizer = BertTokenizerFast.from_pretrained(str(path))
         model = build_inference_model(kind, mcfg, len(tokenizer))
         load_inference_weights(model, path / WEIGHTS)
-        vqa = config.get("vqa") or {}
+        vqa = config.get(kind) or {}  # a kind with candidate answers: under its name (config_dict)
         return cls(
             model.to(device),
             kind,
@@ -232,7 +219,7 @@ class VLPModel:
         if isinstance(ckpt.config, FinetuneConfig):  # the fine-tuning run's settings
             ft = ckpt.config
             k_test, data = ft.vqa.k_test, ft.data.train
-            if ckpt.kind == "vqa" and ft.data.answer_list and Path(ft.data.answer_list).is_file():
+            if kind_entry(ckpt.kind).candidate_answers and ft.data.answer_list and Path(ft.data.answer_list).is_file():
                 answers = load_answer_list(ft.data.answer_list)
         source = {
             "checkpoint": str(ckpt.path.resolve()),
@@ -309,8 +296,8 @@ class VLPModel:
             "weights": {"file": WEIGHTS, "momentum_twins": "dropped", "queues": "dropped"},
             "source": self.source,
         }
-        if self.kind == "vqa":
-            out["vqa"] = {"k_test": self.vqa_k_test, "answers": self.answers}
+        if kind_entry(self.kind).candidate_answers:
+            out[self.kind] = {"k_test": self.vqa_k_test, "answers": self.answers}
         return out
 
     # -- preprocessing -------------------------------------------------------------------------
@@ -328,28 +315,35 @@ class VLPModel:
             im = open_image(str(image), f"image {i}", min_side=self.preprocessor.min_side)
         return self.transform(im)
 
-    def _image_list(self, images: Images) -> list:
+    def image_list(self, images: Images) -> list:
+        """The images of a method's argument as a list (a batch tensor [N, 3, H, W] unbound)."""
         if isinstance(images, torch.Tensor) and images.dim() == 4:
             return list(images.unbind(0))
-        return _as_list(images, (str, os.PathLike, Image.Image))
+        return as_list(images, (str, os.PathLike, Image.Image))
 
     def pixel_values(self, images: Images) -> torch.Tensor:
         """Preprocessed images [N, 3, S, S] (the evaluation transform; tensors pass unchanged)."""
-        return torch.stack([self._image_tensor(im, i) for i, im in enumerate(self._image_list(images))])
+        return torch.stack([self._image_tensor(im, i) for i, im in enumerate(self.image_list(images))])
 
-    def _image_batches(self, images: Images, batch_size: Optional[int]) -> Iterator[torch.Tensor]:
-        items, bs = self._image_list(images), batch_size or self.batch_size
+    def image_batches(self, images: Images, batch_size: Optional[int]) -> Iterator[torch.Tensor]:
+        """The preprocessed images, ``batch_size`` (default :attr:`batch_size`) at a time: [B, 3, S, S]
+        on the model's device."""
+        items, bs = self.image_list(images), batch_size or self.batch_size
         for s in range(0, len(items), bs):
             yield torch.stack([self._image_tensor(im, s + j) for j, im in enumerate(items[s : s + bs])]).to(self.device)
 
     def tokenize(self, texts: Texts) -> dict[str, torch.Tensor]:
         """``input_ids`` / ``attention_mask`` [N, T] of captions (:func:`vlp.preprocess.transforms.tokenize`:
         ``pre_caption``, ``max_len`` tokens, padded to the longest)."""
-        return tokenize(self.tokenizer, _as_list(texts, (str,)), self.preprocessor.max_len)
+        return tokenize(self.tokenizer, as_list(texts, (str,)), self.preprocessor.max_len)
 
     # -- capabilities --------------------------------------------------------------------------
 
-    def _require(self, method: str, kinds: Sequence[str], what: str, fusion: bool = False) -> None:
+    def _require(self, method: str, what: str, fusion: bool = False) -> None:
+        """Raise :class:`UnsupportedKind` unless the checkpoint's kind offers VLPModel method ``method``
+        (:attr:`vlp.kinds.Kind.capabilities`; ``fusion``: and the model has a fusion encoder); the
+        message names ``what`` it needs and the kinds that have it."""
+        kinds = kinds_with(method)
         dual = self.model_config.arch == "dual"
         if self.kind not in kinds or (fusion and dual):
             arch = " with model.arch=dual (no fusion encoder)" if dual else ""
@@ -360,74 +354,63 @@ class VLPModel:
 
     # -- retrieval -----------------------------------------------------------------------------
 
-    @_inference
+    @inference
     def encode_image(self, images: Images, batch_size: Optional[int] = None) -> torch.Tensor:
         """L2-normalised ITC image features [N, D] (D = ``model.embed_dim``)."""
-        self._require("encode_image", RETRIEVAL_KINDS, "ITC projections")
-        return torch.cat([self.model.encode_image(b).feat.cpu() for b in self._image_batches(images, batch_size)])
+        self._require("encode_image", "ITC projections")
+        return torch.cat([self.model.encode_image(b).feat.cpu() for b in self.image_batches(images, batch_size)])
 
-    @_inference
+    @inference
     def encode_text(self, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
         """L2-normalised ITC text features [N, D]."""
-        self._require("encode_text", RETRIEVAL_KINDS, "ITC projections")
+        self._require("encode_text", "ITC projections")
         tok, bs = self.tokenize(texts), batch_size or self.batch_size
         ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
         return torch.cat(
             [self.model.encode_text(ids[s : s + bs], mask[s : s + bs]).feat.cpu() for s in range(0, len(ids), bs)]
         )
 
-    @_inference
+    @inference
     def similarity(self, images: Images, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
         """ITC cosine similarities [N_img, N_txt] (not divided by the temperature)."""
         return self.encode_image(images, batch_size) @ self.encode_text(texts, batch_size).T
 
-    @_inference
+    @inference
     def itm_score(self, images: Images, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
         """Match probability [N] of aligned pairs (``images[i]``, ``texts[i]``): the ITM head's
         softmax class 1 on the fused [CLS] state."""
-        self._require("itm_score", RETRIEVAL_KINDS, "the ITM head", fusion=True)
+        self._require("itm_score", "the ITM head", fusion=True)
         tok, bs = self.tokenize(texts), batch_size or self.batch_size
-        n_img = len(self._image_list(images))
+        n_img = len(self.image_list(images))
         if n_img != len(tok["input_ids"]):
             raise ValueError(f"itm_score scores aligned pairs: got {n_img} images and {len(tok['input_ids'])} texts")
         ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
         out = []
-        for k, pixels in enumerate(self._image_batches(images, bs)):
+        for k, pixels in enumerate(self.image_batches(images, bs)):
             rows = slice(k * bs, k * bs + len(pixels))
             tokens = self.model.encode_image(pixels).tokens
             fused = self.model.fuse(self.model.text_states(ids[rows], mask[rows]), mask[rows], tokens)
             out.append(self.model.itm_logits(fused).float().softmax(-1)[:, 1].cpu())
         return torch.cat(out)
 
-    # -- Grad-CAM ------------------------------------------------------------------------------
+    # -- the per-kind actions (vlp.kinds.Kind.actions) ------------------------------------------
 
-    def _gradcam_batches(
-        self, images: Images, texts: Texts, layer: Optional[int], batch_size: Optional[int], method: str
-    ) -> Iterator[tuple[GradCAM, torch.Tensor, torch.Tensor]]:
-        """(Grad-CAM, input ids, attention mask) of aligned pairs, batch by batch, in eval mode
-        with gradients on (:func:`vlp.models.gradcam.gradcam`)."""
-        self._require(method, RETRIEVAL_KINDS, "the ITM head", fusion=True)
-        tok, bs = self.tokenize(texts), batch_size or self.batch_size
-        n_img = len(self._image_list(images))
-        if n_img != len(tok["input_ids"]):
-            raise ValueError(f"{method} takes aligned pairs: got {n_img} images and {len(tok['input_ids'])} texts")
-        ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
-        with evaluating(self.model):
-            for k, pixels in enumerate(self._image_batches(images, bs)):
-                rows = slice(k * bs, k * bs + len(pixels))
-                yield gradcam(self.model, pixels, ids[rows], mask[rows], layer), ids[rows], mask[rows]
+    def _action(self, method: str, what: str, fusion: bool = False) -> Callable[..., Any]:
+        """The checkpoint kind's implementation of ``method`` (:attr:`vlp.kinds.Kind.actions`), after
+        :meth:`_require` (``what`` it needs, ``fusion``: a fusion encoder)."""
+        self._require(method, what, fusion)
+        action = kind_entry(self.kind).action(method)
+        if action is None:
+            raise UnsupportedKind(f"VLPModel.{method}: the {self.kind} kind registers no implementation of it")
+        return action
 
     def explain(self, image: ImageLike, text: str, layer: Optional[int] = None) -> Explanation:
         """Grad-CAM of the ITM match logit over the cross-attention of fusion layer ``layer``
         (default: the middle one, :func:`vlp.models.gradcam.default_layer`) for one image and one
         text: a map [h, w] per token (ALBEF's visualisation notebook; docs in
         :mod:`vlp.models.gradcam`). Needs gradients, so it runs in eval mode but not under
-        ``no_grad``; the model's parameters get no ``.grad``."""
-        ((cam, ids, mask),) = list(self._gradcam_batches([image], [text], layer, 1, "explain"))
-        n = int(mask[0].sum())
-        tokens = self.tokenizer.convert_ids_to_tokens(ids[0, :n].tolist())
-        score = float(cam.itm_logits.softmax(-1)[0, 1])
-        return Explanation(tokens, cam.maps[0, :n].cpu(), score, cam.layer)
+        ``no_grad``; the model's parameters get no ``.grad``. (:func:`vlp.api.gradcam.explain`)"""
+        return self._action("explain", "the ITM head", fusion=True)(self, image, text, layer)
 
     def grounding_maps(
         self,
@@ -440,22 +423,15 @@ class VLPModel:
         """The Grad-CAM grounding map [N, h, w] of each aligned pair (``images[i]``, ``texts[i]``):
         the per-token maps of :meth:`explain` averaged over the text's tokens
         (:func:`vlp.models.gradcam.token_mean`; ``words_only`` leaves out [CLS] and [SEP])."""
-        return torch.cat(
-            [
-                token_mean(cam.maps, mask, words_only).cpu()
-                for cam, _, mask in self._gradcam_batches(images, texts, layer, batch_size, "grounding_maps")
-            ]
-        )
+        action = self._action("grounding_maps", "the ITM head", fusion=True)
+        return action(self, images, texts, layer, batch_size, words_only)
 
     def gradcam_layer(self, layer: Optional[int] = None) -> int:
         """The fusion layer Grad-CAM uses for ``layer`` (None: the middle one); one the model does
         not have raises ``ValueError``."""
-        self._require("gradcam_layer", RETRIEVAL_KINDS, "the ITM head", fusion=True)
-        return fusion_layer_index(self.model, layer)
+        return self._action("gradcam_layer", "the ITM head", fusion=True)(self, layer)
 
-    # -- VQA -----------------------------------------------------------------------------------
-
-    @_inference
+    @inference
     def answer(
         self,
         images: Images,
@@ -467,84 +443,24 @@ class VLPModel:
         """The answer to each (image, question) pair, ranked over ``candidates`` (default: the
         checkpoint's answer list) with ALBEF's two-step ranking: the ``k`` candidates (default the
         fine-tuning run's ``vqa.k_test``) with the most probable first token, re-scored by their
-        full-sequence likelihood (:meth:`vlp.models.vqa.VQAModel.rank_answers`)."""
-        from vlp.data.vqa import VQACollator, tokenize_answers
+        full-sequence likelihood (:meth:`vlp.models.vqa.VQAModel.rank_answers`; :func:`vlp.api.answer.answer`)."""
+        action = self._action("answer", "the VQA answer decoder")
+        return action(self, images, questions, candidates, k, batch_size)
 
-        self._require("answer", ("vqa",), "the VQA answer decoder")
-        answers = list(candidates) if candidates is not None else self.answers
-        if not answers:
-            raise ValueError(
-                "VLPModel.answer: this checkpoint stores no answer list (its data.answer_list file was "
-                "not found when it was loaded); pass candidates=[...]"
-            )
-        questions = _as_list(questions, (str,))
-        if len(self._image_list(images)) != len(questions):
-            raise ValueError(
-                f"answer takes one image per question: got {len(self._image_list(images))} images "
-                f"and {len(questions)} questions"
-            )
-        pre, bs = self.preprocessor, batch_size or self.batch_size
-        cand_ids, cand_mask = tokenize_answers(self.tokenizer, answers, pre.answer_max_len or 10)
-        cand_ids, cand_mask = cand_ids.to(self.device), cand_mask.to(self.device)
-        collate = VQACollator(self.tokenizer, pre.max_len, pre.answer_max_len or 10)  # pre_question, as evaluation
-        out: list[str] = []
-        for b, pixels in enumerate(self._image_batches(images, bs)):
-            qs = questions[b * bs : b * bs + len(pixels)]
-            batch = collate(
-                [{"image": p, "question": q, "answers": [], "weights": [], "index": 0} for p, q in zip(pixels, qs)]
-            )
-            ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
-            states = self.model.encode_question(pixels, ids, mask)
-            pred, _ = self.model.rank_answers(states, mask, cand_ids, cand_mask, k or self.vqa_k_test)
-            out += [answers[i] for i in pred.tolist()]
-        return out
-
-    # -- NLVR2 ---------------------------------------------------------------------------------
-
-    @_inference
+    @inference
     def nlvr(
         self, images0: Images, images1: Images, sentences: Texts, batch_size: Optional[int] = None
     ) -> Union[float, torch.Tensor]:
         """Probability that each sentence is true of its image pair: a float for one sentence
-        (a ``str``), else a tensor [N]; ``> 0.5`` is the model's True."""
-        self._require("nlvr", ("nlvr2",), "the NLVR2 classifier")
-        single = isinstance(sentences, str)
-        from vlp.data.nlvr import tokenize_sentences  # lazily: vlp.data.nlvr loads the training datasets
+        (a ``str``), else a tensor [N]; ``> 0.5`` is the model's True (:func:`vlp.api.classify.nlvr`)."""
+        return self._action("nlvr", "the NLVR2 classifier")(self, images0, images1, sentences, batch_size)
 
-        # ALBEF's NLVR2 cut (30 words, no token cut) in albef_compat mode
-        tok = tokenize_sentences(self.tokenizer, _as_list(sentences, (str,)), self.preprocessor.max_len)
-        bs = batch_size or self.batch_size
-        n0, n1, n = len(self._image_list(images0)), len(self._image_list(images1)), len(tok["input_ids"])
-        if not n0 == n1 == n:
-            raise ValueError(f"nlvr takes one image pair per sentence: got {n0} + {n1} images and {n} sentences")
-        ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
-        out = []
-        for k, (p0, p1) in enumerate(zip(self._image_batches(images0, bs), self._image_batches(images1, bs))):
-            rows = slice(k * bs, k * bs + len(p0))
-            out.append(self.model.classify(p0, p1, ids[rows], mask[rows]).float().softmax(-1)[:, 1].cpu())
-        prob = torch.cat(out)
-        return float(prob[0]) if single else prob
-
-    @_inference
+    @inference
     def entailment(self, images: Images, hypotheses: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
         """SNLI-VE: the probabilities [N, 3] that each hypothesis is contradicted by / neutral to /
         entailed by its image (ALBEF's class order 0 / 1 / 2: :data:`VE_LABELS`); one image per
-        hypothesis. Hypotheses are cut as the VE fine-tuning cut them."""
-        self._require("entailment", ("ve",), "the SNLI-VE classifier")
-        from vlp.data.nlvr import tokenize_sentences  # lazily: vlp.data.nlvr loads the training datasets
-
-        tok = tokenize_sentences(self.tokenizer, _as_list(hypotheses, (str,)), self.preprocessor.max_len)
-        bs = batch_size or self.batch_size
-        n_img, n = len(self._image_list(images)), len(tok["input_ids"])
-        if n_img != n:
-            raise ValueError(f"entailment takes one image per hypothesis: got {n_img} images and {n} hypotheses")
-        ids, mask = tok["input_ids"].to(self.device), tok["attention_mask"].to(self.device)
-        model: Any = self.model  # a VEModel (checked above)
-        out = []
-        for k, pix in enumerate(self._image_batches(images, bs)):
-            rows = slice(k * bs, k * bs + len(pix))
-            out.append(model.classify(pix, ids[rows], mask[rows]).float().softmax(-1).cpu())
-        return torch.cat(out)
+        hypothesis. Hypotheses are cut as the VE fine-tuning cut them (:func:`vlp.api.classify.entailment`)."""
+        return self._action("entailment", "the SNLI-VE classifier")(self, images, hypotheses, batch_size)
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,47 @@
+"""``run_evaluate`` (:mod:`vlp.runs.evaluate_task`): a checkpoint evaluated by its kind's registered
+evaluator; the VQA, NLVR2 and SNLI-VE evaluators on untrained checkpoints of those kinds."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import QUICK, ROOT, SHAPES_TINY, TINY_ALBEF
+from vlp.config import FinetuneConfig, FinetuneDataConfig, PretrainConfig, load_config, to_dict
+from vlp.data.downstream_formats import load_nlvr, load_ve, load_vqa
+from vlp.kinds import UnknownKind
+from vlp.models.build import build_model_of_kind
+from vlp.runs.evaluate_task import run_evaluate
+from vlp.weights import save_checkpoint
+
+WORLD = dict(seed=4, n_train=8, n_val=4, n_test=4)
+
+
+def checkpoint(tmp_path: Path, kind: str, **data) -> Path:
+    """An untrained checkpoint of ``kind`` (the tiny shapes model) whose config is a fine-tuning run's."""
+    model = load_config(PretrainConfig, ROOT / SHAPES_TINY, [*TINY_ALBEF, *QUICK]).model
+    ft = FinetuneConfig(task=kind, data=FinetuneDataConfig(max_len=25, **data))
+    state = {"task": kind, "config": to_dict(ft), "model": to_dict(model), "step": 1}
+    return save_checkpoint(tmp_path / kind, build_model_of_kind(kind, model, 30522), state)
+
+
+@pytest.mark.parametrize(
+    ("kind", "split", "count"),
+    [
+        ("vqa", "vqa_val", lambda path: len(load_vqa([path]))),
+        ("nlvr2", "nlvr_dev", lambda path: len(load_nlvr(path))),
+        ("ve", "ve_dev", lambda path: len(load_ve(path))),
+    ],
+)
+def test_a_checkpoint_is_evaluated_by_its_kinds_evaluator(world, tmp_path, kind, split, count):
+    extra = {"answer_list": str(world["answer_list"])} if kind == "vqa" else {}
+    metrics = run_evaluate(checkpoint(tmp_path, kind, **extra), world[split], tmp_path / "ev")
+    assert metrics == json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    assert metrics["n"] == count(world[split]) > 0 and 0.0 <= metrics["acc"] <= 100.0
+    if kind == "vqa":
+        assert 0.0 <= metrics["acc_official"] <= 100.0
+
+
+def test_a_kind_without_an_evaluator_is_named(world, tmp_path):
+    with pytest.raises(UnknownKind, match=r"kind 'nlvr-ta' has no evaluator; kinds with one: \['pretrain'"):
+        run_evaluate(checkpoint(tmp_path, "nlvr-ta"), world["pretrain"], tmp_path / "ev")
