@@ -10,7 +10,6 @@ from PIL import Image
 import vlp
 from vlp.checkpoint import preprocessor_of
 from vlp.config import (
-    FINETUNE_TASKS,
     TEXT_PRESETS,
     VISION_PRESETS,
     FinetuneConfig,
@@ -26,6 +25,7 @@ from vlp.config.presets import albef_release
 from vlp.errors import ConfigError
 from vlp.factory import model_config, preset_preprocessor
 from vlp.interop import zoo
+from vlp.kinds import is_finetuned
 from vlp.models.albef import ALBEF
 
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
@@ -162,6 +162,6 @@ def test_released_tags_keep_their_weights_resolution_and_preprocessing(tag):
     assert (text["hidden"], text["layers"], text["fusion_layers"], text["albef_compat"]) == (768, 6, fusion, True)
     # the preprocessing: what the converted checkpoint's own preprocessor says
     vlp_kind = VLP_KIND[kind]
-    run = FinetuneConfig(task=vlp_kind) if vlp_kind in FINETUNE_TASKS else PretrainConfig(model=cfg)
+    run = FinetuneConfig(task=vlp_kind) if is_finetuned(vlp_kind) else PretrainConfig(model=cfg)
     assert preset_preprocessor(tag) == preprocessor_of(vlp_kind, run, cfg)
     assert list(zoo.PRETRAINED) == list(OLD_ZOO)
