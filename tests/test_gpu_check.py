@@ -16,7 +16,7 @@ import pytest
 
 from tests.helpers import ROOT, load_script
 
-SECTIONS = ["world", "itc", "resume", "collectives", "bench", "loader"]  # --part eager, the default
+SECTIONS = ["world", "itc", "resume", "collectives", "bench", "loader", "zero2", "gloo2"]  # --part eager, the default
 COMPILE_SECTIONS = ["world", "compile_64", "compile_128"]  # --part compile
 
 
@@ -100,6 +100,12 @@ def test_section_numbers_are_plausible(cpu_check):
         prof = row["profile"]
         assert prof["steps"] == 1 and prof["aten_ops_per_step"] > 100
         assert prof["kernel_launches_per_step"] == prof["syncs_per_step"] == 0 and prof["runtime_calls"] == {}
+
+    z = s["zero2"]["results"]  # one process under DeepSpeed ZeRO-2 against the same run without it
+    assert [r["step"] for r in z["zero2"]] == [1, 2, 3, 4] and max(z["max_loss_diff_per_step"]) <= 1e-5
+    g = s["gloo2"]["results"]  # two gloo processes; on a GPU their tensors are CUDA tensors
+    assert [r["rank"] for r in g["ranks"]] == [0, 1] and all(r["backend"] == "gloo" for r in g["ranks"])
+    assert len(s["gloo2"]["checks"]) == 64 and g["device"] == "cpu"
 
     (loader,) = s["loader"]["results"]["rows"]  # data.image.decode=device, its device's share on the CPU here
     assert loader["source"] == "200x150" and loader["image_size"] == 64 and loader["batch"] == 4

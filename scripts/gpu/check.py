@@ -19,6 +19,10 @@ borrowed GPU (issues 17, 44), each under 5 minutes on an H100 with its own resul
   256 px, generated photo-like JPEGs of two sizes; nvJPEG on CUDA): the loader's share per worker
   against ``full``'s, and the device's share (one batched ``decode_jpeg``, then the crops and
   RandAugment as tensor ops): images/s, ms per batch, the difference from the CPU decode
+- ``zero2``: ``vlp pretrain`` under DeepSpeed ZeRO-2 with one process against the same run without
+  DeepSpeed (4 fp32 steps: losses); ``gloo2``: two processes in one gloo group with their tensors
+  on the device (one GPU cannot hold two NCCL ranks): every ``vlp.dist`` collective against the
+  same with CPU tensors and the expected values (``check_dist.py``)
 
 ``--part compile`` (``make gpu-check-compile``; results ``OUT/gpu_check_compile.json`` and ``.md``):
 
@@ -59,6 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the check_*.py modul
 
 from check_common import PART_FILES, PARTS, ROOT, SECTIONS, Context, Plan, make_plan  # noqa: E402
 from check_common import peak_bf16_tflops as peak_bf16_tflops  # noqa: E402,F401 - tests/test_gpu_check.py
+from check_dist import section_gloo2, section_zero2  # noqa: E402
 from check_perf import (  # noqa: E402
     section_bench,
     section_compile_64,
@@ -77,6 +82,8 @@ SECTION_FUNCS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "collectives": section_collectives,
     "bench": section_bench,
     "loader": section_loader,
+    "zero2": section_zero2,
+    "gloo2": section_gloo2,
     "retrieval": section_retrieval,
     "compile_64": section_compile_64,
     "compile_128": section_compile_128,

@@ -13,11 +13,23 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "pretrain" / "shapes_tiny.yaml"
-SECTIONS = ("world", "itc", "resume", "collectives", "bench", "loader", "retrieval", "compile_64", "compile_128")
+SECTIONS = (
+    "world",
+    "itc",
+    "resume",
+    "collectives",
+    "bench",
+    "loader",
+    "zero2",
+    "gloo2",
+    "retrieval",
+    "compile_64",
+    "compile_128",
+)
 #: the two commands of a loan (issue 44), each under 5 minutes on an H100: ``--part eager`` (``make gpu-check``)
 #: and ``--part compile`` (``make gpu-check-compile``); retrieval runs only when named (``--sections``)
 PARTS = {
-    "eager": ("world", "itc", "resume", "collectives", "bench", "loader"),
+    "eager": ("world", "itc", "resume", "collectives", "bench", "loader", "zero2", "gloo2"),
     "compile": ("world", "compile_64", "compile_128"),
 }
 #: each part's results: OUT/NAME.json and OUT/NAME.md, and its worker logs OUT/PREFIX-N.log
@@ -120,6 +132,8 @@ def make_plan(cpu: bool) -> Plan:
                 collectives=60,
                 bench=150,
                 loader=90,
+                zero2=180,
+                gloo2=90,
                 retrieval=120,
                 compile_64=150,
                 compile_128=150,
@@ -157,6 +171,8 @@ def make_plan(cpu: bool) -> Plan:
             collectives=30,
             bench=60,
             loader=90,
+            zero2=90,
+            gloo2=45,
             retrieval=210,
             compile_64=150,
             compile_128=130,
