@@ -6,7 +6,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo demo-full test test-oldest lint format clean gpu-check gpu-wheels
+.PHONY: setup demo demo-full test test-oldest lint format clean gpu-check gpu-check-compile gpu-wheels
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -57,13 +57,18 @@ clean:
 	rm -rf demo_out demo_full .pytest_cache
 
 # A borrowed GPU (docs/performance.md, "A borrowed GPU: make gpu-check"). gpu-wheels, here: the wheels
-# that machine lacks, into .whl/ (carry it). gpu-check, there: every section in < 10 min, results in
-# $(OUT)/gpu-check when OUT is set (the device tool's folder), else runs/gpu-check; `make gpu-check
-# GPU_CHECK_ARGS=--cpu` is the tiny CPU version. The venv's python where there is one, else python3.
+# that machine lacks, into .whl/ (carry it). There, two commands of < 5 min each: gpu-check (environment,
+# correctness, eager bench at batch 64 and 128, loader; gpu_check.json) and gpu-check-compile
+# (train.compile=full and CUDA graphs; gpu_check_compile.json), results in $(OUT)/gpu-check when OUT
+# is set (the device tool's folder), else runs/gpu-check; `make gpu-check GPU_CHECK_ARGS=--cpu` is the
+# tiny CPU version. The venv's python where there is one, else python3.
 GPU_CHECK_ARGS ?= $(if $(OUT),--out $(OUT)/gpu-check)
 
 gpu-wheels:
 	sh scripts/gpu/wheels.sh
 
 gpu-check:
-	GPU_PYTHON=$(if $(wildcard $(PY)),$(PY),python3) sh scripts/gpu/check.sh $(GPU_CHECK_ARGS)
+	GPU_PYTHON=$(if $(wildcard $(PY)),$(PY),python3) sh scripts/gpu/check.sh --part eager $(GPU_CHECK_ARGS)
+
+gpu-check-compile:
+	GPU_PYTHON=$(if $(wildcard $(PY)),$(PY),python3) sh scripts/gpu/check.sh --part compile $(GPU_CHECK_ARGS)

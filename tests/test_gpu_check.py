@@ -1,5 +1,6 @@
-"""``make gpu-check`` (scripts/gpu/check.py) in ``--cpu`` mode: every section at tiny sizes, in a
-subprocess through the same wrapper the Makefile runs, so the GPU check cannot rot unnoticed."""
+"""``make gpu-check`` and ``make gpu-check-compile`` (scripts/gpu/check.py ``--part eager`` and
+``--part compile``) in ``--cpu`` mode: every section at tiny sizes, in a subprocess through the same
+wrapper the Makefile runs, so the GPU check cannot rot unnoticed."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import pytest
 
 from tests.helpers import ROOT, load_script
 
-SECTIONS = ["world", "itc", "resume", "collectives", "bench", "retrieval", "compile", "loader"]
+SECTIONS = ["world", "itc", "resume", "collectives", "bench", "loader", "zero2", "gloo2"]  # --part eager, the default
+COMPILE_SECTIONS = ["world", "compile_64", "compile_128"]  # --part compile
 
 
 def run_check(args: list[str], timeout: int = 600) -> tuple[subprocess.CompletedProcess, float]:
@@ -39,6 +41,14 @@ def cpu_check(tmp_path_factory):
     res, seconds = run_check(["--out", str(out)])
     assert (out / "gpu_check.json").is_file(), res.stdout[-3000:] + res.stderr[-3000:]
     return res, json.loads((out / "gpu_check.json").read_text()), out, seconds
+
+
+@pytest.fixture(scope="module")
+def cpu_compile_check(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check_compile")
+    res, seconds = run_check(["--part", "compile", "--out", str(out)])
+    assert (out / "gpu_check_compile.json").is_file(), res.stdout[-3000:] + res.stderr[-3000:]
+    return res, json.loads((out / "gpu_check_compile.json").read_text()), out, seconds
 
 
 def test_every_section_passes_and_the_report_is_complete(cpu_check):
@@ -80,29 +90,22 @@ def test_section_numbers_are_plausible(cpu_check):
     assert c["torch_distributed_calls"]["all_gather"] >= 2 and c["torch_distributed_calls"]["all_reduce"] >= 5
     assert all(n > 0 for fn, n in c["collective_calls"].items() if fn not in ("gather_rows", "fetch_rows"))
 
-    rows = s["bench"]["results"]["rows"]
-    assert [r["precision"] for r in rows] == ["fp32", "bf16", "fp32"]
+    rows = s["bench"]["results"]["rows"]  # eager bf16 at the two batches (64 and 128 on CUDA)
+    assert [(r["precision"], r["batch"], r["compile"]) for r in rows] == [("bf16", 4, "off"), ("bf16", 8, "off")]
     for row in rows:
         assert row["pairs_per_s"] > 0 and row["gflop_per_pair"] > 0 and row["ms_per_step"] > 0
         assert row["mfu"] is None and row["peak_tflops"] is None  # no peak for a CPU
         assert row["pairs_per_s"] == pytest.approx(row["batch"] / (row["ms_per_step"] / 1000), rel=1e-6)
+        # the profiled step: no CUDA runtime call on a CPU, but its aten ops were seen
+        prof = row["profile"]
+        assert prof["steps"] == 1 and prof["aten_ops_per_step"] > 100
+        assert prof["kernel_launches_per_step"] == prof["syncs_per_step"] == 0 and prof["runtime_calls"] == {}
 
-    comp = s["compile"]["results"]
-    assert comp["backend"] == "eager" and comp["dynamo"]["blocks"]["unique_graphs"] > 0
-    assert comp["dynamo"]["off"]["unique_graphs"] == 0
-    assert (
-        comp["dynamo"]["full"]["unique_graphs"] == 2 and comp["dynamo"]["full"]["recompiles"] == 0
-    )  # forward, post-step
-    assert [r["compile"] for r in comp["rows"]] == ["off", "blocks", "full", "full"]
-    assert all(r["pairs_per_s"] > 0 for r in comp["rows"])
-    assert any("CUDA graphs need a CUDA device" in w for w in comp["rows"][3]["warnings"])  # the CPU's fall-back
-
-    ret = s["retrieval"]["results"]
-    assert [r["precision"] for r in ret["rows"]] == ["fp32", "bf16"]
-    for row in ret["rows"]:
-        assert (row["n_images"], row["n_texts"]) == (20, 100) and 400 <= row["itm_pairs"] <= 480
-        assert row["seconds"] > 0 and row["peak_memory_mb"] > 0
-        assert row["eval_record"]["image_size"] == 32 and row["eval_record"]["k_test"] == 4
+    z = s["zero2"]["results"]  # one process under DeepSpeed ZeRO-2 against the same run without it
+    assert [r["step"] for r in z["zero2"]] == [1, 2, 3, 4] and max(z["max_loss_diff_per_step"]) <= 1e-5
+    g = s["gloo2"]["results"]  # two gloo processes; on a GPU their tensors are CUDA tensors
+    assert [r["rank"] for r in g["ranks"]] == [0, 1] and all(r["backend"] == "gloo" for r in g["ranks"])
+    assert len(s["gloo2"]["checks"]) == 64 and g["device"] == "cpu"
 
     (loader,) = s["loader"]["results"]["rows"]  # data.image.decode=device, its device's share on the CPU here
     assert loader["source"] == "200x150" and loader["image_size"] == 64 and loader["batch"] == 4
@@ -112,6 +115,51 @@ def test_section_numbers_are_plausible(cpu_check):
         json.loads(Path(loader["json"]).read_text())["device_decode"]["images_per_s"] == loader["device_images_per_s"]
     )
     assert "| loader, decode=device |" in (cpu_check[2] / "gpu_check.md").read_text()
+
+
+def test_the_compile_part_passes_with_compilation_apart_and_cuda_graphs_not_captured(cpu_compile_check):
+    """``--part compile``: train.compile=full at both batches with its warm-up (compilation) apart from the
+    timed steps; on a CPU the CUDA-graph rows are not run and read "not captured", with no speed."""
+    res, report, out, seconds = cpu_compile_check
+    failed = {k: v.get("error") for k, v in report["sections"].items() if not v["passed"]}
+    assert res.returncode == 0 and not failed, (failed, res.stdout[-3000:])
+    assert report["part"] == "compile" and report["section_order"] == COMPILE_SECTIONS and report["complete"]
+    assert not (out / "gpu_check.json").exists()  # the eager part's results are another file
+    rows = [r for name in ("compile_64", "compile_128") for r in report["sections"][name]["results"]["rows"]]
+    assert [(r["batch"], r["compile"], r["cuda_graphs"]) for r in rows] == [
+        (4, "off", None),
+        (4, "full", None),
+        (4, "full", "not captured: CUDA graphs need a CUDA device"),
+        (8, "full", None),
+        (8, "full", "not captured: CUDA graphs need a CUDA device"),
+    ]
+    for r in rows:
+        if r["cuda_graphs"] is not None:
+            assert r["pairs_per_s"] is None and r["not_captured"] == r["cuda_graphs"]
+            continue
+        assert r["pairs_per_s"] > 0 and r["warmup"] == 1 and r["steps"] == 1
+        assert r["first_step_s"] == r["warmup_s"] > 0  # the compilation, apart from the timed step
+        if r["compile"] == "full":  # the forward and the post-step, compiled in the warm-up
+            c = r["compile_record"]
+            assert (c["graphs"], c["graph_breaks"], c["recompiles"], r["graphs_after_warmup"]) == (2, 0, 0, 0)
+    table = (out / "gpu_check_compile.md").read_text()
+    assert table.startswith("# gpu-check-compile: PASSED") and table in res.stdout
+    assert "| base bf16 full+cuda_graphs, batch 8 | 8 | not captured: CUDA graphs need a CUDA device |" in table
+    assert seconds < 300
+
+
+def test_retrieval_runs_when_named(tmp_path):
+    """Retrieval is in neither part (its target is met): ``--sections retrieval`` runs it."""
+    out = tmp_path / "out"
+    res, _ = run_check(["--out", str(out), "--sections", "retrieval"])
+    s = json.loads((out / "gpu_check.json").read_text())["sections"]
+    assert res.returncode == 0 and sorted(s) == ["retrieval", "world"], res.stdout[-3000:]
+    ret = s["retrieval"]["results"]
+    assert [r["precision"] for r in ret["rows"]] == ["fp32", "bf16"]
+    for row in ret["rows"]:
+        assert (row["n_images"], row["n_texts"]) == (20, 100) and 400 <= row["itm_pairs"] <= 480
+        assert row["seconds"] > 0 and row["peak_memory_mb"] > 0
+        assert row["eval_record"]["image_size"] == 32 and row["eval_record"]["k_test"] == 4
 
 
 def test_a_failing_or_overrunning_section_is_recorded_and_the_others_still_run(tmp_path):

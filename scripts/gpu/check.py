@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""``make gpu-check``: one command that checks and measures vlp on a borrowed GPU (issue 17).
+"""``make gpu-check`` and ``make gpu-check-compile``: the two commands that check and measure vlp on a
+borrowed GPU (issues 17, 44), each under 5 minutes on an H100 with its own results file.
 
-Sections (each timed, each with its own time budget; a failure is recorded with its error and the
-others still run; the exit status is 1 if any section did not pass):
+``--part eager`` (``make gpu-check``; results ``OUT/gpu_check.json`` and ``.md``):
 
 - ``world``: ``vlp make-world`` (a small shapes world; its test split: 1,000 images x 5,000 captions)
 - ``itc``: the ITC objective (:func:`vlp.tasks.objectives.itc_step`) on fixed features under bf16
@@ -12,23 +12,32 @@ others still run; the exit status is 1 if any section did not pass):
   losses and final weights compared (exact on CPU; on CUDA within 10x the noise floor)
 - ``collectives``: every collective of :mod:`vlp.dist` through a real process group of one process
   (NCCL on CUDA, gloo on CPU) inside ``collectives_on_one_process()``: values and devices
-- ``bench``: :func:`vlp.runs.bench.run_bench` at the tiny config and at the base config (bf16; fp32 with
-  TF32 where ``train.tf32`` exists), MFU against the device's peak
-- ``retrieval``: zero-shot retrieval of the test split with ITM re-ranking of the top 128 at 384 px
-  (base model, random init, checkpoint from a 1-step ``vlp pretrain``) in fp32 and bf16: time, memory
-- ``compile``: ``train.compile`` off / blocks / full / full with ``train.cuda_graphs`` at the base
-  config (bf16, fixed text length): pairs/s, wall time with compilation, graphs and recompiles
-  (``torch._dynamo``), the CUDA-graph warnings if any
+- ``bench``: :func:`vlp.runs.bench.run_bench` at the base config in bf16, eager, batch 64 and 128:
+  pairs/s, MFU against the device's peak, and kernel launches and host syncs per step counted by
+  ``torch.profiler`` over a few more steps
 - ``loader``: ``vlp bench --loader-only`` with ``data.image.decode=device`` (ALBEF's augmentation at
-  256 px, generated photo-like JPEGs of two sizes): the loader's share per worker against ``full``'s,
-  and the device's share (one batched ``decode_jpeg`` on CUDA, then the crops and RandAugment as tensor
-  ops): images/s, ms per batch, the difference from the CPU decode; each bench's JSON in ``OUT``.
-  ``--sections loader`` runs it alone (after the world section, which it does not need)
+  256 px, generated photo-like JPEGs of two sizes; nvJPEG on CUDA): the loader's share per worker
+  against ``full``'s, and the device's share (one batched ``decode_jpeg``, then the crops and
+  RandAugment as tensor ops): images/s, ms per batch, the difference from the CPU decode
+- ``zero2``: ``vlp pretrain`` under DeepSpeed ZeRO-2 with one process against the same run without
+  DeepSpeed (4 fp32 steps: losses); ``gloo2``: two processes in one gloo group with their tensors
+  on the device (one GPU cannot hold two NCCL ranks): every ``vlp.dist`` collective against the
+  same with CPU tensors and the expected values (``check_dist.py``)
 
-``--cpu`` runs the same sections at tiny sizes in seconds (gloo, eager compile backend), which is what
-``tests/test_gpu_check.py`` runs. Results: ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (also
-printed). The sections run in a worker process; a worker that crashes or overruns its section's
-budget is killed and a fresh one continues with the next section (its output: ``OUT/worker-*.log``).
+``--part compile`` (``make gpu-check-compile``; results ``OUT/gpu_check_compile.json`` and ``.md``):
+
+- ``compile_64``: the base bf16 bench (fixed text length) eager, ``train.compile=full`` and full with
+  ``train.cuda_graphs`` at batch 64; ``compile_128``: full and full with CUDA graphs at batch 128.
+  pairs/s with the warm-up (compilation) apart, graphs, graph breaks and recompiles, and whether
+  inductor captured the CUDA graphs: a row it did not is "not captured: REASON", no speed, and fails
+
+``retrieval`` (zero-shot retrieval with ITM re-ranking of the test split at 384 px, fp32 and bf16)
+runs only when named: ``--sections retrieval``.
+
+``--cpu`` runs the same sections at tiny sizes in seconds (gloo, eager compile backend; the CUDA-graph
+rows are not run and read "not captured"), which is what ``tests/test_gpu_check.py`` runs. The
+sections run in a worker process; a worker that crashes or overruns its section's budget is killed
+and a fresh one continues with the next section (its output: ``OUT/worker-*.log``).
 """
 
 from __future__ import annotations
@@ -52,9 +61,16 @@ from typing import Any, Callable, Iterator, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the check_*.py modules next to this script
 
-from check_common import ROOT, SECTIONS, Context, Plan, make_plan  # noqa: E402
+from check_common import PART_FILES, PARTS, ROOT, SECTIONS, Context, Plan, make_plan  # noqa: E402
 from check_common import peak_bf16_tflops as peak_bf16_tflops  # noqa: E402,F401 - tests/test_gpu_check.py
-from check_perf import section_bench, section_compile, section_loader, section_retrieval  # noqa: E402
+from check_dist import section_gloo2, section_zero2  # noqa: E402
+from check_perf import (  # noqa: E402
+    section_bench,
+    section_compile_64,
+    section_compile_128,
+    section_loader,
+    section_retrieval,
+)
 from check_report import markdown  # noqa: E402
 from check_sections import cuda_rng_states as cuda_rng_states  # noqa: E402,F401 - tests/test_gpu_check.py
 from check_sections import section_collectives, section_itc, section_resume, section_world  # noqa: E402
@@ -65,9 +81,12 @@ SECTION_FUNCS: dict[str, Callable[[Context], dict[str, Any]]] = {
     "resume": section_resume,
     "collectives": section_collectives,
     "bench": section_bench,
-    "retrieval": section_retrieval,
-    "compile": section_compile,
     "loader": section_loader,
+    "zero2": section_zero2,
+    "gloo2": section_gloo2,
+    "retrieval": section_retrieval,
+    "compile_64": section_compile_64,
+    "compile_128": section_compile_128,
 }
 
 
@@ -343,7 +362,7 @@ def run_sections(
                 on_done(name, failed_record(f"not run: the overall deadline ({args.deadline:.0f} s) was reached", 0.0))
             return
         attempt += 1
-        log = out / f"worker-{attempt}.log"
+        log = out / f"{PART_FILES[args.part][1]}-{attempt}.log"
         cmd = worker_command(pending, state, work, out, plan.cpu)
         with open(log, "w") as fh, _worker(cmd, fh, plan.cpu) as proc:
             ended = watch_worker(proc, state, plan, pending, args.deadline, t_start, on_done)
@@ -359,14 +378,30 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
-        "--out", default="runs/gpu-check", help="folder for gpu_check.json, gpu_check.md and the worker logs"
+        "--out",
+        default="runs/gpu-check",
+        help="folder for the part's results (gpu_check.json and .md; --part compile: gpu_check_compile.json and .md) "
+        "and the worker logs",
     )
     p.add_argument("--cpu", action="store_true", help="tiny sizes on the CPU (gloo, eager compile backend): seconds")
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated subset of {','.join(SECTIONS)}")
+    p.add_argument(
+        "--part",
+        choices=sorted(PARTS),
+        default="eager",
+        help="eager: make gpu-check (environment, correctness, eager bench, loader); compile: make gpu-check-compile "
+        "(train.compile=full and CUDA graphs at batch 64 and 128)",
+    )
+    p.add_argument(
+        "--sections",
+        default=None,
+        help="comma-separated sections instead of the part's ("
+        + "; ".join(f"{k}: {','.join(v)}" for k, v in PARTS.items())
+        + f"), any of {','.join(SECTIONS)}",
+    )
     p.add_argument(
         "--deadline",
         type=float,
-        default=540.0,
+        default=270.0,
         help="seconds for everything (sections not started by then are recorded as not run)",
     )
     p.add_argument("--budget-scale", type=float, default=1.0, help="multiply every section's time budget")
@@ -390,7 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
 def section_names(p: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     """The sections to run from ``--sections`` (with the world first when another section needs it and
     there is no ``--work``); exits through ``p.error`` on an unknown name."""
-    names = [s.strip() for s in args.sections.split(",") if s.strip()]
+    chosen = args.sections if args.sections is not None else ",".join(PARTS[args.part])
+    names = [s.strip() for s in chosen.split(",") if s.strip()]
     unknown = [s for s in names if s not in SECTIONS]
     if unknown or not names:
         p.error(f"--sections: unknown {unknown}, expected names from {','.join(SECTIONS)}")
@@ -416,13 +452,17 @@ def plan_with_budgets(p: argparse.ArgumentParser, args: argparse.Namespace) -> P
 
 
 class Reporter:
-    """The parent's report: ``OUT/gpu_check.json`` and ``OUT/gpu_check.md``, rewritten after every section."""
+    """The parent's report: ``OUT/gpu_check.json`` and ``OUT/gpu_check.md`` (``--part compile``:
+    ``gpu_check_compile.*``), rewritten after every section."""
 
     def __init__(self, args: argparse.Namespace, names: list[str], work: Path, out: Path, t_start: float) -> None:
         self.args, self.names, self.work, self.out, self.t_start = args, names, work, out, t_start
         self.env = environment()
+        stem = PART_FILES[args.part][0]
+        self.json, self.md = out / f"{stem}.json", out / f"{stem}.md"  # this part's results
         self.report: dict[str, Any] = {
             "check": "vlp gpu-check",
+            "part": args.part,
             "mode": "cpu" if args.cpu else "cuda",
             "environment": self.env,
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -452,8 +492,8 @@ class Reporter:
         if final:  # a section without a record (the parent itself was interrupted) is a failure
             for name in names:
                 secs.setdefault(name, failed_record("not run, or interrupted: the check was stopped", 0.0))
-        write_json(self.out / "gpu_check.json", report)
-        (self.out / "gpu_check.md").write_text(markdown({**report, "section_order": [n for n in names if n in secs]}))
+        write_json(self.json, report)
+        self.md.write_text(markdown({**report, "section_order": [n for n in names if n in secs]}))
 
     def on_done(self, name: str, rec: dict) -> None:
         """Record one section's result, print its line and save the report."""
@@ -479,7 +519,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     shutil.rmtree(work / "state", ignore_errors=True)
     t_start = time.time()
     reporter = Reporter(args, names, work, out, t_start)
-    print(f"gpu-check ({'cpu' if args.cpu else 'cuda'} mode): sections {', '.join(names)}; scratch {work}", flush=True)
+    print(
+        f"gpu-check --part {args.part} ({'cpu' if args.cpu else 'cuda'} mode): sections {', '.join(names)}; scratch {work}",
+        flush=True,
+    )
 
     def stop(signum: int, _frame: Any) -> None:
         raise SystemExit(128 + signum)  # SIGTERM: the finally below kills the worker and writes the report
@@ -492,8 +535,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         if not args.work and not args.keep_work:
             shutil.rmtree(work, ignore_errors=True)
     print()
-    print((out / "gpu_check.md").read_text())
-    print(f"wrote {out / 'gpu_check.json'} and {out / 'gpu_check.md'}")
+    print(reporter.md.read_text())
+    print(f"wrote {reporter.json} and {reporter.md}")
     return 0 if reporter.report["passed"] else 1
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -13,7 +12,6 @@ from check_common import (
     Context,
     Plan,
     device,
-    has_tf32_key,
     load_cfg,
     peak_bf16_tflops,
     peak_memory,
@@ -24,30 +22,23 @@ from check_common import (
 )
 
 
-def _bench_row(name: str, overrides: list[str], warmup: int, steps: int, peak_bf16: Optional[float]) -> dict[str, Any]:
-    from vlp.runs.bench import run_bench
+def bench_row(name: str, overrides: list[str], r: dict[str, Any], peak: Optional[float], wall: float) -> dict[str, Any]:
+    """A report row from a :func:`vlp.runs.bench.run_bench` record ``r`` (its config's ``overrides``,
+    ``peak`` TFLOP/s for MFU, ``wall`` seconds with the build and the warm-up): throughput, phases,
+    memory, MFU, torch.compile's record with the warm-up apart, the profiled launches and syncs, and
+    ``cuda_graphs`` ("captured", "not captured: REASON" or None) - a row not captured has no speed
+    in the table (:mod:`check_report`)."""
+    from vlp.runs.bench import not_captured
 
-    cfg = load_cfg(overrides)
-    tf32 = bool(getattr(cfg.train, "tf32", False)) if cfg.train.precision == "fp32" else None
-    on_cuda = device().type == "cuda"
-    peak = None
-    if peak_bf16 is not None and on_cuda:
-        peak = peak_bf16 if cfg.train.precision == "bf16" else (peak_bf16 / 2 if tf32 else None)
-    release()
-    t0 = time.perf_counter()
-    r = run_bench(cfg, steps=steps, warmup=warmup, peak_tflops=peak)
-    wall = time.perf_counter() - t0
-    release()
     return {
         "name": name,
         "overrides": overrides,
         "device": r["device"],
         "precision": r["precision"],
-        "tf32": tf32 if on_cuda else None,
-        "compile": cfg.train.compile,
+        "compile": r["compile"],
         "batch": r["batch_per_process"],
-        "warmup": warmup,
-        "steps": steps,
+        "warmup": r["warmup"],
+        "steps": r["steps"],
         "pairs_per_s": r["pairs_per_s"],
         "ms_per_step": r["ms_per_step"]["step"],
         "ms_phases": {k: v for k, v in r["ms_per_step"].items() if k != "step"},
@@ -59,8 +50,31 @@ def _bench_row(name: str, overrides: list[str], warmup: int, steps: int, peak_bf
         "peak_tflops": peak,
         "mfu": r["mfu"],
         "trainable_params_m": r["trainable_params_m"],
+        "first_step_s": r["first_step_s"],
+        "warmup_s": r["warmup_s"],
+        "compile_record": r["compile_record"],
+        "graphs_after_warmup": r["graphs_after_warmup"],
+        "cuda_graphs": r["cuda_graphs"],
+        "not_captured": not_captured(r),
+        "profile": r["profile"],
         "wall_s": wall,
     }
+
+
+def _bench_row(name: str, overrides: list[str], steps: tuple[int, int], peak_bf16: Optional[float], profile: int = 0):
+    """Bench ``overrides`` (``steps``: warm-up, timed; ``profile`` more under the profiler) -> its
+    :func:`bench_row`, MFU against ``peak_bf16`` on CUDA in bf16."""
+    from vlp.runs.bench import run_bench
+
+    cfg = load_cfg(overrides)
+    on_cuda = device().type == "cuda"
+    peak = peak_bf16 if peak_bf16 is not None and on_cuda and cfg.train.precision == "bf16" else None
+    release()
+    t0 = time.perf_counter()
+    r = run_bench(cfg, steps=steps[1], warmup=steps[0], peak_tflops=peak, profile=profile)
+    wall = time.perf_counter() - t0
+    release()
+    return bench_row(name, overrides, r, peak, wall)
 
 
 def _peak_for_device() -> tuple[Optional[float], Optional[str], str]:
@@ -73,55 +87,42 @@ def _peak_for_device() -> tuple[Optional[float], Optional[str], str]:
     return peak, key, name
 
 
+def _base(ctx: Context, batch: int, *extra: str) -> list[str]:
+    """The base config's overrides at ``batch`` (bf16, uint8 images, ALBEF's queue) and ``extra``."""
+    return [
+        *pretrain_args(ctx, ctx.plan.base_model),
+        "model.queue_size=65536",
+        f"data.batch_size={batch}",
+        "data.image.uint8=true",
+        "train.precision=bf16",
+        *extra,
+    ]
+
+
 def section_bench(ctx: Context) -> dict[str, Any]:
+    """Eager bf16 at the base config, batch 64 and 128: pairs/s, phases, MFU, and launches and
+    syncs per step counted by ``torch.profiler`` over a few more steps."""
     p = ctx.plan
     peak, key, name = _peak_for_device()
-    tf32 = ["train.tf32=true"] if has_tf32_key() else []
-    common = pretrain_args(ctx, [])
-    base = [
-        *common,
-        *p.base_model,
-        "model.queue_size=65536",
-        f"data.batch_size={p.base_batch}",
-        "data.image.uint8=true",
-    ]
     rows = [
-        _bench_row("tiny (shapes_tiny)", [*common, *p.tiny_model], *p.tiny_steps, peak),
-        _bench_row("base bf16", [*base, "train.precision=bf16"], *p.base_steps, peak),
-        _bench_row(
-            "base fp32" + (", train.tf32=true" if tf32 else ""),
-            [*base, "train.precision=fp32", *tf32],
-            *p.base_steps,
-            peak,
-        ),
+        _bench_row(f"base bf16 eager, batch {b}", _base(ctx, b), p.base_steps, peak, p.profile_steps)
+        for b in p.base_batches
     ]
     checks = {f"{r['name']}: pairs/s > 0": r["pairs_per_s"] > 0 for r in rows}
     checks |= {f"{r['name']}: FLOP counted": r["gflop_per_pair"] > 0 for r in rows}
+    checks |= {f"{r['name']}: {p.profile_steps} steps profiled": r["profile"]["steps"] == p.profile_steps for r in rows}
+    if device().type == "cuda":
+        checks |= {f"{r['name']}: kernel launches seen": r["profile"]["kernel_launches_per_step"] > 0 for r in rows}
     return {
-        "results": {
-            "device": name,
-            "peak_bf16_tflops": peak,
-            "peak_table_entry": key,
-            "train_tf32_key": bool(tf32),
-            "rows": rows,
-        },
+        "results": {"device": name, "peak_bf16_tflops": peak, "peak_table_entry": key, "rows": rows},
         "checks": checks,
         "summary": "; ".join(
-            f"{r['name']} {r['pairs_per_s']:.1f} pairs/s" + (f", MFU {100 * r['mfu']:.1f}%" if r["mfu"] else "")
+            f"{r['name']} {r['pairs_per_s']:.1f} pairs/s"
+            + (f", MFU {100 * r['mfu']:.1f}%" if r["mfu"] else "")
+            + f", {r['profile']['kernel_launches_per_step']:.0f} launches / {r['profile']['syncs_per_step']:.0f} "
+            "syncs per step"
             for r in rows
         ),
-    }
-
-
-def _dynamo_stats() -> dict[str, Any]:
-    from torch._dynamo.utils import counters, guard_failures
-
-    reasons = [r for v in guard_failures.values() for r in v]
-    return {
-        "unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
-        "frames_compiled": int(counters["frames"].get("ok", 0)),
-        "recompiles": len(reasons),
-        "recompile_reasons": [str(r)[:200] for r in reasons[:8]],
     }
 
 
@@ -134,54 +135,93 @@ def _dynamo_reset() -> None:
     guard_failures.clear()
 
 
-def section_compile(ctx: Context) -> dict[str, Any]:
-    """Eager against ``train.compile`` blocks / full / full with CUDA graphs at the base config (bf16,
-    fixed text length for all four): pairs/s, wall time with compilation, graphs and recompiles."""
-    p = ctx.plan
-    peak, _, name = _peak_for_device()
-    base = [
-        *pretrain_args(ctx, p.base_model),
-        "model.queue_size=65536",
-        f"data.batch_size={p.base_batch}",
-        "data.image.uint8=true",
-        "data.text_padding=max_len",
-        "train.precision=bf16",
-        f"train.compile_backend={p.compile_backend}",
-    ]
-    modes = {
-        "off": ["train.compile=off"],
-        "blocks": ["train.compile=blocks"],
-        "full": ["train.compile=full"],
-        "full+cuda_graphs": ["train.compile=full", "train.cuda_graphs=true"],
-    }
-    rows, stats = [], {}
-    for mode, extra in modes.items():
-        _dynamo_reset()
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            row = _bench_row(f"base bf16, {' '.join(extra)}", [*base, *extra], *p.compile_steps, peak)
-        row["warnings"] = [str(w.message)[:300] for w in seen if "cuda_graphs" in str(w.message)]
-        rows.append(row)
-        stats[mode] = _dynamo_stats()
-    _dynamo_reset()
-    eager = rows[0]
-    speedup = {
-        r["name"]: r["pairs_per_s"] / eager["pairs_per_s"] if eager["pairs_per_s"] else float("nan") for r in rows
-    }
+#: the compile sections' ways, by name: their overrides on top of the base config
+COMPILE_MODES = {
+    "off": ["train.compile=off"],
+    "full": ["train.compile=full"],
+    "full+cuda_graphs": ["train.compile=full", "train.cuda_graphs=true"],
+}
+
+
+def _not_run_on_cpu(name: str, overrides: list[str], batch: int) -> dict[str, Any]:
+    """The row of a CUDA-graph run on a machine without CUDA: not run, "not captured" (the config
+    refuses CUDA graphs with the CPU mode's eager backend, and without CUDA there is none to capture)."""
+    from vlp.train.compile_watch import CompileRecord, cuda_graph_status
+
     return {
-        "results": {"device": name, "backend": p.compile_backend, "rows": rows, "speedup": speedup, "dynamo": stats},
-        "checks": {
-            "pairs/s > 0 every way": all(r["pairs_per_s"] > 0 for r in rows),
-            "train.compile=off compiled nothing": stats["off"]["unique_graphs"] == 0,
-            "train.compile=blocks compiled graphs": stats["blocks"]["unique_graphs"] > 0,
-            # the forward (with its backward) and the post-step (vlp/train/post_step.py)
-            "train.compile=full: a forward and a post-step graph, no recompile": stats["full"]["unique_graphs"] == 2
-            and stats["full"]["recompiles"] == 0,
-        },
-        "summary": f"{p.compile_backend}: "
-        + ", ".join(f"{m} {r['pairs_per_s']:.1f} pairs/s ({r['wall_s']:.0f} s wall)" for m, r in zip(modes, rows))
-        + f"; full: {stats['full']['unique_graphs']} graphs, {stats['full']['recompiles']} recompiles",
+        "name": name,
+        "overrides": overrides,
+        "batch": batch,
+        "compile": "full",
+        "precision": "bf16",
+        "cuda_graphs": cuda_graph_status(True, "cpu", CompileRecord()),
+        "not_captured": cuda_graph_status(True, "cpu", CompileRecord()),
+        "pairs_per_s": None,
+        "compile_record": None,
     }
+
+
+def compile_rows(ctx: Context, batch: int, modes: list[str]) -> list[dict[str, Any]]:
+    """The base bf16 bench (``data.text_padding=max_len``) at ``batch``, one row per mode of
+    :data:`COMPILE_MODES` (a fresh dynamo for each); on CPU the CUDA-graph rows are not run."""
+    p = ctx.plan
+    peak, _, _ = _peak_for_device()
+    rows = []
+    for mode in modes:
+        extra = COMPILE_MODES[mode]
+        overrides = _base(ctx, batch, "data.text_padding=max_len", f"train.compile_backend={p.compile_backend}", *extra)
+        name = f"base bf16 {mode}, batch {batch}"
+        if "train.cuda_graphs=true" in extra and device().type != "cuda":
+            rows.append(_not_run_on_cpu(name, overrides, batch))
+            continue
+        _dynamo_reset()
+        rows.append(_bench_row(name, overrides, p.compile_steps, peak))
+    _dynamo_reset()
+    return rows
+
+
+def compile_checks(rows: list[dict[str, Any]], on_cuda: bool) -> dict[str, bool]:
+    """Each compile row's checks: a speed (unless not run), two graphs (the forward, the post-step) and
+    no graph break or recompile under train.compile=full, and on CUDA the CUDA graphs captured."""
+    checks: dict[str, bool] = {}
+    for r in rows:
+        if r["pairs_per_s"] is not None:
+            checks[f"{r['name']}: pairs/s > 0"] = r["pairs_per_s"] > 0
+        c = r["compile_record"]
+        if r["compile"] == "full" and c is not None:
+            checks[f"{r['name']}: 2 graphs, no break, no recompile"] = (
+                c["graphs"] == 2 and c["graph_breaks"] == 0 and c["recompiles"] == 0
+            )
+        if r.get("cuda_graphs") is not None and (on_cuda or c is not None):
+            checks[f"{r['name']}: CUDA graphs captured"] = r["not_captured"] is None
+    return checks
+
+
+def _compile_section(ctx: Context, batch: int, modes: list[str]) -> dict[str, Any]:
+    rows = compile_rows(ctx, batch, modes)
+    name = _peak_for_device()[2]
+
+    def line(r: dict[str, Any]) -> str:
+        if r["not_captured"] or r["pairs_per_s"] is None:
+            return f"{r['name']}: {r['not_captured']}"
+        warm = f" (warm-up {r['warmup_s']:.0f} s)" if r["compile"] != "off" else ""
+        return f"{r['name']} {r['pairs_per_s']:.1f} pairs/s{warm}"
+
+    return {
+        "results": {"device": name, "backend": ctx.plan.compile_backend, "batch": batch, "rows": rows},
+        "checks": compile_checks(rows, device().type == "cuda"),
+        "summary": f"{ctx.plan.compile_backend}: " + "; ".join(line(r) for r in rows),
+    }
+
+
+def section_compile_64(ctx: Context) -> dict[str, Any]:
+    """Eager, ``train.compile=full`` and full with CUDA graphs at the first batch (ALBEF's 64)."""
+    return _compile_section(ctx, ctx.plan.base_batches[0], ["off", "full", "full+cuda_graphs"])
+
+
+def section_compile_128(ctx: Context) -> dict[str, Any]:
+    """``train.compile=full`` and full with CUDA graphs at the second batch (128; eager: the bench's)."""
+    return _compile_section(ctx, ctx.plan.base_batches[1], ["full", "full+cuda_graphs"])
 
 
 def retrieval_checkpoint(ctx: Context, model: list[str]) -> Path:

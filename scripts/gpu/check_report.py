@@ -14,13 +14,14 @@ def _f(x: Any, fmt: str = "{:.1f}", none: str = "n/a") -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     env, secs = report["environment"], report["sections"]
+    title = "gpu-check" if report.get("part", "eager") == "eager" else "gpu-check-compile"
     lines = [
-        f"# gpu-check: {'PASSED' if report['passed'] else 'FAILED'}",
+        f"# {title}: {'PASSED' if report['passed'] else 'FAILED'}",
         "",
         f"{report['mode']} mode, device {env.get('device')}, torch {env.get('torch')}, python {env.get('python')}, "
         f"{report['finished']} UTC, {report['seconds']:.0f} s"
         + (
-            " (CPU mode: tiny sizes everywhere, the 'base' rows included; exact settings in gpu_check.json)"
+            f" (CPU mode: tiny sizes everywhere, the 'base' rows included; exact settings in {title.replace('-', '_')}.json)"
             if report["mode"] == "cpu"
             else ""
         ),
@@ -39,25 +40,11 @@ def markdown(report: dict[str, Any]) -> str:
             f"{text.replace('|', '/')} |"
         )
     rows = [
-        *secs.get("bench", {}).get("results", {}).get("rows", []),
-        *secs.get("compile", {}).get("results", {}).get("rows", []),
+        r
+        for name in ("bench", "compile_64", "compile_128")
+        for r in secs.get(name, {}).get("results", {}).get("rows", [])
     ]
-    if rows:
-        lines += [
-            "",
-            "| bench | precision | batch | pairs/s | ms/step (data, fwd, bwd, opt) | peak memory | GFLOP/pair | "
-            "TFLOP/s | peak | MFU |",
-            "|---|---|---:|---:|---|---:|---:|---:|---:|---:|",
-        ]
-        for r in rows:
-            ph = r["ms_phases"]
-            prec = r["precision"] + (" + TF32" if r.get("tf32") else "") + (" compiled" if r.get("compile") else "")
-            lines.append(
-                f"| {r['name']} | {prec} | {r['batch']} | {r['pairs_per_s']:.1f} | {r['ms_per_step']:.1f} "
-                f"({ph['data']:.1f}, {ph['forward']:.1f}, {ph['backward']:.1f}, {ph['optimizer']:.1f}) | "
-                f"{r['peak_memory_mb']:.0f} MiB | {r['gflop_per_pair']:.2f} | {r['achieved_tflops']:.3f} | "
-                f"{_f(r['peak_tflops'], '{:.0f}')} | {_f(r['mfu'] and 100 * r['mfu'], '{:.1f}%')} |"
-            )
+    lines += bench_table(rows)
     ret = secs.get("retrieval", {}).get("results", {}).get("rows", [])
     if ret:
         lines += [
@@ -73,6 +60,34 @@ def markdown(report: dict[str, Any]) -> str:
             )
     lines += _loader_table(secs.get("loader", {}).get("results", {}).get("rows", []))
     return "\n".join(lines) + "\n"
+
+
+def bench_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The bench and compile rows' table (no lines without rows): a row that asked for CUDA graphs and
+    ran without them shows "not captured: REASON" instead of its speed."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        "| bench | batch | pairs/s | ms/step (data, fwd, bwd, opt) | peak memory | MFU | warm-up (compile) | "
+        "graphs / breaks / recompiles | launches / syncs per step |",
+        "|---|---:|---:|---|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        if r.get("not_captured") or r.get("pairs_per_s") is None:
+            lines.append(f"| {r['name']} | {r['batch']} | {str(r.get('not_captured')).replace('|', '/')} | | | | | | |")
+            continue
+        ph, c, prof = r["ms_phases"], r.get("compile_record"), r.get("profile")
+        graphs = f"{c['graphs']} / {c['graph_breaks']} / {c['recompiles']}" if c and r["compile"] != "off" else ""
+        launches = f"{prof['kernel_launches_per_step']:.0f} / {prof['syncs_per_step']:.0f}" if prof else ""
+        warm = f"{r['warmup_s']:.1f} s (first step {r['first_step_s'] or 0:.1f} s)" if r["warmup"] else "none"
+        lines.append(
+            f"| {r['name']}{' (CUDA graphs ' + r['cuda_graphs'] + ')' if r.get('cuda_graphs') else ''} | {r['batch']} | "
+            f"{r['pairs_per_s']:.1f} | {r['ms_per_step']:.1f} ({ph['data']:.1f}, {ph['forward']:.1f}, "
+            f"{ph['backward']:.1f}, {ph['optimizer']:.1f}) | {r['peak_memory_mb']:.0f} MiB | "
+            f"{_f(r['mfu'] and 100 * r['mfu'], '{:.1f}%')} | {warm} | {graphs} | {launches} |"
+        )
+    return lines
 
 
 def _loader_table(rows: list[dict[str, Any]]) -> list[str]:

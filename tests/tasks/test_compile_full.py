@@ -108,3 +108,19 @@ def test_compile_settings_and_cuda_graph_fall_back(monkeypatch):
     with pytest.warns(UserWarning, match="could not capture 2 graph"):
         assert setup.warn_if_cuda_graphs_skipped(cfg)
     counters.clear()
+
+
+def test_cuda_graphs_refused_with_accumulation_and_with_a_backend_other_than_inductor():
+    """Issue 44: every micro-batch marks a new CUDA-graph step, so the next replay would overwrite the
+    outputs the non-finite check and the statistics read after the last one; and a backend other than
+    inductor drops ``reduce-overhead`` silently. Both are refused, in one line naming both keys."""
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(compile="full", cuda_graphs=True, grad_accum_steps=2)
+    msg = str(err.value)
+    assert "\n" not in msg and "train.cuda_graphs" in msg and "train.grad_accum_steps" in msg
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(compile="full", cuda_graphs=True, compile_backend="eager")
+    msg = str(err.value)
+    assert "\n" not in msg and "train.cuda_graphs" in msg and "train.compile_backend" in msg and "'eager'" in msg
+    assert TrainConfig(compile="full", cuda_graphs=True, grad_accum_steps=1).compile_backend == "inductor"
+    assert TrainConfig(compile="full", compile_backend="eager", grad_accum_steps=2).grad_accum_steps == 2

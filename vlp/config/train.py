@@ -112,6 +112,7 @@ class TrainConfig:
                 f"config keys 'train.cuda_graphs'/'train.compile': CUDA graphs replay the compiled step: "
                 f"set train.compile=full (got {self.compile!r})"
             )
+        self._check_cuda_graphs()
         for name in self.loggers:
             check_choice("train.loggers", name, ["tensorboard", "wandb"])
         if self.report_to is not None:
@@ -138,6 +139,26 @@ class TrainConfig:
             raise ConfigError(
                 "config keys 'train.resume'/'train.average.snapshots': resuming a run that averages "
                 "weights is not supported (the snapshots taken before the checkpoint are not saved)"
+            )
+
+    def _check_cuda_graphs(self) -> None:
+        """Refuse what ``train.cuda_graphs`` cannot do (raises :class:`ConfigError`, returns None):
+        accumulation (each micro-batch starts a new CUDA-graph step, whose replay overwrites the
+        earlier micro-batches' outputs that the non-finite check and the statistics read after the
+        last one) and a backend other than inductor (which would drop ``reduce-overhead`` silently)."""
+        if not self.cuda_graphs:
+            return
+        if self.grad_accum_steps > 1:
+            raise ConfigError(
+                f"config keys 'train.cuda_graphs'/'train.grad_accum_steps': CUDA graphs replay one step per "
+                f"micro-batch and would overwrite the earlier micro-batches' outputs: set train.cuda_graphs=false "
+                f"or train.grad_accum_steps=1 (got {self.grad_accum_steps})"
+            )
+        if self.compile_backend != "inductor":
+            raise ConfigError(
+                f"config keys 'train.cuda_graphs'/'train.compile_backend': CUDA graphs are inductor's "
+                f"reduce-overhead mode, which the backend {self.compile_backend!r} would drop: set "
+                "train.compile_backend=inductor or train.cuda_graphs=false"
             )
 
     def _reported(self) -> list[str]:

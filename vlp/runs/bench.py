@@ -17,9 +17,10 @@ import platform
 import resource
 import statistics
 import time
+from dataclasses import asdict
 from datetime import date
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, cast
 
 import torch
 
@@ -28,11 +29,13 @@ from vlp.errors import ConfigError
 from vlp.flops import step_flops
 from vlp.models.albef import param_count
 from vlp.runs.pretrain import build_pretraining
+from vlp.train.compile_watch import CompileRecord, CompileWatch, cuda_graph_status
 from vlp.train.dispatch_counts import DispatchCounter
 from vlp.train.loop import endless_batches
 from vlp.train.post_step import compiled_post_step
+from vlp.train.profile_counts import profile_steps
 from vlp.train.setup import prepare_training
-from vlp.train.step import stateful_modules, train_step
+from vlp.train.step import no_phase, stateful_modules, train_step
 from vlp.train.step_stats import StepStats
 from vlp.version import __version__
 
@@ -128,51 +131,88 @@ def run_bench(
     warmup: int = 3,
     peak_tflops: Optional[float] = None,
     out: Optional[str | Path] = None,
+    profile: int = 0,
 ) -> dict[str, Any]:
     """``vlp bench``: ``warmup`` untimed then ``steps`` timed pretraining steps of ``cfg``, phase by
-    phase (module docstring). Returns the record of :func:`_bench_result`, also written to ``out``
-    as JSON by the main process."""
-    if steps < 1 or warmup < 0:
-        raise ConfigError(f"vlp bench: --steps must be >= 1 and --warmup >= 0, got {steps} / {warmup}")
-    cfg.train.steps = max(cfg.train.steps, warmup + steps)  # the lr schedule spans the benchmark
+    phase (module docstring), then ``profile`` more under ``torch.profiler`` (kernel launches and
+    host syncs per step: :mod:`vlp.train.profile_counts`). Returns the record of
+    :func:`_bench_result` with the warm-up's wall time (compilation included) apart, torch.compile's
+    record (:class:`~vlp.train.compile_watch.CompileRecord`) and, under ``train.cuda_graphs``,
+    whether CUDA graphs were captured; also written to ``out`` as JSON by the main process."""
+    if steps < 1 or warmup < 0 or profile < 0:
+        raise ConfigError(
+            f"vlp bench: --steps must be >= 1, --warmup and --profile >= 0, got {steps} / {warmup} / {profile}"
+        )
+    cfg.train.steps = max(cfg.train.steps, warmup + steps + profile)  # the lr schedule spans the benchmark
     job = build_pretraining(cfg)
     acc = job.accelerator()
     prep = prepare_training(acc, *job.built(), cfg.train)
-    task, optimizer, loader, inner, params = prep.task, prep.optimizer, prep.loader, prep.inner, prep.params
     device = acc.device
-
     clock = _PhaseClock(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     times: dict[str, list[float]] = {p: [] for p in PHASES}
     stats = StepStats(device, cfg.train.max_nonfinite_steps, acc.num_processes)
-    undo = stateful_modules(inner)
-    post = compiled_post_step(acc, optimizer, inner, params, undo, cfg.train)
-    flops, pairs = 0.0, 0
-    batches = endless_batches(loader)
+    undo = stateful_modules(prep.inner)
+    post = compiled_post_step(acc, prep.optimizer, prep.inner, prep.params, undo, cfg.train)
+    batches = endless_batches(prep.loader)
     last: dict[str, Any] = {}
 
     def fetch() -> Any:
         last["batch"] = next(batches)
         return last["batch"]
 
-    task.train()
-    for step in range(warmup + steps):
-        clock.spent.update(dict.fromkeys(PHASES, 0.0))
-        train_step(
-            acc, task, inner, optimizer, params, fetch, step, cfg.train, stats, phase=clock.timed, undo=undo, post=post
-        )
-        if step >= warmup:
-            for p in PHASES:
-                times[p].append(clock.spent[p])
-            b = len(last["batch"]["input_ids"]) * acc.num_processes
-            flops += step_flops(cfg, last["batch"]["input_ids"].shape[1]) * b
-            pairs += b
-        if (step + 1) % cfg.train.log_every == 0:
+    def one_step(step: int, phase: Any = no_phase, read: bool = True) -> None:
+        args = (acc, prep.task, prep.inner, prep.optimizer, prep.params, fetch, step, cfg.train, stats)
+        train_step(*args, phase=phase, undo=undo, post=post)
+        if read and (step + 1) % cfg.train.log_every == 0:
             stats.read()  # as the loop does at a log step: the window's records do not pile up
+
+    prep.task.train()
+    flops, pairs, wall = 0.0, 0, []
+    warm: Optional[CompileRecord] = None  # torch.compile's record at the end of the warm-up
+    with CompileWatch() as watch:
+        for step in range(warmup + steps):
+            clock.spent.update(dict.fromkeys(PHASES, 0.0))
+            t0 = clock.sync()
+            one_step(step, clock.timed)
+            wall.append(clock.sync() - t0)
+            if step == warmup - 1:
+                warm = watch.record()
+            if step >= warmup:
+                for p in PHASES:
+                    times[p].append(clock.spent[p])
+                b = len(last["batch"]["input_ids"]) * acc.num_processes
+                flops += step_flops(cfg, last["batch"]["input_ids"].shape[1]) * b
+                pairs += b
+        # the profiled steps' own launches and syncs (no log read between them)
+        counts = profile_steps(lambda: one_step(len(wall), read=False), profile, device) if profile else None
     result = _bench_result(cfg, acc, job.model, times, (flops, pairs), steps, warmup, peak_tflops)
+    result.update(_compile_fields(cfg, device, watch.record(), warm, wall[:warmup]))
+    result["profile"] = counts
     _write(result, out, acc.is_main_process)
     return result
+
+
+def _compile_fields(
+    cfg: PretrainConfig,
+    device: torch.device,
+    record: CompileRecord,
+    warm: Optional[CompileRecord],
+    warmup_wall: list[float],
+) -> dict[str, Any]:
+    """The bench record's torch.compile fields: the warm-up's wall seconds (the first step's apart:
+    under train.compile it holds the compilation), what dynamo and inductor did over the run and
+    how many graphs were compiled after the warm-up, and the CUDA-graph status
+    (:func:`~vlp.train.compile_watch.cuda_graph_status`). Returns the dict."""
+    return {
+        "compile": cfg.train.compile,
+        "first_step_s": warmup_wall[0] if warmup_wall else None,
+        "warmup_s": sum(warmup_wall),
+        "compile_record": asdict(record),
+        "graphs_after_warmup": record.graphs - (warm.graphs if warm else 0),
+        "cuda_graphs": cuda_graph_status(cfg.train.cuda_graphs, device.type, record),
+    }
 
 
 def _write(result: dict[str, Any], out: Optional[str | Path], main: bool) -> None:
@@ -208,9 +248,12 @@ def run_count_ops(cfg: PretrainConfig, warmup: int = 1, out: Optional[str | Path
     for step in range(warmup):
         train_step(*args, batches, step, cfg.train, stats, undo=undo, post=post)
         graphs.append(dynamo_counts(before))
-    # a compiled step's forward, backward and post-step run as graphs, uncounted (see format_count_ops)
-    paused = ("forward", "backward", "post_step") if cfg.train.compile == "full" else ()
+    # a compiled step's forward graph, backward and post-step run as graphs, uncounted (see format_count_ops);
+    # the forward's eager work before its graph (masks, races, clamp_temp, the alpha fill) is counted
+    paused = ("graph", "backward", "post_step") if cfg.train.compile == "full" else ()
     counter = DispatchCounter(watch=momentum_weights(job.model), pause=paused)
+    if paused and hasattr(prep.inner, "graph_phase"):
+        cast(Any, prep.inner).graph_phase = counter.phase
     with counter:
         train_step(*args, batches, warmup, cfg.train, stats, phase=counter.phase, undo=undo, post=post)
     graphs.append(dynamo_counts(before))
@@ -264,24 +307,64 @@ def format_count_ops(r: dict[str, Any]) -> str:
         )
         if r["compile"] == "full":
             lines.append(
-                "  forward, backward and post-step run as compiled graphs: the counts above are the step's work outside them"
+                "  the forward's graph, the backward and the post-step run as compiled graphs: the counts above are "
+                "the step's work outside them (the forward's eager work before its graph included)"
             )
     return "\n".join(lines)
+
+
+def not_captured(r: dict[str, Any]) -> Optional[str]:
+    """A bench record's "not captured: REASON" when it asked for CUDA graphs and ran without them
+    (its speed is then no CUDA-graph figure), else None."""
+    status = r.get("cuda_graphs")
+    return status if status is not None and status != "captured" else None
+
+
+def format_compile(r: dict[str, Any]) -> list[str]:
+    """The lines of a bench record's torch.compile fields (none with train.compile=off)."""
+    if r.get("compile", "off") == "off":
+        return []
+    c = r["compile_record"]
+    lines = [
+        f"train.compile={r['compile']}   {c['graphs']} graphs ({r['graphs_after_warmup']} after the warm-up), "
+        f"{c['graph_breaks']} graph breaks, {c['recompiles']} recompiles; warm-up {r['warmup_s']:.1f} s "
+        f"(first step {r['first_step_s'] or 0:.1f} s: compilation), apart from the timed steps"
+    ]
+    lines += [f"  recompile: {reason}" for reason in c["recompile_reasons"]]
+    if r.get("cuda_graphs") is not None:
+        lines.append(f"CUDA graphs         {r['cuda_graphs']} ({c['cudagraph_skips']} skipped by inductor)")
+    return lines
+
+
+def format_profile(r: dict[str, Any]) -> list[str]:
+    """The line of a bench record's profiled launches and syncs per step (none without --profile)."""
+    p = r.get("profile")
+    if not p:
+        return []
+    return [
+        f"profiled per step   {p['kernel_launches_per_step']:.0f} kernel launches, {p['graph_launches_per_step']:.0f} "
+        f"CUDA-graph launches, {p['copies_per_step']:.0f} async copies/fills, {p['syncs_per_step']:.0f} host syncs "
+        f"({p['steps']} steps, torch.profiler; {p['aten_ops_per_step']:.0f} aten ops, nested included)"
+    ]
 
 
 def format_bench(r: dict[str, Any]) -> str:
     ms = r["ms_per_step"]
     mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a (give --peak-tflops)"
+    lost = not_captured(r)
+    speed = f"{r['pairs_per_s']:.1f}" if lost is None else f"{lost} (the step ran without CUDA graphs: no figure)"
     return "\n".join(
         [
             f"device              {r['device']} x {r['processes']} ({r['precision']}"
             f"{', activation checkpointing' if r['grad_checkpointing'] else ''})",
-            f"pairs/s             {r['pairs_per_s']:.1f}  (batch {r['batch_per_process']} per process, "
+            f"pairs/s             {speed}  (batch {r['batch_per_process']} per process, "
             f"{r['steps']} timed steps after {r['warmup']})",
             "ms per step         " + ", ".join(f"{p} {ms[p]:.1f}" for p in PHASES) + f" = {ms['step']:.1f}"
             f" (median step {r['ms_per_step_median']:.1f})",
             f"peak memory         {r['peak_memory_mb']:.0f} MiB ({r['peak_memory_kind']})",
             f"GFLOP per pair      {r['gflop_per_pair']:.2f} (analytic, vlp.flops)",
             f"achieved            {r['achieved_tflops']:.3f} TFLOP/s, MFU {mfu}",
+            *format_compile(r),
+            *format_profile(r),
         ]
     )
