@@ -94,7 +94,7 @@ def jpeg_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An ALBEF annotation file of 8 photo-like 320x240 JPEGs (``vlp bench --loader-only``'s test
     images) with two captions each: at 64 px with crop_scale [0.5, 1.0] every crop decodes at 1/2 or
     less in JPEG draft mode. Returns the file (the images are beside it)."""
-    from vlp.runs.loader_bench import write_test_jpegs
+    from vlp.runs.bench.loader import write_test_jpegs
 
     folder = tmp_path_factory.mktemp("jpegs")
     paths = write_test_jpegs(folder, 8, (320, 240))

@@ -14,8 +14,8 @@ import os
 import sys
 
 import vlp.eval.retrieval as retrieval
-import vlp.runs.finetune.classification as classification
-import vlp.runs.finetune.vqa as vqa
+import vlp.runs.training.finetune.nlvr_ve as classification
+import vlp.runs.training.finetune.vqa as vqa
 from vlp.cli import main
 
 seen = {"itm_pairs": 0, "itm_calls": 0, "vqa_questions": 0, "vqa_calls": 0, "nlvr_items": 0, "nlvr_calls": 0}

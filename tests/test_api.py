@@ -365,7 +365,7 @@ def vqa_run(tmp_path_factory):
 
 def test_vqa_answers_like_the_finetune_predictor(vqa_run, images, tmp_path):
     from vlp.data.vqa import VQACollator, pre_question, tokenize_answers
-    from vlp.runs.finetune import predict_answers
+    from vlp.runs.training.finetune import predict_answers
 
     run, answers_file = vqa_run
     m = VLPModel.from_pretrained(run, device="cpu")

@@ -9,7 +9,7 @@ from vlp.cli import main
 from vlp.config import PretrainConfig, load_config
 from vlp.errors import ConfigError
 from vlp.flops import step_flops
-from vlp.runs.bench import PHASES, run_bench
+from vlp.runs.bench.step import PHASES, run_bench
 
 SMALL = [*TINY_ALBEF, *QUICK]
 WORLD = dict(seed=0, n_train=24, n_val=0, n_test=0, **NO_TASKS)
@@ -169,7 +169,7 @@ def test_a_cuda_graph_skip_is_not_captured_in_vlp_bench_and_gpu_check(world, tmp
     import torch._dynamo
 
     from tests.helpers import load_script
-    from vlp.runs.bench import format_bench
+    from vlp.runs.bench.step import format_bench
 
     torch._dynamo.reset()
     if "vlp_test_cudagraph_skip" not in torch._dynamo.list_backends(exclude_tags=()):

@@ -117,7 +117,7 @@ def test_a_gradcam_error_names_layer_only_when_one_was_given() -> None:
 
 def test_demo_help_names_every_stage_and_option() -> None:
     from vlp.cli import build_parser
-    from vlp.runs.demo import FULL_STAGES
+    from vlp.runs.bench.demo import FULL_STAGES
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     demo = sub.choices["demo"]

@@ -161,7 +161,7 @@ def test_retrieval_finetune_reports_val_and_test_in_eval_mode(world, pretrained,
     """Text dropout 0.3 and learning rate 0 (the weights never change): every validation and the
     final val / test evaluation of the best checkpoint give the scores of an eval-mode evaluation
     (the model left in train mode by the loop is switched to eval mode, and back)."""
-    from vlp.runs.evaluate import run_evaluate_retrieval
+    from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
 
     out = tmp_path / "ret_dropout"
     still = ["model_overrides=[text.dropout=0.3]", "train.lr=0", "train.min_lr=0", "train.warmup_lr=0"]

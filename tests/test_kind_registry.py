@@ -1,6 +1,6 @@
 """The kind registry (:mod:`vlp.kinds`, issue 43 item 1): every built-in kind resolves, and a task
 defined entirely here - model class, data format, runner, evaluator - registered from the test runs
-through the public ``vlp finetune`` command and :func:`vlp.runs.evaluate_task.run_evaluate` end to
+through the public ``vlp finetune`` command and :func:`vlp.runs.evaluation.by_kind.run_evaluate` end to
 end, with no file under vlp/ naming it."""
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from vlp.models.albef import ALBEF
 from vlp.models.build import build_model_of_kind
 from vlp.preprocess.images import open_image
 from vlp.preprocess.transforms import tokenize
-from vlp.runs.evaluate_task import run_evaluate, write_metrics
-from vlp.runs.finetune.common import finetune_job, fit, make_loader, start, write_results
+from vlp.runs.evaluation.by_kind import run_evaluate, write_metrics
+from vlp.runs.training.finetune.recipe import finetune_job, fit, make_loader, start, write_results
 from vlp.tasks.base import Task
 from vlp.weights import find_checkpoint
 

@@ -17,7 +17,7 @@ from vlp.cli import main
 from vlp.config import PretrainConfig, TrainConfig, apply_overrides
 from vlp.data.formats import RetrievalSplit
 from vlp.errors import ConfigError
-from vlp.runs.run_dir import prepare_run_dir
+from vlp.runs.training.run_dir import prepare_run_dir
 from vlp.train import logging as logging_mod
 from vlp.train.logging import read_metrics
 from vlp.train.loop import train

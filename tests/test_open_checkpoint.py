@@ -16,7 +16,7 @@ from vlp.checkpoint import PREPROCESSOR, Checkpoint, Preprocessor, open_checkpoi
 from vlp.cli import main
 from vlp.config import FinetuneConfig, FinetuneDataConfig, PretrainConfig, load_config, to_dict
 from vlp.models.albef import ALBEF
-from vlp.runs.finetune import finetune_job
+from vlp.runs.training.finetune import finetune_job
 from vlp.weights import MANIFEST, save_checkpoint, step_checkpoints
 
 CONFIG = ROOT / SHAPES_TINY

@@ -22,8 +22,8 @@ from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.features.helper_cache import HelperCache
 from vlp.features.open_clip_cache import OPEN_CLIP_CACHE, open_clip_helper_cache
 from vlp.models.open_clip_helper import OpenClipHelper, parse_open_clip_spec
-from vlp.runs.assembly import build_regulator, check_helper_weights
-from vlp.runs.features import run_cache_helper_features
+from vlp.runs.training.assembly import build_regulator, check_helper_weights
+from vlp.runs.training.features import run_cache_helper_features
 
 TINY_CLIP = load_script("scripts/make_tiny_open_clip.py").TINY_OPEN_CLIP
 CAPTIONS = [

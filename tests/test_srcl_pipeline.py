@@ -14,7 +14,7 @@ from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
 from vlp.features.helper_cache import HelperCache
 from vlp.preprocess import transforms
-from vlp.runs.assembly import build_regulator
+from vlp.runs.training.assembly import build_regulator
 from vlp.train.logging import read_metrics
 
 TINY = [*TINY_ALBEF, *QUICK, "train.steps=6", "train.log_every=3", "train.warmup_steps=2"]

@@ -54,7 +54,7 @@ class Kind:
     whatever the kind). ``about``: the help line of ``vlp finetune NAME`` ("" : no such subcommand,
     e.g. ``nlvr-ta``, run by ``vlp pretrain nlvr-ta``). ``finetune``: ``(FinetuneConfig) -> results
     dict``, the fine-tuning runner (None: a pretraining kind). ``evaluate``: ``(checkpoint, data, out,
-    image_root=None) -> metrics dict``, the evaluator of :func:`vlp.runs.evaluate_task.run_evaluate`
+    image_root=None) -> metrics dict``, the evaluator of :func:`vlp.runs.evaluation.by_kind.run_evaluate`
     (None: none). ``checkpoint_kind``: the kind of the checkpoints its fine-tuning writes ("" : its
     own name). ``text_cleaning``: ``pre_caption`` or ALBEF's ``pre_question``. ``candidate_answers``:
     answers ranked from a candidate list (the run's ``vqa`` section: ``answer_max_len``, ``k_test``,
@@ -188,8 +188,8 @@ def kinds_with(capability: str) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------- the built-in kinds
 
 _BUILD = "vlp.models.build:"
-_FINETUNE = "vlp.runs.finetune:"
-_EVALUATE = "vlp.runs.evaluate_task:"
+_FINETUNE = "vlp.runs.training.finetune:"
+_EVALUATE = "vlp.runs.evaluation.by_kind:"
 #: the Grad-CAM actions of the kinds with an ITM head (:mod:`vlp.api.gradcam`)
 GRADCAM_ACTIONS = {m: "vlp.api.gradcam:" + m for m in ("explain", "grounding_maps", "gradcam_layer")}
 
@@ -262,7 +262,7 @@ for _entry in (
         _BUILD + "albef_retrieval",
         about="weakly supervised grounding: ITC + ITM on referring expressions, validated by Grad-CAM boxes",
         finetune=_FINETUNE + "run_finetune_grounding",
-        evaluate="vlp.runs.grounding:run_evaluate_grounding",
+        evaluate="vlp.runs.evaluation.gradcam_grounding:run_evaluate_grounding",
         checkpoint_kind="retrieval",
         contrastive=True,
         sections=("grounding",),

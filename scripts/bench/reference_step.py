@@ -26,7 +26,7 @@ Single process only; ALBEF's objective as configured by default: all three losse
 ``loss.regulation=none``, ``loss.ltd.mode=off``, InfoNCE, pair positives, the local bank.
 
 The benchmark times full training steps (forward, backward, AdamW, momentum update) of the
-reference and of vlp's step as ``vlp pretrain`` runs it (``vlp.runs.pretrain.build_pretraining``, the
+reference and of vlp's step as ``vlp pretrain`` runs it (``vlp.runs.training.pretrain.build_pretraining``, the
 accelerator, ``vlp.train.step.optimizer_step``), from the same initial weights, interleaved
 round-robin (``--steps`` steps each per round) on the same pre-loaded batches. Both run fp32;
 ``--vlp-precision bf16`` runs vlp under bf16 autocast (``train.precision=bf16``) against the fp32
@@ -385,7 +385,7 @@ class Bench:
 
     def __init__(self, cfg: PretrainConfig) -> None:
         # the training stack (accelerate etc.) only for the benchmark, not for importing the step
-        from vlp.runs.pretrain import build_pretraining
+        from vlp.runs.training.pretrain import build_pretraining
         from vlp.train.optim import build_optimizer
         from vlp.train.setup import apply_train_options
 

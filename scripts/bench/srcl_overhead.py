@@ -32,7 +32,7 @@ import torch
 from vlp.config import PretrainConfig, load_config
 from vlp.features.targets import LatentTargets, write_targets
 from vlp.models.albef import ALBEF
-from vlp.runs.assembly import build_reconstruction
+from vlp.runs.training.assembly import build_reconstruction
 from vlp.tasks.objectives import TokenInfo
 from vlp.tasks.pretrain import PretrainTask
 from vlp.tasks.regulation import SRCLRegulator

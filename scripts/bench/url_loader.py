@@ -10,7 +10,7 @@ moto's S3 server (``ThreadedMotoServer``, a thread of this process) and a plain 
 ranges. No traffic goes to any other address.
 
 **throughput** writes ``--images`` photo-like JPEGs at ``--source-size``
-(:func:`vlp.runs.loader_bench.write_test_jpegs`: about 51 KB at 500x375, quality 90) into shards of
+(:func:`vlp.runs.bench.loader.write_test_jpegs`: about 51 KB at 500x375, quality 90) into shards of
 ``--per-shard`` samples in img2dataset's layout (``NNNNN.tar`` with ``{key}.jpg`` and ``{key}.json``
 holding the caption, ``NNNNN_stats.json`` beside it), uploads them to a bucket of the local S3 server,
 then reads them with the training loader (:class:`vlp.data.shards.ShardLoader`: the shuffle buffer,
@@ -75,7 +75,7 @@ from vlp.data.shard_format import index_entry, read_sizes  # noqa: E402
 from vlp.data.shard_samples import iter_samples  # noqa: E402
 from vlp.data.shards import ShardLoader  # noqa: E402
 from vlp.preprocess.transforms import train_transform  # noqa: E402
-from vlp.runs.loader_bench import cpu_name, parse_size, write_test_jpegs  # noqa: E402
+from vlp.runs.bench.loader import cpu_name, parse_size, write_test_jpegs  # noqa: E402
 
 BUCKET = "vlp-bench"
 

@@ -20,8 +20,8 @@ from seed_results import SeedResults, markdown_table, paired_differences, paired
 
 from vlp.config import PretrainConfig, load_config
 from vlp.locks import file_lock
-from vlp.runs.evaluate import run_evaluate_retrieval
-from vlp.runs.pretrain import run_pretrain, run_train_helper
+from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
+from vlp.runs.training.pretrain import run_pretrain, run_train_helper
 from vlp.weights import read_state, step_checkpoints
 from vlp.world import generate_world
 

@@ -56,7 +56,7 @@ from vlp.lab.calibration import run_helper_calibration
 from vlp.lab.diagnostics import run_helper_diagnostics
 from vlp.lab.oracle import run_cache_oracle_features
 from vlp.locks import file_lock
-from vlp.runs.features import run_cache_helper_features
+from vlp.runs.training.features import run_cache_helper_features
 from vlp.train.preemption import exit_status
 from vlp.world import write_caption_mix
 

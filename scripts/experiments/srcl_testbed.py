@@ -64,8 +64,8 @@ from seed_results import SeedResults, slug, summarise
 from vlp.lab.diagnostics import run_helper_diagnostics
 from vlp.lab.oracle import run_cache_oracle_features
 from vlp.locks import file_lock
-from vlp.runs.evaluate import run_evaluate_retrieval
-from vlp.runs.features import run_cache_helper_features
+from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
+from vlp.runs.training.features import run_cache_helper_features
 from vlp.train.preemption import exit_status
 from vlp.world import write_caption_mix
 

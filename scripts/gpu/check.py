@@ -12,7 +12,7 @@ borrowed GPU (issues 17, 44), each under 5 minutes on an H100 with its own resul
   losses and final weights compared (exact on CPU; on CUDA within 10x the noise floor)
 - ``collectives``: every collective of :mod:`vlp.dist` through a real process group of one process
   (NCCL on CUDA, gloo on CPU) inside ``collectives_on_one_process()``: values and devices
-- ``bench``: :func:`vlp.runs.bench.run_bench` at the base config in bf16, eager, batch 64 and 128:
+- ``bench``: :func:`vlp.runs.bench.step.run_bench` at the base config in bf16, eager, batch 64 and 128:
   pairs/s, MFU against the device's peak, and kernel launches and host syncs per step counted by
   ``torch.profiler`` over a few more steps
 - ``loader``: ``vlp bench --loader-only`` with ``data.image.decode=device`` (ALBEF's augmentation at

@@ -23,12 +23,12 @@ from check_common import (
 
 
 def bench_row(name: str, overrides: list[str], r: dict[str, Any], peak: Optional[float], wall: float) -> dict[str, Any]:
-    """A report row from a :func:`vlp.runs.bench.run_bench` record ``r`` (its config's ``overrides``,
+    """A report row from a :func:`vlp.runs.bench.step.run_bench` record ``r`` (its config's ``overrides``,
     ``peak`` TFLOP/s for MFU, ``wall`` seconds with the build and the warm-up): throughput, phases,
     memory, MFU, torch.compile's record with the warm-up apart, the profiled launches and syncs, and
     ``cuda_graphs`` ("captured", "not captured: REASON" or None) - a row not captured has no speed
     in the table (:mod:`check_report`)."""
-    from vlp.runs.bench import not_captured
+    from vlp.runs.bench.step import not_captured
 
     return {
         "name": name,
@@ -64,7 +64,7 @@ def bench_row(name: str, overrides: list[str], r: dict[str, Any], peak: Optional
 def _bench_row(name: str, overrides: list[str], steps: tuple[int, int], peak_bf16: Optional[float], profile: int = 0):
     """Bench ``overrides`` (``steps``: warm-up, timed; ``profile`` more under the profiler) -> its
     :func:`bench_row`, MFU against ``peak_bf16`` on CUDA in bf16."""
-    from vlp.runs.bench import run_bench
+    from vlp.runs.bench.step import run_bench
 
     cfg = load_cfg(overrides)
     on_cuda = device().type == "cuda"
@@ -227,7 +227,7 @@ def section_compile_128(ctx: Context) -> dict[str, Any]:
 def retrieval_checkpoint(ctx: Context, model: list[str]) -> Path:
     """The checkpoint to evaluate: one bf16 ``vlp pretrain`` step at ``model`` (ALBEF's queue; a small batch)
     -> its run folder."""
-    from vlp.runs.pretrain import run_pretrain
+    from vlp.runs.training.pretrain import run_pretrain
 
     run = ctx.work / "retrieval_ckpt"
     run_pretrain(
@@ -252,7 +252,7 @@ def retrieval_checkpoint(ctx: Context, model: list[str]) -> Path:
 def retrieval_row(ctx: Context, run: Path, precision: str) -> dict[str, Any]:
     """Zero-shot retrieval with ITM re-ranking of the test split in ``precision`` -> its row: time, peak
     memory, ITM pairs, the score matrix's size, R@mean and the evaluation's own record."""
-    from vlp.runs.evaluate import run_evaluate_retrieval
+    from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
 
     release()
     reset_peak()
@@ -328,7 +328,7 @@ def section_retrieval(ctx: Context) -> dict[str, Any]:
 
 def section_loader(ctx: Context) -> dict[str, Any]:
     """``data.image.decode=device`` through ``vlp bench --loader-only`` (``full`` timed beside it)."""
-    from vlp.runs.loader_bench import run_loader_bench
+    from vlp.runs.bench.loader import run_loader_bench
 
     p, on = ctx.plan, device()
     cfg = load_cfg(p.loader)

@@ -138,7 +138,7 @@ def cuda_rng_states(rng: dict[str, Any]) -> int:
 def section_resume(ctx: Context) -> dict[str, Any]:
     import torch
 
-    from vlp.runs.pretrain import run_pretrain
+    from vlp.runs.training.pretrain import run_pretrain
     from vlp.train.state import load_tree
 
     p = ctx.plan

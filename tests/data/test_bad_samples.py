@@ -34,7 +34,7 @@ from vlp.data.image_checks import check_images
 from vlp.data.nlvr import NLVRCollator, NLVRDataset
 from vlp.errors import ConfigError, DataError
 from vlp.preprocess.transforms import load_tokenizer
-from vlp.runs.pretrain import build_train_loader
+from vlp.runs.training.pretrain import build_train_loader
 from vlp.train.loop import endless_batches
 from vlp.train.setup import make_accelerator
 

@@ -18,7 +18,7 @@ from vlp.models.albef import ALBEF
 from vlp.models.build import build_model_of_kind
 from vlp.preprocess.transforms import load_tokenizer
 from vlp.preprocess.transforms import test_transform as eval_transform
-from vlp.runs.finetune import nlvr_accuracy, predict_answers
+from vlp.runs.training.finetune import nlvr_accuracy, predict_answers
 
 CPU = torch.device("cpu")
 DROPOUT = 0.3

@@ -13,7 +13,7 @@ from vlp.errors import ConfigError
 from vlp.eval.metrics import map_at, ndcg_at, positives_mask, retrieval_metrics
 from vlp.eval.retrieval import RERANK_OFFSET, Embeddings, evaluate_retrieval
 from vlp.models.albef import ALBEF
-from vlp.runs.evaluate import run_evaluate_retrieval
+from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
 
 
 def setup():
@@ -399,7 +399,7 @@ def test_run_evaluate_retrieval_caption_groups(tiny_eval, tmp_path):
 
 def test_load_caption_groups_formats_and_errors(tmp_path):
     from vlp.errors import DataError
-    from vlp.runs.evaluate import load_caption_groups
+    from vlp.runs.evaluation.image_text_retrieval import load_caption_groups
 
     split = RetrievalSplit(["a.png", "b.png"], ["t0", "t1", "t2"], [0, 0, 1], [[0, 1], [2]], "split.json")
     plain = tmp_path / "labels.json"
@@ -430,9 +430,11 @@ def test_a_wrong_image_root_fails_before_any_encoding_in_one_line(tiny_eval, tmp
     """Issue 31, item 3: one line naming the data file, the missing images and --image-root, before
     the captions are encoded (not a loader-worker traceback at the images)."""
     world, ckpt = tiny_eval
-    import vlp.runs.evaluate
+    import vlp.runs.evaluation.image_text_retrieval
 
-    monkeypatch.setattr(vlp.runs.evaluate, "embed", lambda *a, **k: pytest.fail("encoded before checking images"))
+    monkeypatch.setattr(
+        vlp.runs.evaluation.image_text_retrieval, "embed", lambda *a, **k: pytest.fail("encoded before checking images")
+    )
     base = ["evaluate", "retrieval", "--checkpoint", str(ckpt), "--data", str(world["retrieval_test"])]
     assert main([*base, "--image-root", str(tmp_path / "wrong"), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip().splitlines()

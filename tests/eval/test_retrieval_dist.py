@@ -17,7 +17,7 @@ import torch
 from tests.helpers import NO_TASKS, TINY_ALBEF_32, launch, untrained_checkpoint
 from vlp.dist import fetch_rows, gather_rows, shard_bounds
 from vlp.eval.retrieval import split_pairs
-from vlp.runs.evaluate import run_evaluate_retrieval
+from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
 
 WORLD = dict(seed=3, n_train=0, n_val=0, n_test=7, image_size=32, **NO_TASKS)
 EVAL = ["eval.k_test=4", "eval.itm_batch_size=5"]

@@ -30,7 +30,7 @@ from vlp.features.cache_writer import write_feature_cache
 from vlp.features.encoders import FeatureEncoder
 from vlp.features.helper_cache import HelperCache, write_cache
 from vlp.features.targets import LatentTargets, write_targets
-from vlp.runs.features import run_make_targets
+from vlp.runs.training.features import run_make_targets
 
 BRACE = "{00000..00003}.tar"
 

@@ -11,7 +11,7 @@ from vlp.data.formats import load_pairs
 from vlp.errors import DataError
 from vlp.features.targets import DEFAULT_ENCODER, LatentTargets, caption_key, content_hash, write_targets
 from vlp.preprocess.transforms import load_tokenizer
-from vlp.runs.features import run_make_targets
+from vlp.runs.training.features import run_make_targets
 
 
 @pytest.fixture

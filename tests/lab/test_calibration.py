@@ -340,7 +340,7 @@ def test_a_run_config_whose_helper_has_no_cache_names_the_command_that_writes_on
 
 
 def test_an_uncalibrated_srcl_run_stops_before_the_first_step(tmp_path):
-    from vlp.runs.pretrain import run_pretrain
+    from vlp.runs.training.pretrain import run_pretrain
 
     for mode in ("srcl", "removal"):
         cfg = load_config(

@@ -11,7 +11,7 @@ from vlp.data.formats import load_pairs
 from vlp.features.helper_cache import HelperCache, write_cache
 from vlp.lab.diagnostics import run_helper_diagnostics
 from vlp.lab.oracle import noisy_relevance, run_cache_oracle_features
-from vlp.runs.assembly import build_regulator
+from vlp.runs.training.assembly import build_regulator
 from vlp.world import caption_matches
 from vlp.world.relevance import caption_grade
 
@@ -156,7 +156,7 @@ def test_diagnostics_with_a_learned_cache(world, tmp_path):
 
 def oracle_run(world, exact, run_dir, *overrides: str):
     """A 4-step tiny pretraining regulated by the exact oracle all run (alpha_h_end=1)."""
-    from vlp.runs.pretrain import run_pretrain
+    from vlp.runs.training.pretrain import run_pretrain
 
     tiny = ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=1", "data.num_workers=0"]
     base = [f"output_dir={run_dir}", f"data.train=[{world / 'pretrain.json'}]", *tiny, "data.batch_size=16"]

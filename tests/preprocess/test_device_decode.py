@@ -34,7 +34,7 @@ from vlp.preprocess.device_decode import (
 )
 from vlp.preprocess.images import open_image
 from vlp.preprocess.transforms import RANDAUG_OPS, AlbefRandAugment, apply_randaugment, load_tokenizer, train_transform
-from vlp.runs.loader_bench import write_test_jpegs
+from vlp.runs.bench.loader import write_test_jpegs
 from vlp.tasks.base import Task
 
 RES = 128
@@ -267,7 +267,7 @@ def shards(jpeg_world, tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("fmt", ["json", "webdataset"])
 def test_the_training_loader_ships_jpegs_with_the_full_decodes_draws(jpeg_world, shards, fmt):
-    from vlp.runs.pretrain import build_train_loader
+    from vlp.runs.training.pretrain import build_train_loader
 
     tok = load_tokenizer(PretrainConfig().model.text)
     train = jpeg_world if fmt == "json" else shards

@@ -30,7 +30,7 @@ from vlp.preprocess.draft import (
 )
 from vlp.preprocess.images import open_image
 from vlp.preprocess.transforms import load_tokenizer, split_crop, train_transform
-from vlp.runs.loader_bench import write_test_jpegs
+from vlp.runs.bench.loader import write_test_jpegs
 
 TINY = "configs/pretrain/shapes_tiny.yaml"  # 64 px
 ALBEF_AUG = dict(crop_scale=[0.2, 1.0], hflip=True, randaugment=True)
@@ -257,7 +257,7 @@ def tok():
 @pytest.mark.parametrize("fmt", ["json", "webdataset"])
 def test_the_training_loader_decodes_draft_with_the_full_decodes_crops(jpeg_world, tmp_path, tok, fmt):
     from vlp.data.shard_writer import write_shards
-    from vlp.runs.pretrain import build_train_loader
+    from vlp.runs.training.pretrain import build_train_loader
 
     train = jpeg_world
     if fmt == "webdataset":

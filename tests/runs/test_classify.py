@@ -1,4 +1,4 @@
-"""`vlp evaluate classification` (vlp.runs.classify) end to end: a tiny world's classification splits,
+"""`vlp evaluate classification` (vlp.runs.evaluation.zero_shot_classification) end to end: a tiny world's classification splits,
 a tiny checkpoint trained two steps, the files and keys it writes, and the ITM re-rank."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from vlp.api import VLPModel
 from vlp.cli import main
 from vlp.data.classification import read_classification_inputs
 from vlp.errors import CheckpointError, ConfigError, DataError
-from vlp.runs.classify import classification_scores, run_evaluate_classification
+from vlp.runs.evaluation.zero_shot_classification import classification_scores, run_evaluate_classification
 from vlp.world.task_files.classification import write_classification_splits
 
 WORLD = dict(seed=0, n_train=40, n_val=4, n_test=20)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from vlp.runs.demo import DEMO_CAPTION_REPEATS, DEMO_OVERRIDES, run_demo
+from vlp.runs.bench.demo import DEMO_CAPTION_REPEATS, DEMO_OVERRIDES, run_demo
 
 TINY = ["train.steps=2", "model.vision.depth=1", "data.num_workers=0", "train.log_every=1", "eval.k_test=4"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vlp.runs.demo import CLASSIFICATION_ATTRS, FULL_STAGES, run_demo_full
+from vlp.runs.bench.demo import CLASSIFICATION_ATTRS, FULL_STAGES, run_demo_full
 
 PRETRAIN = ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_layers=1", "model.embed_dim=32"]
 FINETUNE = ["train.epochs=null", "train.steps=2", "train.progress=false", "data.num_workers=0", "data.batch_size=8"]

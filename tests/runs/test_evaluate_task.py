@@ -1,4 +1,4 @@
-"""``run_evaluate`` (:mod:`vlp.runs.evaluate_task`): a checkpoint evaluated by its kind's registered
+"""``run_evaluate`` (:mod:`vlp.runs.evaluation.by_kind`): a checkpoint evaluated by its kind's registered
 evaluator; the VQA, NLVR2 and SNLI-VE evaluators on untrained checkpoints of those kinds."""
 
 import json
@@ -11,7 +11,7 @@ from vlp.config import FinetuneConfig, FinetuneDataConfig, PretrainConfig, load_
 from vlp.data.downstream_formats import load_nlvr, load_ve, load_vqa
 from vlp.kinds import UnknownKind
 from vlp.models.build import build_model_of_kind
-from vlp.runs.evaluate_task import run_evaluate
+from vlp.runs.evaluation.by_kind import run_evaluate
 from vlp.weights import save_checkpoint
 
 WORLD = dict(seed=4, n_train=8, n_val=4, n_test=4)

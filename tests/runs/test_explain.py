@@ -1,4 +1,4 @@
-"""`vlp explain` (vlp.runs.explain) and VLPModel.explain: one Grad-CAM map per token, the ITM score of
+"""`vlp explain` (vlp.runs.evaluation.explain) and VLPModel.explain: one Grad-CAM map per token, the ITM score of
 the pair, the PNG grid and the JSON of the maps."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 from tests.runs.test_grounding import tiny_checkpoint
 from vlp.api import VLPModel
 from vlp.models.gradcam import gradcam_maps
-from vlp.runs.explain import run_explain
+from vlp.runs.evaluation.explain import run_explain
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_plot_retrieval_gradcam_draws_each_captions_maps_over_its_retrieved_imag
     checkpoint, tmp_path, monkeypatch
 ) -> None:
     import vlp.viz
-    from vlp.runs.explain import run_retrieval_gradcam
+    from vlp.runs.evaluation.explain import run_retrieval_gradcam
 
     run = checkpoint.parent.parent  # the run directory: eval/ has no metrics.json, so the run is the model
     rows = _examples(run / "eval", tmp_path / "images")
@@ -179,7 +179,7 @@ def test_retrieval_grid_wants_one_map_per_retrieved_image(tmp_path) -> None:
 
 def test_plot_retrieval_gradcam_of_a_finetuning_uses_its_best_checkpoint(checkpoint, tmp_path) -> None:
     """A fine-tuning writes RUN/test/retrieval_examples.json and names its best checkpoint in RUN/results.json."""
-    from vlp.runs.explain import _evaluated_checkpoint
+    from vlp.runs.evaluation.explain import _evaluated_checkpoint
 
     run = checkpoint.parent.parent
     _examples(run / "test", tmp_path / "images")

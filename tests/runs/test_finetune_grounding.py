@@ -15,7 +15,7 @@ from vlp.config import load_finetune_config
 from vlp.data.grounding import read_grounding_file
 from vlp.errors import ConfigError
 from vlp.eval.grounding import random_candidate_accuracy
-from vlp.runs.grounding import position_baseline, run_evaluate_grounding
+from vlp.runs.evaluation.gradcam_grounding import position_baseline, run_evaluate_grounding
 from vlp.weights import read_state
 
 WORLD = dict(seed=0, n_train=40, n_val=4, n_test=20)

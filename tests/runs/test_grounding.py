@@ -1,4 +1,4 @@
-"""`vlp evaluate grounding` (vlp.runs.grounding): a tiny shapes world's grounding files, a tiny
+"""`vlp evaluate grounding` (vlp.runs.evaluation.gradcam_grounding): a tiny shapes world's grounding files, a tiny
 untrained ALBEF checkpoint, the files and keys it writes, its baselines against the library's, and
 the box choice on a constructed map."""
 
@@ -15,7 +15,7 @@ from vlp.data.grounding import read_grounding_file
 from vlp.eval.grounding import box_scores, fixed_position_prior, prior_accuracy, random_candidate_accuracy
 from vlp.models.build import build_model_of_kind
 from vlp.preprocess.transforms import load_tokenizer
-from vlp.runs.grounding import choose_boxes, entry_size, run_evaluate_grounding
+from vlp.runs.evaluation.gradcam_grounding import choose_boxes, entry_size, run_evaluate_grounding
 from vlp.weights import save_checkpoint
 from vlp.world.task_files.grounding import write_grounding_splits
 

@@ -6,7 +6,7 @@ import torch
 from tests.helpers import QUICK, TINY_ALBEF
 from vlp.config import PretrainConfig, load_config
 from vlp.errors import CheckpointError
-from vlp.runs.pretrain import build_pretraining, run_pretrain
+from vlp.runs.training.pretrain import build_pretraining, run_pretrain
 from vlp.weights import find_checkpoint
 
 TINY = [*TINY_ALBEF, "model.vision.img_size=32", *QUICK, "train.steps=3", "train.warmup_steps=1"]

@@ -1,4 +1,4 @@
-"""``vlp bench --loader-only`` (:mod:`vlp.runs.loader_bench`): the result, the images it reads and
+"""``vlp bench --loader-only`` (:mod:`vlp.runs.bench.loader`): the result, the images it reads and
 its errors. The JPEG draft-decoding rules it times: ``tests/data/test_draft.py``. No timing
 thresholds: speed targets live in the benchmark."""
 
@@ -10,7 +10,7 @@ from PIL import Image
 from vlp.cli import main
 from vlp.config import PretrainConfig, load_config
 from vlp.errors import ConfigError, DataError
-from vlp.runs.loader_bench import (
+from vlp.runs.bench.loader import (
     DECODES,
     find_images,
     format_loader_bench,

@@ -25,7 +25,7 @@ from torch.nn import functional as F
 from vlp.config import FinetuneConfig, FinetuneDataConfig, TrainConfig, VQAConfig
 from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.models.momentum import FeatureQueue
-from vlp.runs.job import check_queue
+from vlp.runs.training.job import check_queue
 from vlp.train.checkpoints import prune_checkpoints
 from vlp.train.logging import read_metrics
 from vlp.train.loop import BAD_SHARE_AFTER, NonFiniteError, train
@@ -626,7 +626,7 @@ def test_check_queue_counts_every_process(monkeypatch):
 
 
 def test_vqa_k_test_above_the_answer_list_is_refused_before_any_work(tmp_path):
-    from vlp.runs.finetune import run_finetune_vqa
+    from vlp.runs.training.finetune import run_finetune_vqa
 
     answers = tmp_path / "answers.json"
     answers.write_text(json.dumps(["yes", "no", "2"]))

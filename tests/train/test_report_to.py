@@ -36,7 +36,7 @@ class Stop(Exception):
 
 
 def test_the_command_line_flag_is_the_override(monkeypatch):
-    import vlp.runs.pretrain
+    import vlp.runs.training.pretrain
 
     seen = {}
 
@@ -44,7 +44,7 @@ def test_the_command_line_flag_is_the_override(monkeypatch):
         seen["loggers"], seen["report_to"] = cfg.train.loggers, cfg.train.report_to
         raise Stop
 
-    monkeypatch.setattr(vlp.runs.pretrain, "run_pretrain", run_pretrain)
+    monkeypatch.setattr(vlp.runs.training.pretrain, "run_pretrain", run_pretrain)
     with pytest.raises(Stop):
         main(["pretrain", "--config", "configs/pretrain/shapes_tiny.yaml", "--report-to", "tensorboard", "wandb"])
     assert seen == {"loggers": ["tensorboard", "wandb"], "report_to": ["tensorboard", "wandb"]}

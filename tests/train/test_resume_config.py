@@ -12,7 +12,7 @@ import pytest
 
 from vlp.config import ConfigError, PretrainConfig, apply_overrides
 from vlp.config.resume import resume_changes
-from vlp.runs.run_dir import prepare_run_dir
+from vlp.runs.training.run_dir import prepare_run_dir
 
 
 @pytest.fixture

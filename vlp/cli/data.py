@@ -25,7 +25,7 @@ _ORACLE_OPTIONS = ("oracle", "world", "oracle_auc", "oracle_seed")
 def _cache_helper(a: argparse.Namespace) -> None:
     from vlp.data.shard_samples import is_shard_data
     from vlp.lab.oracle import run_cache_oracle_features
-    from vlp.runs.features import run_cache_helper_features
+    from vlp.runs.training.features import run_cache_helper_features
 
     if (a.helper is None) == (a.oracle is None) or (a.oracle is not None) != (a.world is not None):
         raise ConfigError(
@@ -49,7 +49,7 @@ def _cache_helper(a: argparse.Namespace) -> None:
 
 
 def _make_targets(a: argparse.Namespace) -> None:
-    from vlp.runs.features import run_make_targets
+    from vlp.runs.training.features import run_make_targets
 
     wrote(call(run_make_targets, a))
 

@@ -1,6 +1,6 @@
-"""``vlp demo [--full]`` (the whole pipeline on the shapes world, on CPU: :mod:`vlp.runs.demo`) and
-``vlp bench`` (timing pretraining steps or the image pipeline: :mod:`vlp.runs.bench`,
-:mod:`~vlp.runs.loader_bench`)."""
+"""``vlp demo [--full]`` (the whole pipeline on the shapes world, on CPU: :mod:`vlp.runs.bench.demo`) and
+``vlp bench`` (timing pretraining steps or the image pipeline: :mod:`vlp.runs.bench.step`,
+:mod:`~vlp.runs.bench.loader`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _bench(a: argparse.Namespace) -> None:
     if a.loader_only:
         _loader_bench(a)
         return
-    from vlp.runs.bench import format_bench, format_count_ops, run_bench, run_count_ops
+    from vlp.runs.bench.step import format_bench, format_count_ops, run_bench, run_count_ops
 
     cfg = load_config(PretrainConfig, a.config, a.overrides)
     if a.count_ops:
@@ -40,7 +40,7 @@ def _bench(a: argparse.Namespace) -> None:
 
 def _loader_bench(a: argparse.Namespace) -> None:
     """``vlp bench --loader-only`` (its own warm-up: ``--warmup`` is the training steps')."""
-    from vlp.runs.loader_bench import format_loader_bench, parse_size, run_loader_bench
+    from vlp.runs.bench.loader import format_loader_bench, parse_size, run_loader_bench
 
     if a.count_ops:
         raise ConfigError("vlp bench: --loader-only and --count-ops are separate benchmarks: give one")
@@ -54,7 +54,7 @@ def _loader_bench(a: argparse.Namespace) -> None:
 
 
 def _demo(a: argparse.Namespace) -> None:
-    from vlp.runs.demo import run_demo, run_demo_full
+    from vlp.runs.bench.demo import run_demo, run_demo_full
 
     if a.full:
         stages = _stage_overrides(a.overrides)

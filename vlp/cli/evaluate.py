@@ -1,6 +1,6 @@
 """The evaluation commands: ``vlp evaluate retrieval|classification|grounding`` and ``vlp explain``
-(:mod:`vlp.runs.evaluate`, :mod:`~vlp.runs.classify`, :mod:`~vlp.runs.grounding`,
-:mod:`~vlp.runs.explain`)."""
+(:mod:`vlp.runs.evaluation.image_text_retrieval`, :mod:`~vlp.runs.evaluation.zero_shot_classification`, :mod:`~vlp.runs.evaluation.gradcam_grounding`,
+:mod:`~vlp.runs.evaluation.explain`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from vlp.dist import rank
 
 
 def _evaluate_retrieval(a: argparse.Namespace) -> None:
-    from vlp.runs.evaluate import format_metrics, run_evaluate_retrieval
+    from vlp.runs.evaluation.image_text_retrieval import format_metrics, run_evaluate_retrieval
 
     res = call(run_evaluate_retrieval, a)
     if rank() == 0:  # launched as several processes (docs/evaluation.md): every rank has the same metrics
@@ -22,14 +22,14 @@ def _evaluate_retrieval(a: argparse.Namespace) -> None:
 
 
 def _evaluate_classification(a: argparse.Namespace) -> None:
-    from vlp.runs.classify import run_evaluate_classification
+    from vlp.runs.evaluation.zero_shot_classification import run_evaluate_classification
 
     call(run_evaluate_classification, a)
     wrote(Path(a.out) / "metrics.json")
 
 
 def _evaluate_grounding(a: argparse.Namespace) -> None:
-    from vlp.runs.grounding import run_evaluate_grounding
+    from vlp.runs.evaluation.gradcam_grounding import run_evaluate_grounding
 
     with naming_layer(a.layer):
         call(run_evaluate_grounding, a)
@@ -37,7 +37,7 @@ def _evaluate_grounding(a: argparse.Namespace) -> None:
 
 
 def _explain(a: argparse.Namespace) -> None:
-    from vlp.runs.explain import run_explain
+    from vlp.runs.evaluation.explain import run_explain
 
     with naming_layer(a.layer):
         call(run_explain, a)  # prints what it wrote

@@ -147,7 +147,7 @@ def _plot(a: argparse.Namespace) -> None:
     elif not a.gradcam:
         wrote(viz.replot_retrieval(a.dir, a.out))
     else:
-        from vlp.runs.explain import run_retrieval_gradcam
+        from vlp.runs.evaluation.explain import run_retrieval_gradcam
 
         with naming_layer(a.layer):
             written = call(run_retrieval_gradcam, a, used=("dir", "gradcam"), run_or_eval_dir=a.dir)

@@ -14,7 +14,7 @@ from vlp.kinds import kinds
 
 
 def _pretrain(a: argparse.Namespace) -> None:
-    from vlp.runs.pretrain import run_pretrain
+    from vlp.runs.training.pretrain import run_pretrain
 
     run_dir = run_pretrain(load_config(PretrainConfig, a.config, a.overrides))
     if rank() == 0:
@@ -22,19 +22,19 @@ def _pretrain(a: argparse.Namespace) -> None:
 
 
 def _train_helper(a: argparse.Namespace) -> None:
-    from vlp.runs.pretrain import run_train_helper
+    from vlp.runs.training.pretrain import run_train_helper
 
     print(f"done: {run_train_helper(load_config(PretrainConfig, a.config, a.overrides))}")
 
 
 def _finetune(a: argparse.Namespace) -> None:
-    from vlp.runs.finetune import run_finetune
+    from vlp.runs.training.finetune import run_finetune
 
     print(json.dumps(run_finetune(load_finetune_config(a.task, a.config, a.overrides)), indent=2))
 
 
 def _nlvr_ta(a: argparse.Namespace) -> None:
-    from vlp.runs.finetune import run_finetune
+    from vlp.runs.training.finetune import run_finetune
 
     print(f"done: {run_finetune(load_finetune_config('nlvr-ta', a.config, a.overrides))['checkpoint']}")
 

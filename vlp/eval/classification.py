@@ -1,6 +1,6 @@
 """Zero-shot classification on tensors: prompt ensembles, top-k / per-class metrics and the ITM re-rank.
 
-No models and no files here (``vlp.runs.classify`` embeds and writes). Scores are ``[N, C]``
+No models and no files here (``vlp.runs.evaluation.zero_shot_classification`` embeds and writes). Scores are ``[N, C]``
 (images x classes, higher is better) and metrics follow the retrieval metrics' tie rule
 (:func:`vlp.eval.metrics.best_positive_rank`): a class tied with the true class ranks above it, so
 constant scores never count as correct. Percentages like the retrieval metrics.

@@ -14,7 +14,7 @@ from vlp.config import apply_overrides
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
 from vlp.preprocess.transforms import test_transform
-from vlp.runs.assembly import build_regulator
+from vlp.runs.training.assembly import build_regulator
 
 
 def _srcl_weights(model: Any, regulator: Any, batch: dict, device: torch.device, step: int, a: float) -> tuple:

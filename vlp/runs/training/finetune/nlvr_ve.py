@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 from vlp.config import FinetuneConfig
 from vlp.dist import gather_rows
 from vlp.eval.mode import evaluating
-from vlp.runs.finetune.common import (
+from vlp.runs.training.finetune.recipe import (
     ConstantImage,
     finetune_job,
     fit,
@@ -30,7 +30,7 @@ from vlp.runs.finetune.common import (
     start,
     write_results,
 )
-from vlp.runs.job import Job
+from vlp.runs.training.job import Job
 
 
 @dataclass

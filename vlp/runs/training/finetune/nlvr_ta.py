@@ -5,7 +5,7 @@ from __future__ import annotations
 from vlp.config import FinetuneConfig
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
-from vlp.runs.finetune.common import finetune_job, fit, make_loader, start, write_results
+from vlp.runs.training.finetune.recipe import finetune_job, fit, make_loader, start, write_results
 from vlp.weights import find_checkpoint
 
 

@@ -1,12 +1,12 @@
 """Fine-tuning: ``vlp finetune TASK`` and ``vlp pretrain nlvr-ta``, one module per task (NLVR2 and
-SNLI-VE share :mod:`~vlp.runs.finetune.classification`); :func:`run_finetune` runs the task's
+SNLI-VE share :mod:`~vlp.runs.training.finetune.nlvr_ve`); :func:`run_finetune` runs the task's
 registered runner (:attr:`vlp.kinds.Kind.finetune`).
 
 Every run: read the pretrained checkpoint's model config, change the resolution (position
 embedding interpolated) and any ``model_overrides``, build the task model, load the weights
-(:func:`vlp.models.transfer.load_pretrained`) into a :class:`~vlp.runs.job.Job`, train with the
+(:func:`vlp.models.transfer.load_pretrained`) into a :class:`~vlp.runs.training.job.Job`, train with the
 shared loop, validate every epoch keeping the best checkpoint, and evaluate the best checkpoint on
-the test split at the end (:mod:`~vlp.runs.finetune.common`). Like the rest of :mod:`vlp.runs`,
+the test split at the end (:mod:`~vlp.runs.training.finetune.recipe`). Like the rest of :mod:`vlp.runs`,
 this is glue: it reads files, the tasks and models never do.
 """
 
@@ -14,18 +14,18 @@ from __future__ import annotations
 
 from vlp.config import FinetuneConfig
 from vlp.kinds import kind
-from vlp.runs.finetune.classification import (
+from vlp.runs.training.finetune.grounding import run_finetune_grounding
+from vlp.runs.training.finetune.nlvr_ta import run_nlvr_ta
+from vlp.runs.training.finetune.nlvr_ve import (
     classify_correct,
     nlvr_accuracy,
     nlvr_correct,
     run_finetune_nlvr,
     run_finetune_ve,
 )
-from vlp.runs.finetune.common import ConstantImage, finetune_job, finetune_model_config, shard_of
-from vlp.runs.finetune.grounding import run_finetune_grounding
-from vlp.runs.finetune.nlvr_ta import run_nlvr_ta
-from vlp.runs.finetune.retrieval import contrastive_task, run_finetune_retrieval
-from vlp.runs.finetune.vqa import predict_answers, rank_answer_indices, run_finetune_vqa
+from vlp.runs.training.finetune.recipe import ConstantImage, finetune_job, finetune_model_config, shard_of
+from vlp.runs.training.finetune.retrieval import contrastive_task, run_finetune_retrieval
+from vlp.runs.training.finetune.vqa import predict_answers, rank_answer_indices, run_finetune_vqa
 
 __all__ = [
     "ConstantImage",

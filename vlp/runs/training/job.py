@@ -17,7 +17,7 @@ from vlp.dist import launch_rank
 from vlp.errors import ConfigError
 from vlp.models.build import model_image_size
 from vlp.preprocess.transforms import test_transform, train_transform
-from vlp.runs.run_dir import prepare_run_dir
+from vlp.runs.training.run_dir import prepare_run_dir
 from vlp.tasks.objectives import TokenInfo
 from vlp.train.loop import train
 from vlp.train.setup import make_accelerator

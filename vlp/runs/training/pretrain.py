@@ -1,4 +1,4 @@
-"""``vlp pretrain`` and ``vlp train-helper``: the pretraining :class:`~vlp.runs.job.Job` (model,
+"""``vlp pretrain`` and ``vlp train-helper``: the pretraining :class:`~vlp.runs.training.job.Job` (model,
 task, data) of a config, and the run that trains it and evaluates zero-shot retrieval at the end."""
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from vlp.models.dual import DualEncoder
 from vlp.models.transfer import load_pretrained
 from vlp.models.vision import check_vision_init, write_init_report
 from vlp.preprocess.transforms import PixelNorm, load_tokenizer, train_transform
-from vlp.runs.assembly import build_reconstruction, build_regulator, check_helper_weights, load_targets_for
-from vlp.runs.evaluate import run_evaluate_retrieval
-from vlp.runs.job import Job, check_queue, token_info
+from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
+from vlp.runs.training.assembly import build_reconstruction, build_regulator, check_helper_weights, load_targets_for
+from vlp.runs.training.job import Job, check_queue, token_info
 from vlp.tasks.dual import DualTask
 from vlp.tasks.pretrain import PretrainTask
 from vlp.tasks.regulation import SRCLRegulator

@@ -13,9 +13,17 @@ from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import Sample, load_pairs, load_retrieval_split
 from vlp.data.image_checks import check_image_paths
 from vlp.dist import rank
-from vlp.runs.assembly import build_reconstruction, load_targets_for
-from vlp.runs.finetune.common import finetune_job, fit, load_best, make_loader, start, train_steps, write_results
-from vlp.runs.job import Job, check_queue, token_info
+from vlp.runs.training.assembly import build_reconstruction, load_targets_for
+from vlp.runs.training.finetune.recipe import (
+    finetune_job,
+    fit,
+    load_best,
+    make_loader,
+    start,
+    train_steps,
+    write_results,
+)
+from vlp.runs.training.job import Job, check_queue, token_info
 
 
 def contrastive_task(job: Job, samples: Sequence[Sample]) -> tuple[Path, nn.Module]:

@@ -14,9 +14,9 @@ from vlp.data.formats import Sample
 from vlp.dist import gather_rows, rank, shard_bounds, world_size
 from vlp.errors import ConfigError
 from vlp.eval.mode import evaluating
-from vlp.runs.finetune.common import finetune_job, fit, load_best, write_results
-from vlp.runs.finetune.retrieval import contrastive_task
-from vlp.runs.job import Job
+from vlp.runs.training.finetune.recipe import finetune_job, fit, load_best, write_results
+from vlp.runs.training.finetune.retrieval import contrastive_task
+from vlp.runs.training.job import Job
 
 
 def grounding_model(job: Job):
@@ -46,13 +46,13 @@ def run_finetune_grounding(cfg: FinetuneConfig) -> dict:
     """ALBEF's weakly supervised grounding (``Grounding.py``): ITC (every expression of one image
     shares its id: positives by image) + ITM on (image, referring expression) pairs, no MLM, as
     retrieval (:func:`contrastive_task`); validation = grounding accuracy on ``data.val`` (Grad-CAM
-    of the ITM score over fusion layer ``grounding.layer``, :func:`vlp.runs.grounding.ground`, the
+    of the ITM score over fusion layer ``grounding.layer``, :func:`vlp.runs.evaluation.gradcam_grounding.ground`, the
     scoring of ``vlp evaluate grounding``), best checkpoint by accuracy; at the end val and test with
     the best checkpoint beside the random-candidate and the fixed-position baseline (fitted on the
     training files' boxes, when every training entry has them). The checkpoints are of kind
     ``retrieval`` (the model is the retrieval ALBEF)."""
     from vlp.data.grounding import GroundingEntry, read_grounding_file
-    from vlp.runs.grounding import (
+    from vlp.runs.evaluation.gradcam_grounding import (
         EXAMPLES,
         entry_size,
         example_indices,

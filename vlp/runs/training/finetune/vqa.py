@@ -11,7 +11,7 @@ from vlp.config import FinetuneConfig
 from vlp.dist import gather_rows, rank
 from vlp.errors import ConfigError
 from vlp.eval.mode import evaluating
-from vlp.runs.finetune.common import finetune_job, fit, load_best, make_loader, shard_of, start, write_results
+from vlp.runs.training.finetune.recipe import finetune_job, fit, load_best, make_loader, shard_of, start, write_results
 
 
 def run_finetune_vqa(cfg: FinetuneConfig) -> dict:

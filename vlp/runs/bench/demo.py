@@ -81,8 +81,8 @@ def run_demo(
     """Write the world and its demo caption mix (:data:`DEMO_CAPTION_REPEATS`), pretrain with
     :data:`DEMO_CONFIG` + :data:`DEMO_OVERRIDES` + ``overrides``, evaluate on the ``n_test``-image
     test split; returns the metrics."""
-    from vlp.runs.evaluate import run_evaluate_retrieval
-    from vlp.runs.pretrain import run_pretrain
+    from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
+    from vlp.runs.training.pretrain import run_pretrain
     from vlp.viz import plot_losses
     from vlp.world import generate_world, write_caption_mix
     from vlp.world.captions import CAPTION_KINDS
@@ -173,7 +173,7 @@ class FullDemo:
         """Stage ``classification``: zero-shot classification of the test split by each of
         :data:`CLASSIFICATION_ATTRS`, by ITC and with the ITM re-rank of the top
         :data:`CLASSIFICATION_RERANK_K`; its results (``classification/results.json``)."""
-        from vlp.runs.classify import run_evaluate_classification
+        from vlp.runs.evaluation.zero_shot_classification import run_evaluate_classification
 
         name = "classification"
         self.stage("zero-shot classification")
@@ -197,7 +197,7 @@ class FullDemo:
 
     def finetune(self, task: str, name: str, pretrained: Path, files: list[str]) -> dict:
         """Stage ``name``: fine-tune ``task`` from ``pretrained`` on ``files`` (overrides); its results."""
-        from vlp.runs.finetune import run_finetune
+        from vlp.runs.training.finetune import run_finetune
 
         out = self.out
         self.stage(name)
@@ -257,8 +257,8 @@ def _pretrain_and_zero_shot(demo: FullDemo, w: dict[str, Path], pretrain_steps: 
     overrides the config's) and ``zero_shot`` (retrieval on ``w["retrieval_test"]`` by the pretrained
     checkpoint), each skipped where an earlier run finished it. Returns the zero-shot metrics
     (``zero_shot/metrics.json``)."""
-    from vlp.runs.evaluate import run_evaluate_retrieval
-    from vlp.runs.pretrain import run_pretrain
+    from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
+    from vlp.runs.training.pretrain import run_pretrain
 
     out, seed = demo.out, demo.seed
     demo.stage("pretrain")

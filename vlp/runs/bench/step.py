@@ -1,6 +1,6 @@
 """``vlp bench``: time pretraining steps of a config, phase by phase, with the analytic FLOP count.
 
-The model, task and loader are those of ``vlp pretrain`` (:func:`vlp.runs.pretrain.build_pretraining`), on
+The model, task and loader are those of ``vlp pretrain`` (:func:`vlp.runs.training.pretrain.build_pretraining`), on
 the config's real data, and the step is the loop's own (:func:`vlp.train.step.train_step`). After
 ``warmup`` untimed steps, each of ``steps`` steps is timed in five phases, with a device
 synchronisation around each: data (next batch, on the device), forward (every loss), backward,
@@ -28,7 +28,7 @@ from vlp.config import PretrainConfig, to_dict
 from vlp.errors import ConfigError
 from vlp.flops import step_flops
 from vlp.models.albef import param_count
-from vlp.runs.pretrain import build_pretraining
+from vlp.runs.training.pretrain import build_pretraining
 from vlp.train.compile_watch import CompileRecord, CompileWatch, cuda_graph_status
 from vlp.train.dispatch_counts import DispatchCounter
 from vlp.train.loop import endless_batches

@@ -22,7 +22,7 @@ from vlp.kinds import kind as kind_entry
 from vlp.models.build import build_model_of_kind
 from vlp.models.transfer import load_pretrained
 from vlp.preprocess.transforms import load_tokenizer
-from vlp.runs.job import Job
+from vlp.runs.training.job import Job
 from vlp.train.validation import Validation
 from vlp.weights import load_weights
 

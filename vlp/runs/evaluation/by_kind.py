@@ -41,9 +41,9 @@ def write_metrics(out: PathLike, metrics: dict[str, Any]) -> dict[str, Any]:
 def evaluate_retrieval(
     checkpoint: PathLike, data: PathLike, out: PathLike, image_root: Optional[str] = None
 ) -> dict[str, Any]:
-    """Zero-shot retrieval on a Karpathy-style split (:func:`vlp.runs.evaluate.run_evaluate_retrieval`,
+    """Zero-shot retrieval on a Karpathy-style split (:func:`vlp.runs.evaluation.image_text_retrieval.run_evaluate_retrieval`,
     no relevance file); its metrics."""
-    from vlp.runs.evaluate import run_evaluate_retrieval
+    from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
 
     return dict(run_evaluate_retrieval(checkpoint, data, None, out, image_root, show_progress=False).metrics)
 
