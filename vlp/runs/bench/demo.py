@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 from vlp.config import PretrainConfig, load_config, load_finetune_config
 from vlp.eval.metrics import chance_recall
 
-CONFIGS = Path(__file__).parent.parent / "configs"  # vlp/configs
+CONFIGS = Path(__file__).parents[2] / "configs"  # vlp/configs
 DEMO_CONFIG = CONFIGS / "pretrain" / "shapes_tiny.yaml"
 FINETUNE_CONFIGS = CONFIGS / "finetune"
 #: ``make demo``'s settings on top of :data:`DEMO_CONFIG`, chosen by the runs in docs/experiments.md
