@@ -28,9 +28,9 @@ from vlp.config.finetune import (
 )
 from vlp.config.load import apply_overrides, from_dict, load_config, resolved, to_dict, to_yaml
 from vlp.config.loss import (
-    CONTRASTIVE_LOSSES,
     ContrastiveConfig,
     LossConfig,
+    LossTraits,
     LTDConfig,
     MultiplierConfig,
     SRCLConfig,
@@ -41,7 +41,6 @@ from vlp.config.train import AverageConfig, EvalConfig, TrainConfig
 from vlp.errors import ConfigError
 
 __all__ = [
-    "CONTRASTIVE_LOSSES",
     "FINETUNE_TASKS",
     "TEXT_PRESETS",
     "VISION_PRESETS",
@@ -57,6 +56,7 @@ __all__ = [
     "ImageConfig",
     "LTDConfig",
     "LossConfig",
+    "LossTraits",
     "ModelConfig",
     "MultiplierConfig",
     "NLVRConfig",
