@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vlp.config import LossConfig, PretrainConfig, load_config
+from vlp.config import ContrastiveConfig, LossConfig, PretrainConfig, load_config
 from vlp.errors import ConfigError
 from vlp.models.albef import ALBEF, param_count
 from vlp.tasks.objectives import TokenInfo
@@ -110,7 +110,11 @@ class ReferenceALBEFStep(nn.Module):
             for k, bad in (
                 ("loss.regulation", loss.regulation != "none"),
                 ("loss.ltd.mode", loss.ltd.mode != "off"),
-                ("loss.contrastive", loss.contrastive.name != "infonce" or loss.contrastive.tau is not None),
+                # ALBEF's ITC: the default loss (InfoNCE), with the learned temperature
+                (
+                    "loss.contrastive",
+                    loss.contrastive.name != ContrastiveConfig.name or loss.contrastive.tau is not None,
+                ),
                 ("loss.itc_positives", loss.itc_positives != "pair"),
                 ("loss.itc_bank", loss.itc_bank != "local"),
                 ("loss.itc/itm/mlm = 0", 0 in (loss.itc, loss.itm, loss.mlm)),

@@ -29,9 +29,9 @@ from vlp.config.finetune import (
 )
 from vlp.config.load import apply_overrides, from_dict, load_config, resolved, to_dict, to_yaml
 from vlp.config.loss import (
-    CONTRASTIVE_LOSSES,
     ContrastiveConfig,
     LossConfig,
+    LossTraits,
     LTDConfig,
     MultiplierConfig,
     SRCLConfig,
@@ -54,7 +54,6 @@ from vlp.config.train import AverageConfig, EvalConfig, TrainConfig
 from vlp.errors import ConfigError
 
 __all__ = [
-    "CONTRASTIVE_LOSSES",
     "TEXT_PRESETS",
     "VISION_PRESETS",
     "AverageConfig",
@@ -69,6 +68,7 @@ __all__ = [
     "ImageConfig",
     "LTDConfig",
     "LossConfig",
+    "LossTraits",
     "ModelConfig",
     "MultiplierConfig",
     "NLVRConfig",

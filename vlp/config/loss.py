@@ -4,7 +4,7 @@ reconstruction and its Lagrange multiplier."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Callable, Optional, Protocol
 
 from vlp.config.load import check_choice
 from vlp.errors import ConfigError
@@ -84,21 +84,69 @@ class SRCLConfig:
             )
 
 
-CONTRASTIVE_LOSSES = ("infonce", "triplet", "triplet_sh", "smoothap")
+class LossTraits(Protocol):
+    """What the cross-section rules need to know of a contrastive loss (its class's flags,
+    :class:`vlp.losses.registry.ContrastiveLoss`)."""
+
+    @property
+    def uses_tau(self) -> bool:
+        """Takes the temperature (a fixed loss.contrastive.tau or the model's learned one)."""
+        ...
+
+    @property
+    def log_weights(self) -> bool:
+        """Takes per-negative log-weights (SRCL, loss.regulation)."""
+        ...
+
+    @property
+    def soft_targets(self) -> bool:
+        """Takes soft targets (momentum distillation, loss.distill)."""
+        ...
+
+
+#: The losses' own check, installed by :mod:`vlp.losses.registry` when it is imported (the config
+#: layer cannot import the losses): ``check(config)`` returns the built loss, or raises ConfigError
+#: for an unknown ``loss.contrastive.name`` or a bad ``loss.contrastive.params`` key. In a process
+#: that never imported the losses the config is not checked here: building the loss checks it.
+_LOSS_CHECKS: list[Callable[[ContrastiveConfig], LossTraits]] = []
+
+
+def install_loss_check(check: Callable[[ContrastiveConfig], LossTraits]) -> None:
+    """Make ``check`` the check of :func:`loss_traits`; returns nothing."""
+    _LOSS_CHECKS[:] = [check]
+
+
+def loss_traits(config: ContrastiveConfig) -> Optional[LossTraits]:
+    """The traits of the loss ``config`` names, checked (:func:`install_loss_check`: an unknown name or
+    a bad ``params`` key raises ConfigError); None while no check is installed."""
+    return _LOSS_CHECKS[0](config) if _LOSS_CHECKS else None
+
+
+def known_loss_traits(config: ContrastiveConfig) -> Optional[LossTraits]:
+    """:func:`loss_traits`, or None where the loss does not check: a saved config (a checkpoint's) may
+    name a loss this process has not registered, which matters only to whoever builds that loss."""
+    try:
+        return loss_traits(config)
+    except ConfigError:
+        return None
 
 
 @dataclass
 class ContrastiveConfig:
     """The contrastive term (docs/methods.md, loss zoo). ALBEF's ITC is InfoNCE with momentum
-    distillation; the other losses take the same similarities and positives."""
+    distillation; the other losses take the same similarities and positives. The name is any
+    registered loss (:mod:`vlp.losses.registry`), checked with its ``params`` when a pretraining
+    config is loaded (:meth:`vlp.config.PretrainConfig.check_given`) and when the loss is built."""
 
-    name: str = "infonce"  # infonce | triplet | triplet_sh | smoothap
+    name: str = "infonce"  # infonce | triplet | triplet_sh | smoothap | any registered loss
     tau: Optional[float] = None  # InfoNCE temperature; None: the model's learned one (ALBEF)
     margin: float = 0.2  # triplet, triplet_sh
     smoothap_tau: float = 0.01  # sigmoid temperature of SmoothAP
+    # A registered loss's own hyperparameters, checked against its typed Params when it is built:
+    # loss.contrastive.params.scale=2.0
+    params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_choice("loss.contrastive.name", self.name, CONTRASTIVE_LOSSES)
         if self.tau is not None and self.tau <= 0 or self.smoothap_tau <= 0:
             raise ConfigError(
                 f"config keys 'loss.contrastive.tau'/'smoothap_tau': got {self.tau}/{self.smoothap_tau}, expected > 0"

@@ -7,7 +7,7 @@ from typing import Optional
 
 from vlp.config.data import DataConfig
 from vlp.config.load import reject_broken_rules
-from vlp.config.loss import LossConfig
+from vlp.config.loss import LossConfig, LossTraits, known_loss_traits, loss_traits
 from vlp.config.model import ModelConfig
 from vlp.config.train import EvalConfig, TrainConfig
 
@@ -40,16 +40,39 @@ class PretrainConfig:
             ]
             wrong += ["loss.distill=true (the dual encoder has no momentum twin)"] if c.distill else []
             wrong += [f"eval.score={self.eval.score} (no ITM head: use itc)"] if self.eval.score != "itc" else []
-            if c.contrastive.name == "infonce" and c.contrastive.tau is None:
-                wrong.append("loss.contrastive.tau unset (the dual encoder has no learned temperature; LTD uses 0.05)")
         elif self.data.captions_per_image > 1:
             wrong.append(
                 f"data.captions_per_image={self.data.captions_per_image} (image-level batches need model.arch=dual)"
             )
-        if c.regulation != "none" and (arch == "dual" or c.contrastive.name != "infonce"):
-            wrong.append(f"loss.regulation={c.regulation} (SRCL regulates ALBEF's InfoNCE ITC only)")
-        if arch == "albef" and c.contrastive.name != "infonce" and c.distill:
-            wrong.append(f"loss.distill=true (momentum distillation applies to InfoNCE, not {c.contrastive.name})")
+        traits = known_loss_traits(c.contrastive)  # an unknown loss: check_given / the build say so
+        wrong += self.loss_rules(traits) if traits is not None else []
         if c.ltd.mode != "off" and c.ltd.decoder == "latent" and not c.ltd.targets:
             wrong.append("loss.ltd.targets unset (LTD needs a file from `vlp make-targets`)")
         reject_broken_rules(wrong)
+
+    def check_given(self, given: dict[str, str]) -> None:
+        """A config loaded from a file and overrides (``given``: the keys they set, unused): its contrastive
+        loss checked in full once the losses are imported, an unknown ``loss.contrastive.name`` or a
+        bad ``loss.contrastive.params`` key raising ConfigError. Returns nothing."""
+        traits = loss_traits(self.loss.contrastive)
+        if traits is not None:
+            self.check_loss(traits)
+
+    def loss_rules(self, loss: LossTraits) -> list[str]:
+        """The broken rules between the contrastive loss (the traits of ``loss.contrastive.name``'s
+        class) and the other sections, each naming the keys to change (empty: none). Checked when the
+        config is built if the losses are loaded, and again when the loss is built (:meth:`check_loss`)."""
+        c, arch = self.loss, self.model.arch
+        wrong: list[str] = []
+        if arch == "dual" and loss.uses_tau and c.contrastive.tau is None:
+            wrong.append("loss.contrastive.tau unset (the dual encoder has no learned temperature; LTD uses 0.05)")
+        if c.regulation != "none" and (arch == "dual" or not (loss.log_weights and loss.soft_targets)):
+            wrong.append(f"loss.regulation={c.regulation} (SRCL regulates ALBEF's InfoNCE ITC only)")
+        if arch == "albef" and c.distill and not loss.soft_targets:
+            wrong.append(f"loss.distill=true (momentum distillation applies to InfoNCE, not {c.contrastive.name})")
+        return wrong
+
+    def check_loss(self, loss: LossTraits) -> None:
+        """Raise one :class:`ConfigError` listing :meth:`loss_rules` broken by ``loss`` (the built
+        contrastive loss); return nothing when none is."""
+        reject_broken_rules(self.loss_rules(loss))

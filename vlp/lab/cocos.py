@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -63,33 +64,27 @@ def run_cocos(
     the run's batch size (``data.batch_size``, ``data.captions_per_image``; override them). Writes
     ``out/cocos.json`` (mean and std over batches of every statistic, per direction) and
     ``out/cocos.png`` (per-query count histograms). ``smoothap_inv_tau``: SmoothAP counts its true
-    gradient magnitude G(1-G)/tau/R^2 instead of ECIR's G(1-G)/R^2 (:func:`vlp.losses.cocos.cocos_smoothap`)."""
-    from vlp.losses.cocos import cocos
+    gradient magnitude G(1-G)/tau/R^2 instead of ECIR's G(1-G)/R^2 (:func:`vlp.losses.cocos.cocos_smoothap`).
+    ``loss`` is any registered loss (:mod:`vlp.losses.registry`), built from the run's ``loss.contrastive``
+    with that name (its ``params``: the run's for the run's own loss, plus the overrides'); the record
+    holds its ``hyperparameters``."""
+    from vlp.losses.registry import build_loss
     from vlp.progress import progress
 
     ckpt = open_checkpoint(checkpoint)
     model, tokenizer = ckpt.load(), ckpt.tokenizer
-    cfg = apply_overrides(ckpt.pretrain_config, overrides)
+    cfg = ckpt.pretrain_config
+    if loss != cfg.loss.contrastive.name:  # the run's loss's own params are not the analysed loss's
+        cfg = replace(cfg, loss=replace(cfg.loss, contrastive=replace(cfg.loss.contrastive, params={})))
+    cfg = apply_overrides(cfg, overrides)
     c = cfg.loss.contrastive
+    loss_fn = build_loss(replace(c, name=loss))
     tau = c.tau if c.tau is not None else float(getattr(model, "temp", 0.05))
     loader = _cocos_loader(cfg, data, tokenizer)
     n = len(loader) if batches is None else min(batches, len(loader))
     bar = progress(n, f"cocos {loss}", show_progress)
-    per_batch, counts = _cocos_pass(
-        model,
-        loader,
-        n,
-        partial(
-            cocos,
-            loss,
-            tau=tau,
-            margin=c.margin,
-            smoothap_tau=c.smoothap_tau,
-            threshold=threshold,
-            smoothap_inv_tau=smoothap_inv_tau,
-        ),
-        bar,
-    )
+    stats_of = partial(loss_fn.cocos, tau=tau, threshold=threshold, inv_tau=smoothap_inv_tau)
+    per_batch, counts = _cocos_pass(model, loader, n, stats_of, bar)
     bar.close()
     summary = {key: mean_std(v) for key, v in per_batch.items()}
     record = {
@@ -103,6 +98,7 @@ def run_cocos(
         "margin": c.margin,
         "smoothap_tau": c.smoothap_tau,
         "smoothap_inv_tau": smoothap_inv_tau,
+        "hyperparameters": loss_fn.hyperparameters(),
         "threshold": threshold,
         "stats": summary,
     }

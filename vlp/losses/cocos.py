@@ -10,13 +10,11 @@ positive are skipped and not counted). Each function returns a dict with ``count
 
 from __future__ import annotations
 
-from typing import Union
-
 import torch
 
-from vlp.losses.contrastive import LOSSES, positive_index, smoothap_sigmoids, triplet_hinges
-
-Stats = dict[str, Union[float, torch.Tensor]]
+from vlp.config import ContrastiveConfig
+from vlp.losses.contrastive import positive_index, smoothap_sigmoids, triplet_hinges
+from vlp.losses.registry import Stats, build_loss
 
 
 def _summary(counts: torch.Tensor, valid: torch.Tensor, exclude_zeros: bool = True) -> Stats:
@@ -120,12 +118,8 @@ def cocos(
     threshold: float = 0.01,
     smoothap_inv_tau: bool = False,
 ) -> Stats:
-    """COCOS statistics of loss ``name`` (one of ``LOSSES``) for one direction ``sim``/``positives`` [Q, C].
-    ``smoothap_inv_tau``: count SmoothAP's true gradient magnitude, with its 1/tau (:func:`cocos_smoothap`)."""
-    if name == "infonce":
-        return cocos_infonce(sim, positives, tau, threshold)
-    if name in ("triplet", "triplet_sh"):
-        return cocos_triplet(sim, positives, margin, hardest=name == "triplet_sh")
-    if name == "smoothap":
-        return cocos_smoothap(sim, positives, smoothap_tau, threshold, inv_tau=smoothap_inv_tau)
-    raise ValueError(f"unknown contrastive loss {name!r}; expected one of {LOSSES}")
+    """COCOS statistics of loss ``name`` (a registered loss, :mod:`vlp.losses.registry`) with these
+    hyperparameters, for one direction ``sim``/``positives`` [Q, C]: its :meth:`ContrastiveLoss.cocos`.
+    ``smoothap_inv_tau``: count the true gradient magnitude, with its 1/tau (:func:`cocos_smoothap`)."""
+    loss = build_loss(ContrastiveConfig(name=name, margin=margin, smoothap_tau=smoothap_tau))
+    return loss.cocos(sim, positives, tau=tau, threshold=threshold, inv_tau=smoothap_inv_tau)

@@ -2,7 +2,8 @@
 
 Losses take tensors (logits, target distributions, optional log-weights), never models.
 
-Loss zoo conventions (``infonce``, ``triplet``, ``triplet_sh``, ``smooth_ap``, ``contrastive_loss``):
+Loss zoo conventions (``infonce``, ``triplet``, ``triplet_sh``, ``smooth_ap``, ``contrastive_loss``; the
+registered loss classes over them are in :mod:`vlp.losses.zoo`):
 
 - One retrieval direction per call: ``sim`` [Q, C] is the (cosine) similarity of each query to each
   candidate, ``positives`` [Q, C] bool marks any number of positives per row. Every entry that is not
@@ -19,12 +20,13 @@ Loss zoo conventions (``infonce``, ``triplet``, ``triplet_sh``, ``smooth_ap``, `
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 import torch.nn.functional as F
 
-from vlp.config import CONTRASTIVE_LOSSES
+from vlp.config import ContrastiveConfig
+from vlp.losses.registry import build_loss, loss_names
 
 
 def itc_targets(
@@ -68,7 +70,12 @@ def soft_infonce(
     return -(targets * logp).sum(1).mean()
 
 
-LOSSES = CONTRASTIVE_LOSSES  # the names config key loss.contrastive.name accepts
+def __getattr__(name: str) -> Any:
+    """``LOSSES``: the registered names config key loss.contrastive.name accepts
+    (:func:`vlp.losses.registry.loss_names`, read when asked: the loss classes import this module)."""
+    if name == "LOSSES":
+        return loss_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def positive_index(positives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,24 +184,17 @@ def contrastive_loss(
     log_weights_i2t: Optional[torch.Tensor] = None,
     log_weights_t2i: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Two-direction loss ``name`` in ``LOSSES``. Returns a scalar.
+    """Two-direction loss ``name`` (a registered loss, :mod:`vlp.losses.registry`) with these
+    hyperparameters. Returns a scalar.
 
     ``sim_i2t``/``pos_i2t`` [B_i, C_t] and ``sim_t2i``/``pos_t2i`` [B_t, C_i] are independent (no transpose
     is assumed). Triplet and Triplet-SH sum the directions; InfoNCE (``tau`` required, optional
     ``log_weights_*``) and SmoothAP (``smoothap_tau``) average them.
     """
-    if name not in LOSSES:
-        raise ValueError(f"unknown contrastive loss {name!r}; expected one of {LOSSES}")
-    if name != "infonce" and (log_weights_i2t is not None or log_weights_t2i is not None):
-        raise ValueError(f"log_weights are only supported by infonce, not {name!r}")
-    if name == "infonce":
-        if tau is None:
-            raise ValueError("infonce needs a temperature tau")
-        return 0.5 * (infonce(sim_i2t, pos_i2t, tau, log_weights_i2t) + infonce(sim_t2i, pos_t2i, tau, log_weights_t2i))
-    if name == "smoothap":
-        return 0.5 * (smooth_ap(sim_i2t, pos_i2t, smoothap_tau) + smooth_ap(sim_t2i, pos_t2i, smoothap_tau))
-    fn = triplet if name == "triplet" else triplet_sh
-    return fn(sim_i2t, pos_i2t, margin) + fn(sim_t2i, pos_t2i, margin)
+    loss = build_loss(ContrastiveConfig(name=name, margin=margin, smoothap_tau=smoothap_tau))
+    return loss(
+        sim_i2t, pos_i2t, sim_t2i, pos_t2i, tau=tau, log_weights_i2t=log_weights_i2t, log_weights_t2i=log_weights_t2i
+    )
 
 
 def cosines(a: torch.Tensor, bank: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Dual-encoder contrastive task: the loss zoo on in-batch similarities (+ LTD / ITD).
+"""Dual-encoder contrastive task: a registered contrastive loss on in-batch similarities (+ LTD / ITD).
 
 The resource-constrained setting of the LTD and ECIR papers: no fusion, ITM, MLM, momentum or
 queue. Each rank scores its own queries against the whole global batch (gathered with gradient).
@@ -12,7 +12,8 @@ import torch
 
 from vlp.config import LossConfig
 from vlp.dist import all_gather_nograd, all_gather_with_grad
-from vlp.losses.contrastive import contrastive_loss, cosines
+from vlp.losses.contrastive import cosines
+from vlp.losses.registry import build_loss
 from vlp.models.dual import DualEncoder
 from vlp.tasks.base import Task
 from vlp.tasks.reconstruction import Reconstruction
@@ -25,12 +26,12 @@ class DualTask(Task):
 
     def __init__(self, model: DualEncoder, loss: LossConfig, reconstruction: Optional[Reconstruction] = None) -> None:
         super().__init__(model, reconstruction)
-        if loss.contrastive.name == "infonce" and loss.contrastive.tau is None:
+        self.contrastive = build_loss(loss.contrastive)
+        if self.contrastive.uses_tau and loss.contrastive.tau is None:
             raise ValueError("the dual encoder needs a fixed loss.contrastive.tau")
         self.loss_cfg = loss
 
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
-        c = self.loss_cfg.contrastive
         batch = self.on_device(batch)
         img = self.model.encode_image(batch["images"]).feat
         txt = self.model.encode_text(batch["input_ids"], batch["attention_mask"]).feat
@@ -38,15 +39,12 @@ class DualTask(Task):
         txt_ids = batch.get("text_image_ids", img_ids)
         all_img, all_txt = all_gather_with_grad(img), all_gather_with_grad(txt)
         all_img_ids, all_txt_ids = all_gather_nograd(img_ids), all_gather_nograd(txt_ids)
-        l_con = contrastive_loss(
-            c.name,
+        l_con = self.contrastive(
             cosines(img, all_txt),
             img_ids[:, None] == all_txt_ids[None, :],
             cosines(txt, all_img),
             txt_ids[:, None] == all_img_ids[None, :],
-            tau=c.tau,
-            margin=c.margin,
-            smoothap_tau=c.smoothap_tau,
+            tau=self.loss_cfg.contrastive.tau,
         )
         out = {"contrastive": l_con.detach()}
         loss = l_con

@@ -13,9 +13,10 @@ import torch
 
 from vlp.config import ContrastiveConfig
 from vlp.dist import all_gather_nograd, all_gather_with_grad, own_rows, world_size
-from vlp.losses.contrastive import contrastive_loss, cosines, itc_targets, soft_infonce
+from vlp.losses.contrastive import cosines, itc_targets
 from vlp.losses.matching import ITM_NEGATIVES_PER_POSITIVE, itm_loss, race_noise, sample_hard_negatives
 from vlp.losses.mlm import gather_masked, mask_tokens, mlm_capacity, mlm_loss
+from vlp.losses.registry import ContrastiveLoss, build_loss
 from vlp.models.albef import ALBEF, ImageFeatures, TextFeatures
 from vlp.models.text import ImageKV, select_kv
 from vlp.tasks.regulation import Regulation
@@ -65,6 +66,7 @@ def itc_step(
     regulate: Optional[Regulate] = None,
     contrastive: Optional[ContrastiveConfig] = None,
     global_bank: bool = False,
+    loss_fn: Optional[ContrastiveLoss] = None,
 ) -> ITCOutput:
     """ITC against momentum features + queues, with momentum distillation (ALBEF §2.1).
 
@@ -79,7 +81,9 @@ def itc_step(
     negative is ``∝ t_j / w_j``: a down-weighted false negative is pushed *up*
     (:func:`vlp.losses.srcl.distillation_optimum`); weighted targets cancel the ``1 / w_j``.
     ``contrastive``: InfoNCE (default; a fixed ``tau`` replaces
-    the learned temperature) or a zoo loss on the same cosines and positives (no distillation).
+    the learned temperature) or another registered loss; ``loss_fn``: that loss, built once by the
+    caller (None: built here). A loss with ``soft_targets`` gets the distillation targets and the
+    regulation's log-weights; any other gets the cosines and positives (and the temperature).
     ``global_bank``: the in-batch columns hold every rank's momentum features (rank order), so
     each rank's rows see the whole global batch, as one process with that batch would.
     """
@@ -106,9 +110,9 @@ def itc_step(
     cos_i2t = cosines(img.feat, bank_t)
     cos_t2i = cosines(txt.feat, bank_i)
     sim_i2t, sim_t2i = cos_i2t / temp, cos_t2i / temp
-    if c.name != "infonce":
-        loss = contrastive_loss(c.name, cos_i2t, pos, cos_t2i, pos, margin=c.margin, smoothap_tau=c.smoothap_tau)
-        return ITCOutput(loss, sim_i2t, sim_t2i, own, temp)
+    loss_fn = loss_fn or build_loss(c)
+    if not loss_fn.soft_targets:
+        return ITCOutput(loss_fn(cos_i2t, pos, cos_t2i, pos, tau=temp), sim_i2t, sim_t2i, own, temp)
     with torch.no_grad():
         m_i2t = cosines(img_m, bank_t) / temp
         m_t2i = cosines(txt_m, bank_i) / temp
@@ -116,9 +120,8 @@ def itc_step(
     lw_i2t, lw_t2i, removal = (r.log_w_i2t, r.log_w_t2i, r.removal) if r is not None else (None, None, False)
     if r is not None and r.weight_targets:  # the soft targets see the weights too
         m_i2t, m_t2i = m_i2t + r.log_w_i2t, m_t2i + r.log_w_t2i
-    loss = 0.5 * (
-        soft_infonce(sim_i2t, itc_targets(pos, m_i2t, alpha), lw_i2t, removal)
-        + soft_infonce(sim_t2i, itc_targets(pos, m_t2i, alpha), lw_t2i, removal)
+    loss = loss_fn.soft_forward(
+        sim_i2t, itc_targets(pos, m_i2t, alpha), sim_t2i, itc_targets(pos, m_t2i, alpha), lw_i2t, lw_t2i, removal
     )
     return ITCOutput(loss, sim_i2t, sim_t2i, own, temp, r.stats if r is not None else {})
 

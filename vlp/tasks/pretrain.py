@@ -11,6 +11,7 @@ import torch
 from vlp.config import LossConfig
 from vlp.dist import all_gather_nograd, world_size
 from vlp.errors import ConfigError
+from vlp.losses.registry import build_loss
 from vlp.models.albef import ALBEF, TextFeatures
 from vlp.models.text import ImageKV, select_kv
 from vlp.tasks.base import Task
@@ -74,6 +75,7 @@ class PretrainTask(Task):
             raise ValueError(f"loss.regulation={loss.regulation!r} needs exactly one SRCLRegulator")
         self.regulator = regulator
         self.loss_cfg = loss
+        self.contrastive = build_loss(loss.contrastive)
         self.tokens = tokens
         self.max_len, self.text_padding = max_len, text_padding
         self._compiled: Optional[Callable[..., dict[str, torch.Tensor]]] = None  # train.compile=full
@@ -90,12 +92,12 @@ class PretrainTask(Task):
     def unused_parameters(self) -> list[str]:
         """Parameters this configuration's objective never reaches (the loop freezes them, so DDP
         needs no ``find_unused_parameters``): the learned temperature under a fixed
-        ``loss.contrastive.tau`` or a zoo loss (which ranks cosines), the ITM / MLM head of a
+        ``loss.contrastive.tau`` or a loss that takes none (``uses_tau``: the zoo ranks cosines), the ITM / MLM head of a
         zero-weight loss (not computed), the fusion encoder when neither runs.
         ``tests/tasks/test_unused_parameters.py`` checks that every other parameter gets a gradient."""
         c = self.loss_cfg
         prefixes = []
-        if c.contrastive.tau is not None or c.contrastive.name != "infonce":
+        if c.contrastive.tau is not None or not self.contrastive.uses_tau:
             prefixes.append("model.temp")
         if not c.itm:
             prefixes.append("model.itm_head.")
@@ -235,7 +237,6 @@ class PretrainTask(Task):
         with torch.no_grad():
             img_m = m.encode_image(images, momentum=True)
             txt_m, h_masked_m = self._text(ids, mask, draw if distill_mlm else None, momentum=True)
-
         out: dict[str, torch.Tensor] = {}
         reg, helper, regulate = self.regulator, None, None
         if reg is not None:
@@ -256,6 +257,7 @@ class PretrainTask(Task):
             regulate,
             c.contrastive,
             global_bank=c.itc_bank == "global",
+            loss_fn=self.contrastive,
         )
         kv = m.image_kv(img.tokens) if c.itm or c.mlm else None  # cross-attention K/V once, for ITM and MLM
         out["itc"] = itc.loss

@@ -19,6 +19,7 @@ from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.eval.retrieval import check_k_test
 from vlp.features.helper_cache import HelperCache
 from vlp.features.targets import LatentTargets
+from vlp.losses.registry import build_loss
 from vlp.models.albef import ALBEF, param_count
 from vlp.models.build import build_model_of_kind
 from vlp.models.dual import DualEncoder
@@ -112,7 +113,10 @@ def init_weights(model: torch.nn.Module, source: str) -> None:
 
 
 def check_run(cfg: PretrainConfig) -> None:
-    """Combinations that need the launch or the evaluation data, checked before any work starts."""
+    """Combinations that need the launch, the registered losses or the evaluation data, checked
+    before any work starts (the contrastive loss is built here: an unknown ``loss.contrastive.name``
+    fails even where the config was loaded before the losses were)."""
+    cfg.check_loss(build_loss(cfg.loss.contrastive))
     check_helper_weights(cfg)
     cfg.loss.srcl.require_delta(cfg.loss.regulation)
     if cfg.model.arch == "albef":
