@@ -56,6 +56,6 @@ def test_data_importing_the_world_or_the_lab_breaks_the_contracts(tmp_path):
     assert res.returncode == 1
     assert "Data never imports model, task, evaluation, world, feature or lab code BROKEN" in res.stdout
     assert "vlp.data.answers -> vlp.world.scene" in res.stdout
-    res = lint_copy(tmp_path / "lab", {"vlp/runs/demo.py": "from vlp.lab import probes  # noqa"})
+    res = lint_copy(tmp_path / "lab", {"vlp/runs/bench/demo.py": "from vlp.lab import probes  # noqa"})
     assert res.returncode == 1
     assert "The lab is imported by nothing but the command line BROKEN" in res.stdout
