@@ -180,6 +180,15 @@ def albef_formats() -> tuple[str, ...]:
     return tuple(dict.fromkeys(k.albef_format for k in _REGISTRY.values() if k.albef_format))
 
 
+def of_albef_format(albef_format: str) -> Kind:
+    """The first registered entry whose checkpoints convert from the ALBEF layout ``albef_format``
+    (:attr:`Kind.albef_format`); :class:`UnknownKind` if none does."""
+    for entry in _REGISTRY.values():
+        if entry.albef_format == albef_format:
+            return entry
+    raise UnknownKind(f"no kind converts from the ALBEF layout {albef_format!r}; known: {list(albef_formats())}")
+
+
 def kinds_with(capability: str) -> tuple[str, ...]:
     """The checkpoint kinds whose VLPModel offers method ``capability``, in registration order."""
     return tuple(n for n in checkpoint_kinds() if capability in _REGISTRY[n].capabilities)

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Optional
 from vlp.config.data import ImageConfig
 from vlp.config.load import check_choice
 from vlp.errors import ConfigError
-from vlp.kinds import albef_formats
+from vlp.kinds import albef_formats, of_albef_format
 
 # ----------------------------------------------------------------------------- tower presets
 
@@ -191,12 +191,13 @@ def albef_release(
     text: dict[str, Any] = {"preset": "base", "init": "random", "albef_compat": True}
     if kind == "nlvr":
         text["fusion_layers"] = TEXT_PRESETS["base"]["fusion_layers"] // 2
-    vqa = kind == "vqa"
+    weights = Weights(url, kind, sha256, size)  # a layout no kind converts from: one ConfigError
+    entry = of_albef_format(kind)  # its text cleaning and whether answers are ranked from a list
     return Preset(
         name,
         {"vision": {"preset": "base", "img_size": image_size}, "text": text},
-        Preprocessing(caption_cleaning="pre_question" if vqa else "pre_caption", answer_max_len=10 if vqa else None),
-        Weights(url, kind, sha256, size),
+        Preprocessing(caption_cleaning=entry.text_cleaning, answer_max_len=10 if entry.candidate_answers else None),
+        weights,
         about,
     )
 
