@@ -5,6 +5,7 @@ fail as config errors naming the key."""
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -159,3 +160,24 @@ def test_toy_loss_pretrains_and_runs_analyze_cocos_end_to_end(toy, world, tmp_pa
     assert rec["loss"] == TOY and rec["batches"] == 2 and rec["hyperparameters"] == {"scale": 3.0, "note": None}
     assert rec["stats"]["i2t_scale"]["mean"] == 3.0 and 0.0 < rec["stats"]["t2i_one_minus_p_pos"]["mean"] < 1.0
     assert (out / "cocos.png").stat().st_size > 0
+
+
+def test_a_loss_module_in_the_losses_package_registers_itself(tmp_path, monkeypatch):
+    """Adding a loss is adding its module: the registry imports every module of vlp.losses."""
+    import vlp.losses
+    import vlp.losses.registry as registry
+
+    (tmp_path / "zz_toy_module.py").write_text(
+        "from vlp.losses.registry import register_loss\n"
+        "from vlp.losses.zoo import InfoNCE\n\n\n"
+        '@register_loss("zz_toy")\n'
+        "class ZZToy(InfoNCE):\n"
+        "    pass\n"
+    )
+    monkeypatch.setattr(vlp.losses, "__path__", [*vlp.losses.__path__, str(tmp_path)])
+    monkeypatch.setattr(registry, "_discovered", False)
+    monkeypatch.delitem(sys.modules, "vlp.losses.zz_toy_module", raising=False)
+    try:
+        assert "zz_toy" in loss_names() and build_loss(ContrastiveConfig(name="zz_toy")).soft_targets
+    finally:
+        unregister_loss("zz_toy")

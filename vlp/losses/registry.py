@@ -137,6 +137,7 @@ def register_loss(name: str) -> typing.Callable[[L], L]:
     ``loss.contrastive.name``) and return the class. A name registered twice raises ValueError."""
 
     def register(cls: L) -> L:
+        _discover()  # the built-ins first, whoever registers first
         if name in _REGISTRY:
             raise ValueError(f"contrastive loss {name!r} is already registered ({_REGISTRY[name].__qualname__})")
         if not (dataclasses.is_dataclass(cls.Params) and isinstance(cls.Params, type)):
