@@ -15,6 +15,7 @@ package registers itself (the built-ins are in :mod:`vlp.losses.zoo`).
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import importlib
 import pkgutil
@@ -39,7 +40,7 @@ class NoParams:
     """The hyperparameters of a loss that has none."""
 
 
-class ContrastiveLoss:
+class ContrastiveLoss(abc.ABC):
     """A two-direction contrastive loss on similarity matrices (conventions of :mod:`vlp.losses.contrastive`).
 
     Subclasses set ``name`` (by :func:`register_loss`), ``Params`` (a dataclass of typed
@@ -86,6 +87,7 @@ class ContrastiveLoss:
             log_weights_t2i=log_weights_t2i,
         )
 
+    @abc.abstractmethod
     def forward(
         self,
         sim_i2t: torch.Tensor,
@@ -98,7 +100,6 @@ class ContrastiveLoss:
         log_weights_t2i: Optional[torch.Tensor],
     ) -> torch.Tensor:
         """The loss over both directions (shapes as in :meth:`__call__`). Returns a scalar."""
-        raise NotImplementedError
 
     def soft_forward(
         self,
@@ -114,13 +115,13 @@ class ContrastiveLoss:
         temperature-scaled ``logits_*`` [Q, C] (only where ``soft_targets``). Returns a scalar."""
         raise NotImplementedError(f"{self.name} has no soft targets")
 
+    @abc.abstractmethod
     def cocos(
         self, sim: torch.Tensor, positives: torch.Tensor, *, tau: float, threshold: float, inv_tau: bool
     ) -> Stats:
         """COCOS of one direction ``sim``/``positives`` [Q, C]: ``tau`` the temperature, ``threshold`` the
         weight above which a candidate counts, ``inv_tau`` count the gradient with its 1/tau factor.
         Returns the :data:`Stats` dict (``counts`` [Q], ``valid``, ``zeros``, ...)."""
-        raise NotImplementedError
 
     def hyperparameters(self) -> dict[str, Any]:
         """The loss's hyperparameters, ``{field: value}`` of ``self.params``."""
