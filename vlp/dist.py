@@ -12,8 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import warnings
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -141,18 +140,45 @@ def fetch_rows(local: torch.Tensor, bounds: list[int], need: list[torch.Tensor])
     return out
 
 
+class _GatherWithGrad(torch.autograd.Function):
+    """[n, ...] on each rank -> [world_size * n, ...] (rank order); the backward sums every rank's
+    gradient for the rows a rank gave and hands it that block.
+
+    Written here rather than taken from ``torch.distributed.nn.functional``: that module (deprecated
+    in torch 2.14) binds the default group as a default argument when it is first imported, so a group
+    made before vlp first gathered outlived ``destroy_process_group``, and its gloo threads were torn
+    down at exit in any order ("terminate called without an active exception", exit -6). Nothing
+    here keeps a reference to the group."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        x = x.contiguous()
+        out = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, x)
+        return torch.cat(out, 0)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        w, r = dist.get_world_size(), dist.get_rank()
+        grad = grad.contiguous()
+        if dist.get_backend() == "nccl":
+            mine = torch.empty_like(grad.chunk(w, 0)[r])
+            dist.reduce_scatter_tensor(mine, grad)
+            return mine
+        total = grad.clone()  # gloo has no reduce_scatter: reduce it all, keep this rank's block
+        dist.all_reduce(total)
+        return total.chunk(w, 0)[r].contiguous()
+
+
 def all_gather_with_grad(x: torch.Tensor) -> torch.Tensor:
     """Like :func:`all_gather_nograd`, but gradients flow back to every rank's ``x`` (in-batch
     negatives from the whole global batch, as CLIP-style dual encoders use). The backward sums
     every rank's gradient for ``x`` into its owner, so use it with a *local* loss (this rank's rows
-    against gathered candidates): DDP's gradient mean then gives the global loss's gradient."""
+    against gathered candidates): DDP's gradient mean then gives the global loss's gradient.
+    ``x``: [n, ...], the same shape on every rank -> [world_size * n, ...]."""
     if not is_dist():
         return x
-    from torch.distributed.nn.functional import all_gather
-
-    with warnings.catch_warnings():  # torch 2.14 deprecates it for a private module; it still works
-        warnings.filterwarnings("ignore", "torch.distributed.nn.functional.all_gather is deprecated", FutureWarning)
-        return torch.cat(all_gather(x.contiguous()), 0)  # type: ignore[no-untyped-call]
+    return _GatherWithGrad.apply(x)  # type: ignore[no-any-return]
 
 
 def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
