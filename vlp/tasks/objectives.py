@@ -2,6 +2,10 @@
 
 Each step takes the model (to run its encoders/heads) and precomputed features, calls a pure
 tensor loss from ``vlp.losses``, and returns the loss plus whatever a later step needs.
+
+Rows drawn with repeats (ITM's hard negatives) are taken with ``index_select``, whose backward adds
+them in index order: the backward of ``x[index]`` accumulates with atomic adds on the CPU, in an
+order that changes from run to run (``tests/tasks/test_step_determinism.py``).
 """
 
 from __future__ import annotations
@@ -202,7 +206,7 @@ def itm_pairs(
     b = txt.hidden.shape[0]
     total, kv, kv_index = None, None, None
     if not global_batch:
-        hidden = torch.cat([txt.hidden, txt.hidden, txt.hidden[neg_txt]], 0)
+        hidden = torch.cat([txt.hidden, txt.hidden, txt.hidden.index_select(0, neg_txt)], 0)
         mask = torch.cat([txt.mask, txt.mask, txt.mask[neg_txt]], 0)
         own = torch.arange(b, device=neg_img.device)
         kv_index = torch.cat([own, neg_img, own])
@@ -213,9 +217,9 @@ def itm_pairs(
         own_r = own_rows(b)
         neg_img, ok_img, neg_txt, ok_txt = neg_img[own_r], ok_img[own_r], neg_txt[own_r], ok_txt[own_r]
         hidden_all, mask_all = all_gather_with_grad(txt.hidden), all_gather_nograd(txt.mask)
-        hidden = torch.cat([txt.hidden, txt.hidden, hidden_all[neg_txt]], 0)
+        hidden = torch.cat([txt.hidden, txt.hidden, hidden_all.index_select(0, neg_txt)], 0)
         mask = torch.cat([txt.mask, txt.mask, mask_all[neg_txt]], 0)
-        kv = model.image_kv(all_gather_with_grad(image_tokens)[neg_img])
+        kv = model.image_kv(all_gather_with_grad(image_tokens).index_select(0, neg_img))
     valid = torch.cat([torch.ones(b, dtype=torch.bool, device=ok_img.device), ok_img, ok_txt])
     return ITMPairs(hidden, mask, kv_index, kv, valid, total)
 
