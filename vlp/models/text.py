@@ -166,8 +166,9 @@ class Attention(nn.Module):
         gradients are on (made a leaf when nothing upstream requires grad) so a caller can take
         ``torch.autograd.grad(score, attention.probs)``."""
         if groups is not None:  # one K/V entry per distinct context: index them per row
-            k, v = k[groups.index], v[groups.index]
-            mask = None if mask is None else mask[groups.index]
+            # index_select: its backward adds repeated rows in index order (x[index]'s: atomic adds)
+            k, v = k.index_select(0, groups.index), v.index_select(0, groups.index)
+            mask = None if mask is None else mask.index_select(0, groups.index)
         scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
