@@ -31,7 +31,11 @@ class RepeatedAccumulation(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.overloadpacket in (torch.ops.aten.index_put, torch.ops.aten.index_put_, torch.ops.aten._index_put_impl_):
+        if func.overloadpacket in (
+            torch.ops.aten.index_put,
+            torch.ops.aten.index_put_,
+            torch.ops.aten._index_put_impl_,
+        ):
             accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
             if accumulate:
                 self.accumulating += 1
