@@ -35,7 +35,7 @@ from torch import nn
 from vlp.config import FinetuneConfig, ImageConfig, ModelConfig, PretrainConfig, from_dict
 from vlp.errors import CheckpointError
 from vlp.hardware import default_device
-from vlp.kinds import is_finetuned, is_kind
+from vlp.kinds import PRETRAIN, is_finetuned, is_kind
 from vlp.kinds import kind as kind_entry
 from vlp.models.build import build_model_of_kind, model_image_size, without_init_sources
 from vlp.preprocess.images import MIN_SIDE
@@ -171,7 +171,7 @@ def open_checkpoint(
     (fine-tuning)."""
     ckpt = find_checkpoint(Path(path))
     state = read_state(ckpt)
-    kind = str(state.get(KIND_KEY, "pretrain"))
+    kind = str(state.get(KIND_KEY, PRETRAIN))
     config: RunConfig
     if is_finetuned(kind):
         config = from_dict(FinetuneConfig, state["config"])

@@ -19,9 +19,11 @@ from torch import nn
 from vlp.api import VLPModel, build_inference_model
 from vlp.checkpoint import Preprocessor
 from vlp.config import ModelConfig, get_preset, preset_model_config, to_dict
+from vlp.config.model import ARCH_ALBEF
 from vlp.config.presets import has_preset, list_presets
 from vlp.errors import ConfigError
 from vlp.hardware import default_device
+from vlp.kinds import PRETRAIN
 from vlp.models.build import model_image_size
 from vlp.preprocess.transforms import load_tokenizer
 
@@ -81,7 +83,7 @@ def create_model_and_transforms(
         return loaded.model, loaded.transform, loaded.tokenizer
     cfg = model_config(name)
     tokenizer = load_tokenizer(cfg.text)
-    model = build_inference_model("pretrain", cfg, len(tokenizer))
+    model = build_inference_model(PRETRAIN, cfg, len(tokenizer))
     transform = preset_preprocessor(name).image_transform()
     target = torch.device(device) if device is not None else default_device()
     return model.to(target).eval(), transform, tokenizer
@@ -90,7 +92,7 @@ def create_model_and_transforms(
 def _check_same_architecture(name: str, got: ModelConfig) -> None:
     """``pretrained`` weights for preset ``name`` must have its architecture (arch and tower sizes)."""
     want = model_config(name)
-    keys = ("arch", "vision.preset", "text.preset") if want.arch == "albef" else ("arch",)
+    keys = ("arch", "vision.preset", "text.preset") if want.arch == ARCH_ALBEF else ("arch",)
     a, b = to_dict(want), to_dict(got)
 
     def at(d: dict, key: str) -> Any:

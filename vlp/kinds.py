@@ -196,6 +196,19 @@ def kinds_with(capability: str) -> tuple[str, ...]:
 
 # ----------------------------------------------------------------------------- the built-in kinds
 
+#: the names of the built-in kinds: every module that selects behaviour by one imports it from here
+PRETRAIN = "pretrain"
+HELPER = "helper"
+RETRIEVAL = "retrieval"
+VQA = "vqa"
+NLVR2 = "nlvr2"
+NLVR_TA = "nlvr-ta"
+VE = "ve"
+GROUNDING = "grounding"
+#: the NLVR family's short name: ALBEF's checkpoint layout of ``nlvr2`` and ``nlvr-ta``, the
+#: :class:`~vlp.api.VLPModel` method of an ``nlvr2`` checkpoint and its training loss's key
+NLVR = "nlvr"
+
 _BUILD = "vlp.models.build:"
 _FINETUNE = "vlp.runs.training.finetune:"
 _EVALUATE = "vlp.runs.evaluation.by_kind:"
@@ -204,25 +217,25 @@ GRADCAM_ACTIONS = {m: "vlp.api.gradcam:" + m for m in ("explain", "grounding_map
 
 for _entry in (
     Kind(
-        "pretrain",
+        PRETRAIN,
         _BUILD + "albef_with_mlm",
         evaluate=_EVALUATE + "evaluate_retrieval",
         capabilities=RETRIEVAL_CAPABILITIES,
         actions=GRADCAM_ACTIONS,
         pretraining=True,
-        albef_format="pretrain",
+        albef_format=PRETRAIN,
     ),
     Kind(
-        "helper",
+        HELPER,
         _BUILD + "albef_with_mlm",
         evaluate=_EVALUATE + "evaluate_retrieval",
         capabilities=RETRIEVAL_CAPABILITIES,
         actions=GRADCAM_ACTIONS,
         pretraining=True,
-        albef_format="pretrain",
+        albef_format=PRETRAIN,
     ),
     Kind(
-        "retrieval",
+        RETRIEVAL,
         _BUILD + "albef_retrieval",
         about="image-text retrieval (ITC by image id + ITM), COCO / Flickr30k Karpathy files",
         finetune=_FINETUNE + "run_finetune_retrieval",
@@ -231,10 +244,10 @@ for _entry in (
         actions=GRADCAM_ACTIONS,
         contrastive=True,
         regulated=True,
-        albef_format="retrieval",
+        albef_format=RETRIEVAL,
     ),
     Kind(
-        "vqa",
+        VQA,
         _BUILD + "vqa_model",
         about="VQA v2 (+ VG-QA): answer decoder, ranked candidate answers",
         finetune=_FINETUNE + "run_finetune_vqa",
@@ -243,38 +256,38 @@ for _entry in (
         candidate_answers=True,
         capabilities=("answer",),
         actions={"answer": "vlp.api.answer:answer"},
-        albef_format="vqa",
+        albef_format=VQA,
     ),
     Kind(
-        "nlvr2",
+        NLVR2,
         _BUILD + "nlvr_model",
         about="NLVR2: a sentence about two images, doubled fusion layers",
         finetune=_FINETUNE + "run_finetune_nlvr",
         evaluate=_EVALUATE + "evaluate_nlvr",
-        capabilities=("nlvr",),
-        actions={"nlvr": "vlp.api.classify:nlvr"},
-        albef_format="nlvr",
+        capabilities=(NLVR,),
+        actions={NLVR: "vlp.api.classify:nlvr"},
+        albef_format=NLVR,
     ),
-    Kind("nlvr-ta", _BUILD + "nlvr_ta_model", finetune=_FINETUNE + "run_nlvr_ta", albef_format="nlvr"),
+    Kind(NLVR_TA, _BUILD + "nlvr_ta_model", finetune=_FINETUNE + "run_nlvr_ta", albef_format=NLVR),
     Kind(
-        "ve",
+        VE,
         _BUILD + "ve_model",
         about="SNLI-VE: image premise + hypothesis -> entailment / neutral / contradiction",
         finetune=_FINETUNE + "run_finetune_ve",
         evaluate=_EVALUATE + "evaluate_ve",
         capabilities=("entailment",),
         actions={"entailment": "vlp.api.classify:entailment"},
-        albef_format="ve",
+        albef_format=VE,
     ),
     Kind(
-        "grounding",
+        GROUNDING,
         _BUILD + "albef_retrieval",
         about="weakly supervised grounding: ITC + ITM on referring expressions, validated by Grad-CAM boxes",
         finetune=_FINETUNE + "run_finetune_grounding",
         evaluate="vlp.runs.evaluation.gradcam_grounding:run_evaluate_grounding",
-        checkpoint_kind="retrieval",
+        checkpoint_kind=RETRIEVAL,
         contrastive=True,
-        sections=("grounding",),
+        sections=(GROUNDING,),
     ),
 ):
     register_kind(_entry)

@@ -44,10 +44,11 @@ from vlp.api.gradcam import Explanation
 from vlp.api.inputs import ImageLike, Images, Texts, as_list, inference
 from vlp.checkpoint import PREPROCESSOR, Preprocessor, open_checkpoint
 from vlp.config import FinetuneConfig, ModelConfig, from_dict, to_dict
+from vlp.config.model import ARCH_DUAL
 from vlp.errors import CheckpointError
 from vlp.hardware import default_device
 from vlp.interop.zoo import resolve_pretrained
-from vlp.kinds import checkpoint_kinds, kinds_with
+from vlp.kinds import NLVR, checkpoint_kinds, kinds_with
 from vlp.kinds import kind as kind_entry
 from vlp.models.build import build_model_of_kind, without_init_sources
 from vlp.preprocess.images import open_image, to_rgb, upscale_tiny
@@ -284,8 +285,9 @@ class VLPModel:
 
     def config_dict(self) -> dict:
         """The content of ``config.json``."""
-        model = to_dict(self.model_config)
-        model["text"]["init"], model["vision"]["pretrained"], model["dual"]["image_pretrained"] = "random", None, None
+        model_config = copy.deepcopy(self.model_config)
+        without_init_sources(model_config)
+        model = to_dict(model_config)
         out = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -344,7 +346,7 @@ class VLPModel:
         (:attr:`vlp.kinds.Kind.capabilities`; ``fusion``: and the model has a fusion encoder); the
         message names ``what`` it needs and the kinds that have it."""
         kinds = kinds_with(method)
-        dual = self.model_config.arch == "dual"
+        dual = self.model_config.arch == ARCH_DUAL
         if self.kind not in kinds or (fusion and dual):
             arch = " with model.arch=dual (no fusion encoder)" if dual else ""
             raise UnsupportedKind(
@@ -453,7 +455,7 @@ class VLPModel:
     ) -> Union[float, torch.Tensor]:
         """Probability that each sentence is true of its image pair: a float for one sentence
         (a ``str``), else a tensor [N]; ``> 0.5`` is the model's True (:func:`vlp.api.classify.nlvr`)."""
-        return self._action("nlvr", "the NLVR2 classifier")(self, images0, images1, sentences, batch_size)
+        return self._action(NLVR, "the NLVR2 classifier")(self, images0, images1, sentences, batch_size)
 
     @inference
     def entailment(self, images: Images, hypotheses: Texts, batch_size: Optional[int] = None) -> torch.Tensor:

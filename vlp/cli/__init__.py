@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 from vlp.cli import convert, data, demo_bench, evaluate, lab, prepare, train, world
 from vlp.cli.common import USER_ERRORS
 from vlp.dist import OtherRankDone, launch_rank
+from vlp.kinds import NLVR_TA, PRETRAIN
 from vlp.train.loop import NonFiniteError
 from vlp.train.preemption import Preempted
 from vlp.url_credentials import redacted
@@ -29,7 +30,7 @@ __all__ = ["MULTI_PROCESS", "USER_ERRORS", "build_parser", "main"]
 
 #: The commands in the order of ``vlp --help``.
 ORDER = (
-    "pretrain",
+    PRETRAIN,
     "pretrain-nlvr-ta",
     "finetune",
     "train-helper",
@@ -52,7 +53,7 @@ ORDER = (
 #: Commands that split their work over the processes of a launch (torchrun, accelerate launch);
 #: the others (make-world, make-shards, make-targets, cache-helper-features, analyze, plot, demo)
 #: run on rank 0 only.
-MULTI_PROCESS = frozenset({"pretrain", "pretrain-nlvr-ta", "train-helper", "finetune", "evaluate", "bench"})
+MULTI_PROCESS = frozenset({PRETRAIN, "pretrain-nlvr-ta", "train-helper", "finetune", "evaluate", "bench"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +75,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     download), 1 for a run that went non-finite or a data check that found errors, else 0."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:2] == ["pretrain", "nlvr-ta"]:
+    if argv[:2] == [PRETRAIN, NLVR_TA]:
         argv = ["pretrain-nlvr-ta", *argv[2:]]
     args = build_parser().parse_args(argv)
     if getattr(args, "resume", None):

@@ -10,6 +10,7 @@ from typing import Any
 
 from vlp.cli.common import call, naming_layer, wrote
 from vlp.dist import rank
+from vlp.kinds import GROUNDING, RETRIEVAL
 
 
 def _evaluate_retrieval(a: argparse.Namespace) -> None:
@@ -45,7 +46,7 @@ def _explain(a: argparse.Namespace) -> None:
 
 def _add_retrieval(ev: Any) -> None:
     """``vlp evaluate retrieval``."""
-    r = ev.add_parser("retrieval", help="zero-shot image-text retrieval (ITC + top-k ITM re-rank)")
+    r = ev.add_parser(RETRIEVAL, help="zero-shot image-text retrieval (ITC + top-k ITM re-rank)")
     r.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory (newest checkpoint)")
     r.add_argument("--data", required=True, help="Karpathy-style val/test JSON (one entry per image)")
     r.add_argument("--relevance", help="vlp relevance JSON for relevance-aware metrics")
@@ -95,7 +96,7 @@ def _add_classification(ev: Any) -> None:
 def _add_grounding(ev: Any) -> None:
     """``vlp evaluate grounding``."""
     c = ev.add_parser(
-        "grounding",
+        GROUNDING,
         help="weakly supervised grounding: Grad-CAM of the ITM score over a fusion layer's cross-attention picks a box",
     )
     c.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory (with a fusion encoder)")

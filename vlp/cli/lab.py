@@ -12,6 +12,7 @@ from typing import Any
 from vlp.cli.common import call, naming_layer, wrote
 from vlp.config import PretrainConfig, load_config
 from vlp.errors import ConfigError, DataError
+from vlp.kinds import RETRIEVAL
 from vlp.losses.registry import loss_names
 
 
@@ -304,7 +305,7 @@ def _add_plot(sub: Any) -> None:
     c.add_argument("run")
     c.add_argument("--out", help="default: RUN/trajectories.png")
     c = pl.add_parser(
-        "retrieval", help="the text->image example grid again, from an evaluation's retrieval_examples.json"
+        RETRIEVAL, help="the text->image example grid again, from an evaluation's retrieval_examples.json"
     )
     c.add_argument("dir", help="evaluation folder (--out of vlp evaluate retrieval) or run directory (its eval/)")
     c.add_argument(

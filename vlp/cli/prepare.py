@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from vlp.data.downstream_formats import VQA_V2
+
 
 def _print_counts(what: str, counts: dict[str, int], outs: Sequence[str | Path]) -> None:
     print(f"{what}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
@@ -49,7 +51,7 @@ def _run(a: argparse.Namespace) -> None:
         counts = visual_genome(a.region_descriptions, a.image_data, a.image_root, a.out)
     elif d == "vg-qa":
         counts = visual_genome_qa(a.question_answers, a.image_data, a.image_root, a.out, a.answer_list)
-    elif d == "vqa":
+    elif d == VQA_V2:
         counts = vqa_v2(a.questions, a.annotations, a.split, a.image_root, a.out)
     elif d == "eccv-caption":
         counts = eccv_caption(a.karpathy_test, a.coco_captions, a.eccv, a.out, a.benchmark)
@@ -120,7 +122,7 @@ def _add_vqa_nlvr_ve(pp: Any) -> None:
     from vlp.data.prepare.nlvr import NLVR_SPLITS
     from vlp.data.prepare.vqa import VQA_SPLITS
 
-    c = pp.add_parser("vqa", help="official VQA v2 questions (+ annotations) -> vqa_*.json")
+    c = pp.add_parser(VQA_V2, help="official VQA v2 questions (+ annotations) -> vqa_*.json")
     c.add_argument("questions", metavar="QUESTIONS_JSON")
     c.add_argument("--annotations", metavar="ANNOTATIONS_JSON", help="omit for the test splits")
     c.add_argument("--split", required=True, choices=list(VQA_SPLITS), help="the split of the files (image folder)")

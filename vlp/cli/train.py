@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from vlp.config import PretrainConfig, load_config, load_finetune_config
 from vlp.dist import rank
-from vlp.kinds import kinds
+from vlp.kinds import NLVR_TA, PRETRAIN, kinds
 
 
 def _pretrain(a: argparse.Namespace) -> None:
@@ -36,7 +36,7 @@ def _finetune(a: argparse.Namespace) -> None:
 def _nlvr_ta(a: argparse.Namespace) -> None:
     from vlp.runs.training.finetune import run_finetune
 
-    print(f"done: {run_finetune(load_finetune_config('nlvr-ta', a.config, a.overrides))['checkpoint']}")
+    print(f"done: {run_finetune(load_finetune_config(NLVR_TA, a.config, a.overrides))['checkpoint']}")
 
 
 def add_resume(s: argparse.ArgumentParser) -> None:
@@ -78,7 +78,7 @@ def _add_pretrain(sub: Any) -> None:
     """``vlp pretrain``."""
     _add_config_command(
         sub,
-        "pretrain",
+        PRETRAIN,
         "pretrain ITC + ITM + MLM",
         "configs/pretrain/shapes_tiny.yaml",
         "train.steps=50 model.vision.depth=2",
@@ -127,7 +127,7 @@ def _add_train_helper(sub: Any) -> None:
 
 #: This family's commands, each with the function that adds it to ``vlp``'s subparsers.
 COMMANDS = {
-    "pretrain": _add_pretrain,
+    PRETRAIN: _add_pretrain,
     "pretrain-nlvr-ta": _add_nlvr_ta,
     "finetune": _add_finetune,
     "train-helper": _add_train_helper,

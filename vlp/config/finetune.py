@@ -16,7 +16,7 @@ from vlp.config.load import check_choice, load_config, reject_broken_rules
 from vlp.config.loss import LossConfig
 from vlp.config.train import EvalConfig, TrainConfig
 from vlp.errors import ConfigError
-from vlp.kinds import finetune_kinds, kind, kinds
+from vlp.kinds import RETRIEVAL, finetune_kinds, kind, kinds
 
 # ----------------------------------------------------------------------------- fine-tuning
 
@@ -93,7 +93,7 @@ class FinetuneConfig:
     ``pretrained`` checkpoint's architecture (its config), changed only by ``image_size`` (the
     position embedding is interpolated) and ``model_overrides``."""
 
-    task: str = "retrieval"  # what is trained (`vlp finetune TASK`); the checkpoints' kind follows from it
+    task: str = RETRIEVAL  # what is trained (`vlp finetune TASK`); the checkpoints' kind follows from it
     output_dir: str = "runs/finetune"
     pretrained: Optional[str] = None  # vlp checkpoint folder or run directory
     image_size: Optional[int] = None  # fine-tuning resolution; None: the checkpoint's

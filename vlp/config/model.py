@@ -104,10 +104,16 @@ class DualConfig:
                 raise ConfigError(f"config key 'model.dual.{key}': got {getattr(self, key)}, expected >= 1")
 
 
+#: the ``model.arch`` values: ALBEF (ViT + BERT + fusion: ITC / ITM / MLM) and the contrastive dual
+#: encoder (its settings: ``model.dual``)
+ARCH_ALBEF, ARCH_DUAL = "albef", "dual"
+ARCHS: tuple[str, ...] = (ARCH_ALBEF, ARCH_DUAL)
+
+
 @dataclass
 class ModelConfig:
-    # albef: ViT + BERT + fusion (ITC/ITM/MLM). dual: contrastive dual encoder (model.dual).
-    arch: str = "albef"
+    # see ARCHS
+    arch: str = ARCH_ALBEF
     vision: VisionConfig = field(default_factory=VisionConfig)
     text: TextConfig = field(default_factory=TextConfig)
     dual: DualConfig = field(default_factory=DualConfig)
@@ -121,7 +127,7 @@ class ModelConfig:
     momentum_warmup_steps: int = 0
 
     def __post_init__(self) -> None:
-        check_choice("model.arch", self.arch, ["albef", "dual"])
+        check_choice("model.arch", self.arch, ARCHS)
 
 
 def preset_model_config(preset: Preset | str) -> ModelConfig:

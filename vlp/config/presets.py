@@ -29,7 +29,7 @@ from typing import Any, Mapping, Optional
 from vlp.config.data import ImageConfig
 from vlp.config.load import check_choice
 from vlp.errors import ConfigError
-from vlp.kinds import albef_formats, of_albef_format
+from vlp.kinds import NLVR, PRETRAIN, RETRIEVAL, VQA, albef_formats, of_albef_format
 
 # ----------------------------------------------------------------------------- tower presets
 
@@ -189,7 +189,7 @@ def albef_release(
     ``kind`` layout at ``url``; VQA questions cleaned with ``pre_question``, answers cut at 10
     tokens (what a converted checkpoint's preprocessor says)."""
     text: dict[str, Any] = {"preset": "base", "init": "random", "albef_compat": True}
-    if kind == "nlvr":
+    if kind == NLVR:
         text["fusion_layers"] = TEXT_PRESETS["base"]["fusion_layers"] // 2
     weights = Weights(url, kind, sha256, size)  # a layout no kind converts from: one ConfigError
     entry = of_albef_format(kind)  # its text cleaning and whether answers are ranked from a list
@@ -216,20 +216,20 @@ def _register_vlp_presets() -> None:
     register_preset(
         Preset(
             "dual-resnet18",
-            {"arch": "dual"},
+            {"arch": "dual"},  # vlp.config.model.ARCH_DUAL: vlp.config.model imports this module
             about="the resource-constrained dual encoder: ResNet-18 and a bi-GRU (docs/methods.md)",
         )
     )
     for name, file, kind, image_size, about in (
-        ("albef-14m", "ALBEF.pth", "pretrain", 256, "pretrained on 14M image-text pairs"),
-        ("albef-4m", "ALBEF_4M.pth", "pretrain", 256, "pretrained on 4M image-text pairs"),
-        ("albef-retrieval-coco", "mscoco.pth", "retrieval", 384, "fine-tuned for COCO retrieval"),
-        ("albef-retrieval-flickr", "flickr30k.pth", "retrieval", 384, "fine-tuned for Flickr30k retrieval"),
-        ("albef-vqa", "vqa.pth", "vqa", 384, "fine-tuned for VQA v2 (+ VG QA)"),
+        ("albef-14m", "ALBEF.pth", PRETRAIN, 256, "pretrained on 14M image-text pairs"),
+        ("albef-4m", "ALBEF_4M.pth", PRETRAIN, 256, "pretrained on 4M image-text pairs"),
+        ("albef-retrieval-coco", "mscoco.pth", RETRIEVAL, 384, "fine-tuned for COCO retrieval"),
+        ("albef-retrieval-flickr", "flickr30k.pth", RETRIEVAL, 384, "fine-tuned for Flickr30k retrieval"),
+        ("albef-vqa", "vqa.pth", VQA, 384, "fine-tuned for VQA v2 (+ VG QA)"),
         (
             "albef-nlvr-ta",
             "pretrain_model_nlvr.pth",
-            "nlvr",
+            NLVR,
             256,
             "after NLVR2 text-assignment pretraining (vlp task nlvr-ta; fine-tune it on NLVR2)",
         ),
@@ -238,7 +238,7 @@ def _register_vlp_presets() -> None:
         (
             "albef-grounding-refcoco",
             "refcoco.pth",
-            "retrieval",
+            RETRIEVAL,
             384,
             "fine-tuned for weakly supervised grounding on RefCOCO+ (the retrieval layout; vlp evaluate grounding)",
         ),

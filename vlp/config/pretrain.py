@@ -8,7 +8,7 @@ from typing import Optional
 from vlp.config.data import DataConfig
 from vlp.config.load import reject_broken_rules
 from vlp.config.loss import LossConfig, LossTraits, known_loss_traits, loss_traits
-from vlp.config.model import ModelConfig
+from vlp.config.model import ARCH_ALBEF, ARCH_DUAL, ModelConfig
 from vlp.config.train import EvalConfig, TrainConfig
 
 
@@ -32,7 +32,7 @@ class PretrainConfig:
         wrong: list[str] = []
         if self.train.epochs is not None:  # pretraining runs train.steps; epochs would be ignored
             wrong.append(f"train.epochs={self.train.epochs} (fine-tuning only: pretraining runs train.steps)")
-        if arch == "dual":
+        if arch == ARCH_DUAL:
             wrong += [
                 f"loss.{k}={getattr(c, k)} (the dual encoder has no fusion, ITM or MLM)"
                 for k in ("itm", "mlm")
@@ -64,11 +64,11 @@ class PretrainConfig:
         config is built if the losses are loaded, and again when the loss is built (:meth:`check_loss`)."""
         c, arch = self.loss, self.model.arch
         wrong: list[str] = []
-        if arch == "dual" and loss.uses_tau and c.contrastive.tau is None:
+        if arch == ARCH_DUAL and loss.uses_tau and c.contrastive.tau is None:
             wrong.append("loss.contrastive.tau unset (the dual encoder has no learned temperature; LTD uses 0.05)")
-        if c.regulation != "none" and (arch == "dual" or not (loss.log_weights and loss.soft_targets)):
+        if c.regulation != "none" and (arch == ARCH_DUAL or not (loss.log_weights and loss.soft_targets)):
             wrong.append(f"loss.regulation={c.regulation} (SRCL regulates ALBEF's InfoNCE ITC only)")
-        if arch == "albef" and c.distill and not loss.soft_targets:
+        if arch == ARCH_ALBEF and c.distill and not loss.soft_targets:
             wrong.append(f"loss.distill=true (momentum distillation applies to InfoNCE, not {c.contrastive.name})")
         return wrong
 

@@ -18,7 +18,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence, TypeVar
 
-from vlp.data.formats import KINDS, entry_problems, no_words_problem
+from vlp.data.formats import (
+    KINDS,
+    NLVR_STATEMENTS,
+    PAIRS,
+    RETRIEVAL_SPLIT,
+    VQA_QUESTIONS,
+    entry_problems,
+    no_words_problem,
+)
 from vlp.data.json_entries import entry_list, plural, read_json, resolve_image
 from vlp.errors import BadImage, BadJSON, DataError
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, open_image
@@ -29,7 +37,7 @@ if TYPE_CHECKING:
 #: ``--kind`` values: ``auto`` (:func:`detect_kind`) or one of the annotation kinds
 CHECK_KINDS: tuple[str, ...] = ("auto", *KINDS)
 #: the key holding each kind's image path(s)
-IMAGE_KEY = {"pairs": "image", "retrieval": "image", "vqa": "image", "nlvr": "images"}
+IMAGE_KEY = {PAIRS: "image", RETRIEVAL_SPLIT: "image", VQA_QUESTIONS: "image", NLVR_STATEMENTS: "images"}
 #: images opened per batch handed to the worker threads
 _CHUNK = 256
 
@@ -141,10 +149,10 @@ def detect_kind(entries: Sequence[Any]) -> str:
     also requires every caption to be a list."""
 
     def vote(e: dict) -> str:
-        return "nlvr" if "images" in e or "sentence" in e else "vqa" if "question" in e else "pairs"
+        return NLVR_STATEMENTS if "images" in e or "sentence" in e else VQA_QUESTIONS if "question" in e else PAIRS
 
     votes = Counter(vote(e) for e in entries if isinstance(e, dict))
-    return max(("pairs", "vqa", "nlvr"), key=lambda k: votes[k])
+    return max((PAIRS, VQA_QUESTIONS, NLVR_STATEMENTS), key=lambda k: votes[k])
 
 
 def _cleaners() -> dict[str, tuple[str, Callable[[str], str]]]:
@@ -154,8 +162,8 @@ def _cleaners() -> dict[str, tuple[str, Callable[[str], str]]]:
     from vlp.preprocess.transforms import pre_caption
 
     return {
-        "vqa": ("question", pre_question),
-        "nlvr": ("sentence", pre_caption),
+        VQA_QUESTIONS: ("question", pre_question),
+        NLVR_STATEMENTS: ("sentence", pre_caption),
     }
 
 

@@ -76,7 +76,9 @@ class VEItem:
 # VQA and NLVR2
 # --------------------------------------------------------------------------
 
-VQA_DATASETS: tuple[str, ...] = ("vqa", "vg")
+#: the ``"dataset"`` tags of ALBEF's VQA files: a VQA v2 question, a Visual Genome QA pair
+VQA_V2, VG_QA = "vqa", "vg"
+VQA_DATASETS: tuple[str, ...] = (VQA_V2, VG_QA)
 #: weight of the single answer of a VG-QA question (as in ALBEF)
 VG_ANSWER_WEIGHT = 0.5
 
@@ -96,9 +98,9 @@ def _question_type(path: Path, i: int, e: dict) -> Optional[str]:
 
 
 def _dataset(path: Path, i: int, e: dict) -> str:
-    v = e.get("dataset", "vqa")
+    v = e.get("dataset", VQA_V2)
     if v not in VQA_DATASETS:
-        raise EntryError(path, i, "dataset", f'key \'dataset\' is {v!r}, expected "vqa" or "vg"')
+        raise EntryError(path, i, "dataset", f'key \'dataset\' is {v!r}, expected "{VQA_V2}" or "{VG_QA}"')
     return v
 
 
@@ -114,7 +116,7 @@ def _vqa_answers(
     path: Path, i: int, e: dict, dataset: str
 ) -> tuple[tuple[str, ...], tuple[float, ...], tuple[str, ...]]:
     """(answers, weights, raw answers) of a VQA v2 (list of annotator answers) or VG-QA (one string) entry."""
-    if dataset == "vg":
+    if dataset == VG_QA:
         a = entry_field(path, i, e, "answer", (str,), "an answer string (VG-QA)")
         return (a,), (VG_ANSWER_WEIGHT,), (a,)
     what = "a non-empty list of annotator answer strings (VQA)"
@@ -137,11 +139,11 @@ def parse_vqa_question(
     dataset = entry.get(_dataset)
     question = entry.get(entry_text, "question", "a non-empty question string")
     image = entry.get(entry_image)
-    qid = entry.get(_question_id, dataset != "vg")  # a bad dataset is checked as "vqa"
+    qid = entry.get(_question_id, dataset != VG_QA)  # a bad dataset is checked as "vqa"
     qtype = entry.get(_question_type)
     answers, weights, raw = (), (), ()
     if "answer" in entry or require_answers:
-        answers, weights, raw = entry.get(_vqa_answers, dataset or "vqa") or ((), (), ())
+        answers, weights, raw = entry.get(_vqa_answers, dataset or VQA_V2) or ((), (), ())
     if not entry.ok:
         return None
     return VQAQuestion(
@@ -165,7 +167,7 @@ def load_vqa(
     questions: list[VQAQuestion] = []
     for path in map(Path, paths):
         vqa_root = Path(image_root) if image_root else path.parent
-        roots = {"vqa": vqa_root, "vg": Path(vg_root) if vg_root else vqa_root}
+        roots = {VQA_V2: vqa_root, VG_QA: Path(vg_root) if vg_root else vqa_root}
         for i, e in enumerate(entry_list(path, read_json(path))):
             questions.append(parse_vqa_question(path, i, e, roots, require_answers, Issues()))
     if not questions:

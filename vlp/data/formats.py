@@ -34,7 +34,9 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 # stay importable from here.
 from vlp.data.downstream_formats import (
     VG_ANSWER_WEIGHT,
+    VG_QA,
     VQA_DATASETS,
+    VQA_V2,
     NLVRItem,
     VQAQuestion,
     load_answer_list,
@@ -356,16 +358,19 @@ def load_graded_relevance(path: str | Path, split: RetrievalSplit) -> torch.Tens
     return torch.from_numpy(arr)
 
 
-#: annotation kinds whose entries :func:`entry_problems` checks (``vlp data check --kind``)
-KINDS: tuple[str, ...] = ("pairs", "retrieval", "vqa", "nlvr")
+#: the annotation-file kinds (``vlp data check --kind``): image-caption pairs, a Karpathy-style
+#: retrieval split, VQA questions, NLVR2 statements
+PAIRS, RETRIEVAL_SPLIT, VQA_QUESTIONS, NLVR_STATEMENTS = "pairs", "retrieval", "vqa", "nlvr"
+#: annotation kinds whose entries :func:`entry_problems` checks, in ``--kind``'s order
+KINDS: tuple[str, ...] = (PAIRS, RETRIEVAL_SPLIT, VQA_QUESTIONS, NLVR_STATEMENTS)
 
 _ENTRY_PARSERS: dict[str, Callable[[Path, int, Any, Issues], Any]] = {
-    "pairs": lambda path, i, e, issues: _pair(path, i, e, path.parent, issues),
-    "retrieval": _split_entry,
-    "vqa": lambda path, i, e, issues: parse_vqa_question(
-        path, i, e, {"vqa": path.parent, "vg": path.parent}, False, issues
+    PAIRS: lambda path, i, e, issues: _pair(path, i, e, path.parent, issues),
+    RETRIEVAL_SPLIT: _split_entry,
+    VQA_QUESTIONS: lambda path, i, e, issues: parse_vqa_question(
+        path, i, e, {VQA_V2: path.parent, VG_QA: path.parent}, False, issues
     ),
-    "nlvr": lambda path, i, e, issues: parse_nlvr_item(path, i, e, path.parent, issues),
+    NLVR_STATEMENTS: lambda path, i, e, issues: parse_nlvr_item(path, i, e, path.parent, issues),
 }
 
 

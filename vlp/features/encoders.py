@@ -8,6 +8,8 @@ from typing import Any, Callable
 
 import torch
 
+from vlp.models.open_clip_helper import CACHE_HELPER_KEY
+
 
 @dataclass(frozen=True)
 class FeatureEncoder:
@@ -32,7 +34,7 @@ def open_clip_encoder(spec: str, key: str = "--helper", init: str = "pretrained"
     helper = OpenClipHelper.load(spec, key, init=init)
     meta = {
         "kind": "learned",
-        "helper": spec,
+        CACHE_HELPER_KEY: spec,
         "helper_init": init,
         "arch": helper.spec.model_name,
         "pretrained": helper.pretrained,

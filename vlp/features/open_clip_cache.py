@@ -13,7 +13,7 @@ from vlp.errors import ConfigError
 from vlp.features.cache_writer import write_feature_cache
 from vlp.features.encoders import open_clip_encoder
 from vlp.features.helper_cache import HelperCache
-from vlp.models.open_clip_helper import require_weights
+from vlp.models.open_clip_helper import CACHE_HELPER_KEY, require_weights
 
 #: the folder of ``output_dir`` that ``loss.srcl.helper=open_clip:...`` caches the helper's features in
 OPEN_CLIP_CACHE = "helper_features_open_clip"
@@ -28,12 +28,12 @@ def check_helper_init(cache: HelperCache, init: str, key: str = "loss.srcl.helpe
     if cache.helper_init == "random":
         raise ConfigError(
             f"config key '{key}': {cache.path} holds the features of a randomly initialised helper "
-            f"({cache.meta.get('helper')}, index.json helper_init: random), which weights negatives by noise; "
+            f"({cache.meta.get(CACHE_HELPER_KEY)}, index.json helper_init: random), which weights negatives by noise; "
             "cache a helper with weights, or set loss.srcl.helper_init=random (tests)"
         )
     raise ConfigError(
         f"config keys '{key}'/'loss.srcl.helper_init': loss.srcl.helper_init={init}, but {cache.path} holds "
-        f"the features of a helper with weights ({cache.meta.get('helper')}); leave loss.srcl.helper_init=pretrained"
+        f"the features of a helper with weights ({cache.meta.get(CACHE_HELPER_KEY)}); leave loss.srcl.helper_init=pretrained"
     )
 
 
@@ -45,7 +45,7 @@ def check_cache_of_helper(cache: HelperCache, spec: str, key: str) -> None:
     if not parse_open_clip_spec(spec).built(cache.meta):
         raise ConfigError(
             f"config keys '{key}'/'loss.srcl.helper': {cache.path} holds the features of "
-            f"{cache.meta.get('helper')!r}, not of {spec!r}; point {key} at that helper's cache, or set "
+            f"{cache.meta.get(CACHE_HELPER_KEY)!r}, not of {spec!r}; point {key} at that helper's cache, or set "
             "loss.srcl.helper=null to use this one"
         )
 
@@ -82,9 +82,9 @@ def open_clip_helper_cache(cfg: PretrainConfig, poll_s: float = 2.0) -> HelperCa
         while not out.exists():
             time.sleep(poll_s)
     cache = HelperCache.load(out)
-    if cache.meta.get("helper") != s.helper:
+    if cache.meta.get(CACHE_HELPER_KEY) != s.helper:
         raise ConfigError(
-            f"config key 'loss.srcl.helper': {out} holds the features of {cache.meta.get('helper')!r}, not of "
+            f"config key 'loss.srcl.helper': {out} holds the features of {cache.meta.get(CACHE_HELPER_KEY)!r}, not of "
             f"{s.helper!r}; remove that folder (it is rebuilt) or choose another output_dir"
         )
     check_helper_init(cache, s.helper_init, "loss.srcl.helper")

@@ -26,8 +26,9 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
+from vlp.config.model import ARCH_ALBEF
 from vlp.errors import CheckpointError
-from vlp.kinds import albef_formats, is_finetuned, kinds
+from vlp.kinds import NLVR, NLVR2, NLVR_TA, PRETRAIN, RETRIEVAL, VE, VQA, albef_formats, is_finetuned, kinds
 from vlp.kinds import kind as kind_entry
 
 #: the ALBEF checkpoint formats (those of the kind registry's entries, :attr:`vlp.kinds.Kind.albef_format`)
@@ -142,7 +143,7 @@ _ITC = (
 _ITM = (Rule("itm_head.{rest}", "itm_head.{rest}", twin=False),)
 
 FORMATS: dict[str, Format] = {
-    "pretrain": Format(
+    PRETRAIN: Format(
         _VISION
         + _text_rules("text_encoder.bert.")
         + _ITC
@@ -151,7 +152,7 @@ FORMATS: dict[str, Format] = {
         (_position_ids("text_encoder.bert.embeddings."), _lm_bias("text_encoder.cls.predictions.")),
         (("queue.ids", "ALBEF pretraining has no idx_queue: the queued image ids are not exported"),),
     ),
-    "retrieval": Format(
+    RETRIEVAL: Format(
         _VISION
         + _text_rules("text_encoder.")
         + _ITC
@@ -159,7 +160,7 @@ FORMATS: dict[str, Format] = {
         + (Rule("idx_queue", "queue.ids", twin=False, tensor="row"),),
         (_position_ids("text_encoder.embeddings."),),
     ),
-    "vqa": Format(
+    VQA: Format(
         _VISION
         + _text_rules("text_encoder.")
         + (
@@ -174,7 +175,7 @@ FORMATS: dict[str, Format] = {
         ),
         (("queue.*", "the VQA model's empty (size 0) feature queue"),),
     ),
-    "nlvr": Format(
+    NLVR: Format(
         _VISION
         + _text_rules("text_encoder.")
         + (
@@ -185,7 +186,7 @@ FORMATS: dict[str, Format] = {
         (_position_ids("text_encoder.embeddings."),),
     ),
     # SNLI-VE: retrieval-style plain BERT keys, the 3-way cls_head.{0,2}.* and the _m twins
-    "ve": Format(
+    VE: Format(
         _VISION + _text_rules("text_encoder.") + (Rule("cls_head.{rest}", "cls_head.{rest}"),),
         (_position_ids("text_encoder.embeddings."),),
     ),
@@ -353,21 +354,21 @@ def export_albef(vlp_state: dict[str, torch.Tensor], kind: str) -> dict[str, tor
 def detect_kind(state: dict[str, torch.Tensor]) -> str:
     """The ALBEF format of a state dict, from its distinctive keys (albef.md §12.2)."""
     if any(k.startswith("text_decoder.") for k in state):
-        return "vqa"
+        return VQA
     if "cls_head.0.weight" in state or "ta_head.weight" in state:
         layers = {int(m.group(1)) for k in state if (m := re.match(r"text_encoder\.encoder\.layer\.(\d+)\.", k))}
         if len(layers) - albef_text_layers(state) == 2 * albef_text_layers(state):
-            return "nlvr"
+            return NLVR
         if "cls_head.0.weight" in state and state["cls_head.2.weight"].shape[0] == 3:
-            return "ve"
+            return VE
         raise CheckpointError(
             "a cls_head / ta_head without the doubled fusion layers of NLVR2, and no 3-way SNLI-VE "
             "cls_head: not supported; give --kind to force one"
         )
     if "text_encoder.bert.embeddings.word_embeddings.weight" in state:
-        return "pretrain"
+        return PRETRAIN
     if "idx_queue" in state:
-        return "retrieval"
+        return RETRIEVAL
     raise CheckpointError(f"cannot tell the ALBEF checkpoint format of keys {sorted(state)[:8]} ...; give --kind")
 
 
@@ -415,7 +416,7 @@ def _infer(state: dict[str, torch.Tensor], kind: str, cfg):
     v.heads = v.heads or _heads(width, "vision")
     v.mlp_ratio = state["visual_encoder.blocks.0.mlp.fc1.weight"].shape[0] / width
     v.pretrained = None
-    prefix = "text_encoder.bert." if kind == "pretrain" else "text_encoder."
+    prefix = "text_encoder.bert." if kind == PRETRAIN else "text_encoder."
     vocab, hidden = state[f"{prefix}embeddings.word_embeddings.weight"].shape
     positions = state[f"{prefix}embeddings.position_embeddings.weight"].shape[0]
     if (vocab, positions) != (VOCAB, POSITIONS):
@@ -426,7 +427,7 @@ def _infer(state: dict[str, torch.Tensor], kind: str, cfg):
     n_text = albef_text_layers(state)
     n_fusion = len(_indices(state, rf"^{re.escape(prefix)}encoder\.layer\.(\d+)\.")) - n_text
     t.hidden, t.layers = hidden, n_text
-    t.fusion_layers = n_fusion // 2 if kind == "nlvr" else n_fusion  # vlp's NLVR model doubles it
+    t.fusion_layers = n_fusion // 2 if kind == NLVR else n_fusion  # vlp's NLVR model doubles it
     t.heads = t.heads or _heads(hidden, "text")
     t.intermediate = state[f"{prefix}encoder.layer.0.intermediate.dense.weight"].shape[0]
     t.init, t.albef_compat = "random", True
@@ -439,8 +440,8 @@ def _infer(state: dict[str, torch.Tensor], kind: str, cfg):
 
 def vlp_kind_of(kind: str, state: dict[str, torch.Tensor]) -> str:
     """The vlp checkpoint kind (``state.json`` "task") of an ALBEF format."""
-    if kind == "nlvr":
-        return "nlvr2" if "cls_head.0.weight" in state else "nlvr-ta"
+    if kind == NLVR:
+        return NLVR2 if "cls_head.0.weight" in state else NLVR_TA
     return kind
 
 
@@ -566,7 +567,7 @@ def export_albef_checkpoint(ckpt: str | Path, out: str | Path) -> KeyReport:
 
     opened = open_checkpoint(ckpt, torch.device("cpu"))
     path, kind, model = opened.path, opened.kind, opened.load()
-    albef_format = kind_entry(kind).albef_format if opened.model_config.arch == "albef" else ""
+    albef_format = kind_entry(kind).albef_format if opened.model_config.arch == ARCH_ALBEF else ""
     if not albef_format:
         raise CheckpointError(f"{path}: a {opened.model_config.arch} {kind!r} checkpoint has no ALBEF layout")
     albef, report = export_albef_report(model.state_dict(), albef_format)

@@ -7,12 +7,13 @@ from __future__ import annotations
 from torch import nn
 
 from vlp.config import VISION_PRESETS, ModelConfig, resolved
+from vlp.config.model import ARCH_DUAL
 from vlp.kinds import kind
 
 
 def model_image_size(model: ModelConfig) -> int:
     """Input resolution of a model config."""
-    return model.dual.img_size if model.arch == "dual" else resolved(model.vision, VISION_PRESETS)["img_size"]
+    return model.dual.img_size if model.arch == ARCH_DUAL else resolved(model.vision, VISION_PRESETS)["img_size"]
 
 
 def without_init_sources(model: ModelConfig) -> None:
@@ -25,7 +26,7 @@ def build_model_of_kind(name: str, model: ModelConfig, vocab_size: int) -> nn.Mo
     dual encoder for ``model.arch=dual``, else the kind's registered builder
     (:attr:`vlp.kinds.Kind.model`); an unknown kind raises :class:`vlp.kinds.UnknownKind`."""
     entry = kind(name)
-    if model.arch == "dual":
+    if model.arch == ARCH_DUAL:
         from vlp.models.dual import DualEncoder
 
         return DualEncoder(model, vocab_size)

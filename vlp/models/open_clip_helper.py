@@ -43,6 +43,9 @@ from vlp.hardware import default_device
 
 PREFIX = "open_clip:"
 GRAMMAR = "open_clip:ARCH[/PRETRAINED]"
+#: the key of a helper-feature cache's ``index.json`` that names the helper which wrote it (a spec
+#: or a checkpoint path)
+CACHE_HELPER_KEY = "helper"
 #: what a PRETRAINED that is meant as a file (not a tag) looks like
 WEIGHT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".npz", ".npy", ".ckpt")
 _CONFIG_KEYS = ("embed_dim", "vision_cfg", "text_cfg")
@@ -81,7 +84,7 @@ class OpenClipSpec:
         """Whether the helper-feature cache whose ``index.json`` is ``meta`` was written by this
         helper: the same spec, or the same architecture name and weights (a file by its resolved path)."""
         same_weights = meta.get("arch") == self.model_name and meta.get("pretrained") == self.weights
-        return meta.get("helper") == self.spec or ("arch" in meta and same_weights)
+        return meta.get(CACHE_HELPER_KEY) == self.spec or ("arch" in meta and same_weights)
 
 
 def is_open_clip_spec(helper: object) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vlp.kinds import NLVR
 from vlp.losses.contrastive import cosines
 from vlp.losses.nlvr import accuracy, assign_pairs
 from vlp.models.nlvr import NLVRModel
@@ -29,7 +30,7 @@ class NLVRTask(Task):
 
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
         args = (batch["images0"], batch["images1"], batch["input_ids"], batch["attention_mask"])
-        return self.distilled_classification(self.model.classify, args, batch["labels"], step, "nlvr")
+        return self.distilled_classification(self.model.classify, args, batch["labels"], step, NLVR)
 
 
 class TextAssignmentTask(Task):

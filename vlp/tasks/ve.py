@@ -6,6 +6,7 @@ from typing import cast
 
 import torch
 
+from vlp.kinds import VE
 from vlp.models.ve import VEModel
 from vlp.tasks.base import Task
 
@@ -26,4 +27,4 @@ class VETask(Task):
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
         m = cast(VEModel, self.model)
         args = (batch["images"], batch["input_ids"], batch["attention_mask"])
-        return self.distilled_classification(m.classify, args, batch["labels"], step, "ve")
+        return self.distilled_classification(m.classify, args, batch["labels"], step, VE)

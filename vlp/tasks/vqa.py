@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from vlp.kinds import VQA
 from vlp.losses.vqa import vqa_loss
 from vlp.models.text import select_kv
 from vlp.models.vqa import VQAModel
@@ -51,4 +52,4 @@ class VQATask(Task):
             logits_m,
             alpha,
         )
-        return {"loss": loss, "vqa": loss.detach(), "alpha": torch.tensor(alpha)}
+        return {"loss": loss, VQA: loss.detach(), "alpha": torch.tensor(alpha)}

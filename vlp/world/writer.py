@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional, Sequence
 import numpy as np
 
 from vlp.data.formats import CAPTION_GROUPS_FORMAT, RELEVANCE_FORMAT, write_atomic, write_json_atomic
+from vlp.kinds import HELPER, PRETRAIN
 from vlp.world.captions import CAPTION_KINDS, make_captions
 from vlp.world.relevance import compute_graded_relevance, compute_relevance
 from vlp.world.scene import (
@@ -46,8 +47,9 @@ __all__ = [
 ]
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
-#: the optional split of images disjoint from every other, for an SRCL helper (``n_helper``)
-HELPER_SPLIT = "helper"
+#: the optional split of images disjoint from every other, for an SRCL helper (``n_helper``), named
+#: after the kind it trains
+HELPER_SPLIT = HELPER
 #: the caption kinds each true of many images (the false negatives of one another)
 GENERIC_KINDS: tuple[str, ...] = tuple(k for k in CAPTION_KINDS if k != "scene")
 
@@ -144,8 +146,8 @@ def _world_paths(root: Path) -> dict[str, Path]:
     """The paths of the world's pretraining, retrieval, relevance, caption-kind and scene files under
     ``root``. Returns name -> path, in the order :func:`generate_world` returns them."""
     return {
-        "pretrain": root / "pretrain.json",
-        "helper": root / "helper.json",
+        PRETRAIN: root / "pretrain.json",
+        HELPER: root / "helper.json",
         "retrieval_train": root / "retrieval_train.json",
         "retrieval_val": root / "retrieval_val.json",
         "retrieval_test": root / "retrieval_test.json",
@@ -249,9 +251,9 @@ def _write_split_images(
 
 def _write_train_files(paths: dict[str, Path], records: list[dict[str, Any]], texts: list[list[str]]) -> None:
     """``pretrain.json``, ``helper.json`` and ``retrieval_train.json`` of the training images."""
-    write_compact_json(paths["pretrain"], [{"image": r["image"], "caption": t} for r, t in zip(records, texts)])
+    write_compact_json(paths[PRETRAIN], [{"image": r["image"], "caption": t} for r, t in zip(records, texts)])
     # the "human-quality" caption set of the SRCL helper: the fully specified scene captions
-    write_compact_json(paths["helper"], [{"image": r["image"], "caption": t[0]} for r, t in zip(records, texts)])
+    write_compact_json(paths[HELPER], [{"image": r["image"], "caption": t[0]} for r, t in zip(records, texts)])
     write_compact_json(
         paths["retrieval_train"],
         [

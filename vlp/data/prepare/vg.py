@@ -8,6 +8,7 @@ from typing import Any, Optional
 from urllib.parse import urlparse
 
 from vlp.data.answers import normalize_answer
+from vlp.data.downstream_formats import VG_QA
 from vlp.data.json_entries import read_json, write_json_atomic
 from vlp.data.prepare.common import absolute_path, required_key, required_text, top_list
 from vlp.errors import DataError
@@ -125,7 +126,7 @@ def visual_genome_qa(
                         "question": question,
                         "answer": answer,
                         "image": absolute_path(root, folder[iid]),
-                        "dataset": "vg",
+                        "dataset": VG_QA,
                         "question_id": f"vg_{qa_id}",
                     }
                 )

@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from vlp.data.downstream_formats import VQA_V2
 from vlp.data.json_entries import read_json, write_json_atomic
 from vlp.data.prepare.common import check_images_exist, required_key, required_text, top_list
 from vlp.errors import DataError
@@ -78,7 +79,7 @@ def vqa_v2(
             "question_id": qid,
             "question": required_text(qpath, where, q, "question", "a question string"),
             "image": vqa_image(split_name, image_id),
-            "dataset": "vqa",
+            "dataset": VQA_V2,
         }
         if answers is not None:
             if qid not in answers:

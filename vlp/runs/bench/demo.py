@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 
 from vlp.config import PretrainConfig, load_config, load_finetune_config
 from vlp.eval.metrics import chance_recall
+from vlp.kinds import GROUNDING, NLVR2, NLVR_TA, PRETRAIN, RETRIEVAL, VE, VQA
 
 CONFIGS = Path(__file__).parents[2] / "configs"  # vlp/configs
 DEMO_CONFIG = CONFIGS / "pretrain" / "shapes_tiny.yaml"
@@ -30,16 +31,16 @@ DEMO_CAPTION_REPEATS = {"scene": 4}
 DEMO_NLVR_TEMPLATES = ("both", "contains")
 #: the stages of ``vlp demo --full`` that write a folder of their own under ``out``
 FULL_STAGES = (
-    "pretrain",
+    PRETRAIN,
     "zero_shot",
-    "retrieval",
-    "vqa",
+    RETRIEVAL,
+    VQA,
     "nlvr_ta",
-    "nlvr2",
+    NLVR2,
     "nlvr2_text_only",
-    "ve",
+    VE,
     "ve_hypothesis_only",
-    "grounding",
+    GROUNDING,
     "classification",
 )
 #: the zero-shot classification splits of the full demo, each with an ITM re-rank of the top 3
@@ -159,7 +160,7 @@ class FullDemo:
     def finished(self, name: str) -> bool:
         """Whether the stage's last output, written after everything else, is there."""
         out = self.out
-        done = {"pretrain": out / "pretrain" / "checkpoints", "zero_shot": out / "zero_shot" / "metrics.json"}
+        done = {PRETRAIN: out / PRETRAIN / "checkpoints", "zero_shot": out / "zero_shot" / "metrics.json"}
         path = done.get(name, out / name / "results.json")
         return path.is_file() or (path.is_dir() and any(path.glob("step_*/model.safetensors")))
 
@@ -248,7 +249,7 @@ def run_demo_full(
     demo.clear()
     results = {"zero_shot": _pretrain_and_zero_shot(demo, w, pretrain_steps)}
     results.update(_finetune_stages(demo, w, nlvr_ta))
-    results["classification"] = demo.classification(out / "pretrain", w)
+    results["classification"] = demo.classification(out / PRETRAIN, w)
     return write_full_results(demo, results)
 
 
@@ -261,24 +262,24 @@ def _pretrain_and_zero_shot(demo: FullDemo, w: dict[str, Path], pretrain_steps: 
     from vlp.runs.training.pretrain import run_pretrain
 
     out, seed = demo.out, demo.seed
-    demo.stage("pretrain")
-    if not demo.finished("pretrain"):
+    demo.stage(PRETRAIN)
+    if not demo.finished(PRETRAIN):
         cfg = load_config(
             PretrainConfig,
             DEMO_CONFIG,
             [
-                f"output_dir={out / 'pretrain'}",
-                f"data.train=[{w['pretrain']}]",
+                f"output_dir={out / PRETRAIN}",
+                f"data.train=[{w[PRETRAIN]}]",
                 f"train.seed={seed}",
                 *([f"train.steps={pretrain_steps}"] if pretrain_steps else []),
-                *demo.extra.get("pretrain", []),
+                *demo.extra.get(PRETRAIN, []),
             ],
         )
         run_pretrain(cfg)
     demo.stage("zero-shot retrieval (pretrained checkpoint, pretraining resolution)")
     if not demo.finished("zero_shot"):
         run_evaluate_retrieval(
-            out / "pretrain", w["retrieval_test"], None, out / "zero_shot", overrides=demo.extra.get("zero_shot", [])
+            out / PRETRAIN, w["retrieval_test"], None, out / "zero_shot", overrides=demo.extra.get("zero_shot", [])
         )
     return json.loads((out / "zero_shot" / "metrics.json").read_text())
 
@@ -289,16 +290,16 @@ def _finetune_stages(demo: FullDemo, w: dict[str, Path], nlvr_ta: bool) -> dict:
     VE and its hypothesis-only baseline, grounding. Returns stage name -> its results, in that order."""
     out = demo.out
     results: dict[str, dict] = {}
-    results["retrieval"] = demo.finetune(
-        "retrieval",
-        "retrieval",
-        out / "pretrain",
+    results[RETRIEVAL] = demo.finetune(
+        RETRIEVAL,
+        RETRIEVAL,
+        out / PRETRAIN,
         [f"data.train=[{w['retrieval_train']}]", f"data.val={w['retrieval_val']}", f"data.test={w['retrieval_test']}"],
     )
-    results["vqa"] = demo.finetune(
-        "vqa",
-        "vqa",
-        out / "pretrain",
+    results[VQA] = demo.finetune(
+        VQA,
+        VQA,
+        out / PRETRAIN,
         [
             f"data.train=[{w['vqa_train']}]",
             f"data.val={w['vqa_val']}",
@@ -306,24 +307,22 @@ def _finetune_stages(demo: FullDemo, w: dict[str, Path], nlvr_ta: bool) -> dict:
             f"data.answer_list={w['answer_list']}",
         ],
     )
-    nlvr_src = out / "pretrain"
+    nlvr_src = out / PRETRAIN
     if nlvr_ta:
-        demo.finetune("nlvr-ta", "nlvr_ta", out / "pretrain", [f"data.train=[{w['pretrain']}]"])
+        demo.finetune(NLVR_TA, "nlvr_ta", out / PRETRAIN, [f"data.train=[{w[PRETRAIN]}]"])
         nlvr_src = out / "nlvr_ta"
     nlvr_files = [f"data.train=[{w['nlvr_train']}]", f"data.val={w['nlvr_dev']}", f"data.test={w['nlvr_test']}"]
-    results["nlvr2"] = demo.finetune("nlvr2", "nlvr2", nlvr_src, nlvr_files)
-    results["nlvr2_text_only"] = demo.finetune(
-        "nlvr2", "nlvr2_text_only", nlvr_src, [*nlvr_files, "nlvr.text_only=true"]
-    )
+    results[NLVR2] = demo.finetune(NLVR2, NLVR2, nlvr_src, nlvr_files)
+    results["nlvr2_text_only"] = demo.finetune(NLVR2, "nlvr2_text_only", nlvr_src, [*nlvr_files, "nlvr.text_only=true"])
     ve_files = [f"data.train=[{w['ve_train']}]", f"data.val={w['ve_dev']}", f"data.test={w['ve_test']}"]
-    results["ve"] = demo.finetune("ve", "ve", out / "pretrain", [*ve_files, *DEMO_VE_OVERRIDES])
+    results[VE] = demo.finetune(VE, VE, out / PRETRAIN, [*ve_files, *DEMO_VE_OVERRIDES])
     results["ve_hypothesis_only"] = demo.finetune(
-        "ve", "ve_hypothesis_only", out / "pretrain", [*ve_files, *DEMO_VE_OVERRIDES, "ve.hypothesis_only=true"]
+        VE, "ve_hypothesis_only", out / PRETRAIN, [*ve_files, *DEMO_VE_OVERRIDES, "ve.hypothesis_only=true"]
     )
-    results["grounding"] = demo.finetune(
-        "grounding",
-        "grounding",
-        out / "pretrain",
+    results[GROUNDING] = demo.finetune(
+        GROUNDING,
+        GROUNDING,
+        out / PRETRAIN,
         [f"data.train=[{w['grounding_train']}]", f"data.val={w['grounding_val']}", f"data.test={w['grounding_test']}"],
     )
     return results
@@ -331,7 +330,7 @@ def _finetune_stages(demo: FullDemo, w: dict[str, Path], nlvr_ta: bool) -> dict:
 
 def full_rows(r: dict) -> list[tuple]:
     """(task, metric, value, baseline, baseline value) of the full demo's table."""
-    ret, vqa, nlvr, text_only, zs = r["retrieval"], r["vqa"], r["nlvr2"], r["nlvr2_text_only"], r["zero_shot"]
+    ret, vqa, nlvr, text_only, zs = r[RETRIEVAL], r[VQA], r[NLVR2], r["nlvr2_text_only"], r["zero_shot"]
     nlvr_kinds, text_only_name = ", ".join(DEMO_NLVR_TEMPLATES), "text-only model (images blanked)"
     return [
         ("retrieval (test, 1,000 images)", "r_mean", ret["test"]["r_mean"], "zero-shot, same checkpoint", zs["r_mean"]),
@@ -358,8 +357,8 @@ def full_rows(r: dict) -> list[tuple]:
             text_only_name,
             text_only["val"]["acc"],
         ),
-        *ve_rows(r["ve"], r["ve_hypothesis_only"]),
-        *grounding_rows(r["grounding"]),
+        *ve_rows(r[VE], r["ve_hypothesis_only"]),
+        *grounding_rows(r[GROUNDING]),
         *classification_rows(r["classification"]),
     ]
 
@@ -406,7 +405,7 @@ def write_full_results(demo: FullDemo, stages: dict) -> dict:
     minutes = (time.perf_counter() - demo.t0) / 60
     results = {
         "rows": [dict(task=t, metric=m, value=v, baseline=b, baseline_value=bv) for t, m, v, b, bv in rows],
-        **{k: stages[k] for k in FULL_STAGES if k not in ("pretrain", "nlvr_ta")},  # the stages with results
+        **{k: stages[k] for k in FULL_STAGES if k not in (PRETRAIN, "nlvr_ta")},  # the stages with results
         "minutes": minutes,
         "stage_start_minutes": {k: (v - demo.t0) / 60 for k, v in demo.times.items()},
     }

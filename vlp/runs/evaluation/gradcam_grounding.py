@@ -32,6 +32,7 @@ from vlp.eval.grounding import (
     prior_accuracy,
     random_candidate_accuracy,
 )
+from vlp.kinds import GROUNDING
 from vlp.models.gradcam import fusion_encoder
 from vlp.progress import progress
 
@@ -91,7 +92,7 @@ def grounding_maps(
     """The Grad-CAM grounding map [N, h, w] of every entry (its image and text) with the loaded
     :class:`vlp.api.VLPModel`, ``batch_size`` pairs at a time."""
     out = []
-    with progress(len(entries), "grounding", show_progress) as bar:
+    with progress(len(entries), GROUNDING, show_progress) as bar:
         for s in range(0, len(entries), batch_size):
             chunk = entries[s : s + batch_size]
             out.append(

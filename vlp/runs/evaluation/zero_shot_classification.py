@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 import torch
 
+from vlp.config.model import ARCH_DUAL
 from vlp.data.classification import ClassificationInputs, read_classification_inputs
 from vlp.data.image_checks import check_image_paths
 from vlp.errors import CheckpointError, ConfigError, DataError
@@ -46,7 +47,7 @@ def _load(checkpoint: str | Path, device: Optional[str], batch_size: int, rerank
             f"{checkpoint}: a {vm.kind} checkpoint has no ITC projections; zero-shot classification takes a "
             f"{' or '.join(retrieval_kinds)} checkpoint"
         )
-    if rerank_k > 0 and vm.model_config.arch == "dual":
+    if rerank_k > 0 and vm.model_config.arch == ARCH_DUAL:
         raise CheckpointError(
             f"{checkpoint}: rerank_k {rerank_k} needs a fusion encoder (the ITM head), and this checkpoint is a "
             "dual encoder (model.arch=dual); use rerank_k 0"

@@ -16,7 +16,7 @@ from vlp.features.cache_writer import write_feature_cache
 from vlp.features.encoders import FeatureEncoder, open_clip_encoder
 from vlp.features.store import refuse_existing
 from vlp.hardware import default_device
-from vlp.models.open_clip_helper import is_open_clip_spec
+from vlp.models.open_clip_helper import CACHE_HELPER_KEY, is_open_clip_spec
 from vlp.preprocess.transforms import test_transform, tokenize
 
 
@@ -33,7 +33,7 @@ def checkpoint_encoder(helper: str | Path) -> FeatureEncoder:
         return model.encode_text(tok["input_ids"].to(device), tok["attention_mask"].to(device)).feat
 
     meta = {
-        "helper": str(ckpt.path.resolve()),
+        CACHE_HELPER_KEY: str(ckpt.path.resolve()),
         "helper_init": "pretrained",  # a checkpoint's weights: trained for helper_step steps
         "helper_step": ckpt.state.get("step"),
         "image_size": image_size(hcfg),

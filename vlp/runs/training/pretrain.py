@@ -11,6 +11,7 @@ from accelerate.utils import set_seed
 
 from vlp.checkpoint import image_size
 from vlp.config import PretrainConfig
+from vlp.config.model import ARCH_ALBEF, ARCH_DUAL
 from vlp.data.datasets import Collator, ImageTextDataset, train_loader
 from vlp.data.formats import load_pairs, load_retrieval_split
 from vlp.data.image_checks import bad_sample_args, check_image_paths, check_images
@@ -19,6 +20,7 @@ from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.eval.retrieval import check_k_test
 from vlp.features.helper_cache import HelperCache
 from vlp.features.targets import LatentTargets
+from vlp.kinds import PRETRAIN
 from vlp.losses.registry import build_loss
 from vlp.models.albef import ALBEF, param_count
 from vlp.models.build import build_model_of_kind
@@ -36,7 +38,7 @@ from vlp.weights import find_checkpoint
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int) -> Union[ALBEF, DualEncoder]:
-    return build_model_of_kind("pretrain", cfg.model, vocab_size)
+    return build_model_of_kind(PRETRAIN, cfg.model, vocab_size)
 
 
 def load_targets(cfg: PretrainConfig) -> Optional[LatentTargets]:
@@ -52,7 +54,7 @@ def build_task(
 ) -> torch.nn.Module:
     """The training task for the config's architecture, with LTD / ITD attached if configured."""
     rec = build_reconstruction(cfg.loss.ltd, cfg.model.embed_dim, targets, len(tokenizer))
-    if cfg.model.arch == "dual":
+    if cfg.model.arch == ARCH_DUAL:
         task = DualTask(model, cfg.loss, rec)
     else:
         task = PretrainTask(
@@ -86,7 +88,7 @@ def build_pretraining(cfg: PretrainConfig) -> Job:
         init_weights(model, cfg.init_from)
     task = build_task(cfg, model, tokenizer, regulator, targets)
     return Job(
-        "pretrain",
+        PRETRAIN,
         cfg,
         cfg.model,
         model,
@@ -119,7 +121,7 @@ def check_run(cfg: PretrainConfig) -> None:
     cfg.check_loss(build_loss(cfg.loss.contrastive))
     check_helper_weights(cfg)
     cfg.loss.srcl.require_delta(cfg.loss.regulation)
-    if cfg.model.arch == "albef":
+    if cfg.model.arch == ARCH_ALBEF:
         check_queue(cfg.model.queue_size, cfg.data.batch_size)
         check_vision_init(cfg.model.vision)
     if cfg.data.eval:

@@ -37,6 +37,7 @@ from PIL import Image, ImageDraw
 
 from vlp.data.json_entries import read_json, write_json_atomic
 from vlp.errors import DataError
+from vlp.kinds import GROUNDING
 from vlp.world.phrases import noun_phrase
 from vlp.world.predicates import RELATIONS, relation_holds
 from vlp.world.scene import (
@@ -175,7 +176,7 @@ def _image_entries(record: dict[str, Any], split: str, index: int, seed: int, im
     if len(scene.objects) < 2:
         return []
     boxes = [list(b) for b in object_boxes(scene, image_size, world_rng(seed, split, index, "render"))]
-    rng = world_rng(seed, split, index, "grounding")
+    rng = world_rng(seed, split, index, GROUNDING)
     entries = []
     for k in range(len(scene.objects)):
         text = referring_expression(scene, k, rng)

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from vlp.kinds import NLVR
 from vlp.world.phrases import NUMBER_WORDS, noun_phrase, parse_article_phrase, parse_noun_phrase, with_article
 from vlp.world.scene import COLORS, MAX_OBJECTS, SHAPES, Desc, Obj, Scene, count_matching, world_rng
 
@@ -244,7 +245,7 @@ def make_nlvr_records(
     records = []
     plan = _nlvr_plan(per_image * len(scenes), world_rng(seed, split, 0, "nlvr-plan"), templates)
     for s, (template, label) in enumerate(plan):
-        st, i, j, label = _draw(index, template, label, world_rng(seed, split, s, "nlvr"))
+        st, i, j, label = _draw(index, template, label, world_rng(seed, split, s, NLVR))
         text = statement_text(st)
         if parse_statement(text) != st or statement_label(text, scenes[i], scenes[j]) != label:
             raise AssertionError(f"{split} statement {s}: {text!r} does not round-trip")

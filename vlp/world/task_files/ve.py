@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from vlp.data.json_entries import read_json, write_json_atomic
+from vlp.kinds import VE
 from vlp.world.phrases import attribute_sets, noun_phrase, parse_noun_phrase, with_article
 from vlp.world.scene import (
     COLORS,
@@ -174,7 +175,7 @@ def make_ve_records(
     for s, (label, (negated, unrendered, present)) in enumerate(
         _plan(per_image * len(scenes), world_rng(seed, split, 0, "ve-plan"))
     ):
-        rng = world_rng(seed, split, s, "ve")
+        rng = world_rng(seed, split, s, VE)
         d, i = _draw(index, present, rng)
         h = Hypothesis(d, negated, rng.choice(UNRENDERED) if unrendered else None)
         text = hypothesis_text(h)

@@ -19,6 +19,8 @@ import random
 from collections import Counter
 from typing import Any, Sequence
 
+from vlp.data.downstream_formats import VQA_V2
+from vlp.kinds import VQA
 from vlp.world.phrases import (
     CELL_PHRASES,
     attribute_sets,
@@ -281,7 +283,7 @@ def make_vqa_records(
     yes = iter(_yes_plan(sum(t.count("yes/no") for t in types), world_rng(seed, split, 0, "vqa-yesno")))
     records = []
     for i, (scene, image, qtypes) in enumerate(zip(scenes, images, types)):
-        rng = world_rng(seed, split, i, "vqa")
+        rng = world_rng(seed, split, i, VQA)
         for k, qtype in enumerate(qtypes):
             d = _make_question(scene, qtype, rng, next(yes) if qtype == "yes/no" else False)
             text, truth = question_text(qtype, d), _answer(qtype, d, scene)
@@ -293,7 +295,7 @@ def make_vqa_records(
                     "question": text,
                     "answer": _annotators(qtype, truth, rng),
                     "image": image,
-                    "dataset": "vqa",
+                    "dataset": VQA_V2,
                     "question_type": qtype,
                 }
             )

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from vlp.checkpoint import checkpoint_model_config, open_checkpoint
 from vlp.config import FinetuneConfig, ModelConfig, apply_overrides
+from vlp.config.model import ARCH_ALBEF
 from vlp.data.datasets import train_loader
 from vlp.dist import OtherRankDone, rank, shard_bounds, world_size
 from vlp.errors import ConfigError, DataError
@@ -30,7 +31,7 @@ from vlp.weights import load_weights
 def finetune_model_config(cfg: FinetuneConfig, source_state: dict[str, Any]) -> ModelConfig:
     """The pretrained checkpoint's model config with ``image_size`` and ``model_overrides`` applied."""
     model = checkpoint_model_config(source_state)
-    if model.arch != "albef":
+    if model.arch != ARCH_ALBEF:
         raise ConfigError(
             f"config key 'pretrained': {cfg.pretrained} is a model.arch={model.arch} checkpoint; "
             "fine-tuning needs an ALBEF checkpoint (fusion encoder)"
