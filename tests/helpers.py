@@ -130,6 +130,25 @@ def dual_checkpoint(run: Path) -> Path:
     return save_checkpoint(run / "checkpoints" / "step_0000001", model, state)
 
 
+def token_batch(
+    image_ids: torch.Tensor, t: int = 7, size: int = 64, generator: torch.Generator | None = None
+) -> dict[str, torch.Tensor]:
+    """A pretraining batch of random images [B, 3, size, size] and full-length captions [B, t]
+    ([CLS] ... [SEP], ids from 1000-2000), one row per entry of ``image_ids`` [B]."""
+    import torch
+
+    g = generator if generator is not None else torch.Generator().manual_seed(0)
+    b = len(image_ids)
+    ids = torch.randint(1000, 2000, (b, t), generator=g)
+    ids[:, 0], ids[:, -1] = 101, 102
+    return dict(
+        images=torch.randn(b, 3, size, size, generator=g),
+        input_ids=ids,
+        attention_mask=torch.ones(b, t, dtype=torch.long),
+        image_ids=image_ids,
+    )
+
+
 def narrow_model_config(embed_dim: int = 16, queue_size: int = 0, **text) -> ModelConfig:
     """One 48-wide ViT block on 32 px images and 32-wide text layers (one text and one fusion layer
     unless ``text`` says otherwise): the model of the task-head tests."""

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.helpers import token_batch
 from vlp.config import LossConfig, ModelConfig, TextConfig, VisionConfig
 from vlp.models.albef import ALBEF
 from vlp.tasks.objectives import TokenInfo
@@ -47,15 +48,7 @@ class RepeatedAccumulation(TorchDispatchMode):
 
 def batch(b: int = 8, t: int = 9) -> dict[str, torch.Tensor]:
     """Two captions per image (so hard negatives repeat rows), every caption of full length."""
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(1000, 2000, (b, t), generator=g)
-    ids[:, 0], ids[:, -1] = 101, 102
-    return dict(
-        images=torch.randn(b, 3, 32, 32, generator=g),
-        input_ids=ids,
-        attention_mask=torch.ones(b, t, dtype=torch.long),
-        image_ids=torch.arange(b) // 2,
-    )
+    return token_batch(torch.arange(b) // 2, t, size=32)
 
 
 @pytest.mark.parametrize("slots", ["exact", "fixed"])  # loss.mlm_slots: CPU's and CUDA's way

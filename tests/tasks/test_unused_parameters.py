@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import token_batch
 from vlp.config import ContrastiveConfig, LossConfig, ModelConfig, TextConfig, VisionConfig
 from vlp.models.albef import ALBEF
 from vlp.tasks.objectives import TokenInfo
@@ -32,15 +33,7 @@ OBJECTIVES = {
 
 
 def batch(b=4, t=7):
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(1000, 2000, (b, t), generator=g)
-    ids[:, 0], ids[:, -1] = 101, 102
-    return dict(
-        images=torch.randn(b, 3, 64, 64, generator=g),
-        input_ids=ids,
-        attention_mask=torch.ones(b, t, dtype=torch.long),
-        image_ids=torch.arange(b),
-    )
+    return token_batch(torch.arange(b), t)
 
 
 @pytest.mark.parametrize("name", list(OBJECTIVES))
