@@ -152,10 +152,7 @@ class _GatherWithGrad(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
-        x = x.contiguous()
-        out = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-        dist.all_gather(out, x)
-        return torch.cat(out, 0)
+        return all_gather_nograd(x)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:  # noqa: D102
