@@ -272,16 +272,24 @@ def instrumented(stem: Path, fault: Optional[Fault]) -> Iterator[None]:
         weights.PHASE_HOOKS[:] = hooks
 
 
+def children_file(pid: int) -> Path:
+    """The file listing the child processes of ``pid`` (Linux)."""
+    return Path(f"/proc/{pid}/task/{pid}/children")
+
+
 def job_groups() -> list[int]:
-    """The process groups of this run, this process's last: under ``torch.distributed.run`` (which
-    starts every rank in a session of its own) the launcher's and every rank's, else this one's."""
+    """The process groups of this run in the order to kill them: under ``torch.distributed.run``
+    (which starts every rank in a session of its own) the launcher's first, then the other ranks',
+    this process's last; else this one's. Top down, because every rank meets a ``KILL@step`` fault at
+    once: a rank killed by another before it reached the launcher must find it killed already."""
     own = os.getpgrp()
     if "LOCAL_RANK" not in os.environ:
         return [own]
     launcher = os.getppid()
-    ranks = [int(p) for p in Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()]
-    groups = {os.getpgid(launcher), *(os.getpgid(p) for p in ranks)} - {own}
-    return [*groups, own]
+    ranks = [os.getpgid(int(p)) for p in children_file(launcher).read_text().split()]
+    top = os.getpgid(launcher)
+    others = sorted(set(ranks) - {own, top})
+    return [top, *others, own] if top != own else [*others, own]
 
 
 def arm(fault: Fault, fired: Path) -> None:

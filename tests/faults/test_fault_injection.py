@@ -75,3 +75,19 @@ def test_two_processes_killed_after_the_rename_resume_as_if_never_killed(shards:
     setup = replace(SETUP, processes=2)
     ref = soak.reference(setup, shards, tmp_path / "reference")
     check(setup, shards, ref, tmp_path / "run", soak.Fault("KILL", "renamed", 6))
+
+
+def test_a_killing_rank_kills_the_launcher_before_any_rank(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Both ranks reach a ``KILL@step`` fault at once (the step ends in a collective). If each killed
+    the other rank first, each could die before reaching the launcher, which then outlives its ranks
+    and exits 1 instead of -9 (seen in CI). The launcher's group comes first, this rank's own last;
+    the group ids are chosen so that a set of them iterates ranks first."""
+    launcher, ranks, groups = 15, [2, 3], {15: 15, 2: 2, 3: 3}
+    children = tmp_path / "children"
+    children.write_text(" ".join(map(str, ranks)))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(soak.os, "getppid", lambda: launcher)
+    monkeypatch.setattr(soak.os, "getpgrp", lambda: 2)
+    monkeypatch.setattr(soak.os, "getpgid", groups.__getitem__)
+    monkeypatch.setattr(soak, "children_file", lambda pid: children)
+    assert soak.job_groups() == [15, 3, 2]
