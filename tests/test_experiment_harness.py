@@ -4,6 +4,8 @@ recorded ones, and share one results file."""
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -117,3 +119,25 @@ def test_calibration_arms_name_their_helper_and_delta_factor():
     assert helper_of("SRCL, learned helper, delta x0.25") == ("learned helper", 0.25)
     arms, seeds = GRIDS["primary"]
     assert len(arms) == 6 and len(seeds) == 12 and len(GRIDS["sweep"][0]) == 12
+
+
+def test_calibration_status_names_live_runs_and_only_the_cut_runs_nobody_took_up(tmp_path):
+    from srcl_calibration import PLAIN, status
+
+    SeedResults(tmp_path / "results_primary.json").add(PLAIN, 0, {"img_r_precision": 1.0})
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid whose process is gone
+    marks = {
+        dead.pid: f"{PLAIN} seed 0 since 01:00:00",  # cut, then finished by a later process
+        dead.pid + 100000: "SRCL, oracle AUC 0.65 seed 1 since 01:00:00",  # cut, taken up again now
+        dead.pid + 200000: "SRCL, learned helper seed 2 since 01:00:00",  # cut, nobody on it
+        os.getpid(): "SRCL, oracle AUC 0.65 seed 1 since 02:00:00",
+    }
+    for pid, text in marks.items():
+        (tmp_path / f"running_{pid}.txt").write_text(text + "\n")
+    lines = status(tmp_path).splitlines()
+    assert lines[0] == "primary: 1/72 runs done"
+    assert f"pid {os.getpid()}: SRCL, oracle AUC 0.65 seed 1 since 02:00:00" in lines
+    assert [line for line in lines if "gone" in line] == [
+        f"pid {dead.pid + 200000}: SRCL, learned helper seed 2 since 01:00:00 (process gone: rerun to resume)"
+    ]

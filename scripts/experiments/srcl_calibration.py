@@ -233,18 +233,26 @@ def restore(out: Path, kept: Optional[Path]) -> None:
 
 
 def status(out: Path) -> str:
-    """One line per grid (runs done of all) and per live process (the run it is on)."""
-    lines = []
+    """One line per grid (runs done of all), per live process (the run it is on) and per run a gone
+    process left unfinished that no live process has taken up since (a restart reruns it)."""
+    lines, done = [], []
     for grid, (arms, seeds) in GRIDS.items():
         r = SeedResults(out / f"results_{grid}.json")
+        done.append(r)
         missing = [f"{a} s{s}" for s in seeds for a in arms if not r.has(a, s)]
         lines.append(f"{grid}: {len(arms) * len(seeds) - len(missing)}/{len(arms) * len(seeds)} runs done")
     prepared = len(list((out / "ground_truth").glob("*/helper_diagnostics.json")))
     lines.append(f"calibrations: {prepared}/{len(HELPERS) * 12} (helper, seed) pairs")
+    live, gone = [], []
     for mark in sorted(out.glob("running_*.txt")):
-        pid = int(mark.stem.split("_")[1])
-        alive = Path(f"/proc/{pid}").exists()
-        lines.append(f"pid {pid}: {mark.read_text().strip()}" + ("" if alive else " (process gone: rerun to resume)"))
+        pid, text = int(mark.stem.split("_")[1]), mark.read_text().strip()
+        (live if Path(f"/proc/{pid}").exists() else gone).append((pid, text))
+    running = {text.split(" since ")[0] for _, text in live}
+    lines += [f"pid {pid}: {text}" for pid, text in live]
+    for pid, text in gone:
+        name, _, seed = text.split(" since ")[0].rpartition(" seed ")
+        if f"{name} seed {seed}" not in running and not any(r.has(name, int(seed)) for r in done):
+            lines.append(f"pid {pid}: {text} (process gone: rerun to resume)")
     return "\n".join(lines)
 
 
