@@ -160,6 +160,42 @@ def skipping_backend(gm, example_inputs):
     return gm.forward
 
 
+def skipping_config(world, tmp_path, *extra):
+    """A compiled CUDA-graph pretraining config whose backend is :func:`skipping_backend`."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    if "vlp_test_cudagraph_skip" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(skipping_backend, name="vlp_test_cudagraph_skip")
+    compiled = ["train.compile=full", "train.cuda_graphs=true", "data.text_padding=max_len", "data.batch_size=4"]
+    cfg = load_config(
+        PretrainConfig,
+        "configs/pretrain/shapes_tiny.yaml",
+        [f"data.train=[{world['pretrain']}]", *SMALL, *compiled, f"output_dir={tmp_path / 'run'}", *extra],
+    )
+    cfg.train.compile_backend = "vlp_test_cudagraph_skip"  # after the config's check, which wants inductor
+    return cfg
+
+
+def test_the_training_loop_warns_a_cuda_graph_skip_with_inductors_reason(world, tmp_path):
+    """A run whose first compiled step was not captured as CUDA graphs says so once, with the reason
+    inductor logged (the same record as ``vlp bench``), not only a count."""
+    import warnings
+
+    import torch._dynamo
+
+    from vlp.runs.training.pretrain import run_pretrain
+
+    cfg = skipping_config(world, tmp_path, "train.steps=2")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message="train.cuda_graphs: CUDA graphs need a CUDA device")
+        run_pretrain(cfg)
+    torch._dynamo.reset()
+    skips = [str(w.message) for w in seen if "run without CUDA graphs" in str(w.message)]
+    assert skips == [f"train.cuda_graphs: 2 graph(s) of the step run without CUDA graphs (not captured: {SKIP_REASON})"]
+
+
 def test_a_cuda_graph_skip_is_not_captured_in_vlp_bench_and_gpu_check(world, tmp_path):
     """Issue 44: a fall-back is a failure, not a figure. A step whose graphs inductor did not capture
     as CUDA graphs (forced here: a backend that skips through inductor's skip function) is reported
@@ -171,14 +207,7 @@ def test_a_cuda_graph_skip_is_not_captured_in_vlp_bench_and_gpu_check(world, tmp
     from tests.helpers import load_script
     from vlp.runs.bench.step import format_bench
 
-    torch._dynamo.reset()
-    if "vlp_test_cudagraph_skip" not in torch._dynamo.list_backends(exclude_tags=()):
-        torch._dynamo.register_backend(skipping_backend, name="vlp_test_cudagraph_skip")
-    compiled = ["train.compile=full", "train.cuda_graphs=true", "data.text_padding=max_len", "data.batch_size=4"]
-    cfg = load_config(
-        PretrainConfig, "configs/pretrain/shapes_tiny.yaml", [f"data.train=[{world['pretrain']}]", *SMALL, *compiled]
-    )
-    cfg.train.compile_backend = "vlp_test_cudagraph_skip"  # after the config's check, which wants inductor
+    cfg = skipping_config(world, tmp_path)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="train.cuda_graphs: CUDA graphs need a CUDA device")
         r = run_bench(cfg, steps=1, warmup=1)

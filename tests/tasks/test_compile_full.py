@@ -100,14 +100,18 @@ def test_compile_settings_and_cuda_graph_fall_back(monkeypatch):
     assert len(seen) == 1
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert setup.cuda_graph_mode(cfg) == "reduce-overhead"
-    counters["inductor"]["cudagraph_skips"] = 0
+    from vlp.train.compile_watch import CompileRecord
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert not setup.warn_if_cuda_graphs_skipped(cfg)  # captured: nothing to say
-    counters["inductor"]["cudagraph_skips"] = 2  # what inductor counts when it cannot capture a graph
-    with pytest.warns(UserWarning, match="could not capture 2 graph"):
-        assert setup.warn_if_cuda_graphs_skipped(cfg)
-    counters.clear()
+        assert not setup.warn_if_cuda_graphs_skipped(cfg, CompileRecord(graphs=2))  # captured: nothing to say
+    reason = "skipping cudagraphs due to mutated inputs (1 instances)"
+    skipped = CompileRecord(graphs=2, cudagraph_skips=2, skip_reasons=[reason])
+    with pytest.warns(UserWarning, match=r"2 graph\(s\) of the step run without CUDA graphs \(not captured: skipping"):
+        assert setup.warn_if_cuda_graphs_skipped(cfg, skipped)
+    with pytest.warns(UserWarning, match="without logging a reason"):  # counted, reason not seen
+        assert setup.warn_if_cuda_graphs_skipped(cfg, CompileRecord(cudagraph_skips=1))
+    assert not setup.warn_if_cuda_graphs_skipped(TrainConfig(compile="full"), skipped)  # cuda_graphs off
 
 
 def test_cuda_graphs_refused_with_accumulation_and_with_a_backend_other_than_inductor():

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 from vlp.config import TrainConfig
 from vlp.errors import DataError
 from vlp.train.checkpoints import Checkpointer, check_shared_filesystem
+from vlp.train.compile_watch import CompileWatch
 from vlp.train.logging import MetricsLog, open_loggers
 from vlp.train.post_step import PostStep, compiled_post_step
 from vlp.train.preemption import preempted, stop_agreed, stop_signals
@@ -170,7 +171,8 @@ def train(
     acc, rep, ckpt, micro = run.acc, run.rep, run.ckpt, cfg.grad_accum_steps
     record: dict[str, float] = {}
     run.task.train()
-    with stop_signals(cfg.stop_grace_s) as stop, run.log:  # SIGTERM / SIGUSR1: checkpoint at the next step boundary
+    # SIGTERM / SIGUSR1: checkpoint at the next step boundary; the watch: what torch.compile did
+    with stop_signals(cfg.stop_grace_s) as stop, run.log, CompileWatch() as compiled:
         for step in range(run.start, cfg.steps):
             # forward, backward, clip, non-finite check, optimizer, EMA, queues, statistics: no host read
             result = train_step(
@@ -188,7 +190,7 @@ def train(
             )
             done = step + 1
             if step == run.start:
-                warn_if_cuda_graphs_skipped(cfg)
+                warn_if_cuda_graphs_skipped(cfg, compiled.record())
             if run.averager is not None:  # weight averaging
                 run.averager.after_step(done)
             # pairs: the last micro-batch's size, times the micro-steps and the processes

@@ -28,6 +28,7 @@ from vlp import hardware
 from vlp.config import TrainConfig
 from vlp.errors import ConfigError
 from vlp.preprocess.device_decode import DeviceBatch
+from vlp.train.compile_watch import CompileRecord, cuda_graph_status
 from vlp.train.optim import build_optimizer
 
 
@@ -174,22 +175,18 @@ def cuda_graph_mode(cfg: TrainConfig) -> Optional[str]:
     return "reduce-overhead"
 
 
-def warn_if_cuda_graphs_skipped(cfg: TrainConfig) -> bool:
-    """After the first compiled step: one warning when ``train.cuda_graphs`` is on but torch could
-    not capture (part of) the step as CUDA graphs - it then runs those graphs without them (its
-    log, ``TORCH_LOGS=perf_hints``, gives the reason). Returns whether it warned."""
-    if not (cfg.cuda_graphs and torch.cuda.is_available()):
+def warn_if_cuda_graphs_skipped(cfg: TrainConfig, record: CompileRecord) -> bool:
+    """After the first compiled step (``record``: what torch.compile did in it): one warning, with
+    inductor's reasons, when ``train.cuda_graphs`` is on but torch did not capture (part of) the
+    step as CUDA graphs - it then runs those graphs without them. Returns whether it warned."""
+    status = cuda_graph_status(cfg.cuda_graphs, "cuda", record)
+    if status is None or status == "captured":
         return False
-    from torch._dynamo.utils import counters
-
-    skipped = counters["inductor"]["cudagraph_skips"]
-    if skipped:
-        warnings.warn(
-            f"train.cuda_graphs: torch could not capture {skipped} graph(s) of the step as CUDA graphs and runs "
-            "them without (TORCH_LOGS=perf_hints says why)",
-            stacklevel=2,
-        )
-    return bool(skipped)
+    warnings.warn(
+        f"train.cuda_graphs: {record.cudagraph_skips} graph(s) of the step run without CUDA graphs ({status})",
+        stacklevel=2,
+    )
+    return True
 
 
 class DeviceLoader:
