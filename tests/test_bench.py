@@ -44,11 +44,14 @@ def test_bench_cli_prints_the_table_and_refuses_bad_counts(world, tmp_path, caps
         f"data.train=[{world['pretrain']}]",
         *SMALL,
     ]
-    assert main(args) == 0
+    assert main([*args, "--profile", "1"]) == 0
     printed = capsys.readouterr().out
     assert "pairs/s" in printed and "GFLOP per pair" in printed and "MFU n/a" in printed
+    assert "profiled per step" in printed and "(1 steps, torch.profiler" in printed, printed
     with pytest.raises(ConfigError, match="--steps must be >= 1"):
         run_bench(load_config(PretrainConfig, "configs/pretrain/shapes_tiny.yaml", SMALL), steps=0)
+    assert main([*args, "--profile", "-1"]) != 0
+    assert "--profile >= 0, got 2 / 0 / -1" in capsys.readouterr().err
 
 
 #: the base topology's structure (ViT 12 blocks, 6 text + 6 fusion layers, queue, bf16, batch 4) at

@@ -95,6 +95,14 @@ def _add_bench(sub: Any) -> None:
         "ops, casts, device syncs, module calls per forward (the CPU proxies of GPU host time)",
     )
     s.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the timed steps, N more under torch.profiler: kernel launches, CUDA-graph launches, "
+        "copies and host syncs per step as CUDA saw them (on the CPU: the aten ops only)",
+    )
+    s.add_argument(
         "--loader-only",
         action="store_true",
         help="time the training image pipeline instead (open, decode, training transform) in loader "
