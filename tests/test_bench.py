@@ -52,6 +52,8 @@ def test_bench_cli_prints_the_table_and_refuses_bad_counts(world, tmp_path, caps
         run_bench(load_config(PretrainConfig, "configs/pretrain/shapes_tiny.yaml", SMALL), steps=0)
     assert main([*args, "--profile", "-1"]) != 0
     assert "--profile >= 0, got 2 / 0 / -1" in capsys.readouterr().err
+    assert main([*args, "--count-ops", "--profile", "1"]) != 0
+    assert "--count-ops and --profile are separate counts" in capsys.readouterr().err
 
 
 #: the base topology's structure (ViT 12 blocks, 6 text + 6 fusion layers, queue, bf16, batch 4) at

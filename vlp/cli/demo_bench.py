@@ -26,8 +26,10 @@ def _bench(a: argparse.Namespace) -> None:
 
     cfg = load_config(PretrainConfig, a.config, a.overrides)
     if a.count_ops:
+        if a.profile:
+            raise ConfigError("vlp bench: --count-ops and --profile are separate counts: give one")
         # --steps and --peak-tflops are the timing's (run_bench): counting reads neither, as before
-        counted = call(run_count_ops, a, used=(*_BENCH_OPTIONS, "steps", "peak_tflops"), cfg=cfg)
+        counted = call(run_count_ops, a, used=(*_BENCH_OPTIONS, "steps", "peak_tflops", "profile"), cfg=cfg)
         if rank() == 0:
             print(format_count_ops(counted))
         return
