@@ -309,7 +309,8 @@ def arm(fault: Fault, fired: Path) -> None:
         fired.write_text(str(fault))
         if fault.signal == "KILL":
             for group in job_groups():
-                os.killpg(group, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):  # already killed (and reaped) by another rank
+                    os.killpg(group, signal.SIGKILL)
         os.kill(os.getpid(), SIGNALS[fault.signal])
 
     if fault.phase == "step":
