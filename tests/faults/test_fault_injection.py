@@ -91,3 +91,29 @@ def test_a_killing_rank_kills_the_launcher_before_any_rank(monkeypatch: pytest.M
     monkeypatch.setattr(soak.os, "getpgid", groups.__getitem__)
     monkeypatch.setattr(soak, "children_file", lambda pid: children)
     assert soak.job_groups() == [15, 3, 2]
+
+
+def test_a_killing_rank_goes_on_when_a_group_is_gone_already(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The launcher's group, killed and reaped after the other rank's kill, no longer exists: this
+    rank still kills the remaining groups and itself."""
+    import vlp.train.loop as loop
+
+    def fake_step(step: int) -> str:
+        return f"step {step}"
+
+    sent: list[tuple[str, int]] = []
+
+    def killpg(group: int, sig: int) -> None:
+        if group == 15:
+            raise ProcessLookupError(group)
+        sent.append(("group", group))
+
+    monkeypatch.setattr(loop, "train_step", fake_step)
+    monkeypatch.setattr(soak, "job_groups", lambda: [15, 3, 2])
+    monkeypatch.setattr(soak.os, "killpg", killpg)
+    monkeypatch.setattr(soak.os, "kill", lambda pid, sig: sent.append(("self", sig)))
+    soak.arm(soak.Fault("KILL", "step", 2), tmp_path / "fired")
+    assert loop.train_step(step=0) == "step 0" and not sent  # not yet: after step 2
+    assert loop.train_step(step=1) == "step 1"
+    assert sent == [("group", 3), ("group", 2), ("self", soak.signal.SIGKILL)]
+    assert (tmp_path / "fired").read_text() == "KILL@step:2"
