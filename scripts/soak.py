@@ -286,8 +286,7 @@ def job_groups() -> list[int]:
     if "LOCAL_RANK" not in os.environ:
         return [own]
     launcher = os.getppid()
-    ranks = [os.getpgid(int(p)) for p in children_file(launcher).read_text().split()]
-    top = os.getpgid(launcher)
+    top, ranks = os.getpgid(launcher), [os.getpgid(int(p)) for p in children_file(launcher).read_text().split()]
     others = sorted(set(ranks) - {own, top})
     return [top, *others, own] if top != own else [*others, own]
 
