@@ -111,6 +111,40 @@ def test_the_threshold_fit_finds_where_the_gain_crosses_zero():
     assert est is None and interval is None and slope < 0
 
 
+def test_the_shipped_same_image_auc_minimum_is_the_recorded_experiments_rule():
+    """``MIN_SAME_IMAGE_AUC`` and its source, recomputed from the recorded results of the calibration
+    experiment by its pre-registered rule: the mean same-image AUC of the lowest helper whose paired
+    test against plain ITC survives Holm with a positive mean, rounded down to two digits."""
+    import json
+    import math
+    import statistics
+
+    from seed_results import paired_t_test, slug
+    from srcl_calibration import ENDPOINT, HELPERS, PLAIN, PRIMARY_ARMS, helper_of
+    from srcl_calibration_report import holm
+
+    from vlp.lab.calibration import MIN_AUC_SOURCE, MIN_SAME_IMAGE_AUC
+
+    rec = Path(__file__).resolve().parents[1] / "results" / "srcl_calibration"
+    data = json.loads((rec / "results_primary.json").read_text())
+    seeds = sorted(data[PLAIN], key=int)
+    assert len(seeds) >= 10
+    gains = {a: [data[a][s][ENDPOINT] - data[PLAIN][s][ENDPOINT] for s in seeds] for a in PRIMARY_ARMS if a != PLAIN}
+    decided = holm({a: paired_t_test(g)[1] for a, g in gains.items()})
+    supported = [helper_of(a)[0] for a, g in gains.items() if decided[a] and statistics.mean(g) > 0]
+    assert supported
+
+    def auc(helper: str) -> float:
+        reports = [rec / "calibration" / f"{slug(helper)}_seed{s}" / "helper_diagnostics.json" for s in seeds]
+        return statistics.mean(json.loads(r.read_text())["quality"]["same_image_auc"] for r in reports)
+
+    lowest = min(supported, key=auc)
+    assert MIN_SAME_IMAGE_AUC == math.floor(100 * auc(lowest)) / 100
+    assert f"ground-truth AUC {HELPERS[lowest]:g}" in MIN_AUC_SOURCE and f"{auc(lowest):.3f}" in MIN_AUC_SOURCE
+    g = gains[f"SRCL, {lowest}"]
+    assert f"+{statistics.mean(g):.2f} +- {statistics.stdev(g):.2f} over {len(seeds)} seeds" in MIN_AUC_SOURCE
+
+
 def test_calibration_arms_name_their_helper_and_delta_factor():
     from srcl_calibration import GRIDS, PLAIN, helper_of
 

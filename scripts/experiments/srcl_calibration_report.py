@@ -113,37 +113,67 @@ def _primary(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, dict]:
             f"| {a} | {n} | {m:+.2f} ± {sd:.2f} | {t:.2f} | {p:.3g} | {'survives' if decided[a] else 'fails'} | "
             f"{reading} |"
         )
-    points: dict[int, list[tuple[float, float]]] = {}
+    points: dict[int, list[tuple[str, float, float]]] = {}
     for a in arms:
         helper = mod.helper_of(a)[0]
         for s, g in _gains(results.data, a, mod.PLAIN, seeds, mod.ENDPOINT).items():
-            points.setdefault(s, []).append((exp.calibration(helper, s)["same_image_auc"], g))
-    fit = threshold_with_interval(points) if len(points) >= 3 else (None, None, float("nan"))
-    return "\n".join(lines), {"points": points, "fit": fit, "tests": tests, "holm": decided}
+            points.setdefault(s, []).append((helper, exp.calibration(helper, s)["same_image_auc"], g))
+    supported = [mod.helper_of(a)[0] for a in tests if decided[a] and tests[a][0] > 0]
+    rule = min(
+        (statistics.mean(p[1] for ps in points.values() for p in ps if p[0] == h) for h in supported), default=None
+    )
+    return "\n".join(lines), {"points": points, "tests": tests, "holm": decided, "rule": rule}
 
 
-def _plot_gain_by_auc(points: dict, fit: tuple, out: Path) -> Path:
+def _fit(points: dict[int, list[tuple[str, float, float]]], keep: Any = None) -> tuple:
+    """:func:`threshold_with_interval` over the points whose helper ``keep`` accepts (all by default)."""
+    pairs = {s: [(x, y) for h, x, y in ps if keep is None or keep(h)] for s, ps in points.items()}
+    pairs = {s: v for s, v in pairs.items() if v}
+    return threshold_with_interval(pairs) if len(pairs) >= 3 else (None, None, float("nan"))
+
+
+def _fit_line(label: str, n: int, fit: tuple) -> str:
+    est, interval, slope = fit
+    return (
+        f"{label} over {n} (helper, seed) points: gain = {slope:.2f} × same-image AUC + c crosses 0 at "
+        + (f"{est:.3f}" if est is not None else "no AUC (slope <= 0)")
+        + (f", 95% bootstrap interval {interval[0]:.3f} to {interval[1]:.3f}" if interval else ", interval undefined")
+        + "."
+    )
+
+
+def _plot_gain_by_auc(points: dict, fit: tuple, rule: Optional[float], out: Path) -> Path:
+    """Gain over plain ITC against the same-image AUC, one colour per helper, with the pre-registered
+    fit over all points and the rule's threshold (the lowest supported helper's mean AUC)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    x = [p[0] for ps in points.values() for p in ps]
-    y = [p[1] for ps in points.values() for p in ps]
+    flat = [p for ps in points.values() for p in ps]
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    ax.scatter(x, y, s=14, alpha=0.7)
+    for i, h in enumerate(dict.fromkeys(p[0] for p in flat)):
+        ax.scatter(
+            [p[1] for p in flat if p[0] == h],
+            [p[2] for p in flat if p[0] == h],
+            s=14,
+            alpha=0.7,
+            color=f"C{i}",
+            label=h,
+        )
+    x, y = [p[1] for p in flat], [p[2] for p in flat]
     slope, intercept = np.polyfit(x, y, 1)
     xs = np.linspace(min(x), max(x), 50)
-    ax.plot(xs, slope * xs + intercept, color="C1", label="least-squares fit")
+    ax.plot(xs, slope * xs + intercept, color="k", lw=1, label="fit over all points")
     ax.axhline(0, color="gray", ls=":")
     est, interval, _ = fit
-    if est is not None:
-        ax.axvline(est, color="C3", ls="--", label=f"fit crosses 0 at {est:.3f}")
-    if interval is not None:
-        ax.axvspan(*interval, color="C3", alpha=0.12, label="95% bootstrap interval")
+    if est is not None and min(x) - 0.1 <= est <= max(x) + 0.1:
+        ax.axvline(est, color="k", ls="--", lw=1, label=f"fit crosses 0 at {est:.3f}")
+    if rule is not None:
+        ax.axvline(rule, color="C7", ls="-.", label=f"lowest supported helper: {rule:.3f}")
     ax.set_xlabel("same-image AUC (no ground truth)")
     ax.set_ylabel("t2i R-precision, SRCL − plain ITC")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
@@ -208,19 +238,20 @@ def write_calibration_report(exp: Any, grid: str, seeds: Sequence[int]) -> str:
     means = results_table(results, seeds, mod.METRICS)
     tests, info = _primary(exp, mod, seeds)
     others = paired_tests_table(results.data, seeds, mod.METRICS[1:], mod.PLAIN, mod.PRIMARY_ARMS)
-    est, interval, slope = info["fit"]
-    fit = (
-        f"Threshold fit over {sum(len(v) for v in info['points'].values())} (helper, seed) points: gain = "
-        f"{slope:.2f} × same-image AUC + c crosses 0 at "
-        + (f"{est:.3f}" if est is not None else "no AUC (slope <= 0)")
-        + (f", 95% bootstrap interval {interval[0]:.3f}-{interval[1]:.3f}" if interval else ", interval undefined")
-        + "."
+    points = info["points"]
+    fit = _fit(points)
+    oracles = _fit(points, keep=lambda h: mod.HELPERS[h] is not None)
+    n_oracle = sum(1 for ps in points.values() for p in ps if mod.HELPERS[p[0]] is not None)
+    rule = info["rule"]
+    threshold = "\n\n".join(
+        [
+            "Threshold by the pre-registered rule (the mean same-image AUC of the lowest helper whose test is "
+            "supported): " + (f"{rule:.3f}." if rule is not None else "none (no helper supported)."),
+            _fit_line("Pre-registered fit", sum(len(v) for v in points.values()), fit),
+            _fit_line("Exploratory, not pre-registered: the same fit on the noised oracles alone", n_oracle, oracles),
+        ]
     )
-    plot = (
-        _plot_gain_by_auc(info["points"], info["fit"], exp.out / "gain_by_same_image_auc.png")
-        if info["points"]
-        else None
-    )
+    plot = _plot_gain_by_auc(points, fit, rule, exp.out / "gain_by_same_image_auc.png") if points else None
     return write_report(
         exp.out / "report_primary.md",
         head,
@@ -228,6 +259,6 @@ def write_calibration_report(exp: Any, grid: str, seeds: Sequence[int]) -> str:
         means,
         tests,
         "Secondary endpoints (no test counts toward the family):\n\n" + others,
-        fit,
+        threshold,
         f"![gain by same-image AUC]({plot.name})" if plot else "",
     )
