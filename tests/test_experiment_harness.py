@@ -145,6 +145,21 @@ def test_the_shipped_same_image_auc_minimum_is_the_recorded_experiments_rule():
     assert f"+{statistics.mean(g):.2f} +- {statistics.stdev(g):.2f} over {len(seeds)} seeds" in MIN_AUC_SOURCE
 
 
+def test_the_sweep_reads_the_nogt_delta_as_good_within_the_best_arms_seed_spread():
+    from srcl_calibration_report import nogt_delta_is_good
+
+    # best at x2 (mean 23.0, std 0.71); the no-GT delta's mean 22.6 is 0.4 below: within the spread
+    best, spread, good = nogt_delta_is_good({0.5: [22.0, 22.2], 1.0: [22.4, 22.8], 2.0: [22.5, 23.5]})
+    assert (best, good) == (2.0, True) and spread == pytest.approx(0.7071, abs=1e-4)
+    # the same best, the no-GT delta 1.0 below: not good
+    assert nogt_delta_is_good({1.0: [21.9, 22.1], 2.0: [22.5, 23.5]})[2] is False
+    # the no-GT delta itself best: good by definition
+    assert nogt_delta_is_good({1.0: [23.0, 23.2], 4.0: [22.0, 22.1]}) == (1.0, pytest.approx(0.1414, abs=1e-4), True)
+    # a factor with one seed is not compared yet; without the no-GT arm there is no reading
+    assert nogt_delta_is_good({1.0: [22.0, 22.1], 2.0: [30.0]})[0] == 1.0
+    assert nogt_delta_is_good({2.0: [22.0, 22.1]}) is None
+
+
 def test_calibration_arms_name_their_helper_and_delta_factor():
     from srcl_calibration import GRIDS, PLAIN, helper_of
 

@@ -181,6 +181,19 @@ def _plot_gain_by_auc(points: dict, fit: tuple, rule: Optional[float], out: Path
     return out
 
 
+def nogt_delta_is_good(by_factor: dict[float, Sequence[float]]) -> Optional[tuple[float, float, bool]]:
+    """The pre-registered reading of the sweep for one helper: ``by_factor`` maps each delta factor
+    (1 = the no-GT delta) to the endpoint over seeds. Returns the best factor (highest mean), the seed
+    spread of that best arm (sample std) and whether the no-GT delta's mean lies within that spread
+    of the best mean; None while the no-GT arm or a second seed is missing."""
+    full = {f: list(v) for f, v in by_factor.items() if len(v) >= 2}
+    if 1.0 not in full:
+        return None
+    best = max(full, key=lambda f: statistics.mean(full[f]))
+    spread = statistics.stdev(full[best])
+    return best, spread, statistics.mean(full[best]) - statistics.mean(full[1.0]) <= spread
+
+
 def _sweep(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, Optional[Path]]:
     """The sweep's gains over plain ITC by delta factor, per helper, with the GT delta's factor."""
     import matplotlib
@@ -191,18 +204,26 @@ def _sweep(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, Optional[Path
     sweep, primary = SeedResults(exp.out / "results_sweep.json").data, SeedResults(exp.out / "results_primary.json")
     data = {**primary.data, **sweep}
     factors = sorted((*mod.FACTORS, 1.0))
-    lines = ["| helper | " + " | ".join(f"δ × {f:g}" for f in factors) + " | GT δ / no-GT δ |", "|---|" + "---:|" * 6]
+    lines = [
+        "| helper | "
+        + " | ".join(f"δ × {f:g}" for f in factors)
+        + " | GT δ / no-GT δ | best δ × | no-GT δ within the best's seed spread |",
+        "|---|" + "---:|" * (len(factors) + 2) + "---|",
+    ]
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for k, h in enumerate(mod.SWEPT):
-        cells, means = [], []
+        cells, means, values = [], [], {}
         for f in factors:
             arm = f"SRCL, {h}" if f == 1.0 else f"SRCL, {h}, delta x{f:g}"
             g = list(_gains(data, arm, mod.PLAIN, seeds, mod.ENDPOINT).values())
+            values[f] = [data[arm][str(s)][mod.ENDPOINT] for s in seeds if str(s) in data.get(arm, {})]
             cells.append(mean_std(g, ".2f"))
             means.append((f, statistics.mean(g), statistics.stdev(g) if len(g) > 1 else 0.0) if g else None)
         cals = [exp.calibration(h, s) for s in seeds]
         ratios = [c["delta_gt"] / c["delta_nogt"] for c in cals if c["delta_gt"] and c["delta_nogt"]]
-        lines.append(f"| {h} | {' | '.join(cells)} | {mean_std(ratios)} |")
+        good = nogt_delta_is_good(values)
+        verdict = f"| {good[0]:g} | {'yes' if good[2] else 'no'} (spread {good[1]:.2f})" if good else "| - | not yet"
+        lines.append(f"| {h} | {' | '.join(cells)} | {mean_std(ratios)} {verdict} |")
         pts = [m for m in means if m is not None]
         if pts:
             ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o", capsize=3,
@@ -233,7 +254,12 @@ def write_calibration_report(exp: Any, grid: str, seeds: Sequence[int]) -> str:
     )
     if grid == "sweep":
         table, plot = _sweep(exp, mod, seeds)
-        return write_report(exp.out / "report_sweep.md", head, table, f"![sweep]({plot.name})" if plot else "")
+        legend = (
+            "Text->image R-precision minus plain ITC, paired by seed (mean ± std), by delta as a multiple of each "
+            "seed's no-GT delta (× 1: the primary arm on the same seeds). Pre-registered reading: the no-GT delta is "
+            "good if its mean R-precision is within the seed spread (std) of the best delta's."
+        )
+        return write_report(exp.out / "report_sweep.md", head, legend, table, f"![sweep]({plot.name})" if plot else "")
     helpers = _helper_table(exp, seeds, list(mod.HELPERS))
     means = results_table(results, seeds, mod.METRICS)
     tests, info = _primary(exp, mod, seeds)
