@@ -145,6 +145,36 @@ def test_the_shipped_same_image_auc_minimum_is_the_recorded_experiments_rule():
     assert f"+{statistics.mean(g):.2f} +- {statistics.stdev(g):.2f} over {len(seeds)} seeds" in MIN_AUC_SOURCE
 
 
+def test_the_docs_quote_the_recorded_primary_tests_of_the_calibration_experiment():
+    """docs/experiments.md's table of primary tests and the README's figures are those the recorded
+    results give (mean ± std of the paired differences, t, p at the printed precision)."""
+    import json
+    import statistics
+
+    from seed_results import paired_t_test
+    from srcl_calibration import ENDPOINT, PLAIN
+
+    root = Path(__file__).resolve().parents[1]
+    data = json.loads((root / "results" / "srcl_calibration" / "results_primary.json").read_text())
+    docs, readme = (root / "docs" / "experiments.md").read_text(), (root / "README.md").read_text()
+    seeds = sorted(data[PLAIN], key=int)
+
+    def signed(x: float) -> str:
+        return f"{x:+.2f}".replace("-", "−")
+
+    def p_as_printed(p: float) -> str:
+        return f"{p:.1e}".replace("e-0", "e-") if p < 1e-3 else f"{p:.2f}"
+
+    for arm in (a for a in data if a != PLAIN):
+        d = [data[arm][s][ENDPOINT] - data[PLAIN][s][ENDPOINT] for s in seeds]
+        t, p = paired_t_test(d)
+        m, sd = statistics.mean(d), statistics.stdev(d)
+        row = f"| {arm} | {signed(m)} ± {sd:.2f} | {f'{t:.2f}'.replace('-', '−')} | {p_as_printed(p)} |"
+        assert row in docs, row
+        if arm in ("SRCL, oracle AUC 0.65", "SRCL, learned helper"):
+            assert f"{signed(m)} ± {sd:.2f}" + (f", p {p:.2f}" if m < 0 else "") in readme, arm
+
+
 def test_the_sweep_reads_the_nogt_delta_as_good_within_the_best_arms_seed_spread():
     from srcl_calibration_report import nogt_delta_is_good
 
