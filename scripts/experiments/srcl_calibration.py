@@ -266,6 +266,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--status", action="store_true", help="print what is done and what is running, then exit")
     p.add_argument(
+        "--report",
+        action="store_true",
+        help="write the grid's report from the runs recorded so far (missing ones shown as missing), run nothing",
+    )
+    p.add_argument(
         "--record",
         type=Path,
         default=None,
@@ -282,6 +287,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     t0 = time.time()
     restore(out, a.record)
     exp = Experiment(out, a)
+    if a.report:
+        from srcl_calibration_report import write_calibration_report
+
+        write_calibration_report(exp, a.grid, seeds)
+        return 0
     exp.prepare(seeds, a.shard)
     results = SeedResults(out / f"results_{a.grid}.json")
     sweep = MarkedSweep(

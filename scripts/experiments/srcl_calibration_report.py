@@ -207,8 +207,8 @@ def _sweep(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, Optional[Path
     lines = [
         "| helper | "
         + " | ".join(f"δ × {f:g}" for f in factors)
-        + " | GT δ / no-GT δ | best δ × | no-GT δ within the best's seed spread |",
-        "|---|" + "---:|" * (len(factors) + 2) + "---|",
+        + " | GT δ / no-GT δ | best δ × | no-GT δ within the best's seed spread | best − no-GT δ, paired |",
+        "|---|" + "---:|" * (len(factors) + 2) + "---|---:|",
     ]
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for k, h in enumerate(mod.SWEPT):
@@ -216,13 +216,19 @@ def _sweep(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, Optional[Path
         for f in factors:
             arm = f"SRCL, {h}" if f == 1.0 else f"SRCL, {h}, delta x{f:g}"
             g = list(_gains(data, arm, mod.PLAIN, seeds, mod.ENDPOINT).values())
-            values[f] = [data[arm][str(s)][mod.ENDPOINT] for s in seeds if str(s) in data.get(arm, {})]
+            values[f] = {s: data[arm][str(s)][mod.ENDPOINT] for s in seeds if str(s) in data.get(arm, {})}
             cells.append(mean_std(g, ".2f"))
             means.append((f, statistics.mean(g), statistics.stdev(g) if len(g) > 1 else 0.0) if g else None)
         cals = [exp.calibration(h, s) for s in seeds]
         ratios = [c["delta_gt"] / c["delta_nogt"] for c in cals if c["delta_gt"] and c["delta_nogt"]]
-        good = nogt_delta_is_good(values)
+        good = nogt_delta_is_good({f: list(v.values()) for f, v in values.items()})
         verdict = f"| {good[0]:g} | {'yes' if good[2] else 'no'} (spread {good[1]:.2f})" if good else "| - | not yet"
+        if good and good[0] != 1.0:  # descriptive: the best delta minus the no-GT delta, paired by seed
+            both = [s for s in values[good[0]] if s in values[1.0]]
+            diff = [values[good[0]][s] - values[1.0][s] for s in both]
+            verdict += f" | {statistics.mean(diff):+.2f} ± {statistics.stdev(diff):.2f} ({len(diff)} seeds)"
+        else:
+            verdict += " | -"
         lines.append(f"| {h} | {' | '.join(cells)} | {mean_std(ratios)} {verdict} |")
         pts = [m for m in means if m is not None]
         if pts:
