@@ -175,6 +175,34 @@ def test_the_docs_quote_the_recorded_primary_tests_of_the_calibration_experiment
             assert f"{signed(m)} ± {sd:.2f}" + (f", p {p:.2f}" if m < 0 else "") in readme, arm
 
 
+def test_the_docs_quote_the_recorded_delta_sweep():
+    """docs/experiments.md's sweep table: each helper's row holds the recorded paired gains of its
+    five deltas (the × 1 arm from the primary grid on the sweep's seeds), in order, and its best."""
+    import json
+    import statistics
+
+    from srcl_calibration import ENDPOINT, FACTORS, GRIDS, PLAIN, SWEPT
+
+    rec = Path(__file__).resolve().parents[1] / "results" / "srcl_calibration"
+    data = {
+        **json.loads((rec / "results_primary.json").read_text()),
+        **json.loads((rec / "results_sweep.json").read_text()),
+    }
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "experiments.md").read_text()
+    seeds = [str(s) for s in GRIDS["sweep"][1]]
+    for helper in SWEPT:
+        table = docs[docs.index("| helper | δ × 0.25 | δ × 0.5 | δ × 1 (no-GT) |") :]
+        row = next(line for line in table.splitlines() if line.startswith(f"| {helper} | "))
+        cells, means = [], {}
+        for f in sorted((*FACTORS, 1.0)):
+            arm = f"SRCL, {helper}" if f == 1.0 else f"SRCL, {helper}, delta x{f:g}"
+            d = [data[arm][s][ENDPOINT] - data[PLAIN][s][ENDPOINT] for s in seeds]
+            means[f] = statistics.mean(d)
+            cells.append(f"{means[f]:+.2f} ± {statistics.stdev(d):.2f}".replace("-", "−"))
+        assert [c.strip(" *") for c in row.split("|")[2:7]] == cells, (helper, row)
+        assert f"| × {max(means, key=means.get):g} |" in row
+
+
 def test_the_sweep_reads_the_nogt_delta_as_good_within_the_best_arms_seed_spread():
     from srcl_calibration_report import nogt_delta_is_good
 
