@@ -23,9 +23,9 @@ A calibration that cannot be trusted is refused (:class:`~vlp.errors.Calibration
   the other negatives of their rows (no ground truth needed); below ``min_same_image_auc``
   (:data:`MIN_SAME_IMAGE_AUC`, its source in :data:`MIN_AUC_SOURCE`: the weakest helper SRCL was
   shown to help with) it is refused unless ``force`` (recorded as ``forced``); above it the report
-  says that passing is not sufficient (``quality_caveat``). ``at_delta`` says what the chosen delta does: the effective number of
-  negatives per row ``N_eff = (sum w)^2 / sum w^2``, the weight share of a row's 10 heaviest
-  negatives and the shares below 0.2 and 0.7.
+  says that passing is not sufficient (``quality_caveat``). ``at_delta`` says what the chosen
+  delta does: the effective number of negatives per row ``N_eff = (sum w)^2 / sum w^2``, the
+  weight share of a row's 10 heaviest negatives and the shares below 0.2 and 0.7.
 - **one-caption data** (CC3M, SBU, LAION): a mixture is calibrated on the probes of its
   multi-caption sources (``probe_sources``); data with none needs ``reference`` (a multi-caption
   file the cache also covers, e.g. COCO's Karpathy train captions: its batches stand in for the
