@@ -63,6 +63,20 @@ def shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+#: every seed a learned helper is trained with is at least this; students' seeds are below it
+HELPER_SEED_BASE = 1000
+
+
+def helper_seed(seed: int, index: int = 0) -> int:
+    """The ``train.seed`` of the ``index``-th learned helper of the student seed ``seed`` (``seed`` <
+    1000): ``1000 * (index + 1) + seed``. Never a student's seed, so helper and student never start
+    from the same weights (a helper sharing the student's initialisation shares its confusions), and
+    two helpers of one seed (``index``: e.g. the grade) are independent draws too."""
+    if not 0 <= seed < HELPER_SEED_BASE:
+        raise ValueError(f"student seeds are 0 .. {HELPER_SEED_BASE - 1}, got {seed}")
+    return HELPER_SEED_BASE * (index + 1) + seed
+
+
 def prepare_lock(out: Path) -> Path:
     """The lock file that shards of the experiment in ``out`` hold while they prepare what they
     share (the world, helpers, caches, warm-ups), so only one of them builds each piece."""
@@ -84,7 +98,15 @@ def train_once(
 ) -> Path:
     """Pretrain ``preset`` on ``data`` for ``steps`` steps into ``run_dir`` unless its last
     checkpoint is already at ``steps`` (an interrupted run resumes). ``helper``: ``vlp train-helper``
-    (plain InfoNCE). Returns the run directory."""
+    (plain InfoNCE), whose ``overrides`` must set ``train.seed`` to a :func:`helper_seed`. Returns the
+    run directory."""
+    if helper:
+        seeds = [int(o.split("=", 1)[1]) for o in overrides if o.startswith("train.seed=")]
+        if not seeds or seeds[-1] < HELPER_SEED_BASE:
+            raise ValueError(
+                f"{run_dir}: a learned helper is trained with its own seed, train.seed=helper_seed(seed) "
+                f"(>= {HELPER_SEED_BASE}), never a student's: got {seeds[-1] if seeds else 'none'}"
+            )
     saved = step_checkpoints(run_dir)
     if saved and read_state(saved[-1])["step"] >= steps:
         return run_dir

@@ -10,7 +10,7 @@ per seed a 200-step warm-up of plain in-batch ITC, then 300 steps per arm, batch
 distillation off, ``alpha_h = 1`` all run). Helpers of graded quality, **each drawn anew per
 seed**: the exact oracle corrupted by per-pair noise to ROC-AUC 0.65, 0.75, 0.85 and 0.95 (noise
 seed ``100 + seed``), and a learned helper (the tiny architecture, plain InfoNCE, 600 steps on the
-disjoint helper split with ``train.seed = seed``). For every (helper, seed):
+disjoint helper split). For every (helper, seed):
 
 - ``vlp analyze helper`` as a user runs it, without ground truth (:func:`run_helper_calibration`,
   same-image captions as the known false negatives, target median weight 0.12, ``force=True``: this
@@ -26,6 +26,11 @@ helper, SRCL at 1/4, 1/2, 2 and 4 times the seed's no-GT delta (the factor 1 is 
 3 seeds. The pre-registered reading is in docs/experiments.md ("Does the calibration pick a good
 delta?"). Everything is skipped when its output exists, so an interrupted run resumes; ``--shard
 I/2`` splits the work between two processes (preparation by seed parity, then every other run).
+The recorded runs (2026-11-28) predate two fixes of issue 51, so a rerun draws other helpers: the
+learned helper was trained with ``train.seed = seed``, the student's seed (the two started from
+identical weights; now :func:`harness.helper_seed`), and the four oracle levels of a seed scaled one
+noise draw (now one draw per seed and level, :func:`vlp.lab.oracle.noise_seed`).
+
 ``--record DIR`` keeps the results and calibration reports in DIR as they are written (the
 repository's ``results/srcl_calibration``, committed as the work goes on), and copies them back at
 start, so that a run on a new machine goes on from what an earlier one finished.
@@ -44,6 +49,7 @@ from typing import Any, Optional
 from harness import (
     Sweep,
     experiment_parser,
+    helper_seed,
     prepare_lock,
     prepare_world,
     train_once,
@@ -123,13 +129,17 @@ class Experiment:
                     "configs/helper/shapes_tiny.yaml",
                     self.root / "helper_split.json",
                     self.a.helper_steps,
-                    [*self.base, f"train.seed={seed}"],
+                    [*self.base, f"train.seed={helper_seed(seed)}"],
                     helper=True,
                 )
                 run_cache_helper_features(run, [str(self.mix)], path, show_progress=False)
             else:
                 run_cache_oracle_features(self.root, [self.mix], path, auc=auc, seed=100 + seed)
         return path
+
+    def nogt_options(self, helper: str, seed: int) -> dict[str, Any]:
+        """Further options of the no-GT calibration of ``helper`` for ``seed`` (none here)."""
+        return {}
 
     def calibration(self, helper: str, seed: int) -> dict[str, Any]:
         """The no-GT and the ground-truth reports of ``helper`` for ``seed`` (batch 64, no queue); the
@@ -140,7 +150,8 @@ class Experiment:
         with self._locked(f"calib_{name}"):
             if not (nogt / "helper_diagnostics.json").exists():
                 try:
-                    run_helper_calibration(self.cache(helper, seed), [self.mix], nogt, force=True, **common)
+                    extra = self.nogt_options(helper, seed)
+                    run_helper_calibration(self.cache(helper, seed), [self.mix], nogt, force=True, **common, **extra)
                 except CalibrationError as e:  # no delta for this helper: recorded in its report's "refused"
                     print(f"{name}: the no-GT calibration refuses: {e}", flush=True)
             if not (gt / "helper_diagnostics.json").exists():

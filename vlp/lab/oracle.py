@@ -25,7 +25,7 @@ from vlp.world.captions import parse_caption
 from vlp.world.relevance import compute_graded_relevance, compute_relevance
 from vlp.world.scene import Scene, scene_from_dict
 
-__all__ = ["WorldTruth", "noisy_relevance", "run_cache_oracle_features"]
+__all__ = ["WorldTruth", "noise_seed", "noisy_relevance", "run_cache_oracle_features"]
 
 
 class WorldTruth:
@@ -76,22 +76,31 @@ class WorldTruth:
         return out
 
 
+def noise_seed(seed: int, auc: float) -> int:
+    """The generator seed of :func:`noisy_relevance`'s noise for ``seed`` at level ``auc``: both hashed
+    together (numpy's ``SeedSequence`` of ``seed`` and the AUC in millionths), so every (seed, level)
+    has a draw of its own."""
+    return int(np.random.SeedSequence([seed, round(auc * 1_000_000)]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
 def noisy_relevance(relevance: np.ndarray, auc: float, seed: int = 0) -> np.ndarray:
     """An exact oracle's table corrupted to a helper of a given quality: ``Phi(r + sigma * z)``
-    with ``z`` standard normal noise fixed per (caption, image) pair and ``sigma = 1 / (sqrt(2)
+    with ``z`` standard normal noise fixed per (caption, image) pair, drawn anew for every
+    (``seed``, ``auc``) (:func:`noise_seed`: two levels of one seed are independent helpers, not one
+    draw scaled), and ``sigma = 1 / (sqrt(2)
     Phi^-1(auc))``, so that the ROC-AUC of the result at telling relevant (``r = 1``) from
     irrelevant (``r = 0``) pairs is ``auc`` in expectation: ``P(1 + sigma z1 > sigma z0) =
     Phi(1 / (sigma sqrt 2))``. ``Phi`` (the normal CDF, monotone) keeps the values in (0, 1), as
     an oracle cache requires, without changing any ranking.
 
     ``relevance`` [n_texts, n_images] in {0, 1}; ``auc`` in (0.5, 1); returns float32 of the same
-    shape, the same for the same ``seed``."""
+    shape, the same for the same ``seed`` and ``auc``."""
     if not 0.5 < auc < 1.0:
         raise ValueError(f"auc must be in (0.5, 1), got {auc}")
     if not np.isin(relevance, (0.0, 1.0)).all():
         raise ValueError("noisy_relevance corrupts an exact (0/1) relevance table")
     sigma = 1.0 / (2.0**0.5 * float(torch.special.ndtri(torch.tensor(auc, dtype=torch.float64))))
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(noise_seed(seed, auc))
     z = torch.randn(relevance.shape, generator=gen, dtype=torch.float64)
     noisy = torch.special.ndtr(torch.from_numpy(relevance).double() + sigma * z)
     return noisy.clamp_(1e-7, 1 - 1e-7).float().numpy()

@@ -1,0 +1,337 @@
+"""Does SRCL help with a learned helper stronger than the student, and what tells a user beforehand?
+
+    python scripts/experiments/srcl_helpers.py --pilot                  # the strongest grade of seed 0 first
+    python scripts/experiments/srcl_helpers.py --shard 0/2 & python scripts/experiments/srcl_helpers.py --shard 1/2
+    python scripts/experiments/srcl_helpers.py --status                 # what is done / running
+    python scripts/experiments/srcl_helpers.py --report                 # the report from what is recorded
+
+The SRCL testbed's student and training (``srcl_calibration.py``: 4,000 training images with object
+and count captions only, about 17% false negatives in a batch; per seed one 200-step plain-ITC
+warm-up, then 300 steps per arm, batch 64, in-batch negatives, ITC only, distillation off), and
+**learned helpers graded by strength**: the tiny architecture trained with plain InfoNCE on 1, 4, 16
+and 64 times as many images as the student sees (4,000, 16,000, 64,000, 256,000), every caption
+kind, from a pool disjoint from the student's training and test images (the world's ``helper``
+split, written in a folder of its own, ``OUT/helper_pool``), with compute growing with data
+(``--helper-base-steps`` x sqrt(grade) steps). Per seed each grade's images are the first of one
+permutation of the pool (nested), and each helper has its own seed (:func:`harness.helper_seed`:
+never the student's, nor another grade's). Every helper is evaluated on the student's test split
+(its own text->image R-precision) and frozen.
+
+Arms per seed, all from that seed's one warm-up (docs/experiments.md, "Does SRCL help with a learned
+helper stronger than the student?", holds the pre-registered design, endpoint, rule and power):
+plain ITC; SRCL at each grade's no-GT delta with ``alpha_h`` fixed at 1 ("alone"); the same with the
+paper's annealing of ``alpha_h`` from 1 to 0 over the run ("annealed", vlp's default); and the
+oracle noised to ROC-AUC 0.75 at its no-GT delta, alpha_h 1 (the positive control).
+
+For every (helper, seed) the script records, from the helper's features on the student's training
+data: the no-GT calibration with the measures against the student (the warm-up checkpoint; ``vlp
+analyze helper --student``), and the world's ground-truth AUC and GT delta.
+
+Each process works through whole seeds (``--shard I/N``: seeds ``s`` with ``s % N == I``), in the
+order of ``SEEDS`` (the 12 of the interim look first), arm by arm, training a grade's helper just
+before its arms; everything is skipped when its output exists, so a killed run resumes, and a lost
+helper is trained again from its seeds (one thread: bit-identical). ``--record DIR`` keeps the
+small files a lost machine would lose (results, helpers' own evaluations, calibrations) in DIR
+(``results/srcl_helpers``) and copies them back at start.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+from harness import experiment_parser, helper_seed, train_once
+from seed_results import SeedResults, slug
+from srcl_calibration import Experiment, MarkedSweep, record, restore
+from srcl_testbed import PRESET
+
+from vlp.lab.oracle import run_cache_oracle_features
+from vlp.locks import file_lock
+from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
+from vlp.runs.training.features import run_cache_helper_features
+from vlp.train.preemption import exit_status
+from vlp.world import generate_world
+
+GRADES = (1, 4, 16, 64)
+STUDENT_IMAGES = 4000
+CONTROL_AUC = 0.75
+PLAIN = "plain ITC"
+CONTROL = f"SRCL alone, oracle AUC {CONTROL_AUC:g}"
+#: 20 seeds; the first 12 are the interim look's (docs/experiments.md)
+SEEDS = tuple(range(20))
+INTERIM = 12
+ENDPOINT = "img_r_precision"
+#: the helpers' checkpoint cadence: a killed helper resumes from its newest
+HELPER_CKPT_EVERY = 300
+
+
+def helper_name(grade: int) -> str:
+    return f"helper x{grade}"
+
+
+def alone(grade: int) -> str:
+    """The arm with the grade's helper alone all run (``alpha_h = 1``)."""
+    return f"SRCL alone, {helper_name(grade)}"
+
+
+def annealed(grade: int) -> str:
+    """The arm with the paper's annealing of ``alpha_h`` from 1 to 0 over the run (vlp's default)."""
+    return f"SRCL annealed, {helper_name(grade)}"
+
+
+#: a seed's arms in the order they run: the ones without a learned helper first, then grade by grade
+ARMS = [PLAIN, CONTROL, *(arm for g in GRADES for arm in (alone(g), annealed(g)))]
+HELPERS = [f"oracle AUC {CONTROL_AUC:g}", *(helper_name(g) for g in GRADES)]
+
+
+def grade_of(helper: str) -> Optional[int]:
+    """``"helper x16"`` -> 16; an oracle -> None."""
+    return int(helper.removeprefix("helper x")) if helper.startswith("helper x") else None
+
+
+def helper_steps(grade: int, base: int) -> int:
+    """Training steps of a grade's helper: ``base`` x sqrt(grade) (compute grows with data)."""
+    return round(base * math.sqrt(grade))
+
+
+def pool_subset(pool: list[dict[str, Any]], seed: int, grade: int) -> list[dict[str, Any]]:
+    """The ``grade`` x 4,000 images of ``seed``'s helper: the first of a permutation of the pool drawn
+    from ``seed`` (so grades are nested per seed and seeds draw different images)."""
+    n = grade * STUDENT_IMAGES
+    if n > len(pool):
+        raise ValueError(f"grade {grade} needs {n} pool images, the pool has {len(pool)}")
+    order = np.random.default_rng([seed, 51]).permutation(len(pool))
+    return [pool[i] for i in order[:n]]
+
+
+class HelperExperiment(Experiment):
+    """The preparation of :class:`srcl_calibration.Experiment` (world, warm-ups, calibrations) with the
+    graded learned helpers and the oracle control as its helpers, the measures against the student
+    in the no-GT calibration, and arms that differ in ``alpha_h``'s schedule."""
+
+    def __init__(self, out: Path, a: Any) -> None:
+        super().__init__(out, a)
+        self.base.append(f"train.precision={a.precision}")
+        self.pool = out / "helper_pool"
+        with file_lock(self.out / ".lock_pool"):
+            if not (self.pool / "helper_split.json").exists():
+                generate_world(self.pool, seed=0, n_train=64, n_val=8, n_test=8, n_helper=64 * STUDENT_IMAGES)
+
+    def helper_data(self, seed: int, grade: int) -> Path:
+        """The annotation file of ``seed``'s helper of ``grade`` (in the pool's folder, for its image paths)."""
+        path = self.pool / f"subset_seed{seed}_x{grade}.json"
+        with self._locked(f"subset{seed}_{grade}"):
+            if not path.exists():
+                pool = json.loads((self.pool / "helper_split.json").read_text())
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(pool_subset(pool, seed, grade)))
+                tmp.replace(path)
+        return path
+
+    def helper_run(self, seed: int, grade: int) -> Path:
+        """``seed``'s helper of ``grade``, trained (or resumed), its own retrieval evaluated and recorded."""
+        steps = helper_steps(grade, self.a.helper_base_steps)
+        run = self.out / "helpers" / f"x{grade}_steps{steps}_seed{seed}"
+        with self._locked(f"helper{seed}_{grade}"):
+            train_once(
+                run,
+                "configs/helper/shapes_tiny.yaml",
+                self.helper_data(seed, grade),
+                steps,
+                [
+                    *self.base,
+                    f"train.seed={helper_seed(seed, GRADES.index(grade))}",
+                    f"train.ckpt_every={HELPER_CKPT_EVERY}",
+                    "train.keep_last=2",
+                ],
+                helper=True,
+            )
+            own = run / "eval" / "metrics.json"
+            if not own.exists():
+                run_evaluate_retrieval(
+                    run,
+                    self.root / "retrieval_test.json",
+                    self.root / "relevance_test.json",
+                    run / "eval",
+                    show_progress=False,
+                )
+            record(self.out, self.a.record, [own])
+        return run
+
+    def cache(self, helper: str, seed: int) -> Path:
+        path = self.out / "caches" / f"{slug(helper)}_seed{seed}"
+        grade = grade_of(helper)
+        if grade is not None:
+            run = self.helper_run(seed, grade)  # outside the cache's lock: it has its own
+        with self._locked(f"{slug(helper)}{seed}"):
+            if not path.exists():
+                if grade is None:
+                    run_cache_oracle_features(self.root, [self.mix], path, auc=CONTROL_AUC, seed=100 + seed)
+                else:
+                    run_cache_helper_features(run, [str(self.mix)], path, show_progress=False)
+        return path
+
+    def student_cache(self, seed: int) -> Path:
+        """The student's features (its warm-up checkpoint) on its training data, for the measures."""
+        path = self.out / "caches" / f"student_seed{seed}"
+        warm = self.warmup(seed)
+        with self._locked(f"student{seed}"):
+            if not path.exists():
+                run_cache_helper_features(warm, [str(self.mix)], path, show_progress=False)
+        return path
+
+    def nogt_options(self, helper: str, seed: int) -> dict[str, Any]:
+        return {"student_cache": self.student_cache(seed)}
+
+    def overrides(self, arm: str, seed: int) -> list[str]:
+        extra = super().overrides(arm, seed)
+        return [*extra, "loss.srcl.alpha_h_end=0.0"] if arm.startswith("SRCL annealed") else extra
+
+    def ready(self, arm: str, seed: int) -> None:
+        """Everything ``arm`` of ``seed`` trains from (warm-up, helper, cache, calibrations), built
+        under their own locks, before the run takes the shared preparation lock."""
+        self.warmup(seed)
+        helper = arm.split(", ")[1] if arm != PLAIN else None
+        if helper is not None:
+            self.calibration(helper, seed)
+
+
+def helpers_table(exp: HelperExperiment, seeds: list[int]) -> list[dict[str, Any]]:
+    """One record per (learned helper, seed) with its own evaluation recorded: grade, seed, images,
+    steps, its own text->image R-precision."""
+    rows = []
+    for seed in seeds:
+        for grade in GRADES:
+            steps = helper_steps(grade, exp.a.helper_base_steps)
+            own = exp.out / "helpers" / f"x{grade}_steps{steps}_seed{seed}" / "eval" / "metrics.json"
+            if own.exists():
+                m = json.loads(own.read_text())["metrics"]
+                rows.append(
+                    {
+                        "helper": helper_name(grade),
+                        "grade": grade,
+                        "seed": seed,
+                        "train_seed": helper_seed(seed, GRADES.index(grade)),
+                        "images": grade * STUDENT_IMAGES,
+                        "steps": steps,
+                        "t2i_r_precision": m[ENDPOINT],
+                    }
+                )
+    return rows
+
+
+def as_records(results: SeedResults) -> list[dict[str, Any]]:
+    """``results`` as the list ``results_primary.json`` keeps: ``{"arm", "seed", "t2i_r_precision", ...}``."""
+    return [
+        {"arm": arm, "seed": int(s), "t2i_r_precision": m.get(ENDPOINT), **m}
+        for arm, per_seed in results.data.items()
+        for s, m in sorted(per_seed.items(), key=lambda kv: int(kv[0]))
+    ]
+
+
+def adopt_records(results: SeedResults, path: Path) -> None:
+    """The runs a record list at ``path`` holds that ``results`` lacks, added (a new machine goes on)."""
+    if path.exists():
+        for r in json.loads(path.read_text()):
+            if not results.has(r["arm"], r["seed"]):
+                m = {k: v for k, v in r.items() if k not in ("arm", "seed", "t2i_r_precision")}
+                results.add(r["arm"], r["seed"], m)
+
+
+def write_records(results: SeedResults, to: Optional[Path]) -> None:
+    """``to/results_primary.json``: every recorded run as a record list, written whole then renamed."""
+    if to is not None:
+        to.mkdir(parents=True, exist_ok=True)
+        tmp = to / "results_primary.tmp"
+        tmp.write_text(json.dumps(as_records(SeedResults(results.path)), indent=1))
+        tmp.replace(to / "results_primary.json")
+
+
+class RecordingSweep(MarkedSweep):
+    """A :class:`MarkedSweep` that keeps the record list in ``--record`` after every run."""
+
+    def _run_one(self, name: str, seed: int) -> None:
+        super()._run_one(name, seed)
+        write_records(self.results, self.record_to)
+
+
+def pilot(exp: HelperExperiment, sweep: RecordingSweep, results: SeedResults) -> int:
+    """Seed 0's plain ITC and strongest helper: the helper's own R-precision against the student's."""
+    sweep.run([0], [PLAIN])
+    run = exp.helper_run(0, GRADES[-1])
+    helper = json.loads((run / "eval" / "metrics.json").read_text())["metrics"][ENDPOINT]
+    student = results.data[PLAIN]["0"][ENDPOINT]
+    ok = helper >= 1.5 * student
+    print(
+        f"pilot: helper x{GRADES[-1]} ({helper_steps(GRADES[-1], exp.a.helper_base_steps)} steps) t2i R-precision "
+        f"{helper:.2f}, student (plain ITC, seed 0) {student:.2f}: ratio {helper / student:.2f} "
+        f"({'at least' if ok else 'below'} 1.5)",
+        flush=True,
+    )
+    return 0 if ok else 3
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = experiment_parser(__doc__, out="runs/srcl_helpers", steps=300)
+    p.set_defaults(seeds=None, helper_images=0)
+    p.add_argument("--helper-base-steps", type=int, default=300, help="steps of the x1 helper (x sqrt(grade))")
+    p.add_argument("--warmup-steps", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    p.add_argument("--pilot", action="store_true", help="seed 0's plain ITC and strongest helper, then exit")
+    p.add_argument("--status", action="store_true", help="print what is done and what is running, then exit")
+    p.add_argument("--report", action="store_true", help="write the report from the recorded runs, run nothing")
+    p.add_argument("--record", type=Path, default=None, help="a folder (in the repository) that keeps the results")
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    if a.status:
+        from srcl_helpers_report import status
+
+        print(status(out, a))
+        return 0
+    seeds = list(a.seeds or SEEDS)
+    restore(out, a.record)
+    exp = HelperExperiment(out, a)
+    results = SeedResults(out / "seed_results_primary.json")
+    if a.record is not None:
+        adopt_records(results, a.record / "results_primary.json")
+    if a.report:
+        from srcl_helpers_report import write_helpers_report
+
+        write_helpers_report(exp, results, seeds)
+        return 0
+    sweep = RecordingSweep(
+        results,
+        exp.root,
+        PRESET,
+        exp.mix,
+        a.steps,
+        run_dir=lambda name, seed: out / "primary" / f"{slug(name)}_seed{seed}",
+        overrides=exp.overrides,
+        summary=lambda m: f"t2i R-prec {m[ENDPOINT]:.2f}",
+        name_width=34,
+        graded=True,
+        caption_groups=True,
+        timed=True,
+        t0=time.time(),
+    )
+    sweep.has_delta, sweep.record_to = exp.has_delta, a.record
+    if a.pilot:
+        return pilot(exp, sweep, results)
+    i, n = a.shard
+    for seed in [s for s in seeds if s % n == i]:
+        for arm in ARMS:
+            if not results.has(arm, seed):
+                exp.ready(arm, seed)
+                sweep.run([seed], [arm])
+    print(f"seeds {[s for s in seeds if s % n == i]} done; --report writes the report", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(exit_status(main, "srcl_helpers.py"))
