@@ -283,6 +283,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("--warmup-steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    p.add_argument("--arms", nargs="+", choices=ARMS, default=ARMS, help="only these arms (default: all)")
     p.add_argument("--pilot", action="store_true", help="seed 0's plain ITC and strongest helper, then exit")
     p.add_argument("--status", action="store_true", help="print what is done and what is running, then exit")
     p.add_argument("--report", action="store_true", help="write the report from the recorded runs, run nothing")
@@ -325,7 +326,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return pilot(exp, sweep, results)
     i, n = a.shard
     for seed in [s for s in seeds if s % n == i]:
-        for arm in ARMS:
+        for arm in [arm for arm in ARMS if arm in a.arms]:
             if not results.has(arm, seed):
                 exp.ready(arm, seed)
                 sweep.run([seed], [arm])
