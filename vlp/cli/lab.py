@@ -45,9 +45,35 @@ def _helper_settings_of_run(a: argparse.Namespace) -> None:
 
 
 #: ``vlp analyze helper``'s options read by its handler (and :func:`_helper_settings_of_run`).
-_HELPER_OPTIONS = ("config", "overrides", "world", "queue")
+_HELPER_OPTIONS = ("config", "overrides", "world", "queue", "student")
 #: ... and the calibration's options that the ground-truth report (``--world``) has no parameter for.
-_CALIBRATION_ONLY = ("image_root", "mode", "rule", "reference", "force", "itc_positives", "min_same_image_auc")
+_CALIBRATION_ONLY = (
+    "image_root",
+    "mode",
+    "rule",
+    "reference",
+    "force",
+    "itc_positives",
+    "min_same_image_auc",
+    "student_cache",
+    "student_temperature",
+)
+
+
+def _student_cache(a: argparse.Namespace) -> dict[str, Any]:
+    """``--student CHECKPOINT``: its features of the data (and ``--reference``) cached under
+    ``OUT/student_cache`` (reused when they are there) -> ``{"student_cache": folder}``; else nothing."""
+    if a.student_temperature is not None and not (a.student or a.student_cache):
+        raise ConfigError("vlp analyze helper: --student-temperature needs --student or --student-cache")
+    if not a.student:
+        return {}
+    from vlp.lab.helper_student import STUDENT_CACHE, cache_student
+
+    folder = Path(a.out) / STUDENT_CACHE
+    if not folder.exists():
+        print(f"caching the student's features ({a.student}) in {folder}")
+    data = [*a.data, *([a.reference] if a.reference else [])]
+    return {"student_cache": cache_student(a.student, data, folder, a.image_root)}
 
 
 def _helper_diagnostics(a: argparse.Namespace) -> None:
@@ -60,21 +86,27 @@ def _helper_diagnostics(a: argparse.Namespace) -> None:
     if a.world is None:
         from vlp.lab.calibration import calibration_summary, run_helper_calibration
 
-        print(calibration_summary(call(run_helper_calibration, a, used=_HELPER_OPTIONS, queue_size=a.queue)))
+        student = _student_cache(a)
+        r = call(run_helper_calibration, a, used=_HELPER_OPTIONS, queue_size=a.queue, **student)
+        print(calibration_summary(r))
     else:
         from vlp.lab.diagnostics import diagnostics_summary, run_helper_diagnostics
 
         options = (
             ("--rule", a.rule),
             ("--reference", a.reference),
-            ("--force", a.force),
+            ("--force", a.force or None),
             ("--itc-positives", a.itc_positives),
+            ("--min-same-image-auc", a.min_same_image_auc),
+            ("--student", a.student),
+            ("--student-cache", a.student_cache),
+            ("--student-temperature", a.student_temperature),
         )
-        given = [o for o, v in options if v]
-        if given or a.min_same_image_auc is not None:
+        given = [o for o, v in options if v is not None]
+        if given:
             raise ConfigError(
-                f"vlp analyze helper --world: {', '.join(given) or '--min-same-image-auc'} belong to the calibration "
-                "without ground truth (leave out --world)"
+                f"vlp analyze helper --world: {', '.join(given)} belong to the calibration without ground truth "
+                "(leave out --world)"
             )
 
         if a.mode not in (None, "softmax"):
@@ -227,6 +259,22 @@ def _add_helper(an: Any) -> None:
         choices=["pair", "image"],
         help="the run's loss.itc_positives (default pair; image: retrieval fine-tuning, where an image's other "
         "captions are positives and only --rule 20pct applies)",
+    )
+    student = c.add_mutually_exclusive_group()
+    student.add_argument(
+        "--student",
+        metavar="CHECKPOINT",
+        help="also measure the helper against this student (a run directory or checkpoint, e.g. after a warm-up): "
+        "its features are cached in OUT/student_cache first (reused when there); report against_student",
+    )
+    student.add_argument(
+        "--student-cache", metavar="DIR", help="as --student, from a cache of the student's features already written"
+    )
+    c.add_argument(
+        "--student-temperature",
+        type=float,
+        metavar="T",
+        help="the student's ITC temperature (default: the checkpoint's loss.contrastive.tau, else its learned temp)",
     )
     c.add_argument("overrides", nargs="*", help="with --config: dotted overrides, e.g. data.batch_size=32")
     c.set_defaults(func=_helper_diagnostics)

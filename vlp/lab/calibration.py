@@ -50,6 +50,7 @@ from vlp.errors import CalibrationError
 from vlp.features.helper_cache import HelperCache, cache_rows
 from vlp.lab.diagnostics import REPORT, finite
 from vlp.lab.false_negatives import training_batches
+from vlp.lab.helper_student import against_student, pairwise_auc
 from vlp.losses.srcl import (
     calibrate_delta,
     calibrate_delta_for_probes,
@@ -185,18 +186,8 @@ def same_image_auc(rows: CalibrationRows, n_sources: int, budget: int = 2**24) -
     helper ranks the probe higher, ties counting one half, pooled over rows; overall and per
     annotation file of the anchors. NaN where there is no pair. Needs no ground truth: a helper
     that cannot rank an image's own captions above other images' cannot find false negatives
-    either. ``budget``: elements compared at once (rows are taken in chunks)."""
-    probes, h, others = rows.probes, rows.helper.float(), rows.others
-    won = torch.zeros(n_sources, dtype=torch.float64)
-    pairs = torch.zeros(n_sources, dtype=torch.float64)
-    step = max(1, budget // max(1, probes.shape[1] * h.shape[1]))
-    for r0 in range(0, len(h), step):
-        p, hh, m = probes[r0 : r0 + step, :, None], h[r0 : r0 + step, None, :], others[r0 : r0 + step, None, :]
-        valid = (~torch.isnan(p)) & m  # [r, P, C]
-        score = ((p > hh) & valid).sum((1, 2)).double() + 0.5 * ((p == hh) & valid).sum((1, 2)).double()
-        src = rows.sources[r0 : r0 + step]
-        won.index_add_(0, src, score)
-        pairs.index_add_(0, src, valid.sum((1, 2)).double())
+    either. ``budget``: elements compared at once (:func:`vlp.lab.helper_student.pairwise_auc`)."""
+    won, pairs = pairwise_auc(rows.probes, rows.helper, rows.others, rows.sources, n_sources, budget)
     per_source = (won / pairs).tolist()  # 0 / 0 -> NaN
     return float(won.sum() / pairs.sum()), per_source
 
@@ -271,6 +262,17 @@ def calibration_summary(r: dict[str, Any]) -> str:
         f"  helper quality: same-image AUC {_num(q['same_image_auc'])} (minimum {q['min_same_image_auc']:g})"
         + "".join(f"; {name}: {_num(auc)}" for name, auc in q["per_source"].items() if len(q["per_source"]) > 1),
     ]
+    if r.get("against_student"):  # vlp.lab.helper_student
+        s = r["against_student"]
+        lines += [
+            f"  against the student (temperature {_num(s['student_temperature'], '.4g')}, {s['rows']} rows): its "
+            f"same-image AUC {_num(s['student_same_image_auc'])}; pair R@1 helper {_num(s['helper_pair_r1'])}, "
+            f"student {_num(s['student_pair_r1'])} (gap {_num(s['pair_r1_gap'], '+.3f')})",
+            f"  the helper's same-image AUC over the student's {s['k']} hardest negatives "
+            f"{_num(s['hard_same_image_auc'])}, weighted by the student's softmax "
+            f"{_num(s['student_weighted_same_image_auc'])}; rank agreement with the student "
+            f"{_num(s['rank_agreement'])}",
+        ]
     for name, w in r["weights"].items():
         fn, other, every = w["false_negatives"], w["other_negatives"], w["all_negatives"]
         head = f"delta {name:14s} {w['delta']:9.4g}" if w["delta"] is not None else f"{name} norm (no delta)"
@@ -365,6 +367,8 @@ def run_helper_calibration(
     min_same_image_auc: float = MIN_SAME_IMAGE_AUC,
     force: bool = False,
     itc_positives: str = "pair",
+    student_cache: Optional[str | Path] = None,
+    student_temperature: Optional[float] = None,
 ) -> dict[str, Any]:
     """Calibrate SRCL's delta for a helper cache on training batches of the annotation files
     ``data`` (no ground truth); writes ``out/helper_diagnostics.json`` and ``out/weights_<name>.png``
@@ -372,7 +376,8 @@ def run_helper_calibration(
     ``rule``, ``min_same_image_auc``, ``force``); returns the report. ``mode``: the weight norm;
     ``mean`` has no delta (it cancels), so only its distributions and its floor are reported.
     ``itc_positives="image"`` (retrieval fine-tuning): every caption of the anchor's image is a
-    positive, so there are no known false negatives and only ``rule="20pct"`` applies."""
+    positive, so there are no known false negatives and only ``rule="20pct"`` applies.
+    ``student_cache``: also the helper against the student on the same rows (``against_student``)."""
     if mode not in ("softmax", "mean"):
         raise ValueError(f"mode must be 'softmax' or 'mean', got {mode!r}")
     if rule not in RULES:
@@ -388,14 +393,14 @@ def run_helper_calibration(
     paths = [str(d) for d in data]
     hc = HelperCache.load(cache)
     probes_needed = mode == "softmax" and rule == "probes"
-    sampling = (batch_size, queue_size, batches, seed)
-    rows, files, probe_files = _rows(hc, paths, image_root, reference, probes_needed, itc_positives, sampling)
-    settings: dict[str, Any] = dict(
-        batch_size=batch_size, queue_size=queue_size, batches=batches, seed=seed, tau_w=tau_w
-    )
-    settings |= dict(mode=mode, rule=rule, target_weight=target_weight, itc_positives=itc_positives)
+    how = (paths, image_root, reference, probes_needed, itc_positives, (batch_size, queue_size, batches, seed))
+    rows, files, probe_files = _rows(hc, *how)
+    settings: dict[str, Any] = dict(batch_size=batch_size, queue_size=queue_size, batches=batches, seed=seed)
+    settings |= dict(tau_w=tau_w, mode=mode, rule=rule, target_weight=target_weight, itc_positives=itc_positives)
     settings["min_same_image_auc"] = min_same_image_auc
     report = _report_head(hc, cache, paths, files, probe_files, rows, settings, force)
+    if student_cache is not None:
+        report["against_student"] = _student_report(rows, student_cache, student_temperature, how)
     s = torch.exp(rows.helper / tau_w)
     s_probe = torch.exp(rows.probes / tau_w)  # NaN slots stay NaN
     names: dict[str, float]
@@ -450,6 +455,16 @@ def _rows(
         rows.positives, rows.same_image = rows.positives | rows.same_image, torch.zeros_like(rows.same_image)
         rows.probes = torch.full_like(rows.probes, float("nan"))
     return rows, files, probe_files
+
+
+def _student_report(
+    rows: CalibrationRows, student_cache: str | Path, temperature: Optional[float], how: tuple[Any, ...]
+) -> dict[str, Any]:
+    """The report's ``against_student`` (:func:`vlp.lab.helper_student.against_student`): the same rows
+    (``how``: :func:`_rows`'s arguments after the cache) under the student's cache against the
+    helper's ``rows``, with the batches they come from."""
+    student = HelperCache.load(student_cache)
+    return against_student(rows, _rows(student, *how)[0], student, temperature) | {"batches": how[-1][2]}
 
 
 def _report_head(
