@@ -218,6 +218,31 @@ def test_the_sweep_reads_the_nogt_delta_as_good_within_the_best_arms_seed_spread
     assert nogt_delta_is_good({2.0: [22.0, 22.1]}) is None
 
 
+def test_the_paired_sweep_rule_judges_the_no_gt_delta_by_the_best_arms_paired_spread():
+    """Issue 51: on the recorded sweep the learned helper's no-GT delta is 0.44 below the best delta
+    (x 0.25), whose gains over plain ITC vary by 0.05 seed to seed: not good on the paired scale,
+    although the pre-registered between-seed rule says yes."""
+    from srcl_calibration_report import factor_one_against_the_rest, nogt_delta_is_good_paired
+
+    gains = {0.25: {0: 0.10, 1: 0.05, 2: 0.06}, 1.0: {0: -0.3, 1: -0.4, 2: -0.5}, 2.0: {0: -0.4, 1: -0.4}}
+    best, spread, diff, good = nogt_delta_is_good_paired(gains)
+    assert (best, good) == (0.25, False)
+    assert spread == pytest.approx(0.0265, abs=1e-4) and diff == pytest.approx(0.47, abs=1e-9)
+    # the no-GT delta best: good; a gap within the best arm's paired spread: good
+    assert nogt_delta_is_good_paired({1.0: {0: 0.5, 1: 0.3}, 2.0: {0: 0.1, 1: 0.2}})[3] is True
+    assert nogt_delta_is_good_paired({1.0: {0: 0.0, 1: 0.2}, 2.0: {0: 0.0, 1: 0.6}}) == (
+        2.0,
+        pytest.approx(0.4243, abs=1e-4),
+        pytest.approx(0.2),
+        True,
+    )
+    assert nogt_delta_is_good_paired({2.0: {0: 0.1, 1: 0.2}}) is None
+    rest = factor_one_against_the_rest(gains)
+    assert set(rest) == {0.25, 2.0}  # x 2 has the two seeds both have
+    mean, std, t, p = rest[0.25]
+    assert mean == pytest.approx(-0.47) and std == pytest.approx(0.0819, abs=1e-4) and t < -9 and p < 0.02
+
+
 def test_calibration_arms_name_their_helper_and_delta_factor():
     from srcl_calibration import GRIDS, PLAIN, helper_of
 
