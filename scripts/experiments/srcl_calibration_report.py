@@ -85,7 +85,7 @@ def _helper_table(exp: Any, seeds: Sequence[int], helpers: Sequence[str]) -> str
     return "\n".join(rows)
 
 
-def _gains(data: dict, arm: str, base: str, seeds: Sequence[int], metric: str) -> dict[int, float]:
+def gains_by_seed(data: dict, arm: str, base: str, seeds: Sequence[int], metric: str) -> dict[int, float]:
     return {
         s: data[arm][str(s)][metric] - data[base][str(s)][metric]
         for s in seeds
@@ -99,7 +99,7 @@ def _primary(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, dict]:
     arms = [a for a in mod.PRIMARY_ARMS if a != mod.PLAIN]
     tests = {}
     for a in arms:
-        d = list(_gains(results.data, a, mod.PLAIN, seeds, mod.ENDPOINT).values())
+        d = list(gains_by_seed(results.data, a, mod.PLAIN, seeds, mod.ENDPOINT).values())
         if len(d) >= 2:
             tests[a] = (statistics.mean(d), statistics.stdev(d), len(d), *paired_t_test(d))
     decided = holm({a: t[4] for a, t in tests.items()})
@@ -116,7 +116,7 @@ def _primary(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, dict]:
     points: dict[int, list[tuple[str, float, float]]] = {}
     for a in arms:
         helper = mod.helper_of(a)[0]
-        for s, g in _gains(results.data, a, mod.PLAIN, seeds, mod.ENDPOINT).items():
+        for s, g in gains_by_seed(results.data, a, mod.PLAIN, seeds, mod.ENDPOINT).items():
             points.setdefault(s, []).append((helper, exp.calibration(helper, s)["same_image_auc"], g))
     supported = [mod.helper_of(a)[0] for a in tests if decided[a] and tests[a][0] > 0]
     rule = min(
@@ -248,7 +248,7 @@ def _sweep(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, Optional[Path
     fig, ax = plt.subplots(figsize=(6, 3.8))
     for k, h in enumerate(mod.SWEPT):
         arms = {f: f"SRCL, {h}" if f == 1.0 else f"SRCL, {h}, delta x{f:g}" for f in factors}
-        gains = {f: _gains(data, arm, mod.PLAIN, seeds, mod.ENDPOINT) for f, arm in arms.items()}
+        gains = {f: gains_by_seed(data, arm, mod.PLAIN, seeds, mod.ENDPOINT) for f, arm in arms.items()}
         values = {
             f: [data[a][str(s)][mod.ENDPOINT] for s in seeds if str(s) in data.get(a, {})] for f, a in arms.items()
         }

@@ -50,6 +50,7 @@ from seed_results import SeedResults, slug
 from srcl_calibration import Experiment, MarkedSweep, record, restore
 from srcl_testbed import PRESET
 
+from vlp.lab.helper_student import cache_student
 from vlp.lab.oracle import run_cache_oracle_features
 from vlp.locks import file_lock
 from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
@@ -58,7 +59,6 @@ from vlp.train.preemption import exit_status
 from vlp.world import generate_world
 
 GRADES = (1, 4, 16, 64)
-STUDENT_IMAGES = 4000
 CONTROL_AUC = 0.75
 PLAIN = "plain ITC"
 CONTROL = f"SRCL alone, oracle AUC {CONTROL_AUC:g}"
@@ -99,10 +99,10 @@ def helper_steps(grade: int, base: int) -> int:
     return round(base * math.sqrt(grade))
 
 
-def pool_subset(pool: list[dict[str, Any]], seed: int, grade: int) -> list[dict[str, Any]]:
-    """The ``grade`` x 4,000 images of ``seed``'s helper: the first of a permutation of the pool drawn
-    from ``seed`` (so grades are nested per seed and seeds draw different images)."""
-    n = grade * STUDENT_IMAGES
+def pool_subset(pool: list[dict[str, Any]], seed: int, grade: int, student_images: int) -> list[dict[str, Any]]:
+    """The ``grade`` x ``student_images`` images of ``seed``'s helper: the first of a permutation of the
+    pool drawn from ``seed`` (so grades are nested per seed and seeds draw different images)."""
+    n = grade * student_images
     if n > len(pool):
         raise ValueError(f"grade {grade} needs {n} pool images, the pool has {len(pool)}")
     order = np.random.default_rng([seed, 51]).permutation(len(pool))
@@ -120,7 +120,9 @@ class HelperExperiment(Experiment):
         self.pool = out / "helper_pool"
         with file_lock(self.out / ".lock_pool"):
             if not (self.pool / "helper_split.json").exists():
-                generate_world(self.pool, seed=0, n_train=64, n_val=8, n_test=8, n_helper=64 * STUDENT_IMAGES)
+                generate_world(
+                    self.pool, seed=0, n_train=64, n_val=8, n_test=8, n_helper=GRADES[-1] * a.images, progress=False
+                )
 
     def helper_data(self, seed: int, grade: int) -> Path:
         """The annotation file of ``seed``'s helper of ``grade`` (in the pool's folder, for its image paths)."""
@@ -129,7 +131,7 @@ class HelperExperiment(Experiment):
             if not path.exists():
                 pool = json.loads((self.pool / "helper_split.json").read_text())
                 tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(pool_subset(pool, seed, grade)))
+                tmp.write_text(json.dumps(pool_subset(pool, seed, grade, self.a.images)))
                 tmp.replace(path)
         return path
 
@@ -178,12 +180,9 @@ class HelperExperiment(Experiment):
 
     def student_cache(self, seed: int) -> Path:
         """The student's features (its warm-up checkpoint) on its training data, for the measures."""
-        path = self.out / "caches" / f"student_seed{seed}"
         warm = self.warmup(seed)
         with self._locked(f"student{seed}"):
-            if not path.exists():
-                run_cache_helper_features(warm, [str(self.mix)], path, show_progress=False)
-        return path
+            return cache_student(warm, [self.mix], self.out / "caches" / f"student_seed{seed}")
 
     def nogt_options(self, helper: str, seed: int) -> dict[str, Any]:
         return {"student_cache": self.student_cache(seed)}
@@ -210,14 +209,14 @@ def helpers_table(exp: HelperExperiment, seeds: list[int]) -> list[dict[str, Any
             steps = helper_steps(grade, exp.a.helper_base_steps)
             own = exp.out / "helpers" / f"x{grade}_steps{steps}_seed{seed}" / "eval" / "metrics.json"
             if own.exists():
-                m = json.loads(own.read_text())["metrics"]
+                m = json.loads(own.read_text())
                 rows.append(
                     {
                         "helper": helper_name(grade),
                         "grade": grade,
                         "seed": seed,
                         "train_seed": helper_seed(seed, GRADES.index(grade)),
-                        "images": grade * STUDENT_IMAGES,
+                        "images": grade * exp.a.images,
                         "steps": steps,
                         "t2i_r_precision": m[ENDPOINT],
                     }
@@ -264,7 +263,7 @@ def pilot(exp: HelperExperiment, sweep: RecordingSweep, results: SeedResults) ->
     """Seed 0's plain ITC and strongest helper: the helper's own R-precision against the student's."""
     sweep.run([0], [PLAIN])
     run = exp.helper_run(0, GRADES[-1])
-    helper = json.loads((run / "eval" / "metrics.json").read_text())["metrics"][ENDPOINT]
+    helper = json.loads((run / "eval" / "metrics.json").read_text())[ENDPOINT]
     student = results.data[PLAIN]["0"][ENDPOINT]
     ok = helper >= 1.5 * student
     print(

@@ -1,13 +1,345 @@
 """The report of ``srcl_helpers.py``: what is done, and the pre-registered reading (docs/experiments.md,
-"Does SRCL help with a learned helper stronger than the student?")."""
+"Does SRCL help with a learned helper stronger than the student?").
+
+Primary: each grade's annealed arm against plain ITC (paired t, Holm over the four grades), the
+per-seed slope of the "alone" arms' gain over log2(grade) (one-sample t), the oracle control; at the
+interim look (fewer than 20 seeds) a test is read as final only at p < 0.001 (Haybittle-Peto).
+Secondary: which measure ranks the gain (Spearman with a seed-bootstrap interval, leave one grade out).
+"""
 
 from __future__ import annotations
 
+import json
+import math
+import random
+import statistics
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional, Sequence
 
-from seed_results import SeedResults
-from srcl_helpers import ARMS, GRADES, INTERIM, SEEDS, helper_steps
+from harness import results_table, run_minutes, write_report
+from seed_results import SeedResults, paired_t_test, student_t_two_sided
+from srcl_calibration_report import gains_by_seed, holm, mean_std
+from srcl_helpers import (
+    ARMS,
+    CONTROL,
+    ENDPOINT,
+    GRADES,
+    HELPERS,
+    INTERIM,
+    PLAIN,
+    SEEDS,
+    alone,
+    annealed,
+    helper_steps,
+    helpers_table,
+)
+
+#: the p below which a primary test is read as final at the interim look (Haybittle-Peto)
+INTERIM_P = 0.001
+FAMILY_ALPHA = 0.05
+#: the measures of the secondary question: name -> path into the no-GT calibration report
+MEASURES: dict[str, tuple[str, ...]] = {
+    "same-image AUC": ("quality", "same_image_auc"),
+    "N_eff at the no-GT δ": ("at_delta", "n_eff_mean"),
+    "share of negatives below 0.2": ("weights", "target_weight", "all_negatives", "below_0_2"),
+    "same-image AUC, student's hardest": ("against_student", "hard_same_image_auc"),
+    "same-image AUC, student-softmax weighted": ("against_student", "student_weighted_same_image_auc"),
+    "helper-student rank agreement": ("against_student", "rank_agreement"),
+    "pair R@1, helper minus student": ("against_student", "pair_r1_gap"),
+}
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """The ``t`` with two-sided p-value ``p`` at ``dof`` degrees of freedom (bisection)."""
+    lo, hi = 0.0, 1e3
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if student_t_two_sided(mid, dof, 400) > p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def one_sample(values: Sequence[float]) -> dict[str, float]:
+    """Mean, sample std, n, two-sided t-test against 0 and the 95% confidence interval of the mean."""
+    n = len(values)
+    if n < 2:
+        return {"n": n, "mean": values[0] if values else math.nan}
+    mean, sd = statistics.mean(values), statistics.stdev(values)
+    t, p = paired_t_test(list(values))
+    half = t_quantile(0.05, n - 1) * sd / math.sqrt(n)
+    return {"n": n, "mean": mean, "std": sd, "t": t, "p": p, "ci_low": mean - half, "ci_high": mean + half}
+
+
+def slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The least-squares slope of ``ys`` over ``xs``."""
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+
+
+def seed_slopes(data: dict, arm_of: Callable[[int], str], seeds: Sequence[int]) -> dict[int, float]:
+    """Per seed with every grade recorded: the slope of (arm - plain ITC) over log2(grade)."""
+    gains = {g: gains_by_seed(data, arm_of(g), PLAIN, seeds, ENDPOINT) for g in GRADES}
+    xs = [math.log2(g) for g in GRADES]
+    return {s: slope(xs, [gains[g][s] for g in GRADES]) for s in seeds if all(s in gains[g] for g in GRADES)}
+
+
+def verdict(test: dict[str, float], significant: bool, final: bool) -> str:
+    """supported / refuted / inconclusive, and "(interim)" for a reading that is not yet final."""
+    if "p" not in test:
+        return "not yet"
+    word = ("supported" if test["mean"] > 0 else "refuted") if significant else "inconclusive"
+    return word if final or significant else f"{word} so far (interim)"
+
+
+def primary_reading(data: dict, seeds: Sequence[int]) -> dict[str, Any]:
+    """The pre-registered primary tests on the recorded runs of ``seeds``: Question 1 (each grade's
+    annealed arm minus plain ITC; Holm over the grades), Question 2 (the alone arms' slope over
+    log2(grade)), the control; ``final``: all 20 seeds, else the interim's p < 0.001 decides."""
+    n_seeds = len([s for s in seeds if str(s) in data.get(PLAIN, {})])
+    final = n_seeds >= len(SEEDS)
+    q1 = {g: one_sample(list(gains_by_seed(data, annealed(g), PLAIN, seeds, ENDPOINT).values())) for g in GRADES}
+    pvals = {str(g): t["p"] for g, t in q1.items() if "p" in t}
+    rejected = holm(pvals, FAMILY_ALPHA) if final else {k: p < INTERIM_P for k, p in pvals.items()}
+    slopes = seed_slopes(data, alone, seeds)
+    q2 = one_sample(list(slopes.values()))
+    control = one_sample(list(gains_by_seed(data, CONTROL, PLAIN, seeds, ENDPOINT).values()))
+    bar = FAMILY_ALPHA if final else INTERIM_P
+    return {
+        "seeds": n_seeds,
+        "final": final,
+        "q1": {g: {**t, "reading": verdict(t, rejected.get(str(g), False), final)} for g, t in q1.items()},
+        "q2": {**q2, "reading": verdict(q2, q2.get("p", 1.0) < bar, final)},
+        "q2_annealed": one_sample(list(seed_slopes(data, annealed, seeds).values())),
+        "control": {**control, "reading": verdict(control, control.get("p", 1.0) < FAMILY_ALPHA, True)},
+    }
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+
+    def ranks(v: Sequence[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+
+    rx, ry = ranks(x), ranks(y)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    num = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    den = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return num / den if den else math.nan
+
+
+def logo_r2(points: Sequence[tuple[int, int, float, float]]) -> float:
+    """Leave one grade out: for each grade, gain = a + b * measure fitted on the other grades' points
+    ``(grade, seed, measure, gain)`` predicts its points; 1 - (their squared error) / (the squared error
+    of predicting the other grades' mean gain), pooled over the held-out grades."""
+    sse_fit = sse_mean = 0.0
+    for g in sorted({p[0] for p in points}):
+        train = [p for p in points if p[0] != g]
+        test = [p for p in points if p[0] == g]
+        xs, ys = [p[2] for p in train], [p[3] for p in train]
+        b = slope(xs, ys) if len(set(xs)) > 1 else 0.0
+        a = statistics.mean(ys) - b * statistics.mean(xs)
+        sse_fit += sum((a + b * p[2] - p[3]) ** 2 for p in test)
+        sse_mean += sum((statistics.mean(ys) - p[3]) ** 2 for p in test)
+    return 1.0 - sse_fit / sse_mean if sse_mean else math.nan
+
+
+def rank_measure(points: Sequence[tuple[int, int, float, float]], n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """A measure against the gain: Spearman over the points, its 95% interval by resampling seeds,
+    R2_LOGO, and whether it predicts (R2_LOGO > 0 and the interval excludes 0)."""
+    rho = spearman([p[2] for p in points], [p[3] for p in points])
+    by_seed: dict[int, list] = {}
+    for p in points:
+        by_seed.setdefault(p[1], []).append(p)
+    rng, seeds, boots = random.Random(seed), sorted(by_seed), []
+    for _ in range(n_boot):
+        sample = [p for s in (rng.choice(seeds) for _ in seeds) for p in by_seed[s]]
+        r = spearman([p[2] for p in sample], [p[3] for p in sample])
+        if not math.isnan(r):
+            boots.append(r)
+    boots.sort()
+    lo, hi = (boots[int(0.025 * len(boots))], boots[int(0.975 * len(boots)) - 1]) if boots else (math.nan, math.nan)
+    r2 = logo_r2(points)
+    return {"spearman": rho, "ci_low": lo, "ci_high": hi, "r2_logo": r2, "predicts": r2 > 0 and (lo > 0 or hi < 0)}
+
+
+def _value(report: dict, path: tuple[str, ...]) -> Optional[float]:
+    for key in path:
+        if not isinstance(report, dict) or key not in report:
+            return None
+        report = report[key]
+    return float(report) if isinstance(report, (int, float)) else None
+
+
+def measure_points(out: Path, data: dict, arm_of: Callable[[int], str], seeds: Sequence[int]) -> dict[str, list]:
+    """measure -> ``(grade, seed, measure, gain)`` for every learned helper with both recorded."""
+    points: dict[str, list] = {m: [] for m in MEASURES}
+    for g in GRADES:
+        gains = gains_by_seed(data, arm_of(g), PLAIN, seeds, ENDPOINT)
+        for s, gain in gains.items():
+            path = out / "calibration" / f"helper_x{g}_seed{s}" / "helper_diagnostics.json"
+            if path.exists():
+                report = json.loads(path.read_text())
+                for m, keys in MEASURES.items():
+                    v = _value(report, keys)
+                    if v is not None and math.isfinite(v):
+                        points[m].append((g, s, v, gain))
+    return points
+
+
+def _test_row(name: str, t: dict[str, Any]) -> str:
+    if "p" not in t:
+        return f"| {name} | {t.get('n', 0)} | - | - | - | - | not yet |"
+    return (
+        f"| {name} | {t['n']} | {t['mean']:+.2f} ± {t['std']:.2f} | {t['ci_low']:+.2f} to {t['ci_high']:+.2f} "
+        f"| {t['t']:.2f} | {t['p']:.2g} | {t.get('reading', '')} |"
+    )
+
+
+def primary_tables(reading: dict[str, Any]) -> str:
+    """The primary tests (and the control) as one Markdown table."""
+    head = [
+        "| test | seeds | mean ± std | 95% CI | t | p | reading |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    rows = [_test_row(f"Q1: {annealed(g)} − plain ITC", t) for g, t in reading["q1"].items()]
+    rows.append(_test_row("Q2: slope of (alone − plain ITC) per doubling of the helper's images", reading["q2"]))
+    rows.append(_test_row("(secondary) slope of (annealed − plain ITC) per doubling", reading["q2_annealed"]))
+    rows.append(_test_row(f"control: {CONTROL} − plain ITC", reading["control"]))
+    look = (
+        "final (20 seeds)" if reading["final"] else f"interim ({reading['seeds']} seeds: final only at p < {INTERIM_P})"
+    )
+    return f"Primary tests, {look}; Q1 with Holm over {len(GRADES)} grades at {FAMILY_ALPHA}.\n\n" + "\n".join(
+        head + rows
+    )
+
+
+def helper_strength_table(rows: list[dict[str, Any]], student: Sequence[float]) -> str:
+    """Each grade's own text->image R-precision over seeds, and its ratio to the student's mean."""
+    lines = [
+        "| helper | images | steps | seeds | own t2i R-precision | ÷ student's (plain ITC) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    base = statistics.mean(student) if student else math.nan
+    for g in GRADES:
+        mine = [r for r in rows if r["grade"] == g]
+        if mine:
+            v = [r["t2i_r_precision"] for r in mine]
+            lines.append(
+                f"| x{g} | {mine[0]['images']} | {mine[0]['steps']} | {len(v)} | {mean_std(v, '.2f')} "
+                f"| {statistics.mean(v) / base:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def measures_table(out: Path, seeds: Sequence[int]) -> str:
+    """Every helper's measures (no ground truth, against the student) and ground-truth AUC, mean ± std."""
+    names = list(MEASURES)
+    lines = ["| helper | " + " | ".join(names) + " | ground-truth AUC |", "|---|" + "---:|" * (len(names) + 1)]
+    for h in HELPERS:
+        cells = []
+        for keys in MEASURES.values():
+            v = [_report_value(out / "calibration", h, s, keys) for s in seeds]
+            cells.append(mean_std([x for x in v if x is not None], ".3f"))
+        gt = [_report_value(out / "ground_truth", h, s, ("helper_auc", "with_queue")) for s in seeds]
+        cells.append(mean_std([x for x in gt if x is not None], ".3f"))
+        lines.append(f"| {h} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _report_value(folder: Path, helper: str, seed: int, keys: tuple[str, ...]) -> Optional[float]:
+    from seed_results import slug
+
+    path = folder / f"{slug(helper)}_seed{seed}" / "helper_diagnostics.json"
+    return _value(json.loads(path.read_text()), keys) if path.exists() else None
+
+
+def secondary_table(out: Path, data: dict, seeds: Sequence[int]) -> str:
+    """The pre-registered secondary: each measure against the annealed arm's gain (and the alone arm's)."""
+    lines = [
+        "| measure | arms | points | Spearman (95% CI, seeds resampled) | R²_LOGO | predicts |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for label, arm_of in (("annealed", annealed), ("alone", alone)):
+        for m, pts in measure_points(out, data, arm_of, seeds).items():
+            if len({p[1] for p in pts}) < 3 or len({p[0] for p in pts}) < 2:
+                lines.append(f"| {m} | {label} | {len(pts)} | - | - | not yet |")
+                continue
+            r = rank_measure(pts)
+            lines.append(
+                f"| {m} | {label} | {len(pts)} | {r['spearman']:+.2f} ({r['ci_low']:+.2f} to {r['ci_high']:+.2f}) "
+                f"| {r['r2_logo']:+.2f} | {'yes' if r['predicts'] else 'no'} |"
+            )
+    return "\n".join(lines)
+
+
+def plot_gain_by_grade(data: dict, seeds: Sequence[int], path: Path) -> Optional[Path]:
+    """The gain over plain ITC by grade (log2 axis), alone and annealed (mean ± std), with the control."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    drawn = False
+    for k, (label, arm_of) in enumerate((("alone (alpha_h 1)", alone), ("annealed (paper)", annealed))):
+        pts = [(g, list(gains_by_seed(data, arm_of(g), PLAIN, seeds, ENDPOINT).values())) for g in GRADES]
+        pts = [(g, v) for g, v in pts if v]
+        if pts:
+            drawn = True
+            ax.errorbar([g * (1.04 if k else 1.0) for g, _ in pts], [statistics.mean(v) for _, v in pts],
+                        yerr=[statistics.stdev(v) if len(v) > 1 else 0.0 for _, v in pts], marker="o", capsize=3,
+                        color=f"C{k}", label=f"{label}, learned helper")  # fmt: skip
+    control = list(gains_by_seed(data, CONTROL, PLAIN, seeds, ENDPOINT).values())
+    if control:
+        ax.axhline(statistics.mean(control), color="C2", ls="--", label="oracle AUC 0.75 (control)")
+    if not drawn and not control:
+        plt.close(fig)
+        return None
+    ax.set_xscale("log", base=2)
+    ax.axhline(0, color="gray", ls=":")
+    ax.set_xlabel("helper's images ÷ the student's (compute grows with data)")
+    ax.set_ylabel("t2i R-precision, SRCL − plain ITC")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_helpers_report(exp: Any, results: SeedResults, seeds: Sequence[int]) -> str:
+    """``OUT/report_primary.md`` and its plot (copied into ``--record``): the pre-registered reading."""
+    data = results.data
+    rows = helpers_table(exp, list(seeds))
+    student = [data[PLAIN][str(s)][ENDPOINT] for s in seeds if str(s) in data.get(PLAIN, {})]
+    plot = plot_gain_by_grade(data, seeds, exp.out / "gain_by_grade.png")
+    text = write_report(
+        exp.out / "report_primary.md",
+        f"SRCL with learned helpers graded by strength; seeds {list(seeds)}; {run_minutes(results)}.",
+        "Helpers' own retrieval on the student's test split:\n\n" + helper_strength_table(rows, student),
+        "Text->image R-precision and the other metrics, mean ± std over seeds:\n\n"
+        + results_table(results, seeds, (ENDPOINT, "img_ndcg10", "txt_r_precision"), label=None),
+        primary_tables(primary_reading(data, seeds)),
+        "Measures of each helper (no ground truth, against the student's warm-up; ground truth beside):\n\n"
+        + measures_table(exp.out, seeds),
+        "Secondary (pre-registered): which measure ranks the gain, learned helpers only:\n\n"
+        + secondary_table(exp.out, data, seeds),
+        f"![gain by grade]({plot.name})" if plot else "",
+    )
+    if exp.a.record is not None:
+        for f in [exp.out / "report_primary.md", *([plot] if plot else [])]:
+            (exp.a.record / f.name).write_bytes(f.read_bytes())
+    (exp.out / "helpers.json").write_text(json.dumps(rows, indent=1))
+    return text
 
 
 def status(out: Path, a: Any) -> str:
