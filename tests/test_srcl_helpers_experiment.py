@@ -168,6 +168,7 @@ def test_the_experiment_runs_end_to_end_on_a_small_world(tmp_path):
     assert main([*args, "--arms", "plain ITC", CONTROL, "SRCL annealed, helper x1"]) == 0
     listed = {r["arm"]: r for r in json.loads((rec / "results_primary.json").read_text())}
     assert set(listed) == {"plain ITC", CONTROL, "SRCL annealed, helper x1"}
+    assert not (rec / "seed_results_primary.json").exists()
     assert listed["plain ITC"]["t2i_r_precision"] > 0 and listed[CONTROL]["t2i_r_precision"] > 0
     assert listed["SRCL annealed, helper x1"] == {
         "arm": "SRCL annealed, helper x1", "seed": 0, "t2i_r_precision": None, "no_delta": 1.0}  # fmt: skip

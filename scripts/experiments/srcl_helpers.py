@@ -257,6 +257,8 @@ class RecordingSweep(MarkedSweep):
     def _run_one(self, name: str, seed: int) -> None:
         super()._run_one(name, seed)
         write_records(self.results, self.record_to)
+        if self.record_to is not None:  # the list is the record; the per-seed table stays in --out
+            (self.record_to / self.results.path.name).unlink(missing_ok=True)
 
 
 def pilot(exp: HelperExperiment, sweep: RecordingSweep, results: SeedResults) -> int:
