@@ -5,6 +5,7 @@ tests/test_api.py. A file no loader reads (a README) is left alone."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -65,3 +66,84 @@ def test_a_helper_cache_is_verified_against_its_manifest(tmp_path: Path) -> None
     (old / MANIFEST).unlink()
     with pytest.raises(DataError, match=rf"{old}: no {MANIFEST}, .*; build the cache again with `vlp cache-helper"):
         HelperCache.load(old)
+
+
+def _list(folder: Path, rel: str, target: Path) -> None:
+    """Add ``rel`` to ``folder``'s manifest with ``target``'s real size and SHA-256."""
+    mf = json.loads((folder / MANIFEST).read_text())
+    digest = hashlib.sha256(target.read_bytes()).hexdigest()
+    mf["files"][rel] = {"bytes": target.stat().st_size, "sha256": digest}
+    (folder / MANIFEST).write_text(json.dumps(mf))
+
+
+OUTSIDE = ["../../../outside.txt", "ABSOLUTE", "sub/../../../../outside.txt", "link.txt", "linked_dir/outside.txt"]
+
+
+@pytest.mark.parametrize("entry", OUTSIDE)
+def test_a_manifest_entry_outside_its_folder_is_refused_naming_the_manifest_and_the_entry(
+    ckpt: Path, entry: str
+) -> None:
+    """Issue 52: an entry ``../../../../etc/hostname`` with the file's real hash was accepted (vlp
+    hashed a file outside the folder). A manifest names files inside its folder: no ``..``, no
+    absolute path, no symlink out of it (resolved, then checked), whatever the hash says."""
+    outside = ckpt.parents[2] / "outside.txt"  # tmp_path: beside the run directory
+    outside.write_text("not the checkpoint's\n")
+    (ckpt / "link.txt").symlink_to(outside)
+    (ckpt / "linked_dir").symlink_to(ckpt.parents[2], target_is_directory=True)
+    rel = str(outside) if entry == "ABSOLUTE" else entry
+    _list(ckpt, rel, outside)
+    with pytest.raises(CheckpointError) as e:
+        verify_checkpoint(ckpt)
+    text = str(e.value)
+    assert text.startswith(f"checkpoint {ckpt}: {ckpt / MANIFEST} lists {rel!r}, which is outside the folder"), text
+    assert "expected a path relative to the folder" in text and "\n" not in text
+    with pytest.raises(CheckpointError, match="no valid checkpoint .*outside the folder"):
+        find_checkpoint(ckpt.parents[1])
+
+
+def test_a_weights_file_that_is_a_symlink_out_of_the_folder_is_refused(ckpt: Path) -> None:
+    """``model.safetensors`` swapped for a symlink to an identical copy elsewhere: the hash matches,
+    but what loads is not the folder's file."""
+    copy = ckpt.parents[2] / "elsewhere.safetensors"
+    shutil.copyfile(ckpt / "model.safetensors", copy)
+    (ckpt / "model.safetensors").unlink()
+    (ckpt / "model.safetensors").symlink_to(copy)
+    with pytest.raises(CheckpointError, match=r"lists 'model.safetensors', which is outside the folder"):
+        verify_checkpoint(ckpt)
+
+
+def test_a_symlink_that_stays_inside_the_folder_and_a_plain_subfolder_entry_are_accepted(ckpt: Path) -> None:
+    (ckpt / "notes").mkdir()
+    (ckpt / "notes" / "a.txt").write_text("a\n")
+    (ckpt / "b.txt").symlink_to(ckpt / "notes" / "a.txt")
+    _list(ckpt, "notes/a.txt", ckpt / "notes" / "a.txt")
+    _list(ckpt, "b.txt", ckpt / "notes" / "a.txt")
+    verify_checkpoint(ckpt)
+
+
+def test_a_helper_cache_manifest_entry_outside_the_folder_is_refused(tmp_path: Path) -> None:
+    out = write_cache(tmp_path / "cache", ["a", "b"], torch.eye(2), ["x", "y"], torch.eye(2), {"kind": "learned"})
+    outside = tmp_path / "outside.txt"
+    outside.write_text("x\n")
+    _list(out, "../outside.txt", outside)
+    with pytest.raises(DataError, match=r"lists '../outside.txt', which is outside the folder"):
+        HelperCache.load(out)
+
+
+def test_a_hub_cache_snapshots_symlinks_into_its_blobs_are_accepted_others_are_not(ckpt: Path, tmp_path: Path) -> None:
+    """``huggingface_hub`` lays a snapshot out as symlinks to ``models--ORG--NAME/blobs/``: those are
+    the folder's own files; a symlink elsewhere (the repo folder itself, another repo) is not."""
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snap, blobs = repo / "snapshots" / ("a" * 40), repo / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    for f in ckpt.iterdir():
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copyfile(f, blobs / digest)
+        (snap / f.name).symlink_to(Path("..", "..", "blobs", digest))
+    verify_checkpoint(snap)
+    (repo / "notes.txt").write_text("beside the blobs\n")
+    (snap / "notes.txt").symlink_to(Path("..", "..", "notes.txt"))
+    _list(snap, "notes.txt", repo / "notes.txt")
+    with pytest.raises(CheckpointError, match=r"lists 'notes.txt', which is outside the folder \(a symlink"):
+        verify_checkpoint(snap)

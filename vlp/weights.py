@@ -1,6 +1,6 @@
 """Reading weights and checkpoints, in one place: strict loads with explicit allowances, key
 renames, safe reading of weights files, and vlp checkpoint folders (verified against their manifest,
-newest valid one of a run).
+newest valid one of a run; the manifest itself is read by :mod:`vlp.manifests`).
 
 A checkpoint folder holds ``model.safetensors`` (all weights incl. momentum twins and queues),
 ``state.json``, optionally ``task_state.safetensors`` (a task's non-model parts: the LTD decoder,
@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import functools
-import hashlib
 import json
 import math
 import os
@@ -35,12 +33,15 @@ from safetensors.torch import save_file
 from torch import nn
 
 from vlp.errors import CheckpointError
+from vlp.manifests import MANIFEST as MANIFEST
+from vlp.manifests import file_sha256
+from vlp.manifests import refuse_unlisted as refuse_unlisted
+from vlp.manifests import verify_manifest as verify_manifest
 
 TASK_STATE = "task_state.safetensors"
 #: the ``state.json`` key of a checkpoint's kind (pretrain, helper, retrieval, vqa, nlvr2, nlvr-ta, ve): "task"
 #: in every checkpoint written so far, kept so that they, and older vlp versions, read it; in code it is the kind
 KIND_KEY = "task"
-MANIFEST = "manifest.json"
 STEP_DIR = re.compile(r"step_\d+")  # checkpoints/step_0001000 (not the .tmp staging folders)
 
 #: the phases of writing a checkpoint folder, in order: its staging folder made; the weights written;
@@ -239,22 +240,6 @@ def check_tensor_sizes(obj: Any, path: Path) -> None:
             )
 
 
-def _sha256(path: Path) -> str:
-    """SHA-256 of a file, computed once per file version: a checkpoint read by several steps of one
-    job (find, then load) is hashed once; a rewritten file (new size, mtime or inode) again."""
-    st = path.stat()
-    return _sha256_of(str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
-
-
-@functools.lru_cache(maxsize=256)
-def _sha256_of(path: str, _size: int, _mtime_ns: int, _inode: int) -> str:
-    digest = hashlib.sha256()  # hashlib.file_digest needs Python 3.11; vlp supports 3.10
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 #: the files (fnmatch patterns, relative to the folder) the checkpoint loaders read: weights, state,
 #: task state, evaluation preprocessing, and training state on resume (:mod:`vlp.train.state`)
 CHECKPOINT_READS = ("model.safetensors", "state.json", TASK_STATE, "preprocessor.json", "train_state/*")
@@ -271,52 +256,6 @@ def verify_checkpoint(ckpt: Path, require: Iterable[str] = (), reads: Iterable[s
     refuse_unlisted(ckpt, reads, "checkpoint loader")
 
 
-def verify_manifest(folder: Path, name: str, require: Iterable[str]) -> None:
-    """:func:`verify_checkpoint`'s check of any folder vlp wrote with :func:`publish` (a checkpoint,
-    a ``save_pretrained`` folder, a helper feature cache): the ``require``d files exist (the first
-    must be listed), and with a manifest every listed file has its size and SHA-256. Messages start
-    with ``name`` (e.g. ``checkpoint DIR``)."""
-    require = list(require)
-    for rel in require:
-        if not (folder / rel).exists():
-            raise CheckpointError(f"{name}: missing {rel}")
-    mf = folder / MANIFEST
-    if not mf.is_file():
-        raise CheckpointError(
-            f"{name}: no {MANIFEST}, so vlp cannot tell whether its files are the ones it wrote (expected a folder "
-            "written by vlp with its manifest: the manifest was deleted, or the folder was put together by hand)"
-        )
-    try:
-        files = json.loads(mf.read_text())["files"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{name}: unreadable {MANIFEST} ({e})") from None
-    well_formed = (
-        isinstance(files, dict)
-        and require[0] in files
-        and all(
-            isinstance(m, dict) and isinstance(m.get("bytes"), int) and isinstance(m.get("sha256"), str)
-            for m in files.values()
-        )
-    )
-    if not well_formed:
-        raise CheckpointError(
-            f"{name}: malformed {MANIFEST}: 'files' must map every file, {require[0]} "
-            'included, to {"bytes": n, "sha256": "..."} (corrupted)'
-        )
-    for rel, meta in files.items():
-        p = folder / rel
-        if not p.is_file():
-            raise CheckpointError(f"{name}: {rel} is missing")
-        size = p.stat().st_size
-        if size != meta["bytes"]:
-            what = "truncated" if size < meta["bytes"] else "changed since it was saved"
-            raise CheckpointError(f"{name}: {rel} is {size} bytes, the manifest says {meta['bytes']} ({what})")
-        if _sha256(p) != meta["sha256"]:
-            raise CheckpointError(
-                f"{name}: {rel} does not match its SHA-256 in {MANIFEST} (changed since it was saved, or corrupted)"
-            )
-
-
 #: the files a transformers tokenizer loader reads from a folder (transformers' SPECIAL_TOKENS_MAP_FILE,
 #: ADDED_TOKENS_FILE, TOKENIZER_CONFIG_FILE, FULL_TOKENIZER_FILE, the BERT vocabulary and the chat template)
 TOKENIZER_FILES = (
@@ -327,27 +266,6 @@ TOKENIZER_FILES = (
     "vocab.txt",
     "chat_template.jinja",
 )
-
-
-def refuse_unlisted(folder: Path, patterns: Iterable[str], reader: str) -> None:
-    """With a manifest: each file of ``folder`` (relative path, subfolders included) that matches
-    one of the fnmatch ``patterns`` but is not listed in it is refused by name
-    (:class:`CheckpointError`): ``reader`` would read it, and nothing says where it came from (a file
-    dropped in after the save). Files no pattern matches (a README) are left alone. Without a
-    manifest (an older folder) nothing is checked."""
-    mf = folder / MANIFEST
-    if not mf.is_file():
-        return
-    listed = json.loads(mf.read_text())["files"]  # verify_manifest read it first
-    patterns = list(patterns)
-    for p in sorted(folder.rglob("*")):
-        rel = p.relative_to(folder).as_posix()
-        if rel not in listed and _matches(rel, patterns) and p.is_file():
-            raise CheckpointError(
-                f"{folder}: {rel} is not in {MANIFEST}, and the {reader} would read it: a file added after the "
-                "save can change what loads (special tokens, vocabulary, preprocessing, state); remove it, or "
-                "save the folder again"
-            )
 
 
 def step_checkpoints(run_dir: Path) -> list[Path]:
@@ -580,7 +498,7 @@ def publish(tmp: Path, directory: Path) -> Path:
     entries: dict[str, dict[str, Any]] = {}
     for p in files:
         _fsync(p)
-        entries[p.relative_to(tmp).as_posix()] = {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+        entries[p.relative_to(tmp).as_posix()] = {"bytes": p.stat().st_size, "sha256": file_sha256(p)}
     (tmp / MANIFEST).write_text(json.dumps({"format": 1, "files": entries}, indent=1))
     _fsync(tmp / MANIFEST)
     reached("manifest", tmp)
