@@ -139,6 +139,7 @@ def test_a_literal_secret_in_a_pipe_command_is_refused_saying_to_use_an_environm
     text = str(e.value)
     assert text.startswith("config key 'data.train': entry ") and "\n" not in text, text
     assert LITERAL not in text and "environment variable" in text and '-u "$USER:$PASS"' in text, text
+    assert redacted(text) == text  # the error line redacts it again: nothing of the advice is cut
     with pytest.raises(DataError) as d:
         shard_urls(entry)
     assert LITERAL not in str(d.value)

@@ -259,7 +259,7 @@ def _option_secret(words: list[tuple[int, int, str]], k: int) -> Optional[tuple[
         j, value, opt = found
         if not _is_expanded(_user_secret(value) if user_option else value):
             word = words[j][2]
-            what = f"a literal password or token given to {opt}" if user_option else f"a literal {opt} value"
+            what = f"a literal password or token given to {opt}" if user_option else f"a literal value given to {opt}"
             return j, what, word[: len(word) - len(value)] + _redacted_user(value, user_option)
     return None
 
