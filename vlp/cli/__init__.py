@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from vlp.cli import convert, data, demo_bench, evaluate, lab, prepare, train, world
 from vlp.cli.common import USER_ERRORS
+from vlp.config.load import refuse_repeated_keys
 from vlp.dist import OtherRankDone, launch_rank
 from vlp.kinds import NLVR_TA, PRETRAIN
 from vlp.train.loop import NonFiniteError
@@ -85,6 +86,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command not in MULTI_PROCESS and launch_rank()[0] != 0:
         return 0  # launched as several processes: this command's files are made by rank 0 alone
     try:
+        refuse_repeated_keys(getattr(args, "overrides", None) or [])  # a key given twice: the last would win
         status = args.func(args)  # None, or an exit status (data check: 1 when it found errors)
     except OtherRankDone:
         return 0

@@ -10,6 +10,7 @@ has any URL credential in it replaced by ``***`` (:func:`vlp.url_credentials.red
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Collection, Sequence, TypeVar
 
@@ -56,6 +57,57 @@ def _parse_overrides(overrides: Sequence[str]) -> Any:
         raise ConfigError(f"command-line overrides: {redacted(str(e).splitlines()[0])}") from None
 
 
+def refuse_repeated_keys(overrides: Sequence[str]) -> None:
+    """Return nothing when every override of the command line (``key=value``; ``vlp demo --full``'s
+    ``STAGE:key=value``) sets its own key; else raise one :class:`ConfigError` naming the first key
+    given more than once, how often, and two of its values: the last one would win silently. When its
+    values differ only in one run of digits, it looks like an unquoted brace pattern the shell expanded
+    (``data.train=[s3://b/{00000..01242}.tar]`` is 1,243 arguments to bash): the error shows that
+    pattern, quoted. Overrides layered in code (a command's defaults, then the user's) are not checked."""
+    values: dict[str, list[str]] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep:
+            values.setdefault(key.strip(), []).append(value)
+    repeated = next(((k, v) for k, v in values.items() if len(v) > 1), None)
+    if repeated is None:
+        return
+    key, given = repeated
+    shown = ", ".join(redacted(f"{key}={v}") for v in (given[0], given[-1]))
+    pattern = _brace_pattern(given)
+    hint = (
+        f": it looks like an unquoted brace pattern the shell expanded; quote it, '{redacted(f'{key}={pattern}')}'"
+        if pattern
+        else ""
+    )
+    flag = " (--resume X is train.resume=X)" if key == "train.resume" else ""
+    more = ", ..." if len(given) > 2 else ""
+    raise ConfigError(
+        f"command-line override: config key '{key}' given {len(given)} times ({shown}{more}); give each key "
+        f"once{hint}{flag}"
+    )
+
+
+def _brace_pattern(values: Sequence[str]) -> str | None:
+    """``values`` as the brace pattern they were expanded from (``[s3://b/{00000..01242}.tar]``) when
+    they differ only in one run of digits, are distinct and have a common width; else None."""
+    parts = [re.split(r"(\d+)", v) for v in values]
+    if len(set(map(len, parts))) != 1 or len(set(values)) != len(values):
+        return None
+    differ = [i for i in range(len(parts[0])) if len({p[i] for p in parts}) > 1]
+    if len(differ) != 1 or differ[0] % 2 == 0:  # odd indices are the digit runs
+        return None
+    at = differ[0]
+    digits = [p[at] for p in parts]
+    width = {len(d) for d in digits}
+    numbers = sorted(int(d) for d in digits)
+    if len(width) != 1 and any(d.startswith("0") for d in digits):
+        return None
+    pad = width.pop() if len(width) == 1 else 0
+    lo, hi = (f"{n:0{pad}d}" for n in (numbers[0], numbers[-1]))
+    return "".join(parts[0][:at]) + f"{{{lo}..{hi}}}" + "".join(parts[0][at + 1 :])
+
+
 def quote_brace_items(item: str) -> str:
     """``key=[a/{0..7}.tar, b]`` with each unquoted list item that holds a brace pattern quoted, so
     that YAML reads it as a string, not a flow mapping (``data.train=[s3://b/{00000..00041}.tar]``);
@@ -74,7 +126,7 @@ def quote_brace_items(item: str) -> str:
     if depth != 0:
         raise ConfigError(
             f"command-line override {redacted(repr(item))}: unbalanced braces in the list; a brace pattern is "
-            "{00000..00041} or {a,b}, e.g. data.train=[s3://bucket/{00000..00041}.tar]"
+            "{00000..00041} or {a,b}, e.g. 'data.train=[s3://bucket/{00000..00041}.tar]' (quoted for the shell)"
         )
     return f"{key}=[" + ", ".join(f"'{x.strip()}'" if "{" in x else x for x in items) + "]"
 
