@@ -21,6 +21,7 @@ from vlp.eval.retrieval import check_k_test
 from vlp.features.helper_cache import HelperCache
 from vlp.features.targets import LatentTargets
 from vlp.kinds import PRETRAIN
+from vlp.locks import releasing_folders
 from vlp.losses.registry import build_loss
 from vlp.models.albef import ALBEF, param_count
 from vlp.models.build import build_model_of_kind
@@ -161,25 +162,28 @@ def build_train_loader(
 
 def run_pretrain(cfg: PretrainConfig, command: str = "vlp pretrain") -> Path:
     """Pretrain per ``cfg``; returns the run directory (config.yaml, metrics.jsonl, checkpoints/).
-    ``command`` names the run in its one header line (printed by the main process only)."""
-    job = build_pretraining(cfg)
-    run_dir = job.start()
-    if launch_rank()[0] == 0:
-        print(
-            f"{command}: {job.items} pairs, {job.images} images, "
-            f"{param_count(job.model) / 1e6:.1f}M trainable parameters -> {run_dir}"
-        )
-    write_init_report(job.model, run_dir)  # vision_init_report.json + one line
-    job.fit()
-    if cfg.data.eval:
-        run_evaluate_retrieval(
-            run_dir,
-            cfg.data.eval,
-            cfg.data.relevance,
-            run_dir / "eval",
-            cfg.data.image_root,
-            graded_relevance=cfg.data.graded_relevance,
-        )
+    ``command`` names the run in its one header line (printed by the main process only). The run
+    directory is held for the run (:func:`vlp.locks.lock_folder`) and let go of when this returns or raises."""
+    with releasing_folders():
+        job = build_pretraining(cfg)
+        run_dir = job.start()
+        main = launch_rank()[0] == 0
+        if main:
+            print(
+                f"{command}: {job.items} pairs, {job.images} images, "
+                f"{param_count(job.model) / 1e6:.1f}M trainable parameters -> {run_dir}"
+            )
+            write_init_report(job.model, run_dir)  # vision_init_report.json + one line
+        job.fit()
+        if cfg.data.eval:
+            run_evaluate_retrieval(
+                run_dir,
+                cfg.data.eval,
+                cfg.data.relevance,
+                run_dir / "eval",
+                cfg.data.image_root,
+                graded_relevance=cfg.data.graded_relevance,
+            )
     return run_dir
 
 

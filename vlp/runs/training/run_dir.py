@@ -1,5 +1,6 @@
-"""The run directory: created, or refused when it already holds a run; on resume, the config
-compared with the one the resumed checkpoint was trained with (:func:`prepare_run_dir`)."""
+"""The run directory: created and held for the run (one run per folder), or refused when it already
+holds a run; on resume, the config compared with the one the resumed checkpoint was trained with
+(:func:`prepare_run_dir`)."""
 
 from __future__ import annotations
 
@@ -11,19 +12,26 @@ from vlp.config import FinetuneConfig, PretrainConfig, to_dict, to_yaml
 from vlp.config.resume import resume_changes
 from vlp.dist import launch_rank
 from vlp.errors import CheckpointError, ConfigError, DataError
+from vlp.locks import lock_folder
 from vlp.weights import find_checkpoint, read_state
 
 
 def prepare_run_dir(cfg: Union[PretrainConfig, FinetuneConfig]) -> Path:
-    """Create the run directory; refuse one that already holds a run (nothing written is lost)
-    unless the run resumes (``train.resume``). Writes ``config.yaml`` and ``run_info.json``."""
+    """Create the run directory and hold it for this run (:func:`vlp.locks.lock_folder` on
+    ``output_dir/.lock``, rank 0 for the launch: another run there is refused, naming it); refuse one
+    that already holds a run (nothing written is lost) unless the run resumes (``train.resume``).
+    Rank 0 writes ``config.yaml`` and ``run_info.json``: the other ranks write nothing here before the
+    process group forms, which the ranks of a refused launch never reach."""
     run_dir = Path(cfg.output_dir)
+    main = launch_rank()[0] == 0
+    if cfg.train.resume and not run_dir.is_dir():
+        raise DataError(
+            f"config key 'train.resume': output_dir {run_dir} does not exist; resume into the "
+            "directory of the run that wrote the checkpoint"
+        )
+    if main:
+        lock_folder(run_dir, "output_dir")
     if cfg.train.resume:
-        if not run_dir.is_dir():
-            raise DataError(
-                f"config key 'train.resume': output_dir {run_dir} does not exist; resume into the "
-                "directory of the run that wrote the checkpoint"
-            )
         changes = compare_with_saved(cfg, run_dir)
     elif (run_dir / "metrics.jsonl").exists() or any((run_dir / "checkpoints").glob("step_*")):
         fresh = (
@@ -36,10 +44,10 @@ def prepare_run_dir(cfg: Union[PretrainConfig, FinetuneConfig]) -> Path:
             f"checkpoints/); choose another output_dir, move that run away, or continue it with --resume auto{fresh}"
         )
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    if launch_rank()[0] == 0:  # versions, revision, devices, command line; a resume appends to "resumes"
+    if main:  # versions, revision, devices, command line; a resume appends to "resumes"
         from vlp.train.logging import write_run_info
 
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
         write_run_info(run_dir, resumed=bool(cfg.train.resume), config_changes=changes if cfg.train.resume else None)
     return run_dir
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from vlp.config import FinetuneConfig
 from vlp.kinds import kind
+from vlp.locks import releasing_folders
 from vlp.runs.training.finetune.grounding import run_finetune_grounding
 from vlp.runs.training.finetune.nlvr_ta import run_nlvr_ta
 from vlp.runs.training.finetune.nlvr_ve import (
@@ -49,5 +50,7 @@ __all__ = [
 
 
 def run_finetune(cfg: FinetuneConfig) -> dict:
-    """Fine-tune ``cfg.task`` with its registered runner; returns its results (``results.json``)."""
-    return kind(cfg.task).runner()(cfg)
+    """Fine-tune ``cfg.task`` with its registered runner; returns its results (``results.json``). The
+    run directory is held for the run (:func:`vlp.locks.lock_folder`) and let go of when this returns or raises."""
+    with releasing_folders():
+        return kind(cfg.task).runner()(cfg)
