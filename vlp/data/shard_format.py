@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional, Sequence
 
+from vlp.data.brace_patterns import expand
 from vlp.data.formats import caption_problem, no_words_problem
 from vlp.data.json_entries import write_atomic
 from vlp.data.shard_urls import check_reachable, is_url, open_url, read_stats, shard_urls, stats_url
@@ -163,9 +164,7 @@ def _entry_shards(
     if is_url(entry):
         return _url_shards(entry, offset, caption_key, timeouts)
     if is_brace_pattern(entry):  # a brace pattern of img2dataset tars
-        import braceexpand
-
-        tars = [Path(p) for p in braceexpand.braceexpand(entry)]
+        tars = [Path(p) for p in expand(entry, "data.train entry")]  # counted first: a cap on its size
         missing = [str(p) for p in tars if not is_regular(p, "shard")]
         if missing:
             raise DataError(

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import IO, Any, BinaryIO, Callable, Iterator, Optional, cast
 
+from vlp.data.brace_patterns import expand
 from vlp.data.url_deadlines import (
     BLOCK_SIZE,
     Deadline,
@@ -55,11 +56,14 @@ def is_url(entry: str) -> bool:
 def shard_urls(entry: str) -> list[str]:
     """The tar URLs of a URL entry: the brace pattern expanded (``{00000..00041}``, ``{a,b}``), or
     the one URL. A URL that is not a ``.tar`` (but for ``pipe:``), or that holds credentials
-    (:mod:`vlp.url_credentials`), raises one :class:`DataError` (naming it with the secret as ``***``)."""
-    import braceexpand
-
-    urls = list(braceexpand.braceexpand(entry))
-    refused = next((r for r in map(refusal, [entry, *urls]) if r), None)
+    (:mod:`vlp.url_credentials`), raises one :class:`DataError` (naming it with the secret as ``***``);
+    so does a pattern of more shards than :data:`~vlp.data.brace_patterns.MAX_PATTERN_SHARDS`,
+    counted before it is expanded."""
+    refused = refusal(entry)
+    if refused:
+        raise DataError(refused)
+    urls = expand(entry, "data.train entry")
+    refused = next((r for r in map(refusal, urls) if r), None)
     if refused:
         raise DataError(refused)
     bad = [u for u in urls if not u.startswith(PIPE) and not u.endswith(".tar")]
