@@ -36,6 +36,7 @@ from typing import Any, BinaryIO, Iterator, Optional, Sequence
 from vlp.data.brace_patterns import expand
 from vlp.data.formats import caption_problem, no_words_problem
 from vlp.data.json_entries import write_atomic
+from vlp.data.shard_counts import local_stats_counts, read_index, warn_empty
 from vlp.data.shard_urls import check_reachable, is_url, open_url, read_stats, shard_urls, stats_url
 from vlp.data.url_deadlines import UrlTimeouts
 from vlp.errors import DataError
@@ -206,7 +207,7 @@ def _vlp_folder(d: Path, offset: int) -> list[ShardInfo]:
 def _img2dataset(tars: list[Path], offset: int, caption_key: str, on_bad: str) -> list[ShardInfo]:
     """img2dataset tars: one caption per image, so images = pairs; counts from ``_stats.json``
     or the scan index. Shards without samples are left out."""
-    counts = _stats_counts(tars)
+    counts = local_stats_counts(tars)
     sources: Sequence[Path | str] = [_stats_file(t) for t in tars]
     if counts is None:
         counts = _scanned_counts(tars, caption_key, on_bad)
@@ -234,7 +235,7 @@ def _url_shards(
     sources: Sequence[Path | str] = [stats_url(u) for u in urls]
     if counts is None:
         f = _index_file(urls, caption_key)
-        counts = _read_index(f, len(urls))
+        counts = read_index(f, urls, f"run `vlp data index '{entry}'` again")
         sources = [f] * len(urls)
         if counts is None and uncounted:
             return [ShardInfo(u, 0, 0, offset, "img2dataset", caption_key, None, False) for u in urls]
@@ -250,31 +251,16 @@ def _url_shards(
 def _counted(
     tars: Sequence[Path | str], counts: list[int], sources: Sequence[Path | str], offset: int, caption_key: str
 ) -> list[ShardInfo]:
-    """img2dataset shards with their counts, ids continuing from ``offset``; empty ones left out."""
+    """img2dataset shards with their counts, ids continuing from ``offset``; empty ones left out,
+    each named in a warning (:func:`~vlp.data.shard_counts.warn_empty`)."""
     out = []
     for tar, n, source in zip(tars, counts, sources):
         if n > 0:
             out.append(ShardInfo(tar, n, n, offset, "img2dataset", caption_key, source))
             offset += n
+        else:
+            warn_empty(tar, source)
     return out
-
-
-def _stats_counts(tars: list[Path]) -> Optional[list[int]]:
-    """Each tar's ``successes`` from img2dataset's ``{name}_stats.json``; None unless every tar has one."""
-    counts = []
-    for tar in tars:
-        f = _stats_file(tar)
-        if not is_regular(f, "shard stats file"):
-            return None
-        try:
-            with open_regular(f, "shard stats file") as file:
-                n = json.loads(file.read()).get("successes")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            raise DataError(f"{f}: expected img2dataset's stats, a JSON object with 'successes'") from None
-        if not isinstance(n, int) or n < 0:
-            raise DataError(f"{f}: 'successes' is {n!r}, expected a count >= 0")
-        counts.append(n)
-    return counts
 
 
 def _stats_file(tar: Path) -> Path:
@@ -306,18 +292,6 @@ def _stamp(tars: Sequence[Path | str]) -> list[tuple[str, int, int]]:
     ]
 
 
-def _read_index(f: Path, n: int) -> Optional[list[int]]:
-    """The ``n`` counts of scan index ``f``; None when there is none or it is damaged."""
-    try:
-        with open_regular(f, "shard scan index") as file:
-            counts = json.loads(file.read())["counts"]
-        if isinstance(counts, list) and len(counts) == n and all(isinstance(c, int) for c in counts):
-            return counts
-    except (OSError, DataError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
-        pass  # none yet, or a damaged index: (re)built
-    return None
-
-
 def index_entry(entry: str, caption_key: str = "caption") -> tuple[Path, list[int]]:
     """``vlp data index``: count the shards of a URL entry in one streamed pass (images skipped)
     and keep the counts where a run finds them (:func:`index_dir`, keyed by the URLs and
@@ -343,7 +317,7 @@ def _scanned_counts(tars: Sequence[Path | str], caption_key: str, on_bad: str) -
     from vlp.progress import progress
 
     f = _index_file(tars, caption_key)
-    known = _read_index(f, len(tars))
+    known = read_index(f, tars, "delete it (the next run counts the tars again)")
     if known is not None:
         return known
     print(f"indexing {len(tars)} shard(s) without _stats.json (once; kept in {f.parent})", flush=True)

@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from typing import IO, Any, BinaryIO, Callable, Iterator, Optional, cast
 
 from vlp.data.brace_patterns import expand
+from vlp.data.shard_counts import stats_count
 from vlp.data.url_deadlines import (
     BLOCK_SIZE,
     Deadline,
@@ -102,9 +103,8 @@ def read_stats(urls: list[str], timeouts: Optional[UrlTimeouts] = None) -> Optio
 
 
 def _fetch_stats(url: str, timeouts: UrlTimeouts) -> Optional[int]:
-    """``successes`` of ``url``'s stats file; None when it does not exist."""
-    import json
-
+    """``successes`` of ``url``'s stats file (:func:`~vlp.data.shard_counts.stats_count`'s rule);
+    None when it does not exist."""
     f = stats_url(url)
     try:
         data = _filesystem(f, timeouts).cat_file(f)
@@ -112,13 +112,7 @@ def _fetch_stats(url: str, timeouts: UrlTimeouts) -> Optional[int]:
         return None
     except Exception as e:  # fsspec backends raise their own types: credentials, permissions, HTTP status
         raise DataError(f"{f}: cannot read img2dataset's stats: {reason_of(e)}{expected(f, e)}") from None
-    try:
-        n = json.loads(data).get("successes")
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-        raise DataError(f"{f}: expected img2dataset's stats, a JSON object with 'successes'") from None
-    if not isinstance(n, int) or n < 0:
-        raise DataError(f"{f}: 'successes' is {n!r}, expected a count >= 0")
-    return n
+    return stats_count(data, f, url)
 
 
 def check_reachable(url: str, timeouts: Optional[UrlTimeouts] = None) -> None:
