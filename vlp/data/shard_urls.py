@@ -29,12 +29,12 @@ from contextlib import contextmanager
 from typing import IO, Any, BinaryIO, Callable, Iterator, Optional, cast
 
 from vlp.data.brace_patterns import expand
-from vlp.data.shard_counts import stats_count
+from vlp.data.shard_counts import STATS_MAX_BYTES, stats_count
+from vlp.data.url_bodies import BLOCK_SIZE, RangeFile, ServerFault, fetch_small
 from vlp.data.url_deadlines import (
-    BLOCK_SIZE,
+    S3FS_RETRIES,
     Deadline,
     PipeReader,
-    RangeFile,
     ShardTimeout,
     UrlTimeouts,
     is_timeout,
@@ -103,15 +103,18 @@ def read_stats(urls: list[str], timeouts: Optional[UrlTimeouts] = None) -> Optio
 
 
 def _fetch_stats(url: str, timeouts: UrlTimeouts) -> Optional[int]:
-    """``successes`` of ``url``'s stats file (:func:`~vlp.data.shard_counts.stats_count`'s rule);
-    None when it does not exist."""
+    """``successes`` of ``url``'s stats file (:func:`~vlp.data.shard_counts.stats_count`'s rule),
+    read whole within ``timeouts.read_s`` and :data:`~vlp.data.shard_counts.STATS_MAX_BYTES`; None
+    when it does not exist."""
     f = stats_url(url)
+    fs = _filesystem(f, timeouts)
     try:
-        data = _filesystem(f, timeouts).cat_file(f)
+        data = fetch_small(fs, fs._strip_protocol(f), STATS_MAX_BYTES, timeouts.read_s)
     except FileNotFoundError:
         return None
     except Exception as e:  # fsspec backends raise their own types: credentials, permissions, HTTP status
-        raise DataError(f"{f}: cannot read img2dataset's stats: {reason_of(e)}{expected(f, e)}") from None
+        reason = f"no answer within {timeouts.read_s:g} s" if is_timeout(e) else reason_of(e)
+        raise DataError(f"{f}: cannot read img2dataset's stats: {reason}{expected(f, e)}") from None
     return stats_count(data, f, url)
 
 
@@ -120,12 +123,20 @@ def check_reachable(url: str, timeouts: Optional[UrlTimeouts] = None) -> None:
     ``info`` request: a HEAD); ``pipe:`` URLs are not checked."""
     if url.startswith(PIPE):
         return
+    t = timeouts or UrlTimeouts()
+    fs = _filesystem(url, t)
     try:
-        _filesystem(url, timeouts or UrlTimeouts()).info(url)
+        if getattr(fs, "async_impl", False):  # one deadline over the request, whatever is retried under it
+            import fsspec.asyn
+
+            fsspec.asyn.sync(fs.loop, fs._info, fs._strip_protocol(url), timeout=t.read_s)
+        else:
+            fs.info(url)
     except FileNotFoundError:
         raise DataError(f"{url}: no such shard (or no such bucket); expected the tars data.train names") from None
     except Exception as e:  # fsspec backends raise their own types
-        raise DataError(f"{url}: cannot reach the shard: {reason_of(e)}{expected(url, e)}") from None
+        reason = f"no answer within {t.read_s:g} s" if is_timeout(e) else reason_of(e)
+        raise DataError(f"{url}: cannot reach the shard: {reason}{expected(url, e)}") from None
 
 
 def expected(url: str, e: BaseException) -> str:
@@ -176,6 +187,8 @@ def _filesystem(url: str, timeouts: UrlTimeouts) -> Any:
         raise DataError(f"{url}: cannot read this URL: {reason_of(e)}; install {extra}") from None
     except ValueError as e:
         raise DataError(f"{url}: not a URL fsspec can read: {reason_of(e)}") from None
+    if hasattr(fs, "_call_s3"):  # s3fs: one attempt a request (url_deadlines.storage_options)
+        fs.retries = S3FS_RETRIES
     _OPENED.add(fs)
     return fs
 
@@ -186,7 +199,8 @@ class RetryingReader(io.RawIOBase):
     (default :data:`RETRIES`), each after a wait of ``backoff * 2**k`` seconds times a jitter in
     [0.5, 1.5) (``backoff``: :data:`BACKOFF_S`), by reopening the URL at the byte the stream had
     reached (``opener(deadline)``); then it raises :class:`OSError` with the reason (a read that
-    succeeds resets the count). A missing shard is not retried; nor is one past its per-shard
+    succeeds resets the count). A missing shard is not retried, nor an answer that is not what
+    was asked for (:class:`~vlp.data.url_bodies.ServerFault`); nor is one past its per-shard
     deadline (:class:`~vlp.data.url_deadlines.Deadline`, ``timeouts.shard_s``)."""
 
     def __init__(
@@ -235,9 +249,12 @@ class RetryingReader(io.RawIOBase):
                 if isinstance(e, ShardTimeout) or self.deadline.left() <= 0:
                     raise self.deadline.expired() from None
                 self.failures += 1
-                reason = self.deadline.stalled() if is_timeout(e) else reason_of(e)
-                if isinstance(e, FileNotFoundError) or self.failures > self.retries:
-                    tries = "" if isinstance(e, FileNotFoundError) else f" (after {self.failures} tries)"
+                final = isinstance(e, (FileNotFoundError, ServerFault))  # the server would answer the same
+                reason = (
+                    str(e) if isinstance(e, ServerFault) else self.deadline.stalled() if is_timeout(e) else reason_of(e)
+                )
+                if final or self.failures > self.retries:
+                    tries = "" if final else f" (after {self.failures} tries)"
                     raise OSError(f"{reason}{tries}") from None
                 wait = self.backoff * 2 ** (self.failures - 1) * self.rng.uniform(0.5, 1.5)
                 time.sleep(max(0.0, min(wait, self.deadline.left())))

@@ -4,14 +4,18 @@
 caller retries it, then counts the shard as broken). The backends' own timeouts enforce it: aiohttp's
 ``ClientTimeout(sock_connect, sock_read)`` for ``http(s)://`` and botocore's ``connect_timeout`` /
 ``read_timeout`` for ``s3://`` (:func:`storage_options`); a ``pipe:`` command's output is waited
-for with :func:`select.select` (:class:`PipeReader`).
+for with :func:`select.select` (:class:`PipeReader`). The backends' retries are off (botocore's
+attempts and s3fs's loop around them: :data:`S3FS_RETRIES`), so one try of vlp's is one request:
+a stalled endpoint costs ``read_s`` a try, not a read timeout for each retry of each layer. A small
+body (a stats file) must arrive whole within ``read_s`` (:func:`vlp.data.url_bodies.fetch_small`).
 
 **Per shard**: a shard whose bytes have not all arrived after ``shard_s`` seconds of waiting for
 them (a trickling server) is broken at once, not retried. The clock (:class:`Deadline`) runs only
 while the reader waits for the shard's bytes (retries and their backoff included), not while the
 loader decodes images or waits for the training to take its batches, so a slow consumer never
-trips it. A ranged request in flight is cancelled when it runs out (:class:`RangeFile`: asyncio's
-``wait_for`` through :func:`fsspec.asyn.sync`), and so is a ``pipe:`` read.
+trips it. A request in flight is cancelled when it runs out
+(:class:`~vlp.data.url_bodies.RangeFile`: asyncio's ``wait_for`` through :func:`fsspec.asyn.sync`),
+and so is a ``pipe:`` read.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any, Iterator, Optional
 
 READ_TIMEOUT_S = 60.0  # botocore's default read timeout: no byte for a minute is a dead connection
 SHARD_TIMEOUT_S = 3600.0  # a 1 GB shard needs only 0.3 MB/s to arrive within it
-BLOCK_SIZE = 4 << 20  # bytes of one ranged request (a reader holds one block of its shard)
+S3FS_RETRIES = 1  # tries of s3fs's own loop around each request (its default, 5, multiplied botocore's)
 
 
 @dataclass(frozen=True)
@@ -87,60 +91,19 @@ class Deadline:
 def storage_options(protocol: str, timeouts: UrlTimeouts) -> dict[str, Any]:
     """fsspec options that give ``protocol``'s backend the per-read deadline: aiohttp's socket
     timeouts for http(s) (no total limit: a block over a slow link may take long), botocore's for
-    s3; none for other protocols (they get the per-shard deadline only)."""
+    s3, with botocore's retries off (one attempt a request: a stalled endpoint costs ``read_s``, not
+    a read timeout per retry; vlp retries itself, :class:`~vlp.data.shard_urls.RetryingReader`; s3fs's
+    own retries are turned off on the filesystem, :data:`S3FS_RETRIES`); none for other protocols
+    (they get the per-shard deadline only)."""
     t = timeouts.read_s
     if protocol in ("http", "https"):
         import aiohttp
 
         return {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=None, sock_connect=t, sock_read=t)}}
     if protocol in ("s3", "s3a"):
-        return {"config_kwargs": {"connect_timeout": t, "read_timeout": t}}
+        once = {"total_max_attempts": 1, "mode": "standard"}
+        return {"config_kwargs": {"connect_timeout": t, "read_timeout": t, "retries": once}}
     return {}
-
-
-class RangeFile:
-    """A file of an async fsspec filesystem (http(s), s3, gs) read in ranged requests of ``block``
-    bytes (``seek`` then ``read``, as :class:`~vlp.data.shard_urls.RetryingReader` uses it). Each
-    request is cancelled when ``deadline`` runs out, raising :class:`ShardTimeout`."""
-
-    def __init__(self, fs: Any, path: str, deadline: Deadline, block: int = BLOCK_SIZE) -> None:
-        self.fs, self.path, self.deadline, self.block_size = fs, path, deadline, block
-        self.pos, self.start, self.data = 0, 0, b""
-        self.size = int(self._call(fs._info, path)["size"])
-
-    def _call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
-        import fsspec.asyn
-
-        self.deadline.check()
-        try:
-            return fsspec.asyn.sync(self.fs.loop, method, *args, timeout=self.deadline.left(), **kwargs)
-        except Exception as e:
-            if is_timeout(e) and self.deadline.left() <= 0:
-                raise self.deadline.expired() from None
-            raise
-
-    def seek(self, pos: int) -> int:
-        """Move to byte ``pos`` (read from there by the next :meth:`read`); returns ``pos``."""
-        self.pos = pos
-        return pos
-
-    def read(self, n: int) -> bytes:
-        """Up to ``n`` bytes from the position (b"" at the end)."""
-        if self.pos >= self.size:
-            return b""
-        if not self.start <= self.pos < self.start + len(self.data):
-            end = min(self.pos + self.block_size, self.size)
-            data = self._call(self.fs._cat_file, self.path, start=self.pos, end=end)
-            self.start, self.data = self.pos, bytes(data[: end - self.pos])
-            if not self.data:
-                raise OSError(f"the server sent no bytes at offset {self.pos} of {self.size}")
-        out = self.data[self.pos - self.start : self.pos - self.start + n]
-        self.pos += len(out)
-        return out
-
-    def close(self) -> None:
-        """Drop the block held (the file has no connection of its own to close)."""
-        self.data = b""
 
 
 class PipeReader(io.RawIOBase):
