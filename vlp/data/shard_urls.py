@@ -21,11 +21,14 @@ from __future__ import annotations
 import io
 import os
 import random
+import signal
 import subprocess
+import sys
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from pathlib import Path
 from typing import IO, Any, BinaryIO, Callable, Iterator, Optional, cast
 
 from vlp.data.brace_patterns import expand
@@ -298,13 +301,20 @@ def open_url(url: str, timeouts: Optional[UrlTimeouts] = None) -> Iterator[Binar
         yield f
 
 
+#: the guard that runs a ``pipe:`` command in a process group of its own (:mod:`vlp.data.pipe_guard`)
+PIPE_GUARD = str(Path(__file__).with_name("pipe_guard.py"))
+
+
 @contextmanager
 def _pipe(command: str, timeouts: UrlTimeouts) -> Iterator[BinaryIO]:
     """The standard output of ``command`` under ``timeouts``' deadlines (:class:`PipeReader`: a
-    read past one raises :class:`OSError` and the command is killed); its non-zero exit status
-    (not one from the kill that stops a command read only in part) raises :class:`OSError`, in
-    place of what its short output made the reader raise."""
-    proc = subprocess.Popen(command, shell=True, stdout=subprocess.PIPE, bufsize=0)
+    read past one raises :class:`OSError`). The command runs under :data:`PIPE_GUARD` in a process
+    group of its own, killed whole when it is not read to its end (a deadline, a reader that stopped
+    early), when it is, whatever it left running, and when this process dies (the guard's doc). Its
+    non-zero exit status (not one from the kill that stops a command read only in part) raises
+    :class:`OSError`, in place of what its short output made the reader raise."""
+    guard = [sys.executable, "-S", "-I", PIPE_GUARD, str(os.getpid()), command]
+    proc = subprocess.Popen(guard, stdout=subprocess.PIPE, bufsize=0, start_new_session=True)
     raw = cast(IO[bytes], proc.stdout)
     out = cast(BinaryIO, io.BufferedReader(PipeReader(raw.fileno(), Deadline(timeouts)), buffer_size=1 << 16))
     done = False
@@ -314,10 +324,20 @@ def _pipe(command: str, timeouts: UrlTimeouts) -> Iterator[BinaryIO]:
             pass
         done = True
     finally:
-        if not done and proc.poll() is None:
-            proc.kill()
+        if not done:
+            _kill_group(proc.pid)
         out.close()
         raw.close()
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # ended, not yet reaped: its group id is held
+        _kill_group(proc.pid)  # what the command left running
         status = proc.wait()
         if status > 0:
             raise OSError(f"`{command}` exited with status {status}")
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL to every process of group ``pgid`` (none left: nothing to do)."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
