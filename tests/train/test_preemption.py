@@ -247,7 +247,8 @@ def test_a_blocked_run_exits_after_the_grace_period_of_a_sigterm(tmp_path, tiny_
     assert proc.returncode == 128 + signal.SIGTERM and 2 <= took < 30, (took, err[-3000:])
     assert (
         "vlp: error: stopped by SIGTERM, but the run reached no step boundary within train.stop_grace_s=2 s "
-        "(blocked, e.g. waiting for data); exiting without a checkpoint (resume from the last one with --resume auto)"
+        "(blocked, e.g. waiting for data); exiting without a checkpoint; resume from the last one: run the same "
+        "command with --resume auto (or train.resume=auto)"
     ) in err
     assert not (tmp_path / "run" / "checkpoints").exists() or not any((tmp_path / "run" / "checkpoints").iterdir())
 

@@ -506,7 +506,8 @@ def test_consecutive_non_finite_steps_stop_the_run_with_a_checkpoint(tmp_path):
     assert str(e.value) == (
         "step 4: non-finite loss or gradient (loss [nan], gradient norm nan); step skipped, 2 in a row "
         f"(train.max_nonfinite_steps); checkpoint {ckpt} holds the last good state (lower train.lr, set "
-        "train.grad_clip or train.precision=fp32, then resume with train.resume=auto)"
+        "train.grad_clip or train.precision=fp32, naming them in train.resume_allow_changes; resume: run the "
+        "same command with --resume auto (or train.resume=auto))"
     )
     assert max(task.seen) == 4 and task.hook_steps == [1, 2]
     assert [p.name for p in step_checkpoints(tmp_path)] == ["step_0000004"]
@@ -579,7 +580,9 @@ def test_too_many_bad_samples_stop_the_run_after_a_checkpoint(tmp_path):
     seen = stop * BATCH
     assert str(e.value) == (
         f"{seen // 2} of the {seen} samples loaded so far were bad (50.0%), more than "
-        "data.max_bad_fraction=0.1; `vlp data check` lists them"
+        "data.max_bad_fraction=0.1; `vlp data check` lists them; the run stopped after step "
+        f"{stop} of 20; checkpoint {step_dir(tmp_path, stop)}. Resume: run the same command with --resume auto "
+        "(or train.resume=auto)"
     )
     assert max(task.seen) == stop
     rows = read_metrics(tmp_path / "metrics.jsonl")

@@ -22,7 +22,7 @@ import itertools
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Optional, Protocol
+from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Optional, Protocol, cast
 
 import torch
 from accelerate import Accelerator, skip_first_batches
@@ -35,7 +35,7 @@ from vlp.train.checkpoints import Checkpointer, check_shared_filesystem
 from vlp.train.compile_watch import CompileWatch
 from vlp.train.logging import MetricsLog, open_loggers
 from vlp.train.post_step import PostStep, compiled_post_step
-from vlp.train.preemption import preempted, stop_agreed, stop_signals
+from vlp.train.preemption import StopRequest, how_to_resume, preempted, stop_agreed, stop_signals, stopped_at
 from vlp.train.setup import make_accelerator, prepare_training, warn_if_cuda_graphs_skipped
 from vlp.train.step import stateful_modules, train_step
 from vlp.train.step_stats import Reporter
@@ -96,6 +96,38 @@ def stop_run(rep: Reporter, checkpointer: Checkpointer, step: int, error: Except
     raise error
 
 
+def stop_on_data_error(
+    run: _Run, stop: StopRequest, step: int, steps: int, saved_at: int, error: Exception
+) -> NoReturn:
+    """End the run whose optimizer step ``step`` (0-based) failed to get its data (``error``: a
+    :class:`~vlp.errors.DataError` or an ``OSError``: shards gone, unreadable, bad under
+    ``data.on_bad_sample=raise``). The half-begun step is undone (queues, gradients). A run that
+    trained a step since it started checkpoints step ``step`` first (unless ``saved_at``, its newest
+    checkpoint's step, is that one), as a stop signal does, and raises a :class:`DataError` with
+    ``error``'s message, where it stopped and how to resume (:func:`~vlp.train.preemption.stopped_at`).
+    With several processes the others are inside a step (a collective no save can join): no checkpoint,
+    and the message says to resume from the last one. Before any step: ``error`` as it is."""
+    for m in run.undo:
+        cast(Any, m).discard_step()
+    run.optimizer.zero_grad(set_to_none=True)
+    run.inner.zero_grad(set_to_none=True)
+    run.rep.bar.close()
+    if step == run.start:
+        raise error
+    stop.acting()  # a stop signal now waits for the checkpoint (no watchdog)
+    if run.acc.num_processes > 1:
+        last = (
+            f"resume from its last checkpoint (step {saved_at}): {how_to_resume()}" if saved_at else "no checkpoint yet"
+        )
+        raise DataError(
+            f"{error}; the run stopped after step {step} of {steps} without a checkpoint (the other processes were "
+            f"inside a step); {last}"
+        ) from error
+    if saved_at != step:
+        run.ckpt.save(step)
+    raise DataError(f"{error}; {stopped_at(step, steps, run.ckpt.path(step))}") from error
+
+
 def log_step(
     rep: Reporter, checkpointer: Checkpointer, step: int, lr: float, cfg: TrainConfig, max_bad_fraction: Optional[float]
 ) -> dict[str, float]:
@@ -117,8 +149,8 @@ def log_step(
                 s.step,
                 NonFiniteError(
                     f"{what}, {s.in_a_row} in a row (train.max_nonfinite_steps); checkpoint {checkpointer.path(s.step)} "
-                    "holds the last good state (lower train.lr, set train.grad_clip or train.precision=fp32, then resume "
-                    "with train.resume=auto)"
+                    "holds the last good state (lower train.lr, set train.grad_clip or train.precision=fp32, naming "
+                    f"them in train.resume_allow_changes; resume: {how_to_resume()})"
                 ),
             )
         if rep.main:
@@ -134,7 +166,8 @@ def log_step(
             step,
             DataError(
                 f"{bad} of the {seen} samples loaded so far were bad ({bad / seen:.1%}), more than "
-                f"data.max_bad_fraction={max_bad_fraction:g}; `vlp data check` lists them"
+                f"data.max_bad_fraction={max_bad_fraction:g}; `vlp data check` lists them; "
+                + stopped_at(step, cfg.steps, checkpointer.path(step))
             ),
         )
     rep.next_window()
@@ -172,22 +205,26 @@ def train(
     record: dict[str, float] = {}
     run.task.train()
     # SIGTERM / SIGUSR1: checkpoint at the next step boundary; the watch: what torch.compile did
+    saved_at = run.start  # the step of the newest checkpoint of this run (the resumed one's)
     with stop_signals(cfg.stop_grace_s) as stop, run.log, CompileWatch() as compiled:
         for step in range(run.start, cfg.steps):
             # forward, backward, clip, non-finite check, optimizer, EMA, queues, statistics: no host read
-            result = train_step(
-                acc,
-                run.task,
-                run.inner,
-                run.optimizer,
-                run.params,
-                lambda: rep.fetch(run.batches),
-                step,
-                cfg,
-                rep.stats,
-                undo=run.undo,
-                post=run.post,
-            )
+            try:
+                result = train_step(
+                    acc,
+                    run.task,
+                    run.inner,
+                    run.optimizer,
+                    run.params,
+                    lambda: rep.fetch(run.batches),
+                    step,
+                    cfg,
+                    rep.stats,
+                    undo=run.undo,
+                    post=run.post,
+                )
+            except (DataError, OSError) as e:  # the data failed (gone, unreadable, bad past its policy)
+                stop_on_data_error(run, stop, step, cfg.steps, saved_at, e)
             done = step + 1
             if step == run.start:
                 warn_if_cuda_graphs_skipped(cfg, compiled.record())
@@ -204,13 +241,14 @@ def train(
             saved = bool(cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != cfg.steps)  # checkpoint
             if saved:
                 ckpt.save(done)
+                saved_at = done
             # validate (every rank; rank 0 keeps checkpoints/best)
             if run.validate is not None and run.validate.due(done):
                 run.validate(done)
             stop.phase_done()  # after a stop signal, the save and validation had train.stop_grace_s
             # stop on a signal: at this step boundary, with a checkpoint to resume from
             if done != cfg.steps and stopping:
-                stop_run(rep, ckpt, done, preempted(stop, done, cfg.steps, run_dir, ckpt.path(done)), saved=saved)
+                stop_run(rep, ckpt, done, preempted(stop, done, cfg.steps, ckpt.path(done)), saved=saved)
         rep.bar.close()
         stop.acting()  # the last checkpoint: a stop signal now is held until it is written (no watchdog)
         ckpt.save(cfg.steps)

@@ -2,7 +2,12 @@
 instead of killing the process (:func:`stop_signals`), the ranks agree on them
 (:func:`stop_agreed`), the loop checkpoints at the next step boundary and raises :class:`Preempted`
 (:func:`preempted`), which ``vlp`` and the experiment scripts (:func:`exit_status`) turn into a
-message on how to resume and exit status 0.
+message on how to resume and exit status 0 (``vlp demo``: 128 + the signal's number, its table not
+written).
+
+Every message of a stopped run says how to resume in the words of the command that runs it
+(:func:`how_to_resume`): a command that does not take ``--resume`` sets its own
+(:func:`resume_advice`: ``vlp demo``, the experiment scripts), so the advice it prints works for it.
 
 A run that cannot reach a step boundary (blocked, e.g. waiting for data) cannot save; the
 :class:`StopRequest`'s watchdog ends it instead: after a stop signal, each phase of the loop (a
@@ -34,10 +39,43 @@ from vlp.dist import any_over_ranks
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
+#: how ``vlp``'s training commands (pretrain, finetune, train-helper) continue a stopped run
+TRAINING_RESUME = "run the same command with --resume auto (or train.resume=auto)"
+#: how the experiment scripts continue (:func:`exit_status`)
+SCRIPT_RESUME = "run the same script command again"
+_ADVICE = [TRAINING_RESUME]  # a stack: the innermost command's advice last (a plain list: read from any thread)
+
+
+@contextlib.contextmanager
+def resume_advice(text: str) -> Iterator[None]:
+    """While the block runs, a stopped run says ``Resume: TEXT`` (the command running it continues a
+    run that way) instead of :data:`TRAINING_RESUME`."""
+    _ADVICE.append(text)
+    try:
+        yield
+    finally:
+        _ADVICE.pop()
+
+
+def how_to_resume() -> str:
+    """How the command now running continues a stopped run (:func:`resume_advice`)."""
+    return _ADVICE[-1]
+
+
+def stopped_at(done: int, steps: int, checkpoint: Path) -> str:
+    """The end of a stopped run's message: the step it stopped after (of ``steps``), its checkpoint
+    and how to resume (:func:`how_to_resume`)."""
+    return f"the run stopped after step {done} of {steps}; checkpoint {checkpoint}. Resume: {how_to_resume()}"
+
+
 class Preempted(Exception):
     """The run was asked to stop (SIGTERM / SIGUSR1) and saved a checkpoint at a step boundary;
-    the message says how to resume (``args[1]``: where it stopped, without the hint). ``vlp``
-    prints it and exits with status 0."""
+    the message says how to resume (``args[1]``: where it stopped, without the hint; ``signum``: the
+    first signal). ``vlp`` prints it and exits with status 0 (``vlp demo``: 128 + ``signum``)."""
+
+    def __init__(self, *args: object, signum: int = signal.SIGTERM) -> None:
+        super().__init__(*args)
+        self.signum = signum
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
@@ -46,9 +84,11 @@ class Preempted(Exception):
 def exit_status(main: Callable[[], Optional[int]], prog: str) -> int:
     """Run a script's ``main`` (the experiment scripts, which call the jobs in-process): a run
     stopped by SIGTERM / SIGUSR1 prints where it stopped and gives status 0, as ``vlp`` does;
-    running the script again continues from its checkpoints."""
+    running the script again continues from its checkpoints. Any stop message inside says so
+    (:data:`SCRIPT_RESUME`), not ``--resume``, which a script does not take."""
     try:
-        return main() or 0
+        with resume_advice(SCRIPT_RESUME):
+            return main() or 0
     except Preempted as e:
         where = e.args[1] if len(e.args) > 1 else str(e)
         print(f"{prog}: {where}. Run the same script command again to continue.", file=sys.stderr)
@@ -86,8 +126,8 @@ class StopRequest:
             late = time.monotonic() - self.first_at > REPEAT_AFTER
             if signum == signal.SIGINT or late:
                 exit_now(
-                    f"{signal.Signals(signum).name} after {self.names()}: exiting at once, without a checkpoint "
-                    "(resume from the last one with --resume auto)",
+                    f"{signal.Signals(signum).name} after {self.names()}: exiting at once, without a checkpoint; "
+                    f"resume from the last one: {how_to_resume()}",
                     signum,
                 )
         if signum == signal.SIGINT:
@@ -126,8 +166,8 @@ class StopRequest:
         """The watchdog's end: exit at once without a checkpoint (:func:`exit_now`, the first signal's status)."""
         exit_now(
             f"stopped by {self.names()}, but the run reached no step boundary within train.stop_grace_s="
-            f"{self.grace:g} s (blocked, e.g. waiting for data); exiting without a checkpoint (resume from the "
-            "last one with --resume auto)",
+            f"{self.grace:g} s (blocked, e.g. waiting for data); exiting without a checkpoint; resume from the "
+            f"last one: {how_to_resume()}",
             self.signals[0],
         )
 
@@ -162,15 +202,11 @@ def stop_agreed(stop: StopRequest, log_step: bool, processes: int, device: torch
     return log_step and bool(any_over_ranks([bool(stop.signals)], device=device)[0])
 
 
-def preempted(stop: StopRequest, done: int, steps: int, run_dir: Path, checkpoint: Path) -> Preempted:
+def preempted(stop: StopRequest, done: int, steps: int, checkpoint: Path) -> Preempted:
     """The :class:`Preempted` of a run stopped after step ``done`` of ``steps`` (its checkpoint
     ``checkpoint`` to be saved or saved) by the signals of ``stop`` (none here: another rank got
     one); the watchdog is off from here (:meth:`StopRequest.acting`)."""
     stop.acting()
     names = stop.names() or "a stop signal on another rank"
     where = f"stopped by {names} after step {done} of {steps}; checkpoint {checkpoint}"
-    return Preempted(
-        f"{where}. Resume: run the same command with --resume auto (or train.resume=auto; "
-        f"the run's config: {run_dir / 'config.yaml'})",
-        where,
-    )
+    return Preempted(f"{where}. Resume: {how_to_resume()}", where, signum=(stop.signals or [signal.SIGTERM])[0])
