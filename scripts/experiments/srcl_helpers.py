@@ -139,7 +139,7 @@ class HelperExperiment(Experiment):
         """``seed``'s helper of ``grade``, trained (or resumed), its own retrieval evaluated and recorded."""
         steps = helper_steps(grade, self.a.helper_base_steps)
         run = self.out / "helpers" / f"x{grade}_steps{steps}_seed{seed}"
-        with self._locked(f"helper{seed}_{grade}"):
+        with self._locked(f"helper{seed}_{grade}_{steps}"):  # the lock of the run folder
             train_once(
                 run,
                 "configs/helper/shapes_tiny.yaml",
