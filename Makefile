@@ -16,8 +16,10 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 setup: $(VENV)/.installed
 
+# `make demo` again continues an interrupted demo from its checkpoint (a finished one: its table again);
+# a demo stopped by a signal exits non-zero (128 + the signal), and so does make. `make clean` starts afresh.
 demo: setup
-	$(VENV)/bin/vlp demo --out demo_out
+	$(VENV)/bin/vlp demo --out demo_out --resume auto
 
 demo-full: setup
 	$(VENV)/bin/vlp demo --full --out demo_full

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from functools import partial
 from typing import Any, Sequence
 
@@ -12,6 +13,7 @@ from vlp.cli.common import call, wrote
 from vlp.config import PretrainConfig, load_config
 from vlp.dist import rank
 from vlp.errors import ConfigError
+from vlp.train.preemption import Preempted, resume_advice
 
 #: ``vlp bench``'s options read by its handler: the config, the mode, and ``--loader-only``'s options
 #: (:func:`_loader_bench`).
@@ -55,14 +57,29 @@ def _loader_bench(a: argparse.Namespace) -> None:
         wrote(a.out)
 
 
-def _demo(a: argparse.Namespace) -> None:
+#: how ``vlp demo`` continues a stopped demo (its stop messages say so); ``make demo`` passes it
+DEMO_RESUME = "run the same command with --resume auto (`make demo` passes it: run make demo again)"
+
+
+def _demo(a: argparse.Namespace) -> int:
+    """``vlp demo``: 0, or 128 + the signal's number when a stop signal ended it before its table
+    (``make demo`` then fails); its stop messages advise ``--resume auto`` (:data:`DEMO_RESUME`)."""
     from vlp.runs.bench.demo import run_demo, run_demo_full
 
-    if a.full:
-        stages = _stage_overrides(a.overrides)
-        call(run_demo_full, a, used=("full", "images", "overrides"), n_train=a.images, stage_overrides=stages)
-    else:
-        call(run_demo, a, used=("full", "images", "nlvr_ta", "reuse"), n_train=a.images)  # the last two: --full's
+    resume = a.demo_resume == "auto"
+    with resume_advice(DEMO_RESUME):
+        try:
+            if a.full:
+                stages = _stage_overrides(a.overrides)
+                used = ("full", "images", "overrides", "demo_resume")
+                call(run_demo_full, a, used=used, n_train=a.images, stage_overrides=stages, resume=resume)
+            else:  # --nlvr-ta and --reuse are --full's
+                used = ("full", "images", "nlvr_ta", "reuse", "demo_resume")
+                call(run_demo, a, used=used, n_train=a.images, resume=resume)
+        except Preempted as e:
+            print(f"vlp: {e}", file=sys.stderr)
+            return 128 + e.signum
+    return 0
 
 
 def _stage_overrides(items: Sequence[str]) -> dict[str, list[str]]:
@@ -146,7 +163,17 @@ def _add_demo(sub: Any) -> None:
         "grounding -> one table (`make demo-full`)",
     )
     s.add_argument("--nlvr-ta", action="store_true", help="with --full: run NLVR2 text-assignment pre-training first")
-    s.add_argument("--reuse", action="store_true", help="with --full: keep the stages an interrupted run finished")
+    s.add_argument(
+        "--resume",
+        dest="demo_resume",
+        choices=["auto"],
+        default=None,
+        metavar="auto",
+        help="continue the demo under --out: an interrupted run from its checkpoint, finished stages kept (a "
+        "finished run is evaluated again); none there yet: start. Without it a folder holding a checkpoint is "
+        "refused, never deleted",
+    )
+    s.add_argument("--reuse", action="store_true", help="with --full: the same as --resume auto (its older name)")
     s.add_argument(
         "overrides",
         nargs="*",

@@ -1,5 +1,10 @@
 """``vlp demo``: shapes world -> tiny ALBEF pretraining on CPU -> zero-shot retrieval -> table + plots;
-``--full``: + fine-tuned retrieval, VQA and NLVR2 against their baselines, one table."""
+``--full``: + fine-tuned retrieval, VQA and NLVR2 against their baselines, one table.
+
+A demo holds its ``--out`` folder for its life (:func:`vlp.locks.lock_folder`) and never deletes a
+folder that holds a checkpoint: without ``resume`` such a folder is refused in one line; with it
+(``vlp demo --resume auto``, what a stopped demo advises and ``make demo`` passes) the interrupted
+training continues from its checkpoint and finished stages are kept."""
 
 from __future__ import annotations
 
@@ -10,8 +15,10 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from vlp.config import PretrainConfig, load_config, load_finetune_config
+from vlp.errors import ConfigError
 from vlp.eval.metrics import chance_recall
 from vlp.kinds import GROUNDING, NLVR2, NLVR_TA, PRETRAIN, RETRIEVAL, VE, VQA
+from vlp.locks import lock_folder, releasing_folders
 
 CONFIGS = Path(__file__).parents[2] / "configs"  # vlp/configs
 DEMO_CONFIG = CONFIGS / "pretrain" / "shapes_tiny.yaml"
@@ -76,27 +83,68 @@ def format_table(metrics: dict[str, float], chance: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def has_checkpoints(folder: Path) -> bool:
+    """Whether ``folder`` (a run directory) holds a checkpoint: ``checkpoints/step_*`` or ``best``."""
+    ckpts = folder / "checkpoints"
+    return ckpts.is_dir() and any(p.name.startswith("step_") or p.name == "best" for p in ckpts.iterdir())
+
+
+def refuse_to_clear(folder: Path) -> ConfigError:
+    """The error for a demo folder that holds checkpoints and was not asked to resume (it is kept)."""
+    return ConfigError(
+        f"vlp demo: {folder} holds the checkpoints of an earlier demo run; continue it with --resume auto "
+        "(the same command otherwise), or remove that folder (or choose another --out) to start again"
+    )
+
+
+def clear_run(run_dir: Path, cfg: PretrainConfig) -> None:
+    """Make ``run_dir`` ready for the demo's pretraining per ``cfg``: resuming, keep it (nothing there
+    yet: start from step 0, ``train.resume`` dropped); else refuse a folder that holds a checkpoint
+    (:func:`refuse_to_clear`) and remove one that holds none (a run stopped before its first)."""
+    if cfg.train.resume:
+        if not run_dir.is_dir():
+            print(f"vlp demo: nothing to resume in {run_dir}; starting")
+            cfg.train.resume = None
+        return
+    if has_checkpoints(run_dir):
+        raise refuse_to_clear(run_dir)
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+
+
 def run_demo(
-    out: str | Path, seed: int = 0, n_train: int = 4000, overrides: Sequence[str] = (), n_test: int = 1000
+    out: str | Path,
+    seed: int = 0,
+    n_train: int = 4000,
+    overrides: Sequence[str] = (),
+    n_test: int = 1000,
+    resume: bool = False,
 ) -> dict[str, float]:
     """Write the world and its demo caption mix (:data:`DEMO_CAPTION_REPEATS`), pretrain with
     :data:`DEMO_CONFIG` + :data:`DEMO_OVERRIDES` + ``overrides``, evaluate on the ``n_test``-image
-    test split; returns the metrics."""
+    test split; returns the metrics. ``resume`` (or ``train.resume=auto`` in ``overrides``): continue
+    the pretraining an earlier demo under ``out`` left (a finished one trains no step); else a run
+    folder holding a checkpoint is refused, never deleted (:func:`clear_run`)."""
+    with releasing_folders():
+        lock_folder(out, "--out")  # one demo per folder
+        return _run_demo(Path(out), seed, n_train, overrides, n_test, resume)
+
+
+def _run_demo(
+    out: Path, seed: int, n_train: int, overrides: Sequence[str], n_test: int, resume: bool
+) -> dict[str, float]:
+    """:func:`run_demo` in the folder it holds."""
     from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
-    from vlp.runs.training.pretrain import run_pretrain
     from vlp.viz import plot_losses
     from vlp.world import generate_world, write_caption_mix
     from vlp.world.captions import CAPTION_KINDS
 
-    out = Path(out)
     t0 = time.perf_counter()
     world = out / "world"
     print(f"[1/3] shapes world -> {world}")
     paths = generate_world(world, seed=seed, n_train=n_train, n_val=200, n_test=n_test)
     mix = write_caption_mix(world, CAPTION_KINDS, seed=seed, repeats=DEMO_CAPTION_REPEATS)
     run_dir = out / "run"
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
     cfg = load_config(
         PretrainConfig,
         DEMO_CONFIG,
@@ -105,11 +153,13 @@ def run_demo(
             f"data.train=[{mix.path}]",
             f"train.seed={seed}",
             *DEMO_OVERRIDES,
+            *(["train.resume=auto"] if resume else []),
             *overrides,
         ],
     )
+    clear_run(run_dir, cfg)
     print(f"[2/3] pretraining tiny ALBEF for {cfg.train.steps} steps (batch {cfg.data.batch_size}) on CPU")
-    run_pretrain(cfg)
+    _pretrain(cfg, run_dir)
     t_train = time.perf_counter() - t0
     print(f"[3/3] zero-shot retrieval on the {n_test:,}-image test split")
     res = run_evaluate_retrieval(
@@ -139,14 +189,28 @@ def run_demo(
     return res.metrics
 
 
+def _pretrain(cfg: PretrainConfig, run_dir: Path) -> None:
+    """The demo's pretraining; a resume refused for a changed config says how to start the demo again."""
+    from vlp.runs.training.pretrain import run_pretrain
+
+    try:
+        run_pretrain(cfg)
+    except ConfigError as e:
+        if not cfg.train.resume or "config key 'train.resume'" not in str(e):
+            raise
+        raise ConfigError(f"{e}; or start the demo again: remove {run_dir} or choose another --out") from None
+
+
 class FullDemo:
     """The stages of ``vlp demo --full`` under ``out``: their start times, which an earlier run
-    finished (kept with ``reuse``), and the fine-tuning stages."""
+    finished, and the fine-tuning stages. ``resume``: finished stages are kept and an interrupted
+    training stage continues from its checkpoint; without it a stage folder holding a checkpoint is
+    refused, never deleted (:meth:`clear`)."""
 
     def __init__(
-        self, out: Path, seed: int, stage_overrides: dict[str, Sequence[str]], reuse: bool, n_stages: int
+        self, out: Path, seed: int, stage_overrides: dict[str, Sequence[str]], resume: bool, n_stages: int
     ) -> None:
-        self.out, self.seed, self.extra, self.reuse, self.n_stages = out, seed, stage_overrides, reuse, n_stages
+        self.out, self.seed, self.extra, self.resume, self.n_stages = out, seed, stage_overrides, resume, n_stages
         self.t0 = time.perf_counter()
         self.times: dict[str, float] = {}
 
@@ -158,17 +222,30 @@ class FullDemo:
         )
 
     def finished(self, name: str) -> bool:
-        """Whether the stage's last output, written after everything else, is there."""
-        out = self.out
-        done = {PRETRAIN: out / PRETRAIN / "checkpoints", "zero_shot": out / "zero_shot" / "metrics.json"}
-        path = done.get(name, out / name / "results.json")
-        return path.is_file() or (path.is_dir() and any(path.glob("step_*/model.safetensors")))
+        """Whether the stage's last output, written after everything else, is there. Pretraining is
+        never taken as finished: its run resumes (a finished one trains no step), so one stopped at
+        a checkpoint is not mistaken for one that ran its steps."""
+        if name == PRETRAIN:
+            return False
+        done = {"zero_shot": self.out / "zero_shot" / "metrics.json"}
+        return done.get(name, self.out / name / "results.json").is_file()
 
     def clear(self) -> None:
-        """Remove every stage's folder but (with ``reuse``) those of finished stages."""
+        """Without ``resume``: remove every stage's folder, or, when one holds a checkpoint, nothing
+        (:func:`refuse_to_clear`). With ``resume``: keep them all."""
+        if self.resume:
+            return
+        held = [self.out / d for d in FULL_STAGES if has_checkpoints(self.out / d)]
+        if held:
+            raise refuse_to_clear(held[0])
         for d in FULL_STAGES:
-            if not (self.reuse and self.finished(d)):
-                shutil.rmtree(self.out / d, ignore_errors=True)
+            shutil.rmtree(self.out / d, ignore_errors=True)
+
+    def resume_overrides(self, name: str) -> list[str]:
+        """``train.resume=auto`` for a training stage ``name`` an earlier run began (its folder is
+        there) and did not finish, under ``resume``; else nothing."""
+        begun = self.resume and (self.out / name).is_dir() and not self.finished(name)
+        return ["train.resume=auto"] if begun else []
 
     def classification(self, pretrained: Path, world: dict[str, Path]) -> dict:
         """Stage ``classification``: zero-shot classification of the test split by each of
@@ -213,6 +290,7 @@ class FullDemo:
                 f"pretrained={pretrained}",
                 f"train.seed={self.seed}",
                 *files,
+                *self.resume_overrides(name),
                 *self.extra.get(name, []),
             ],
         )
@@ -229,28 +307,33 @@ def run_demo_full(
     reuse: bool = False,
     n_val: int = 200,
     n_test: int = 1000,
+    resume: bool = False,
 ) -> dict:
     """World -> pretrain -> zero-shot retrieval -> fine-tune retrieval, VQA, NLVR2 (and the NLVR2
     text-only baseline) -> one table (``out/results.md``, ``out/results.json``).
 
     ``stage_overrides`` maps a stage (pretrain, zero_shot, retrieval, vqa, nlvr2, nlvr2_text_only,
-    nlvr_ta, ve, ve_hypothesis_only, grounding) to dotted overrides. ``nlvr_ta``: run the optional text-assignment stage before NLVR2. ``reuse``:
-    keep the stages an earlier (interrupted) run of the same command finished.
+    nlvr_ta, ve, ve_hypothesis_only, grounding) to dotted overrides. ``nlvr_ta``: run the optional text-assignment stage before NLVR2. ``resume``
+    (``reuse``, its older name): keep the stages an earlier (interrupted) run of the same command
+    finished and continue the one it was in from its checkpoint; without it a stage folder holding a
+    checkpoint is refused, never deleted (:meth:`FullDemo.clear`).
     """
     from vlp.world import generate_world
 
     out = Path(out)
-    n_stages = 1 + len(FULL_STAGES) - (not nlvr_ta)  # the world, then every stage run
-    demo = FullDemo(out, seed, stage_overrides or {}, reuse, n_stages)
-    demo.stage("shapes world")
-    w = generate_world(
-        out / "world", seed=seed, n_train=n_train, n_val=n_val, n_test=n_test, nlvr_templates=DEMO_NLVR_TEMPLATES
-    )
-    demo.clear()
-    results = {"zero_shot": _pretrain_and_zero_shot(demo, w, pretrain_steps)}
-    results.update(_finetune_stages(demo, w, nlvr_ta))
-    results["classification"] = demo.classification(out / PRETRAIN, w)
-    return write_full_results(demo, results)
+    with releasing_folders():
+        lock_folder(out, "--out")  # one demo per folder
+        n_stages = 1 + len(FULL_STAGES) - (not nlvr_ta)  # the world, then every stage run
+        demo = FullDemo(out, seed, stage_overrides or {}, resume or reuse, n_stages)
+        demo.clear()  # before anything is written: a refusal leaves the folder as it was
+        demo.stage("shapes world")
+        w = generate_world(
+            out / "world", seed=seed, n_train=n_train, n_val=n_val, n_test=n_test, nlvr_templates=DEMO_NLVR_TEMPLATES
+        )
+        results = {"zero_shot": _pretrain_and_zero_shot(demo, w, pretrain_steps)}
+        results.update(_finetune_stages(demo, w, nlvr_ta))
+        results["classification"] = demo.classification(out / PRETRAIN, w)
+        return write_full_results(demo, results)
 
 
 def _pretrain_and_zero_shot(demo: FullDemo, w: dict[str, Path], pretrain_steps: Optional[int]) -> dict:
@@ -259,23 +342,22 @@ def _pretrain_and_zero_shot(demo: FullDemo, w: dict[str, Path], pretrain_steps: 
     checkpoint), each skipped where an earlier run finished it. Returns the zero-shot metrics
     (``zero_shot/metrics.json``)."""
     from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
-    from vlp.runs.training.pretrain import run_pretrain
 
     out, seed = demo.out, demo.seed
     demo.stage(PRETRAIN)
-    if not demo.finished(PRETRAIN):
-        cfg = load_config(
-            PretrainConfig,
-            DEMO_CONFIG,
-            [
-                f"output_dir={out / PRETRAIN}",
-                f"data.train=[{w[PRETRAIN]}]",
-                f"train.seed={seed}",
-                *([f"train.steps={pretrain_steps}"] if pretrain_steps else []),
-                *demo.extra.get(PRETRAIN, []),
-            ],
-        )
-        run_pretrain(cfg)
+    cfg = load_config(
+        PretrainConfig,
+        DEMO_CONFIG,
+        [
+            f"output_dir={out / PRETRAIN}",
+            f"data.train=[{w[PRETRAIN]}]",
+            f"train.seed={seed}",
+            *([f"train.steps={pretrain_steps}"] if pretrain_steps else []),
+            *demo.resume_overrides(PRETRAIN),
+            *demo.extra.get(PRETRAIN, []),
+        ],
+    )
+    _pretrain(cfg, out / PRETRAIN)
     demo.stage("zero-shot retrieval (pretrained checkpoint, pretraining resolution)")
     if not demo.finished("zero_shot"):
         run_evaluate_retrieval(
