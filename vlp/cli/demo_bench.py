@@ -71,11 +71,11 @@ def _demo(a: argparse.Namespace) -> int:
         try:
             if a.full:
                 stages = _stage_overrides(a.overrides)
-                used = ("full", "images", "overrides", "demo_resume")
-                call(run_demo_full, a, used=used, n_train=a.images, stage_overrides=stages, resume=resume)
+                full = ("full", "images", "overrides", "demo_resume")
+                call(run_demo_full, a, used=full, n_train=a.images, stage_overrides=stages, resume=resume)
             else:  # --nlvr-ta and --reuse are --full's
-                used = ("full", "images", "nlvr_ta", "reuse", "demo_resume")
-                call(run_demo, a, used=used, n_train=a.images, resume=resume)
+                one = ("full", "images", "nlvr_ta", "reuse", "demo_resume")
+                call(run_demo, a, used=one, n_train=a.images, resume=resume)
         except Preempted as e:
             print(f"vlp: {e}", file=sys.stderr)
             return 128 + e.signum
