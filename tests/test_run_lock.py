@@ -142,3 +142,24 @@ def test_two_ranks_into_a_held_folder_are_refused_and_two_ranks_alone_run(pairs:
     assert not any((run / "checkpoints").glob("*")) if (run / "checkpoints").exists() else True
     launch(["-m", "vlp.cli", *run_args(pairs, run, "train.steps=2")], processes=2, timeout=300)
     assert (run / "checkpoints" / "step_0000002").is_dir()
+
+
+def test_a_forked_child_such_as_a_loader_worker_does_not_keep_the_lock(tmp_path: Path) -> None:
+    """A data loader worker is forked with the lock file open: it closes its copy, so the lock ends
+    with the run, not with a worker left behind (before: a resume in the same process was refused)."""
+    from vlp.locks import lock_folder, release_folder
+
+    run = tmp_path / "run"
+    lock_folder(run, "output_dir")
+    child = os.fork()
+    if child == 0:  # the worker: alive past its parent's release
+        time.sleep(60)
+        os._exit(0)
+    try:
+        release_folder(run)
+        other = holder(run)  # would block forever on the lock the child kept
+        other.kill()
+        other.wait()
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)

@@ -68,6 +68,21 @@ _HELD: dict[str, _Held] = {}
 _UNLOCKABLE_WARNED: set[str] = set()
 
 
+def _forget_in_child() -> None:
+    """In a forked child (a data loader worker): close its copies of the held locks' files, without
+    unlocking (which would let go of the parent's lock). The lock stays the parent's and ends when
+    the parent lets go of it or exits, not when a worker the parent left behind does."""
+    for held in _HELD.values():
+        try:
+            os.close(held.fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def lock_folder(folder: str | Path, key: str) -> None:
     """Hold an exclusive lock on ``folder/.lock`` (``folder`` created if missing) for as long as this
     process lives or until :func:`release_folder`: the kernel lets go of an ``flock`` when its process

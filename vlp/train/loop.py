@@ -120,12 +120,22 @@ def stop_on_data_error(
             f"resume from its last checkpoint (step {saved_at}): {how_to_resume()}" if saved_at else "no checkpoint yet"
         )
         raise DataError(
-            f"{error}; the run stopped after step {step} of {steps} without a checkpoint (the other processes were "
+            f"{one_line(error)}; the run stopped after step {step} of {steps} without a checkpoint (the other processes were "
             f"inside a step); {last}"
         ) from error
     if saved_at != step:
         run.ckpt.save(step)
-    raise DataError(f"{error}; {stopped_at(step, steps, run.ckpt.path(step))}") from error
+    raise DataError(f"{one_line(error)}; {stopped_at(step, steps, run.ckpt.path(step))}") from error
+
+
+def one_line(error: Exception) -> str:
+    """``error``'s message; of an error a data loader worker raised (``Caught X in DataLoader worker
+    process N`` and the worker's traceback), the original message, its last line."""
+    text = str(error)
+    if not (text.startswith("Caught ") and "Original Traceback" in text):
+        return text
+    last = text.strip().splitlines()[-1]  # "vlp.errors.DataError: the message"
+    return last.split(": ", 1)[1] if ": " in last else last
 
 
 def log_step(
