@@ -75,9 +75,13 @@ def test_two_values_differing_in_digits_get_the_hint_too() -> None:
     with pytest.raises(ConfigError) as e:
         refuse_repeated_keys(["data.train=[/d/cc/{0..1}.tar]".replace("{0..1}", d) for d in ("0", "1")])
     assert "'data.train=[/d/cc/{0..1}.tar]'" in str(e.value)
-    with pytest.raises(ConfigError) as e:  # not a brace pattern: no hint
-        refuse_repeated_keys(["train.lr=1e-4", "train.lr=3e-4x"])
-    assert "brace" not in str(e.value)
+    for not_expanded in (["train.lr=1e-4", "train.lr=3e-4x"], ["train.steps=4", "train.steps=2"]):
+        with pytest.raises(ConfigError) as e:  # not what bash writes out of {a..b}: no hint
+            refuse_repeated_keys(not_expanded)
+        assert "brace" not in str(e.value)
+    with pytest.raises(ConfigError) as e:  # {12..9}: counting down, no zero padding
+        refuse_repeated_keys([f"data.train=[/d/{i}.tar]" for i in (12, 11, 10, 9)])
+    assert "'data.train=[/d/{12..9}.tar]'" in str(e.value)
 
 
 BRACE = re.compile(r"\{\w+\.\.\w+\}")

@@ -89,21 +89,23 @@ def refuse_repeated_keys(overrides: Sequence[str]) -> None:
 
 
 def _brace_pattern(values: Sequence[str]) -> str | None:
-    """``values`` as the brace pattern they were expanded from (``[s3://b/{00000..01242}.tar]``) when
-    they differ only in one run of digits, are distinct and have a common width; else None."""
+    """``values`` as the brace pattern the shell expanded into them (``[s3://b/{00000..01242}.tar]``):
+    when they differ only in one run of digits and those count up (or down) by one in the order
+    given, as bash writes ``{a..b}`` out; else None (``train.steps=4 train.steps=2`` is no pattern)."""
     parts = [re.split(r"(\d+)", v) for v in values]
-    if len(set(map(len, parts))) != 1 or len(set(values)) != len(values):
+    if len(set(map(len, parts))) != 1:
         return None
     differ = [i for i in range(len(parts[0])) if len({p[i] for p in parts}) > 1]
-    if len(differ) != 1 or differ[0] % 2 == 0:  # odd indices are the digit runs
+    if len(differ) != 1 or differ[0] % 2 == 0:  # odd indices are the runs of digits
         return None
     at = differ[0]
     digits = [p[at] for p in parts]
-    width = {len(d) for d in digits}
-    numbers = sorted(int(d) for d in digits)
-    if len(width) != 1 and any(d.startswith("0") for d in digits):
+    numbers = [int(d) for d in digits]
+    step = 1 if numbers[1] > numbers[0] else -1
+    if any(b - a != step for a, b in zip(numbers, numbers[1:])):
         return None
-    pad = width.pop() if len(width) == 1 else 0
+    widths = {len(d) for d in digits}
+    pad = widths.pop() if len(widths) == 1 and any(d.startswith("0") for d in digits) else 0
     lo, hi = (f"{n:0{pad}d}" for n in (numbers[0], numbers[-1]))
     return "".join(parts[0][:at]) + f"{{{lo}..{hi}}}" + "".join(parts[0][at + 1 :])
 
