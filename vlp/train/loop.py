@@ -120,8 +120,8 @@ def stop_on_data_error(
             f"resume from its last checkpoint (step {saved_at}): {how_to_resume()}" if saved_at else "no checkpoint yet"
         )
         raise DataError(
-            f"{one_line(error)}; the run stopped after step {step} of {steps} without a checkpoint (the other processes were "
-            f"inside a step); {last}"
+            f"{one_line(error)}; the run stopped after step {step} of {steps} without a checkpoint (the other "
+            f"processes were inside a step); {last}"
         ) from error
     if saved_at != step:
         run.ckpt.save(step)

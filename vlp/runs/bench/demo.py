@@ -313,10 +313,11 @@ def run_demo_full(
     text-only baseline) -> one table (``out/results.md``, ``out/results.json``).
 
     ``stage_overrides`` maps a stage (pretrain, zero_shot, retrieval, vqa, nlvr2, nlvr2_text_only,
-    nlvr_ta, ve, ve_hypothesis_only, grounding) to dotted overrides. ``nlvr_ta``: run the optional text-assignment stage before NLVR2. ``resume``
-    (``reuse``, its older name): keep the stages an earlier (interrupted) run of the same command
-    finished and continue the one it was in from its checkpoint; without it a stage folder holding a
-    checkpoint is refused, never deleted (:meth:`FullDemo.clear`).
+    nlvr_ta, ve, ve_hypothesis_only, grounding) to dotted overrides. ``nlvr_ta``: run the optional
+    text-assignment stage before NLVR2. ``resume`` (``reuse``, its older name): keep the stages an
+    earlier (interrupted) run of the same command finished and continue the one it was in from its
+    checkpoint; without it a stage folder holding a checkpoint is refused, never deleted
+    (:meth:`FullDemo.clear`).
     """
     from vlp.world import generate_world
 
