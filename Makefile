@@ -22,7 +22,7 @@ demo: setup
 	$(VENV)/bin/vlp demo --out demo_out --resume auto
 
 demo-full: setup
-	$(VENV)/bin/vlp demo --full --out demo_full
+	$(VENV)/bin/vlp demo --full --out demo_full --resume auto
 
 test: setup
 	$(PY) -m pytest --durations=15

@@ -119,15 +119,19 @@ def test_a_demo_with_resume_on_a_fresh_folder_starts_and_a_finished_one_is_evalu
     assert "resumed from" in out and out.count("| img_r1 |") == 2
 
 
-def test_make_demo_fails_when_the_demo_does_and_continues_an_interrupted_one() -> None:
-    """``make demo``'s recipe is the one ``vlp demo`` command, nothing that hides its status, with
-    ``--resume auto`` (the advice a stopped demo prints: running ``make demo`` again follows it)."""
+@pytest.mark.parametrize(
+    "target, command", [("demo", "vlp demo --out demo_out"), ("demo-full", "vlp demo --full --out demo_full")]
+)
+def test_make_demo_fails_when_the_demo_does_and_continues_an_interrupted_one(target: str, command: str) -> None:
+    """``make demo``'s (and ``make demo-full``'s) recipe is the one ``vlp demo`` command, nothing that
+    hides its status, with ``--resume auto`` (the advice a stopped demo prints: running the target again
+    follows it; without it a second ``make demo-full`` is refused, its stages holding checkpoints)."""
     recipe = subprocess.run(
-        ["make", "-n", "-o", "setup", "-o", ".venv/.installed", "demo"], cwd=ROOT, capture_output=True, text=True
+        ["make", "-n", "-o", "setup", "-o", ".venv/.installed", target], cwd=ROOT, capture_output=True, text=True
     )
     assert recipe.returncode == 0, recipe.stderr
     lines = [x for x in recipe.stdout.splitlines() if x.strip()]
-    assert len(lines) == 1 and lines[0].endswith("/bin/vlp demo --out demo_out --resume auto"), lines
+    assert len(lines) == 1 and lines[0].endswith(f"/bin/{command} --resume auto"), lines
     assert "||" not in lines[0] and not lines[0].startswith("-")
 
 
