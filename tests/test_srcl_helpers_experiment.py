@@ -75,6 +75,17 @@ def test_arms_differ_only_in_the_helper_and_alpha_hs_schedule():
     assert [ARMS.index(alone(g)) < ARMS.index(annealed(g)) for g in GRADES] == [True] * 4
 
 
+def test_shards_split_each_seeds_work_and_start_with_the_largest_helper():
+    from srcl_helpers import ARMS, alone, shard_arms
+
+    assert shard_arms(0, 1) == ARMS
+    for n in (2, 3, 5):
+        parts = [shard_arms(i, n) for i in range(n)]
+        assert sorted(arm for part in parts for arm in part) == sorted(ARMS)
+        assert parts[0][0] == alone(64)
+    assert shard_arms(0, 2)[:3] == [alone(64), "SRCL annealed, helper x64", alone(1)]
+
+
 def test_records_round_trip_through_the_record_list(tmp_path):
     from seed_results import SeedResults
     from srcl_helpers import adopt_records, as_records, write_records

@@ -27,9 +27,10 @@ For every (helper, seed) the script records, from the helper's features on the s
 data: the no-GT calibration with the measures against the student (the warm-up checkpoint; ``vlp
 analyze helper --student``), and the world's ground-truth AUC and GT delta.
 
-Each process works through whole seeds (``--shard I/N``: seeds ``s`` with ``s % N == I``), in the
-order of ``SEEDS`` (the 12 of the interim look first), arm by arm, training a grade's helper just
-before its arms; everything is skipped when its output exists, so a killed run resumes, and a lost
+Every process works through the seeds in the order of ``SEEDS`` (the 12 of the interim look first);
+with ``--shard I/2`` each takes its half of a seed's work (:func:`shard_arms`: the x64 and x1 helpers
+and their arms; the x16 and x4 helpers and theirs, plain ITC and the control), training a grade's
+helper just before its arms; everything is skipped when its output exists, so a killed run resumes, and a lost
 helper is trained again from its seeds (one thread: bit-identical). ``--record DIR`` keeps the
 small files a lost machine would lose (results, helpers' own evaluations, calibrations) in DIR
 (``results/srcl_helpers``) and copies them back at start.
@@ -87,6 +88,22 @@ def annealed(grade: int) -> str:
 #: a seed's arms in the order they run: the ones without a learned helper first, then grade by grade
 ARMS = [PLAIN, CONTROL, *(arm for g in GRADES for arm in (alone(g), annealed(g)))]
 HELPERS = [f"oracle AUC {CONTROL_AUC:g}", *(helper_name(g) for g in GRADES)]
+
+
+def shard_arms(i: int, n: int) -> list[str]:
+    """The arms of a seed that shard ``i`` of ``n`` runs, in order: a seed's jobs (a grade's helper with
+    its two arms; plain ITC with the control), largest helper first, dealt out so that with two shards
+    each takes about half a seed (x64 and x1; x16, x4, plain ITC and the control) and both work on the
+    same seed at once: a seed's work then fits the time a machine is held, the largest helper starting
+    first. One shard runs every arm in the order of ``ARMS``."""
+    if n == 1:
+        return list(ARMS)
+    x64, x16, x4, x1 = ([alone(g), annealed(g)] for g in sorted(GRADES, reverse=True))
+    halves = [[*x64, *x1], [*x16, *x4, PLAIN, CONTROL]]  # about 2.1 and 1.9 thread-hours at B = 600
+    if n == 2:
+        return halves[i]
+    jobs = [x64, x16, x4, x1, [PLAIN, CONTROL]]
+    return [arm for job in jobs[i::n] for arm in job]
 
 
 def grade_of(helper: str) -> Optional[int]:
@@ -280,7 +297,12 @@ def pilot(exp: HelperExperiment, sweep: RecordingSweep, results: SeedResults) ->
 def main(argv: Optional[list[str]] = None) -> int:
     p = experiment_parser(__doc__, out="runs/srcl_helpers", steps=300)
     p.set_defaults(seeds=None, helper_images=0)
-    p.add_argument("--helper-base-steps", type=int, default=300, help="steps of the x1 helper (x sqrt(grade))")
+    p.add_argument(
+        "--helper-base-steps",
+        type=int,
+        default=600,
+        help="steps of the x1 helper (x sqrt(grade)); 600 since the B = 300 pilot",
+    )
     p.add_argument("--warmup-steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
@@ -325,13 +347,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     sweep.has_delta, sweep.record_to = exp.has_delta, a.record
     if a.pilot:
         return pilot(exp, sweep, results)
-    i, n = a.shard
-    for seed in [s for s in seeds if s % n == i]:
-        for arm in [arm for arm in ARMS if arm in a.arms]:
+    mine = [arm for arm in shard_arms(*a.shard) if arm in a.arms]
+    for seed in seeds:
+        for arm in mine:
             if not results.has(arm, seed):
                 exp.ready(arm, seed)
                 sweep.run([seed], [arm])
-    print(f"seeds {[s for s in seeds if s % n == i]} done; --report writes the report", flush=True)
+    print(f"seeds {seeds} done for {mine}; --report writes the report", flush=True)
     return 0
 
 
