@@ -171,6 +171,28 @@ class Experiment:
             "cache": str(self.out / "caches" / name),
         }
 
+    def sweep(self, cls: type, results: SeedResults, folder: str, summary: Any, width: int, t0: float) -> Any:
+        """A ``cls`` (:class:`MarkedSweep` or a subclass) of this experiment's arms: each run in
+        ``out/folder/<arm>_seed<S>``, with the world's graded relevance and caption groups, timed;
+        an arm without a delta recorded as such; results kept in ``--record``."""
+        sweep = cls(
+            results,
+            self.root,
+            PRESET,
+            self.mix,
+            self.a.steps,
+            run_dir=lambda name, seed: self.out / folder / f"{slug(name)}_seed{seed}",
+            overrides=self.overrides,
+            summary=summary,
+            name_width=width,
+            graded=True,
+            caption_groups=True,
+            timed=True,
+            t0=t0,
+        )
+        sweep.has_delta, sweep.record_to = self.has_delta, self.a.record
+        return sweep
+
     def prepare(self, seeds: list[int], shard: tuple[int, int]) -> None:
         """Every seed's calibrations (and the caches they need): this shard's seeds (by parity) first.
         Warm-ups are trained by the first run that starts from them."""
@@ -305,22 +327,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     exp.prepare(seeds, a.shard)
     results = SeedResults(out / f"results_{a.grid}.json")
-    sweep = MarkedSweep(
-        results,
-        exp.root,
-        PRESET,
-        exp.mix,
-        a.steps,
-        run_dir=lambda name, seed: out / a.grid / f"{slug(name)}_seed{seed}",
-        overrides=exp.overrides,
-        summary=lambda m: f"t2i R-prec {m['img_r_precision']:.2f} nDCG@10 {m['img_ndcg10']:.2f}",
-        name_width=40,
-        graded=True,
-        caption_groups=True,
-        timed=True,
-        t0=t0,
-    )
-    sweep.has_delta, sweep.record_to = exp.has_delta, a.record
+    summary = lambda m: f"t2i R-prec {m['img_r_precision']:.2f} nDCG@10 {m['img_ndcg10']:.2f}"  # noqa: E731
+    sweep = exp.sweep(MarkedSweep, results, a.grid, summary, 40, t0)
     sweep.run(seeds, arms, shard=a.shard)
     if a.shard != (0, 1):
         print(f"shard {a.shard[0]}/{a.shard[1]} done; run again without --shard for the report", flush=True)

@@ -49,7 +49,6 @@ import numpy as np
 from harness import experiment_parser, helper_seed, train_once
 from seed_results import SeedResults, slug
 from srcl_calibration import Experiment, MarkedSweep, record, restore
-from srcl_testbed import PRESET
 
 from vlp.lab.helper_student import cache_student
 from vlp.lab.oracle import run_cache_oracle_features
@@ -329,22 +328,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         write_helpers_report(exp, results, seeds)
         return 0
-    sweep = RecordingSweep(
-        results,
-        exp.root,
-        PRESET,
-        exp.mix,
-        a.steps,
-        run_dir=lambda name, seed: out / "primary" / f"{slug(name)}_seed{seed}",
-        overrides=exp.overrides,
-        summary=lambda m: f"t2i R-prec {m[ENDPOINT]:.2f}",
-        name_width=34,
-        graded=True,
-        caption_groups=True,
-        timed=True,
-        t0=time.time(),
-    )
-    sweep.has_delta, sweep.record_to = exp.has_delta, a.record
+    sweep = exp.sweep(RecordingSweep, results, "primary", lambda m: f"t2i R-prec {m[ENDPOINT]:.2f}", 34, time.time())
     if a.pilot:
         return pilot(exp, sweep, results)
     mine = [arm for arm in shard_arms(*a.shard) if arm in a.arms]

@@ -212,13 +212,20 @@ def _directory_headers(n: int) -> bytes:
 def http_server(root: Path) -> Iterator[ShardServer]:
     """An HTTP server over ``root`` on 127.0.0.1 (a free port), stopped on exit."""
     state = ShardServer(root)
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _handler(state))
+    with _serving(state, _handler(state)):
+        yield state
+
+
+@contextmanager
+def _serving(state: ShardServer, handler: type) -> Iterator[None]:
+    """``handler`` served on 127.0.0.1 (a free port, written to ``state.url``) until the block ends."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     httpd.daemon_threads = True
     state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:
-        yield state
+        yield
     finally:
         httpd.shutdown()
         httpd.server_close()
@@ -249,16 +256,8 @@ def plain_http_server(root: Path) -> Iterator[ShardServer]:
             state.log.append(f"HEAD {self.path}")
             super().do_HEAD()
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Plain)
-    httpd.daemon_threads = True
-    state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with _serving(state, Plain):
         yield state
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
 
 
 @dataclass
