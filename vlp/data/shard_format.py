@@ -41,6 +41,7 @@ from vlp.data.shard_urls import check_reachable, is_url, open_url, read_stats, s
 from vlp.data.url_deadlines import UrlTimeouts
 from vlp.errors import DataError
 from vlp.regular_files import NotRegular, is_regular, open_regular
+from vlp.url_credentials import redacted
 
 SIZES_FILE = "sizes.json"
 SCAN_THREADS = 16  # URL shards read at once by a scan (`vlp data index`)
@@ -337,7 +338,7 @@ def _scanned_counts(tars: Sequence[Path | str], caption_key: str, on_bad: str) -
                         if n
                         else "no samples counted: the shard is left out"
                     )
-                    print(f"vlp data: warning: {fault}; {kept}", file=sys.stderr, flush=True)
+                    print(redacted(f"vlp data: warning: {fault}; {kept}"), file=sys.stderr, flush=True)
                 counts.append(n)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)  # a shard that raised: the rest are not read

@@ -35,6 +35,7 @@ from vlp.data.shard_format import RawSample, ShardFault, ShardInfo, iter_shard
 from vlp.data.shard_urls import is_url
 from vlp.errors import DataError
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, MemberFile, open_image
+from vlp.url_credentials import redacted
 
 
 def is_shard_data(entry: str) -> bool:
@@ -73,7 +74,7 @@ def _note(errors: list[DataError]) -> None:
         e = errors.pop(0)
         if isinstance(e, ShardFault):
             raise DataError(f"{e}; a feature file is built from whole shards only")
-        print(f"vlp data: left out a malformed sample: {e}", file=sys.stderr, flush=True)
+        print(redacted(f"vlp data: left out a malformed sample: {e}"), file=sys.stderr, flush=True)
 
 
 class ShardImages(IterableDataset):
@@ -103,7 +104,7 @@ class ShardImages(IterableDataset):
                     member, where, self.max_pixels, self.min_side
                 )  # read as a file (its name in messages)
             except DataError as e:
-                print(f"vlp data: left out a bad image: {e}", file=sys.stderr, flush=True)
+                print(redacted(f"vlp data: left out a bad image: {e}"), file=sys.stderr, flush=True)
                 continue
             yield raw.meta["image_key"], json.dumps(raw.meta["captions"]), self.preprocess(image)
 

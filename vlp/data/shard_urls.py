@@ -44,7 +44,7 @@ from vlp.data.url_deadlines import (
     storage_options,
 )
 from vlp.errors import DataError
-from vlp.url_credentials import refusal
+from vlp.url_credentials import redacted, refusal
 
 PIPE = "pipe:"
 STATS_THREADS = 64  # stats files fetched at once
@@ -154,9 +154,10 @@ def expected(url: str, e: BaseException) -> str:
 
 
 def reason_of(e: BaseException) -> str:
-    """One line saying what went wrong: the exception's type and its first line."""
+    """One line saying what went wrong: the exception's type and its first line, credentials redacted
+    (a backend's text may hold a URL vlp never saw, e.g. a redirect to a presigned one)."""
     text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+    return redacted(f"{type(e).__name__}: {text}") if text else type(e).__name__
 
 
 #: the fsspec filesystems this process has opened (weakly: fsspec's own cache decides how long they live)

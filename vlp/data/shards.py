@@ -59,8 +59,14 @@ from vlp.data.url_deadlines import UrlTimeouts
 from vlp.errors import DataError
 from vlp.preprocess.draft import Decoder
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, MemberFile
+from vlp.url_credentials import redacted
 
 # ----------------------------------------------------------------------------- reading
+
+
+def print_skipped(what: str, e: BaseException) -> None:
+    """``vlp data: skipped WHAT: REASON`` on stderr, credentials redacted (a backend's text may hold a URL)."""
+    print(redacted(f"vlp data: skipped {what}: {e}"), file=sys.stderr, flush=True)
 
 
 def shuffle_buffer(items: Iterable[Any], size: int, rng: random.Random) -> Iterator[Any]:
@@ -271,7 +277,7 @@ class ShardStream(IterableDataset):
                     known_bad.add(u.where)
                     bad, replaced = bad + u.cost, replaced + 1
                     what = f"a bad shard ({plural(u.cost, 'bad sample')})" if u.fault else "a bad sample"
-                    print(f"vlp data: skipped {what}: {e}", file=sys.stderr, flush=True)
+                    print_skipped(what, e)
                     if replaced > MAX_REPLACEMENTS:
                         raise DataError(
                             f"{e}; and the {MAX_REPLACEMENTS} samples before it in this reader's stream were bad "
