@@ -223,3 +223,13 @@ def test_a_backends_exception_text_is_redacted_where_vlp_prints_it(capsys):
     print_skipped("a bad shard (3 bad samples)", OSError("cannot read https://bob:hunter2@host/x.tar: reset"))
     err = capsys.readouterr().err
     assert "hunter2" not in err and err.startswith("vlp data: skipped a bad shard (3 bad samples): ")
+
+
+def test_a_zoo_mirror_with_a_token_is_not_printed_by_vlp_zoo_list(monkeypatch):
+    """``VLP_ZOO_MIRROR`` (or ``VLP_ZOO_URL_*``) may carry a token; ``vlp zoo list`` prints every
+    download URL, redacted."""
+    from vlp.interop.zoo import format_pretrained
+
+    monkeypatch.setenv("VLP_ZOO_MIRROR", "https://mirror.example/albef?token=s3cr3tvalue")
+    table = format_pretrained()
+    assert "mirror.example" in table and "s3cr3tvalue" not in table

@@ -92,7 +92,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0
     except Preempted as e:
         if launch_rank()[0] == 0:
-            print(f"vlp: {e}", file=sys.stderr)
+            print(f"vlp: {redacted(str(e))}", file=sys.stderr)
         return 0
     except USER_ERRORS as e:  # any URL credential in the message blotted out (vlp.url_credentials)
         print(f"vlp: error: {redacted(str(e))}", file=sys.stderr)

@@ -63,6 +63,7 @@ from vlp.interop.download import CHUNK, deadline_s, timeout_s, torch_file_proble
 from vlp.interop.hub import download, is_repo_id
 from vlp.locks import file_lock
 from vlp.models.build import model_image_size
+from vlp.url_credentials import redacted
 from vlp.weights import MANIFEST, find_checkpoint
 
 OFFICIAL = ALBEF_RELEASE
@@ -190,7 +191,7 @@ def format_pretrained() -> str:
     """The table ``vlp zoo list`` prints: each tag with its kind, image size and download URL, and
     what it is below."""
     return "\n".join(
-        f"{e.tag:24s} {e.kind:10s} {e.image_size:4d} px  {source_url(e)}\n{'':24s} {e.about}"
+        f"{e.tag:24s} {e.kind:10s} {e.image_size:4d} px  {redacted(source_url(e))}\n{'':24s} {e.about}"
         for e in PRETRAINED.values()
     )
 
@@ -293,7 +294,7 @@ def _obtain(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool) 
                 return read_albef_file(dest, kind=entry.kind)
             except FILE_ERRORS as e:
                 problem = f"does not convert ({_one_line(e)})"
-        print(f"warning: {dest}: {problem}; removed, downloading again from {url}", file=sys.stderr)
+        print(redacted(f"warning: {dest}: {problem}; removed, downloading again from {url}"), file=sys.stderr)
         dest.unlink()
     part = _download(entry, url, dest, out, progress)
     try:
