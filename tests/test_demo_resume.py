@@ -126,8 +126,13 @@ def test_make_demo_fails_when_the_demo_does_and_continues_an_interrupted_one(tar
     """``make demo``'s (and ``make demo-full``'s) recipe is the one ``vlp demo`` command, nothing that
     hides its status, with ``--resume auto`` (the advice a stopped demo prints: running the target again
     follows it; without it a second ``make demo-full`` is refused, its stages holding checkpoints)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}  # under make test
     recipe = subprocess.run(
-        ["make", "-n", "-o", "setup", "-o", ".venv/.installed", target], cwd=ROOT, capture_output=True, text=True
+        ["make", "--no-print-directory", "-n", "-o", "setup", "-o", ".venv/.installed", target],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
     )
     assert recipe.returncode == 0, recipe.stderr
     lines = [x for x in recipe.stdout.splitlines() if x.strip()]
