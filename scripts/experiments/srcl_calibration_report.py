@@ -58,6 +58,24 @@ def threshold_with_interval(
     return estimate, (float(lo), float(hi)), slope
 
 
+GAIN_LABEL = "t2i R-precision, SRCL − plain ITC"
+
+
+def save_gain_plot(fig: Any, ax: Any, path: Path, xlabel: str, legend_size: int = 7) -> Path:
+    """A plot of the gain over plain ITC finished (labels, zero line, legend, grid), saved and closed."""
+    import matplotlib.pyplot as plt
+
+    ax.axhline(0, color="gray", ls=":")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(GAIN_LABEL)
+    ax.legend(fontsize=legend_size)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def mean_std(values: Sequence[Optional[float]], fmt: str = ".3g") -> str:
     """``mean ± std`` of the values that are not None (``-`` for none)."""
     v = [x for x in values if x is not None]
@@ -165,20 +183,12 @@ def _plot_gain_by_auc(points: dict, fit: tuple, rule: Optional[float], out: Path
     slope, intercept = np.polyfit(x, y, 1)
     xs = np.linspace(min(x), max(x), 50)
     ax.plot(xs, slope * xs + intercept, color="k", lw=1, label="fit over all points")
-    ax.axhline(0, color="gray", ls=":")
     est, interval, _ = fit
     if est is not None and min(x) - 0.1 <= est <= max(x) + 0.1:
         ax.axvline(est, color="k", ls="--", lw=1, label=f"fit crosses 0 at {est:.3f}")
     if rule is not None:
         ax.axvline(rule, color="C7", ls="-.", label=f"lowest supported helper: {rule:.3f}")
-    ax.set_xlabel("same-image AUC (no ground truth)")
-    ax.set_ylabel("t2i R-precision, SRCL − plain ITC")
-    ax.legend(fontsize=6)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return save_gain_plot(fig, ax, out, "same-image AUC (no ground truth)", legend_size=6)
 
 
 def nogt_delta_is_good(by_factor: dict[float, Sequence[float]]) -> Optional[tuple[float, float, bool]]:
@@ -280,16 +290,7 @@ def _sweep(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, Optional[Path
         *plateau,
     ]
     ax.set_xscale("log", base=2)
-    ax.axhline(0, color="gray", ls=":")
-    ax.set_xlabel("δ / no-GT δ (dashed: the GT δ)")
-    ax.set_ylabel("t2i R-precision, SRCL − plain ITC")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = exp.out / "delta_sweep.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return "\n".join(lines), path
+    return "\n".join(lines), save_gain_plot(fig, ax, exp.out / "delta_sweep.png", "δ / no-GT δ (dashed: the GT δ)")
 
 
 def write_calibration_report(exp: Any, grid: str, seeds: Sequence[int]) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from harness import results_table, run_minutes, write_report
 from seed_results import SeedResults, paired_t_test, student_t_two_sided
-from srcl_calibration_report import gains_by_seed, holm, mean_std
+from srcl_calibration_report import gains_by_seed, holm, mean_std, save_gain_plot
 from srcl_helpers import (
     ARMS,
     CONTROL,
@@ -305,15 +305,7 @@ def plot_gain_by_grade(data: dict, seeds: Sequence[int], path: Path) -> Optional
         plt.close(fig)
         return None
     ax.set_xscale("log", base=2)
-    ax.axhline(0, color="gray", ls=":")
-    ax.set_xlabel("helper's images ÷ the student's (compute grows with data)")
-    ax.set_ylabel("t2i R-precision, SRCL − plain ITC")
-    ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_gain_plot(fig, ax, path, "helper's images ÷ the student's (compute grows with data)")
 
 
 def write_helpers_report(exp: Any, results: SeedResults, seeds: Sequence[int]) -> str:
