@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional, Union
 
+from vlp.registry import Registry
+
 #: a part of an entry in a higher layer: ``"module:attribute"`` or the callable itself
 Ref = Union[str, Callable[..., Any]]
 
@@ -119,7 +121,9 @@ def resolve(ref: Ref) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), attribute)
 
 
-_REGISTRY: dict[str, Kind] = {}
+#: every kind by name, in registration order
+KINDS: Registry[Kind] = Registry("kind")
+_REGISTRY = KINDS._entries
 
 
 def register_kind(entry: Kind, replace: bool = False) -> Kind:
