@@ -23,6 +23,7 @@ from vlp.cli.common import USER_ERRORS
 from vlp.config.load import refuse_repeated_keys
 from vlp.dist import OtherRankDone, launch_rank
 from vlp.kinds import NLVR_TA, PRETRAIN
+from vlp.plugins import PluginError, load_plugins
 from vlp.train.loop import NonFiniteError
 from vlp.train.preemption import Preempted
 from vlp.url_credentials import redacted
@@ -78,6 +79,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:2] == [PRETRAIN, NLVR_TA]:
         argv = ["pretrain-nlvr-ta", *argv[2:]]
+    try:
+        load_plugins()  # before the parser: what plugins register is among its choices
+    except PluginError as e:
+        print(f"vlp: error: {redacted(str(e))}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     if getattr(args, "resume", None):
         args.overrides = [*args.overrides, f"train.resume={args.resume}"]
