@@ -53,7 +53,9 @@ def test_an_entry_point_of_the_group_is_imported_and_its_callable_called(fresh: 
 
 
 def test_a_missing_plugin_is_one_error_naming_it_and_the_variable(fresh: Path) -> None:
-    with pytest.raises(PluginError, match=r"plugin 'zz_plugin_gone' \(named in VLP_PLUGINS='zz_plugin_gone'\): not found"):
+    with pytest.raises(
+        PluginError, match=r"plugin 'zz_plugin_gone' \(named in VLP_PLUGINS='zz_plugin_gone'\): not found"
+    ):
         load_plugins({"VLP_PLUGINS": "zz_plugin_gone"})
     _module(fresh, "zz_plugin_needs", "import zz_plugin_absent_dependency\n")
     with pytest.raises(PluginError, match=r"plugin 'zz_plugin_needs' .*: no module 'zz_plugin_absent_dependency'"):
