@@ -14,7 +14,7 @@ import os
 import sys
 
 import vlp.eval.retrieval as retrieval
-import vlp.runs.training.finetune.nlvr_ve as classification
+import vlp.runs.training.finetune.classification as classification
 import vlp.runs.training.finetune.vqa as vqa
 from vlp.cli import main
 

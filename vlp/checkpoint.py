@@ -35,8 +35,7 @@ from torch import nn
 from vlp.config import FinetuneConfig, ImageConfig, ModelConfig, PretrainConfig, from_dict
 from vlp.errors import CheckpointError
 from vlp.hardware import default_device
-from vlp.kinds import PRETRAIN, is_finetuned, is_kind
-from vlp.kinds import kind as kind_entry
+from vlp.kinds import KINDS, PRETRAIN, is_finetuned
 from vlp.models.build import build_model_of_kind, model_image_size, without_init_sources
 from vlp.preprocess.images import MIN_SIDE
 from vlp.preprocess.transforms import load_tokenizer, test_transform
@@ -91,7 +90,7 @@ def preprocessor_of(kind: str, config: RunConfig, model: ModelConfig) -> Preproc
     VQA questions with ``pre_question``), and the candidate answers of a kind that ranks them cut at
     ``vqa.answer_max_len``. What training writes as ``preprocessor.json`` and what an older
     checkpoint without that file is read with."""
-    entry = kind_entry(kind) if is_kind(kind) else None
+    entry = KINDS.get(kind) if kind in KINDS else None
     ft = config if isinstance(config, FinetuneConfig) else None
     image = ft.data.image if ft is not None else config.data.image
     return Preprocessor(

@@ -8,7 +8,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
-from vlp.kinds import NLVR, kinds
+from vlp.kinds import KINDS, NLVR
+from vlp.models.build import MODEL_BUILDERS
 
 VLP = Path(__file__).parents[2] / "vlp"
 #: the files a name may be a literal in: kinds.py and the separate concepts spelled the same
@@ -46,9 +47,9 @@ def literal_files(root: Path, names: set[str]) -> dict[str, list[str]]:
 
 
 def built_in_kind_names() -> set[str]:
-    """The names of the built-in kinds (entries whose parts are references into vlp), NLVR's short
+    """The names of the built-in kinds (those whose model builder is defined in vlp), NLVR's short
     name and :data:`OTHER_NAMES`."""
-    built_in = {k.name for k in kinds().values() if isinstance(k.model, str) and k.model.startswith("vlp.")}
+    built_in = {n for n in KINDS.names() if n in MODEL_BUILDERS and MODEL_BUILDERS.get(n).__module__.startswith("vlp.")}
     return built_in | {NLVR, *OTHER_NAMES}
 
 

@@ -81,6 +81,16 @@ def _required(param: Optional[inspect.Parameter]) -> bool:
     return param is not None and param.default is inspect.Parameter.empty
 
 
+def add_family(sub: Any, name: str, text: str, adders: Iterable[Callable[[Any], None]]) -> Any:
+    """``vlp NAME WHAT``: the command ``name`` (help ``text``) of ``vlp``'s subparsers ``sub``, whose
+    subcommands (the parsed ``what``, required) each of ``adders`` adds; returns its subparsers."""
+    s = sub.add_parser(name, help=text)
+    family = s.add_subparsers(dest="what", required=True)
+    for add in adders:
+        add(family)
+    return family
+
+
 @contextmanager
 def naming_layer(layer: Optional[int]) -> Iterator[None]:
     """A plain ``ValueError`` from a Grad-CAM command (a ``--layer`` the model does not have, or a

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vlp.cli.common import call, wrote
-from vlp.kinds import kinds
+from vlp.kinds import albef_formats
 
 
 def _convert_albef(a: argparse.Namespace) -> None:
@@ -44,8 +44,7 @@ def _add_convert(sub: Any) -> None:
     )
     c.add_argument("src", help="ALBEF weights ({model: state_dict} or a bare state dict; read as tensors only)")
     c.add_argument("out", help="checkpoint folder to write (model.safetensors, state.json, key_report.json)")
-    formats = dict.fromkeys(k.albef_format for k in kinds().values() if k.albef_format)  # in registry order
-    c.add_argument("--kind", default="auto", choices=["auto", *formats])
+    c.add_argument("--kind", default="auto", choices=["auto", *albef_formats()])
     c.add_argument("--image-size", type=int, help="interpolate the position embedding to this resolution")
     c.add_argument("--allow-unexpected", nargs="+", metavar="PATTERN", help="fnmatch patterns of ALBEF keys to drop")
     c.add_argument("--config", help="model YAML (ModelConfig keys, e.g. text.heads) for what shapes do not tell")

@@ -1,16 +1,25 @@
-"""The evaluation commands: ``vlp evaluate retrieval|classification|grounding`` and ``vlp explain``
-(:mod:`vlp.runs.evaluation.image_text_retrieval`, :mod:`~vlp.runs.evaluation.zero_shot_classification`, :mod:`~vlp.runs.evaluation.gradcam_grounding`,
-:mod:`~vlp.runs.evaluation.explain`)."""
+"""The evaluation commands: ``vlp evaluate retrieval|classification|grounding`` (each with its own
+options), ``vlp evaluate NAME`` for every other evaluator of :data:`vlp.runs.evaluation.registry.EVALUATORS`
+(``vqa``, ``nlvr2``, ``ve``, a plugin's: ``--checkpoint``, ``--data``, ``--out``, ``--image-root``)
+and ``vlp explain`` (:mod:`vlp.runs.evaluation.image_text_retrieval`,
+:mod:`~vlp.runs.evaluation.zero_shot_classification`, :mod:`~vlp.runs.evaluation.gradcam_grounding`,
+:mod:`~vlp.runs.evaluation.by_kind`, :mod:`~vlp.runs.evaluation.explain`)."""
 
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from vlp.cli.common import call, naming_layer, wrote
+from vlp.cli.common import add_family, call, naming_layer, wrote
 from vlp.dist import rank
-from vlp.kinds import GROUNDING, RETRIEVAL
+from vlp.kinds import GROUNDING, KINDS, RETRIEVAL
+
+#: the zero-shot classification evaluation (a command of its own, no kind)
+CLASSIFICATION = "classification"
+#: the evaluations with a command of their own options; every other evaluator has the generic one
+OWN_COMMANDS = (RETRIEVAL, CLASSIFICATION, GROUNDING)
 
 
 def _evaluate_retrieval(a: argparse.Namespace) -> None:
@@ -35,6 +44,17 @@ def _evaluate_grounding(a: argparse.Namespace) -> None:
     with naming_layer(a.layer):
         call(run_evaluate_grounding, a)
     wrote(Path(a.out) / "metrics.json")
+
+
+def _evaluate_task(a: argparse.Namespace) -> None:
+    """``vlp evaluate NAME``: the evaluator registered as NAME on the checkpoint; prints its metrics."""
+    from vlp.runs.evaluation.by_kind import run_evaluate
+    from vlp.runs.evaluation.registry import format_metrics
+
+    metrics = run_evaluate(a.checkpoint, a.data, a.out, task=a.what, image_root=a.image_root)
+    if rank() == 0:
+        print(format_metrics(metrics))
+        wrote(Path(a.out) / "metrics.json")
 
 
 def _explain(a: argparse.Namespace) -> None:
@@ -77,7 +97,7 @@ def _add_retrieval(ev: Any) -> None:
 def _add_classification(ev: Any) -> None:
     """``vlp evaluate classification``."""
     c = ev.add_parser(
-        "classification",
+        CLASSIFICATION,
         help="zero-shot classification: class names x prompt templates (prompt ensembles), optional ITM re-rank",
     )
     c.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory")
@@ -110,12 +130,40 @@ def _add_grounding(ev: Any) -> None:
     c.set_defaults(func=_evaluate_grounding)
 
 
+def generic_evaluations() -> list[tuple[str, str]]:
+    """``vlp evaluate NAME`` of the generic kind: each evaluator in
+    :data:`~vlp.runs.evaluation.registry.EVALUATORS` that has no command of its own (not named in
+    :data:`OWN_COMMANDS`, nor the same function as one of those: pretrain's and helper's evaluator is
+    retrieval's), with the help line of its kind (:attr:`vlp.kinds.Kind.about`, "" : none). Read when
+    the parser is built: the built-in evaluators register on the import below, a plugin's before."""
+    from vlp.runs.evaluation import EVALUATORS
+
+    own = [EVALUATORS.get(n) for n in OWN_COMMANDS if n in EVALUATORS]
+    return [
+        (name, KINDS.get(name).about if name in KINDS else "")
+        for name, evaluator in EVALUATORS.items()
+        if name not in OWN_COMMANDS and all(evaluator is not o for o in own)
+    ]
+
+
+def _add_generic(ev: Any, name: str, about: str) -> None:
+    """``vlp evaluate NAME``: a checkpoint, an annotation file, the output folder."""
+    c = ev.add_parser(
+        name, help=f"evaluate a {name} checkpoint on an annotation file" + (f": {about}" if about else "")
+    )
+    c.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory (newest checkpoint)")
+    c.add_argument("--data", required=True, help=f"{name} annotation file (with labels / answers)")
+    c.add_argument("--image-root", help="folder for relative image paths (default: the file's folder)")
+    c.add_argument("--out", required=True, help="output folder for metrics.json")
+    c.set_defaults(func=_evaluate_task)
+
+
 def _add_evaluate(sub: Any) -> None:
-    """``vlp evaluate retrieval|classification|grounding``."""
-    s = sub.add_parser("evaluate", help="evaluate a checkpoint")
-    ev = s.add_subparsers(dest="what", required=True)
-    for add in (_add_retrieval, _add_classification, _add_grounding):
-        add(ev)
+    """``vlp evaluate retrieval|classification|grounding|NAME``."""
+    generic = [partial(_add_generic, name=name, about=about) for name, about in generic_evaluations()]
+    add_family(
+        sub, "evaluate", "evaluate a checkpoint", (_add_retrieval, _add_classification, _add_grounding, *generic)
+    )
 
 
 def _add_explain(sub: Any) -> None:

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from vlp.cli.common import call, naming_layer, wrote
+from vlp.cli.common import add_family, call, naming_layer, wrote
 from vlp.config import PretrainConfig, load_config
 from vlp.errors import ConfigError, DataError
 from vlp.kinds import RETRIEVAL
@@ -332,10 +332,12 @@ def _add_ltd_floor(an: Any) -> None:
 
 def _add_analyze(sub: Any) -> None:
     """``vlp analyze cocos|helper|false-negatives|probes|minimal-pairs|ltd-floor``."""
-    s = sub.add_parser("analyze", help="analyses of a trained model")
-    an = s.add_subparsers(dest="what", required=True)
-    for add in (_add_cocos, _add_helper, _add_false_negatives, _add_probes, _add_ltd_floor):
-        add(an)
+    add_family(
+        sub,
+        "analyze",
+        "analyses of a trained model",
+        (_add_cocos, _add_helper, _add_false_negatives, _add_probes, _add_ltd_floor),
+    )
 
 
 def _add_plot(sub: Any) -> None:

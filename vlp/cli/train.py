@@ -1,5 +1,5 @@
-"""The training commands: ``vlp pretrain``, ``pretrain nlvr-ta``, ``finetune TASK`` (every
-fine-tuning task of the kind registry with a help line, :mod:`vlp.kinds`) and ``train-helper``. Each reads a YAML config, dotted overrides
+"""The training commands: ``vlp pretrain``, ``pretrain nlvr-ta``, ``finetune TASK`` (every task with a
+fine-tuning runner, :data:`vlp.runs.training.finetune.registry.RUNNERS`, whose kind has a help line) and ``train-helper``. Each reads a YAML config, dotted overrides
 and ``--resume``, and runs its family's module of :mod:`vlp.runs`."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from vlp.config import PretrainConfig, load_config, load_finetune_config
 from vlp.dist import rank
-from vlp.kinds import NLVR_TA, PRETRAIN, kinds
+from vlp.kinds import KINDS, NLVR_TA, PRETRAIN
 
 
 def _pretrain(a: argparse.Namespace) -> None:
@@ -99,8 +99,12 @@ def _add_nlvr_ta(sub: Any) -> None:
 
 
 def finetune_commands() -> list[tuple[str, str]]:
-    """``vlp finetune TASK``: each registered fine-tuning task that has a help line, with it."""
-    return [(k.name, k.about) for k in kinds().values() if k.finetune is not None and k.about]
+    """``vlp finetune TASK``: each task with a registered fine-tuning runner whose kind has a help
+    line (:attr:`vlp.kinds.Kind.about`), with it, in the order of the kinds. Read when the parser is
+    built: the built-in runners register on the import below, a plugin's before."""
+    from vlp.runs.training.finetune import RUNNERS
+
+    return [(name, k.about) for name, k in KINDS.items() if name in RUNNERS and k.about]
 
 
 def _add_finetune(sub: Any) -> None:

@@ -16,7 +16,7 @@ from vlp.config.load import check_choice, load_config, reject_broken_rules
 from vlp.config.loss import LossConfig
 from vlp.config.train import EvalConfig, TrainConfig
 from vlp.errors import ConfigError
-from vlp.kinds import RETRIEVAL, finetune_kinds, kind, kinds
+from vlp.kinds import KINDS, RETRIEVAL, finetune_kinds
 
 # ----------------------------------------------------------------------------- fine-tuning
 
@@ -118,7 +118,7 @@ class FinetuneConfig:
         """The broken rules of the task's registry entry (:class:`vlp.kinds.Kind`): a contrastive task
         has no MLM head and takes ITC positives by image id; SRCL regulation only where the entry
         allows it; a section another task owns (``Kind.sections``) left at its defaults."""
-        task, wrong = kind(self.task), []
+        task, wrong = KINDS.get(self.task), []
         if task.contrastive:
             wrong += [f"loss.mlm={self.loss.mlm} (the {self.task} model has no MLM head)"] if self.loss.mlm else []
             wrong += (
@@ -126,15 +126,15 @@ class FinetuneConfig:
                 if self.loss.itc_positives != "image"
                 else []
             )
-        for other in kinds().values():
-            for section in other.sections if other.name != self.task else ():
+        for name, other in KINDS.items():
+            for section in other.sections if name != self.task else ():
                 value = getattr(self, section)
                 if value != type(value)():
                     wrong.append(
-                        f"{section}.* set for task={self.task} (the {section} section is for task={other.name})"
+                        f"{section}.* set for task={self.task} (the {section} section is for task={name})"
                     )
         if self.loss.regulation != "none" and not task.regulated:
-            regulated = " / ".join(k.name for k in kinds().values() if k.regulated)
+            regulated = " / ".join(n for n, k in KINDS.items() if k.regulated)
             wrong.append(f"loss.regulation={self.loss.regulation} (SRCL regulates ITC: {regulated} only)")
         return wrong
 

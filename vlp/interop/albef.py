@@ -28,11 +28,10 @@ import torch
 
 from vlp.config.model import ARCH_ALBEF
 from vlp.errors import CheckpointError
-from vlp.kinds import NLVR, NLVR2, NLVR_TA, PRETRAIN, RETRIEVAL, VE, VQA, albef_formats, is_finetuned, kinds
-from vlp.kinds import kind as kind_entry
+from vlp.kinds import KINDS, NLVR, NLVR2, NLVR_TA, PRETRAIN, RETRIEVAL, VE, VQA, albef_formats, is_finetuned
 
 #: the ALBEF checkpoint formats (those of the kind registry's entries, :attr:`vlp.kinds.Kind.albef_format`)
-KINDS = albef_formats()
+ALBEF_FORMATS = albef_formats()
 TWIN = "momentum.twin."
 VOCAB, POSITIONS = 30522, 512  # what vlp's text tower is built with (vlp.models.text.build_text)
 
@@ -256,7 +255,7 @@ def translate(
     :class:`CheckpointError` naming it, unless it matches an ``allow_unexpected`` fnmatch pattern
     (then it is dropped and reported)."""
     if kind not in FORMATS:
-        raise CheckpointError(f"unknown ALBEF checkpoint kind {kind!r}; expected one of {list(KINDS)}")
+        raise CheckpointError(f"unknown ALBEF checkpoint kind {kind!r}; expected one of {list(ALBEF_FORMATS)}")
     report = KeyReport(kind, "albef->vlp" if to_vlp else "vlp->albef")
     drops = {d.albef: d for d in _drops(kind)}
     vlp_only = FORMATS[kind].vlp_only
@@ -446,7 +445,7 @@ def vlp_kind_of(kind: str, state: dict[str, torch.Tensor]) -> str:
 
 
 #: the ALBEF format of each vlp checkpoint kind that has one (:attr:`vlp.kinds.Kind.albef_format`)
-ALBEF_KIND = {k.name: k.albef_format for k in kinds().values() if k.albef_format}
+ALBEF_KIND = {name: k.albef_format for name, k in KINDS.items() if k.albef_format}
 
 
 def resize_albef_pos_embed(state: dict[str, torch.Tensor], image_size: int) -> dict[str, torch.Tensor]:
@@ -567,7 +566,7 @@ def export_albef_checkpoint(ckpt: str | Path, out: str | Path) -> KeyReport:
 
     opened = open_checkpoint(ckpt, torch.device("cpu"))
     path, kind, model = opened.path, opened.kind, opened.load()
-    albef_format = kind_entry(kind).albef_format if opened.model_config.arch == ARCH_ALBEF else ""
+    albef_format = KINDS.get(kind).albef_format if opened.model_config.arch == ARCH_ALBEF else ""
     if not albef_format:
         raise CheckpointError(f"{path}: a {opened.model_config.arch} {kind!r} checkpoint has no ALBEF layout")
     albef, report = export_albef_report(model.state_dict(), albef_format)

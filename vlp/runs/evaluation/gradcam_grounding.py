@@ -35,6 +35,7 @@ from vlp.eval.grounding import (
 from vlp.kinds import GROUNDING
 from vlp.models.gradcam import fusion_encoder
 from vlp.progress import progress
+from vlp.runs.evaluation.registry import EVALUATORS
 
 METRICS, PREDICTIONS, EXAMPLES = "metrics.json", "predictions.json", "grounding_examples.png"
 
@@ -171,6 +172,7 @@ def plot_examples(
         plot_grounding_examples(rows, path)
 
 
+@EVALUATORS.register(GROUNDING)
 def run_evaluate_grounding(
     checkpoint: str | Path,
     data: str | Path,

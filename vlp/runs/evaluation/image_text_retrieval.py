@@ -21,23 +21,23 @@ from vlp.dist import barrier, is_dist, rank, world_size
 from vlp.errors import CheckpointError, DataError
 from vlp.eval.retrieval import RetrievalResult, check_k_test, embed, evaluate_retrieval
 from vlp.hardware import default_device
-from vlp.kinds import kind as kind_entry
-from vlp.kinds import kinds_with
+from vlp.kinds import KINDS, kinds_with
 from vlp.preprocess.transforms import test_transform
+from vlp.runs.evaluation.registry import format_metrics as format_metrics  # the table `vlp evaluate retrieval` prints
 
 # Zero-shot protocols (docs/evaluation.md): which checkpoint kind each takes and the eval settings.
 RETRIEVAL_KINDS = kinds_with("similarity")
 EVAL_PRESETS: dict[str, dict] = {
     # A raw pretrained checkpoint at its pretraining resolution (ALBEF#25), ITM re-ranking.
     "zero-shot": {
-        "kinds": tuple(k for k in RETRIEVAL_KINDS if kind_entry(k).pretraining),
+        "kinds": tuple(k for k in RETRIEVAL_KINDS if KINDS.get(k).pretraining),
         "overrides": ["eval.score=itm"],
         "about": "raw pretrained checkpoint at its pretraining resolution, ITC top-k + ITM re-rank",
     },
     # ALBEF/BLIP "zero-shot Flickr30k": the COCO-fine-tuned retrieval checkpoint evaluated on Flickr30k
     # at its fine-tuning resolution, k_test 128 (ALBEF#29, #74, #89).
     "albef-flickr": {
-        "kinds": tuple(k for k in RETRIEVAL_KINDS if not kind_entry(k).pretraining),
+        "kinds": tuple(k for k in RETRIEVAL_KINDS if not KINDS.get(k).pretraining),
         "overrides": ["eval.score=itm", "eval.k_test=128"],
         "about": "ALBEF protocol: COCO-fine-tuned retrieval checkpoint on Flickr30k, k_test 128, ITM",
     },
@@ -295,8 +295,3 @@ def write_evaluation(out: Path, record: dict, split: RetrievalSplit, result: Ret
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(record, indent=2))
     plot_retrieval_examples(split, result.scores_t2i, out / "retrieval_examples.png", rel)
-
-
-def format_metrics(metrics: Mapping[str, float]) -> str:
-    """The lines ``vlp evaluate retrieval`` prints of a result's metrics: one ``name value`` each."""
-    return "\n".join(f"  {k:18s} {v:8.2f}" for k, v in metrics.items())

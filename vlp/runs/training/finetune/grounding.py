@@ -14,7 +14,9 @@ from vlp.data.formats import Sample
 from vlp.dist import gather_rows, rank, shard_bounds, world_size
 from vlp.errors import ConfigError
 from vlp.eval.mode import evaluating
+from vlp.kinds import GROUNDING
 from vlp.runs.training.finetune.recipe import finetune_job, fit, load_best, write_results
+from vlp.runs.training.finetune.registry import RUNNERS
 from vlp.runs.training.finetune.retrieval import contrastive_task
 from vlp.runs.training.job import Job
 
@@ -42,6 +44,7 @@ def grounding_layer(job: Job) -> int:
         raise ConfigError(f"config key 'grounding.layer': {e}") from e
 
 
+@RUNNERS.register(GROUNDING)
 def run_finetune_grounding(cfg: FinetuneConfig) -> dict:
     """ALBEF's weakly supervised grounding (``Grounding.py``): ITC (every expression of one image
     shares its id: positives by image) + ITM on (image, referring expression) pairs, no MLM, as

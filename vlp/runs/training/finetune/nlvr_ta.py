@@ -5,10 +5,13 @@ from __future__ import annotations
 from vlp.config import FinetuneConfig
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
+from vlp.kinds import NLVR_TA
 from vlp.runs.training.finetune.recipe import finetune_job, fit, make_loader, start, write_results
+from vlp.runs.training.finetune.registry import RUNNERS
 from vlp.weights import find_checkpoint
 
 
+@RUNNERS.register(NLVR_TA)
 def run_nlvr_ta(cfg: FinetuneConfig) -> dict:
     """Text-assignment pre-training of the doubled fusion layers on pretraining data (one epoch in
     ALBEF): which of two images (or neither) a caption describes."""

@@ -19,7 +19,7 @@ from vlp.config.model import ARCH_ALBEF
 from vlp.data.datasets import train_loader
 from vlp.dist import OtherRankDone, rank, shard_bounds, world_size
 from vlp.errors import ConfigError, DataError
-from vlp.kinds import kind as kind_entry
+from vlp.kinds import KINDS
 from vlp.models.build import build_model_of_kind
 from vlp.models.transfer import load_pretrained
 from vlp.preprocess.transforms import load_tokenizer
@@ -59,7 +59,7 @@ def finetune_job(cfg: FinetuneConfig, kind: Optional[str] = None) -> Job:
     source = open_checkpoint(cfg.pretrained, load=False)
     model_cfg = finetune_model_config(cfg, source.state)
     tokenizer = load_tokenizer(model_cfg.text)
-    kind = kind or kind_entry(cfg.task).saves_as
+    kind = kind or KINDS.get(cfg.task).saves_as
     model = build_model_of_kind(kind, model_cfg, len(tokenizer))
     transfer = load_pretrained(model, source.path)
     return Job(kind, cfg, model_cfg, model, tokenizer, source=source.path, transfer=transfer)

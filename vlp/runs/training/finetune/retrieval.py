@@ -13,6 +13,7 @@ from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import Sample, load_pairs, load_retrieval_split
 from vlp.data.image_checks import check_image_paths
 from vlp.dist import rank
+from vlp.kinds import RETRIEVAL
 from vlp.runs.training.assembly import build_reconstruction, load_targets_for
 from vlp.runs.training.finetune.recipe import (
     finetune_job,
@@ -23,6 +24,7 @@ from vlp.runs.training.finetune.recipe import (
     train_steps,
     write_results,
 )
+from vlp.runs.training.finetune.registry import RUNNERS
 from vlp.runs.training.job import Job, check_queue, token_info
 
 
@@ -59,6 +61,7 @@ def contrastive_task(job: Job, samples: Sequence[Sample]) -> tuple[Path, nn.Modu
     return run_dir, task
 
 
+@RUNNERS.register(RETRIEVAL)
 def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
     """ITC (positives by image id, id queue, optional SRCL on the live model) + ITM (same-image
     negatives excluded); validation = ITC top-k + ITM re-rank, best by r_mean; test at the end."""

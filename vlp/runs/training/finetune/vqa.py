@@ -11,9 +11,12 @@ from vlp.config import FinetuneConfig
 from vlp.dist import gather_rows, rank
 from vlp.errors import ConfigError
 from vlp.eval.mode import evaluating
+from vlp.kinds import VQA
 from vlp.runs.training.finetune.recipe import finetune_job, fit, load_best, make_loader, shard_of, start, write_results
+from vlp.runs.training.finetune.registry import RUNNERS
 
 
+@RUNNERS.register(VQA)
 def run_finetune_vqa(cfg: FinetuneConfig) -> dict:
     """Answer decoder from the pretrained fusion layers; weighted answer NLL (+ distillation);
     validation = VQA accuracy of the ranked candidate answers; test predictions in the official
