@@ -4,7 +4,16 @@ import math
 import pytest
 import torch
 
-from vlp.losses.cocos import cocos, cocos_infonce, cocos_smoothap, cocos_triplet
+from vlp.config import ContrastiveConfig
+from vlp.losses import CocosInputs, build_loss
+from vlp.losses.cocos import cocos_infonce, cocos_smoothap, cocos_triplet
+
+
+def cocos(name, sim, positives, params=None, **question):
+    """COCOS of the registered loss ``name`` (its ``params``) for one direction (``question``: tau,
+    threshold, inv_tau)."""
+    return build_loss(ContrastiveConfig(name=name, params=params or {})).cocos(CocosInputs(sim, positives, **question))
+
 
 # Dual encoder, diagonal positives, margin 0.2. Triplet hinges 0.2 + s_qn - s_qp:
 #   i2t q0 (pos 0.9): n=0.8 -> 0.1 yes, n=0.75 -> 0.05 yes      -> 2 (hardest: 1)
@@ -32,7 +41,7 @@ def test_triplet_counts_hand_worked_square():
     _check(cocos_triplet(S3, EYE3, 0.2, hardest=True), [1, 1, 0], 1, 2, 2 / 2)
     _check(cocos_triplet(S3.T, EYE3, 0.2, hardest=False), [0, 1, 2], 1, 3, 3 / 2)
     _check(cocos_triplet(S3.T, EYE3, 0.2, hardest=True), [0, 1, 1], 1, 2, 2 / 2)
-    assert cocos("triplet_sh", S3.T, EYE3, margin=0.2)["counts"].tolist() == [0, 1, 1]
+    assert cocos("triplet_sh", S3.T, EYE3, {"margin": 0.2})["counts"].tolist() == [0, 1, 1]
 
 
 def test_triplet_counts_are_per_caption_query_for_t2i():
@@ -104,7 +113,7 @@ def test_smoothap_contributions_hand_worked():
     assert _c(0.5, 0.4, r0, tau) > 0.1 > _c(0.5, 0.1, r0, tau)
     assert max(_c(0.3, 0.1, r1, tau), _c(0.3, 0.35, r1, tau), _c(0.35, 0.1, r2, tau)) < 0.1 < _c(0.35, 0.3, r2, tau)
     _check(cocos_smoothap(sim, pos, tau, threshold=0.1), [1, 0.5], 0, 1.5, 0.75)
-    _check(cocos("smoothap", sim, pos, smoothap_tau=tau, threshold=0.1), [1, 0.5], 0, 1.5, 0.75)
+    _check(cocos("smoothap", sim, pos, {"tau": tau}, threshold=0.1), [1, 0.5], 0, 1.5, 0.75)
 
 
 def test_smoothap_t2i_counts_per_caption_with_image_positive():
@@ -176,7 +185,7 @@ def test_smoothap_inv_tau_counts_the_true_gradient_magnitude():
     assert _c(0.5, 0.1, r0, tau) < 0.1 < _c(0.5, 0.1, r0, tau) / tau  # differs by the 1/tau factor
     _check(cocos_smoothap(sim, pos, tau, threshold=0.1), [1, 0.5], 0, 1.5, 0.75)  # ECIR definition (default)
     _check(cocos_smoothap(sim, pos, tau, threshold=0.1, inv_tau=True), [2, 2], 0, 4, 2.0)
-    _check(cocos("smoothap", sim, pos, smoothap_tau=tau, threshold=0.1, smoothap_inv_tau=True), [2, 2], 0, 4, 2.0)
+    _check(cocos("smoothap", sim, pos, {"tau": tau}, threshold=0.1, inv_tau=True), [2, 2], 0, 4, 2.0)
     # with the 1/tau factor, threshold t counts what threshold t * tau counts without it
     s, p = _random(3)
     for thr in (0.05, 0.5, 2.0):

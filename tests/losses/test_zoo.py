@@ -4,7 +4,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vlp.losses.contrastive import LOSSES, contrastive_loss, infonce, positive_index, smooth_ap, triplet, triplet_sh
+from vlp.config import ContrastiveConfig
+from vlp.losses import LOSSES, ContrastiveInputs, build_loss
+from vlp.losses.contrastive import infonce, positive_index, smooth_ap, soft_infonce, triplet, triplet_sh
+
+
+def contrastive_loss(name, sim_i2t, pos_i2t, sim_t2i, pos_t2i, params=None, **inputs):
+    """The registered loss ``name`` (its ``params``) on both directions (``inputs``: tau, log-weights)."""
+    loss = build_loss(ContrastiveConfig(name=name, params=params or {}))
+    return loss(ContrastiveInputs(sim_i2t, pos_i2t, sim_t2i, pos_t2i, **inputs))
+
 
 # ---- brute-force references: explicit loops over queries, positives and candidates (float64) ----
 
@@ -84,7 +93,7 @@ def _assert_close(ours, ref, leaves):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize("name", LOSSES.names())
 def test_dual_encoder_matches_brute_force(name):
     sim, pos = random_case(8, 8, seed=0)
     sim.requires_grad_(True)
@@ -94,7 +103,7 @@ def test_dual_encoder_matches_brute_force(name):
     _assert_close(ours, ref, [sim])
 
 
-@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize("name", LOSSES.names())
 def test_bank_matches_brute_force(name):
     sim_i2t, pos_i2t = random_case(6, 9, seed=1)  # different, non-square matrices per direction
     sim_t2i, pos_t2i = random_case(5, 11, seed=2)
@@ -217,7 +226,10 @@ def test_contrastive_loss_direction_reductions_and_errors():
     }
     for name, (a, b) in both.items():
         expected = a + b if name in ("triplet", "triplet_sh") else 0.5 * (a + b)
-        got = contrastive_loss(name, *args, tau=0.1, margin=0.3, smoothap_tau=0.02)
+        params = {"infonce": {}, "triplet": {"margin": 0.3}, "triplet_sh": {"margin": 0.3}, "smoothap": {"tau": 0.02}}[
+            name
+        ]
+        got = contrastive_loss(name, *args, params, tau=0.1)
         assert got.item() == pytest.approx(expected.item(), rel=1e-6)
     lw = torch.zeros(6, 9)
     assert contrastive_loss("infonce", *args, tau=0.1, log_weights_i2t=lw).item() == pytest.approx(
@@ -228,10 +240,33 @@ def test_contrastive_loss_direction_reductions_and_errors():
             contrastive_loss(name, *args, log_weights_i2t=lw)
         with pytest.raises(ValueError, match="log_weights"):
             contrastive_loss(name, *args, log_weights_t2i=torch.zeros(5, 11))
+        with pytest.raises(ValueError, match="targets are only supported"):
+            contrastive_loss(name, *args, targets_i2t=torch.full((6, 9), 1 / 9))
     with pytest.raises(ValueError, match="tau"):
         contrastive_loss("infonce", *args)
     with pytest.raises(ValueError, match="unknown"):
         contrastive_loss("hinge", *args)
+
+
+def test_infonce_with_soft_targets_is_the_soft_cross_entropy_of_sim_over_tau():
+    sim_i2t, pos_i2t = random_case(6, 9, seed=12)
+    sim_t2i, pos_t2i = random_case(5, 11, seed=13)
+    t_i2t, t_t2i = torch.softmax(sim_i2t * 3, 1), torch.softmax(sim_t2i * 3, 1)
+    lw = torch.zeros(5, 11).masked_fill(torch.eye(5, 11, dtype=torch.bool).roll(1, 1), float("-inf"))
+    got = contrastive_loss(
+        "infonce",
+        sim_i2t,
+        pos_i2t,
+        sim_t2i,
+        pos_t2i,
+        tau=0.1,
+        targets_i2t=t_i2t,
+        targets_t2i=t_t2i,
+        log_weights_t2i=lw,
+        removal=True,
+    )
+    expected = 0.5 * (soft_infonce(sim_i2t / 0.1, t_i2t) + soft_infonce(sim_t2i / 0.1, t_t2i, lw, True))
+    assert got.item() == pytest.approx(expected.item(), rel=1e-6) and torch.isfinite(got)
 
 
 def test_uniform_similarities_give_log_of_contrast_size():

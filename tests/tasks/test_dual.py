@@ -7,7 +7,7 @@ from tests.helpers import DUAL, TINY_DUAL
 from tests.tasks.test_pretrain import make_batch, tiny
 from vlp.config import ContrastiveConfig, LossConfig, LTDConfig, PretrainConfig, TrainConfig, load_config
 from vlp.errors import ConfigError
-from vlp.losses.contrastive import contrastive_loss
+from vlp.losses import ContrastiveInputs, build_loss
 from vlp.models.dual import DualEncoder
 from vlp.tasks.dual import DualTask
 from vlp.tasks.objectives import TokenInfo
@@ -49,7 +49,7 @@ def test_dual_task_scores_every_caption_against_every_image_with_image_id_positi
     txt = model.encode_text(bt["input_ids"], bt["attention_mask"]).feat
     pos = bt["image_ids"][:, None] == bt["text_image_ids"][None, :]
     assert pos.sum(1).tolist() == [2, 2, 2]
-    ref = contrastive_loss(name, img @ txt.T, pos, txt @ img.T, pos.T, tau=0.05, margin=0.2, smoothap_tau=0.01)
+    ref = build_loss(ContrastiveConfig(name=name))(ContrastiveInputs(img @ txt.T, pos, txt @ img.T, pos.T, tau=0.05))
     assert out["loss"].item() == pytest.approx(ref.item(), rel=1e-4, abs=1e-5)
     assert out["contrastive"].item() == pytest.approx(out["loss"].item())
 

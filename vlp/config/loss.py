@@ -3,8 +3,9 @@ reconstruction and its Lagrange multiplier."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Mapping, Optional, Protocol
 
 from vlp.config.load import check_choice
 from vlp.errors import ConfigError
@@ -86,7 +87,7 @@ class SRCLConfig:
 
 class LossTraits(Protocol):
     """What the cross-section rules need to know of a contrastive loss (its class's flags,
-    :class:`vlp.losses.registry.ContrastiveLoss`)."""
+    :class:`vlp.losses.protocol.ContrastiveLoss`)."""
 
     @property
     def uses_tau(self) -> bool:
@@ -135,21 +136,56 @@ def known_loss_traits(config: ContrastiveConfig) -> Optional[LossTraits]:
 class ContrastiveConfig:
     """The contrastive term (docs/methods.md, loss zoo). ALBEF's ITC is InfoNCE with momentum
     distillation; the other losses take the same similarities and positives. The name is any
-    registered loss (:mod:`vlp.losses.registry`), checked with its ``params`` when a pretraining
+    registered loss (:data:`vlp.losses.registry.LOSSES`), checked with its ``params`` when a pretraining
     config is loaded (:meth:`vlp.config.PretrainConfig.check_given`) and when the loss is built."""
 
     name: str = "infonce"  # infonce | triplet | triplet_sh | smoothap | any registered loss
     tau: Optional[float] = None  # InfoNCE temperature; None: the model's learned one (ALBEF)
-    margin: float = 0.2  # triplet, triplet_sh
-    smoothap_tau: float = 0.01  # sigmoid temperature of SmoothAP
-    # A registered loss's own hyperparameters, checked against its typed Params when it is built:
-    # loss.contrastive.params.scale=2.0
+    # The loss's own hyperparameters, checked against its typed Params when it is built:
+    # loss.contrastive.params.margin=0.3 (triplet, triplet_sh), loss.contrastive.params.tau=0.02 (smoothap)
     params: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.tau is not None and self.tau <= 0 or self.smoothap_tau <= 0:
+        if self.tau is not None and self.tau <= 0:
+            raise ConfigError(f"config key 'loss.contrastive.tau': got {self.tau}, expected > 0")
+
+
+#: Keys of ``loss.contrastive`` that became a loss's own hyperparameter (issue 53): old key ->
+#: (the built-in losses that took it, its ``loss.contrastive.params`` key).
+MOVED_TO_PARAMS: dict[str, tuple[tuple[str, ...], str]] = {
+    "smoothap_tau": (("smoothap",), "tau"),
+    "margin": (("triplet", "triplet_sh"), "margin"),
+}
+
+
+def migrate_saved_contrastive(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a saved run config ``config`` (the nested dict of a checkpoint's ``state.json`` or a
+    run's ``config.yaml``) with the :data:`MOVED_TO_PARAMS` keys of ``loss.contrastive`` moved into
+    ``loss.contrastive.params`` for a loss that takes them (the value the run was trained with, unless
+    ``params`` sets it), and dropped for any other (they never reached it). A config without them is
+    returned as it is (copied)."""
+    out = copy.deepcopy(dict(config))
+    c = out.get("loss", {}).get("contrastive") if isinstance(out.get("loss"), Mapping) else None
+    if not isinstance(c, dict):
+        return out
+    for old, (losses, new) in MOVED_TO_PARAMS.items():
+        if old in c:
+            value = c.pop(old)
+            if c.get("name", "infonce") in losses:
+                c["params"] = {new: value, **(c.get("params") or {})}
+    return out
+
+
+def refuse_moved_contrastive(config: Mapping[str, Any], source: str) -> None:
+    """One :class:`ConfigError` naming the new key where a user's config ``config`` (a YAML file's
+    tree or the overrides', ``source``) sets a :data:`MOVED_TO_PARAMS` key; returns nothing otherwise."""
+    loss = config.get("loss")
+    c = loss.get("contrastive") if isinstance(loss, Mapping) else None
+    for old, (losses, new) in MOVED_TO_PARAMS.items():
+        if isinstance(c, Mapping) and old in c:
             raise ConfigError(
-                f"config keys 'loss.contrastive.tau'/'smoothap_tau': got {self.tau}/{self.smoothap_tau}, expected > 0"
+                f"{source}: config key 'loss.contrastive.{old}' is now a hyperparameter of its loss: set "
+                f"loss.contrastive.params.{new} (it applies to {'/'.join(losses)} only)"
             )
 
 

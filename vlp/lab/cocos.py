@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
@@ -65,9 +64,10 @@ def run_cocos(
     ``out/cocos.json`` (mean and std over batches of every statistic, per direction) and
     ``out/cocos.png`` (per-query count histograms). ``smoothap_inv_tau``: SmoothAP counts its true
     gradient magnitude G(1-G)/tau/R^2 instead of ECIR's G(1-G)/R^2 (:func:`vlp.losses.cocos.cocos_smoothap`).
-    ``loss`` is any registered loss (:mod:`vlp.losses.registry`), built from the run's ``loss.contrastive``
+    ``loss`` is any registered loss (:data:`vlp.losses.registry.LOSSES`), built from the run's ``loss.contrastive``
     with that name (its ``params``: the run's for the run's own loss, plus the overrides'); the record
     holds its ``hyperparameters``."""
+    from vlp.losses.protocol import CocosInputs
     from vlp.losses.registry import build_loss
     from vlp.progress import progress
 
@@ -83,7 +83,10 @@ def run_cocos(
     loader = _cocos_loader(cfg, data, tokenizer)
     n = len(loader) if batches is None else min(batches, len(loader))
     bar = progress(n, f"cocos {loss}", show_progress)
-    stats_of = partial(loss_fn.cocos, tau=tau, threshold=threshold, inv_tau=smoothap_inv_tau)
+
+    def stats_of(sim: torch.Tensor, positives: torch.Tensor) -> dict:
+        return loss_fn.cocos(CocosInputs(sim, positives, tau, threshold, smoothap_inv_tau))
+
     per_batch, counts = _cocos_pass(model, loader, n, stats_of, bar)
     bar.close()
     summary = {key: mean_std(v) for key, v in per_batch.items()}
@@ -95,8 +98,6 @@ def run_cocos(
         "batch_size": cfg.data.batch_size,
         "captions_per_image": cfg.data.captions_per_image,
         "tau": tau,
-        "margin": c.margin,
-        "smoothap_tau": c.smoothap_tau,
         "smoothap_inv_tau": smoothap_inv_tau,
         "hyperparameters": loss_fn.hyperparameters(),
         "threshold": threshold,

@@ -5,21 +5,24 @@ and ``positives`` [Q, C] bool (any number of positives; every other entry is a n
 positive are skipped and not counted). Each function returns a dict with ``counts`` [Q] (float tensor,
 0 on skipped rows) and python-float statistics; ``valid`` is the number of queries with a positive and
 ``zeros`` the number of those whose count is 0. Counts are always per query of the given direction
-(for t2i, per caption query).
+(for t2i, per caption query). :func:`count_stats` makes that dict from per-query counts: a new loss's
+:meth:`~vlp.losses.protocol.ContrastiveLoss.cocos` counts its contributing candidates and hands them to it.
 """
 
 from __future__ import annotations
 
 import torch
 
-from vlp.config import ContrastiveConfig
 from vlp.losses.contrastive import positive_index, smoothap_sigmoids, triplet_hinges
-from vlp.losses.registry import Stats, build_loss
+from vlp.losses.protocol import Stats
 
 
-def _summary(counts: torch.Tensor, valid: torch.Tensor, exclude_zeros: bool = True) -> Stats:
-    """``counts``, ``valid``, ``zeros``, ``count_total`` and ``count_mean`` = total / (valid - zeros), or
-    total / valid without ``exclude_zeros``; NaN when that denominator is 0."""
+def count_stats(counts: torch.Tensor, valid: torch.Tensor, exclude_zeros: bool = True) -> Stats:
+    """The COCOS statistics of per-query ``counts`` [Q] (contributing candidates of each query, any
+    number type) over the queries ``valid`` [Q] bool (those with a positive; the others count 0):
+    ``counts`` (float [Q]), ``valid`` (how many), ``zeros`` (valid queries counting 0), ``count_total``
+    and ``count_mean`` = total / (valid - zeros), or total / valid without ``exclude_zeros``; NaN when
+    that denominator is 0."""
     counts = counts.float().masked_fill(~valid, 0.0)
     n_valid = int(valid.sum())
     zeros = int((valid & (counts == 0)).sum())
@@ -48,7 +51,7 @@ def cocos_triplet(sim: torch.Tensor, positives: torch.Tensor, margin: float, har
         counts = ((margin + hard - sim > 0) & positives).sum(1)
     else:
         counts = (triplet_hinges(sim, positives, margin) > 0).sum((1, 2))
-    return _summary(counts, positives.any(1))
+    return count_stats(counts, positives.any(1))
 
 
 @torch.no_grad()
@@ -78,7 +81,7 @@ def cocos_infonce(sim: torch.Tensor, positives: torch.Tensor, tau: float, thresh
         "neg_mass_below": p_neg.masked_fill(above, 0.0),
         "neg_mass_above": p_neg.masked_fill(~above, 0.0),
     }
-    stats = _summary(above.sum(1), valid, exclude_zeros=False)
+    stats = count_stats(above.sum(1), valid, exclude_zeros=False)
     stats.update({k: float(v.sum()) / n_valid if n_valid else float("nan") for k, v in per_query.items()})
     return stats
 
@@ -104,22 +107,4 @@ def cocos_smoothap(
         contribution = contribution / tau
     hits = (contribution > threshold) & pmask[:, :, None]  # j = i has g = 0, never a hit
     n_pos = positives.sum(1)
-    return _summary(hits.sum((1, 2)) / n_pos.clamp_min(1), n_pos > 0)
-
-
-def cocos(
-    name: str,
-    sim: torch.Tensor,
-    positives: torch.Tensor,
-    *,
-    tau: float = 0.05,
-    margin: float = 0.2,
-    smoothap_tau: float = 0.01,
-    threshold: float = 0.01,
-    smoothap_inv_tau: bool = False,
-) -> Stats:
-    """COCOS statistics of loss ``name`` (a registered loss, :mod:`vlp.losses.registry`) with these
-    hyperparameters, for one direction ``sim``/``positives`` [Q, C]: its :meth:`ContrastiveLoss.cocos`.
-    ``smoothap_inv_tau``: count the true gradient magnitude, with its 1/tau (:func:`cocos_smoothap`)."""
-    loss = build_loss(ContrastiveConfig(name=name, margin=margin, smoothap_tau=smoothap_tau))
-    return loss.cocos(sim, positives, tau=tau, threshold=threshold, inv_tau=smoothap_inv_tau)
+    return count_stats(hits.sum((1, 2)) / n_pos.clamp_min(1), n_pos > 0)

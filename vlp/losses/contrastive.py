@@ -2,8 +2,8 @@
 
 Losses take tensors (logits, target distributions, optional log-weights), never models.
 
-Loss zoo conventions (``infonce``, ``triplet``, ``triplet_sh``, ``smooth_ap``, ``contrastive_loss``; the
-registered loss classes over them are in :mod:`vlp.losses.zoo`):
+Loss zoo conventions (``infonce``, ``triplet``, ``triplet_sh``, ``smooth_ap``; the registered loss
+classes over them are in :mod:`vlp.losses.zoo`, their protocol in :mod:`vlp.losses.protocol`):
 
 - One retrieval direction per call: ``sim`` [Q, C] is the (cosine) similarity of each query to each
   candidate, ``positives`` [Q, C] bool marks any number of positives per row. Every entry that is not
@@ -13,20 +13,18 @@ registered loss classes over them are in :mod:`vlp.losses.zoo`):
 - Computation is in fp32 whatever the input dtype; everything is device-agnostic.
 - Multiple positives are handled per positive: InfoNCE has one term per (q, p) whose denominator is
   {p} ∪ N_q (the query's other positives are left out), triplets are per (q, p, n).
-- Directions: ``contrastive_loss`` takes the i2t and t2i matrices separately (a momentum bank gives two
-  different [B, B + K] matrices; a dual encoder passes ``sim.T`` and ``pos.T``). Triplet and Triplet-SH
-  SUM the two directions, InfoNCE and SmoothAP average them.
+- Directions: a registered loss takes the i2t and t2i matrices separately
+  (:class:`~vlp.losses.protocol.ContrastiveInputs`: a momentum bank gives two different [B, B + K]
+  matrices; a dual encoder passes ``sim.T`` and ``pos.T``). Triplet and Triplet-SH SUM the two
+  directions, InfoNCE and SmoothAP average them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
-
-from vlp.config import ContrastiveConfig
-from vlp.losses.registry import build_loss, loss_names
 
 
 def itc_targets(
@@ -68,14 +66,6 @@ def soft_infonce(
     kept = kept / kept.sum(1, keepdim=True).clamp_min(1e-12)
     targets = torch.where(removed.any(1, keepdim=True), kept, targets)  # rows without removals: exact
     return -(targets * logp).sum(1).mean()
-
-
-def __getattr__(name: str) -> Any:
-    """``LOSSES``: the registered names config key loss.contrastive.name accepts
-    (:func:`vlp.losses.registry.loss_names`, read when asked: the loss classes import this module)."""
-    if name == "LOSSES":
-        return loss_names()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def positive_index(positives: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,32 +159,6 @@ def smooth_ap(sim: torch.Tensor, positives: torch.Tensor, tau: float) -> torch.T
     n_pos = positives.sum(1)
     ap = (r_pos / r_all).masked_fill(~pmask, 0.0).sum(1) / n_pos.clamp_min(1)
     return _mean_valid(1.0 - ap, n_pos > 0)
-
-
-def contrastive_loss(
-    name: str,
-    sim_i2t: torch.Tensor,
-    pos_i2t: torch.Tensor,
-    sim_t2i: torch.Tensor,
-    pos_t2i: torch.Tensor,
-    *,
-    tau: Union[float, torch.Tensor, None] = None,
-    margin: float = 0.2,
-    smoothap_tau: float = 0.01,
-    log_weights_i2t: Optional[torch.Tensor] = None,
-    log_weights_t2i: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """Two-direction loss ``name`` (a registered loss, :mod:`vlp.losses.registry`) with these
-    hyperparameters. Returns a scalar.
-
-    ``sim_i2t``/``pos_i2t`` [B_i, C_t] and ``sim_t2i``/``pos_t2i`` [B_t, C_i] are independent (no transpose
-    is assumed). Triplet and Triplet-SH sum the directions; InfoNCE (``tau`` required, optional
-    ``log_weights_*``) and SmoothAP (``smoothap_tau``) average them.
-    """
-    loss = build_loss(ContrastiveConfig(name=name, margin=margin, smoothap_tau=smoothap_tau))
-    return loss(
-        sim_i2t, pos_i2t, sim_t2i, pos_t2i, tau=tau, log_weights_i2t=log_weights_i2t, log_weights_t2i=log_weights_t2i
-    )
 
 
 def cosines(a: torch.Tensor, bank: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,7 @@ import torch
 from vlp.config import LossConfig
 from vlp.dist import all_gather_nograd, all_gather_with_grad
 from vlp.losses.contrastive import cosines
+from vlp.losses.protocol import ContrastiveInputs
 from vlp.losses.registry import build_loss
 from vlp.models.dual import DualEncoder
 from vlp.tasks.base import Task
@@ -40,11 +41,13 @@ class DualTask(Task):
         all_img, all_txt = all_gather_with_grad(img), all_gather_with_grad(txt)
         all_img_ids, all_txt_ids = all_gather_nograd(img_ids), all_gather_nograd(txt_ids)
         l_con = self.contrastive(
-            cosines(img, all_txt),
-            img_ids[:, None] == all_txt_ids[None, :],
-            cosines(txt, all_img),
-            txt_ids[:, None] == all_img_ids[None, :],
-            tau=self.loss_cfg.contrastive.tau,
+            ContrastiveInputs(
+                cosines(img, all_txt),
+                img_ids[:, None] == all_txt_ids[None, :],
+                cosines(txt, all_img),
+                txt_ids[:, None] == all_img_ids[None, :],
+                tau=self.loss_cfg.contrastive.tau,
+            )
         )
         out = {"contrastive": l_con.detach()}
         loss = l_con

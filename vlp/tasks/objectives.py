@@ -20,7 +20,8 @@ from vlp.dist import all_gather_nograd, all_gather_with_grad, own_rows, world_si
 from vlp.losses.contrastive import cosines, itc_targets
 from vlp.losses.matching import ITM_NEGATIVES_PER_POSITIVE, itm_loss, race_noise, sample_hard_negatives
 from vlp.losses.mlm import gather_masked, mask_tokens, mlm_capacity, mlm_loss
-from vlp.losses.registry import ContrastiveLoss, build_loss
+from vlp.losses.protocol import ContrastiveInputs, ContrastiveLoss
+from vlp.losses.registry import build_loss
 from vlp.models.albef import ALBEF, ImageFeatures, TextFeatures
 from vlp.models.text import ImageKV, select_kv
 from vlp.tasks.regulation import Regulation
@@ -116,7 +117,7 @@ def itc_step(
     sim_i2t, sim_t2i = cos_i2t / temp, cos_t2i / temp
     loss_fn = loss_fn or build_loss(c)
     if not loss_fn.soft_targets:
-        return ITCOutput(loss_fn(cos_i2t, pos, cos_t2i, pos, tau=temp), sim_i2t, sim_t2i, own, temp)
+        return ITCOutput(loss_fn(ContrastiveInputs(cos_i2t, pos, cos_t2i, pos, tau=temp)), sim_i2t, sim_t2i, own, temp)
     with torch.no_grad():
         m_i2t = cosines(img_m, bank_t) / temp
         m_t2i = cosines(txt_m, bank_i) / temp
@@ -124,10 +125,9 @@ def itc_step(
     lw_i2t, lw_t2i, removal = (r.log_w_i2t, r.log_w_t2i, r.removal) if r is not None else (None, None, False)
     if r is not None and r.weight_targets:  # the soft targets see the weights too
         m_i2t, m_t2i = m_i2t + r.log_w_i2t, m_t2i + r.log_w_t2i
-    loss = loss_fn.soft_forward(
-        sim_i2t, itc_targets(pos, m_i2t, alpha), sim_t2i, itc_targets(pos, m_t2i, alpha), lw_i2t, lw_t2i, removal
-    )
-    return ITCOutput(loss, sim_i2t, sim_t2i, own, temp, r.stats if r is not None else {})
+    targets = dict(targets_i2t=itc_targets(pos, m_i2t, alpha), targets_t2i=itc_targets(pos, m_t2i, alpha))
+    x = ContrastiveInputs(cos_i2t, pos, cos_t2i, pos, temp, lw_i2t, lw_t2i, **targets, removal=removal)
+    return ITCOutput(loss_fn(x), sim_i2t, sim_t2i, own, temp, r.stats if r is not None else {})
 
 
 def enqueue(model: ALBEF, image_ids: torch.Tensor, img_m: torch.Tensor, txt_m: torch.Tensor) -> None:
