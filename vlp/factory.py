@@ -18,9 +18,9 @@ from torch import nn
 
 from vlp.api import VLPModel, build_inference_model
 from vlp.checkpoint import Preprocessor
-from vlp.config import ModelConfig, get_preset, preset_model_config, to_dict
+from vlp.config import PRESETS, ModelConfig, preset_model_config, to_dict
 from vlp.config.model import ARCH_ALBEF
-from vlp.config.presets import has_preset, list_presets
+from vlp.config.presets import list_presets
 from vlp.errors import ConfigError
 from vlp.hardware import default_device
 from vlp.kinds import PRETRAIN
@@ -37,7 +37,7 @@ def list_models() -> list[str]:
 
 def model_config(name: str) -> ModelConfig:
     """The :class:`~vlp.config.ModelConfig` of preset ``name`` (a fresh copy)."""
-    if not has_preset(name):
+    if name not in PRESETS:
         raise ConfigError(f"unknown model {name!r}; vlp.list_models() has {list_models()}")
     return preset_model_config(name)
 
@@ -46,7 +46,7 @@ def preset_preprocessor(name: str) -> Preprocessor:
     """How preset ``name``'s inputs are prepared, as a checkpoint's ``preprocessor.json`` says it: its
     architecture's resolution, its preprocessing's mean/std, text length (else the architecture's
     ``text.max_len``) and cleaning."""
-    cfg, pre = model_config(name), get_preset(name).preprocessing
+    cfg, pre = model_config(name), PRESETS.get(name).preprocessing
     return Preprocessor(
         model_image_size(cfg),
         list(pre.mean),
@@ -59,7 +59,7 @@ def preset_preprocessor(name: str) -> Preprocessor:
 
 def _is_architecture(name: str) -> bool:
     """Whether ``name`` is a preset without released weights (built randomly initialised)."""
-    return has_preset(name) and get_preset(name).weights is None
+    return name in PRESETS and PRESETS.get(name).weights is None
 
 
 def create_model_and_transforms(

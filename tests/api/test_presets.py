@@ -10,6 +10,7 @@ from PIL import Image
 import vlp
 from vlp.checkpoint import preprocessor_of
 from vlp.config import (
+    PRESETS,
     TEXT_PRESETS,
     VISION_PRESETS,
     FinetuneConfig,
@@ -17,9 +18,7 @@ from vlp.config import (
     Preset,
     PretrainConfig,
     preset_model_config,
-    register_preset,
     resolved,
-    unregister_preset,
 )
 from vlp.config.presets import albef_release
 from vlp.errors import ConfigError
@@ -27,6 +26,7 @@ from vlp.factory import model_config, preset_preprocessor
 from vlp.interop import zoo
 from vlp.kinds import is_finetuned
 from vlp.models.albef import ALBEF
+from vlp.registry import UnknownName
 
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 URL = "https://storage.googleapis.com/sfr-pcl-data-research/ALBEF/"
@@ -75,8 +75,8 @@ def mini():
         Preprocessing(mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), max_len=12),
         about="registered by a test",
     )
-    yield vlp.register_preset(preset)
-    unregister_preset("test-mini")
+    with PRESETS.registered("test-mini", preset):
+        yield preset
 
 
 def test_a_registered_preset_is_listed_and_built(mini):
@@ -87,15 +87,17 @@ def test_a_registered_preset_is_listed_and_built(mini):
     assert pixels.shape == (3, 64, 64)  # the tiny tower's resolution
     assert torch.allclose(pixels[:, 0, 0], torch.tensor([2.0, -2.0, -2.0]))  # (1 - 0.5) / 0.25, (0 - 0.5) / 0.25
     assert preset_preprocessor("test-mini").max_len == 12
-    with pytest.raises(ConfigError, match="already registered"):
-        register_preset(mini)
-    unregister_preset("test-mini")
+    with pytest.raises(ValueError, match="registered already"):
+        PRESETS.register("test-mini", mini)
+    PRESETS.unregister("test-mini")
     assert "test-mini" not in vlp.list_models()
-    register_preset(mini)  # the fixture removes it again
+    PRESETS.register("test-mini", mini)  # the fixture removes it again
 
 
 def test_a_registered_release_is_a_zoo_tag(capsys):
-    register_preset(albef_release("test-release", "http://mirror.local/t.pth", "retrieval", 384, "a test's weights"))
+    PRESETS.register(
+        "test-release", albef_release("test-release", "http://mirror.local/t.pth", "retrieval", 384, "a test's weights")
+    )
     try:
         assert vlp.list_pretrained()[-1] == "test-release" and "test-release" not in vlp.list_models()
         e = zoo.pretrained_entry("test-release")
@@ -111,7 +113,7 @@ def test_a_registered_release_is_a_zoo_tag(capsys):
         assert main(["zoo", "list"]) == 0
         assert "test-release" in capsys.readouterr().out
     finally:
-        unregister_preset("test-release")
+        PRESETS.unregister("test-release")
     assert "test-release" not in zoo.PRETRAINED and len(zoo.PRETRAINED) == len(OLD_ZOO)
     with pytest.raises(KeyError):  # the zoo's view removes released presets only
         del zoo.PRETRAINED["albef-tiny"]
@@ -125,12 +127,18 @@ def test_a_bad_preset_is_refused():
         albef_release("x", "http://x/x.pth", "grounding", 384, "a layout the converter does not read")
     with pytest.raises(ConfigError, match="caption_cleaning"):
         Preprocessing(caption_cleaning="lower")
-    register_preset(Preset("test-bad", {"vision": {"depht": 2}}))
-    try:
+    with PRESETS.registered("test-bad", Preset("test-bad", {"vision": {"depht": 2}})):
         with pytest.raises(ConfigError, match="preset 'test-bad'.*depht"):
             vlp.create_model_and_transforms("test-bad", device="cpu")
-    finally:
-        unregister_preset("test-bad")
+
+
+def test_an_unknown_preset_is_one_error_naming_the_known_ones():
+    with pytest.raises(UnknownName, match=r"unknown preset 'albef-huge'; known: \['albef-tiny', 'albef-small'") as e:
+        preset_model_config("albef-huge")
+    assert isinstance(e.value, ConfigError) and "albef-14m" in str(e.value)
+    assert "albef-tiny" in PRESETS and "albef-huge" not in PRESETS
+    with pytest.raises(ConfigError, match=r"unknown model 'albef-huge'; vlp.list_models\(\) has"):
+        model_config("albef-huge")
 
 
 @pytest.mark.parametrize("name", ["albef-tiny", "albef-small", "albef-base", "dual-resnet18"])

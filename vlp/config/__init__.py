@@ -9,7 +9,7 @@ The schema is split by concept, one module each; this package re-exports every p
 
 - :mod:`vlp.config.load`: YAML loading, dotted overrides, dict/YAML round trips, presets
   (``load_config``, ``apply_overrides``, ``from_dict``, ``to_dict``, ``to_yaml``, ``resolved``)
-- :mod:`vlp.config.presets`: the one preset registry (``Preset``, ``register_preset``; the tower presets
+- :mod:`vlp.config.presets`: the one preset registry (``Preset``, ``PRESETS``; the tower presets
   ``VISION_PRESETS``/``TEXT_PRESETS``)
 - :mod:`vlp.config.model`: image/text towers, the dual encoder, ``preset_model_config``
 - :mod:`vlp.config.data`: pretraining data, image augmentation, the bad-sample policy
@@ -38,22 +38,20 @@ from vlp.config.loss import (
 )
 from vlp.config.model import DualConfig, ModelConfig, TextConfig, VisionConfig, preset_model_config
 from vlp.config.presets import (
+    PRESETS,
     TEXT_PRESETS,
     VISION_PRESETS,
     Preprocessing,
     Preset,
     Weights,
-    get_preset,
-    has_preset,
     list_presets,
-    register_preset,
-    unregister_preset,
 )
 from vlp.config.pretrain import PretrainConfig
 from vlp.config.train import AverageConfig, EvalConfig, TrainConfig
 from vlp.errors import ConfigError
 
 __all__ = [
+    "PRESETS",
     "TEXT_PRESETS",
     "VISION_PRESETS",
     "AverageConfig",
@@ -83,15 +81,11 @@ __all__ = [
     "Weights",
     "apply_overrides",
     "from_dict",
-    "get_preset",
-    "has_preset",
     "list_presets",
     "load_config",
     "load_finetune_config",
     "preset_model_config",
-    "register_preset",
     "resolved",
     "to_dict",
     "to_yaml",
-    "unregister_preset",
 ]

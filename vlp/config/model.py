@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from vlp.config.load import check_choice, from_dict
-from vlp.config.presets import TEXT_PRESETS, VISION_PRESETS, Preset, get_preset
+from vlp.config.presets import PRESETS, TEXT_PRESETS, VISION_PRESETS, Preset
 from vlp.errors import ConfigError
 
 # ----------------------------------------------------------------------------- model
@@ -131,10 +131,10 @@ class ModelConfig:
 
 
 def preset_model_config(preset: Preset | str) -> ModelConfig:
-    """The :class:`ModelConfig` of a registered preset (or its name: :func:`vlp.config.presets.get_preset`),
-    a fresh copy; :class:`ConfigError` naming the preset if its architecture is not a valid ``model``
+    """The :class:`ModelConfig` of a registered preset (or its name in
+    :data:`vlp.config.presets.PRESETS`), a fresh copy; :class:`ConfigError` naming the preset if its architecture is not a valid ``model``
     section."""
-    entry = get_preset(preset) if isinstance(preset, str) else preset
+    entry = PRESETS.get(preset) if isinstance(preset, str) else preset
     try:
         return from_dict(ModelConfig, copy.deepcopy(dict(entry.model)))
     except ConfigError as e:

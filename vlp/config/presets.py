@@ -12,8 +12,8 @@ the towers' unset fields (:func:`vlp.config.load.resolved`).
 
 Add one without editing vlp::
 
-    from vlp.config.presets import Preset, register_preset
-    register_preset(Preset("albef-mini", {"vision": {"preset": "tiny", "depth": 2}}, about="..."))
+    from vlp.config.presets import PRESETS, Preset
+    PRESETS.register("albef-mini", Preset("albef-mini", {"vision": {"preset": "tiny", "depth": 2}}, about="..."))
 
 The image resolution is the architecture's (``model.vision.img_size`` or its tower preset's,
 ``model.dual.img_size`` for the dual encoder): :func:`vlp.config.model.preset_model_config`
@@ -30,6 +30,7 @@ from vlp.config.data import ImageConfig
 from vlp.config.load import check_choice
 from vlp.errors import ConfigError
 from vlp.kinds import NLVR, PRETRAIN, RETRIEVAL, VQA, albef_formats, of_albef_format
+from vlp.registry import Registry
 
 # ----------------------------------------------------------------------------- tower presets
 
@@ -134,39 +135,16 @@ class Preset:
 
 # ----------------------------------------------------------------------------- the registry
 
-_REGISTRY: dict[str, Preset] = {}
-
-
-def register_preset(preset: Preset, replace: bool = False) -> Preset:
-    """Add ``preset`` to the registry (``replace``: over one of the same name, else that is a
-    :class:`ConfigError`) and return it. It is then listed and built by name everywhere."""
-    if preset.name in _REGISTRY and not replace:
-        raise ConfigError(f"preset {preset.name!r} is already registered (replace=True to replace it)")
-    _REGISTRY[preset.name] = preset
-    return preset
-
-
-def unregister_preset(name: str) -> Preset:
-    """Remove preset ``name`` and return it; :class:`ConfigError` if there is none."""
-    return _REGISTRY.pop(get_preset(name).name)
-
-
-def get_preset(name: str) -> Preset:
-    """The preset ``name``; :class:`ConfigError` listing the known names otherwise."""
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown preset {name!r}; known: {', '.join(_REGISTRY)}")
-    return _REGISTRY[name]
-
-
-def has_preset(name: str) -> bool:
-    """Whether ``name`` is a registered preset."""
-    return name in _REGISTRY
+#: name -> preset, in registration order (:class:`vlp.registry.Registry`: ``PRESETS.get(name)``, an
+#: unknown name one :class:`~vlp.registry.UnknownName` naming the known ones; ``name in PRESETS``;
+#: ``PRESETS.register(name, preset)``; ``PRESETS.unregister(name)``)
+PRESETS: Registry[Preset] = Registry("preset")
 
 
 def list_presets(released: Optional[bool] = None) -> list[Preset]:
     """The registered presets in registration order; ``released``: only those with (``True``) or
     without (``False``) released weights."""
-    return [p for p in _REGISTRY.values() if released is None or (p.weights is not None) == released]
+    return [p for _, p in PRESETS.items() if released is None or (p.weights is not None) == released]
 
 
 # ----------------------------------------------------------------------------- vlp's presets
@@ -212,13 +190,17 @@ def _register_vlp_presets() -> None:
         ("small", "ViT-S/16 at 224 px, MiniLM-sized text 3 + 3 layers"),
         ("base", "ALBEF's: ViT-B/16 at 256 px, BERT-base 6 + 6 layers"),
     ):
-        register_preset(Preset(f"albef-{size}", {"vision": {"preset": size}, "text": {"preset": size}}, about=about))
-    register_preset(
+        PRESETS.register(
+            f"albef-{size}",
+            Preset(f"albef-{size}", {"vision": {"preset": size}, "text": {"preset": size}}, about=about),
+        )
+    PRESETS.register(
+        "dual-resnet18",
         Preset(
             "dual-resnet18",
             {"arch": "dual"},  # vlp.config.model.ARCH_DUAL: vlp.config.model imports this module
             about="the resource-constrained dual encoder: ResNet-18 and a bi-GRU (docs/methods.md)",
-        )
+        ),
     )
     for name, file, kind, image_size, about in (
         ("albef-14m", "ALBEF.pth", PRETRAIN, 256, "pretrained on 14M image-text pairs"),
@@ -243,7 +225,7 @@ def _register_vlp_presets() -> None:
             "fine-tuned for weakly supervised grounding on RefCOCO+ (the retrieval layout; vlp evaluate grounding)",
         ),
     ):
-        register_preset(albef_release(name, ALBEF_RELEASE + file, kind, image_size, about))
+        PRESETS.register(name, albef_release(name, ALBEF_RELEASE + file, kind, image_size, about))
 
 
 _register_vlp_presets()

@@ -55,8 +55,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from vlp.config import Preset, Weights, get_preset, preset_model_config, register_preset, unregister_preset
-from vlp.config.presets import ALBEF_RELEASE, albef_release, has_preset, list_presets
+from vlp.config import PRESETS, Preset, Weights, preset_model_config
+from vlp.config.presets import ALBEF_RELEASE, albef_release, list_presets
 from vlp.errors import CheckpointError, ConfigError, DataError, DownloadError
 from vlp.interop.albef import ConvertedALBEF, KeyReport, read_albef_file, save_converted
 from vlp.interop.download import CHUNK, deadline_s, timeout_s, torch_file_problem, transfer
@@ -125,14 +125,14 @@ class Pretrained:
 
 class Released(MutableMapping[str, Pretrained]):
     """The registry's presets with released weights as zoo entries, by tag in registration order:
-    a live view, so a preset registered later (:func:`vlp.config.register_preset`) is listed and
+    a live view, so a preset registered later (``PRESETS.register``, :data:`vlp.config.PRESETS`) is listed and
     fetched too. Setting an entry registers its preset (replacing one of that name:
     :meth:`Pretrained.preset`), deleting one unregisters it."""
 
     def __getitem__(self, tag: str) -> Pretrained:
-        if not has_preset(tag) or get_preset(tag).weights is None:
+        if tag not in PRESETS or PRESETS.get(tag).weights is None:
             raise KeyError(tag)
-        return Pretrained.of(get_preset(tag))
+        return Pretrained.of(PRESETS.get(tag))
 
     def __iter__(self) -> Iterator[str]:
         return iter([p.name for p in list_presets(released=True)])
@@ -143,12 +143,12 @@ class Released(MutableMapping[str, Pretrained]):
     def __setitem__(self, tag: str, entry: Pretrained) -> None:
         if tag != entry.tag:
             raise ConfigError(f"pretrained entry {entry.tag!r} set under another tag, {tag!r}")
-        register_preset(entry.preset(), replace=True)
+        PRESETS.register(tag, entry.preset(), replace=True)
 
     def __delitem__(self, tag: str) -> None:
         if tag not in self:  # a model preset is not the zoo's to remove
             raise KeyError(tag)
-        unregister_preset(tag)
+        PRESETS.unregister(tag)
 
 
 #: tag -> entry: the presets with released weights (the ALBEF release: :mod:`vlp.config.presets`)
