@@ -24,9 +24,9 @@ from typing import Any, Optional, Sequence
 import torch
 
 from vlp.data.formats import RetrievalSplit, load_retrieval_split
-from vlp.data.prepare.eccv import ECCV_BENCHMARKS, eccv_caption, eccv_id_maps, read_id_file
 from vlp.data.relevance import Relevance, load_relevance_file
 from vlp.eval.metrics import relevance_metrics
+from vlp.prepare.eccv import ECCV_BENCHMARKS, eccv_caption, eccv_id_maps, read_id_file
 
 #: vlp's key (after ``txt_`` / ``img_``) -> eccv_caption's metric, for each benchmark
 COMPARED = {

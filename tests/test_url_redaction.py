@@ -19,9 +19,9 @@ from tests.data.test_img2dataset_shards import write_img2dataset
 from tests.helpers import ROOT, SHAPES_TINY, TINY_ALBEF_32, pretrain
 from vlp.cli import main
 from vlp.config import PretrainConfig, load_config
-from vlp.data.shard_urls import shard_urls
 from vlp.errors import ConfigError, DataError
-from vlp.url_credentials import SECRET_PARAMS, redacted, refusal, secret_in_url
+from vlp.remote.shard_urls import shard_urls
+from vlp.remote.url_credentials import SECRET_PARAMS, redacted, refusal, secret_in_url
 
 #: passwords that the old text match cut short: each piece of one must never be printed
 PASSWORDS = [
@@ -214,8 +214,8 @@ def test_a_backends_exception_text_is_redacted_where_vlp_prints_it(capsys):
     """A server can hand back a URL vlp never saw (a redirect to a presigned URL): the text of a
     backend's exception goes through ``redacted`` where vlp names what went wrong (``reason_of``), and the
     data warnings printed straight to stderr (a skipped shard or sample) are redacted too."""
-    from vlp.data.shard_urls import reason_of
     from vlp.data.shards import print_skipped
+    from vlp.remote.shard_urls import reason_of
 
     signed = "https://bucket.s3.amazonaws.com/a.tar?X-Amz-Credential=AKIAXX&X-Amz-Signature=deadbeef1234"
     reason = reason_of(OSError(f"redirected to {signed}"))

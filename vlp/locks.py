@@ -20,7 +20,7 @@ from typing import Any, Iterator, Optional
 from filelock import FileLock, Timeout
 
 from vlp.errors import ConfigError
-from vlp.url_credentials import redacted
+from vlp.remote.url_credentials import redacted
 
 __all__ = ["LOCK_NAME", "file_lock", "lock_folder", "release_folder", "releasing_folders"]
 

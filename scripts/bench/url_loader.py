@@ -30,7 +30,7 @@ image tensors and the captions (no tokenizer). Per (source, workers), the median
   server itself (a cost of the test setup, not of a training node).
 
 **I/O alone** (``io``): one reader streaming every shard through the training read path
-(:func:`vlp.data.shard_samples.iter_samples`: :func:`vlp.data.shard_urls.open_url`, tar parsing,
+(:func:`vlp.data.shard_samples.iter_samples`: :func:`vlp.remote.shard_urls.open_url`, tar parsing,
 image bytes not decoded), samples/s and MB/s from each source; it is what a worker spends on I/O
 when its images take no decoding.
 

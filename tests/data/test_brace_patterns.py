@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vlp.data.brace_patterns import MAX_PATTERN_SHARDS, expand, pattern_size
 from vlp.data.shard_format import read_sizes
-from vlp.data.shard_urls import shard_urls
 from vlp.errors import DataError
+from vlp.remote.brace_patterns import MAX_PATTERN_SHARDS, expand, pattern_size
+from vlp.remote.shard_urls import shard_urls
 
 ROOT = Path(__file__).resolve().parents[2]
 PATTERNS = [
@@ -81,7 +81,7 @@ def test_a_pattern_over_the_cap_is_refused_in_one_line_before_it_is_expanded(bas
     assert time.monotonic() - t0 < 1.0
     assert str(e.value) == (
         f"data.train entry {entry!r} names 100,000,000 shards, over the cap of {MAX_PATTERN_SHARDS:,} a pattern "
-        "(vlp.data.brace_patterns.MAX_PATTERN_SHARDS): split it into several entries"
+        "(vlp.remote.brace_patterns.MAX_PATTERN_SHARDS): split it into several entries"
     )
 
 

@@ -135,7 +135,7 @@ def test_sample_checks_exactly_n_shards_drawn_with_a_printed_seed(folder: Path, 
 def test_a_shard_that_cannot_be_read_is_one_problem_and_the_rest_are_checked(
     tmp_path: Path, monkeypatch, capsys
 ) -> None:
-    monkeypatch.setattr("vlp.data.shard_urls.BACKOFF_S", 0.01)
+    monkeypatch.setattr("vlp.remote.shard_urls.BACKOFF_S", 0.01)
     data = write_img2dataset(tmp_path / "cc", shards=5)
     (data / "00001.tar").unlink()  # vanished after its stats were written
     with tarfile.open(data / "00003.tar") as tf:

@@ -5,8 +5,8 @@ import json
 import pytest
 from PIL import Image
 
+from vlp import prepare
 from vlp.cli import main
-from vlp.data import prepare
 from vlp.data.downstream_formats import load_answer_list, load_nlvr, load_vqa
 from vlp.data.formats import load_pairs, load_retrieval_split
 from vlp.errors import DataError

@@ -10,11 +10,11 @@ import pytest
 
 from vlp.cli import main
 from vlp.data.formats import load_retrieval_split
-from vlp.data.prepare import eccv as eccv_mod
-from vlp.data.prepare import eccv_caption
 from vlp.data.relevance import Relevance, load_relevance_file
 from vlp.errors import DataError
 from vlp.eval.metrics import relevance_metrics
+from vlp.prepare import eccv as eccv_mod
+from vlp.prepare import eccv_caption
 
 
 def dump(path, obj):

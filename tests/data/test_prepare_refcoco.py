@@ -1,4 +1,4 @@
-"""Tests for ``vlp prepare refcoco+`` (vlp.data.prepare.refcoco) on small refs / instances files
+"""Tests for ``vlp prepare refcoco+`` (vlp.prepare.refcoco) on small refs / instances files
 pickled like the official release (protocol 2)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 
 from vlp.cli import main
 from vlp.data.grounding import read_grounding_file
-from vlp.data.prepare.refcoco import prepare_refcoco
 from vlp.errors import DataError
+from vlp.prepare.refcoco import prepare_refcoco
 
 INSTANCES = {
     "images": [

@@ -16,8 +16,8 @@ from tests.data.shard_servers import http_server
 from tests.data.test_img2dataset_shards import PER_SHARD, write_img2dataset
 from vlp.data.shard_counts import MAX_SHARD_SAMPLES
 from vlp.data.shard_format import _index_file, index_entry, read_sizes
-from vlp.data.shard_urls import shard_urls
 from vlp.errors import DataError
+from vlp.remote.shard_urls import shard_urls
 
 BRACE = "{00000..00003}.tar"
 RULE = f"expected a whole number of samples from 0 to {MAX_SHARD_SAMPLES:,}"

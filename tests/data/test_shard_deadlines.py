@@ -18,8 +18,8 @@ from tests.data.shard_servers import Fault, http_server, s3_server
 from tests.data.test_img2dataset_shards import PER_SHARD, loader, tiny_run, write_img2dataset
 from vlp.config.data import DataConfig
 from vlp.data.shard_format import read_sizes
-from vlp.data.url_deadlines import UrlTimeouts
 from vlp.errors import ConfigError, DataError
+from vlp.remote.url_deadlines import UrlTimeouts
 
 BRACE = "{00000..00003}.tar"
 SKIPPED = re.compile(r"skipped a bad shard \((\d+) bad samples?\): (.*)")
@@ -32,7 +32,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("vlp.data.shard_urls.BACKOFF_S", 0.01)
+    monkeypatch.setattr("vlp.remote.shard_urls.BACKOFF_S", 0.01)
 
 
 def skipped(err: str) -> list[tuple[int, str]]:

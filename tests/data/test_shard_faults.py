@@ -22,8 +22,8 @@ import torch
 from tests.data.test_img2dataset_shards import PER_SHARD, loader, tiny_run, write_img2dataset
 from vlp.data.json_entries import read_json
 from vlp.data.shard_format import ShardFault, ShardInfo, _index_file, index_entry, iter_shard, read_sizes
-from vlp.data.shard_urls import shard_urls
 from vlp.errors import DataError
+from vlp.remote.shard_urls import shard_urls
 
 FIFO = "is a FIFO (named pipe), not a regular file"
 

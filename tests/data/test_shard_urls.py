@@ -13,11 +13,12 @@ import torch
 
 from tests.data.shard_servers import Fault, http_server, s3_server
 from tests.data.test_img2dataset_shards import PER_SHARD, loader, write_img2dataset
+from vlp.data.shard_counts import read_stats
 from vlp.data.shard_format import index_entry, read_sizes
 from vlp.data.shard_samples import iter_samples
-from vlp.data.shard_urls import read_stats, shard_urls
-from vlp.data.url_deadlines import UrlTimeouts
 from vlp.errors import DataError
+from vlp.remote.shard_urls import shard_urls
+from vlp.remote.url_deadlines import UrlTimeouts
 
 BRACE = "{00000..00003}.tar"
 
@@ -143,7 +144,7 @@ def test_images_equal_exactly(folder: Path) -> None:
 
 
 def test_a_connection_reset_mid_shard_is_retried_from_where_it_broke(folder: Path, monkeypatch) -> None:
-    monkeypatch.setattr("vlp.data.shard_urls.BACKOFF_S", 0.01)
+    monkeypatch.setattr("vlp.remote.shard_urls.BACKOFF_S", 0.01)
     local = fingerprint(list(loader([folder])))
     with http_server(folder) as server:
         server.faults = [Fault("00001.tar", "reset", after=700, times=1), Fault("00002.tar", "500", times=2)]
@@ -153,7 +154,7 @@ def test_a_connection_reset_mid_shard_is_retried_from_where_it_broke(folder: Pat
 
 
 def test_a_shard_that_keeps_failing_costs_its_samples_named_once(folder: Path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr("vlp.data.shard_urls.BACKOFF_S", 0.01)
+    monkeypatch.setattr("vlp.remote.shard_urls.BACKOFF_S", 0.01)
     with http_server(folder) as server:
         server.faults = [Fault("00002.tar", "503")]
         batches = list(loader([f"{server.url}/{BRACE}"], on_bad="skip"))

@@ -19,9 +19,9 @@ from tests.data.test_img2dataset_shards import write_img2dataset
 from tests.helpers import ROOT, SHAPES_TINY, pretrain
 from vlp.cli import main
 from vlp.config import PretrainConfig, load_config
-from vlp.data.shard_urls import open_url, shard_urls
 from vlp.errors import ConfigError, DataError
-from vlp.url_credentials import SECRET_PARAMS, redacted, secret_in_url
+from vlp.remote.shard_urls import open_url, shard_urls
+from vlp.remote.url_credentials import SECRET_PARAMS, redacted, secret_in_url
 
 SECRET = "vlpSECRETsecret/with+slash"  # what must never appear (as an AWS secret, it holds / and +)
 REFUSED = [
@@ -165,7 +165,7 @@ def test_http_credentials_go_in_fsspecs_config(tmp_path: Path, monkeypatch: pyte
     import fsspec
     import fsspec.config
 
-    monkeypatch.setattr("vlp.data.shard_urls.BACKOFF_S", 0.01)
+    monkeypatch.setattr("vlp.remote.shard_urls.BACKOFF_S", 0.01)
     monkeypatch.setattr(servers, "_handler", authorizing(f"Bearer {SECRET}"))
     folder = write_img2dataset(tmp_path / "cc", shards=1)
     with http_server(folder) as server:

@@ -11,9 +11,9 @@ import torch
 from vlp.cli import main
 from vlp.config import TextConfig
 from vlp.data.downstream_formats import VE_LABELS, load_ve
-from vlp.data.prepare import snli_ve
 from vlp.data.ve import VECollator, VEDataset
 from vlp.errors import DataError
+from vlp.prepare import snli_ve
 from vlp.preprocess.transforms import load_tokenizer
 
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from vlp.data.shard_format import ShardFault, ShardInfo, iter_shard
-from vlp.data.shard_urls import open_url
-from vlp.data.url_deadlines import UrlTimeouts
+from vlp.remote.shard_urls import open_url
+from vlp.remote.url_deadlines import UrlTimeouts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,7 +85,7 @@ def test_a_pipe_whose_reader_is_killed_dies_with_it(pidfile: Path) -> None:
     """The reader's process ends by SIGKILL (as the stop watchdog kills loader workers): no code of
     its own runs, and its command's processes end all the same."""
     script = (
-        "import sys; from vlp.data.shard_urls import open_url; from vlp.data.url_deadlines import UrlTimeouts\n"
+        "import sys; from vlp.remote.shard_urls import open_url; from vlp.remote.url_deadlines import UrlTimeouts\n"
         "with open_url(sys.argv[1], UrlTimeouts(600.0)) as f:\n    f.read(1)\n"
     )
     reader = subprocess.Popen([sys.executable, "-c", script, grandchild_pipe(pidfile)], cwd=ROOT)

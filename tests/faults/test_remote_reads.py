@@ -22,8 +22,8 @@ from tests.data.test_shard_faults import finishes
 from tests.data.test_shard_urls import fingerprint
 from vlp.data.shard_format import ShardFault, ShardInfo, iter_shard, read_sizes
 from vlp.data.shard_samples import iter_samples
-from vlp.data.url_deadlines import UrlTimeouts
 from vlp.errors import DataError
+from vlp.remote.url_deadlines import UrlTimeouts
 
 BRACE = "{00000..00003}.tar"
 SKIPPED = re.compile(r"skipped a bad shard \((\d+) bad samples?\): (.*)")
@@ -32,7 +32,7 @@ PAD = 5 << 20  # one sample's JSON member this long: the shard spans two 4 MiB b
 
 @pytest.fixture(autouse=True)
 def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("vlp.data.shard_urls.BACKOFF_S", 0.01)
+    monkeypatch.setattr("vlp.remote.shard_urls.BACKOFF_S", 0.01)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_an_endless_body_is_read_only_to_the_shards_listed_size(small: Path, cap
 
 
 def test_an_endless_body_of_no_listed_size_costs_its_shard_at_the_cap(small: Path, monkeypatch, capfd) -> None:
-    monkeypatch.setattr("vlp.data.url_bodies.UNSIZED_SHARD_BYTES", 1 << 20)
+    monkeypatch.setattr("vlp.remote.url_bodies.UNSIZED_SHARD_BYTES", 1 << 20)
     with http_server(small) as server:
         server.faults = [Fault("00001.tar", "endless", sized=False)]
         batches = list(loader([f"{server.url}/{BRACE}"], on_bad="skip"))

@@ -24,9 +24,9 @@ from vlp.config.load import refuse_repeated_keys
 from vlp.dist import OtherRankDone, launch_rank
 from vlp.kinds import NLVR_TA, PRETRAIN
 from vlp.plugins import PluginError, load_plugins
+from vlp.remote.url_credentials import redacted
 from vlp.train.loop import NonFiniteError
 from vlp.train.preemption import Preempted
-from vlp.url_credentials import redacted
 
 __all__ = ["MULTI_PROCESS", "USER_ERRORS", "build_parser", "main"]
 

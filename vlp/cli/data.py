@@ -13,7 +13,7 @@ from vlp.data.check import CHECK_KINDS, CheckReport, check_annotations, check_sh
 from vlp.data.formats import write_json_atomic
 from vlp.errors import ConfigError, DataError
 from vlp.preprocess.images import MAX_PIXELS
-from vlp.url_credentials import refusal
+from vlp.remote.url_credentials import refusal
 
 CAPTION_KEY_HELP = "img2dataset shards: the caption's key in {key}.json (data.caption_key; default caption)"
 

@@ -1,5 +1,5 @@
 """``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|snli-ve|refcoco+|eccv-caption``: the official
-dataset releases converted into vlp's (ALBEF's) annotation files by :mod:`vlp.data.prepare`
+dataset releases converted into vlp's (ALBEF's) annotation files by :mod:`vlp.prepare`
 (``eccv-caption``: into a relevance file of the Karpathy COCO test file)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def _print_counts(what: str, counts: dict[str, int], outs: Sequence[str | Path])
 
 
 def _run(a: argparse.Namespace) -> None:
-    from vlp.data.prepare import (
+    from vlp.prepare import (
         answer_list,
         cc3m,
         coco_karpathy,
@@ -119,8 +119,8 @@ def _add_pretraining(pp: Any) -> None:
 
 def _add_vqa_nlvr_ve(pp: Any) -> None:
     """Adds ``vqa``, ``vqa-answers``, ``nlvr2`` and ``snli-ve`` (the classification tasks) to ``pp``; returns None."""
-    from vlp.data.prepare.nlvr import NLVR_SPLITS
-    from vlp.data.prepare.vqa import VQA_SPLITS
+    from vlp.prepare.nlvr import NLVR_SPLITS
+    from vlp.prepare.vqa import VQA_SPLITS
 
     c = pp.add_parser(VQA_V2, help="official VQA v2 questions (+ annotations) -> vqa_*.json")
     c.add_argument("questions", metavar="QUESTIONS_JSON")
@@ -163,7 +163,7 @@ def _add_refcoco(pp: Any) -> None:
 
 def _add_eccv_caption(pp: Any) -> None:
     """Adds ``eccv-caption`` (a relevance file of the Karpathy COCO test file) to ``pp``; returns None."""
-    from vlp.data.prepare.eccv import ECCV_BENCHMARKS
+    from vlp.prepare.eccv import ECCV_BENCHMARKS
 
     c = pp.add_parser(
         "eccv-caption",

@@ -8,7 +8,7 @@ from typing import Optional
 
 from vlp.config.load import check_choice
 from vlp.errors import ConfigError
-from vlp.url_credentials import refusal
+from vlp.remote.url_credentials import refusal
 
 # ----------------------------------------------------------------------------- data
 

@@ -5,7 +5,7 @@ A config is built as ``defaults <- YAML file <- overrides`` where overrides look
 :class:`ConfigError` naming the offending key and where it came from. This module knows no
 schema (the dataclasses of the sibling modules); they import their checks (:func:`check_choice`,
 :func:`reject_broken_rules`) from here. A message that echoes a value (an override, a YAML error)
-has any URL credential in it replaced by ``***`` (:func:`vlp.url_credentials.redacted`).
+has any URL credential in it replaced by ``***`` (:func:`vlp.remote.url_credentials.redacted`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from vlp.errors import ConfigError
-from vlp.url_credentials import redacted
+from vlp.remote.url_credentials import redacted
 
 T = TypeVar("T")
 

@@ -306,7 +306,7 @@ def is_shard_entry(arg: str | Path) -> bool:
     """Whether a ``vlp data check`` argument names shards (a folder, a brace pattern of tars, or a
     URL entry: ``s3://``, ``gs://``, ``http(s)://``, ``pipe:``) rather than an annotation file."""
     from vlp.data.shard_format import is_brace_pattern
-    from vlp.data.shard_urls import is_url
+    from vlp.remote.shard_urls import is_url
 
     text = str(arg)
     return is_url(text) or Path(text).is_dir() or (is_brace_pattern(text) and text.endswith(".tar"))
@@ -364,7 +364,7 @@ def _shard_plans(
     """Each entry with its shards (:class:`vlp.data.shard_format.ShardInfo`); a local entry that is
     not a shard set is a problem in ``report`` (a URL entry's :class:`DataError` is raised)."""
     from vlp.data.shard_format import read_sizes, url_shards_to_check
-    from vlp.data.shard_urls import is_url
+    from vlp.remote.shard_urls import is_url
 
     plans = []
     for entry in map(str, entries):

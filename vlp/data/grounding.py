@@ -1,5 +1,5 @@
 """The weakly supervised visual grounding format (ALBEF's RefCOCO+ files), shared by
-``vlp prepare refcoco+`` (:mod:`vlp.data.prepare.refcoco`) and the shapes world
+``vlp prepare refcoco+`` (:mod:`vlp.prepare.refcoco`) and the shapes world
 (:mod:`vlp.world.task_files.grounding`).
 
 A grounding file is a JSON list with one entry per referring expression:

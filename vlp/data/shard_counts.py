@@ -13,6 +13,7 @@ scan of a local folder without stats). Counts are checked at start-up, before an
 - a shard listed with 0 samples (img2dataset writes that for a shard whose every download failed)
   is left out, named in one warning line (:func:`warn_empty`).
 
+Stats files at URLs are fetched concurrently (:func:`read_stats`, through :mod:`vlp.remote`).
 Files holding counts are read under a byte budget: a stats file :data:`STATS_MAX_BYTES`, a scan
 index :func:`index_budget` (it lists every shard's URL or path); a larger one is refused by name.
 """
@@ -21,11 +22,15 @@ from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional, Sequence
 
 from vlp.errors import DataError
 from vlp.regular_files import is_regular, open_regular
+from vlp.remote.shard_urls import PIPE, check_reachable, read_small
+from vlp.remote.url_bodies import over_budget
+from vlp.remote.url_deadlines import UrlTimeouts
 
 #: The largest count a shard may list: 2**24 samples (img2dataset writes 10,000 a shard by default;
 #: the stride of estimated image ids, ``vlp.data.shard_format.ID_STRIDE``, is the same).
@@ -38,6 +43,7 @@ MIN_SAMPLE_BYTES = 2048
 STATS_MAX_BYTES = 1 << 20
 #: The byte budget of a scan index per shard it lists (its URL or path, stamp and count), and in all.
 INDEX_BYTES_PER_SHARD, INDEX_BASE_BYTES = 4096, 1 << 16
+STATS_THREADS = 64  # stats files at URLs fetched at once
 
 RULE = f"expected a whole number of samples from 0 to {MAX_SHARD_SAMPLES:,}"
 
@@ -82,17 +88,38 @@ def stats_count(data: bytes, stats: str | Path, shard: str | Path) -> int:
     return checked_count(n, f"{stats}: 'successes' (the count of {shard})")
 
 
-def over_budget(budget: int) -> str:
-    """The reason of a body refused for its size."""
-    return f"over its budget of {size_text(budget)}"
+def stats_url(url: str) -> str:
+    """img2dataset's stats file of the tar at ``url``: ``{name}_stats.json`` beside it."""
+    return url[: -len(".tar")] + "_stats.json"
 
 
-def size_text(n: int) -> str:
-    """``n`` bytes in the largest binary unit that divides them (``1 MiB``, ``4 KiB``, ``700 B``)."""
-    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n:,} B"
+def read_stats(urls: list[str], timeouts: Optional[UrlTimeouts] = None) -> Optional[list[int]]:
+    """Each tar's ``successes`` from its ``_stats.json`` at its URL, fetched concurrently (nothing
+    else is requested) and checked by the rule (:func:`stats_count`); None when the first tar has
+    none or any is missing (``pipe:`` URLs have none). A stats file that cannot be read for another
+    reason (no credentials, a server error) or does not hold a count raises one :class:`DataError`
+    naming it; so does a first tar that cannot be found (no such bucket or key), asked for when its
+    stats file is missing. ``timeouts``: the per-read deadline of each request (:class:`UrlTimeouts`)."""
+    if not urls or any(u.startswith(PIPE) for u in urls):
+        return None
+    t = timeouts or UrlTimeouts()
+    first = _url_stats_count(urls[0], t)
+    if first is None:
+        check_reachable(urls[0], t)
+        return None
+    with ThreadPoolExecutor(min(STATS_THREADS, len(urls))) as pool:
+        rest = list(pool.map(lambda u: _url_stats_count(u, t), urls[1:]))
+    if any(n is None for n in rest):
+        return None
+    return [first] + [n for n in rest if n is not None]
+
+
+def _url_stats_count(url: str, timeouts: UrlTimeouts) -> Optional[int]:
+    """The count in the stats file of the tar at ``url``, read whole within ``timeouts.read_s`` and
+    :data:`STATS_MAX_BYTES`; None when it does not exist."""
+    f = stats_url(url)
+    data = read_small(f, STATS_MAX_BYTES, timeouts, "img2dataset's stats")
+    return None if data is None else stats_count(data, f, url)
 
 
 def local_stats_counts(tars: Sequence[Path]) -> Optional[list[int]]:

@@ -15,7 +15,7 @@ unchanged. A sample's ``image_key`` is its key, its ``image_id`` its position in
 (shard order, then member order): contiguous and distinct. A data entry may also be a brace
 pattern of tars, ``cc12m/{00000..01242}.tar``.
 
-**Shards by URL** (``s3://``, ``gs://``, ``http(s)://``, ``pipe:``; :mod:`vlp.data.shard_urls`):
+**Shards by URL** (``s3://``, ``gs://``, ``http(s)://``, ``pipe:``; :mod:`vlp.remote.shard_urls`):
 img2dataset's layout, one tar URL or a brace pattern of them per entry, streamed. Counts come from
 the ``_stats.json`` files (fetched concurrently), else from an index written once by ``vlp data
 index ENTRY`` (:func:`index_entry`), else from ``data.train_num_samples`` (:func:`estimated`);
@@ -33,15 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional, Sequence
 
-from vlp.data.brace_patterns import expand
 from vlp.data.formats import caption_problem, no_words_problem
 from vlp.data.json_entries import write_atomic
-from vlp.data.shard_counts import local_stats_counts, read_index, warn_empty
-from vlp.data.shard_urls import check_reachable, is_url, open_url, read_stats, shard_urls, stats_url
-from vlp.data.url_deadlines import UrlTimeouts
+from vlp.data.shard_counts import local_stats_counts, read_index, read_stats, stats_url, warn_empty
 from vlp.errors import DataError
 from vlp.regular_files import NotRegular, is_regular, open_regular
-from vlp.url_credentials import redacted
+from vlp.remote.brace_patterns import expand
+from vlp.remote.shard_urls import check_reachable, is_url, open_url, shard_urls
+from vlp.remote.url_credentials import redacted
+from vlp.remote.url_deadlines import UrlTimeouts
 
 SIZES_FILE = "sizes.json"
 SCAN_THREADS = 16  # URL shards read at once by a scan (`vlp data index`)
@@ -372,7 +372,7 @@ def iter_shard(
     ``errors``: a malformed sample's :class:`DataError` is appended there and the sample left out
     (it still counts), instead of raised; so is, at the end, a broken tar's or a wrong count's
     :class:`ShardFault` (its ``lost``: the listed samples not read; a sample broken off counts).
-    ``timeouts``: a URL shard's deadlines (:class:`~vlp.data.url_deadlines.UrlTimeouts`); one
+    ``timeouts``: a URL shard's deadlines (:class:`~vlp.remote.url_deadlines.UrlTimeouts`); one
     that passes breaks the shard like a reset that retries did not mend."""
     path, walk = info.path, _Walk()
     try:

@@ -32,10 +32,10 @@ from vlp.data.check import is_shard_entry
 from vlp.data.datasets import CaptionTargets, HelperFeatures
 from vlp.data.sample_table import SampleTable, TableBuilder
 from vlp.data.shard_format import RawSample, ShardFault, ShardInfo, iter_shard
-from vlp.data.shard_urls import is_url
 from vlp.errors import DataError
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, MemberFile, open_image
-from vlp.url_credentials import redacted
+from vlp.remote.shard_urls import is_url
+from vlp.remote.url_credentials import redacted
 
 
 def is_shard_data(entry: str) -> bool:

@@ -55,11 +55,11 @@ from vlp.data.datasets import (
 from vlp.data.json_entries import plural
 from vlp.data.shard_format import ShardFault, ShardInfo, iter_shard, read_sizes
 from vlp.data.shard_samples import check_coverage
-from vlp.data.url_deadlines import UrlTimeouts
 from vlp.errors import DataError
 from vlp.preprocess.draft import Decoder
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, MemberFile
-from vlp.url_credentials import redacted
+from vlp.remote.url_credentials import redacted
+from vlp.remote.url_deadlines import UrlTimeouts
 
 # ----------------------------------------------------------------------------- reading
 
@@ -354,7 +354,7 @@ class ShardLoader:
     ``caption_mode``, ``captions_per_image``, ``caption_key``, ``image.decode``
     (:class:`vlp.preprocess.draft.Decoder`), ``train_num_samples`` (the estimated counts of URL shard
     sets: :func:`vlp.data.shard_format.estimated`), ``url_read_timeout_s`` / ``url_shard_timeout_s``
-    (:class:`vlp.data.url_deadlines.UrlTimeouts`) and the bad-sample keys (``on_bad_sample``,
+    (:class:`vlp.remote.url_deadlines.UrlTimeouts`) and the bad-sample keys (``on_bad_sample``,
     ``max_image_pixels``, ``min_image_side``: module doc, "Bad samples"); ``seed``: ``train.seed``.
     ``helper_cache`` and ``targets`` are checked against the shards before the first step by the
     coverage rule of :func:`vlp.data.shard_samples.check_coverage` (a URL shard set: by the shards

@@ -63,7 +63,7 @@ from vlp.interop.download import CHUNK, deadline_s, timeout_s, torch_file_proble
 from vlp.interop.hub import download, is_repo_id
 from vlp.locks import file_lock
 from vlp.models.build import model_image_size
-from vlp.url_credentials import redacted
+from vlp.remote.url_credentials import redacted
 from vlp.weights import MANIFEST, find_checkpoint
 
 OFFICIAL = ALBEF_RELEASE

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from vlp.errors import ConfigError, DataError
-from vlp.url_credentials import redacted
+from vlp.remote.url_credentials import redacted
 
 
 class MetricsLog:

@@ -88,8 +88,8 @@ def run_make_targets(
     file records (``shards``: what a URL shard set is checked against)."""
     from vlp.data.shard_format import read_sizes
     from vlp.data.shard_samples import iter_samples, shard_name, split_data
-    from vlp.data.shard_urls import is_url
     from vlp.features.targets import encode_sentences, write_targets
+    from vlp.remote.shard_urls import is_url
 
     refuse_existing(out)
     files, entries = split_data(data)

@@ -10,8 +10,8 @@ from urllib.parse import urlparse
 from vlp.data.answers import normalize_answer
 from vlp.data.downstream_formats import VG_QA
 from vlp.data.json_entries import read_json, write_json_atomic
-from vlp.data.prepare.common import absolute_path, required_key, required_text, top_list
 from vlp.errors import DataError
+from vlp.prepare.common import absolute_path, required_key, required_text, top_list
 
 # --------------------------------------------------------------------------
 # Visual Genome

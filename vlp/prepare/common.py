@@ -1,4 +1,4 @@
-"""Helpers shared by the ``vlp prepare`` converters (:mod:`vlp.data.prepare` and its
+"""Helpers shared by the ``vlp prepare`` converters (:mod:`vlp.prepare` and its
 ``prepare_*`` modules): typed access to the keys of official release files with errors that name
 file, place and key, line reading, and image existence checks."""
 

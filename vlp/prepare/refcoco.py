@@ -21,8 +21,8 @@ from typing import Any, Optional
 
 from vlp.data.grounding import check_box
 from vlp.data.json_entries import read_json, write_json_atomic
-from vlp.data.prepare.common import check_images_exist, required_key, required_text, top_list
 from vlp.errors import DataError
+from vlp.prepare.common import check_images_exist, required_key, required_text, top_list
 from vlp.safe_pickle import restricted_load
 
 __all__ = ["REFER_SPLITS", "DETS_KEYS", "prepare_refcoco"]

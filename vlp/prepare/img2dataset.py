@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 from vlp.data.json_entries import write_json_atomic
-from vlp.data.prepare.common import absolute_path, read_lines, required_key
 from vlp.errors import DataError
+from vlp.prepare.common import absolute_path, read_lines, required_key
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Optional
 
 from vlp.data.json_entries import read_json, write_json_atomic
-from vlp.data.prepare.common import check_images_exist, required_key, required_text, top_list
 from vlp.errors import DataError
+from vlp.prepare.common import check_images_exist, required_key, required_text, top_list
 
 KARPATHY_SPLITS = {"train": "train", "restval": "train", "val": "val", "test": "test"}
 

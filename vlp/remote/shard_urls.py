@@ -7,10 +7,11 @@ binary file that :mod:`tarfile` reads in stream mode, holding at most one block
 (:data:`BLOCK_SIZE`) of the shard in memory; nothing is written to disk. Reads that fail are
 retried from the byte they stopped at (:class:`RetryingReader`, bounded tries with backoff and
 jitter); a ``pipe:`` stream cannot be reopened there and is not retried. Reads have a per-read and
-a per-shard deadline (:mod:`vlp.data.url_deadlines`, :class:`UrlTimeouts`).
+a per-shard deadline (:mod:`vlp.remote.url_deadlines`, :class:`UrlTimeouts`).
 
-Counts without reading a shard: img2dataset's ``{name}_stats.json`` beside each tar, fetched
-concurrently (:func:`read_stats`). Credentials and the endpoint come from the filesystem's own
+A small body (img2dataset's ``{name}_stats.json`` beside a tar, which
+:func:`vlp.data.shard_counts.read_stats` fetches) is read whole under a byte budget
+(:func:`read_small`). Credentials and the endpoint come from the filesystem's own
 configuration (for S3: the ``AWS_*`` environment variables or a profile, ``AWS_ENDPOINT_URL`` for
 an S3-compatible server); vlp passes none. A URL holding credentials (a user part, a signed URL's
 query) is refused by :func:`shard_urls`, which every URL entry goes through before it is read.
@@ -26,15 +27,15 @@ import subprocess
 import sys
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Callable, Iterator, Optional, cast
 
-from vlp.data.brace_patterns import expand
-from vlp.data.shard_counts import STATS_MAX_BYTES, stats_count
-from vlp.data.url_bodies import BLOCK_SIZE, RangeFile, ServerFault, fetch_small
-from vlp.data.url_deadlines import (
+from vlp.errors import DataError
+from vlp.remote.brace_patterns import expand
+from vlp.remote.url_bodies import BLOCK_SIZE, RangeFile, ServerFault, fetch_small
+from vlp.remote.url_credentials import redacted, refusal
+from vlp.remote.url_deadlines import (
     S3FS_RETRIES,
     Deadline,
     PipeReader,
@@ -43,11 +44,8 @@ from vlp.data.url_deadlines import (
     is_timeout,
     storage_options,
 )
-from vlp.errors import DataError
-from vlp.url_credentials import redacted, refusal
 
 PIPE = "pipe:"
-STATS_THREADS = 64  # stats files fetched at once
 RETRIES = 4  # tries after the first failed read of a shard, before it counts as broken
 BACKOFF_S = 0.5  # the first retry's wait; doubled each try, times a jitter in [0.5, 1.5)
 
@@ -60,8 +58,8 @@ def is_url(entry: str) -> bool:
 def shard_urls(entry: str) -> list[str]:
     """The tar URLs of a URL entry: the brace pattern expanded (``{00000..00041}``, ``{a,b}``), or
     the one URL. A URL that is not a ``.tar`` (but for ``pipe:``), or that holds credentials
-    (:mod:`vlp.url_credentials`), raises one :class:`DataError` (naming it with the secret as ``***``);
-    so does a pattern of more shards than :data:`~vlp.data.brace_patterns.MAX_PATTERN_SHARDS`,
+    (:mod:`vlp.remote.url_credentials`), raises one :class:`DataError` (naming it with the secret as ``***``);
+    so does a pattern of more shards than :data:`~vlp.remote.brace_patterns.MAX_PATTERN_SHARDS`,
     counted before it is expanded."""
     refused = refusal(entry)
     if refused:
@@ -79,46 +77,19 @@ def shard_urls(entry: str) -> list[str]:
     return urls
 
 
-def stats_url(url: str) -> str:
-    """img2dataset's stats file of the tar at ``url``: ``{name}_stats.json`` beside it."""
-    return url[: -len(".tar")] + "_stats.json"
-
-
-def read_stats(urls: list[str], timeouts: Optional[UrlTimeouts] = None) -> Optional[list[int]]:
-    """Each tar's ``successes`` from its ``_stats.json``, fetched concurrently (nothing else is
-    requested); None when the first tar has none or any is missing (``pipe:`` URLs have none).
-    A stats file that cannot be read for another reason (no credentials, a server error) or does
-    not hold a count raises one :class:`DataError` naming it; so does a first tar that cannot be
-    found (no such bucket or key), asked for when its stats file is missing. ``timeouts``: the
-    per-read deadline of each request (:class:`UrlTimeouts`)."""
-    if not urls or any(u.startswith(PIPE) for u in urls):
-        return None
-    t = timeouts or UrlTimeouts()
-    first = _fetch_stats(urls[0], t)
-    if first is None:
-        check_reachable(urls[0], t)
-        return None
-    with ThreadPoolExecutor(min(STATS_THREADS, len(urls))) as pool:
-        rest = list(pool.map(lambda u: _fetch_stats(u, t), urls[1:]))
-    if any(n is None for n in rest):
-        return None
-    return [first] + [n for n in rest if n is not None]
-
-
-def _fetch_stats(url: str, timeouts: UrlTimeouts) -> Optional[int]:
-    """``successes`` of ``url``'s stats file (:func:`~vlp.data.shard_counts.stats_count`'s rule),
-    read whole within ``timeouts.read_s`` and :data:`~vlp.data.shard_counts.STATS_MAX_BYTES`; None
-    when it does not exist."""
-    f = stats_url(url)
-    fs = _filesystem(f, timeouts)
+def read_small(url: str, budget: int, timeouts: UrlTimeouts, what: str) -> Optional[bytes]:
+    """The body at ``url`` read whole within ``timeouts.read_s`` and ``budget`` bytes
+    (:func:`~vlp.remote.url_bodies.fetch_small`); None when it does not exist. Any other failure
+    (no credentials, a server error, past the deadline or the budget) raises one :class:`DataError`
+    naming ``url``: ``cannot read {what}: {reason}``."""
+    fs = _filesystem(url, timeouts)
     try:
-        data = fetch_small(fs, fs._strip_protocol(f), STATS_MAX_BYTES, timeouts.read_s)
+        return fetch_small(fs, fs._strip_protocol(url), budget, timeouts.read_s)
     except FileNotFoundError:
         return None
     except Exception as e:  # fsspec backends raise their own types: credentials, permissions, HTTP status
         reason = f"no answer within {timeouts.read_s:g} s" if is_timeout(e) else reason_of(e)
-        raise DataError(f"{f}: cannot read img2dataset's stats: {reason}{expected(f, e)}") from None
-    return stats_count(data, f, url)
+        raise DataError(f"{url}: cannot read {what}: {reason}{expected(url, e)}") from None
 
 
 def check_reachable(url: str, timeouts: Optional[UrlTimeouts] = None) -> None:
@@ -204,8 +175,8 @@ class RetryingReader(io.RawIOBase):
     [0.5, 1.5) (``backoff``: :data:`BACKOFF_S`), by reopening the URL at the byte the stream had
     reached (``opener(deadline)``); then it raises :class:`OSError` with the reason (a read that
     succeeds resets the count). A missing shard is not retried, nor an answer that is not what
-    was asked for (:class:`~vlp.data.url_bodies.ServerFault`); nor is one past its per-shard
-    deadline (:class:`~vlp.data.url_deadlines.Deadline`, ``timeouts.shard_s``)."""
+    was asked for (:class:`~vlp.remote.url_bodies.ServerFault`); nor is one past its per-shard
+    deadline (:class:`~vlp.remote.url_deadlines.Deadline`, ``timeouts.shard_s``)."""
 
     def __init__(
         self,
@@ -230,7 +201,7 @@ class RetryingReader(io.RawIOBase):
 
     def readinto(self, buffer: Any) -> int:
         """Read up to ``len(buffer)`` bytes at the stream's position into ``buffer``, retrying failed reads
-        (class doc); returns how many (0 at the end). Raises :class:`~vlp.data.url_deadlines.ShardTimeout`
+        (class doc); returns how many (0 at the end). Raises :class:`~vlp.remote.url_deadlines.ShardTimeout`
         past the shard's deadline, :class:`OSError` for a missing shard or once the retries are spent."""
         with self.deadline.timing():
             data = self._read(len(buffer))
@@ -302,7 +273,7 @@ def open_url(url: str, timeouts: Optional[UrlTimeouts] = None) -> Iterator[Binar
         yield f
 
 
-#: the guard that runs a ``pipe:`` command in a process group of its own (:mod:`vlp.data.pipe_guard`)
+#: the guard that runs a ``pipe:`` command in a process group of its own (:mod:`vlp.remote.pipe_guard`)
 PIPE_GUARD = str(Path(__file__).with_name("pipe_guard.py"))
 
 

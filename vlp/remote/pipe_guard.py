@@ -2,7 +2,7 @@
 
     python -S -I pipe_guard.py PARENT_PID COMMAND
 
-:func:`vlp.data.shard_urls.open_url` starts it in a session of its own, so the guard leads a process
+:func:`vlp.remote.shard_urls.open_url` starts it in a session of its own, so the guard leads a process
 group that holds every process of COMMAND (run by ``/bin/sh -c`` with the guard's standard streams:
 its output is the reader's pipe). The guard exits with COMMAND's status, or dies of the signal that
 ended it. The group dies whole:

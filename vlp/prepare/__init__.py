@@ -4,7 +4,7 @@ One function per source; each reads the official release files, writes our JSON 
 (:func:`vlp.data.json_entries.write_json_atomic`), returns a dict of counts, and raises
 :class:`~vlp.errors.DataError` naming the file and key of malformed input. One module per release
 (``karpathy``, ``img2dataset``, ``vg``, ``vqa``, ``nlvr``, ``ve``, ``refcoco``, ``eccv``; every function is
-importable from here), with the shared helpers of :mod:`vlp.data.prepare.common`; the command line
+importable from here), with the shared helpers of :mod:`vlp.prepare.common`; the command line
 is :mod:`vlp.cli.prepare`.
 
 - :func:`coco_karpathy`, :func:`flickr30k_karpathy`: Karpathy's ``dataset_coco.json`` /
@@ -22,9 +22,9 @@ is :mod:`vlp.cli.prepare`.
 - :func:`vqa_v2`, :func:`answer_list`: official VQA v2 questions / annotations -> ``vqa_*.json``
   entries and the most frequent answers (``answer_list.json``).
 - :func:`nlvr2`: official NLVR2 JSON-lines files -> ``nlvr_*.json``.
-- :func:`snli_ve`: official SNLI-VE JSON-lines files -> ``ve_*.json`` (:mod:`vlp.data.prepare.ve`).
+- :func:`snli_ve`: official SNLI-VE JSON-lines files -> ``ve_*.json`` (:mod:`vlp.prepare.ve`).
 - :func:`eccv_caption`: ECCV Caption's (or CxC's) COCO-id positives + COCO's ``captions_val2014.json``
-  -> a relevance file of the Karpathy 5k test file (:mod:`vlp.data.prepare.eccv`).
+  -> a relevance file of the Karpathy 5k test file (:mod:`vlp.prepare.eccv`).
 
 Pretraining pairs (CC3M, SBU, VG) hold absolute image paths (the resolved image folder joined with
 the file's place in it), so several of them can go into one ``data.train`` with any
@@ -33,14 +33,14 @@ the file's place in it), so several of them can go into one ``data.train`` with 
 
 from __future__ import annotations
 
-from vlp.data.prepare.eccv import ECCV_BENCHMARKS, eccv_caption
-from vlp.data.prepare.img2dataset import IMAGE_SUFFIXES, cc3m, img2dataset_index, sbu
-from vlp.data.prepare.karpathy import KARPATHY_SPLITS, coco_karpathy, flickr30k_karpathy
-from vlp.data.prepare.nlvr import NLVR_SPLITS, nlvr2, nlvr_images
-from vlp.data.prepare.refcoco import prepare_refcoco
-from vlp.data.prepare.ve import VE_SPLITS, snli_ve, snli_ve_split
-from vlp.data.prepare.vg import VG_FOLDERS, visual_genome, visual_genome_qa
-from vlp.data.prepare.vqa import VQA_SPLITS, answer_list, vqa_image, vqa_v2
+from vlp.prepare.eccv import ECCV_BENCHMARKS, eccv_caption
+from vlp.prepare.img2dataset import IMAGE_SUFFIXES, cc3m, img2dataset_index, sbu
+from vlp.prepare.karpathy import KARPATHY_SPLITS, coco_karpathy, flickr30k_karpathy
+from vlp.prepare.nlvr import NLVR_SPLITS, nlvr2, nlvr_images
+from vlp.prepare.refcoco import prepare_refcoco
+from vlp.prepare.ve import VE_SPLITS, snli_ve, snli_ve_split
+from vlp.prepare.vg import VG_FOLDERS, visual_genome, visual_genome_qa
+from vlp.prepare.vqa import VQA_SPLITS, answer_list, vqa_image, vqa_v2
 
 __all__ = [
     "ECCV_BENCHMARKS",

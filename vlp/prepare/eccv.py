@@ -22,9 +22,9 @@ from typing import Any
 
 from vlp.data.formats import RetrievalSplit, load_retrieval_split
 from vlp.data.json_entries import read_json, write_json_atomic
-from vlp.data.prepare.common import required_key, top_list
 from vlp.data.relevance import relevance_record
 from vlp.errors import DataError
+from vlp.prepare.common import required_key, top_list
 
 #: benchmark name -> the prefix of its id files in the eccv-caption package
 ECCV_BENCHMARKS = {"eccv-caption": "eccv", "cxc": "cxc"}

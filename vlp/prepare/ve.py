@@ -8,8 +8,8 @@ from typing import Optional
 
 from vlp.data.downstream_formats import VE_IMAGE_SUFFIX, VE_LABELS
 from vlp.data.json_entries import write_json_atomic
-from vlp.data.prepare.common import check_images_exist, read_json_lines, required_key, required_text
 from vlp.errors import DataError
+from vlp.prepare.common import check_images_exist, read_json_lines, required_key, required_text
 
 VE_SPLITS = ("train", "dev", "test")
 _RELEASE_NAME = re.compile(r"^snli_ve_(train|dev|test)\.jsonl$")

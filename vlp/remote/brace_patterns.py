@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 from vlp.errors import DataError
-from vlp.url_credentials import redacted
+from vlp.remote.url_credentials import redacted
 
 #: The most names one pattern may have (one ``data.train`` entry): a million shards of
 #: img2dataset's 10,000 samples are 10 billion samples; a larger set is several entries.
@@ -51,7 +51,7 @@ def expand(pattern: str, what: str) -> list[str]:
     if n > MAX_PATTERN_SHARDS:
         raise DataError(
             f"{what} {redacted(pattern)!r} names {n:,} shards, over the cap of {MAX_PATTERN_SHARDS:,} a pattern "
-            "(vlp.data.brace_patterns.MAX_PATTERN_SHARDS): split it into several entries"
+            "(vlp.remote.brace_patterns.MAX_PATTERN_SHARDS): split it into several entries"
         )
     return list(braceexpand.braceexpand(pattern))
 

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Optional
 
 from vlp.data.json_entries import write_json_atomic
-from vlp.data.prepare.common import check_images_exist, read_json_lines, required_key, required_text
 from vlp.errors import DataError
+from vlp.prepare.common import check_images_exist, read_json_lines, required_key, required_text
 
 # --------------------------------------------------------------------------
 # NLVR2

@@ -17,7 +17,7 @@ past it is cut there); one of no listed size up to :data:`UNSIZED_SHARD_BYTES`, 
 unread when its ``Content-Length`` says so. Memory holds at most one block of a shard.
 
 **Time.** Every request runs under one deadline that cancels it whatever the backend retries
-underneath: a shard's per-shard deadline (:class:`~vlp.data.url_deadlines.Deadline`), a small
+underneath: a shard's per-shard deadline (:class:`~vlp.remote.url_deadlines.Deadline`), a small
 body's total (``seconds`` of :func:`fetch_small`). Protocols other than http(s) and s3 are read
 through fsspec's ``_cat_file``: the length of each answer is checked, its bytes are not bounded
 before they arrive (gcsfs asks ranges of GCS, which honours them).
@@ -29,8 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Optional
 
-from vlp.data.shard_counts import over_budget, size_text
-from vlp.data.url_deadlines import Deadline, is_timeout
+from vlp.remote.url_deadlines import Deadline, is_timeout
 
 BLOCK_SIZE = 4 << 20  # bytes of one ranged request (a reader holds one block of its shard)
 #: The most bytes read of a shard whose size is not listed: 16 GiB, 30 times a LAION shard of
@@ -38,6 +37,19 @@ BLOCK_SIZE = 4 << 20  # bytes of one ranged request (a reader holds one block of
 UNSIZED_SHARD_BYTES = 16 << 30
 PIECE = 1 << 20  # the most bytes asked of a streamed body at once when passing over bytes
 CLOSE_S = 5.0  # the longest a connection's close may take
+
+
+def over_budget(budget: int) -> str:
+    """The reason of a body refused for its size."""
+    return f"over its budget of {size_text(budget)}"
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes in the largest binary unit that divides them (``1 MiB``, ``4 KiB``, ``700 B``)."""
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n:,} B"
 
 
 class ServerFault(OSError):
@@ -200,10 +212,10 @@ _RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 class RangeFile:
     """A shard of an async fsspec filesystem (http(s), s3, gs) read under ``deadline`` (``seek`` then
-    ``read``, as :class:`~vlp.data.shard_urls.RetryingReader` uses it): in checked ranged requests of
+    ``read``, as :class:`~vlp.remote.shard_urls.RetryingReader` uses it): in checked ranged requests of
     ``block`` bytes (default :data:`BLOCK_SIZE`), or streamed from its start when its server ignores
     ranges or lists no size; never past its byte budget (module doc). Each request is cancelled when
-    ``deadline`` runs out, raising :class:`~vlp.data.url_deadlines.ShardTimeout`."""
+    ``deadline`` runs out, raising :class:`~vlp.remote.url_deadlines.ShardTimeout`."""
 
     def __init__(self, fs: Any, path: str, deadline: Deadline, block: Optional[int] = None) -> None:
         self.fs, self.path, self.deadline = fs, path, deadline
@@ -277,7 +289,7 @@ class RangeFile:
             if self._call(self.stream.read, 1):
                 raise ServerFault(
                     f"its body passed {size_text(budget)}, the budget of a shard that lists no size "
-                    "(vlp.data.url_bodies.UNSIZED_SHARD_BYTES)"
+                    "(vlp.remote.url_bodies.UNSIZED_SHARD_BYTES)"
                 )
             return b""
         data = self._call(self.stream.read, min(n, budget - self.pos))

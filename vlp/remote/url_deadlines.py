@@ -7,14 +7,14 @@ caller retries it, then counts the shard as broken). The backends' own timeouts 
 for with :func:`select.select` (:class:`PipeReader`). The backends' retries are off (botocore's
 attempts and s3fs's loop around them: :data:`S3FS_RETRIES`), so one try of vlp's is one request:
 a stalled endpoint costs ``read_s`` a try, not a read timeout for each retry of each layer. A small
-body (a stats file) must arrive whole within ``read_s`` (:func:`vlp.data.url_bodies.fetch_small`).
+body (a stats file) must arrive whole within ``read_s`` (:func:`vlp.remote.url_bodies.fetch_small`).
 
 **Per shard**: a shard whose bytes have not all arrived after ``shard_s`` seconds of waiting for
 them (a trickling server) is broken at once, not retried. The clock (:class:`Deadline`) runs only
 while the reader waits for the shard's bytes (retries and their backoff included), not while the
 loader decodes images or waits for the training to take its batches, so a slow consumer never
 trips it. A request in flight is cancelled when it runs out
-(:class:`~vlp.data.url_bodies.RangeFile`: asyncio's ``wait_for`` through :func:`fsspec.asyn.sync`),
+(:class:`~vlp.remote.url_bodies.RangeFile`: asyncio's ``wait_for`` through :func:`fsspec.asyn.sync`),
 and so is a ``pipe:`` read.
 """
 
@@ -92,7 +92,7 @@ def storage_options(protocol: str, timeouts: UrlTimeouts) -> dict[str, Any]:
     """fsspec options that give ``protocol``'s backend the per-read deadline: aiohttp's socket
     timeouts for http(s) (no total limit: a block over a slow link may take long), botocore's for
     s3, with botocore's retries off (one attempt a request: a stalled endpoint costs ``read_s``, not
-    a read timeout per retry; vlp retries itself, :class:`~vlp.data.shard_urls.RetryingReader`; s3fs's
+    a read timeout per retry; vlp retries itself, :class:`~vlp.remote.shard_urls.RetryingReader`; s3fs's
     own retries are turned off on the filesystem, :data:`S3FS_RETRIES`); none for other protocols
     (they get the per-shard deadline only)."""
     t = timeouts.read_s
