@@ -81,6 +81,12 @@ def _required(param: Optional[inspect.Parameter]) -> bool:
     return param is not None and param.default is inspect.Parameter.empty
 
 
+def add_overrides(parser: argparse.ArgumentParser, example: str) -> None:
+    """The positional ``overrides`` of a command that reads a config: dotted ``key=value`` overrides
+    (``example``: a few, for the help)."""
+    parser.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {example}")
+
+
 def add_family(sub: Any, name: str, text: str, adders: Iterable[Callable[[Any], None]]) -> Any:
     """``vlp NAME WHAT``: the command ``name`` (help ``text``) of ``vlp``'s subparsers ``sub``, whose
     subcommands (the parsed ``what``, required) each of ``adders`` adds; returns its subparsers."""

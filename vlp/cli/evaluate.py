@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from vlp.cli.common import add_family, call, naming_layer, wrote
+from vlp.cli.common import add_family, add_overrides, call, naming_layer, wrote
 from vlp.dist import rank
 from vlp.kinds import GROUNDING, KINDS, RETRIEVAL
 
@@ -86,11 +86,7 @@ def _add_retrieval(ev: Any) -> None:
         help="zero-shot: a raw pretrained checkpoint at its pretraining resolution; albef-flickr: the ALBEF "
         "protocol (COCO-fine-tuned checkpoint on Flickr30k, k_test 128). Both re-rank with ITM",
     )
-    r.add_argument(
-        "overrides",
-        nargs="*",
-        help="e.g. eval.k_test=32 eval.score=itm+itc eval.precision=bf16 eval.itm_batch_size=256",
-    )
+    add_overrides(r, "eval.k_test=32 eval.score=itm+itc eval.precision=bf16 eval.itm_batch_size=256")
     r.set_defaults(func=_evaluate_retrieval)
 
 

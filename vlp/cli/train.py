@@ -8,6 +8,7 @@ import argparse
 import json
 from typing import Any, Callable
 
+from vlp.cli.common import add_overrides
 from vlp.config import PretrainConfig, load_config, load_finetune_config
 from vlp.dist import rank
 from vlp.kinds import KINDS, NLVR_TA, PRETRAIN
@@ -68,7 +69,7 @@ def _add_config_command(
     """A training command: ``--config`` YAML, dotted overrides and ``--resume``."""
     s = sub.add_parser(name, help=text)
     s.add_argument("--config", required=True, help=f"YAML config (e.g. {example})")
-    s.add_argument("overrides", nargs="*", help=f"dotted overrides, e.g. {overrides}")
+    add_overrides(s, overrides)
     add_resume(s)
     add_report_to(s)
     s.set_defaults(func=func)
