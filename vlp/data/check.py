@@ -27,7 +27,7 @@ from vlp.data.formats import (
     entry_problems,
     no_words_problem,
 )
-from vlp.data.json_entries import entry_list, plural, read_json, resolve_image
+from vlp.data.json_entries import plural, read_entries, resolve_image
 from vlp.errors import BadImage, BadJSON, DataError
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, open_image
 
@@ -195,7 +195,7 @@ def _check_file(
     (resolved path -> [(file, entry, key), ...])."""
     file = str(path)
     try:
-        entries = entry_list(path, read_json(path))
+        entries = read_entries(path)
     except BadJSON as e:
         report.problems.append(
             Problem(

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from vlp.data.json_entries import entry_image, entry_list, entry_object, entry_text, read_json, resolve_image
+from vlp.data.json_entries import entry_image, entry_object, entry_text, read_entries, read_json, resolve_image
 from vlp.errors import DataError, EntryError
 
 #: image files an ImageFolder class folder contributes (case-insensitive)
@@ -130,7 +130,7 @@ def _json_list(
     """Images, labels and classes of a JSON list ``[{"image": path, "label": name}]`` (classes
     default: the sorted distinct labels; a label outside the given classes is an :class:`EntryError`)."""
     root = Path(image_root) if image_root else path.parent
-    entries = entry_list(path, read_json(path))
+    entries = read_entries(path)
     if not entries:
         raise DataError(f"{path}: no entries")
     rows = []

@@ -28,8 +28,8 @@ from vlp.data.json_entries import (
     Issues,
     entry_field,
     entry_image,
-    entry_list,
     entry_text,
+    read_entries,
     read_json,
     resolve_image,
     write_json_atomic,
@@ -133,8 +133,7 @@ def parse_vqa_question(
     """Entry ``i`` (``e``) of the VQA / VG-QA file ``path`` as a :class:`VQAQuestion` (its image resolved
     against ``roots[dataset]``), or None when it has a problem: problems go to ``issues``, so the first
     raises :class:`EntryError` unless ``issues`` collects them."""
-    entry = issues.entry(path, i, e)
-    if entry is None:
+    if (entry := issues.entry(path, i, e)) is None:
         return None
     dataset = entry.get(_dataset)
     question = entry.get(entry_text, "question", "a non-empty question string")
@@ -168,7 +167,7 @@ def load_vqa(
     for path in map(Path, paths):
         vqa_root = Path(image_root) if image_root else path.parent
         roots = {VQA_V2: vqa_root, VG_QA: Path(vg_root) if vg_root else vqa_root}
-        for i, e in enumerate(entry_list(path, read_json(path))):
+        for i, e in enumerate(read_entries(path)):
             questions.append(parse_vqa_question(path, i, e, roots, require_answers, Issues()))
     if not questions:
         raise DataError(f"no VQA questions in {[str(p) for p in paths]}")
@@ -213,8 +212,7 @@ def parse_nlvr_item(path: Path, i: int, e: Any, root: Path, issues: Issues) -> O
     """Entry ``i`` (``e``) of the NLVR2 file ``path`` as an :class:`NLVRItem` (images resolved against
     ``root``), or None when it has a problem: problems go to ``issues``, so the first raises
     :class:`EntryError` unless ``issues`` collects them."""
-    entry = issues.entry(path, i, e)
-    if entry is None:
+    if (entry := issues.entry(path, i, e)) is None:
         return None
     images = entry.get(_nlvr_images, root)
     sentence = entry.get(entry_text, "sentence", "a non-empty sentence string")
@@ -228,7 +226,7 @@ def load_nlvr(path: str | Path, image_root: Optional[str | Path] = None) -> list
     """Load an NLVR2 file (ALBEF ``nlvr_{train,dev,test}.json``); ``identifier`` keys are ignored."""
     path = Path(path)
     root = Path(image_root) if image_root else path.parent
-    items = [parse_nlvr_item(path, i, e, root, Issues()) for i, e in enumerate(entry_list(path, read_json(path)))]
+    items = [parse_nlvr_item(path, i, e, root, Issues()) for i, e in enumerate(read_entries(path))]
     if not items:
         raise DataError(f"{path}: no entries")
     return items
@@ -257,8 +255,7 @@ def ve_image_path(image: str, root: Path) -> str:
 
 def _ve_item(path: Path, i: int, e: Any, root: Path, issues: Issues) -> Optional[VEItem]:
     """Entry ``i`` of an SNLI-VE file, or None when it has a problem (they go to ``issues``)."""
-    entry = issues.entry(path, i, e)
-    if entry is None:
+    if (entry := issues.entry(path, i, e)) is None:
         return None
     image = entry.get(entry_image)
     sentence = entry.get(entry_text, "sentence", "a non-empty hypothesis string")
@@ -273,7 +270,7 @@ def load_ve(path: str | Path, image_root: Optional[str | Path] = None) -> list[V
     :class:`EntryError` naming file, entry and key."""
     path = Path(path)
     root = Path(image_root) if image_root else path.parent
-    parsed = (_ve_item(path, i, e, root, Issues()) for i, e in enumerate(entry_list(path, read_json(path))))
+    parsed = (_ve_item(path, i, e, root, Issues()) for i, e in enumerate(read_entries(path)))
     items = [it for it in parsed if it is not None]  # never None: the first problem raises
     if not items:
         raise DataError(f"{path}: no entries")

@@ -53,6 +53,7 @@ from vlp.data.json_entries import (
     entry_image,
     entry_list,
     plural,
+    read_entries,
     read_json,
     resolve_image,
     write_atomic,
@@ -205,8 +206,7 @@ def _pair(path: Path, i: int, e: Any, root: Path, issues: Issues) -> Optional[tu
     """Entry ``i`` of a pretraining / retrieval-train file: (resolved image path, its good captions,
     its key: ``image_id`` or the image as written), or None when a key is bad or no caption is
     good (the problems go to ``issues``). The sample's ``image_key`` is ``f"{path}:{key}"``."""
-    entry = issues.entry(path, i, e)
-    if entry is None:
+    if (entry := issues.entry(path, i, e)) is None:
         return None
     image = entry.get(entry_image)
     captions = _captions(entry)
@@ -252,7 +252,7 @@ def load_pairs_checked(
     for path in map(Path, paths):
         root = Path(image_root) if image_root else path.parent
         source = table.source(f"{path}:", f"{path} entry ")
-        data = entry_list(path, read_json(path))
+        data = read_entries(path)
         for i in range(len(data)):
             e, data[i] = data[i], None  # the parsed entry is freed once it is in the table
             before = len(issues.found)
@@ -290,8 +290,7 @@ def load_pairs(
 
 def _split_entry(path: Path, i: int, e: Any, issues: Issues) -> Optional[tuple[str, tuple[str, ...]]]:
     """Entry ``i`` of a Karpathy val/test file: (image path as written, its captions), or None."""
-    entry = issues.entry(path, i, e)
-    if entry is None:
+    if (entry := issues.entry(path, i, e)) is None:
         return None
     image = entry.get(entry_image)
     captions = _captions(entry, allow_str=False)
@@ -303,7 +302,7 @@ def load_retrieval_split(path: str | Path, image_root: Optional[str | Path] = No
     path = Path(path)
     root = Path(image_root) if image_root else path.parent
     images, texts, txt2img, img2txt = [], [], [], []
-    for i, e in enumerate(entry_list(path, read_json(path))):
+    for i, e in enumerate(read_entries(path)):
         image, caps = _split_entry(path, i, e, Issues())
         images.append(resolve_image(image, root))
         img2txt.append(list(range(len(texts), len(texts) + len(caps))))

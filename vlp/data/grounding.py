@@ -28,15 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from vlp.data.json_entries import (
-    Issues,
-    entry_field,
-    entry_image,
-    entry_list,
-    entry_text,
-    read_json,
-    resolve_image,
-)
+from vlp.data.json_entries import Issues, entry_field, entry_image, entry_text, read_entries, resolve_image
 from vlp.errors import DataError, EntryError
 
 __all__ = ["SPLIT_KINDS", "Box", "GroundingEntry", "read_grounding_file", "check_box"]
@@ -118,8 +110,7 @@ def _grounding_entry(
 ) -> Optional[GroundingEntry]:
     """Entry ``i`` of a grounding file, or None when it has a problem (they go to ``issues``).
     Eval entries need ``ref_id``, ``bbox`` and ``candidates``; train entries may have them."""
-    entry = issues.entry(path, i, e)
-    if entry is None:
+    if (entry := issues.entry(path, i, e)) is None:
         return None
     image = entry.get(entry_image)
     text = entry.get(entry_text, "text", "a non-empty referring expression string")
@@ -144,10 +135,7 @@ def read_grounding_file(
         raise DataError(f"unknown grounding split kind {split_kind!r}, expected one of {list(SPLIT_KINDS)}")
     path = Path(path)
     root = Path(image_root) if image_root is not None else path.parent
-    entries = [
-        _grounding_entry(path, i, e, root, split_kind, Issues())
-        for i, e in enumerate(entry_list(path, read_json(path)))
-    ]
+    entries = [_grounding_entry(path, i, e, root, split_kind, Issues()) for i, e in enumerate(read_entries(path))]
     if not entries:
         raise DataError(f"{path}: no entries")
     return [e for e in entries if e is not None]

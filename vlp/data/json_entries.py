@@ -107,6 +107,12 @@ def entry_list(path: Path, data: Any) -> list:
     return data
 
 
+def read_entries(path: Path) -> list:
+    """The entries of the annotation file ``path``: :func:`read_json`, its top level a JSON list
+    (:func:`entry_list`)."""
+    return entry_list(path, read_json(path))
+
+
 def entry_object(path: Path, i: int, e: Any) -> dict:
     """Entry ``i`` (``e``) of ``path`` itself, returned as is; raise :class:`EntryError` (no key)
     when it is not a JSON object."""
