@@ -105,6 +105,7 @@ def itc_step(
     need_ids = positives == "image" or regulate is not None
     same_image = image_ids[:, None] == torch.cat([batch_ids, q.ids], 0)[None, :] if need_ids else None
     if positives == "image":
+        assert same_image is not None  # need_ids
         pos = same_image
     else:
         pos = torch.zeros(b, bank_t.shape[0], dtype=torch.bool, device=img.feat.device)
@@ -125,8 +126,8 @@ def itc_step(
     lw_i2t, lw_t2i, removal = (r.log_w_i2t, r.log_w_t2i, r.removal) if r is not None else (None, None, False)
     if r is not None and r.weight_targets:  # the soft targets see the weights too
         m_i2t, m_t2i = m_i2t + r.log_w_i2t, m_t2i + r.log_w_t2i
-    targets = dict(targets_i2t=itc_targets(pos, m_i2t, alpha), targets_t2i=itc_targets(pos, m_t2i, alpha))
-    x = ContrastiveInputs(cos_i2t, pos, cos_t2i, pos, temp, lw_i2t, lw_t2i, **targets, removal=removal)
+    t_i2t, t_t2i = itc_targets(pos, m_i2t, alpha), itc_targets(pos, m_t2i, alpha)
+    x = ContrastiveInputs(cos_i2t, pos, cos_t2i, pos, temp, lw_i2t, lw_t2i, t_i2t, t_t2i, removal)
     return ITCOutput(loss_fn(x), sim_i2t, sim_t2i, own, temp, r.stats if r is not None else {})
 
 
