@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence, cast
 
 import torch
 from torch import nn
@@ -34,4 +34,5 @@ class ClassificationTask(Task):
 
     def forward(self, batch: dict[str, torch.Tensor], step: int = 0) -> dict[str, torch.Tensor]:
         args = tuple(batch[k] for k in self.inputs)
-        return self.distilled_classification(self.model.classify, args, batch["labels"], step, self.name)
+        classify = cast(Callable[..., torch.Tensor], self.model.classify)
+        return self.distilled_classification(classify, args, batch["labels"], step, self.name)

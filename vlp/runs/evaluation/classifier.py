@@ -54,12 +54,13 @@ class ImageTextClassification:
     ) -> dict[str, Any]:
         """Accuracy (percent) and the item count of ``checkpoint``'s classifier on the annotation file
         ``data``, with the checkpoint's own preprocessing; written to ``out/metrics.json``."""
-        opened = open_checkpoint(checkpoint)
+        opened = open_checkpoint(checkpoint, load=False)
+        model = opened.load()  # on the default device, in eval mode
         items = self.load(data, image_root)
         dataset = self.dataset(items, opened.preprocessor.image_transform())
         collate = self.collator(opened.tokenizer, opened.preprocessor.max_len)
         loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate)
-        right = classify_correct(opened.model, loader, next(opened.model.parameters()).device, self.inputs)
+        right = classify_correct(model, loader, next(model.parameters()).device, self.inputs)
         acc = 100.0 * float(right.double().mean()) if len(right) else 0.0
         return write_metrics(out, {"acc": acc, "n": len(right)})
 
