@@ -55,6 +55,20 @@ from harness import (
     train_once,
 )
 from seed_results import SeedResults, slug
+from srcl_calibration_design import (  # noqa: F401 (the design, shared with the report; the tests read it from here)
+    AUCS,
+    ENDPOINT,
+    FACTORS,
+    GRIDS,
+    HELPERS,
+    METRICS,
+    PLAIN,
+    PRIMARY_ARMS,
+    SWEEP_ARMS,
+    SWEPT,
+    helper_of,
+)
+from srcl_calibration_report import write_calibration_report
 from srcl_testbed import ITC_ONLY, KINDS, PRESET, SRCL  # the SRCL testbed's world, training and regulated arms
 
 from vlp.errors import CalibrationError
@@ -66,28 +80,8 @@ from vlp.runs.training.features import run_cache_helper_features
 from vlp.train.preemption import exit_status
 from vlp.world import write_caption_mix
 
-AUCS = (0.65, 0.75, 0.85, 0.95)
-#: helper name -> target ROC-AUC of the noised oracle (None: the learned helper)
-HELPERS: dict[str, Optional[float]] = {**{f"oracle AUC {q:g}": q for q in AUCS}, "learned helper": None}
-PLAIN = "plain ITC"
-PRIMARY_ARMS = [PLAIN, *(f"SRCL, {h}" for h in HELPERS)]
-SWEPT = ("oracle AUC 0.65", "oracle AUC 0.85", "learned helper")
-FACTORS = (0.25, 0.5, 2.0, 4.0)
-SWEEP_ARMS = [f"SRCL, {h}, delta x{f:g}" for h in SWEPT for f in FACTORS]
-GRIDS = {"primary": (PRIMARY_ARMS, tuple(range(12))), "sweep": (SWEEP_ARMS, (0, 1, 2))}
-ENDPOINT = "img_r_precision"  # the pre-registered primary endpoint: text->image R-precision
-METRICS = ("img_r_precision", "img_ndcg10", "img_r_precision@generic", "txt_r_precision", "img_r1")
 TARGET = 0.12
 DIAG_BATCHES = 20
-
-
-def helper_of(arm: str) -> tuple[Optional[str], float]:
-    """An arm's helper (None: plain ITC) and its delta factor over the no-GT delta."""
-    if arm == PLAIN:
-        return None, 1.0
-    parts = arm.split(", ")
-    factor = float(parts[2].removeprefix("delta x")) if len(parts) == 3 else 1.0
-    return parts[1], factor
 
 
 class Experiment:
@@ -321,8 +315,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     restore(out, a.record)
     exp = Experiment(out, a)
     if a.report:
-        from srcl_calibration_report import write_calibration_report
-
         write_calibration_report(exp, a.grid, seeds)
         return 0
     exp.prepare(seeds, a.shard)
@@ -333,8 +325,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.shard != (0, 1):
         print(f"shard {a.shard[0]}/{a.shard[1]} done; run again without --shard for the report", flush=True)
         return 0
-    from srcl_calibration_report import write_calibration_report
-
     write_calibration_report(exp, a.grid, seeds)
     return 0
 

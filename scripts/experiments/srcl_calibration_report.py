@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
+import srcl_calibration_design as design
 from harness import paired_tests_table, results_table, run_minutes, write_report
 from seed_results import SeedResults, paired_t_test
 
@@ -111,18 +112,18 @@ def gains_by_seed(data: dict, arm: str, base: str, seeds: Sequence[int], metric:
     }
 
 
-def _primary(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, dict]:
+def _primary(exp: Any, seeds: Sequence[int]) -> tuple[str, dict]:
     """The primary tests with their Holm decisions, and the threshold fit."""
     results = SeedResults(exp.out / "results_primary.json")
-    arms = [a for a in mod.PRIMARY_ARMS if a != mod.PLAIN]
+    arms = [a for a in design.PRIMARY_ARMS if a != design.PLAIN]
     tests = {}
     for a in arms:
-        d = list(gains_by_seed(results.data, a, mod.PLAIN, seeds, mod.ENDPOINT).values())
+        d = list(gains_by_seed(results.data, a, design.PLAIN, seeds, design.ENDPOINT).values())
         if len(d) >= 2:
             tests[a] = (statistics.mean(d), statistics.stdev(d), len(d), *paired_t_test(d))
     decided = holm({a: t[4] for a, t in tests.items()})
     lines = [
-        f"| arm − plain ITC | seeds | {mod.ENDPOINT} | t | p | Holm (family of {len(arms)}) | reading |",
+        f"| arm − plain ITC | seeds | {design.ENDPOINT} | t | p | Holm (family of {len(arms)}) | reading |",
         "|---|---:|---:|---:|---:|---|---|",
     ]
     for a, (m, sd, n, t, p) in tests.items():
@@ -133,10 +134,10 @@ def _primary(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, dict]:
         )
     points: dict[int, list[tuple[str, float, float]]] = {}
     for a in arms:
-        helper = mod.helper_of(a)[0]
-        for s, g in gains_by_seed(results.data, a, mod.PLAIN, seeds, mod.ENDPOINT).items():
+        helper = design.helper_of(a)[0]
+        for s, g in gains_by_seed(results.data, a, design.PLAIN, seeds, design.ENDPOINT).items():
             points.setdefault(s, []).append((helper, exp.calibration(helper, s)["same_image_auc"], g))
-    supported = [mod.helper_of(a)[0] for a in tests if decided[a] and tests[a][0] > 0]
+    supported = [design.helper_of(a)[0] for a in tests if decided[a] and tests[a][0] > 0]
     rule = min(
         (statistics.mean(p[1] for ps in points.values() for p in ps if p[0] == h) for h in supported), default=None
     )
@@ -236,7 +237,7 @@ def factor_one_against_the_rest(gains: dict[float, dict[int, float]]) -> dict[fl
     return out
 
 
-def _sweep(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, Optional[Path]]:
+def _sweep(exp: Any, seeds: Sequence[int]) -> tuple[str, Optional[Path]]:
     """The sweep's gains over plain ITC by delta factor, per helper, with the GT delta's factor."""
     import matplotlib
 
@@ -245,7 +246,7 @@ def _sweep(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, Optional[Path
 
     sweep, primary = SeedResults(exp.out / "results_sweep.json").data, SeedResults(exp.out / "results_primary.json")
     data = {**primary.data, **sweep}
-    factors = sorted((*mod.FACTORS, 1.0))
+    factors = sorted((*design.FACTORS, 1.0))
     lines = [
         "| helper | "
         + " | ".join(f"δ × {f:g}" for f in factors)
@@ -256,11 +257,11 @@ def _sweep(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, Optional[Path
     plateau = ["| helper | " + " | ".join(f"× 1 − × {f:g}" for f in factors if f != 1.0) + " |",
                "|---|" + "---:|" * (len(factors) - 1)]  # fmt: skip
     fig, ax = plt.subplots(figsize=(6, 3.8))
-    for k, h in enumerate(mod.SWEPT):
+    for k, h in enumerate(design.SWEPT):
         arms = {f: f"SRCL, {h}" if f == 1.0 else f"SRCL, {h}, delta x{f:g}" for f in factors}
-        gains = {f: gains_by_seed(data, arm, mod.PLAIN, seeds, mod.ENDPOINT) for f, arm in arms.items()}
+        gains = {f: gains_by_seed(data, arm, design.PLAIN, seeds, design.ENDPOINT) for f, arm in arms.items()}
         values = {
-            f: [data[a][str(s)][mod.ENDPOINT] for s in seeds if str(s) in data.get(a, {})] for f, a in arms.items()
+            f: [data[a][str(s)][design.ENDPOINT] for s in seeds if str(s) in data.get(a, {})] for f, a in arms.items()
         }
         cells = [mean_std(list(gains[f].values()), ".2f") for f in factors]
         cals = [exp.calibration(h, s) for s in seeds]
@@ -295,15 +296,13 @@ def _sweep(exp: Any, mod: Any, seeds: Sequence[int]) -> tuple[str, Optional[Path
 
 def write_calibration_report(exp: Any, grid: str, seeds: Sequence[int]) -> str:
     """``OUT/report_<grid>.md`` (and its plots) for the experiment ``exp`` of ``srcl_calibration.py``."""
-    import srcl_calibration as mod
-
     results = SeedResults(exp.out / f"results_{grid}.json")
     head = (
         f"SRCL at the delta `vlp analyze helper` calibrates without ground truth, by helper quality; {grid} grid, "
         f"seeds {list(seeds)}; {run_minutes(results)}."
     )
     if grid == "sweep":
-        table, plot = _sweep(exp, mod, seeds)
+        table, plot = _sweep(exp, seeds)
         legend = (
             "Text->image R-precision minus plain ITC, paired by seed (mean ± std), by delta as a multiple of each "
             "seed's no-GT delta (× 1: the primary arm on the same seeds). Pre-registered reading: the no-GT delta is "
@@ -312,14 +311,14 @@ def write_calibration_report(exp: Any, grid: str, seeds: Sequence[int]) -> str:
             "scale, the best delta's gain minus the no-GT delta's within the best arm's paired spread."
         )
         return write_report(exp.out / "report_sweep.md", head, legend, table, f"![sweep]({plot.name})" if plot else "")
-    helpers = _helper_table(exp, seeds, list(mod.HELPERS))
-    means = results_table(results, seeds, mod.METRICS)
-    tests, info = _primary(exp, mod, seeds)
-    others = paired_tests_table(results.data, seeds, mod.METRICS[1:], mod.PLAIN, mod.PRIMARY_ARMS)
+    helpers = _helper_table(exp, seeds, list(design.HELPERS))
+    means = results_table(results, seeds, design.METRICS)
+    tests, info = _primary(exp, seeds)
+    others = paired_tests_table(results.data, seeds, design.METRICS[1:], design.PLAIN, design.PRIMARY_ARMS)
     points = info["points"]
     fit = _fit(points)
-    oracles = _fit(points, keep=lambda h: mod.HELPERS[h] is not None)
-    n_oracle = sum(1 for ps in points.values() for p in ps if mod.HELPERS[p[0]] is not None)
+    oracles = _fit(points, keep=lambda h: design.HELPERS[h] is not None)
+    n_oracle = sum(1 for ps in points.values() for p in ps if design.HELPERS[p[0]] is not None)
     rule = info["rule"]
     threshold = "\n\n".join(
         [
