@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from tests.helpers import DUAL
 from vlp import VLPModel
-from vlp.api import CONFIG, PREPROCESSOR, WEIGHTS, UnsupportedKind, build_inference_model
+from vlp.api import CONFIG, PREPROCESSOR, WEIGHTS, UnsupportedKind, build_inference_model, pixel_values, tokenize
 from vlp.config import (
     FinetuneConfig,
     FinetuneDataConfig,
@@ -135,11 +135,11 @@ def test_inputs_paths_pil_tensors_and_single_items_agree(pretrained, images):
     feats = m.encode_image(images)
     pil = [Image.open(p) for p in images]
     assert torch.equal(m.encode_image(pil), feats)
-    assert torch.equal(m.encode_image(m.pixel_values(images)), feats)
+    assert torch.equal(m.encode_image(pixel_values(m, images)), feats)
     assert torch.allclose(m.encode_image(images, batch_size=2), feats, atol=1e-5)
     assert torch.allclose(m.encode_image(images[1])[0], feats[1], atol=1e-5)
     assert m.encode_text("one caption").shape == (1, 16)
-    assert m.pixel_values(images).shape == (5, 3, 32, 32)
+    assert pixel_values(m, images).shape == (5, 3, 32, 32)
     with pytest.raises(ValueError, match="aligned pairs: got 2 images and 3 texts"):
         m.itm_score(images[:2], TEXTS[:3])
 
@@ -310,7 +310,7 @@ def test_encoders_match_the_retrieval_evaluator(pretrained, run_dir, images):
 
 def test_itm_score_is_the_itm_head_softmax(pretrained, images):
     m = pretrained[1]
-    pixels, tok = m.pixel_values(images[:4]), m.tokenize(TEXTS)
+    pixels, tok = pixel_values(m, images[:4]), tokenize(m, TEXTS)
     with torch.no_grad():
         txt = m.model.encode_text(tok["input_ids"], tok["attention_mask"])
         fused = m.model.fuse(txt.hidden, txt.mask, m.model.encode_image(pixels).tokens)
@@ -379,7 +379,7 @@ def test_vqa_answers_like_the_finetune_predictor(vqa_run, images, tmp_path):
     batch = VQACollator(tok, 25, 10)(
         [
             {"image": p, "question": pre_question(q, 50), "answers": [], "weights": [], "index": i}
-            for i, (p, q) in enumerate(zip(m.pixel_values(images[:3]), qs))
+            for i, (p, q) in enumerate(zip(pixel_values(m, images[:3]), qs))
         ]
     )
     ids, mask = tokenize_answers(tok, answers, 10)
@@ -420,10 +420,10 @@ def test_nlvr2_probabilities_and_round_trip(images, tmp_path):
     sents = ["the left image has two circles", "there is a red square", "both images are blue"]
     p = m.nlvr(images[:3], images[2:5], sents)
     assert p.shape == (3,) and ((p >= 0) & (p <= 1)).all()
-    tok = m.tokenize(sents)
+    tok = tokenize(m, sents)
     with torch.no_grad():
         ref = m.model.classify(
-            m.pixel_values(images[:3]), m.pixel_values(images[2:5]), tok["input_ids"], tok["attention_mask"]
+            pixel_values(m, images[:3]), pixel_values(m, images[2:5]), tok["input_ids"], tok["attention_mask"]
         ).softmax(-1)[:, 1]
     assert torch.equal(p, ref)
     one = m.nlvr(images[0], images[2], sents[0])
@@ -476,3 +476,61 @@ def test_dual_encoder_encodes_but_has_no_itm(images, tmp_path):
     assert m2.similarity(images, TEXTS).shape == (5, 4)
     with pytest.raises(UnsupportedKind, match="itm_score needs the ITM head .*model.arch=dual"):
         m.itm_score(images[:1], "x")
+
+
+def test_vlpmodel_stays_slim():
+    """VLPModel holds what a user calls, the work is in the task modules (issue 53): at most 14
+    methods (properties, private and dunder ones and the task functions it takes as methods
+    counted) and at most 200 lines."""
+    import inspect
+
+    from vlp.api import answer, classify, gradcam, loading, retrieval
+
+    kinds = (property, classmethod, staticmethod)
+    methods = [n for n, v in vars(VLPModel).items() if inspect.isfunction(v) or isinstance(v, kinds)]
+    lines, _ = inspect.getsourcelines(VLPModel)
+    assert len(methods) <= 14 and len(lines) <= 200, (len(methods), methods, len(lines))
+    assert VLPModel.answer is answer.answer and VLPModel.nlvr is classify.nlvr
+    assert VLPModel.explain is gradcam.explain and VLPModel.itm_score is retrieval.itm_score
+    assert VLPModel.save_pretrained is loading.save_pretrained
+
+
+def test_gradcam_through_the_model_and_gradcam_layer(pretrained, images, vqa_run):
+    from vlp.api import gradcam_layer
+    from vlp.models.gradcam import fusion_layer_index
+
+    m = pretrained[1]
+    layer = gradcam_layer(m)
+    assert layer == fusion_layer_index(m.model, None)
+    e = m.explain(images[0], TEXTS[0])
+    assert e.layer == layer and e.maps.shape[0] == len(e.tokens) and 0 <= e.itm_score <= 1
+    maps = m.grounding_maps(images[:2], TEXTS[:2])
+    assert maps.shape == (2, *e.maps.shape[1:]) and not any(p.grad is not None for p in m.model.parameters())
+    with pytest.raises(ValueError):
+        gradcam_layer(m, 99)
+    vqa = VLPModel.from_pretrained(vqa_run[0], device="cpu")
+    with pytest.raises(UnsupportedKind, match=r"vlp.api.gradcam_layer needs the ITM head .*this is a vqa checkpoint"):
+        gradcam_layer(vqa)
+    with pytest.raises(UnsupportedKind, match=r"VLPModel.explain needs the ITM head .*this is a vqa checkpoint"):
+        vqa.explain(images[0], "x")
+
+
+def test_the_capability_check_reads_the_kind_registry(pretrained, images):
+    """A kind registered in KINDS runs the methods its capabilities name and no other."""
+    from dataclasses import replace
+
+    from vlp.kinds import KINDS
+
+    m = pretrained[1]
+    toy = replace(KINDS.get("pretrain"), name="toy-text", capabilities=("encode_text",))
+    with KINDS.registered("toy-text", toy):
+        vm = VLPModel(m.model, "toy-text", m.model_config, m.tokenizer, m.preprocessor)
+        assert torch.equal(vm.encode_text(TEXTS), m.encode_text(TEXTS))
+        with pytest.raises(
+            UnsupportedKind,
+            match=r"VLPModel.encode_image needs ITC projections \(pretrain or helper or retrieval checkpoint\); "
+            r"this is a toy-text checkpoint$",
+        ):
+            vm.encode_image(images)
+    with pytest.raises(CheckpointError, match="unknown checkpoint kind 'toy-text'; expected one of"):
+        VLPModel(m.model, "toy-text", m.model_config, m.tokenizer, m.preprocessor)

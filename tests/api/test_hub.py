@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.test_api import TEXTS
-from vlp.api import VLPModel
+from vlp.api import VLPModel, config_dict
 from vlp.errors import CheckpointError
 from vlp.interop.hub import is_repo_id, model_card
 
@@ -137,7 +137,7 @@ def test_push_to_hub_uploads_a_folder_that_loads_back_with_its_card(pretrained, 
 
 def test_the_card_states_the_run_data_when_not_given(pretrained):
     m, _, _ = pretrained
-    config = m.config_dict()
+    config = config_dict(m)
     assert "## Data\n\nnot stated" in model_card(config)  # the tests' run names no data files
     config["source"]["data"] = ["worlds/w/pretrain.json", "cc3m.json"]
     card = model_card(config)

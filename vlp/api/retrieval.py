@@ -1,0 +1,60 @@
+"""The encoding and scoring methods of the kinds with ITC projections (pretrain, helper, retrieval):
+:meth:`VLPModel.encode_image <vlp.api.VLPModel.encode_image>`, ``encode_text``, ``similarity`` and
+``itm_score`` (the last with an ALBEF fusion encoder). Each takes the :class:`~vlp.api.VLPModel`
+first, checks its kind and runs without gradients in eval mode."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+
+from vlp.api.capability import require
+from vlp.api.inputs import Images, Texts, image_batches, image_list, inference, tokenize
+
+if TYPE_CHECKING:
+    from vlp.api import VLPModel
+
+
+@inference
+def encode_image(vm: VLPModel, images: Images, batch_size: Optional[int] = None) -> torch.Tensor:
+    """L2-normalised ITC image features [N, D] (D = ``model.embed_dim``)."""
+    require(vm, "encode_image", "ITC projections")
+    model: Any = vm.model  # the kind's model class: what it offers depends on the kind
+    return torch.cat([model.encode_image(b).feat.cpu() for b in image_batches(vm, images, batch_size)])
+
+
+@inference
+def encode_text(vm: VLPModel, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
+    """L2-normalised ITC text features [N, D]."""
+    require(vm, "encode_text", "ITC projections")
+    model: Any = vm.model
+    tok, bs = tokenize(vm, texts), batch_size or vm.batch_size
+    ids, mask = tok["input_ids"].to(vm.device), tok["attention_mask"].to(vm.device)
+    return torch.cat([model.encode_text(ids[s : s + bs], mask[s : s + bs]).feat.cpu() for s in range(0, len(ids), bs)])
+
+
+@inference
+def similarity(vm: VLPModel, images: Images, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
+    """ITC cosine similarities [N_img, N_txt] (not divided by the temperature)."""
+    return encode_image(vm, images, batch_size) @ encode_text(vm, texts, batch_size).T
+
+
+@inference
+def itm_score(vm: VLPModel, images: Images, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
+    """Match probability [N] of aligned pairs (``images[i]``, ``texts[i]``): the ITM head's
+    softmax class 1 on the fused [CLS] state."""
+    require(vm, "itm_score", "the ITM head", fusion=True)
+    model: Any = vm.model
+    tok, bs = tokenize(vm, texts), batch_size or vm.batch_size
+    n_img = len(image_list(images))
+    if n_img != len(tok["input_ids"]):
+        raise ValueError(f"itm_score scores aligned pairs: got {n_img} images and {len(tok['input_ids'])} texts")
+    ids, mask = tok["input_ids"].to(vm.device), tok["attention_mask"].to(vm.device)
+    out = []
+    for k, pixels in enumerate(image_batches(vm, images, bs)):
+        rows = slice(k * bs, k * bs + len(pixels))
+        tokens = model.encode_image(pixels).tokens
+        fused = model.fuse(model.text_states(ids[rows], mask[rows]), mask[rows], tokens)
+        out.append(model.itm_logits(fused).float().softmax(-1)[:, 1].cpu())
+    return torch.cat(out)
