@@ -23,7 +23,11 @@ from vlp.errors import ConfigError, DataError
 from vlp.features.helper_cache import HelperCache, cache_rows, write_cache
 from vlp.lab.calibration import CalibrationRows, calibration_rows, same_image_auc
 from vlp.lab.helper_student import (
+    NO_PREDICTOR,
+    PREDICTOR,
     STUDENT_CACHE,
+    Predictor,
+    advice,
     cache_temperature,
     check_aligned,
     checkpoint_temperature,
@@ -236,6 +240,7 @@ def test_analyze_helper_against_a_student_run(world, pretrained, tmp_path, capsy
     assert main([*argv, "--out", str(out), "--student", str(pretrained), "--force"]) == 0
     printed = capsys.readouterr().out
     assert "against the student (temperature" in printed and "rank agreement with the student" in printed
+    assert f"  {NO_PREDICTOR}\n" in printed  # no measure is shown to predict yet: one line says so
     got = json.loads((out / "helper_diagnostics.json").read_text())["against_student"]
     ckpt = find_checkpoint(pretrained)
     with safe_open(str(ckpt / "model.safetensors"), framework="pt") as f:
@@ -279,3 +284,15 @@ def test_analyze_helper_student_options_are_refused_where_they_do_not_apply(worl
     assert main([*argv, "--student", str(dual_checkpoint(tmp_path / "dual"))]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "student_cache holds features of random 1, not of the student" in err[0]
+
+
+def test_the_advice_says_none_predicts_until_a_predictor_is_named_then_go_or_stop_by_it():
+    measures = {"hard_same_image_auc": 0.71, "pair_r1_gap": -0.02}
+    assert advice(measures) == NO_PREDICTOR and PREDICTOR is None
+    assert "no measure, same-image AUC included, is yet shown" in NO_PREDICTOR and "docs/methods.md" in NO_PREDICTOR
+    rule = Predictor("hard_same_image_auc", 0.7, "docs/experiments.md, issue 51")
+    assert advice(measures, rule) == (
+        "go: hard_same_image_auc 0.710 >= 0.7, the measure shown to predict SRCL's gain with a learned helper "
+        "(docs/experiments.md, issue 51)"
+    )
+    assert advice(measures, Predictor("pair_r1_gap", 0.0, "x")).startswith("stop: pair_r1_gap -0.020 < 0, ")

@@ -21,8 +21,8 @@ A calibration that cannot be trusted is refused (:class:`~vlp.errors.Calibration
 
 - **helper quality**: ``quality.same_image_auc`` is the ROC-AUC of the same-image probes against
   the other negatives of their rows (no ground truth needed); below ``min_same_image_auc``
-  (:data:`MIN_SAME_IMAGE_AUC`, its source in :data:`MIN_AUC_SOURCE`: the weakest helper SRCL was
-  shown to help with) it is refused unless ``force`` (recorded as ``forced``); above it the report
+  (:data:`MIN_SAME_IMAGE_AUC`, its source in :data:`MIN_AUC_SOURCE`: the weakest noised oracle SRCL
+  was shown to help with) it is refused unless ``force`` (recorded as ``forced``); above it the report
   says that passing is not sufficient (``quality_caveat``). ``at_delta`` says what the chosen
   delta does: the effective number of negatives per row ``N_eff = (sum w)^2 / sum w^2``, the
   weight share of a row's 10 heaviest negatives and the shares below 0.2 and 0.7.
@@ -79,8 +79,9 @@ MIN_AUC_SOURCE = (
 )
 #: what passing the minimum does not say (printed with every helper that passes it)
 SUFFICIENCY_CAVEAT = (
-    "a same-image AUC above the minimum is not enough: on the testbed a learned helper at 0.795 did not beat plain "
-    "ITC (-0.23 +- 0.56 R-precision, 12 seeds, p 0.18; docs/experiments.md)"
+    "a same-image AUC above the minimum is not enough: on the testbed a learned helper at 0.795 (no stronger than "
+    "the student, and sharing its initial weights) did not beat plain ITC (-0.23 +- 0.56 R-precision, 12 seeds, "
+    "p 0.18; docs/experiments.md)"
 )
 #: the heaviest negatives of a row whose weight share ``at_delta`` reports
 TOP_K = 10
@@ -272,6 +273,7 @@ def calibration_summary(r: dict[str, Any]) -> str:
             f"{_num(s['hard_same_image_auc'])}, weighted by the student's softmax "
             f"{_num(s['student_weighted_same_image_auc'])}; rank agreement with the student "
             f"{_num(s['rank_agreement'])}",
+            f"  {s['advice']}",
         ]
     for name, w in r["weights"].items():
         fn, other, every = w["false_negatives"], w["other_negatives"], w["all_negatives"]
@@ -524,7 +526,7 @@ def _quality_check(report: dict[str, Any], minimum: float, force: bool) -> Optio
     if force:
         return None
     why = (
-        "the weakest helper SRCL was shown to help with (vlp.lab.calibration.MIN_AUC_SOURCE)"
+        "the weakest noised oracle SRCL was shown to help with (vlp.lab.calibration.MIN_AUC_SOURCE)"
         if minimum == MIN_SAME_IMAGE_AUC
         else "the minimum given (--min-same-image-auc)"
     )

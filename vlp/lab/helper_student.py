@@ -24,12 +24,16 @@ student's own features, not a momentum encoder's.
   best negative is a miss).
 
 Which of them, if any, predicts whether SRCL helps with a learned helper is what an experiment is
-measuring; nothing here claims it.
+measuring (docs/experiments.md, issue 51). Until it shows one, :data:`PREDICTOR` is None and the
+report's ``advice`` says so in one line and points to a trial on the user's own split
+(docs/methods.md); once one is shown, :data:`PREDICTOR` names it, its minimum and its source, and
+``advice`` says go or stop by it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Protocol, Sequence
 
@@ -45,6 +49,39 @@ HARD_K = 10
 BUDGET = 2**24
 #: the folder of ``--out`` where ``vlp analyze helper --student`` caches the student's features
 STUDENT_CACHE = "student_cache"
+
+
+@dataclass(frozen=True)
+class Predictor:
+    """A measure of :func:`student_measures` shown to predict SRCL's gain with a learned helper:
+    ``measure`` (a key of ``against_student``), the ``minimum`` from which SRCL helped, its ``source``."""
+
+    measure: str
+    minimum: float
+    source: str
+
+
+#: the measure that predicts SRCL's gain with a learned helper; None: none is shown yet
+PREDICTOR: Optional[Predictor] = None
+#: the advice while no measure is shown to predict
+NO_PREDICTOR = (
+    "no measure, same-image AUC included, is yet shown to predict SRCL's gain with a learned helper "
+    "(docs/experiments.md, issue 51): a short paired trial on your own split tells (docs/methods.md, "
+    "'A trial on your own split')"
+)
+
+
+def advice(measures: dict[str, Any], predictor: Optional[Predictor] = None) -> str:
+    """The one line ``vlp analyze helper --student`` advises by: :data:`NO_PREDICTOR` without a
+    ``predictor``, else go or stop by its measure in ``measures`` (``against_student``) against its minimum."""
+    if predictor is None:
+        return NO_PREDICTOR
+    value = float(measures[predictor.measure])
+    verdict, sign = ("go", ">=") if value >= predictor.minimum else ("stop", "<")
+    return (
+        f"{verdict}: {predictor.measure} {value:.3f} {sign} {predictor.minimum:g}, the measure shown to predict "
+        f"SRCL's gain with a learned helper ({predictor.source})"
+    )
 
 
 class Rows(Protocol):
@@ -248,14 +285,17 @@ def against_student(
 ) -> dict[str, Any]:
     """The report's ``against_student``: :func:`student_measures` at ``temperature`` (None: the
     temperature of the checkpoint that wrote ``cache``, :func:`cache_temperature`), with the student's
-    cache, checkpoint and where the temperature came from (``given`` or ``checkpoint``)."""
+    cache, checkpoint and where the temperature came from (``given`` or ``checkpoint``), and the
+    ``advice`` of :data:`PREDICTOR` (:func:`advice`)."""
     given = temperature is not None
     t = float(temperature) if temperature is not None else cache_temperature(cache)
+    measures = student_measures(helper, student, t, k)
     return {
         "student_cache": str(cache.path),
         "student_checkpoint": cache.meta.get(CACHE_HELPER_KEY),
         "temperature_from": "given" if given else "checkpoint",
-        **student_measures(helper, student, t, k),
+        **measures,
+        "advice": advice(measures, PREDICTOR),
     }
 
 
