@@ -69,7 +69,7 @@ def run_retrieval_gradcam(
     evaluation used (:func:`_evaluated_checkpoint`). Returns the PNGs written, the grid first."""
     import torch
 
-    from vlp.api import VLPModel
+    from vlp.api import VLPModel, gradcam_layer
     from vlp.errors import DataError
     from vlp.viz import find_retrieval_examples, plot_retrieval_grid, plot_word_heatmaps
 
@@ -93,7 +93,7 @@ def run_retrieval_gradcam(
         written.append(
             plot_word_heatmaps(paths[0], top1.tokens, top1.maps, words_dir / f"query{row['query']}.png", title=title)
         )
-    layer_used = vm.gradcam_layer(layer)
+    layer_used = gradcam_layer(vm, layer)
     note = f"\nheat: Grad-CAM of the caption's ITM score, fusion layer {layer_used}"
     grid = plot_retrieval_grid(rows, outdir / "retrieval_examples_gradcam.png", heatmaps, note)
     return [grid, *written]

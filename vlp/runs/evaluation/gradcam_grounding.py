@@ -194,7 +194,7 @@ def run_evaluate_grounding(
     Writes ``out/metrics.json`` (the returned record), ``out/predictions.json`` (per entry: the
     chosen candidate, its IoU with the target, every candidate's score) and
     ``out/grounding_examples.png`` (``n_examples`` entries: heat map, chosen and target box)."""
-    from vlp.api import VLPModel
+    from vlp.api import VLPModel, gradcam_layer
 
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -203,7 +203,7 @@ def run_evaluate_grounding(
     sizes = [entry_size(e) for e in entries]
     prior = _prior(train, image_root, entries, sizes) if train is not None else None
     vm = VLPModel.from_pretrained(checkpoint, device=device, batch_size=batch_size)
-    used_layer = vm.gradcam_layer(layer)
+    used_layer = gradcam_layer(vm, layer)
     got = ground(vm, entries, sizes, used_layer, batch_size, words_only, show_progress)
     metrics = split_metrics(entries, got.chosen)
     record: dict[str, Any] = {

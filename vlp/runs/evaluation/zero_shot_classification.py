@@ -93,7 +93,9 @@ def _itm_scores(
 def _prompt_states(vm, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """The unimodal text states [P, L, H] and attention masks [P, L] of ``prompts`` (padded to the
     longest), computed once for every re-rank pair; on ``vm``'s device, in batches of its batch size."""
-    tok, bs = vm.tokenize(prompts), vm.batch_size
+    from vlp.api import tokenize
+
+    tok, bs = tokenize(vm, prompts), vm.batch_size
     ids, mask = tok["input_ids"].to(vm.device), tok["attention_mask"].to(vm.device)
     return torch.cat([vm.model.text_states(ids[s : s + bs], mask[s : s + bs]) for s in range(0, len(ids), bs)]), mask
 
@@ -105,6 +107,8 @@ def classification_scores(
     """Score every image of ``inputs`` against every class with the loaded :class:`vlp.api.VLPModel`
     ``vm``: ITC cosines [N, C] (fp32) and, for ``rerank_k`` > 0, each image's top-``rerank_k``
     classes by ITC [N, k] and their ITM scores [N, k] (else None, None). CPU tensors."""
+    from vlp.api import pixel_values
+
     prompts, n_templates = inputs.prompts(), len(inputs.templates)
     classes = prompt_ensemble(vm.encode_text(prompts), len(inputs.classes), n_templates).to(vm.device)
     model, bs = vm.model, vm.batch_size
@@ -113,7 +117,7 @@ def classification_scores(
         states = _prompt_states(vm, prompts) if rerank_k else None  # (hidden, mask) of every prompt
         bar = progress(len(inputs.images), "classify", show_progress)
         for s in range(0, len(inputs.images), bs):
-            enc = model.encode_image(vm.pixel_values(inputs.images[s : s + bs]).to(vm.device))
+            enc = model.encode_image(pixel_values(vm, inputs.images[s : s + bs]).to(vm.device))
             scores = enc.feat.float() @ classes.T
             itc.append(scores.cpu())
             if states is not None:
