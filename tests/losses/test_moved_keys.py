@@ -92,3 +92,33 @@ def test_smoothap_temperature_must_be_positive():
             None,
             ["loss.contrastive.name=smoothap", "loss.distill=false", "loss.contrastive.params.tau=0"],
         )
+
+
+def test_the_hooks_migrate_every_saved_config_and_refuse_every_users_tree(tmp_path):
+    """Where configs are read: ``from_dict`` (checkpoints) and a resumed run's ``config.yaml`` are
+    migrated without the caller asking; a YAML file, overrides and ``apply_overrides`` refuse the old
+    keys naming the new ones."""
+    from vlp.config import apply_overrides
+    from vlp.runs.training.run_dir import compare_with_saved
+
+    cfg = from_dict(PretrainConfig, old_saved("smoothap", smoothap_tau=0.02))  # not migrated by the caller
+    assert build_loss(cfg.loss.contrastive).hyperparameters() == {"tau": 0.02}
+    yaml = tmp_path / "my.yaml"
+    yaml.write_text("loss:\n  contrastive:\n    name: smoothap\n    smoothap_tau: 0.02\n")
+    with pytest.raises(ConfigError, match=r"my.yaml: config key 'loss.contrastive.smoothap_tau' .*params.tau"):
+        load_config(PretrainConfig, yaml)
+    with pytest.raises(ConfigError, match=r"^command-line override: config key 'loss.contrastive.margin'"):
+        load_config(PretrainConfig, None, ["loss.contrastive.margin=0.3"])
+    with pytest.raises(ConfigError, match=r"^command-line override: config key 'loss.contrastive.margin'"):
+        apply_overrides(PretrainConfig(), ["loss.contrastive.margin=0.3"])
+    run = tmp_path / "run"
+    run.mkdir()
+    import yaml as pyyaml
+
+    (run / "config.yaml").write_text(pyyaml.safe_dump(old_saved("smoothap", smoothap_tau=0.02)))
+    args = ["loss.contrastive.name=smoothap", "loss.distill=false", f"train.resume={run}"]
+    same = load_config(PretrainConfig, None, [*args, "loss.contrastive.params.tau=0.02"])
+    assert compare_with_saved(same, run) == {}
+    other = load_config(PretrainConfig, None, [*args, "loss.contrastive.params.tau=0.05"])
+    with pytest.raises(ConfigError, match=r"loss.contrastive.params.tau: 0.02 -> 0.05"):
+        compare_with_saved(other, run)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Collection, Sequence, TypeVar
+from typing import Any, Callable, Collection, Mapping, Sequence, TypeVar
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -133,6 +133,30 @@ def quote_brace_items(item: str) -> str:
     return f"{key}=[" + ", ".join(f"'{x.strip()}'" if "{" in x else x for x in items) + "]"
 
 
+#: what a saved config's tree (a checkpoint's ``state.json``, a run's ``config.yaml``) goes through before
+#: it is rebuilt or compared: a config module that moved a key registers its migration here
+#: (:func:`vlp.config.loss.migrate_saved_contrastive`)
+SAVED_MIGRATIONS: list[Callable[[Mapping[str, Any]], dict[str, Any]]] = []
+#: what a user's tree (a YAML file's, the overrides') is checked by before it is merged: a moved key
+#: is one ConfigError naming its new place (:func:`vlp.config.loss.refuse_moved_contrastive`)
+USER_CHECKS: list[Callable[[Mapping[str, Any], str], None]] = []
+
+
+def migrated(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data``, a saved config's tree, through every :data:`SAVED_MIGRATIONS` (a copy)."""
+    out = dict(data)
+    for migrate in SAVED_MIGRATIONS:
+        out = migrate(out)
+    return out
+
+
+def _check_user_tree(tree: Any, source: str) -> None:
+    """Every :data:`USER_CHECKS` on ``tree`` (a DictConfig of a user's keys) from ``source``."""
+    plain = OmegaConf.to_container(tree) if isinstance(tree, DictConfig) else tree
+    for check in USER_CHECKS:
+        check(plain, source)
+
+
 def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
     """Build a ``schema`` instance from defaults, an optional YAML file and dotted overrides. A
     schema with a ``check_given(given)`` method is then handed the keys the file and the overrides
@@ -149,10 +173,12 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
             raise ConfigError(f"{path}: not valid YAML: {redacted(str(e))}") from None
         if not isinstance(data, DictConfig):
             raise ConfigError(f"{path}: expected a mapping of config keys at the top level, got a list")
+        _check_user_tree(data, str(path))
         cfg = _merge(cfg, data, str(path))
         given.update(dict.fromkeys(_keys(data), str(path)))
     if overrides:
         parsed = _parse_overrides(overrides)
+        _check_user_tree(parsed, "command-line override")
         cfg = _merge(cfg, parsed, "command-line override")
         given.update(dict.fromkeys(_keys(parsed), "command line"))
     try:
@@ -186,8 +212,9 @@ def to_yaml(cfg: Any) -> str:
 
 
 def from_dict(schema: type[T], data: dict[str, Any]) -> T:
-    """Rebuild a config object from a plain dict (e.g. read back from a checkpoint)."""
-    merged = _merge(OmegaConf.structured(schema), OmegaConf.create(data), "saved config")
+    """Rebuild a config object from a plain dict (e.g. read back from a checkpoint; its moved keys
+    migrated, :func:`migrated`)."""
+    merged = _merge(OmegaConf.structured(schema), OmegaConf.create(migrated(data)), "saved config")
     return OmegaConf.to_object(merged)  # type: ignore[return-value]
 
 
@@ -195,7 +222,9 @@ def apply_overrides(cfg: T, overrides: Sequence[str]) -> T:
     """A copy of the config object ``cfg`` with dotted overrides applied (same checks as loading)."""
     if not overrides:
         return cfg
-    merged = _merge(OmegaConf.structured(cfg), _parse_overrides(overrides), "command-line override")
+    parsed = _parse_overrides(overrides)
+    _check_user_tree(parsed, "command-line override")
+    merged = _merge(OmegaConf.structured(cfg), parsed, "command-line override")
     return OmegaConf.to_object(merged)  # type: ignore[return-value]
 
 

@@ -7,7 +7,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Protocol
 
-from vlp.config.load import check_choice
+from vlp.config.load import SAVED_MIGRATIONS, USER_CHECKS, check_choice
 from vlp.errors import ConfigError
 
 #: ``loss.srcl.helper_init`` / ``--helper-init``: how the SRCL helper got its weights
@@ -301,3 +301,7 @@ class LossConfig:
             )
         if not 0.0 <= self.mlm_probability <= 1.0:
             raise ConfigError(f"config key 'loss.mlm_probability': got {self.mlm_probability}, expected [0, 1]")
+
+
+SAVED_MIGRATIONS.append(migrate_saved_contrastive)
+USER_CHECKS.append(refuse_moved_contrastive)

@@ -10,6 +10,7 @@ from typing import Any, Optional, Union
 
 from vlp.config import FinetuneConfig, PretrainConfig, to_dict, to_yaml
 from vlp.config.resume import resume_changes
+from vlp.config.load import migrated
 from vlp.dist import launch_rank
 from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.locks import lock_folder
@@ -103,6 +104,6 @@ def compare_with_saved(cfg: Union[PretrainConfig, FinetuneConfig], run_dir: Path
     if not isinstance(saved, dict):
         raise ConfigError(f"{path}: the resumed run's config is not a mapping of config keys")
     changes = resume_changes(
-        {str(k): v for k, v in saved.items()}, to_dict(cfg), cfg.train.resume_allow_changes, str(path)
+        migrated({str(k): v for k, v in saved.items()}), to_dict(cfg), cfg.train.resume_allow_changes, str(path)
     )
     return {k: list(v) for k, v in changes.items()}
