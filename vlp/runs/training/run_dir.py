@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from vlp.config import FinetuneConfig, PretrainConfig, to_dict, to_yaml
-from vlp.config.resume import resume_changes
 from vlp.config.load import migrated
+from vlp.config.resume import resume_changes
 from vlp.dist import launch_rank
 from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.locks import lock_folder
