@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.runs.test_grounding import tiny_checkpoint
-from vlp.api import VLPModel
+from vlp.api import VLPModel, pixel_values, tokenize
 from vlp.models.gradcam import gradcam_maps
 from vlp.runs.evaluation.explain import run_explain
 
@@ -38,8 +38,8 @@ def test_explain_returns_one_map_per_token_and_the_itm_score(checkpoint, image) 
     grid = vm.preprocessor.image_size // vm.model.vision.patch_embed.patch_size[0]
     assert maps.shape == (5, grid, grid) and float(maps.min()) >= 0.0
     assert score == pytest.approx(float(vm.itm_score(image, "a red circle")[0]), abs=1e-5)
-    tok = vm.tokenize("a red circle")
-    expected = gradcam_maps(vm.model, vm.pixel_values(image), tok["input_ids"], tok["attention_mask"], 0)[0]
+    tok = tokenize(vm, "a red circle")
+    expected = gradcam_maps(vm.model, pixel_values(vm, image), tok["input_ids"], tok["attention_mask"], 0)[0]
     torch.testing.assert_close(maps, expected)
     assert vm.explain(image, "a red circle", layer=1).layer == 1
     assert all(p.grad is None for p in vm.model.parameters()) and not vm.model.training

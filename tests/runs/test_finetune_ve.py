@@ -51,7 +51,7 @@ def test_finetune_ve_cli(world, pretrained, tmp_path):
     assert main([*two, f"output_dir={base}", "ve.hypothesis_only=true"]) == 0
     assert json.loads((base / "results.json").read_text())["hypothesis_only"] is True
     # the inference API: VLPModel.entailment is the classifier's softmax, one image per hypothesis
-    from vlp.api import VE_LABELS, VLPModel
+    from vlp.api import VE_LABELS, VLPModel, pixel_values, tokenize
 
     m = VLPModel.from_pretrained(out, device="cpu")
     entries = json.loads(ve["ve_test"].read_text())
@@ -59,8 +59,8 @@ def test_finetune_ve_cli(world, pretrained, tmp_path):
     probs = m.entailment(imgs, [e["sentence"] for e in entries])
     assert probs.shape == (len(entries), 3) and torch.allclose(probs.sum(1), torch.ones(len(entries)))
     assert VE_LABELS == ("contradiction", "neutral", "entailment")
-    pix = m.pixel_values(imgs)
-    tok = m.tokenize([e["sentence"] for e in entries])
+    pix = pixel_values(m, imgs)
+    tok = tokenize(m, [e["sentence"] for e in entries])
     with torch.no_grad():
         direct = m.model.classify(pix, tok["input_ids"], tok["attention_mask"]).float().softmax(-1)
     assert torch.allclose(probs, direct, atol=1e-5)
