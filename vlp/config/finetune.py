@@ -130,9 +130,7 @@ class FinetuneConfig:
             for section in other.sections if name != self.task else ():
                 value = getattr(self, section)
                 if value != type(value)():
-                    wrong.append(
-                        f"{section}.* set for task={self.task} (the {section} section is for task={name})"
-                    )
+                    wrong.append(f"{section}.* set for task={self.task} (the {section} section is for task={name})")
         if self.loss.regulation != "none" and not task.regulated:
             regulated = " / ".join(n for n, k in KINDS.items() if k.regulated)
             wrong.append(f"loss.regulation={self.loss.regulation} (SRCL regulates ITC: {regulated} only)")
