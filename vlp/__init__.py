@@ -24,24 +24,29 @@ __all__ = [
     "create_model_and_transforms",
     "list_models",
     "list_pretrained",
-    "register_preset",
+    "PRESETS",
+    "load_plugins",
 ]
 
 
 def __getattr__(name: str):
     """``from vlp import VLPModel`` imports the inference API (torch, transformers) only when asked;
     ``list_pretrained`` the model zoo (:mod:`vlp.interop.zoo`); ``create_model_and_transforms`` and
-    ``list_models`` the presets (:mod:`vlp.factory`); ``Preset`` and ``register_preset`` the preset
+    ``list_models`` the presets (:mod:`vlp.factory`); ``Preset`` and ``PRESETS`` the preset
     registry they all read (:mod:`vlp.config.presets`)."""
     if name == "VLPModel":
         from vlp.api import VLPModel
 
         return VLPModel
+    if name == "load_plugins":  # outside code's registrations, for a Python session (vlp.plugins)
+        from vlp.plugins import load_plugins
+
+        return load_plugins
     if name == "list_pretrained":
         from vlp.interop.zoo import list_pretrained
 
         return list_pretrained
-    if name in ("Preset", "register_preset"):
+    if name in ("Preset", "PRESETS"):
         from vlp.config import presets
 
         return getattr(presets, name)

@@ -39,7 +39,6 @@ small files a lost machine would lose (results, helpers' own evaluations, calibr
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -49,6 +48,26 @@ import numpy as np
 from harness import experiment_parser, helper_seed, train_once
 from seed_results import SeedResults, slug
 from srcl_calibration import Experiment, MarkedSweep, record, restore
+from srcl_helpers_design import (  # noqa: F401 (the design's names, read by the tests from here too)
+    ARMS,
+    CONTROL,
+    CONTROL_AUC,
+    ENDPOINT,
+    GRADES,
+    HELPER_CKPT_EVERY,
+    HELPERS,
+    INTERIM,
+    PLAIN,
+    SEEDS,
+    alone,
+    annealed,
+    grade_of,
+    helper_name,
+    helper_steps,
+    helpers_table,
+    shard_arms,
+)
+from srcl_helpers_report import status, write_helpers_report
 
 from vlp.lab.helper_student import cache_student
 from vlp.lab.oracle import run_cache_oracle_features
@@ -57,62 +76,6 @@ from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
 from vlp.runs.training.features import run_cache_helper_features
 from vlp.train.preemption import exit_status
 from vlp.world import generate_world
-
-GRADES = (1, 4, 16, 64)
-CONTROL_AUC = 0.75
-PLAIN = "plain ITC"
-CONTROL = f"SRCL alone, oracle AUC {CONTROL_AUC:g}"
-#: 20 seeds; the first 12 are the interim look's (docs/experiments.md)
-SEEDS = tuple(range(20))
-INTERIM = 12
-ENDPOINT = "img_r_precision"
-#: the helpers' checkpoint cadence: a killed helper resumes from its newest
-HELPER_CKPT_EVERY = 300
-
-
-def helper_name(grade: int) -> str:
-    return f"helper x{grade}"
-
-
-def alone(grade: int) -> str:
-    """The arm with the grade's helper alone all run (``alpha_h = 1``)."""
-    return f"SRCL alone, {helper_name(grade)}"
-
-
-def annealed(grade: int) -> str:
-    """The arm with the paper's annealing of ``alpha_h`` from 1 to 0 over the run (vlp's default)."""
-    return f"SRCL annealed, {helper_name(grade)}"
-
-
-#: a seed's arms in the order they run: the ones without a learned helper first, then grade by grade
-ARMS = [PLAIN, CONTROL, *(arm for g in GRADES for arm in (alone(g), annealed(g)))]
-HELPERS = [f"oracle AUC {CONTROL_AUC:g}", *(helper_name(g) for g in GRADES)]
-
-
-def shard_arms(i: int, n: int) -> list[str]:
-    """The arms of a seed that shard ``i`` of ``n`` runs, in order: a seed's jobs (a grade's helper with
-    its two arms; plain ITC with the control), largest helper first, dealt out so that with two shards
-    each takes about half a seed (x64 and x1; x16, x4, plain ITC and the control) and both work on the
-    same seed at once: a seed's work then fits the time a machine is held, the largest helper starting
-    first. One shard runs every arm in the order of ``ARMS``."""
-    if n == 1:
-        return list(ARMS)
-    x64, x16, x4, x1 = ([alone(g), annealed(g)] for g in sorted(GRADES, reverse=True))
-    halves = [[*x64, *x1], [*x16, *x4, PLAIN, CONTROL]]  # about 2.1 and 1.9 thread-hours at B = 600
-    if n == 2:
-        return halves[i]
-    jobs = [x64, x16, x4, x1, [PLAIN, CONTROL]]
-    return [arm for job in jobs[i::n] for arm in job]
-
-
-def grade_of(helper: str) -> Optional[int]:
-    """``"helper x16"`` -> 16; an oracle -> None."""
-    return int(helper.removeprefix("helper x")) if helper.startswith("helper x") else None
-
-
-def helper_steps(grade: int, base: int) -> int:
-    """Training steps of a grade's helper: ``base`` x sqrt(grade) (compute grows with data)."""
-    return round(base * math.sqrt(grade))
 
 
 def pool_subset(pool: list[dict[str, Any]], seed: int, grade: int, student_images: int) -> list[dict[str, Any]]:
@@ -216,30 +179,6 @@ class HelperExperiment(Experiment):
             self.calibration(helper, seed)
 
 
-def helpers_table(exp: HelperExperiment, seeds: list[int]) -> list[dict[str, Any]]:
-    """One record per (learned helper, seed) with its own evaluation recorded: grade, seed, images,
-    steps, its own text->image R-precision."""
-    rows = []
-    for seed in seeds:
-        for grade in GRADES:
-            steps = helper_steps(grade, exp.a.helper_base_steps)
-            own = exp.out / "helpers" / f"x{grade}_steps{steps}_seed{seed}" / "eval" / "metrics.json"
-            if own.exists():
-                m = json.loads(own.read_text())
-                rows.append(
-                    {
-                        "helper": helper_name(grade),
-                        "grade": grade,
-                        "seed": seed,
-                        "train_seed": helper_seed(seed, GRADES.index(grade)),
-                        "images": grade * exp.a.images,
-                        "steps": steps,
-                        "t2i_r_precision": m[ENDPOINT],
-                    }
-                )
-    return rows
-
-
 def as_records(results: SeedResults) -> list[dict[str, Any]]:
     """``results`` as the list ``results_primary.json`` keeps: ``{"arm", "seed", "t2i_r_precision", ...}``."""
     return [
@@ -313,8 +252,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = p.parse_args(argv)
     out = Path(a.out)
     if a.status:
-        from srcl_helpers_report import status
-
         print(status(out, a))
         return 0
     seeds = list(a.seeds or SEEDS)
@@ -324,8 +261,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.record is not None:
         adopt_records(results, a.record / "results_primary.json")
     if a.report:
-        from srcl_helpers_report import write_helpers_report
-
         write_helpers_report(exp, results, seeds)
         return 0
     sweep = exp.sweep(RecordingSweep, results, "primary", lambda m: f"t2i R-prec {m[ENDPOINT]:.2f}", 34, time.time())

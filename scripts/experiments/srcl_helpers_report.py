@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional, Sequence
 from harness import results_table, run_minutes, write_report
 from seed_results import SeedResults, paired_t_test, student_t_two_sided
 from srcl_calibration_report import gains_by_seed, holm, mean_std, save_gain_plot
-from srcl_helpers import (
+from srcl_helpers_design import (
     ARMS,
     CONTROL,
     ENDPOINT,
@@ -311,7 +311,7 @@ def plot_gain_by_grade(data: dict, seeds: Sequence[int], path: Path) -> Optional
 def write_helpers_report(exp: Any, results: SeedResults, seeds: Sequence[int]) -> str:
     """``OUT/report_primary.md`` and its plot (copied into ``--record``): the pre-registered reading."""
     data = results.data
-    rows = helpers_table(exp, list(seeds))
+    rows = helpers_table(exp.out, exp.a.helper_base_steps, exp.a.images, list(seeds))
     student = [data[PLAIN][str(s)][ENDPOINT] for s in seeds if str(s) in data.get(PLAIN, {})]
     plot = plot_gain_by_grade(data, seeds, exp.out / "gain_by_grade.png")
     text = write_report(

@@ -24,7 +24,7 @@ from typing import Iterator, Optional
 MAX_FUNCTION = 80
 MAX_FILE = 600
 ROOTS = ("vlp", "scripts")
-DOCUMENTED = ("vlp/data", "vlp/train", "vlp/features", "vlp/config")
+DOCUMENTED = ("vlp/data", "vlp/train", "vlp/features", "vlp/config", "vlp/remote", "vlp/prepare")
 MAX_ALLOWED = 3
 #: "path" (a long file) or "path::function" (a long function) -> why it stays; at most MAX_ALLOWED
 ALLOWED: dict[str, str] = {}

@@ -100,7 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if launch_rank()[0] == 0:
             print(f"vlp: {redacted(str(e))}", file=sys.stderr)
         return 0
-    except USER_ERRORS as e:  # any URL credential in the message blotted out (vlp.url_credentials)
+    except USER_ERRORS as e:  # any URL credential in the message blotted out (vlp.remote.url_credentials)
         print(f"vlp: error: {redacted(str(e))}", file=sys.stderr)
         return 2
     except NonFiniteError as e:  # the run's own numbers, not its input: status 1

@@ -336,7 +336,7 @@ def run_info() -> dict[str, Any]:
         },
         "device": {"cpu": cpu_model(), "gpus": gpus},
         "processes": launch_rank()[1],
-        "argv": [redacted(a) for a in sys.argv],  # no URL credential (vlp.url_credentials)
+        "argv": [redacted(a) for a in sys.argv],  # no URL credential (vlp.remote.url_credentials)
         "hostname": socket.gethostname(),
         "start_time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
