@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from tests.helpers import DUAL
 from vlp import VLPModel
 from vlp.api import CONFIG, PREPROCESSOR, WEIGHTS, UnsupportedKind, build_inference_model, pixel_values, tokenize
+from vlp.checkpoint import image_size, load_model
 from vlp.config import (
     FinetuneConfig,
     FinetuneDataConfig,
@@ -36,7 +37,6 @@ from vlp.models.build import build_model_of_kind
 from vlp.models.nlvr import NLVRModel
 from vlp.models.vqa import VQAModel
 from vlp.preprocess import transforms
-from vlp.pretrained import image_size, load_model
 from vlp.version import __version__
 from vlp.weights import MANIFEST, save_checkpoint
 
@@ -326,7 +326,7 @@ def test_pretrained_directory_loads_without_training_code(pretrained, images):
         "import sys, json; from vlp import VLPModel; "
         f"m = VLPModel.from_pretrained({str(out)!r}, device='cpu'); "
         f"f = m.encode_text({TEXTS!r}).tolist(); "
-        "bad = [n for n in ('vlp.runs', 'vlp.pretrained', 'vlp.train.loop', 'vlp.data.datasets', 'datasets') "
+        "bad = [n for n in ('vlp.runs', 'vlp.train.loop', 'vlp.data.datasets', 'datasets') "
         "if n in sys.modules]; print(json.dumps([bad, f]))"
     )
     res = subprocess.run(

@@ -7,11 +7,11 @@ import torch
 from safetensors.torch import load_file
 
 from tests.helpers import FT, QUICK, TINY_ALBEF, splits
+from vlp.checkpoint import load_model
 from vlp.cli import main
 from vlp.models.albef import ALBEF
 from vlp.models.nlvr import NLVRModel
 from vlp.models.vqa import VQAModel
-from vlp.pretrained import load_model
 
 WORLD = dict(seed=5, n_train=32, n_val=6, n_test=8)
 PRETRAIN = [*TINY_ALBEF, "model.queue_size=32", "model.embed_dim=32", *QUICK, "train.steps=2"]

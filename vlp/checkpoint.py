@@ -185,3 +185,10 @@ def open_checkpoint(
     if load:
         opened.load(device)
     return opened
+
+
+def load_model(checkpoint: str | os.PathLike, device: Optional[str | torch.device] = None) -> tuple[Any, Any, Any]:
+    """:func:`open_checkpoint` as the older ``(model, pretrain_config, tokenizer)`` triple (strict load);
+    kept for callers of ``vlp.pretrained.load_model``, which it replaces."""
+    ckpt = open_checkpoint(checkpoint, device)
+    return ckpt.load(), ckpt.pretrain_config, ckpt.tokenizer

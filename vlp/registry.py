@@ -70,7 +70,9 @@ class Registry(Generic[T]):
         if not name:
             raise ValueError(f"a {self.what} needs a name")
         if name in self._entries and not replace:
-            raise ValueError(f"{self.what} {name!r} is registered already ({self._entries[name]!r}); replace=True replaces it")
+            raise ValueError(
+                f"{self.what} {name!r} is registered already ({self._entries[name]!r}); replace=True replaces it"
+            )
         self._entries[name] = entry
         return entry
 

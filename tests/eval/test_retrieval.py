@@ -339,10 +339,10 @@ def test_image_kv_broadcast_equals_per_pair_copies(index):
 def test_auto_precision_and_loader_workers(tiny_eval, tmp_path):
     """``eval.precision=auto`` (the default) is fp32 on the CPU and metrics.json records the precision
     used; image decoding in 2 loader workers gives the embeddings of the main process."""
+    from vlp.checkpoint import image_size, load_model
     from vlp.data.formats import load_retrieval_split
     from vlp.eval.retrieval import embed
     from vlp.preprocess.transforms import test_transform
-    from vlp.pretrained import image_size, load_model
 
     world, ckpt = tiny_eval
     assert EvalConfig().precision == "auto" and EvalConfig().resolved_precision(torch.device("cpu")) == "fp32"

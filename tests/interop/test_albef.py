@@ -29,13 +29,13 @@ from tests.albef_fakes import (
     albef_vqa_state,
     tiny_config,
 )
+from vlp.checkpoint import load_model
 from vlp.cli import main
 from vlp.config import TextConfig
 from vlp.errors import CheckpointError
 from vlp.interop.albef import ALBEF_KIND, convert_albef, detect_kind, export_albef, export_albef_report
 from vlp.models.build import build_model_of_kind
 from vlp.preprocess.transforms import load_tokenizer, tokenize
-from vlp.pretrained import load_model
 from vlp.weights import read_state_dict
 
 

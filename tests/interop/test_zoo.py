@@ -30,11 +30,11 @@ import torch
 
 from tests.albef_fakes import IMG, albef_state, stride0_bomb
 from vlp import VLPModel, list_pretrained
+from vlp.checkpoint import load_model
 from vlp.cli import main
 from vlp.errors import CheckpointError, ConfigError, DownloadError
 from vlp.interop import zoo
 from vlp.interop.albef import convert_albef_file
-from vlp.pretrained import load_model
 
 TAG, FILE = "albef-4m", "ALBEF_4M.pth"
 CPU = torch.device("cpu")

@@ -240,7 +240,9 @@ def test_a_weak_helper_is_refused_by_its_same_image_auc(tmp_path, capsys):
     args = _analyze_constructed(tmp_path, good=4)
     assert main([*args, "--out", str(tmp_path / "a")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    want = f"same-image AUC 0.500 is below {MIN_SAME_IMAGE_AUC:g}, the weakest noised oracle SRCL was shown to help with"
+    want = (
+        f"same-image AUC 0.500 is below {MIN_SAME_IMAGE_AUC:g}, the weakest noised oracle SRCL was shown to help with"
+    )
     assert len(err) == 1 and want in err[0] and "MIN_AUC_SOURCE" in err[0] and "--force" in err[0]
     rep = json.loads((tmp_path / "a" / "helper_diagnostics.json").read_text())
     assert rep["quality"]["same_image_auc"] == pytest.approx(0.5) and rep["override"] is None

@@ -7,10 +7,10 @@ import torch
 from safetensors.torch import load_file
 
 from tests.helpers import FT, QUICK, TINY_ALBEF, splits
+from vlp.checkpoint import load_model
 from vlp.cli import main
 from vlp.interop.albef import detect_kind
 from vlp.models.ve import VEModel
-from vlp.pretrained import load_model
 from vlp.world.task_files.ve import write_ve_splits
 
 WORLD = dict(seed=5, n_train=16, n_val=4, n_test=4)

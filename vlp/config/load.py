@@ -153,8 +153,10 @@ def migrated(data: Mapping[str, Any]) -> dict[str, Any]:
 def _check_user_tree(tree: Any, source: str) -> None:
     """Every :data:`USER_CHECKS` on ``tree`` (a DictConfig of a user's keys) from ``source``."""
     plain = OmegaConf.to_container(tree) if isinstance(tree, DictConfig) else tree
+    if not isinstance(plain, Mapping):
+        return  # not a mapping of keys: the merge names that error
     for check in USER_CHECKS:
-        check(plain, source)
+        check({str(k): v for k, v in plain.items()}, source)
 
 
 def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
