@@ -58,3 +58,10 @@ class CheckpointError(RuntimeError):
 class DownloadError(RuntimeError):
     """A file that could not be fetched (network down, HTTP error, timeout) or that arrived wrong
     (size or SHA-256 mismatch): names the URL, where it was going, and how to do it by hand."""
+
+
+class NonFiniteError(RuntimeError):
+    """``train.max_nonfinite_steps`` consecutive steps had a non-finite loss or gradient (or one did,
+    under DeepSpeed, which cannot skip a step); a checkpoint of the last good state was saved. Raised
+    by :mod:`vlp.train.loop`; defined here so that the command line catches it without importing the
+    training loop (``vlp: error:``, exit status 1)."""

@@ -37,6 +37,7 @@ from vlp.manifests import MANIFEST as MANIFEST
 from vlp.manifests import file_sha256
 from vlp.manifests import refuse_unlisted as refuse_unlisted
 from vlp.manifests import verify_manifest as verify_manifest
+from vlp.regular_files import umask_mode
 
 TASK_STATE = "task_state.safetensors"
 #: the ``state.json`` key of a checkpoint's kind (pretrain, helper, retrieval, vqa, nlvr2, nlvr-ta, ve): "task"
@@ -370,13 +371,6 @@ def load_module_states(state: dict[str, torch.Tensor], **modules: Optional[nn.Mo
 
 
 # ----------------------------------------------------------------------------- the write side
-
-
-def umask_mode() -> int:
-    """The mode a new file gets from the process umask (``0o644`` under the usual ``022``)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: Optional[dict[str, str]] = None) -> Path:

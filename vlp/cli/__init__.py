@@ -8,7 +8,9 @@ Only parsing and dispatch, one module per command family: :mod:`~vlp.cli.train`,
 :mod:`~vlp.cli.demo_bench`. Each command is one call into its family's module of :mod:`vlp.runs` or
 :mod:`vlp.lab` (or into a data, world, conversion or plotting tool), and prints what
 that call returns, tables formatted there. Those modules are imported inside the handlers, when their
-command runs: ``vlp --help`` and the data tools stay light.
+command runs, and so is :mod:`vlp.dist`: building the parser reads light facts only (the kinds of
+:data:`vlp.kinds.KINDS`, a plugin's among them), so ``vlp --help``, ``vlp COMMAND --help`` and an
+argument error import no torch, transformers, timm or open_clip (``tests/test_cli_light.py``).
 """
 
 from __future__ import annotations
@@ -21,12 +23,10 @@ from typing import Any, Callable, Optional, Sequence
 from vlp.cli import convert, data, demo_bench, evaluate, lab, prepare, train, world
 from vlp.cli.common import USER_ERRORS
 from vlp.config.load import refuse_repeated_keys
-from vlp.dist import OtherRankDone, launch_rank
+from vlp.errors import NonFiniteError
 from vlp.kinds import NLVR_TA, PRETRAIN
 from vlp.plugins import PluginError, load_plugins
 from vlp.remote.url_credentials import redacted
-from vlp.train.loop import NonFiniteError
-from vlp.train.preemption import Preempted
 
 __all__ = ["MULTI_PROCESS", "USER_ERRORS", "build_parser", "main"]
 
@@ -89,6 +89,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.overrides = [*args.overrides, f"train.resume={args.resume}"]
     if getattr(args, "report_to", None):
         args.overrides = [*args.overrides, f"train.report_to=[{','.join(args.report_to)}]"]
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the parsed command ``args``; its exit status (see :func:`main`). What imports torch
+    (:mod:`vlp.dist`, the preemption stop, the command's handler) is imported from here on, after
+    the parser has answered ``--help`` and argument errors."""
+    from vlp.dist import OtherRankDone, launch_rank
+    from vlp.train.preemption import Preempted
+
     if args.command not in MULTI_PROCESS and launch_rank()[0] != 0:
         return 0  # launched as several processes: this command's files are made by rank 0 alone
     try:

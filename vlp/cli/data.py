@@ -9,8 +9,7 @@ from typing import Any
 
 from vlp.cli.common import call, wrote
 from vlp.config.loss import HELPER_INITS
-from vlp.data.check import CHECK_KINDS, CheckReport, check_annotations, check_shards, default_workers, is_shard_entry
-from vlp.data.formats import write_json_atomic
+from vlp.data.check import CHECK_KINDS, default_workers
 from vlp.errors import ConfigError, DataError
 from vlp.preprocess.images import MAX_PIXELS
 from vlp.remote.url_credentials import refusal
@@ -62,6 +61,9 @@ def _make_shards(a: argparse.Namespace) -> None:
 
 def _data_check(a: argparse.Namespace) -> int:
     """``vlp data check``: print every problem and a summary; exit status 1 when there are errors."""
+    from vlp.data.check import CheckReport, check_annotations, check_shards, is_shard_entry
+    from vlp.data.formats import write_json_atomic
+
     if a.max_pixels < 0:
         raise ConfigError(f"--max-pixels must be >= 0 (0: no limit), got {a.max_pixels}")
     if a.workers < 1:

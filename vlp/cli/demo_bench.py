@@ -11,9 +11,7 @@ from typing import Any, Sequence
 
 from vlp.cli.common import call, wrote
 from vlp.config import PretrainConfig, load_config
-from vlp.dist import rank
 from vlp.errors import ConfigError
-from vlp.train.preemption import Preempted, resume_advice
 
 #: ``vlp bench``'s options read by its handler: the config, the mode, and ``--loader-only``'s options
 #: (:func:`_loader_bench`).
@@ -24,6 +22,7 @@ def _bench(a: argparse.Namespace) -> None:
     if a.loader_only:
         _loader_bench(a)
         return
+    from vlp.dist import rank
     from vlp.runs.bench.step import format_bench, format_count_ops, run_bench, run_count_ops
 
     cfg = load_config(PretrainConfig, a.config, a.overrides)
@@ -65,6 +64,7 @@ def _demo(a: argparse.Namespace) -> int:
     """``vlp demo``: 0, or 128 + the signal's number when a stop signal ended it before its table
     (``make demo`` then fails); its stop messages advise ``--resume auto`` (:data:`DEMO_RESUME`)."""
     from vlp.runs.bench.demo import run_demo, run_demo_full
+    from vlp.train.preemption import Preempted, resume_advice
 
     resume = a.demo_resume == "auto"
     with resume_advice(DEMO_RESUME):

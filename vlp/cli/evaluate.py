@@ -1,6 +1,7 @@
 """The evaluation commands: ``vlp evaluate retrieval|classification|grounding`` (each with its own
-options), ``vlp evaluate NAME`` for every other evaluator of :data:`vlp.runs.evaluation.registry.EVALUATORS`
-(``vqa``, ``nlvr2``, ``ve``, a plugin's: ``--checkpoint``, ``--data``, ``--out``, ``--image-root``)
+options), ``vlp evaluate NAME`` for every other task of ``vlp finetune`` (``vqa``, ``nlvr2``, ``ve``, a
+plugin's: ``--checkpoint``, ``--data``, ``--out``, ``--image-root``; its evaluator, in
+:data:`vlp.runs.evaluation.registry.EVALUATORS`, looked up when the command runs)
 and ``vlp explain`` (:mod:`vlp.runs.evaluation.image_text_retrieval`,
 :mod:`~vlp.runs.evaluation.zero_shot_classification`, :mod:`~vlp.runs.evaluation.gradcam_grounding`,
 :mod:`~vlp.runs.evaluation.by_kind`, :mod:`~vlp.runs.evaluation.explain`)."""
@@ -13,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from vlp.cli.common import add_family, add_overrides, call, naming_layer, wrote
-from vlp.dist import rank
-from vlp.kinds import GROUNDING, KINDS, RETRIEVAL
+from vlp.cli.train import finetune_commands
+from vlp.kinds import GROUNDING, RETRIEVAL
 
 #: the zero-shot classification evaluation (a command of its own, no kind)
 CLASSIFICATION = "classification"
@@ -23,6 +24,7 @@ OWN_COMMANDS = (RETRIEVAL, CLASSIFICATION, GROUNDING)
 
 
 def _evaluate_retrieval(a: argparse.Namespace) -> None:
+    from vlp.dist import rank
     from vlp.runs.evaluation.image_text_retrieval import format_metrics, run_evaluate_retrieval
 
     res = call(run_evaluate_retrieval, a)
@@ -47,7 +49,9 @@ def _evaluate_grounding(a: argparse.Namespace) -> None:
 
 
 def _evaluate_task(a: argparse.Namespace) -> None:
-    """``vlp evaluate NAME``: the evaluator registered as NAME on the checkpoint; prints its metrics."""
+    """``vlp evaluate NAME``: the evaluator registered as NAME on the checkpoint; prints its metrics.
+    A task without one: :class:`~vlp.registry.UnknownName` naming those that have one."""
+    from vlp.dist import rank
     from vlp.runs.evaluation.by_kind import run_evaluate
     from vlp.runs.evaluation.registry import format_metrics
 
@@ -127,19 +131,13 @@ def _add_grounding(ev: Any) -> None:
 
 
 def generic_evaluations() -> list[tuple[str, str]]:
-    """``vlp evaluate NAME`` of the generic kind: each evaluator in
-    :data:`~vlp.runs.evaluation.registry.EVALUATORS` that has no command of its own (not named in
-    :data:`OWN_COMMANDS`, nor the same function as one of those: pretrain's and helper's evaluator is
-    retrieval's), with the help line of its kind (:attr:`vlp.kinds.Kind.about`, "" : none). Read when
-    the parser is built: the built-in evaluators register on the import below, a plugin's before."""
-    from vlp.runs.evaluation import EVALUATORS
-
-    own = [EVALUATORS.get(n) for n in OWN_COMMANDS if n in EVALUATORS]
-    return [
-        (name, KINDS.get(name).about if name in KINDS else "")
-        for name, evaluator in EVALUATORS.items()
-        if name not in OWN_COMMANDS and all(evaluator is not o for o in own)
-    ]
+    """``vlp evaluate NAME`` of the generic kind: each task of ``vlp finetune``
+    (:func:`~vlp.cli.train.finetune_commands`) without a command of its own (not in
+    :data:`OWN_COMMANDS`), with its help line. Read when the parser is built, from the kinds alone (no
+    torch): a plugin's task registers before. Its evaluator, in
+    :data:`~vlp.runs.evaluation.registry.EVALUATORS`, is looked up when the command runs (the built-in
+    tasks each have one: ``tests/test_cli_light.py``)."""
+    return [(name, about) for name, about in finetune_commands() if name not in OWN_COMMANDS]
 
 
 def _add_generic(ev: Any, name: str, about: str) -> None:

@@ -13,12 +13,13 @@ from vlp.cli.common import add_family, call, naming_layer, wrote
 from vlp.config import PretrainConfig, load_config
 from vlp.errors import ConfigError, DataError
 from vlp.kinds import RETRIEVAL
-from vlp.losses.registry import LOSSES
 
 
 def _cocos(a: argparse.Namespace) -> None:
     from vlp.lab.cocos import format_cocos, run_cocos
+    from vlp.losses import LOSSES
 
+    LOSSES.get(a.loss)  # an unknown loss: one error listing the registered ones, before the checkpoint loads
     print(format_cocos(call(run_cocos, a)))
     print(f"wrote {Path(a.out) / 'cocos.json'} and cocos.png")
 
@@ -194,7 +195,13 @@ def _add_cocos(an: Any) -> None:
     c = an.add_parser("cocos", help="count candidates contributing to each query's gradient (COCOS)")
     c.add_argument("--checkpoint", required=True, help="checkpoint folder or run directory")
     c.add_argument("--data", required=True, nargs="+", help="training annotation file(s)")
-    c.add_argument("--loss", required=True, choices=LOSSES.names(), help="a registered contrastive loss")
+    c.add_argument(
+        "--loss",
+        required=True,
+        metavar="NAME",
+        help="a registered contrastive loss (vlp.losses.LOSSES: the built-ins of vlp/losses/zoo.py, e.g. infonce, "
+        "and a plugin's; an unknown name is refused with the list)",
+    )
     c.add_argument("--out", required=True, help="output folder for cocos.json and cocos.png")
     c.add_argument("--threshold", type=float, default=0.01, help="weight threshold for infonce and smoothap")
     c.add_argument("--batches", type=int, help="stop after this many batches (default: one pass)")

@@ -1,6 +1,8 @@
-"""The training commands: ``vlp pretrain``, ``pretrain nlvr-ta``, ``finetune TASK`` (every task with a
-fine-tuning runner, :data:`vlp.runs.training.finetune.registry.RUNNERS`, whose kind has a help line) and ``train-helper``. Each reads a YAML config, dotted overrides
-and ``--resume``, and runs its family's module of :mod:`vlp.runs`."""
+"""The training commands: ``vlp pretrain``, ``pretrain nlvr-ta``, ``finetune TASK`` (every fine-tuning
+task of :data:`vlp.kinds.KINDS` with a help line; its runner, in
+:data:`vlp.runs.training.finetune.registry.RUNNERS`, is looked up when the command runs) and
+``train-helper``. Each reads a YAML config, dotted overrides and ``--resume``, and runs its family's
+module of :mod:`vlp.runs`."""
 
 from __future__ import annotations
 
@@ -10,11 +12,11 @@ from typing import Any, Callable
 
 from vlp.cli.common import add_overrides
 from vlp.config import PretrainConfig, load_config, load_finetune_config
-from vlp.dist import rank
 from vlp.kinds import KINDS, NLVR_TA, PRETRAIN
 
 
 def _pretrain(a: argparse.Namespace) -> None:
+    from vlp.dist import rank
     from vlp.runs.training.pretrain import run_pretrain
 
     run_dir = run_pretrain(load_config(PretrainConfig, a.config, a.overrides))
@@ -100,12 +102,12 @@ def _add_nlvr_ta(sub: Any) -> None:
 
 
 def finetune_commands() -> list[tuple[str, str]]:
-    """``vlp finetune TASK``: each task with a registered fine-tuning runner whose kind has a help
-    line (:attr:`vlp.kinds.Kind.about`), with it, in the order of the kinds. Read when the parser is
-    built: the built-in runners register on the import below, a plugin's before."""
-    from vlp.runs.training.finetune import RUNNERS
-
-    return [(name, k.about) for name, k in KINDS.items() if name in RUNNERS and k.about]
+    """``vlp finetune TASK``: each fine-tuning task (:attr:`vlp.kinds.Kind.finetuned`, which has a
+    runner in :data:`~vlp.runs.training.finetune.registry.RUNNERS`) whose kind has a help line
+    (:attr:`vlp.kinds.Kind.about`), with it, in the order of the kinds. Read when the parser is built,
+    from the kinds alone (no torch): a plugin's kind registers before. The runner is looked up when
+    the command runs."""
+    return [(name, k.about) for name, k in KINDS.items() if k.finetuned and k.about]
 
 
 def _add_finetune(sub: Any) -> None:

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Optional, TypeVar
 
 from vlp.errors import BadJSON, DataError, EntryError
-from vlp.regular_files import is_regular, open_regular
-from vlp.weights import umask_mode
+from vlp.regular_files import is_regular, open_regular, umask_mode
 
 T = TypeVar("T")
 

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 
 from vlp.config import TrainConfig
 from vlp.errors import DataError
+from vlp.errors import NonFiniteError as NonFiniteError  # raised here, caught by vlp.cli
 from vlp.train.checkpoints import Checkpointer, check_shared_filesystem
 from vlp.train.compile_watch import CompileWatch
 from vlp.train.logging import MetricsLog, open_loggers
@@ -56,11 +57,6 @@ class TrainTask(Protocol):
         """``(pairs, bad_samples)``: the batch's pairs on this rank, and the bad loads its items
         replaced (a 0-d tensor or an int; None: not counted), read without a device sync."""
         ...
-
-
-class NonFiniteError(RuntimeError):
-    """``train.max_nonfinite_steps`` consecutive steps had a non-finite loss or gradient (or one did,
-    under DeepSpeed, which cannot skip a step); a checkpoint of the last good state was saved."""
 
 
 def endless_batches(loader: Iterable, start: int = 0, stream: Optional[dict[str, Any]] = None) -> Iterator[Any]:
