@@ -78,10 +78,3 @@ def open_regular(path: str | Path, what: str) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
-
-
-def umask_mode() -> int:
-    """The mode a new file gets from the process umask (``0o644`` under the usual ``022``)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask

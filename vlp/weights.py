@@ -33,11 +33,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from vlp.errors import CheckpointError
+from vlp.file_modes import umask_mode
 from vlp.manifests import MANIFEST as MANIFEST
 from vlp.manifests import file_sha256
 from vlp.manifests import refuse_unlisted as refuse_unlisted
 from vlp.manifests import verify_manifest as verify_manifest
-from vlp.regular_files import umask_mode
 
 TASK_STATE = "task_state.safetensors"
 #: the ``state.json`` key of a checkpoint's kind (pretrain, helper, retrieval, vqa, nlvr2, nlvr-ta, ve): "task"

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import IO, Any, Callable, Optional, TypeVar
 
 from vlp.errors import BadJSON, DataError, EntryError
-from vlp.regular_files import is_regular, open_regular, umask_mode
+from vlp.file_modes import umask_mode
+from vlp.regular_files import is_regular, open_regular
 
 T = TypeVar("T")
 
