@@ -12,7 +12,6 @@ import torch
 
 from vlp.api.inputs import as_list
 from vlp.checkpoint import Preprocessor
-from vlp.data.vqa import TEST_MAX_WORDS, albef_pre_question, pre_question
 from vlp.preprocess.transforms import is_albef_compat
 from vlp.preprocess.transforms import tokenize as tokenize_captions
 
@@ -21,7 +20,9 @@ def cleaning(name: str, albef_compat: bool) -> Optional[Callable[[str], str]]:
     """The text cleaning a preprocessor names: None for ``pre_caption`` (what
     :func:`vlp.preprocess.transforms.tokenize` applies itself, ALBEF's own in ``albef_compat`` mode),
     ALBEF's ``pre_question`` (50 words, as evaluation cleans questions) for ``pre_question``."""
-    if name == "pre_question":
+    if name == "pre_question":  # vlp.data only then: loading a model imports no dataset code
+        from vlp.data.vqa import TEST_MAX_WORDS, albef_pre_question, pre_question
+
         return partial(albef_pre_question if albef_compat else pre_question, max_words=TEST_MAX_WORDS)
     return None
 
