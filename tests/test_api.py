@@ -496,7 +496,7 @@ def test_vlpmodel_stays_slim():
 
 
 def test_gradcam_through_the_model_and_gradcam_layer(pretrained, images, vqa_run):
-    from vlp.api import gradcam_layer
+    from vlp.api import gradcam_layer, grounding_maps
     from vlp.models.gradcam import fusion_layer_index
 
     m = pretrained[1]
@@ -504,7 +504,7 @@ def test_gradcam_through_the_model_and_gradcam_layer(pretrained, images, vqa_run
     assert layer == fusion_layer_index(m.model, None)
     e = m.explain(images[0], TEXTS[0])
     assert e.layer == layer and e.maps.shape[0] == len(e.tokens) and 0 <= e.itm_score <= 1
-    maps = m.grounding_maps(images[:2], TEXTS[:2])
+    maps = grounding_maps(m, images[:2], TEXTS[:2])
     assert maps.shape == (2, *e.maps.shape[1:]) and not any(p.grad is not None for p in m.model.parameters())
     with pytest.raises(ValueError):
         gradcam_layer(m, 99)

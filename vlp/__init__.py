@@ -22,6 +22,7 @@ __all__ = [
     "VLPModel",
     "__version__",
     "create_model_and_transforms",
+    "get_tokenizer",
     "list_models",
     "list_pretrained",
     "PRESETS",
@@ -31,8 +32,8 @@ __all__ = [
 
 def __getattr__(name: str):
     """``from vlp import VLPModel`` imports the inference API (torch, transformers) only when asked;
-    ``list_pretrained`` the model zoo (:mod:`vlp.interop.zoo`); ``create_model_and_transforms`` and
-    ``list_models`` the presets (:mod:`vlp.factory`); ``Preset`` and ``PRESETS`` the preset
+    ``list_pretrained`` the model zoo (:mod:`vlp.interop.zoo`); ``create_model_and_transforms``,
+    ``get_tokenizer`` and ``list_models`` the presets (:mod:`vlp.factory`); ``Preset`` and ``PRESETS`` the preset
     registry they all read (:mod:`vlp.config.presets`)."""
     if name == "VLPModel":
         from vlp.api import VLPModel
@@ -50,7 +51,7 @@ def __getattr__(name: str):
         from vlp.config import presets
 
         return getattr(presets, name)
-    if name in ("create_model_and_transforms", "list_models"):
+    if name in ("create_model_and_transforms", "get_tokenizer", "list_models"):
         from vlp import factory
 
         return getattr(factory, name)

@@ -38,7 +38,7 @@ from vlp.hardware import default_device
 from vlp.kinds import KINDS, PRETRAIN, is_finetuned
 from vlp.models.build import build_model_of_kind, model_image_size, without_init_sources
 from vlp.preprocess.images import MIN_SIDE
-from vlp.preprocess.transforms import load_tokenizer, test_transform
+from vlp.preprocess.transforms import load_tokenizer, test_transform, train_transform
 from vlp.weights import KIND_KEY, find_checkpoint, load_weights, read_state
 
 #: the preprocessing file of a checkpoint folder and of a ``save_pretrained`` directory
@@ -69,6 +69,12 @@ class Preprocessor:
     def image_transform(self) -> Callable[[Image.Image], torch.Tensor]:
         """The evaluation transform (:func:`vlp.preprocess.transforms.test_transform`)."""
         return test_transform(self.image_size, ImageConfig(mean=list(self.mean), std=list(self.std)))
+
+    def train_transform(self) -> Callable[[Image.Image], torch.Tensor]:
+        """The training transform at this resolution and normalisation, with vlp's default
+        augmentation (``data.image``'s defaults: ``RandomResizedCrop`` scale [0.2, 1], horizontal
+        flip, RandAugment; :func:`vlp.preprocess.transforms.train_transform`): PIL image -> [3, S, S]."""
+        return train_transform(self.image_size, ImageConfig(mean=list(self.mean), std=list(self.std)))
 
     def to_json(self) -> str:
         """The content of ``preprocessor.json``."""

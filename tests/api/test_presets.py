@@ -80,8 +80,9 @@ def mini():
 
 
 def test_a_registered_preset_is_listed_and_built(mini):
-    assert "test-mini" in vlp.list_models() and "test-mini" not in vlp.list_pretrained()
-    model, transform, _ = vlp.create_model_and_transforms("test-mini", device="cpu")
+    assert "test-mini" in vlp.list_models() and "test-mini" not in [t for _, t in vlp.list_pretrained()]
+    vm, _, transform = vlp.create_model_and_transforms("test-mini", device="cpu")
+    model = vm.model
     assert isinstance(model, ALBEF) and len(model.vision.blocks) == 1 and len(model.fusion.layer) == 1
     pixels = transform(Image.new("RGB", (70, 50), (255, 0, 0)))
     assert pixels.shape == (3, 64, 64)  # the tiny tower's resolution
@@ -99,7 +100,7 @@ def test_a_registered_release_is_a_zoo_tag(capsys):
         "test-release", albef_release("test-release", "http://mirror.local/t.pth", "retrieval", 384, "a test's weights")
     )
     try:
-        assert vlp.list_pretrained()[-1] == "test-release" and "test-release" not in vlp.list_models()
+        assert vlp.list_pretrained()[-1] == ("albef-base", "test-release") and "test-release" not in vlp.list_models()
         e = zoo.pretrained_entry("test-release")
         assert (e.url, e.kind, e.image_size, e.filename, e.sha256) == (
             "http://mirror.local/t.pth",

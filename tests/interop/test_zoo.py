@@ -97,8 +97,10 @@ def cache(tmp_path, monkeypatch, served):
 
 
 def test_table_and_url_overrides(monkeypatch):
-    tags = list_pretrained()
+    pairs = list_pretrained()  # open_clip's (architecture, tag) pairs
+    tags = [tag for _, tag in pairs]
     assert tags[:2] == ["albef-14m", "albef-4m"] and "albef-grounding-refcoco" in tags and len(tags) == 7
+    assert {arch for arch, _ in pairs} == {"albef-base"} and tags == zoo.pretrained_tags()
     for e in zoo.PRETRAINED.values():
         assert e.url == zoo.OFFICIAL + e.filename and e.sha256 is None and e.image_size in (256, 384)
     assert zoo.PRETRAINED["albef-grounding-refcoco"].kind == "retrieval"  # Grounding.py trains the retrieval model
@@ -230,7 +232,7 @@ def test_cli_zoo_list_and_fetch(cache, served, capsys):
 
     assert main(["zoo", "list"]) == 0
     listed = capsys.readouterr().out
-    assert all(tag in listed for tag in list_pretrained()) and "the retrieval layout" in listed
+    assert all(tag in listed for _, tag in list_pretrained()) and "the retrieval layout" in listed
     assert main(["zoo", "fetch", TAG, "--cache", str(cache)]) == 0
     folder = Path(capsys.readouterr().out.strip().splitlines()[-1])
     assert folder == cache / "converted" / TAG and (folder / "key_report.json").is_file()

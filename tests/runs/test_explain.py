@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.runs.test_grounding import tiny_checkpoint
-from vlp.api import VLPModel, pixel_values, tokenize
+from vlp.api import VLPModel, grounding_maps, pixel_values, tokenize
 from vlp.models.gradcam import gradcam_maps
 from vlp.runs.evaluation.explain import run_explain
 
@@ -138,7 +138,7 @@ def test_plot_retrieval_gradcam_draws_each_captions_maps_over_its_retrieved_imag
     assert drawn["rows"] == rows and "fusion layer 1" in drawn["note"]
     for row, maps in zip(rows, drawn["heatmaps"]):
         paths = [t["path"] for t in row["top"]]
-        expected = vm.grounding_maps(paths, [row["text"]] * 3, 1, words_only=True)
+        expected = grounding_maps(vm, paths, [row["text"]] * 3, 1, words_only=True)
         assert maps.shape == expected.shape == (3, *vm.explain(paths[0], "a", 1).maps.shape[1:])
         torch.testing.assert_close(maps, expected)
 

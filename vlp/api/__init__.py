@@ -12,7 +12,7 @@ taking the :class:`VLPModel` first: :mod:`vlp.api.loading` (``from_pretrained`` 
 :func:`tokenize`), :mod:`vlp.api.capability` (which kinds run which method), and one module per
 task: :mod:`vlp.api.retrieval` (encode, similarity, ITM), :mod:`vlp.api.gradcam` (explain,
 grounding maps, :func:`gradcam_layer`), :mod:`vlp.api.answer` (VQA) and :mod:`vlp.api.classify`
-(NLVR2, SNLI-VE).
+(NLVR2, SNLI-VE); :mod:`vlp.api.tokenizer` (open_clip's tokenizer: texts -> token ids).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from vlp.api.loading import (
     inference_weights,
     load_inference_weights,
 )
+from vlp.api.tokenizer import Tokenizer
 from vlp.checkpoint import PREPROCESSOR, Preprocessor
 from vlp.config import ModelConfig
 from vlp.hardware import default_device
@@ -59,11 +60,13 @@ __all__ = [
     "Images",
     "Preprocessor",
     "Texts",
+    "Tokenizer",
     "UnsupportedKind",
     "VLPModel",
     "build_inference_model",
     "config_dict",
     "gradcam_layer",
+    "grounding_maps",
     "inference_weights",
     "load_inference_weights",
     "pixel_values",
@@ -75,7 +78,8 @@ class VLPModel:
     """A loaded vlp model with its config, tokenizer and evaluation preprocessing.
 
     Methods take one or several images (paths, PIL images, or tensors [3, H, W] / [N, 3, H, W]
-    already preprocessed like :func:`vlp.api.pixel_values`) and one or several strings; they run
+    already preprocessed like :func:`vlp.api.pixel_values`) and one or several strings
+    (``encode_text`` / ``similarity``: or token ids [N, T], as :func:`vlp.get_tokenizer` gives them); they run
     under ``torch.no_grad()`` in eval mode (the model's modes restored after) in batches of
     ``batch_size`` and return CPU tensors. What a kind can do is its registry entry's
     ``capabilities`` (:data:`vlp.kinds.KINDS`, checked by :func:`vlp.api.capability.require`):
@@ -141,14 +145,20 @@ class VLPModel:
     similarity = retrieval.similarity
     itm_score = retrieval.itm_score
 
-    #: Grad-CAM: per-token maps of one pair, token-mean maps [N, h, w] (:mod:`vlp.api.gradcam`)
+    #: Grad-CAM: per-token maps of one pair (:mod:`vlp.api.gradcam`; the batched token-mean maps
+    #: [N, h, w] of many pairs: the function :func:`vlp.api.grounding_maps`)
     explain = gradcam_explain
-    grounding_maps = grounding_maps
 
     #: VQA answers, NLVR2 probabilities, SNLI-VE probabilities (:mod:`vlp.api.answer`, :mod:`vlp.api.classify`)
     answer = vqa.answer
     nlvr = classify.nlvr
     entailment = classify.entailment
+
+    def eval(self) -> VLPModel:
+        """The wrapped ``model`` in eval mode (``nn.Module.eval``); this VLPModel, as open_clip's
+        ``model.eval()`` returns the model. The methods above run in eval mode whatever the mode."""
+        self.model.eval()
+        return self
 
     def __repr__(self) -> str:
         return (

@@ -40,6 +40,7 @@ from vlp.config import FinetuneConfig, ModelConfig, from_dict, to_dict
 from vlp.errors import CheckpointError
 from vlp.kinds import KINDS
 from vlp.models.build import build_model_of_kind, without_init_sources
+from vlp.preprocess.transforms import load_tokenizer
 from vlp.version import __version__
 from vlp.weights import (
     TOKENIZER_FILES,
@@ -106,9 +107,26 @@ def load(path: Path, device: torch.device) -> Loaded:
     return loaded._replace(model=loaded.model.to(device))
 
 
-def _from_directory(path: Path) -> Loaded:
+def load_text_side(path: Path) -> tuple[Any, Preprocessor]:
+    """The tokenizer and :class:`~vlp.checkpoint.Preprocessor` :func:`load` would give for ``path``
+    (a ``save_pretrained`` directory, a checkpoint folder or a run directory), verified as it
+    verifies them, without building the model or reading its weights into one."""
+    if (path / CONFIG).is_file():
+        _verified_config(path)
+        return _directory_tokenizer(path), Preprocessor(**json.loads((path / PREPROCESSOR).read_text()))
+    ckpt = open_checkpoint(path, load=False)
+    return load_tokenizer(ckpt.model_config.text), ckpt.preprocessor
+
+
+def _directory_tokenizer(path: Path) -> Any:
+    """The tokenizer files of a ``save_pretrained`` directory, as a tokenizer."""
     from transformers import BertTokenizerFast  # type: ignore[attr-defined]
 
+    return BertTokenizerFast.from_pretrained(str(path))
+
+
+def _verified_config(path: Path) -> dict:
+    """``config.json`` of a ``save_pretrained`` directory whose files all verify."""
     # every file against manifest.json (if it has one); an unlisted file the loader reads is refused
     verify_checkpoint(path, (CONFIG, PREPROCESSOR), reads=(CONFIG, PREPROCESSOR, WEIGHTS))
     refuse_unlisted(path, TOKENIZER_FILES, "tokenizer")  # and no tokenizer file beside the listed ones
@@ -120,9 +138,14 @@ def _from_directory(path: Path) -> Loaded:
             f"{path}: format version {config['format_version']} is newer than this vlp reads "
             f"({FORMAT_VERSION}); upgrade vlp"
         )
+    return config
+
+
+def _from_directory(path: Path) -> Loaded:
+    config = _verified_config(path)
     kind, mcfg = config["kind"], from_dict(ModelConfig, config["model"])
     pre = Preprocessor(**json.loads((path / PREPROCESSOR).read_text()))
-    tokenizer = BertTokenizerFast.from_pretrained(str(path))
+    tokenizer = _directory_tokenizer(path)
     model = build_inference_model(kind, mcfg, len(tokenizer))
     load_inference_weights(model, path / WEIGHTS)
     vqa = config.get(kind) or {}  # a kind with candidate answers: under its name (config_dict)

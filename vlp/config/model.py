@@ -139,3 +139,14 @@ def preset_model_config(preset: Preset | str) -> ModelConfig:
         return from_dict(ModelConfig, copy.deepcopy(dict(entry.model)))
     except ConfigError as e:
         raise ConfigError(f"preset {entry.name!r}: its architecture is not a valid model section: {e}") from None
+
+
+def architecture_differences(want: ModelConfig, got: ModelConfig) -> list[str]:
+    """How ``got``'s architecture differs from ``want``'s (a preset's): its ``arch`` and, for ALBEF,
+    its tower presets (``vision.preset``, ``text.preset``), each as ``"key: got (the preset has
+    want)"``; empty when they match (resolution, text length and the like may differ)."""
+    pairs = [("arch", want.arch, got.arch)]
+    if want.arch == ARCH_ALBEF:
+        pairs += [("vision.preset", want.vision.preset, got.vision.preset)]
+        pairs += [("text.preset", want.text.preset, got.text.preset)]
+    return [f"{key}: {b!r} (the preset has {a!r})" for key, a, b in pairs if a != b]

@@ -19,6 +19,21 @@ from vlp.errors import CheckpointError
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
 
 
+#: the prefix that makes a name a Hub id whatever else it could be (as open_clip spells it)
+HF_HUB = "hf-hub:"
+
+
+def hub_id(name: str) -> Optional[str]:
+    """The repository id of ``hf-hub:org/name`` (``org/name``); None for a name without the prefix.
+    A prefixed name that is not of the form ``org/name`` raises :class:`CheckpointError`."""
+    if not name.startswith(HF_HUB):
+        return None
+    repo = name[len(HF_HUB) :]
+    if not is_repo_id(repo):
+        raise CheckpointError(f"{name}: after {HF_HUB!r} a Hugging Face Hub id is org/name")
+    return repo
+
+
 def is_repo_id(name: str) -> bool:
     """Whether ``name`` has the form of a Hub model id (``org/name``)."""
     return bool(REPO_ID.match(name)) and ".." not in name

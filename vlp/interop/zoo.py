@@ -4,7 +4,7 @@ the presets with weights of the one preset registry, :mod:`vlp.config.presets`),
 reused after that.
 
     from vlp import VLPModel, list_pretrained
-    list_pretrained()                            # ['albef-14m', 'albef-4m', ...]
+    list_pretrained()                            # [('albef-base', 'albef-14m'), ('albef-base', 'albef-4m'), ...]
     m = VLPModel.from_pretrained("albef-14m")    # download, convert, verify, load
 
 Cache layout (``$VLP_CACHE``, else ``~/.cache/vlp``)::
@@ -56,11 +56,12 @@ from pathlib import Path
 from typing import Optional
 
 from vlp.config import PRESETS, Preset, Weights, preset_model_config
+from vlp.config.model import architecture_differences
 from vlp.config.presets import ALBEF_RELEASE, albef_release, list_presets
 from vlp.errors import CheckpointError, ConfigError, DataError, DownloadError
 from vlp.interop.albef import ConvertedALBEF, KeyReport, read_albef_file, save_converted
 from vlp.interop.download import CHUNK, deadline_s, timeout_s, torch_file_problem, transfer
-from vlp.interop.hub import download, is_repo_id
+from vlp.interop.hub import download, hub_id, is_repo_id
 from vlp.locks import file_lock
 from vlp.models.build import model_image_size
 from vlp.remote.url_credentials import redacted
@@ -155,9 +156,28 @@ class Released(MutableMapping[str, Pretrained]):
 PRETRAINED: MutableMapping[str, Pretrained] = Released()
 
 
-def list_pretrained() -> list[str]:
-    """The tags :meth:`vlp.VLPModel.from_pretrained` and :func:`fetch` accept."""
+def list_pretrained() -> list[tuple[str, str]]:
+    """``(architecture, tag)`` of each trained model, as open_clip's ``list_pretrained`` pairs them:
+    ``vlp.create_model_and_transforms(architecture, pretrained=tag)`` loads it (as does
+    ``VLPModel.from_pretrained(tag)``; :func:`fetch`). The tags alone: :func:`pretrained_tags`."""
+    return [(pretrained_architecture(tag), tag) for tag in PRETRAINED]
+
+
+def pretrained_tags() -> list[str]:
+    """The tags :meth:`vlp.VLPModel.from_pretrained` and :func:`fetch` accept, in registration order."""
     return list(PRETRAINED)
+
+
+def pretrained_architecture(tag: str) -> str:
+    """The model preset (:func:`vlp.list_models`) whose architecture zoo tag ``tag`` has: the first
+    registered one with its ``arch`` and tower presets (its resolution may differ: ``albef-vqa`` is
+    ``albef-base`` at 384 px); the tag itself when none has (``create_model_and_transforms(tag)``
+    loads it as well)."""
+    cfg = preset_model_config(pretrained_entry(tag).tag)
+    for preset in list_presets(released=False):
+        if not architecture_differences(preset_model_config(preset), cfg):
+            return preset.name
+    return tag
 
 
 def pretrained_entry(tag: str) -> Pretrained:
@@ -199,13 +219,18 @@ def format_pretrained() -> str:
 def resolve_pretrained(
     name_or_path: str | os.PathLike, cache: Optional[Path] = None, progress: bool = True, revision: Optional[str] = None
 ) -> Path:
-    """An existing path as is; else a zoo tag, fetched (:func:`fetch`); else a Hugging Face Hub id
-    (``org/name``, at ``revision``: :func:`vlp.interop.hub.download`); else :class:`CheckpointError`
-    listing the known tags. A local folder named like a tag or an id wins over it."""
+    """``hf-hub:org/name``: always that Hugging Face Hub id (at ``revision``:
+    :func:`vlp.interop.hub.download`). Else an existing path as is; else a zoo tag, fetched
+    (:func:`fetch`); else a bare Hub id ``org/name``; else :class:`CheckpointError` listing the known
+    tags. The rule for the ambiguous case: a local folder named like a tag or an id is that folder
+    (``hf-hub:`` reaches the Hub past it)."""
+    name = os.fspath(name_or_path)
+    repo = hub_id(name)
+    if repo is not None:
+        return download(repo, revision)
     path = Path(name_or_path)
     if path.exists():
         return path
-    name = os.fspath(name_or_path)
     if name in PRETRAINED:
         return fetch(name, cache, progress)
     if is_repo_id(name):

@@ -26,6 +26,7 @@ TEMP_MIN, TEMP_MAX = 0.001, 0.5
 class ImageFeatures:
     tokens: torch.Tensor  # [B, 1 + N, W] all tokens after the final norm
     feat: Optional[torch.Tensor]  # [B, E] L2-normalised projection of the CLS token (None without ITC)
+    proj: Optional[torch.Tensor] = None  # [B, E] that projection before the L2 norm (float; None without ITC)
 
 
 @dataclass
@@ -33,6 +34,7 @@ class TextFeatures:
     hidden: torch.Tensor  # [B, T, H] last unimodal layer
     mask: torch.Tensor  # [B, T] 1 = token
     feat: torch.Tensor  # [B, E] L2-normalised projection of [CLS]
+    proj: Optional[torch.Tensor] = None  # [B, E] that projection before the L2 norm (float)
 
 
 class ALBEF(nn.Module):
@@ -88,8 +90,8 @@ class ALBEF(nn.Module):
         tokens = self._m("vision", momentum).forward_features(images)
         if self.vision_proj is None:  # no ITC head (VQA, NLVR2): tokens only
             return ImageFeatures(tokens, None)
-        feat = F.normalize(self._m("vision_proj", momentum)(tokens[:, 0]).float(), dim=-1)
-        return ImageFeatures(tokens, feat)
+        proj = self._m("vision_proj", momentum)(tokens[:, 0]).float()
+        return ImageFeatures(tokens, F.normalize(proj, dim=-1), proj)
 
     def text_states(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, momentum: bool = False
@@ -101,8 +103,8 @@ class ALBEF(nn.Module):
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, momentum: bool = False
     ) -> TextFeatures:
         hidden = self.text_states(input_ids, attention_mask, momentum)
-        feat = F.normalize(self._m("text_proj", momentum)(hidden[:, 0]).float(), dim=-1)
-        return TextFeatures(hidden, attention_mask, feat)
+        proj = self._m("text_proj", momentum)(hidden[:, 0]).float()
+        return TextFeatures(hidden, attention_mask, F.normalize(proj, dim=-1), proj)
 
     def encode_text_and_masked(
         self, input_ids: torch.Tensor, masked_ids: torch.Tensor, attention_mask: torch.Tensor, momentum: bool = False

@@ -64,11 +64,13 @@ class DualEncoder(nn.Module):
     def encode_image(self, images: torch.Tensor) -> ImageFeatures:
         """``images`` [B, 3, H, W] -> pooled features (as ``tokens`` [B, 1, F]) and normalised [B, E]."""
         pooled = self.vision(images)
-        return ImageFeatures(pooled[:, None], F.normalize(self.vision_proj(pooled).float(), dim=-1))
+        proj = self.vision_proj(pooled).float()
+        return ImageFeatures(pooled[:, None], F.normalize(proj, dim=-1), proj)
 
     def encode_text(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TextFeatures:
         states, pooled = self.text(input_ids, attention_mask)
-        return TextFeatures(states, attention_mask, F.normalize(self.text_proj(pooled).float(), dim=-1))
+        proj = self.text_proj(pooled).float()
+        return TextFeatures(states, attention_mask, F.normalize(proj, dim=-1), proj)
 
     def after_optimizer_step(self, step: int | torch.Tensor, skipped: Optional[torch.Tensor] = None) -> None:
         """Nothing to do (no momentum twin); the task interface calls it."""

@@ -61,7 +61,7 @@ def run_retrieval_gradcam(
     (``retrieval_examples.json`` in ``run_or_eval_dir`` or its ``eval/``, :func:`vlp.viz.find_retrieval_examples`):
 
     - ``retrieval_examples_gradcam.png``: the example grid with each retrieved image under the
-      Grad-CAM map of the row's caption (mean over its words, :meth:`VLPModel.grounding_maps`);
+      Grad-CAM map of the row's caption (mean over its words, :func:`vlp.api.grounding_maps`);
     - ``retrieval_examples_words/query<q>.png``: per row, the per-word grid of :func:`run_explain`
       for the caption and its top-1 image.
 
@@ -69,7 +69,7 @@ def run_retrieval_gradcam(
     evaluation used (:func:`_evaluated_checkpoint`). Returns the PNGs written, the grid first."""
     import torch
 
-    from vlp.api import VLPModel, gradcam_layer
+    from vlp.api import VLPModel, gradcam_layer, grounding_maps
     from vlp.errors import DataError
     from vlp.viz import find_retrieval_examples, plot_retrieval_grid, plot_word_heatmaps
 
@@ -87,7 +87,7 @@ def run_retrieval_gradcam(
     written = []
     for row in rows:
         paths = [item["path"] for item in row["top"]]
-        heatmaps.append(vm.grounding_maps(paths, [row["text"]] * len(paths), layer, words_only=True))
+        heatmaps.append(grounding_maps(vm, paths, [row["text"]] * len(paths), layer, words_only=True))
         top1 = vm.explain(paths[0], row["text"], layer)
         title = f"{row['text']!r} on its top-1 image: ITM match {top1.itm_score:.3f}, fusion layer {top1.layer}"
         written.append(

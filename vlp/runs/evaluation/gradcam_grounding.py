@@ -2,7 +2,7 @@
 RefCOCO+ protocol, ``Grounding.py`` with ``gradcam_mode=itm``).
 
 1. each entry's grounding map: the Grad-CAM of the ITM match logit over the cross-attention of one
-   fusion layer, averaged over the expression's tokens (:meth:`vlp.api.VLPModel.grounding_maps`,
+   fusion layer, averaged over the expression's tokens (:func:`vlp.api.grounding_maps`,
    :mod:`vlp.models.gradcam`);
 2. every candidate box is scored by ALBEF's rule (:func:`vlp.eval.grounding.box_scores`: the map
    upsampled bicubically to the image, summed inside the box, divided by sqrt(area)) and the best
@@ -92,13 +92,13 @@ def grounding_maps(
 ) -> torch.Tensor:
     """The Grad-CAM grounding map [N, h, w] of every entry (its image and text) with the loaded
     :class:`vlp.api.VLPModel`, ``batch_size`` pairs at a time."""
+    from vlp.api.gradcam import grounding_maps as pair_maps
+
     out = []
     with progress(len(entries), GROUNDING, show_progress) as bar:
         for s in range(0, len(entries), batch_size):
             chunk = entries[s : s + batch_size]
-            out.append(
-                vm.grounding_maps([e.image for e in chunk], [e.text for e in chunk], layer, batch_size, words_only)
-            )
+            out.append(pair_maps(vm, [e.image for e in chunk], [e.text for e in chunk], layer, batch_size, words_only))
             bar.update(len(chunk))
     return torch.cat(out)
 
