@@ -225,7 +225,7 @@ def pilot(exp: HelperExperiment, sweep: RecordingSweep, results: SeedResults) ->
     ok = helper >= 1.5 * student
     print(
         f"pilot: helper x{GRADES[-1]} ({helper_steps(GRADES[-1], exp.a.helper_base_steps)} steps) t2i R-precision "
-        f"{helper:.2f}, student (plain ITC, seed 0) {student:.2f}: ratio {helper / student:.2f} "
+        f"{helper:.2f}, student (plain ITC, seed 0) {student:.2f}: ratio {helper / student:.3f} "
         f"({'at least' if ok else 'below'} 1.5)",
         flush=True,
     )
@@ -238,8 +238,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument(
         "--helper-base-steps",
         type=int,
-        default=600,
-        help="steps of the x1 helper (x sqrt(grade)); 600 since the B = 300 pilot",
+        default=800,
+        help="steps of the x1 helper (x sqrt(grade)); 800 since the B = 600 pilot (docs/experiments.md)",
     )
     p.add_argument("--warmup-steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=64)
