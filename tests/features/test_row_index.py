@@ -4,7 +4,10 @@ the dict they replace, that a forked worker reads without copying."""
 from __future__ import annotations
 
 import gc
+import json
 import multiprocessing as mp
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +112,14 @@ def _text(i: int) -> str:
     return f"a photo of thing number {i} on a table"
 
 
+class _NoIndex:
+    """The baseline of :func:`_forked_growth_kib`: each text's number read from the text itself, so a
+    worker does the same queries with nothing shared to look them up in."""
+
+    def __getitem__(self, text: str) -> int:
+        return int(text.split()[5])
+
+
 def _look_all_up(index: object, n: int, out: mp.Queue) -> None:
     """Every text looked up in ``index`` (each query made here and freed: only the index is shared),
     after a full collection, as a worker's collector may run at any time."""
@@ -119,10 +130,17 @@ def _look_all_up(index: object, n: int, out: mp.Queue) -> None:
 
 
 def _forked_growth_kib(index: object, n: int) -> int:
-    """Private KiB a forked worker gains looking every text up in ``index``. The parent's objects are
+    """Private KiB a forked worker gains looking every text up in ``index``, less what a worker gains
+    doing the same queries against nothing shared (:class:`_NoIndex`, forked from the same parent): the
+    queries' own allocations land on pages of the parent's heap, which in a long test session is
+    fragmented enough to copy about a MiB of them (a suite run measured 1.6 MiB for the StringRows
+    where a fresh process gives 0.35); only the index's share is the index's. The parent's objects are
     frozen out of the collector around the fork: a collection in the child otherwise walks (and so
-    copies) every page of the parent's tracked objects, 50 MiB at 60k lists here, which is the test
-    session's size and not the index's (a suite run measured 1.6 MiB so)."""
+    copies) every page of the parent's tracked objects, 50 MiB at 60k lists here."""
+    return _child_growth_kib(index, n) - _child_growth_kib(_NoIndex(), n)
+
+
+def _child_growth_kib(index: object, n: int) -> int:
     ctx = mp.get_context("fork")
     out = ctx.Queue()
     p = ctx.Process(target=_look_all_up, args=(index, n, out))
@@ -131,24 +149,37 @@ def _forked_growth_kib(index: object, n: int) -> int:
         p.start()
     finally:
         gc.unfreeze()
-    growth = out.get(timeout=120)
-    p.join()
-    assert p.exitcode == 0
-    return growth
+    p.join(300)
+    assert p.exitcode == 0, f"the worker ended with {p.exitcode}"
+    return out.get(timeout=10)
+
+
+def measure_forked_growth(n: int = 200_000) -> dict[str, int]:
+    """:func:`_forked_growth_kib` of a StringRows and of the dict it replaces, over ``n`` texts built here."""
+    texts = [_text(i) for i in range(n)]
+    packed = StringRows.of(texts)
+    as_dict = {t: i for i, t in enumerate(texts)}
+    del texts
+    return {"string_rows": _forked_growth_kib(packed, n), "dict": _forked_growth_kib(as_dict, n)}
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux smaps_rollup")
 def test_a_forked_worker_reads_the_index_without_copying_it() -> None:
     """200k captions: a forked worker looking every one up grows by under 1.5 MiB with a
     StringRows (0.35 measured); with the dict it replaces, by more than 4 MiB (6.3 measured: the
-    pages of the row numbers' int objects, whose reference counts each lookup writes)."""
-    n = 200_000
-    texts = [_text(i) for i in range(n)]
-    packed = StringRows.of(texts)
-    as_dict = {t: i for i, t in enumerate(texts)}
-    del texts
-    assert _forked_growth_kib(packed, n) < 1536
-    assert _forked_growth_kib(as_dict, n) > 4096
+    pages of the row numbers' int objects, whose reference counts each lookup writes). Measured in a
+    fresh interpreter, the index's only parent: forked from a long test session, the queries' own
+    allocations copy pages of that session's fragmented heap (1.6 MiB in one suite run), which says
+    nothing about the index."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import test_row_index as t; "
+        "print(json.dumps(t.measure_forked_growth()))"
+    )
+    here = Path(__file__).resolve().parent
+    run = subprocess.run([sys.executable, "-c", code, str(here)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    growth = json.loads(run.stdout.strip().splitlines()[-1])
+    assert growth["string_rows"] < 1536 and growth["dict"] > 4096, growth
 
 
 def test_a_cache_index_with_a_non_string_key_is_one_data_error(tmp_path: Path) -> None:
