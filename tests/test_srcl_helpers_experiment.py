@@ -69,14 +69,14 @@ def test_grades_are_nested_per_seed_and_differ_between_seeds():
 
 
 def test_arms_differ_only_in_the_helper_and_alpha_hs_schedule():
-    from srcl_helpers import ARMS, CONTROL, GRADES, PLAIN, alone, annealed
+    from srcl_helpers_design import ARMS, CONTROL, GRADES, PLAIN, alone, annealed
 
     assert ARMS[:2] == [PLAIN, CONTROL] and len(ARMS) == 2 + 2 * len(GRADES)
     assert [ARMS.index(alone(g)) < ARMS.index(annealed(g)) for g in GRADES] == [True] * 4
 
 
 def test_shards_split_each_seeds_work_and_start_with_the_largest_helper():
-    from srcl_helpers import ARMS, alone, shard_arms
+    from srcl_helpers_design import ARMS, alone, shard_arms
 
     assert shard_arms(0, 1) == ARMS
     for n in (2, 3, 5):
@@ -112,7 +112,7 @@ def _data(gains: dict[str, list[float]], base: float = 22.0) -> dict:
 
 
 def test_the_primary_reading_holm_slope_and_interim():
-    from srcl_helpers import CONTROL, GRADES, alone, annealed
+    from srcl_helpers_design import CONTROL, GRADES, alone, annealed
     from srcl_helpers_report import primary_reading
 
     noise = [0.05, -0.05, 0.1, -0.1, 0.0, 0.02, -0.02, 0.04, -0.04, 0.03, -0.03, 0.01]
@@ -155,7 +155,8 @@ def test_the_secondary_ranks_a_measure_that_tracks_the_gain_and_not_one_that_doe
 
 def test_only_the_annealed_arms_anneal_alpha_h(monkeypatch):
     import srcl_calibration
-    from srcl_helpers import CONTROL, HelperExperiment, alone, annealed
+    from srcl_helpers import HelperExperiment
+    from srcl_helpers_design import CONTROL, alone, annealed
 
     monkeypatch.setattr(srcl_calibration.Experiment, "overrides", lambda self, arm, seed: [f"of {arm}"])
     exp = object.__new__(HelperExperiment)
@@ -170,7 +171,8 @@ def test_the_experiment_runs_end_to_end_on_a_small_world(tmp_path):
     no-GT calibration finds no delta: the arm is recorded as such, not trained (as pre-registered)."""
     import json
 
-    from srcl_helpers import CONTROL, main
+    from srcl_helpers import main
+    from srcl_helpers_design import CONTROL
 
     rec = tmp_path / "rec"
     args = ["--out", str(tmp_path / "out"), "--record", str(rec), "--seeds", "0", "--images", "64",

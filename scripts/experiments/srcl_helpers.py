@@ -48,23 +48,16 @@ import numpy as np
 from harness import experiment_parser, helper_seed, train_once
 from seed_results import SeedResults, slug
 from srcl_calibration import Experiment, MarkedSweep, record, restore
-from srcl_helpers_design import (  # noqa: F401 (the design's names, read by the tests from here too)
+from srcl_helpers_design import (
     ARMS,
-    CONTROL,
     CONTROL_AUC,
     ENDPOINT,
     GRADES,
     HELPER_CKPT_EVERY,
-    HELPERS,
-    INTERIM,
     PLAIN,
     SEEDS,
-    alone,
-    annealed,
     grade_of,
-    helper_name,
     helper_steps,
-    helpers_table,
     shard_arms,
 )
 from srcl_helpers_report import status, write_helpers_report
