@@ -236,3 +236,7 @@ def launch(
     if check:
         assert res.returncode == 0, res.stderr[-4000:]
     return res
+
+
+#: "a red circle" as the tiny presets' BERT tokenizer writes it, padded by one: the tokenizer tests' expectation
+RED_CIRCLE_PADDED = ["[CLS]", "a", "red", "circle", "[SEP]", "[PAD]"]

@@ -7,6 +7,7 @@ import torch
 from PIL import Image
 
 import vlp
+from tests.helpers import RED_CIRCLE_PADDED
 from tests.test_api import TEXTS
 from vlp.api import VLPModel
 from vlp.errors import CheckpointError, ConfigError
@@ -38,14 +39,7 @@ def test_a_preset_is_a_random_model_with_its_transforms_and_tokenizer(name, cls,
     assert model.tokenizer.convert_ids_to_tokens(ids) == ["[CLS]", "a", "red", "circle", "[SEP]"]
     tokens = vlp.get_tokenizer(name)(["A red circle!", "two squares"])
     assert tokens.dtype == torch.long and tokens.shape == (2, model.preprocessor.max_len)
-    assert model.tokenizer.convert_ids_to_tokens(tokens[0, :6].tolist()) == [
-        "[CLS]",
-        "a",
-        "red",
-        "circle",
-        "[SEP]",
-        "[PAD]",
-    ]
+    assert model.tokenizer.convert_ids_to_tokens(tokens[0, :6].tolist()) == RED_CIRCLE_PADDED
 
 
 def test_a_path_gives_the_model_from_pretrained_loads(pretrained, images):

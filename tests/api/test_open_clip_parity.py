@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 import vlp
-from tests.helpers import TINY_ALBEF, untrained_checkpoint
+from tests.helpers import RED_CIRCLE_PADDED, TINY_ALBEF, untrained_checkpoint
 from tests.test_api import TEXTS
 from vlp.api import Tokenizer, VLPModel
 from vlp.checkpoint import Preprocessor
@@ -84,14 +84,7 @@ def test_the_tokenizer_cleans_cuts_and_pads_as_the_model_was_trained():
     pre = Preprocessor(64, [0.5] * 3, [0.5] * 3, max_len=6)
     tokens = Tokenizer(bert, pre)
     ids = tokens("A RED, circle!")  # one string: one row
-    assert ids.shape == (1, 6) and bert.convert_ids_to_tokens(ids[0].tolist()) == [
-        "[CLS]",
-        "a",
-        "red",
-        "circle",
-        "[SEP]",
-        "[PAD]",
-    ]
+    assert ids.shape == (1, 6) and bert.convert_ids_to_tokens(ids[0].tolist()) == RED_CIRCLE_PADDED
     long = tokens(["one two three four five six seven"])
     assert long.shape == (1, 6) and long[0, -1].item() == bert.sep_token_id  # cut at max_len
     assert tokens(["a b"], context_length=9).shape == (1, 9)
