@@ -148,28 +148,16 @@ def images(tmp_path: Path) -> Path:
 
 
 def test_csv_with_open_clips_defaults_groups_the_rows_of_an_image(images: Path, tmp_path: Path) -> None:
-    f = write_csv(
-        images.parent / "train.csv",
-        [
-            ["filepath", "title"],
-            ["images/a.jpg", "a red square"],
-            ["images/b.jpg", "a green square"],
-            [str(images / "a.jpg"), "red again"],  # an absolute path: the same image
-        ],
+    f = images.parent / "train.csv"  # the last row: an absolute path to the first row's image
+    f.write_text(
+        f"filepath\ttitle\nimages/a.jpg\ta red square\nimages/b.jpg\ta green square\n{images}/a.jpg\tred again\n"
     )
     prepared = csv_pairs(f, tmp_path / "out.json")
     assert json.loads((tmp_path / "out.json").read_text()) == [
         {"image": str(images.resolve() / "a.jpg"), "caption": ["a red square", "red again"]},
         {"image": str(images.resolve() / "b.jpg"), "caption": ["a green square"]},
     ]
-    assert prepared.counts == {
-        "rows": 3,
-        "entries": 2,
-        "captions": 3,
-        "bad_rows": 0,
-        "bad_images": 0,
-        "bad_captions": 0,
-    }
+    assert prepared.counts == dict(rows=3, entries=2, captions=3, bad_rows=0, bad_images=0, bad_captions=0)
     assert prepared.problems == []
 
 

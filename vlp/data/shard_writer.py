@@ -144,8 +144,7 @@ def write_shards(
             stats = Path(stats_url(str(path)))
             written += [path, stats]
             _write_tar(path, chunk, jpegs, bar)
-            text = stats_json(len(chunk))
-            write_atomic(stats, lambda f, text=text: f.write(text))
+            _write_stats(stats, len(chunk))
             sizes[path.name] = {"images": len(chunk), "pairs": sum(len(r.captions) for r in chunk)}
         write_atomic(out / SIZES_FILE, lambda f: f.write(_sizes_json(sizes)))
     except BaseException:
@@ -166,6 +165,10 @@ def stats_json(images: int) -> str:
     ``count`` and ``successes`` (what vlp reads, :func:`vlp.data.shard_counts.stats_count`), no failures."""
     stats = {"count": images, "successes": images, "failed_to_download": 0, "failed_to_resize": 0}
     return json.dumps(stats, indent=4) + "\n"
+
+
+def _write_stats(path: Path, images: int) -> None:
+    write_atomic(path, lambda f: f.write(stats_json(images)))
 
 
 def _sizes_json(sizes: dict[str, dict[str, int]]) -> str:
