@@ -72,6 +72,12 @@ CASES: dict[str, tuple[list[str], str, Any, dict[str, Callable[..., Any]]]] = {
         SimpleNamespace(summary=_anything),
         {},
     ),
+    "export onnx": (
+        ["export", "onnx", "runs/x", "--out", "o", "--overwrite", "--opset", "18"],
+        "vlp.export.onnx:export_onnx",
+        {},
+        {"vlp.export.onnx:summary": _anything},
+    ),
     "cache-helper-features": (
         ["cache-helper-features", "--helper", "h", "--data", "d.json", "--out", "o"],
         "vlp.runs.training.features:run_cache_helper_features",
