@@ -616,6 +616,28 @@ def test_a_killed_fetch_is_continued_by_the_next_from_its_part_file(cache, serve
     assert (cache / "downloads" / FILE).read_bytes() == good and not part.exists()
 
 
+def test_an_interrupted_fetch_keeps_its_part_file_for_the_next(cache, served, monkeypatch):
+    """Ctrl-C after the first bytes were written: the ``.part`` keeps them, the next fetch asks for the rest."""
+    from vlp.interop import download
+
+    root, _, _ = served
+    good, seen, real = (root / FILE).read_bytes(), [], download.progress_bar
+
+    def interrupted_bar(*args, **kwargs):
+        bar = real(*args, **kwargs)
+        bar.update = lambda n: (_ for _ in ()).throw(KeyboardInterrupt)  # after the first write
+        return bar
+
+    ROUTES[f"/{FILE}"] = _ranged(good, seen)
+    monkeypatch.setattr(download, "progress_bar", interrupted_bar)
+    with pytest.raises(KeyboardInterrupt):
+        zoo.fetch(TAG, progress=False)
+    kept = (cache / "downloads" / f"{FILE}.part").stat().st_size
+    monkeypatch.setattr(download, "progress_bar", real)
+    assert 0 < kept < len(good) and zoo.fetch(TAG, progress=False) == cache / "converted" / TAG
+    assert seen == [None, f"bytes={kept}-"] and (cache / "downloads" / FILE).read_bytes() == good
+
+
 @pytest.mark.parametrize("before", [0, 1000])
 def test_a_server_that_ignores_ranges_gives_the_right_bytes_named_once(cache, served, caplog, before):
     """The first answer is cut after a third (and a stopped fetch left ``before`` bytes): each ranged
