@@ -109,18 +109,18 @@ CASES: dict[str, tuple[list[str], str, Any, dict[str, Callable[..., Any]]]] = {
         ["evaluate", "retrieval", "--checkpoint", "c", "--data", "d.json", "--out", "o"],
         "vlp.runs.evaluation.image_text_retrieval:run_evaluate_retrieval",
         SimpleNamespace(metrics={}),
-        {"vlp.runs.evaluation.image_text_retrieval:format_metrics": _anything},
+        {},
     ),
     "evaluate classification": (
         ["evaluate", "classification", "--checkpoint", "c", "--data", "d", "--out", "o"],
         "vlp.runs.evaluation.zero_shot_classification:run_evaluate_classification",
-        None,
+        {},
         {},
     ),
     "evaluate grounding": (
         ["evaluate", "grounding", "--checkpoint", "c", "--data", "d.json", "--out", "o"],
         "vlp.runs.evaluation.gradcam_grounding:run_evaluate_grounding",
-        None,
+        {},
         {},
     ),
     "explain": (
