@@ -63,3 +63,34 @@ def test_the_allow_list_is_short_and_names_what_exists(habits, tmp_path: Path, m
     found = [str(b) for b in habits.check(tmp_path)]
     assert found[0] == "scripts/lint/habits.py:1: 4 allowed exceptions, at most 3"
     assert "scripts/lint/habits.py:1: ALLOWED names scripts/f0.py, which does not exist" in found
+
+
+def test_library_code_logs_instead_of_printing(habits, tmp_path: Path, monkeypatch) -> None:
+    """A ``print`` planted in a library module is a break; the command line, the progress bar and the
+    scripts print; a method named ``print`` is not the builtin."""
+    write(tmp_path, "vlp/data/loud.py", "import sys\n\n\ndef _f():\n    print('hi', file=sys.stderr)\n")
+    write(tmp_path, "vlp/cli/train.py", "print('the command line prints')\n")
+    write(tmp_path, "vlp/progress.py", "print('so does the progress bar')\n")
+    write(tmp_path, "vlp/clip.py", "print('vlp/cli/ is a folder, not a prefix')\n")
+    write(tmp_path, "vlp/models/table.py", "def show(t):\n    t.print()\n")
+    write(tmp_path, "scripts/tool.py", "print('scripts are programs')\n")
+    monkeypatch.setattr(habits, "PRINTS_PENDING", {})
+    why = "print() in library code: log it (logger = logging.getLogger(__name__); logger.info / logger.warning)"
+    assert [str(b) for b in habits.check(tmp_path)] == [f"vlp/clip.py:1: {why}", f"vlp/data/loud.py:5: {why}"]
+    assert habits.main([str(tmp_path)]) == 1
+
+
+def test_a_pending_module_may_print_until_it_prints_no_more(habits, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(habits, "PRINTS_PENDING", {"vlp/interop/zoo.py": "another branch"})
+    write(tmp_path, "vlp/interop/zoo.py", "print('fetching')\n")
+    assert habits.check(tmp_path) == []
+    write(tmp_path, "vlp/interop/zoo.py", "import logging\n\nlogging.getLogger(__name__).info('fetching')\n")
+    assert [str(b) for b in habits.check(tmp_path)] == [
+        "vlp/interop/zoo.py:1: prints no more: take it off PRINTS_PENDING in scripts/lint/habits.py"
+    ]
+
+
+def test_this_checkout_prints_only_from_the_command_line_and_the_progress_bar(habits) -> None:
+    assert habits.PRINTS == ("vlp/cli/", "vlp/progress.py")
+    root = Path(__file__).resolve().parents[2]
+    assert [b for b in habits.check(root) if "print" in b.what] == []

@@ -4,10 +4,13 @@ notebook) with :meth:`vlp.api.VLPModel.explain`."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Optional
 
 from vlp.preprocess.images import open_image
+
+logger = logging.getLogger(__name__)
 
 PNG, JSON = "explain.png", "explain.json"
 
@@ -46,7 +49,7 @@ def run_explain(
     (outdir / JSON).write_text(json.dumps(record) + "\n")
     title = f"{text!r}: ITM match {result.itm_score:.3f}, fusion layer {result.layer}"
     plot_word_heatmaps(rgb, result.tokens, result.maps, outdir / PNG, title=title)
-    print(f"wrote {outdir / PNG} and {outdir / JSON} (ITM match {result.itm_score:.3f}, layer {result.layer})")
+    logger.info(f"wrote {outdir / PNG} and {outdir / JSON} (ITM match {result.itm_score:.3f}, layer {result.layer})")
     return record
 
 

@@ -14,6 +14,7 @@ RefCOCO+ protocol, ``Grounding.py`` with ``gradcam_mode=itm``).
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -36,6 +37,8 @@ from vlp.kinds import GROUNDING
 from vlp.models.gradcam import fusion_encoder
 from vlp.progress import progress
 from vlp.runs.evaluation.registry import EVALUATORS
+
+logger = logging.getLogger(__name__)
 
 METRICS, PREDICTIONS, EXAMPLES = "metrics.json", "predictions.json", "grounding_examples.png"
 
@@ -245,7 +248,7 @@ def run_evaluate_grounding(
 def _print_summary(record: dict[str, Any]) -> None:
     prior = record["fixed_position"]
     fixed = f", fixed position {prior['accuracy']:.2f}%" if prior else ""
-    print(
+    logger.info(
         f"grounding on {record['n']} expressions (fusion layer {record['layer']}): accuracy {record['accuracy']:.2f}% "
         f"(random candidate {record['random_candidate']:.2f}%{fixed})"
     )

@@ -20,6 +20,7 @@ once per batch and shared by all of its prompts).
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Optional
 
@@ -33,6 +34,8 @@ from vlp.eval.classification import TOP_K, classification_metrics, itm_rerank, p
 from vlp.eval.mode import evaluating
 from vlp.kinds import kinds_with
 from vlp.progress import progress
+
+logger = logging.getLogger(__name__)
 
 
 def _load(checkpoint: str | Path, device: Optional[str], batch_size: int, rerank_k: int):
@@ -234,14 +237,14 @@ def run_evaluate_classification(
 
 def _print_summary(record: dict[str, Any]) -> None:
     chance = record["chance"]
-    print(
+    logger.info(
         f"{record['n_images']} images, {record['n_classes']} classes, {record['n_templates']} templates; "
         f"chance top-1 {chance['top1']:.1f}%, majority {chance['majority']:.1f}%"
     )
     for key in ("itc", "rerank"):
         if key in record:
             m = record[key]
-            print(
+            logger.info(
                 f"{key:>7}: top-1 {m['top1']:.2f}%  top-{m['top5_k']} {m['top5']:.2f}%  "
                 f"mean per class {m['mean_per_class']:.2f}%"
             )
