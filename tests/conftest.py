@@ -1,15 +1,21 @@
-"""What every test shares: the NaN-JSON check below, and the fixtures of a module's shapes world and of
+"""What every test shares: the NaN-JSON check below, the ``vlp`` logger as the library leaves it, and the fixtures of a module's shapes world and of
 a checkpoint pretrained on it (plain helpers and override lists are in ``tests/helpers.py``).
 
 No JSON that vlp writes may hold NaN or Infinity (issue 31, item 4): Python's ``json`` writes them as
 ``NaN``/``Infinity``, which is not JSON, and other readers refuse the file. While the suite runs,
 every ``json.dump``/``json.dumps`` called from vlp's own code is checked (serialised once more with
 ``allow_nan=False``); the session fails at the end, naming each call site that wrote one. Processes
-the tests launch (multi-process runs) are not watched."""
+the tests launch (multi-process runs) are not watched.
+
+Every test starts with the ``vlp`` logger as a Python session has it (no handler, no level; a test
+that runs ``vlp.cli.main`` in-process gets the console handler only until it ends): library code
+called directly prints nothing but the warnings Python shows; the ``console`` fixture prints its log
+records as ``vlp`` does, for a test that reads them with capsys/capfd."""
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -55,6 +61,30 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         lines = "\n".join(f"  vlp/{site}: {why}" for site, why in sorted(NAN_WRITERS.items()))
         print(f"\nvlp wrote JSON with NaN or Infinity (not JSON) at:\n{lines}", file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ------------------------------------------------------------------ the vlp logger
+
+
+@pytest.fixture(autouse=True)
+def _vlp_logger_as_the_library_leaves_it() -> Any:
+    """The ``vlp`` logger without handlers or level for the test, restored afterwards."""
+    log = logging.getLogger("vlp")
+    saved = (log.handlers[:], log.level)
+    log.handlers.clear()
+    log.setLevel(logging.NOTSET)
+    yield
+    log.handlers[:] = saved[0]
+    log.setLevel(saved[1])
+
+
+@pytest.fixture()
+def console() -> Any:
+    """vlp's log records printed as ``vlp`` prints them (:func:`vlp.console.show_logs`: INFO on
+    stdout, warnings on stderr), for a test that calls library code and reads its lines."""
+    from vlp.console import show_logs
+
+    return show_logs("INFO")
 
 
 # ------------------------------------------------------------------ shared fixtures

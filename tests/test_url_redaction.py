@@ -210,17 +210,17 @@ def test_the_documented_pipe_with_an_environment_secret_trains_and_writes_no_pas
     assert password not in printed.out + printed.err
 
 
-def test_a_backends_exception_text_is_redacted_where_vlp_prints_it(capsys):
+def test_a_backends_exception_text_is_redacted_where_vlp_prints_it(console, capsys):
     """A server can hand back a URL vlp never saw (a redirect to a presigned URL): the text of a
     backend's exception goes through ``redacted`` where vlp names what went wrong (``reason_of``), and the
     data warnings printed straight to stderr (a skipped shard or sample) are redacted too."""
-    from vlp.data.shards import print_skipped
+    from vlp.data.shards import warn_skipped
     from vlp.remote.shard_urls import reason_of
 
     signed = "https://bucket.s3.amazonaws.com/a.tar?X-Amz-Credential=AKIAXX&X-Amz-Signature=deadbeef1234"
     reason = reason_of(OSError(f"redirected to {signed}"))
     assert "deadbeef1234" not in reason and "AKIAXX" not in reason and "bucket.s3.amazonaws.com" in reason
-    print_skipped("a bad shard (3 bad samples)", OSError("cannot read https://bob:hunter2@host/x.tar: reset"))
+    warn_skipped("a bad shard (3 bad samples)", OSError("cannot read https://bob:hunter2@host/x.tar: reset"))
     err = capsys.readouterr().err
     assert "hunter2" not in err and err.startswith("vlp data: skipped a bad shard (3 bad samples): ")
 

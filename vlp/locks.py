@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import sys
@@ -22,6 +23,8 @@ from filelock import FileLock, Timeout
 from vlp.errors import ConfigError
 from vlp.remote.url_credentials import redacted
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["LOCK_NAME", "file_lock", "lock_folder", "release_folder", "releasing_folders"]
 
 
@@ -30,7 +33,7 @@ def file_lock(path: str | Path, waiting: Optional[str] = None) -> Iterator[None]
     """Hold an exclusive lock on the file ``path`` for the ``with`` block (the ``filelock`` package:
     ``flock`` on POSIX). The file is created if missing and never deleted: removing a lock file
     another process waits on would let a third one in. Another holder, in this process or another,
-    is waited for; ``waiting`` is then printed on stderr first."""
+    is waited for; ``waiting`` is then logged first (a warning: stderr on the console)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(path))
@@ -38,7 +41,7 @@ def file_lock(path: str | Path, waiting: Optional[str] = None) -> Iterator[None]
         lock.acquire(timeout=0)
     except Timeout:
         if waiting:
-            print(waiting, file=sys.stderr, flush=True)
+            logger.warning(waiting)
         lock.acquire()
     try:
         yield
@@ -115,10 +118,9 @@ def lock_folder(folder: str | Path, key: str) -> None:
         os.close(fd)
         if real not in _UNLOCKABLE_WARNED:
             _UNLOCKABLE_WARNED.add(real)
-            print(
+            logger.warning(
                 f"vlp: warning: {key} {folder}: cannot lock {path} ({e.strerror}): a second run into this folder "
-                "is not detected",
-                file=sys.stderr,
+                "is not detected"
             )
         return
     os.ftruncate(fd, 0)

@@ -19,11 +19,11 @@ from __future__ import annotations
 import errno
 import fnmatch
 import json
+import logging
 import math
 import os
 import re
 import shutil
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
@@ -38,6 +38,8 @@ from vlp.manifests import MANIFEST as MANIFEST
 from vlp.manifests import file_sha256
 from vlp.manifests import refuse_unlisted as refuse_unlisted
 from vlp.manifests import verify_manifest as verify_manifest
+
+logger = logging.getLogger(__name__)
 
 TASK_STATE = "task_state.safetensors"
 #: the ``state.json`` key of a checkpoint's kind (pretrain, helper, retrieval, vqa, nlvr2, nlvr-ta, ve): "task"
@@ -288,7 +290,7 @@ def weights_to_save(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def find_checkpoint(path: str | Path, require: Iterable[str] = ()) -> Path:
     """A checkpoint folder (verified), or the newest valid ``checkpoints/step_*`` of a run directory:
-    a corrupted or truncated one is reported on stderr and the previous one is tried."""
+    a corrupted or truncated one is logged as a warning (stderr on the console) and the previous one is tried."""
     path = Path(path)
     if (path / "model.safetensors").is_file() or (path / MANIFEST).is_file():
         verify_checkpoint(path, require)
@@ -304,7 +306,7 @@ def find_checkpoint(path: str | Path, require: Iterable[str] = ()) -> Path:
             verify_checkpoint(ckpt, require)
         except CheckpointError as e:
             problems.append(str(e))
-            print(f"warning: {e}; trying the previous checkpoint", file=sys.stderr)
+            logger.warning(f"warning: {e}; trying the previous checkpoint")
             continue
         return ckpt
     raise CheckpointError(f"{path}: no valid checkpoint ({'; '.join(problems)})")

@@ -349,4 +349,7 @@ def _print_table(r: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
+    from vlp.console import show_logs
+
+    show_logs()  # vlp's log records printed as `vlp` prints them
     main()

@@ -308,4 +308,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
 
 
 if __name__ == "__main__":
+    from vlp.console import show_logs
+
+    show_logs()  # vlp's log records printed as `vlp` prints them
     main()

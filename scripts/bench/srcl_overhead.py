@@ -317,4 +317,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from vlp.console import show_logs
+
+    show_logs()  # vlp's log records printed as `vlp` prints them
     sys.exit(main())

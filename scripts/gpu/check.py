@@ -106,6 +106,9 @@ def _cpu_seconds() -> float:
 
 def worker(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(ROOT))
+    from vlp.console import show_logs
+
+    show_logs()  # vlp's log records printed as `vlp` prints them (the sections call vlp in-process)
     state = Path(args.state)
     ctx = Context(make_plan(args.cpu), Path(args.work), Path(args.out))
     if not (state / "environment.json").is_file():

@@ -8,7 +8,10 @@
   :data:`DOCUMENTED` has one (public: the name does not start with ``_``; dunders are not counted);
 - **private names stay in their module**: no ``from vlp.X import _name`` (or ``from .X import _name``)
   in ``vlp/`` and ``scripts/``: a helper that another module needs gets a public name. Private names of
-  third-party packages are not vlp's to rename and are not checked.
+  third-party packages are not vlp's to rename and are not checked;
+- **library code logs**: no ``print(...)`` call in ``vlp/`` outside :data:`PRINTS` (the command line
+  and the progress bar): every other module logs on ``logging.getLogger(__name__)``, which ``vlp``
+  prints (:mod:`vlp.console`) and a Python user levels or silences.
 
 :data:`ALLOWED` is the allow-list: at most :data:`MAX_ALLOWED` entries, each with the reason it stays.
 """
@@ -28,6 +31,8 @@ DOCUMENTED = ("vlp/data", "vlp/train", "vlp/features", "vlp/config", "vlp/remote
 MAX_ALLOWED = 3
 #: "path" (a long file) or "path::function" (a long function) -> why it stays; at most MAX_ALLOWED
 ALLOWED: dict[str, str] = {}
+#: what may call ``print``: a folder (ending in ``/``) or a file of vlp/
+PRINTS = ("vlp/cli/", "vlp/progress.py")
 
 
 @dataclass(frozen=True)
@@ -99,12 +104,31 @@ def private_import_breaks(rel: str, tree: ast.AST) -> list[Break]:
     return out
 
 
+def _prints(tree: ast.AST) -> list[int]:
+    """The lines of the calls of the builtin ``print`` (by its bare name) in ``tree``."""
+    return [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "print"
+    ]
+
+
+def print_breaks(rel: str, tree: ast.AST) -> list[Break]:
+    """Each ``print(...)`` of a vlp/ module outside :data:`PRINTS`."""
+    may = any(rel.startswith(p) if p.endswith("/") else rel == p for p in PRINTS)
+    if may or not rel.startswith("vlp/"):
+        return []
+    lines = _prints(tree)
+    why = "print() in library code: log it (logger = logging.getLogger(__name__); logger.info / logger.warning)"
+    return [Break(rel, line, why) for line in lines]
+
+
 def check_file(root: Path, path: Path) -> list[Break]:
     """Every break in one file (``root``: the checkout, for the relative path named)."""
     rel = path.relative_to(root).as_posix()
     source = path.read_text(encoding="utf-8")
     tree = ast.parse(source, filename=rel)
-    out = length_breaks(rel, source, tree) + private_import_breaks(rel, tree)
+    out = length_breaks(rel, source, tree) + private_import_breaks(rel, tree) + print_breaks(rel, tree)
     if any(rel.startswith(p + "/") for p in DOCUMENTED):
         out += docstring_breaks(rel, tree)
     return out

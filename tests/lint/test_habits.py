@@ -63,3 +63,23 @@ def test_the_allow_list_is_short_and_names_what_exists(habits, tmp_path: Path, m
     found = [str(b) for b in habits.check(tmp_path)]
     assert found[0] == "scripts/lint/habits.py:1: 4 allowed exceptions, at most 3"
     assert "scripts/lint/habits.py:1: ALLOWED names scripts/f0.py, which does not exist" in found
+
+
+def test_library_code_logs_instead_of_printing(habits, tmp_path: Path, monkeypatch) -> None:
+    """A ``print`` planted in a library module is a break; the command line, the progress bar and the
+    scripts print; a method named ``print`` is not the builtin."""
+    write(tmp_path, "vlp/data/loud.py", "import sys\n\n\ndef _f():\n    print('hi', file=sys.stderr)\n")
+    write(tmp_path, "vlp/cli/train.py", "print('the command line prints')\n")
+    write(tmp_path, "vlp/progress.py", "print('so does the progress bar')\n")
+    write(tmp_path, "vlp/clip.py", "print('vlp/cli/ is a folder, not a prefix')\n")
+    write(tmp_path, "vlp/models/table.py", "def show(t):\n    t.print()\n")
+    write(tmp_path, "scripts/tool.py", "print('scripts are programs')\n")
+    why = "print() in library code: log it (logger = logging.getLogger(__name__); logger.info / logger.warning)"
+    assert [str(b) for b in habits.check(tmp_path)] == [f"vlp/clip.py:1: {why}", f"vlp/data/loud.py:5: {why}"]
+    assert habits.main([str(tmp_path)]) == 1
+
+
+def test_this_checkout_prints_only_from_the_command_line_and_the_progress_bar(habits) -> None:
+    assert habits.PRINTS == ("vlp/cli/", "vlp/progress.py")
+    root = Path(__file__).resolve().parents[2]
+    assert [b for b in habits.check(root) if "print" in b.what] == []

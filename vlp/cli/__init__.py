@@ -11,6 +11,10 @@ that call returns, tables formatted there. Those modules are imported inside the
 command runs, and so is :mod:`vlp.dist`: building the parser reads light facts only (the kinds of
 :data:`vlp.kinds.KINDS`, a plugin's among them), so ``vlp --help``, ``vlp COMMAND --help`` and an
 argument error import no torch, transformers, timm or open_clip (``tests/test_cli_light.py``).
+
+What the library says while a command runs comes as log records of the ``vlp`` logger;
+:func:`main` prints them first of all (:func:`vlp.console.show_logs`): each bare, INFO on stdout and
+warnings on stderr, at the level of ``VLP_LOG_LEVEL`` (default INFO).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from typing import Any, Callable, Optional, Sequence
 from vlp.cli import convert, data, demo_bench, evaluate, export, lab, prepare, train, world
 from vlp.cli.common import USER_ERRORS
 from vlp.config.load import refuse_repeated_keys
-from vlp.errors import NonFiniteError
+from vlp.console import show_logs
+from vlp.errors import ConfigError, NonFiniteError
 from vlp.kinds import NLVR_TA, PRETRAIN
 from vlp.plugins import PluginError, load_plugins
 from vlp.remote.url_credentials import redacted
@@ -81,8 +86,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[:2] == [PRETRAIN, NLVR_TA]:
         argv = ["pretrain-nlvr-ta", *argv[2:]]
     try:
+        show_logs()  # vlp's log records printed: INFO on stdout, warnings on stderr (VLP_LOG_LEVEL)
         load_plugins()  # before the parser: what plugins register is among its choices
-    except PluginError as e:
+    except (PluginError, ConfigError) as e:
         print(f"vlp: error: {redacted(str(e))}", file=sys.stderr)
         return 2
     args = build_parser().parse_args(argv)

@@ -23,8 +23,8 @@ for ``vlp data check``, ``load_pairs(on_bad="skip")``), so checking and loading 
 
 from __future__ import annotations
 
+import logging
 import re
-import sys
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +62,8 @@ from vlp.data.json_entries import (
 from vlp.data.relevance import RELEVANCE_FORMAT, load_relevance
 from vlp.data.sample_table import Sample, SampleTable, TableBuilder
 from vlp.errors import BadJSON, DataError, EntryError
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import torch
@@ -265,7 +267,7 @@ def load_pairs_checked(
         del data
     dropped = Dropped(entries, captions, tuple(issues.found))
     if dropped.problems:
-        print(f"vlp: warning: {dropped.message()}", file=sys.stderr)
+        logger.warning(f"vlp: warning: {dropped.message()}")
     if not len(table):
         left_out = f" ({plural(entries, 'bad entry', 'bad entries')} left out)" if entries else ""
         raise DataError(f"no training entries in {[str(p) for p in paths]}{left_out}")

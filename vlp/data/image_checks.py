@@ -4,14 +4,16 @@ keywords the training datasets and the shard loader take (:func:`bad_sample_args
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 from typing import Optional, Sequence
 
 from vlp.config import BadSampleConfig
 from vlp.data.datasets import BAD_SAMPLE_HINT
 from vlp.dist import launch_rank
 from vlp.errors import DataError
+
+logger = logging.getLogger(__name__)
 
 
 def check_image_paths(paths: Sequence[str], source: str, limit: int = 5) -> None:
@@ -47,10 +49,9 @@ def check_images(samples: Sequence, data: Optional[BadSampleConfig] = None, limi
             f"data.max_bad_fraction={data.max_bad_fraction:g}, e.g. {listed}"
         )
     if launch_rank()[0] == 0:
-        print(
+        logger.warning(
             f"vlp data: warning: {n} of {total} image files not found ({n / total:.2%}); data.on_bad_sample=skip "
-            f"replaces them at training time, e.g. {listed}",
-            file=sys.stderr,
+            f"replaces them at training time, e.g. {listed}"
         )
 
 

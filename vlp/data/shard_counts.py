@@ -21,7 +21,7 @@ index :func:`index_budget` (it lists every shard's URL or path); a larger one is
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional, Sequence
@@ -31,6 +31,8 @@ from vlp.regular_files import is_regular, open_regular
 from vlp.remote.shard_urls import PIPE, check_reachable, read_small
 from vlp.remote.url_bodies import over_budget
 from vlp.remote.url_deadlines import UrlTimeouts
+
+logger = logging.getLogger(__name__)
 
 #: The largest count a shard may list: 2**24 samples (img2dataset writes 10,000 a shard by default;
 #: the stride of estimated image ids, ``vlp.data.shard_format.ID_STRIDE``, is the same).
@@ -67,12 +69,10 @@ def warn_unfit(count: int, where: str, tar: Path) -> None:
     size = tar.stat().st_size
     room = size // MIN_SAMPLE_BYTES
     if count > room:
-        print(
+        logger.warning(
             f"vlp data: warning: {where} is {count}, but the tar's {size:,} bytes hold at most {room:,} samples "
             f"({MIN_SAMPLE_BYTES:,} bytes each at least: an image and a caption member): the count is wrong or the "
-            "tar was cut short; the samples it lacks count as bad samples when it is read",
-            file=sys.stderr,
-            flush=True,
+            "tar was cut short; the samples it lacks count as bad samples when it is read"
         )
 
 
@@ -162,4 +162,4 @@ def read_index(f: Path, tars: Sequence[Path | str], hint: str) -> Optional[list[
 
 def warn_empty(tar: Path | str, source: Optional[Path | str]) -> None:
     """The one line naming a shard left out because it lists no samples."""
-    print(f"vlp data: warning: {tar}: {source} lists no samples; the shard is left out", file=sys.stderr, flush=True)
+    logger.warning(f"vlp data: warning: {tar}: {source} lists no samples; the shard is left out")

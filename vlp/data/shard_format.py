@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
-import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +42,8 @@ from vlp.remote.brace_patterns import expand
 from vlp.remote.shard_urls import check_reachable, is_url, open_url, shard_urls
 from vlp.remote.url_credentials import redacted
 from vlp.remote.url_deadlines import UrlTimeouts
+
+logger = logging.getLogger(__name__)
 
 SIZES_FILE = "sizes.json"
 SCAN_THREADS = 16  # URL shards read at once by a scan (`vlp data index`)
@@ -321,7 +323,7 @@ def _scanned_counts(tars: Sequence[Path | str], caption_key: str, on_bad: str) -
     known = read_index(f, tars, "delete it (the next run counts the tars again)")
     if known is not None:
         return known
-    print(f"indexing {len(tars)} shard(s) without _stats.json (once; kept in {f.parent})", flush=True)
+    logger.info(f"indexing {len(tars)} shard(s) without _stats.json (once; kept in {f.parent})")
     threads = SCAN_THREADS if any(isinstance(t, str) for t in tars) else 1
     counts, broken = [], False
     pool = ThreadPoolExecutor(threads)
@@ -338,7 +340,7 @@ def _scanned_counts(tars: Sequence[Path | str], caption_key: str, on_bad: str) -
                         if n
                         else "no samples counted: the shard is left out"
                     )
-                    print(redacted(f"vlp data: warning: {fault}; {kept}"), file=sys.stderr, flush=True)
+                    logger.warning(redacted(f"vlp data: warning: {fault}; {kept}"))
                 counts.append(n)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)  # a shard that raised: the rest are not read

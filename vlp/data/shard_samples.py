@@ -21,7 +21,7 @@ after the file was built) fails at the first batch that meets it (``ShardStream`
 from __future__ import annotations
 
 import json
-import sys
+import logging
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
 
@@ -36,6 +36,8 @@ from vlp.errors import DataError
 from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, MemberFile, open_image
 from vlp.remote.shard_urls import is_url
 from vlp.remote.url_credentials import redacted
+
+logger = logging.getLogger(__name__)
 
 
 def is_shard_data(entry: str) -> bool:
@@ -74,7 +76,7 @@ def _note(errors: list[DataError]) -> None:
         e = errors.pop(0)
         if isinstance(e, ShardFault):
             raise DataError(f"{e}; a feature file is built from whole shards only")
-        print(redacted(f"vlp data: left out a malformed sample: {e}"), file=sys.stderr, flush=True)
+        logger.warning(redacted(f"vlp data: left out a malformed sample: {e}"))
 
 
 class ShardImages(IterableDataset):
@@ -104,7 +106,7 @@ class ShardImages(IterableDataset):
                     member, where, self.max_pixels, self.min_side
                 )  # read as a file (its name in messages)
             except DataError as e:
-                print(redacted(f"vlp data: left out a bad image: {e}"), file=sys.stderr, flush=True)
+                logger.warning(redacted(f"vlp data: left out a bad image: {e}"))
                 continue
             yield raw.meta["image_key"], json.dumps(raw.meta["captions"]), self.preprocess(image)
 

@@ -31,8 +31,8 @@ epoch, which a reader that reads its shards again passes over uncounted, before 
 from __future__ import annotations
 
 import functools
+import logging
 import random
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
@@ -61,12 +61,14 @@ from vlp.preprocess.images import MAX_PIXELS, MIN_SIDE, MemberFile
 from vlp.remote.url_credentials import redacted
 from vlp.remote.url_deadlines import UrlTimeouts
 
+logger = logging.getLogger(__name__)
+
 # ----------------------------------------------------------------------------- reading
 
 
-def print_skipped(what: str, e: BaseException) -> None:
+def warn_skipped(what: str, e: BaseException) -> None:
     """``vlp data: skipped WHAT: REASON`` on stderr, credentials redacted (a backend's text may hold a URL)."""
-    print(redacted(f"vlp data: skipped {what}: {e}"), file=sys.stderr, flush=True)
+    logger.warning(redacted(f"vlp data: skipped {what}: {e}"))
 
 
 def shuffle_buffer(items: Iterable[Any], size: int, rng: random.Random) -> Iterator[Any]:
@@ -277,7 +279,7 @@ class ShardStream(IterableDataset):
                     known_bad.add(u.where)
                     bad, replaced = bad + u.cost, replaced + 1
                     what = f"a bad shard ({plural(u.cost, 'bad sample')})" if u.fault else "a bad sample"
-                    print_skipped(what, e)
+                    warn_skipped(what, e)
                     if replaced > MAX_REPLACEMENTS:
                         raise DataError(
                             f"{e}; and the {MAX_REPLACEMENTS} samples before it in this reader's stream were bad "
@@ -435,7 +437,7 @@ class ShardLoader:
             else f"sample: {captions_per_image} random caption(s) per image and epoch"
         )
         n = self.stream.n_batches
-        print(
+        logger.info(
             f"vlp data: webdataset, {shards} shards, {self.images} images, {self.pairs} pairs; caption "
             f"mode {what}; {n} batches of {batch_size} per rank per epoch x {world} ranks "
             f"({self.units - n * batch_size * world} of {self.units} units left out per epoch)"

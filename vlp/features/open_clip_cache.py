@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-import sys
+import logging
 from pathlib import Path
 
 from vlp.config import PretrainConfig
@@ -14,6 +14,8 @@ from vlp.features.cache_writer import write_feature_cache
 from vlp.features.encoders import open_clip_encoder
 from vlp.features.helper_cache import HelperCache
 from vlp.models.open_clip_helper import CACHE_HELPER_KEY, require_weights
+
+logger = logging.getLogger(__name__)
 
 #: the folder of ``output_dir`` that ``loss.srcl.helper=open_clip:...`` caches the helper's features in
 OPEN_CLIP_CACHE = "helper_features_open_clip"
@@ -72,13 +74,13 @@ def open_clip_helper_cache(cfg: PretrainConfig, poll_s: float = 2.0) -> HelperCa
     out = Path(cfg.output_dir) / OPEN_CLIP_CACHE
     rank = launch_rank()[0]
     if rank == 0 and not out.exists():
-        print(f"loss.srcl.helper={s.helper}: caching its features of data.train into {out}")
+        logger.info(f"loss.srcl.helper={s.helper}: caching its features of data.train into {out}")
         encoder = open_clip_encoder(str(s.helper), key="loss.srcl.helper", init=s.helper_init)
         write_feature_cache(
             out, d.train, encoder, d.image_root, num_workers=d.num_workers, show_progress=cfg.train.progress
         )
     elif not out.exists():
-        print(f"rank {rank}: waiting for rank 0 to cache the open_clip helper's features into {out}", file=sys.stderr)
+        logger.warning(f"rank {rank}: waiting for rank 0 to cache the open_clip helper's features into {out}")
         while not out.exists():
             time.sleep(poll_s)
     cache = HelperCache.load(out)

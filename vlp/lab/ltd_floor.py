@@ -6,6 +6,7 @@ group once the attribute is hidden (:func:`vlp.losses.ltd.reconstruction_floor`;
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,6 +20,8 @@ from vlp.lab.probes import write_record
 from vlp.losses.ltd import reconstruction_floor
 from vlp.pictures import RunStep
 from vlp.world.captions import parse_caption
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["FLOOR_ATTRIBUTES", "run_ltd_floor"]
 
@@ -82,9 +85,9 @@ def run_ltd_floor(
         "n_distinct": len(set(texts)),
         "floors": floors,
     }
-    print(f"{'hidden':<22}{'floor':>8}{'mentioning':>12}{'share':>8}{'distinct':>10}")
+    logger.info(f"{'hidden':<22}{'floor':>8}{'mentioning':>12}{'share':>8}{'distinct':>10}")
     for name, f in floors.items():
-        print(
+        logger.info(
             f"{name:<22}{f['floor']:>8.4f}{f['floor_mentioning']:>12.4f}{f['share_mentioning']:>8.2f}"
             f"{f['floor_distinct']:>10.4f}"
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any, Optional
@@ -33,6 +34,8 @@ from vlp.models.clip_weights import (
     refuse_torchscript,
 )
 from vlp.weights import load_strict, read_state_dict
+
+logger = logging.getLogger(__name__)
 
 INIT_KINDS = ("none", "timm", "deit", "clip", "open_clip")
 REPORT_FILE = "vision_init_report.json"
@@ -226,7 +229,7 @@ def fit_pos_embed(pos: torch.Tensor, vit: nn.Module, distilled: bool = False) ->
 
 
 def report_line(report: dict[str, Any]) -> str:
-    """One printed line summarising an init report."""
+    """One line (logged) summarising an init report."""
     if report.get("source") is None:
         return f"vision init: {report['init']} (random weights, arch {report['arch']})"
     pos = [n for n in report["transforms"].get("pos_embed", "").split("; ") if n.startswith(("grid", "row"))]
@@ -238,14 +241,14 @@ def report_line(report: dict[str, Any]) -> str:
 
 
 def write_init_report(model: nn.Module, run_dir: str | Path) -> Optional[Path]:
-    """Write ``model.vision.init_report`` to ``run_dir/vision_init_report.json`` and print its line
+    """Write ``model.vision.init_report`` to ``run_dir/vision_init_report.json`` and log its line (INFO)
     (models without such a tower, e.g. the dual encoder, write nothing)."""
     report = getattr(getattr(model, "vision", None), "init_report", None)
     if report is None:
         return None
     out = Path(run_dir) / REPORT_FILE
     out.write_text(json.dumps(report, indent=2) + "\n")
-    print(report_line(report))
+    logger.info(report_line(report))
     return out
 
 

@@ -11,10 +11,10 @@ verification, newest valid checkpoint of a run).
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
@@ -41,6 +41,8 @@ from vlp.weights import (
     write_failure,
     write_parts,
 )
+
+logger = logging.getLogger(__name__)
 
 SUPERSEDED = "superseded"
 #: what a full disk while writing a training checkpoint advises (:func:`vlp.weights.write_failure`)
@@ -111,7 +113,7 @@ def check_shared_filesystem(run_dir: str | Path, device: torch.device, patience_
             tmp.write_text(str(value))
             os.replace(tmp, marker)
         except OSError as e:  # then no rank reads it (rank 0 included): reported below with the others
-            print(f"warning: could not write {marker}: {e}", file=sys.stderr)
+            logger.warning(f"warning: could not write {marker}: {e}")
         token.fill_(value)
     vdist.all_reduce_(token, "max")
     vdist.barrier()
@@ -266,7 +268,7 @@ class Checkpointer:
         if cfg.resume == "auto" and not step_checkpoints(run_dir):  # killed before its first checkpoint
             if acc.is_main_process:
                 log.truncate_after(0)
-                print(f"train.resume=auto: no checkpoint in {run_dir} yet; starting from step 0")
+                logger.info(f"train.resume=auto: no checkpoint in {run_dir} yet; starting from step 0")
             acc.wait_for_everyone()
             return 0
         with viewed_as(self.scalars, ()):
@@ -289,10 +291,10 @@ class Checkpointer:
                 self.resumed_samples = {k: int(counts.get(k, 0)) for k in ("seen", "bad")}
             if acc.is_main_process:
                 log.truncate_after(step)
-                print(f"resumed from {ckpt} at step {step} of {cfg.steps}")
+                logger.info(f"resumed from {ckpt} at step {step} of {cfg.steps}")
                 moved = set_aside_checkpoints_after(run_dir, step)
                 if moved:
-                    print(
+                    logger.info(
                         f"moved {len(moved)} checkpoint(s) of the steps run again (or corrupted) to {moved[0].parent}: "
                         + ", ".join(p.name for p in moved)
                     )

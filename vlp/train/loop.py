@@ -19,7 +19,7 @@ Set-up is :mod:`vlp.train.setup`, checkpoints :mod:`vlp.train.checkpoints`, vali
 from __future__ import annotations
 
 import itertools
-import sys
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, NoReturn, Optional, Protocol, cast
@@ -42,6 +42,8 @@ from vlp.train.step import stateful_modules, train_step
 from vlp.train.step_stats import Reporter
 from vlp.train.swa import WeightAverager, snapshot_averager
 from vlp.train.validation import Validation, Validator
+
+logger = logging.getLogger(__name__)
 
 #: the bad-sample share is judged once this many samples were loaded (a few bad ones in the first
 #: batches are not a trend)
@@ -160,9 +162,7 @@ def log_step(
                 ),
             )
         if rep.main:
-            print(
-                f"warning: {what} ({s.in_a_row} in a row; the run stops at {cfg.max_nonfinite_steps})", file=sys.stderr
-            )
+            logger.warning(f"warning: {what} ({s.in_a_row} in a row; the run stops at {cfg.max_nonfinite_steps})")
     record = rep.write(step, lr, window)
     seen, bad = rep.seen_total, rep.bad_total
     if max_bad_fraction is not None and seen >= BAD_SHARE_AFTER and bad > max_bad_fraction * seen:
@@ -343,5 +343,5 @@ def _log_and_warn(
     its record, printed by the main process. Returns the record."""
     record = log_step(run.rep, run.ckpt, step, lr, cfg, max_bad_fraction)
     for msg in run.log_warnings(record) if run.rep.main and run.log_warnings is not None else []:
-        print(f"warning: {msg}", file=sys.stderr)
+        logger.warning(f"warning: {msg}")
     return record

@@ -21,10 +21,10 @@ after a stop signal exits at once the same way.
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,7 +34,10 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
+from vlp.console import show_logs
 from vlp.dist import any_over_ranks
+
+logger = logging.getLogger(__name__)
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -85,13 +88,15 @@ def exit_status(main: Callable[[], Optional[int]], prog: str) -> int:
     """Run a script's ``main`` (the experiment scripts, which call the jobs in-process): a run
     stopped by SIGTERM / SIGUSR1 prints where it stopped and gives status 0, as ``vlp`` does;
     running the script again continues from its checkpoints. Any stop message inside says so
-    (:data:`SCRIPT_RESUME`), not ``--resume``, which a script does not take."""
+    (:data:`SCRIPT_RESUME`), not ``--resume``, which a script does not take. vlp's log records are
+    printed as ``vlp`` prints them (:func:`vlp.console.show_logs`)."""
+    show_logs()
     try:
         with resume_advice(SCRIPT_RESUME):
             return main() or 0
     except Preempted as e:
         where = e.args[1] if len(e.args) > 1 else str(e)
-        print(f"{prog}: {where}. Run the same script command again to continue.", file=sys.stderr)
+        logger.warning(f"{prog}: {where}. Run the same script command again to continue.")
         return 0
 
 
@@ -102,7 +107,7 @@ REPEAT_AFTER = 1.0
 def exit_now(message: str, signum: int) -> None:
     """End the process at once with ``message`` on stderr and status 128 + ``signum``, killing its
     multiprocessing children (data loader workers, which ignore SIGTERM) first."""
-    print(f"vlp: error: {message}", file=sys.stderr, flush=True)
+    logger.error(f"vlp: error: {message}")
     for child in multiprocessing.active_children():
         child.kill()
     os._exit(128 + signum)

@@ -6,6 +6,7 @@ decides.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -18,6 +19,8 @@ from vlp.dist import all_gather_nograd
 from vlp.eval.mode import evaluating
 from vlp.train.checkpoints import Checkpointer
 from vlp.train.logging import MetricsLog
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -76,7 +79,7 @@ class Validator:
         if acc.is_main_process:
             MetricsLog(self.run_dir / "val_metrics.jsonl").write({"step": step, **metrics, "best": improved})
             self.log.sinks.log(metrics, step, prefix="val/")
-            print(
+            logger.info(
                 f"validation at step {step}: {val.select} {value:.2f}"
                 + (" (best so far)" if improved else f" (best {best['value']:.2f} at step {best['step']})")
             )

@@ -9,6 +9,7 @@ training continues from its checkpoint and finished stages are kept."""
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -20,6 +21,8 @@ from vlp.eval.metrics import chance_recall
 from vlp.kinds import GROUNDING, NLVR2, NLVR_TA, PRETRAIN, RETRIEVAL, VE, VQA
 from vlp.locks import lock_folder, releasing_folders
 from vlp.metrics_table import format_table
+
+logger = logging.getLogger(__name__)
 
 CONFIGS = Path(__file__).parents[2] / "configs"  # vlp/configs
 DEMO_CONFIG = CONFIGS / "pretrain" / "shapes_tiny.yaml"
@@ -100,7 +103,7 @@ def clear_run(run_dir: Path, cfg: PretrainConfig) -> None:
     (:func:`refuse_to_clear`) and remove one that holds none (a run stopped before its first)."""
     if cfg.train.resume:
         if not run_dir.is_dir():
-            print(f"vlp demo: nothing to resume in {run_dir}; starting")
+            logger.info(f"vlp demo: nothing to resume in {run_dir}; starting")
             cfg.train.resume = None
         return
     if has_checkpoints(run_dir):
@@ -138,7 +141,7 @@ def _run_demo(
 
     t0 = time.perf_counter()
     world = out / "world"
-    print(f"[1/3] shapes world -> {world}")
+    logger.info(f"[1/3] shapes world -> {world}")
     paths = generate_world(world, seed=seed, n_train=n_train, n_val=200, n_test=n_test)
     mix = write_caption_mix(world, CAPTION_KINDS, seed=seed, repeats=DEMO_CAPTION_REPEATS)
     run_dir = out / "run"
@@ -155,10 +158,10 @@ def _run_demo(
         ],
     )
     clear_run(run_dir, cfg)
-    print(f"[2/3] pretraining tiny ALBEF for {cfg.train.steps} steps (batch {cfg.data.batch_size}) on CPU")
+    logger.info(f"[2/3] pretraining tiny ALBEF for {cfg.train.steps} steps (batch {cfg.data.batch_size}) on CPU")
     _pretrain(cfg, run_dir)
     t_train = time.perf_counter() - t0
-    print(f"[3/3] zero-shot retrieval on the {n_test:,}-image test split")
+    logger.info(f"[3/3] zero-shot retrieval on the {n_test:,}-image test split")
     res = run_evaluate_retrieval(
         run_dir,
         paths["retrieval_test"],
@@ -173,13 +176,12 @@ def _run_demo(
     table = demo_table(res.metrics, chance)
     (out / "results.md").write_text(table + "\n")
     (out / "chance.json").write_text(json.dumps(chance, indent=2))
-    print()
-    print(
-        f"zero-shot retrieval, {n_img} test images / {n_txt} captions "
+    logger.info(
+        f"\nzero-shot retrieval, {n_img} test images / {n_txt} captions "
         f"(score: {cfg.eval.score}, k_test: {cfg.eval.k_test})"
     )
-    print(table)
-    print(
+    logger.info(table)
+    logger.info(
         f"\ntrain {t_train / 60:.1f} min, total {(time.perf_counter() - t0) / 60:.1f} min. "
         f"Outputs: {out}/metrics.json, loss_curves.png, retrieval_examples.png"
     )
@@ -213,10 +215,7 @@ class FullDemo:
 
     def stage(self, name: str) -> None:
         self.times[name] = time.perf_counter()
-        print(
-            f"\n== [{len(self.times)}/{self.n_stages}] {name} ({(self.times[name] - self.t0) / 60:.1f} min) ==",
-            flush=True,
-        )
+        logger.info(f"\n== [{len(self.times)}/{self.n_stages}] {name} ({(self.times[name] - self.t0) / 60:.1f} min) ==")
 
     def finished(self, name: str) -> bool:
         """Whether the stage's last output, written after everything else, is there. Pretraining is
@@ -254,7 +253,7 @@ class FullDemo:
         self.stage("zero-shot classification")
         done = self.out / name / "results.json"
         if self.finished(name):
-            print(f"reusing {self.out / name} (finished earlier)")
+            logger.info(f"reusing {self.out / name} (finished earlier)")
             return json.loads(done.read_text())
         res = {
             attr: run_evaluate_classification(
@@ -277,7 +276,7 @@ class FullDemo:
         out = self.out
         self.stage(name)
         if self.finished(name):
-            print(f"reusing {out / name} (finished earlier)")
+            logger.info(f"reusing {out / name} (finished earlier)")
             return json.loads((out / name / "results.json").read_text())
         c = load_finetune_config(
             task,
@@ -494,7 +493,7 @@ def write_full_results(demo: FullDemo, stages: dict) -> dict:
     }
     (demo.out / "results.json").write_text(json.dumps(results, indent=2))
     (demo.out / "results.md").write_text(table + "\n")
-    print(
+    logger.info(
         f"\n{table}\n\ntotal {minutes:.1f} min. Outputs under {demo.out}/ (results.md, results.json, one folder per stage)"
     )
     return results

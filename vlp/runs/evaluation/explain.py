@@ -4,11 +4,14 @@ notebook) with :meth:`vlp.api.VLPModel.explain`."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Optional
 
 from vlp.pictures import RunStep
 from vlp.preprocess.images import open_image
+
+logger = logging.getLogger(__name__)
 
 PNG, JSON = "explain.png", "explain.json"
 
@@ -49,7 +52,7 @@ def run_explain(
     title = f"{text!r}: ITM match {result.itm_score:.3f}, fusion layer {result.layer}"
     shows = RunStep.of_checkpoint(record["checkpoint"])
     plot_word_heatmaps(rgb, result.tokens, result.maps, outdir / PNG, title=title, shows=shows)
-    print(f"wrote {outdir / PNG} and {outdir / JSON} (ITM match {result.itm_score:.3f}, layer {result.layer})")
+    logger.info(f"wrote {outdir / PNG} and {outdir / JSON} (ITM match {result.itm_score:.3f}, layer {result.layer})")
     return record
 
 

@@ -4,6 +4,7 @@ and the device of a (possibly multi-process) evaluation."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,8 @@ from vlp.hardware import default_device
 from vlp.kinds import KINDS, kinds_with
 from vlp.pictures import RunStep
 from vlp.preprocess.transforms import test_transform
+
+logger = logging.getLogger(__name__)
 
 # Zero-shot protocols (docs/evaluation.md): which checkpoint kind each takes and the eval settings.
 RETRIEVAL_KINDS = kinds_with("similarity")
@@ -156,7 +159,7 @@ def run_evaluate_retrieval(
     ckpt, kind = opened.path, opened.kind
     overrides = preset_overrides(ckpt, kind, preset, overrides)
     if preset is not None and main:
-        print(f"protocol {preset}: {EVAL_PRESETS[preset]['about']}")
+        logger.info(f"protocol {preset}: {EVAL_PRESETS[preset]['about']}")
     show_progress = show_progress and main
     model: Any = opened.load(device)  # a retrieval kind (checked above): ALBEF or dual encoder
     tokenizer = opened.tokenizer

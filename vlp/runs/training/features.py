@@ -4,6 +4,7 @@ oracle helper of a shapes world (``--oracle``) is the lab's: :func:`vlp.lab.orac
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -18,6 +19,8 @@ from vlp.features.store import refuse_existing
 from vlp.hardware import default_device
 from vlp.models.open_clip_helper import CACHE_HELPER_KEY, is_open_clip_spec
 from vlp.preprocess.transforms import test_transform, tokenize
+
+logger = logging.getLogger(__name__)
 
 
 def checkpoint_encoder(helper: str | Path) -> FeatureEncoder:
@@ -97,7 +100,7 @@ def run_make_targets(
     found = {c for smp in load_pairs(files) for c in smp.captions} if files else set()
     found.update(c for raw in iter_samples(shards, images=False) for c in raw.meta["captions"])
     captions = sorted(found)
-    print(f"vlp make-targets: {len(captions)} distinct captions, encoder {encoder}")
+    logger.info(f"vlp make-targets: {len(captions)} distinct captions, encoder {encoder}")
     vectors = encode_sentences(encoder, captions, batch_size, str(default_device()), show_progress)
     recorded = [d if is_url(d) else str(Path(d).resolve()) for d in data]
     return write_targets(

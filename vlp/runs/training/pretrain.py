@@ -3,6 +3,7 @@ task, data) of a config, and the run that trains it and evaluates zero-shot retr
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
@@ -36,6 +37,8 @@ from vlp.tasks.dual import DualTask
 from vlp.tasks.pretrain import PretrainTask
 from vlp.tasks.regulation import SRCLRegulator
 from vlp.weights import find_checkpoint
+
+logger = logging.getLogger(__name__)
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int) -> Union[ALBEF, DualEncoder]:
@@ -109,7 +112,7 @@ def init_weights(model: torch.nn.Module, source: str) -> None:
     except CheckpointError as e:
         raise CheckpointError(f"config key 'init_from': {e}") from None
     report = load_pretrained(model, ckpt)
-    print(
+    logger.info(
         f"init_from {ckpt}: {len(report['new'])} keys left new, {len(report['dropped'])} dropped"
         + (", momentum twin copied from the online weights" if report["momentum_copied"] else "")
     )
@@ -169,7 +172,7 @@ def run_pretrain(cfg: PretrainConfig, command: str = "vlp pretrain") -> Path:
         run_dir = job.start()
         main = launch_rank()[0] == 0
         if main:
-            print(
+            logger.info(
                 f"{command}: {job.items} pairs, {job.images} images, "
                 f"{param_count(job.model) / 1e6:.1f}M trainable parameters -> {run_dir}"
             )

@@ -4,7 +4,7 @@ holds a run; on resume, the config compared with the one the resumed checkpoint 
 
 from __future__ import annotations
 
-import sys
+import logging
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -15,6 +15,8 @@ from vlp.dist import launch_rank
 from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.locks import lock_folder
 from vlp.weights import find_checkpoint, read_state
+
+logger = logging.getLogger(__name__)
 
 
 def prepare_run_dir(cfg: Union[PretrainConfig, FinetuneConfig]) -> Path:
@@ -92,10 +94,7 @@ def compare_with_saved(cfg: Union[PretrainConfig, FinetuneConfig], run_dir: Path
     else:
         yaml = saved_config(cfg.train.resume, run_dir)
         if yaml is None:
-            print(
-                f"vlp: warning: no config.yaml of the resumed run in {run_dir}: the config is not compared",
-                file=sys.stderr,
-            )
+            logger.warning(f"vlp: warning: no config.yaml of the resumed run in {run_dir}: the config is not compared")
             return {}
         try:
             saved, path = OmegaConf.to_container(OmegaConf.load(yaml)), yaml

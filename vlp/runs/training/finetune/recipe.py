@@ -5,6 +5,7 @@ sharded evaluation, the blanked-image baselines' transform."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence, cast
 
@@ -27,6 +28,8 @@ from vlp.preprocess.transforms import load_tokenizer
 from vlp.runs.training.job import Job
 from vlp.train.validation import Validation
 from vlp.weights import load_weights
+
+logger = logging.getLogger(__name__)
 
 
 def finetune_model_config(cfg: FinetuneConfig, source_state: dict[str, Any]) -> ModelConfig:
@@ -71,7 +74,7 @@ def start(job: Job, loader: DataLoader, items: int) -> Path:
     job.loader, job.items = loader, items
     run_dir = job.start()
     report = job.transfer
-    print(
+    logger.info(
         f"vlp {cast(FinetuneConfig, job.cfg).task}: {items} training items, from {job.source} "
         f"({len(report['new'])} new tensors, {len(report['dropped'])} checkpoint tensors unused"
         f"{', momentum twins copied from the loaded weights' if report['momentum_copied'] else ''}), "
