@@ -17,12 +17,13 @@ from vlp.cli import main
 from vlp.config import PretrainConfig, TrainConfig, apply_overrides
 from vlp.data.formats import RetrievalSplit
 from vlp.errors import ConfigError
+from vlp.run_curves import plot_losses, plot_trajectories
 from vlp.runs.training.run_dir import prepare_run_dir
 from vlp.train import logging as logging_mod
 from vlp.train.logging import read_metrics
 from vlp.train.loop import train
 from vlp.train.validation import Validation
-from vlp.viz import plot_losses, plot_retrieval_examples, plot_trajectories, plot_weight_heatmap, replot_retrieval
+from vlp.viz import plot_retrieval_examples, plot_weight_heatmap, replot_retrieval
 
 HAS_TB = importlib.util.find_spec("tensorboard") is not None
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
@@ -87,6 +88,28 @@ def test_tensorboard_scalars_equal_metrics_jsonl(tmp_path):
         assert [e.value for e in events] == pytest.approx([r[key] for r in rows], rel=1e-6, abs=1e-12)  # float32
     val_rows = read_metrics(tmp_path / "val_metrics.jsonl")
     assert [(e.step, e.value) for e in acc.Scalars("val/r_mean")] == [(r["step"], r["r_mean"]) for r in val_rows]
+
+
+@pytest.mark.skipif(not HAS_TB, reason="tensorboard is not installed (pip install tensorboard)")
+def test_zero_shot_evaluations_reach_tensorboard_and_the_loss_plot(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    val = Validation(
+        lambda task, step: {"r_mean": 10.0 * step, "txt_r1": 1.0 * step}, None, every=4
+    )  # train.eval_every
+    train(ToyTask(), loader(), toy_cfg(loggers=["tensorboard"]), tmp_path, validation=val)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows if "loss" in r] == [2, 4, 6]
+    assert [r for r in rows if "loss" not in r] == [
+        {"step": 4, "eval/r_mean": 40.0, "eval/txt_r1": 4.0},
+        {"step": 6, "eval/r_mean": 60.0, "eval/txt_r1": 6.0},
+    ]
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("eval/r_mean")] == [(4, 40.0), (6, 60.0)]
+    assert [e.step for e in acc.Scalars("loss")] == [2, 4, 6]
+    assert main(["plot", "losses", str(tmp_path)]) == 0  # the loss panel; below: R@1, r_mean
+    assert png_size(tmp_path / "loss_curves.png") == (800, 640)
 
 
 @pytest.mark.skipif(not HAS_TB, reason="tensorboard is not installed (pip install tensorboard)")
