@@ -178,31 +178,34 @@ class PeriodicRetrieval:
     :class:`~vlp.train.validation.Validation`: the encoding and scoring of the evaluation after
     training (:func:`_embed_and_score` on ``task.model``, with the run's ``cfg`` and ``tokenizer``),
     sharded over the ranks when launched as several processes, so every rank must call it. The split
-    (and its relevance files) is read and checked once, here. The last result is kept:
-    :meth:`write_final` writes the one of the run's last step as ``eval/``, which the run then need
-    not evaluate again from its checkpoint."""
+    (and its relevance files) is read and checked once, here. The result after the run's last step
+    (``train.steps``) is kept (only that one: its score matrices are [images, captions] twice):
+    :meth:`write_final` writes it as ``eval/``, which the run then need not evaluate again from its
+    checkpoint."""
 
     def __init__(self, cfg: PretrainConfig, tokenizer: Any, show_progress: bool, kind: str) -> None:
         d = cfg.data
-        self.cfg, self.tokenizer, self.show, self.kind = cfg, tokenizer, show_progress and rank() == 0, kind
+        self.cfg, self.tokenizer, self.show, self.kind = cfg, tokenizer, show_progress, kind
         self.data = _load_eval_data(str(d.eval), d.image_root, d.relevance, d.graded_relevance, None, cfg.eval)
-        self.last: Optional[tuple[int, RetrievalResult, torch.device]] = None
+        self.final: Optional[tuple[RetrievalResult, torch.device]] = None
 
     def __call__(self, task: torch.nn.Module, step: int) -> dict[str, float]:
         """The metrics of ``task.model`` after step ``step`` (eval mode and no gradients are the caller's)."""
         model: Any = task.model
         device = next(model.parameters()).device
-        result = _embed_and_score(model, self.tokenizer, self.cfg, self.data, device, self.show, is_dist())
-        self.last = (step, result, device)
+        show = self.show and rank() == 0  # the process group exists by now (not yet when this was built)
+        result = _embed_and_score(model, self.tokenizer, self.cfg, self.data, device, show, is_dist())
+        self.final = (result, device) if step == self.cfg.train.steps else None
         return result.metrics
 
     def write_final(self, run_dir: Path, out: Path) -> bool:
-        """If the last evaluation was after the run's last step (``train.steps``), the main process writes
-        it as :func:`run_evaluate_retrieval` would have for the run's newest checkpoint (that step's),
-        ``out/metrics.json`` and the example grid; returns whether it was (False: nothing written)."""
-        if self.last is None or self.last[0] != self.cfg.train.steps:
+        """If this run evaluated after its last step (not so when a resume found no step left to train),
+        the main process writes that evaluation as :func:`run_evaluate_retrieval` would have for the run's
+        newest checkpoint (that step's): ``out/metrics.json`` and the example grid. Returns whether it did
+        (False: nothing written)."""
+        if self.final is None:
             return False
-        _, result, device = self.last
+        result, device = self.final
         if rank() == 0:
             ckpt, relevance = find_checkpoint(run_dir), self.cfg.data.relevance
             record = _metrics_record(result, self.cfg, device, None, self.kind, ckpt, self.data, relevance, None)
