@@ -17,13 +17,12 @@ from vlp.cli import main
 from vlp.config import PretrainConfig, TrainConfig, apply_overrides
 from vlp.data.formats import RetrievalSplit
 from vlp.errors import ConfigError
-from vlp.run_curves import plot_losses, plot_trajectories
 from vlp.runs.training.run_dir import prepare_run_dir
 from vlp.train import logging as logging_mod
 from vlp.train.logging import read_metrics
 from vlp.train.loop import train
 from vlp.train.validation import Validation
-from vlp.viz import plot_retrieval_examples, plot_weight_heatmap, replot_retrieval
+from vlp.viz import plot_losses, plot_retrieval_examples, plot_trajectories, plot_weight_heatmap, replot_retrieval
 
 HAS_TB = importlib.util.find_spec("tensorboard") is not None
 HAS_WANDB = importlib.util.find_spec("wandb") is not None

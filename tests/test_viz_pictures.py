@@ -18,8 +18,14 @@ from PIL import Image
 
 import vlp.viz
 from vlp.losses.matching import ITM_NEGATIVES_PER_POSITIVE, itm_prior_loss
-from vlp.run_curves import plot_losses
-from vlp.viz import plot_cocos, plot_grounding_examples, plot_retrieval_grid, plot_weight_heatmap, plot_word_heatmaps
+from vlp.viz import (
+    plot_cocos,
+    plot_grounding_examples,
+    plot_losses,
+    plot_retrieval_grid,
+    plot_weight_heatmap,
+    plot_word_heatmaps,
+)
 
 RED, BLUE, WHITE = (220, 30, 30), (30, 30, 220), (255, 255, 255)
 GRADCAM_LABEL = "Grad-CAM (normalised)"

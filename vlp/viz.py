@@ -1,6 +1,5 @@
-"""Plots people would rather look at than numbers: retrieval examples, SRCL weights, COCOS counts,
-probes, confusion matrices, Grad-CAM maps and grounding boxes, each written by :func:`save_figure`
-(a run's curves against step, loss and lambda among them: :mod:`vlp.run_curves`)."""
+"""Plots people would rather look at than numbers: loss and lambda curves, retrieval examples, SRCL
+weights, COCOS counts."""
 
 from __future__ import annotations
 
@@ -19,9 +18,17 @@ from PIL import Image  # noqa: E402
 
 from vlp.data.formats import RetrievalSplit
 from vlp.errors import DataError
+from vlp.losses.matching import ITM_NEGATIVES_PER_POSITIVE, itm_prior_loss
+from vlp.tasks.regulation_watch import Band, band_of
+from vlp.train.logging import EVAL_PREFIX, read_metrics  # noqa: E402
+
+LOSS_KEYS = ("loss", "itc", "itm", "mlm", "contrastive", "ltd_rec", "ltd_lambda")
+#: schedules and learned scalars: ITC distillation weight, temperature, LTD multiplier and bound
+#: violation, SRCL helper share
+TRAJECTORY_KEYS = ("alpha", "temp", "ltd_lambda", "ltd_violation", "srcl_alpha_h")
 
 
-def save_figure(fig: plt.Figure, out: str | Path, dpi: int, layout: bool = True) -> Path:
+def _save(fig: plt.Figure, out: str | Path, dpi: int, layout: bool = True) -> Path:
     """Write ``fig`` to ``out`` (after ``tight_layout`` unless ``layout`` is False: the caller laid it
     out), close it and return the path."""
     if layout:
@@ -29,6 +36,115 @@ def save_figure(fig: plt.Figure, out: str | Path, dpi: int, layout: bool = True)
     fig.savefig(out, dpi=dpi)
     plt.close(fig)
     return Path(out)
+
+
+def loss_levels() -> dict[str, tuple[float, str]]:
+    """Reference levels of the loss panels: ITM's prior, the loss of a head that always predicts
+    the share of matching pairs (1 positive : ``ITM_NEGATIVES_PER_POSITIVE`` negatives)."""
+    prior = itm_prior_loss()
+    return {"itm": (prior, f"class prior, 1 : {ITM_NEGATIVES_PER_POSITIVE} ({prior:.4f})")}
+
+
+#: a panel: its title and the ``metrics.jsonl`` keys drawn in it
+Panel = tuple[str, tuple[str, ...]]
+#: the SRCL statistics of a regulated run, one row of panels (docs/methods.md, "Diagnostics")
+SRCL_PANELS: tuple[Panel, ...] = (
+    ("srcl_alpha_h", ("srcl_alpha_h",)),
+    ("share of negatives below 0.2 / 0.7", ("srcl_w_below_0_2", "srcl_w_below_0_7")),
+    ("N_eff / negatives", ("srcl_n_eff_share",)),
+    ("mean weights", ("srcl_w_mean", "srcl_w_same_image", "srcl_w_true_false_negatives")),
+)
+#: pretraining's zero-shot retrieval on data.eval (``train.eval_every``): recall@1 both ways and
+#: the mean recall, in percent
+EVAL_PANELS: tuple[Panel, ...] = (
+    ("zero-shot retrieval R@1 (%)", tuple(f"{EVAL_PREFIX}{k}" for k in ("txt_r1", "img_r1"))),
+    ("zero-shot retrieval r_mean (%)", (f"{EVAL_PREFIX}r_mean",)),
+)
+
+
+def _draw_panel(ax: plt.Axes, rows: list[dict], panel: Panel, band: Band, level: Optional[tuple[float, str]]) -> None:
+    """One panel: each of its keys against step (records without the key, or with null, left out);
+    a key the regulation watch bands gets its band shaded and its warning limits dotted
+    (:mod:`vlp.tasks.regulation_watch`); ``level``: a horizontal reference line (value, label)."""
+    title, keys = panel
+    for k in keys:
+        pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
+        if not pts:
+            continue
+        (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None, label=k)
+        if k in band.limits:
+            lo, hi = band.values(k)
+            ax.axhspan(lo, hi, color=line.get_color(), alpha=0.15, lw=0, label=f"{k} band")
+            for limit in band.warning_limits(k):
+                ax.axhline(limit, color=line.get_color(), ls=":", lw=1)
+    if level is not None:
+        ax.axhline(level[0], color="gray", ls="--", lw=1, label=level[1])
+    if len(keys) > 1 or level is not None or band.limits.keys() & set(keys):
+        ax.legend(fontsize=7)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+
+
+def plot_panel_rows(
+    metrics_jsonl: str | Path,
+    out: str | Path,
+    grid: Sequence[Sequence[Panel]],
+    what: str,
+    levels: Optional[dict[str, tuple[float, str]]] = None,
+) -> Path:
+    """Rows of panels (value against step), 400 x 320 pixels each, of the panels of ``grid`` that
+    some record of ``metrics.jsonl`` has a key of; a row with none is left out. ``levels``: per
+    panel title, a horizontal reference line (value, legend label). SRCL statistics that
+    :mod:`vlp.tasks.regulation_watch` watches are drawn with the band of the run's first log windows."""
+    rows = read_metrics(metrics_jsonl)
+    wanted = [k for row in grid for _, keys in row for k in keys]
+    shown = [[p for p in row if any(r.get(k) is not None for r in rows for k in p[1])] for row in grid]
+    shown = [row for row in shown if row]
+    if not shown:
+        raise DataError(f"{metrics_jsonl}: no {what} to plot (none of {', '.join(wanted)} in its {len(rows)} records)")
+    cols = max(len(row) for row in shown)
+    fig, axes = plt.subplots(len(shown), cols, figsize=(4 * cols, 3.2 * len(shown)), squeeze=False)
+    band = band_of(rows)
+    for ax_row, row in zip(axes, shown):
+        for ax, panel in zip(ax_row, row):
+            _draw_panel(ax, rows, panel, band, (levels or {}).get(panel[0]))
+        for ax in ax_row[len(row) :]:
+            ax.axis("off")
+    return _save(fig, out, 100)
+
+
+def plot_metric_panels(
+    metrics_jsonl: str | Path,
+    out: str | Path,
+    keys: Sequence[str],
+    what: str,
+    levels: Optional[dict[str, tuple[float, str]]] = None,
+) -> Path:
+    """One panel per key of ``keys`` that some record of ``metrics.jsonl`` holds, side by side
+    (:func:`plot_panel_rows` with one row of one key per panel)."""
+    return plot_panel_rows(metrics_jsonl, out, [[(k, (k,)) for k in keys]], what, levels)
+
+
+def plot_losses(metrics_jsonl: str | Path, out: str | Path, keys: Sequence[str] = LOSS_KEYS) -> Path:
+    """Training curves from ``metrics.jsonl`` (one panel per loss term); the ITM panel marks the
+    loss of the class prior (:func:`loss_levels`). A regulated run adds a row of its SRCL
+    statistics (:data:`SRCL_PANELS`, :func:`plot_srcl_regulation`), a run with ``train.eval_every``
+    a row of its zero-shot retrieval against step (:data:`EVAL_PANELS`)."""
+    grid = [[(k, (k,)) for k in keys], SRCL_PANELS, EVAL_PANELS]
+    return plot_panel_rows(metrics_jsonl, out, grid, "losses", loss_levels())
+
+
+def plot_srcl_regulation(metrics_jsonl: str | Path, out: str | Path) -> Path:
+    """The SRCL statistics of a regulated run against step (:data:`SRCL_PANELS`), the shares below
+    0.2 / 0.7 and N_eff with the band of the first log windows and the regulation watch's warning
+    limits (dotted)."""
+    return plot_panel_rows(metrics_jsonl, out, [SRCL_PANELS], "SRCL statistics")
+
+
+def plot_trajectories(metrics_jsonl: str | Path, out: str | Path, keys: Sequence[str] = TRAJECTORY_KEYS) -> Path:
+    """alpha, temp and, when logged, ltd_lambda, ltd_violation, srcl_alpha_h against step."""
+    return plot_metric_panels(metrics_jsonl, out, keys, "trajectories")
 
 
 def retrieval_rows(
@@ -107,7 +223,7 @@ def plot_retrieval_grid(
         fig.tight_layout()
     else:
         _layout_with_heat_bar(fig)
-    return save_figure(fig, out, 100, layout=False)
+    return _save(fig, out, 100, layout=False)
 
 
 def plot_retrieval_examples(
@@ -190,7 +306,7 @@ def plot_weight_heatmap(
     cax = fig.add_axes((0.88, 0.05, 0.02, 0.62))
     fig.colorbar(im, cax=cax, label="weight")
     fig.suptitle(title, fontsize=8, y=0.995)
-    return save_figure(fig, out, 110, layout=False)
+    return _save(fig, out, 110, layout=False)
 
 
 def _column_captions(captions: Sequence[str], fig: plt.Figure, ax: plt.Axes, fontsize: float) -> list[str]:
@@ -237,7 +353,26 @@ def plot_weight_histogram(
     ax.set_ylabel("density")
     ax.set_title(title, fontsize=8)
     ax.legend(fontsize=7)
-    return save_figure(fig, out, 110)
+    return _save(fig, out, 110)
+
+
+def plot_run_curves(
+    runs: dict[str, str | Path], key: str, out: str | Path, title: str, hlines: Optional[dict[str, float]] = None
+) -> Path:
+    """One metric (e.g. ``ltd_lambda``) of several runs' ``metrics.jsonl`` on shared axes; ``hlines``
+    draws labelled reference levels (e.g. each run's eta)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, path in runs.items():
+        rows = [r for r in read_metrics(path) if r.get(key) is not None]
+        (line,) = ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=label)
+        if hlines and label in hlines:
+            ax.axhline(hlines[label], color=line.get_color(), ls=":", lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel(key)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, out, 120)
 
 
 def integer_bins(top: int, max_bins: int = 40) -> list[float]:
@@ -272,7 +407,7 @@ def plot_cocos(counts: dict[str, torch.Tensor], out: str | Path, title: str) -> 
         ax.set_ylabel("queries")
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=9)
-    return save_figure(fig, out, 120)
+    return _save(fig, out, 120)
 
 
 def plot_attribute_bars(
@@ -305,7 +440,7 @@ def plot_attribute_bars(
     ax.grid(alpha=0.3, axis="y")
     if reference or line_label:
         ax.legend(fontsize=7)
-    return save_figure(fig, out, 120)
+    return _save(fig, out, 120)
 
 
 def plot_confusion(
@@ -338,7 +473,7 @@ def plot_confusion(
     ax.set_ylabel("true class")
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
-    return save_figure(fig, path, 120)
+    return _save(fig, path, 120)
 
 
 #: Grad-CAM maps are contour lines of this perceptual colour map over the untinted image
@@ -441,7 +576,7 @@ def plot_word_heatmaps(
     if title:
         fig.suptitle(title, fontsize=9)
     _layout_with_heat_bar(fig)
-    return save_figure(fig, out, 100, layout=False)
+    return _save(fig, out, 100, layout=False)
 
 
 def plot_grounding_examples(rows: Sequence[dict], out: str | Path, cols: int = 4) -> Path:
@@ -470,4 +605,4 @@ def plot_grounding_examples(rows: Sequence[dict], out: str | Path, cols: int = 4
             )
     fig.suptitle("green dashed: target; white: chosen (right), red: chosen (wrong)", fontsize=8)
     _layout_with_heat_bar(fig)
-    return save_figure(fig, out, 100, layout=False)
+    return _save(fig, out, 100, layout=False)

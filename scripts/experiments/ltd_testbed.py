@@ -51,9 +51,9 @@ from vlp.lab.ltd_floor import run_ltd_floor
 from vlp.lab.minimal_pairs import run_minimal_pairs
 from vlp.lab.probes import run_probes
 from vlp.locks import file_lock
-from vlp.run_curves import plot_run_curves
 from vlp.runs.training.features import run_make_targets
 from vlp.train.preemption import exit_status
+from vlp.viz import plot_run_curves
 
 ATTRIBUTES = ("shape", "color", "size", "cell", "count")
 METRICS = (

@@ -173,12 +173,12 @@ def _plot(a: argparse.Namespace) -> None:
         for p in call(run_srcl_weight_plots, a).values():
             wrote(p)
         return
-    from vlp import run_curves, viz
+    from vlp import viz
 
     if a.what == "losses":
-        wrote(run_curves.plot_losses(_run_metrics(a.run), a.out or Path(a.run) / "loss_curves.png"))
+        wrote(viz.plot_losses(_run_metrics(a.run), a.out or Path(a.run) / "loss_curves.png"))
     elif a.what == "trajectories":
-        wrote(run_curves.plot_trajectories(_run_metrics(a.run), a.out or Path(a.run) / "trajectories.png"))
+        wrote(viz.plot_trajectories(_run_metrics(a.run), a.out or Path(a.run) / "trajectories.png"))
     elif not a.gradcam:
         wrote(viz.replot_retrieval(a.dir, a.out))
     else:

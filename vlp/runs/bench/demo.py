@@ -134,8 +134,8 @@ def _run_demo(
     out: Path, seed: int, n_train: int, overrides: Sequence[str], n_test: int, resume: bool
 ) -> dict[str, float]:
     """:func:`run_demo` in the folder it holds."""
-    from vlp.run_curves import plot_losses
     from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
+    from vlp.viz import plot_losses
     from vlp.world import generate_world, write_caption_mix
     from vlp.world.captions import CAPTION_KINDS
 
