@@ -11,7 +11,7 @@ export TOKENIZERS_PARALLELISM := false
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --upgrade pip
-	$(PY) -m pip install -c constraints.txt -e '.[dev,deepspeed,logging]'  # tested versions (docs/training.md)
+	$(PY) -m pip install -c constraints.txt -e '.[dev,deepspeed,logging,export]'  # tested versions (docs/training.md)
 	touch $@
 
 setup: $(VENV)/.installed

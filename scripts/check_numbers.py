@@ -66,16 +66,23 @@ def like(quoted: str, value: float) -> str:
     return text
 
 
+def _cells(line: str) -> list[str]:
+    """The cells of a Markdown table row, stripped (padding and ``**`` bold marks)."""
+    return [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
+
+
 def quoted_table(doc: str, header: str, column: int = 1) -> dict[str, str]:
-    """``{first cell: cell number column}`` of the Markdown table that starts with the row ``header``."""
+    """``{first cell: cell number column}`` of the Markdown table that starts with the row ``header``
+    (cells compared without their padding: vlp prints its tables padded to line up)."""
     lines = (ROOT / doc).read_text().splitlines()
-    if header not in lines:
+    starts = [i for i, line in enumerate(lines) if line.startswith("|") and _cells(line) == _cells(header)]
+    if not starts:
         return {}
     rows = {}
-    for line in lines[lines.index(header) + 2 :]:
+    for line in lines[starts[0] + 2 :]:
         if not line.startswith("|"):
             break
-        cells = [c.strip().strip("*") for c in line.strip("|").split("|")]
+        cells = _cells(line)
         rows[cells[0]] = cells[column]
     return rows
 

@@ -1,5 +1,6 @@
 """Set-up that many test files share and that is not a fixture: the tiny override lists, pretraining
-through the command line, tiny checkpoints, and the one launcher of multi-process runs.
+through the command line, tiny checkpoints, the rows of a printed table, and the one launcher of
+multi-process runs.
 
 The fixtures built on them (a module's shapes world, its pretrained checkpoint) are in
 ``tests/conftest.py``; the multi-process training fixtures in ``tests/train/conftest.py``.
@@ -179,6 +180,20 @@ def open_clip_rows(model, preprocess, tokenizer, cache, samples) -> tuple[torch.
         image = F.normalize(model.eval().encode_image(images), dim=-1)
         text = F.normalize(model.encode_text(tokenizer(texts)), dim=-1)
     return image, text
+
+
+# ------------------------------------------------------------------ printed tables
+
+
+def table_rows(printed: str) -> dict[str, list[str]]:
+    """The rows of the tables in ``printed`` (what a command printed, :mod:`vlp.metrics_table`): first
+    cell -> the other cells, each stripped of its padding; the header and rule rows included."""
+    rows = {}
+    for line in printed.splitlines():
+        if line.startswith("|") and line.endswith("|"):
+            cells = [c.strip() for c in line[1:-1].split("|")]
+            rows[cells[0]] = cells[1:]
+    return rows
 
 
 # ------------------------------------------------------------------ scripts and several processes

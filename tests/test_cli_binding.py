@@ -72,6 +72,12 @@ CASES: dict[str, tuple[list[str], str, Any, dict[str, Callable[..., Any]]]] = {
         SimpleNamespace(summary=_anything),
         {},
     ),
+    "export onnx": (
+        ["export", "onnx", "runs/x", "--out", "o", "--overwrite", "--opset", "18"],
+        "vlp.export.onnx:export_onnx",
+        {},
+        {"vlp.export.onnx:summary": _anything},
+    ),
     "cache-helper-features": (
         ["cache-helper-features", "--helper", "h", "--data", "d.json", "--out", "o"],
         "vlp.runs.training.features:run_cache_helper_features",
@@ -103,18 +109,18 @@ CASES: dict[str, tuple[list[str], str, Any, dict[str, Callable[..., Any]]]] = {
         ["evaluate", "retrieval", "--checkpoint", "c", "--data", "d.json", "--out", "o"],
         "vlp.runs.evaluation.image_text_retrieval:run_evaluate_retrieval",
         SimpleNamespace(metrics={}),
-        {"vlp.runs.evaluation.image_text_retrieval:format_metrics": _anything},
+        {},
     ),
     "evaluate classification": (
         ["evaluate", "classification", "--checkpoint", "c", "--data", "d", "--out", "o"],
         "vlp.runs.evaluation.zero_shot_classification:run_evaluate_classification",
-        None,
+        {},
         {},
     ),
     "evaluate grounding": (
         ["evaluate", "grounding", "--checkpoint", "c", "--data", "d.json", "--out", "o"],
         "vlp.runs.evaluation.gradcam_grounding:run_evaluate_grounding",
-        None,
+        {},
         {},
     ),
     "explain": (

@@ -1,6 +1,6 @@
 """A command line that answers in a second (issue 54): ``vlp --help``, ``vlp COMMAND --help`` (every
-command path of the parser) and an argument error import none of torch, transformers, timm and
-open_clip. Each is run in a fresh ``python`` and what it imported is read from ``sys.modules`` at its
+command path of the parser) and an argument error import none of torch, transformers, timm,
+open_clip, onnx and onnxruntime. Each is run in a fresh ``python`` and what it imported is read from ``sys.modules`` at its
 end (or from ``-X importtime``, for the real ``python -m vlp``), not from a clock.
 
 The parser reads light facts only: the tasks of ``vlp finetune TASK`` and ``vlp evaluate NAME`` come
@@ -20,7 +20,7 @@ from tests.test_cli_help import walk
 from vlp.cli import build_parser
 
 #: what ``vlp --help`` and an argument error must not import
-HEAVY = ("torch", "transformers", "timm", "open_clip")
+HEAVY = ("torch", "transformers", "timm", "open_clip", "onnx", "onnxruntime")
 
 #: runs ``vlp.cli.main`` on each command line of the JSON list argv[1], in one fresh process, and
 #: prints, for each, the heavy modules imported so far (the first line that brings one is the culprit)
@@ -47,6 +47,7 @@ ARGUMENT_ERRORS = [
     ["analyze", "cocos", "--checkpoint", "c"],
     ["data", "check", "--kind", "no-such-kind", "f.json"],
     ["prepare", "coco"],
+    ["export", "onnx", "runs/x"],
 ]
 
 

@@ -17,6 +17,7 @@ from vlp.cli import main
 from vlp.config import PretrainConfig, TrainConfig, apply_overrides
 from vlp.data.formats import RetrievalSplit
 from vlp.errors import ConfigError
+from vlp.pictures import RunStep
 from vlp.runs.training.run_dir import prepare_run_dir
 from vlp.train import logging as logging_mod
 from vlp.train.logging import read_metrics
@@ -262,12 +263,22 @@ def write_metrics(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+def png_title(path: Path) -> str:
+    """The ``Title`` a picture was saved with (its PNG text chunk)."""
+    with Image.open(path) as im:
+        return im.text.get("Title", "")
+
+
 def test_trajectories_and_losses_from_a_run(tmp_path):
     train(ToyTask(), loader(), toy_cfg(), tmp_path)
+    last = read_metrics(tmp_path / "metrics.jsonl")[-1]["step"]
     assert main(["plot", "trajectories", str(tmp_path)]) == 0
     assert png_size(tmp_path / "trajectories.png") == (800, 320)  # alpha, temp: 2 panels of 4 x 3.2 in at 100 dpi
     assert main(["plot", "losses", str(tmp_path)]) == 0
     assert png_size(tmp_path / "loss_curves.png") == (400, 320)  # loss only
+    # titled with the run (its folder) and the last logged step
+    for name in ("trajectories.png", "loss_curves.png"):
+        assert png_title(tmp_path / name) == f"{tmp_path.name}, step {last}"
 
 
 def test_trajectories_of_every_key_and_a_clear_error_without_any(tmp_path, capsys):
@@ -322,10 +333,18 @@ def test_retrieval_grid_and_its_replot(tmp_path, capsys):
     relevant = [[i // 2, (i // 2 + 1) % 6] for i in range(12)]
     eval_dir = tmp_path / "run" / "eval"
     eval_dir.mkdir(parents=True)
-    out = plot_retrieval_examples(split, scores, eval_dir / "retrieval_examples.png", relevant)
+    out = plot_retrieval_examples(
+        split, scores, eval_dir / "retrieval_examples.png", relevant, shows=RunStep("run", 40)
+    )
     assert png_size(out) == (1080, 1140)  # 6 rows x (caption + top-5) cells of 1.8 x 1.9 in at 100 dpi
+    assert png_title(out).splitlines()[0] == "run, step 40"
     saved = json.loads((eval_dir / "retrieval_examples.json").read_text())
-    assert saved["k"] == 5 and [r["query"] for r in saved["rows"]] == [0, 2, 4, 6, 8, 10]
+    assert (
+        saved["run"] == "run"
+        and saved["step"] == 40
+        and saved["k"] == 5
+        and [r["query"] for r in saved["rows"]] == [0, 2, 4, 6, 8, 10]
+    )
     first = saved["rows"][0]["top"]
     assert first[0] == {"index": 0, "path": str(Path(images[0]).resolve()), "mark": "truth"}
     for row in saved["rows"]:
@@ -337,6 +356,7 @@ def test_retrieval_grid_and_its_replot(tmp_path, capsys):
     assert main(["plot", "retrieval", str(tmp_path / "run")]) == 0  # a run directory: its eval/
     assert png_size(out) == (1080, 1140)
     assert png_size(replot_retrieval(eval_dir, tmp_path / "again.png")) == (1080, 1140)
+    assert png_title(out).splitlines()[0] == png_title(tmp_path / "again.png").splitlines()[0] == "run, step 40"
     assert main(["plot", "retrieval", str(tmp_path)]) == 2
     assert "no retrieval_examples.json" in capsys.readouterr().err
 

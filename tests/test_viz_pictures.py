@@ -17,14 +17,18 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 import vlp.viz
+from vlp.heat_pictures import plot_grounding_examples, plot_word_heatmaps
 from vlp.losses.matching import ITM_NEGATIVES_PER_POSITIVE, itm_prior_loss
+from vlp.pictures import RunStep
 from vlp.viz import (
+    plot_attribute_bars,
     plot_cocos,
-    plot_grounding_examples,
+    plot_confusion,
     plot_losses,
     plot_retrieval_grid,
+    plot_run_curves,
     plot_weight_heatmap,
-    plot_word_heatmaps,
+    plot_weight_histogram,
 )
 
 RED, BLUE, WHITE = (220, 30, 30), (30, 30, 220), (255, 255, 255)
@@ -221,7 +225,8 @@ CAPTIONS = [
 @pytest.mark.parametrize("n", [4, 10, 16])
 def test_srcl_heatmap_captions_do_not_overlap(tmp_path: Path, figures: list[Figure], n: int) -> None:
     """Column captions (the default batch of 10 of ``vlp plot srcl-weights``, and sizes around it)
-    neither overlap each other nor leave the figure, and each begins with its caption."""
+    neither overlap each other nor leave the figure nor reach its title (two lines: the run and
+    step, then what it shows), and each begins with its caption."""
     paths = []
     for i in range(n):
         p = tmp_path / f"i{i}.png"
@@ -229,7 +234,8 @@ def test_srcl_heatmap_captions_do_not_overlap(tmp_path: Path, figures: list[Figu
         paths.append(str(p))
     captions = [CAPTIONS[i % len(CAPTIONS)] for i in range(n)]
     w = torch.rand(n, n, generator=torch.Generator().manual_seed(0)) * 2
-    plot_weight_heatmap(w, paths, captions, tmp_path / "h.png", "SRCL weights (i2t rows), batch of n")
+    shows = RunStep("srcl_run", 500)
+    plot_weight_heatmap(w, paths, captions, tmp_path / "h.png", "SRCL weights (i2t rows), batch of n", shows)
     [fig] = figures
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
@@ -276,3 +282,83 @@ def test_cocos_bins_of_a_wide_range_still_fall_on_half_integers(tmp_path: Path, 
     assert len(found) <= 40 and sum(h for *_, h in found) == len(counts)
     for x, w, _ in found:
         assert x + 0.5 == pytest.approx(round(x + 0.5)) and w == pytest.approx(round(w)) and w >= 1
+
+
+# ----------------------------------------------------------------------------- every picture titled
+
+
+def test_a_checkpoints_run_and_step_and_a_logs_last_step(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ft_run" / "checkpoints" / "best"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.json").write_text(json.dumps({"task": "retrieval", "step": 120}))
+    assert RunStep.of_checkpoint(ckpt) == RunStep("ft_run", 120)
+    assert str(RunStep.of_checkpoint(tmp_path / "ft_run")) == "ft_run"  # a folder without state.json: no step
+    assert RunStep.of_metrics(tmp_path / "ft_run" / "metrics.jsonl", [{"step": 10}, {"step": 30}, {}]) == RunStep(
+        "ft_run", 30
+    )
+
+
+def _curves(tmp_path: Path, shows: RunStep) -> Path:
+    """``vlp plot losses``: the run and step come from the log (``shows`` names what it holds)."""
+    run = tmp_path / shows.run
+    run.mkdir()
+    rows = [{"step": s, "loss": 1.0 / s} for s in range(1, (shows.step or 0) + 1)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return plot_losses(run / "metrics.jsonl", tmp_path / "p.png")
+
+
+def _run_curves(tmp_path: Path, shows: RunStep) -> Path:
+    _curves(tmp_path, shows)
+    return plot_run_curves({"a": tmp_path / shows.run / "metrics.jsonl"}, "loss", tmp_path / "p.png", "loss")
+
+
+def _image(tmp_path: Path) -> Path:
+    path = tmp_path / "i.png"
+    Image.new("RGB", (16, 16), RED).save(path)
+    return path
+
+
+PICTURES: dict[str, Callable[[Path, RunStep], Path]] = {
+    "losses": _curves,
+    "run curves": _run_curves,
+    "retrieval grid": lambda d, s: plot_retrieval_grid(
+        [{"query": 0, "text": "a red square", "top": [{"index": 0, "path": str(_image(d)), "mark": "truth"}]}],
+        d / "p.png",
+        shows=s,
+    ),
+    "srcl heatmap": lambda d, s: plot_weight_heatmap(
+        torch.ones(2, 2), [str(_image(d))] * 2, ["a", "b"], d / "p.png", "w", s
+    ),
+    "weight histogram": lambda d, s: plot_weight_histogram(torch.rand(50), d / "p.png", "w", shows=s),
+    "cocos": lambda d, s: plot_cocos({"i2t": torch.tensor([1, 2, 2])}, d / "p.png", "COCOS", s),
+    "bars": lambda d, s: plot_attribute_bars({"colour": 0.9}, d / "p.png", "probes", "accuracy", shows=s),
+    "confusion": lambda d, s: plot_confusion([[2, 1], [0, 3]], ["a", "b"], d / "p.png", "top-1", s),
+    "word heat maps": lambda d, s: plot_word_heatmaps(
+        _image(d), ["[CLS]", "red", "[SEP]"], torch.stack([hot_on_red()] * 3), d / "p.png", title="red", shows=s
+    ),
+    "grounding examples": lambda d, s: plot_grounding_examples(
+        [
+            {
+                "image": str(_image(d)),
+                "text": "red",
+                "heatmap": hot_on_red().tolist(),
+                "hit": True,
+                "chosen": [0, 0, 4, 4],
+                "target": [0, 0, 4, 4],
+            }
+        ],
+        d / "p.png",
+        shows=s,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(PICTURES))
+def test_every_picture_is_titled_with_its_run_and_step(name: str, tmp_path: Path, figures: list[Figure]) -> None:
+    """The figure's title and the saved PNG's ``Title`` begin with ``run, step N``."""
+    shows = RunStep("ft_retrieval", 3)
+    out = PICTURES[name](tmp_path, shows)
+    fig = figures[-1]  # the picture saved last (run curves draws the losses' first, for their log)
+    with Image.open(out) as im:
+        saved = im.text.get("Title", "")
+    assert saved == fig.get_suptitle() and saved.splitlines()[0] == "ft_retrieval, step 3", (saved, name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from tqdm.auto import tqdm
 
 
-def progress(total: int, desc: str, enabled: bool = True) -> tqdm:
-    """A tqdm bar over ``total`` items, refreshed at most once a second; ``enabled=False`` hides it."""
-    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=1.0)
+def progress(total: int, desc: str, enabled: bool = True, initial: int = 0) -> tqdm:
+    """A tqdm bar over ``total`` items, ``initial`` of them done already (a resumed download),
+    refreshed at most once a second; ``enabled=False`` hides it."""
+    return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True, mininterval=1.0, initial=initial)

@@ -1,5 +1,8 @@
 """Plots people would rather look at than numbers: loss and lambda curves, retrieval examples, SRCL
-weights, COCOS counts."""
+weights, COCOS counts (the Grad-CAM pictures: :mod:`vlp.heat_pictures`). Every picture is titled
+with the run and step it shows (``shows``: a :class:`~vlp.pictures.RunStep`; the curves of a
+``metrics.jsonl`` read it from the file) and saved with that title as its PNG ``Title``
+(:mod:`vlp.pictures`)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ from PIL import Image  # noqa: E402
 
 from vlp.data.formats import RetrievalSplit
 from vlp.errors import DataError
+from vlp.heat_pictures import heat_overlay, layout_with_heat_bar, open_rgb
 from vlp.losses.matching import ITM_NEGATIVES_PER_POSITIVE, itm_prior_loss
+from vlp.pictures import RunStep, Shows, save_picture, title_picture
 from vlp.tasks.regulation_watch import Band, band_of
 from vlp.train.logging import EVAL_PREFIX, read_metrics  # noqa: E402
 
@@ -26,16 +31,6 @@ LOSS_KEYS = ("loss", "itc", "itm", "mlm", "contrastive", "ltd_rec", "ltd_lambda"
 #: schedules and learned scalars: ITC distillation weight, temperature, LTD multiplier and bound
 #: violation, SRCL helper share
 TRAJECTORY_KEYS = ("alpha", "temp", "ltd_lambda", "ltd_violation", "srcl_alpha_h")
-
-
-def _save(fig: plt.Figure, out: str | Path, dpi: int, layout: bool = True) -> Path:
-    """Write ``fig`` to ``out`` (after ``tight_layout`` unless ``layout`` is False: the caller laid it
-    out), close it and return the path."""
-    if layout:
-        fig.tight_layout()
-    fig.savefig(out, dpi=dpi)
-    plt.close(fig)
-    return Path(out)
 
 
 def loss_levels() -> dict[str, tuple[float, str]]:
@@ -96,7 +91,8 @@ def plot_panel_rows(
     """Rows of panels (value against step), 400 x 320 pixels each, of the panels of ``grid`` that
     some record of ``metrics.jsonl`` has a key of; a row with none is left out. ``levels``: per
     panel title, a horizontal reference line (value, legend label). SRCL statistics that
-    :mod:`vlp.tasks.regulation_watch` watches are drawn with the band of the run's first log windows."""
+    :mod:`vlp.tasks.regulation_watch` watches are drawn with the band of the run's first log windows.
+    Titled with the run (the file's folder) and its last logged step."""
     rows = read_metrics(metrics_jsonl)
     wanted = [k for row in grid for _, keys in row for k in keys]
     shown = [[p for p in row if any(r.get(k) is not None for r in rows for k in p[1])] for row in grid]
@@ -111,7 +107,8 @@ def plot_panel_rows(
             _draw_panel(ax, rows, panel, band, (levels or {}).get(panel[0]))
         for ax in ax_row[len(row) :]:
             ax.axis("off")
-    return _save(fig, out, 100)
+    title_picture(fig, RunStep.of_metrics(metrics_jsonl, rows), fontsize=10)
+    return save_picture(fig, out, 100)
 
 
 def plot_metric_panels(
@@ -188,13 +185,18 @@ def _inches(pixels: int, dpi: int) -> float:
 
 
 def plot_retrieval_grid(
-    rows: list[dict], out: str | Path, heatmaps: Optional[Sequence[torch.Tensor]] = None, note: str = ""
+    rows: list[dict],
+    out: str | Path,
+    heatmaps: Optional[Sequence[torch.Tensor]] = None,
+    note: str = "",
+    shows: Shows = None,
 ) -> Path:
     """The grid of :func:`retrieval_rows`: a caption, then its top-k images (green frame: the
     caption's own image, orange: another image it is true of), 180 x 190 pixels per cell.
     ``heatmaps``: per row, the maps [k, h, w] of its top-k images (Grad-CAM of the caption over
     each image, ``vlp plot retrieval --gradcam``), drawn over the images as contour lines
-    (:func:`_heat_overlay`) with one colour bar; ``note`` ends the title."""
+    (:func:`~vlp.heat_pictures.heat_overlay`) with one colour bar; ``note`` ends the title, which
+    begins with the run and step the grid shows (``shows``)."""
     if heatmaps is not None and [len(h) for h in heatmaps] != [len(r["top"]) for r in rows]:
         raise ValueError("expected one heat map per retrieved image of every row")
     k = max(len(r["top"]) for r in rows)
@@ -206,24 +208,24 @@ def plot_retrieval_grid(
         for ax in row[1 + len(info["top"]) :]:
             ax.axis("off")
         for r, (ax, item) in enumerate(zip(row[1:], info["top"])):
-            rgb = _open_rgb(item["path"])
+            rgb = open_rgb(item["path"])
             if heatmaps is None:
                 ax.imshow(rgb)
                 ax.set_xticks([])
                 ax.set_yticks([])
             else:
-                _heat_overlay(ax, rgb, heatmaps[i][r], "")
+                heat_overlay(ax, rgb, heatmaps[i][r], "")
             color = {"truth": "limegreen", "relevant": "orange"}.get(item["mark"])
             for s in ax.spines.values():
                 s.set_edgecolor(color or "lightgray")
                 s.set_linewidth(4 if color else 1)
             ax.set_title(f"#{r + 1}{ax.get_title()}", fontsize=7)
-    fig.suptitle(f"text -> image: green = ground truth, orange = also true of the caption{note}", fontsize=8)
+    title_picture(fig, shows, f"text -> image: green = ground truth, orange = also true of the caption{note}")
     if heatmaps is None:
         fig.tight_layout()
     else:
-        _layout_with_heat_bar(fig)
-    return _save(fig, out, 100, layout=False)
+        layout_with_heat_bar(fig)
+    return save_picture(fig, out, 100, layout=False)
 
 
 def plot_retrieval_examples(
@@ -233,14 +235,16 @@ def plot_retrieval_examples(
     relevant_images: Optional[list[list[int]]] = None,
     n_queries: int = 6,
     k: int = 5,
+    shows: Optional[RunStep] = None,
 ) -> Path:
     """Text->image examples: each row a caption and its top-k images. Green frame: the caption's
     own image; orange: another image the caption is true of (relevance file). The rows shown are
-    saved next to the PNG (``retrieval_examples.json`` for ``retrieval_examples.png``), from which
-    ``vlp plot retrieval`` draws the grid again."""
+    saved next to the PNG (``retrieval_examples.json`` for ``retrieval_examples.png``, with the run
+    and step, ``shows``), from which ``vlp plot retrieval`` draws the grid again."""
     rows = retrieval_rows(split, scores_t2i, relevant_images, n_queries, k)
-    Path(out).with_suffix(".json").write_text(json.dumps({"direction": "t2i", "k": k, "rows": rows}, indent=1))
-    return plot_retrieval_grid(rows, out)
+    shown = {"run": shows.run, "step": shows.step} if shows is not None else {}
+    Path(out).with_suffix(".json").write_text(json.dumps({"direction": "t2i", "k": k, **shown, "rows": rows}, indent=1))
+    return plot_retrieval_grid(rows, out, shows=shows)
 
 
 def find_retrieval_examples(run_or_eval_dir: str | Path) -> Path:
@@ -260,12 +264,22 @@ def replot_retrieval(run_or_eval_dir: str | Path, out: Optional[str | Path] = No
     """The retrieval grid again from the ``retrieval_examples.json`` an evaluation saved (in the
     folder given or its ``eval/``); default output: the PNG next to it."""
     found = find_retrieval_examples(run_or_eval_dir)
-    rows = json.loads(found.read_text())["rows"]
-    return plot_retrieval_grid(rows, out or found.with_suffix(".png"))
+    saved = json.loads(found.read_text())
+    return plot_retrieval_grid(saved["rows"], out or found.with_suffix(".png"), shows=examples_run(saved))
+
+
+def examples_run(saved: dict) -> Optional[RunStep]:
+    """The run and step a saved ``retrieval_examples.json`` shows (None: saved before they were)."""
+    return RunStep(saved["run"], saved.get("step")) if "run" in saved else None
 
 
 def plot_weight_heatmap(
-    w: torch.Tensor, image_paths: Sequence[str], captions: Sequence[str], out: str | Path, title: str = ""
+    w: torch.Tensor,
+    image_paths: Sequence[str],
+    captions: Sequence[str],
+    out: str | Path,
+    title: str = "",
+    shows: Shows = None,
 ) -> Path:
     """One batch's SRCL weight matrix (rows: image anchors, i2t; columns: captions). The
     diagonal (positives, weight 1 by definition) is hatched; each row's negatives average 1.
@@ -273,6 +287,7 @@ def plot_weight_heatmap(
     they do not fit (:func:`_column_captions`)."""
     n = w.shape[0]
     fig = plt.figure(figsize=(1.2 + 0.62 * n, 2.2 + 0.55 * n))
+    title_picture(fig, shows, title, y=0.995)
     ax = fig.add_axes((0.14, 0.05, 0.72, 0.62))
     vmax = max(2.0, float(w.max()))
     im = ax.imshow(w.numpy(), cmap="viridis", vmin=0.0, vmax=vmax)
@@ -305,8 +320,7 @@ def plot_weight_heatmap(
         tax.axis("off")
     cax = fig.add_axes((0.88, 0.05, 0.02, 0.62))
     fig.colorbar(im, cax=cax, label="weight")
-    fig.suptitle(title, fontsize=8, y=0.995)
-    return _save(fig, out, 110, layout=False)
+    return save_picture(fig, out, 110, layout=False)
 
 
 def _column_captions(captions: Sequence[str], fig: plt.Figure, ax: plt.Axes, fontsize: float) -> list[str]:
@@ -317,7 +331,8 @@ def _column_captions(captions: Sequence[str], fig: plt.Figure, ax: plt.Axes, fon
     fig_w, fig_h = fig.get_size_inches()
     box = ax.get_position()
     column_pt = box.width * fig_w * 72 / max(1, len(captions))
-    above_pt = (1 - box.y1) * fig_h * 72 - 3 * fontsize - 8  # the title's line and the ticks' pad
+    title_pt = 1.5 * 8 * (fig.get_suptitle().count("\n") + 1)  # the title's lines (8 pt)
+    above_pt = (1 - box.y1) * fig_h * 72 - title_pt - fontsize - 8  # and the ticks' pad
     lines = max(1, int((column_pt - 3) / (1.25 * fontsize)))  # matplotlib's line spacing is 1.2
     width = max(8, int(above_pt / (0.62 * fontsize)))  # 0.62 em: a wide average glyph of DejaVu Sans
     out = []
@@ -331,7 +346,11 @@ def _column_captions(captions: Sequence[str], fig: plt.Figure, ax: plt.Axes, fon
 
 
 def plot_weight_histogram(
-    values: torch.Tensor, out: str | Path, title: str = "", marked: dict[str, torch.Tensor] | None = None
+    values: torch.Tensor,
+    out: str | Path,
+    title: str = "",
+    marked: dict[str, torch.Tensor] | None = None,
+    shows: Shows = None,
 ) -> Path:
     """Histogram of negative weights over many batches, with the paper's 0.2 and 0.7 levels.
     ``marked``: optional named subsets (e.g. known false negatives) drawn on top."""
@@ -353,17 +372,21 @@ def plot_weight_histogram(
     ax.set_ylabel("density")
     ax.set_title(title, fontsize=8)
     ax.legend(fontsize=7)
-    return _save(fig, out, 110)
+    title_picture(fig, shows)
+    return save_picture(fig, out, 110)
 
 
 def plot_run_curves(
     runs: dict[str, str | Path], key: str, out: str | Path, title: str, hlines: Optional[dict[str, float]] = None
 ) -> Path:
     """One metric (e.g. ``ltd_lambda``) of several runs' ``metrics.jsonl`` on shared axes; ``hlines``
-    draws labelled reference levels (e.g. each run's eta)."""
+    draws labelled reference levels (e.g. each run's eta). Titled with each run and its last step."""
     fig, ax = plt.subplots(figsize=(7, 4))
+    shows = []
     for label, path in runs.items():
-        rows = [r for r in read_metrics(path) if r.get(key) is not None]
+        records = read_metrics(path)
+        shows.append(RunStep.of_metrics(path, records))
+        rows = [r for r in records if r.get(key) is not None]
         (line,) = ax.plot([r["step"] for r in rows], [r[key] for r in rows], label=label)
         if hlines and label in hlines:
             ax.axhline(hlines[label], color=line.get_color(), ls=":", lw=1)
@@ -372,7 +395,8 @@ def plot_run_curves(
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return _save(fig, out, 120)
+    title_picture(fig, shows)
+    return save_picture(fig, out, 120)
 
 
 def integer_bins(top: int, max_bins: int = 40) -> list[float]:
@@ -382,7 +406,7 @@ def integer_bins(top: int, max_bins: int = 40) -> list[float]:
     return [k - 0.5 for k in range(0, top + width + 1, width)]
 
 
-def plot_cocos(counts: dict[str, torch.Tensor], out: str | Path, title: str) -> Path:
+def plot_cocos(counts: dict[str, torch.Tensor], out: str | Path, title: str, shows: Shows = None) -> Path:
     """Histograms of COCOS per-query contributing-candidate counts, one panel per direction.
     Counts are whole numbers: the bins are centred on them (edges at k - 0.5), one count a bin
     up to 40 bins, else the fewest whole counts a bin that keep to 40 (:func:`integer_bins`)."""
@@ -406,8 +430,8 @@ def plot_cocos(counts: dict[str, torch.Tensor], out: str | Path, title: str) -> 
         ax.set_xlabel("contributing candidates per query")
         ax.set_ylabel("queries")
         ax.grid(alpha=0.3)
-    fig.suptitle(title, fontsize=9)
-    return _save(fig, out, 120)
+    title_picture(fig, shows, title, fontsize=9)
+    return save_picture(fig, out, 120)
 
 
 def plot_attribute_bars(
@@ -419,6 +443,7 @@ def plot_attribute_bars(
     reference_label: str = "baseline",
     line: Optional[float] = None,
     line_label: str = "",
+    shows: Shows = None,
 ) -> Path:
     """One bar per attribute (``values``, e.g. probe accuracy), with a grey bar beside each from
     ``reference`` (e.g. the majority-class baseline) and a dashed level ``line`` (e.g. chance 0.5);
@@ -440,11 +465,16 @@ def plot_attribute_bars(
     ax.grid(alpha=0.3, axis="y")
     if reference or line_label:
         ax.legend(fontsize=7)
-    return _save(fig, out, 120)
+    title_picture(fig, shows)
+    return save_picture(fig, out, 120)
 
 
 def plot_confusion(
-    matrix: torch.Tensor | Sequence[Sequence[int]], class_names: Sequence[str], path: str | Path, title: str
+    matrix: torch.Tensor | Sequence[Sequence[int]],
+    class_names: Sequence[str],
+    path: str | Path,
+    title: str,
+    shows: Shows = None,
 ) -> Path:
     """A confusion matrix [C, C] of counts (rows: true class, columns: predicted class), coloured
     by the share of each true class's images (rows sum to 1) and annotated with the counts
@@ -473,136 +503,5 @@ def plot_confusion(
     ax.set_ylabel("true class")
     ax.set_title(title, fontsize=9)
     fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="share of the true class")
-    return _save(fig, path, 120)
-
-
-#: Grad-CAM maps are contour lines of this perceptual colour map over the untinted image
-HEAT_CMAP = "viridis"
-#: the levels of the lines, on the map scaled to [0, 1]
-HEAT_LEVELS = (0.25, 0.5, 0.75)
-#: the label of a figure's colour bar of those levels
-GRADCAM_LABEL = "Grad-CAM (normalised)"
-
-
-def _heat_overlay(ax: plt.Axes, image: Image.Image, heatmap: torch.Tensor, title: str) -> None:
-    """``image`` as it is, with ``heatmap`` [h, w] upsampled bicubically to its pixels (as
-    :func:`vlp.eval.grounding.box_scores` does), scaled to [0, 1] per map (ALBEF's ``getAttMap``)
-    and drawn over it as contour lines at ``HEAT_LEVELS`` in ``HEAT_CMAP``, each outlined in black
-    so that it shows on any colour. The image is not tinted: the colours a caption names can be
-    checked by eye. A constant map has no lines and " (flat)" ends its title. The figure's colour
-    bar: :func:`_layout_with_heat_bar`."""
-    import matplotlib.patheffects as pe
-    import torch.nn.functional as F
-
-    w, h = image.size
-    up = F.interpolate(heatmap.detach().float().cpu()[None, None], size=(h, w), mode="bicubic", align_corners=False)
-    up = up[0, 0] - up.min()
-    flat = not float(up.max()) > 0  # a constant map (e.g. a word's map in the last fusion layer: zero)
-    if flat:
-        title += " (flat)"
-    else:
-        up = up / up.max()
-    ax.imshow(image)
-    if not flat:
-        lines = ax.contour(up.numpy(), levels=HEAT_LEVELS, cmap=HEAT_CMAP, vmin=0.0, vmax=1.0, linewidths=1.1)
-        lines.set_path_effects([pe.Stroke(linewidth=2.0, foreground="black"), pe.Normal()])
-    ax.set_xticks([])
-    ax.set_yticks([])
-    ax.set_title(title, fontsize=8)
-
-
-def _layout_with_heat_bar(fig: plt.Figure, strip: float = 0.9) -> None:
-    """``tight_layout`` of ``fig`` widened by ``strip`` inches on the right, where the one colour
-    bar of its Grad-CAM panels goes (``HEAT_CMAP`` over [0, 1], ticks at 0, ``HEAT_LEVELS`` and 1,
-    labelled ``GRADCAM_LABEL``)."""
-    from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import Normalize
-
-    w, h = fig.get_size_inches()
-    fig.set_size_inches(w + strip, h)
-    right = w / (w + strip)
-    fig.tight_layout(rect=(0.0, 0.0, right, 1.0))
-    cax = fig.add_axes((right + 0.08 * strip / (w + strip), 0.12, 0.16 / (w + strip), 0.76))
-    bar = fig.colorbar(ScalarMappable(Normalize(0.0, 1.0), HEAT_CMAP), cax=cax, ticks=(0.0, *HEAT_LEVELS, 1.0))
-    bar.set_label(GRADCAM_LABEL, fontsize=7)
-    bar.ax.tick_params(labelsize=6)
-
-
-def _open_rgb(image: str | Path | Image.Image) -> Image.Image:
-    if isinstance(image, Image.Image):
-        return image.convert("RGB")
-    with Image.open(image) as im:
-        return im.convert("RGB")
-
-
-def _panel_grid(n: int, cols: int, side: float = 2.2, title_height: float = 0.3):
-    """A figure of ``n`` square panels of ``side`` inches, ``cols`` a row, ``title_height`` inches
-    above each for its title; the unused panels are hidden. Returns (figure, the n axes and the rest)."""
-    ncols = min(cols, n)
-    nrows = -(-n // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(side * ncols, (side + title_height) * nrows), squeeze=False)
-    for ax in axes.flat[n:]:
-        ax.axis("off")
-    return fig, list(axes.flat)
-
-
-SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[PAD]")
-
-
-def plot_word_heatmaps(
-    image: str | Path | Image.Image,
-    tokens: Sequence[str],
-    maps: torch.Tensor,
-    out: str | Path,
-    title: Optional[str] = None,
-    cols: int = 6,
-) -> Path:
-    """One PNG grid (``vlp explain``): the image, the mean of the maps over every token (the
-    grounding map), then one panel per word token (``[CLS]``/``[SEP]``/``[PAD]`` have no panel of
-    their own) with its heat map [h, w] of ``maps`` [T, h, w] over the image (contour lines,
-    :func:`_heat_overlay`), titled by the word; one colour bar at the right."""
-    if maps.dim() != 3 or len(tokens) != maps.shape[0]:
-        raise ValueError(f"expected one map [h, w] per token: {len(tokens)} tokens, maps {tuple(maps.shape)}")
-    rgb = _open_rgb(image)
-    words = [i for i, t in enumerate(tokens) if t not in SPECIAL_TOKENS]
-    fig, axes = _panel_grid(2 + len(words), cols)
-    axes[0].imshow(rgb)
-    axes[0].set_xticks([])
-    axes[0].set_yticks([])
-    axes[0].set_title("image", fontsize=8)
-    _heat_overlay(axes[1], rgb, maps.mean(0), "all tokens")
-    for ax, i in zip(axes[2:], words):
-        _heat_overlay(ax, rgb, maps[i], tokens[i])
-    if title:
-        fig.suptitle(title, fontsize=9)
-    _layout_with_heat_bar(fig)
-    return _save(fig, out, 100, layout=False)
-
-
-def plot_grounding_examples(rows: Sequence[dict], out: str | Path, cols: int = 4) -> Path:
-    """Grounding examples (``vlp evaluate grounding``): per row of ``rows`` (``image`` path,
-    ``text``, ``heatmap`` [h, w], ``chosen`` and ``target`` boxes ``[x, y, w, h]``, ``hit``) the
-    image under its heat map (contour lines, :func:`_heat_overlay`; one colour bar), the target
-    box (green, dashed) and the chosen box (white when right, red when wrong), titled by the
-    expression."""
-    from matplotlib.patches import Rectangle
-
-    if not rows:
-        raise ValueError("no grounding examples to plot")
-    fig, axes = _panel_grid(len(rows), cols, side=2.6, title_height=0.8)
-    for ax, row in zip(axes, rows):
-        text = "\n".join(textwrap.wrap(row["text"], 28))
-        _heat_overlay(
-            ax,
-            _open_rgb(row["image"]),
-            torch.as_tensor(row["heatmap"]),
-            f"{text}\n{'right' if row['hit'] else 'wrong'}",
-        )
-        chosen_colour = "white" if row["hit"] else "red"
-        for (x, y, w, h), colour, line in ((row["target"], "limegreen", "--"), (row["chosen"], chosen_colour, "-")):
-            ax.add_patch(
-                Rectangle((x - 0.5, y - 0.5), w, h, fill=False, linewidth=1.5, edgecolor=colour, linestyle=line)
-            )
-    fig.suptitle("green dashed: target; white: chosen (right), red: chosen (wrong)", fontsize=8)
-    _layout_with_heat_bar(fig)
-    return _save(fig, out, 100, layout=False)
+    title_picture(fig, shows)
+    return save_picture(fig, path, 120)

@@ -19,10 +19,11 @@ import torch
 from PIL import Image
 from torchvision import transforms as T
 
+from tests.data.shard_servers import http_server
 from tests.helpers import NO_TASKS
 from vlp.config import DataConfig
 from vlp.data.formats import load_pairs
-from vlp.data.shard_format import SIZES_FILE, ShardInfo, iter_shard
+from vlp.data.shard_format import SIZES_FILE, ShardInfo, iter_shard, read_sizes
 from vlp.data.shard_writer import write_shards
 from vlp.data.shards import ShardLoader, ShardStream
 from vlp.errors import ConfigError, DataError
@@ -156,6 +157,28 @@ def test_writer_refuses_a_folder_with_shards(world: Path, shards: Path, capsys: 
     assert main(["make-shards", "--data", str(world), "--out", str(shards)]) == 2
     assert f"vlp: error: {shards} already holds shards" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in shards.iterdir()} == before
+
+
+def test_writer_puts_img2dataset_stats_beside_each_tar_so_urls_need_no_index(
+    shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """issue 54: read by URL, a make-shards folder is counted by its `_stats.json` files: no `vlp data
+    index` (VLP_CACHE is empty), no tar read at start-up, and an epoch (one caption drawn per image)
+    gives every image once."""
+    monkeypatch.setenv("VLP_CACHE", str(tmp_path / "no_index"))
+    sizes = json.loads((shards / SIZES_FILE).read_text())
+    for name, v in sizes.items():
+        stats = json.loads((shards / name.replace(".tar", "_stats.json")).read_text())
+        assert stats["successes"] == stats["count"] == v["images"]
+    with http_server(shards) as server:
+        entry = f"{server.url}/shard-{{00000..{len(sizes) - 1:05d}}}.tar"
+        infos = read_sizes([entry])
+        assert [s.images for s in infos] == [v["images"] for v in sizes.values()] and all(s.counted for s in infos)
+        assert server.log and all(r.startswith("GET") and r.endswith("_stats.json") for r in server.log)
+        ld = loader([entry], caption_mode="sample")
+        assert len(ld) == IMAGES // 4
+        assert sorted(i for b in ld for i in b["ids"]) == list(range(IMAGES))
+    assert not (tmp_path / "no_index").exists()
 
 
 @pytest.mark.parametrize("bad", ["missing", "corrupt"])

@@ -4,8 +4,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
-from tests.helpers import TINY_ALBEF, untrained_checkpoint
+from tests.helpers import TINY_ALBEF, table_rows, untrained_checkpoint
 from vlp.cli import main
 from vlp.config import EvalConfig, ModelConfig, PretrainConfig, TextConfig, VisionConfig, load_config
 from vlp.data.formats import RetrievalSplit
@@ -207,6 +208,14 @@ def test_evaluate_retrieval_with_a_v2_relevance_file(tiny_eval, tmp_path, capsys
     assert main([*base, "--relevance", str(path), "--out", str(tmp_path / "c"), "eval.score=itc"]) == 0
     printed = capsys.readouterr().out
     assert "img_map_at_r" in printed and "txt_map_at_r" in printed and "txt_r_precision" in printed
+    # printed: a table rounded to two decimals; metrics.json: every digit (the library's values)
+    rows, exact = table_rows(printed), json.loads((tmp_path / "c" / "metrics.json").read_text())
+    assert {k: exact[k] for k in res.metrics} == res.metrics
+    floats = {k: v for k, v in res.metrics.items() if isinstance(v, float)}
+    assert any(round(v, 2) != v for v in floats.values())  # some value has more digits than printed
+    assert all(rows[k] == [f"{v:.2f}"] for k, v in floats.items()), printed
+    with Image.open(tmp_path / "c" / "retrieval_examples.png") as im:  # the checkpoint's folder and step
+        assert im.text["Title"].splitlines()[0] == f"{ckpt.name}, step 0"
 
 
 def test_graded_relevance_needs_relevance_lists():

@@ -1,7 +1,7 @@
 """The model zoo: tag -> download (from an http.server on 127.0.0.1, or a file:// mirror) -> convert ->
 verify -> reuse, and its failures (checksum, unreachable URL, interrupted conversion, unknown tag; an
 HTML page or a cut-off body served with status 200, a stalled or trickling server, two fetches into
-one cache at once)."""
+one cache at once); a download cut off, stopped or killed continues from the byte it reached."""
 
 from __future__ import annotations
 
@@ -84,10 +84,12 @@ def served(tmp_path_factory):
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch, served):
-    """``$VLP_CACHE`` in tmp_path, ``albef-4m`` pointed at the local server, the request log emptied."""
+    """``$VLP_CACHE`` in tmp_path, ``albef-4m`` pointed at the local server, the request log emptied,
+    the retrying reader's backoff short."""
     _, base, requests = served
     requests.clear()
     ROUTES.clear()
+    monkeypatch.setattr("vlp.remote.shard_urls.BACKOFF_S", 0.01)
     for name in (zoo.MIRROR_ENV, "VLP_ZOO_TIMEOUT_S", "VLP_ZOO_DEADLINE_S"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(zoo.CACHE_ENV, str(tmp_path / "cache"))
@@ -140,7 +142,7 @@ def test_download_convert_load_then_reuse(cache, served, tmp_path):
     assert torch.equal(again.model.state_dict()["vision.pos_embed"], by_hand["vision.pos_embed"])
 
 
-def test_corrupted_converted_folder_is_converted_again(cache, served, capsys):
+def test_corrupted_converted_folder_is_converted_again(cache, served, caplog):
     _, _, requests = served
     out = zoo.fetch(TAG, progress=False)
     with open(out / "model.safetensors", "r+b") as f:  # flip a byte: same size, wrong SHA-256
@@ -149,7 +151,7 @@ def test_corrupted_converted_folder_is_converted_again(cache, served, capsys):
         f.seek(100)
         f.write(bytes([byte[0] ^ 0xFF]))
     assert zoo.fetch(TAG, progress=True) == out
-    assert "does not match its SHA-256" in capsys.readouterr().err
+    assert any("does not match its SHA-256" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
     assert requests == [f"/{FILE}"]  # the download was reused, only the conversion redone
     zoo.find_checkpoint(out, zoo.REQUIRED)
 
@@ -383,7 +385,7 @@ def test_a_download_that_does_not_convert_is_removed_and_asked_for_again(cache, 
 
 
 @pytest.mark.parametrize("attack", ["not albef", "stride-0 bomb"])
-def test_a_cached_download_that_does_not_convert_is_removed_and_downloaded_again(cache, served, capsys, attack):
+def test_a_cached_download_that_does_not_convert_is_removed_and_downloaded_again(cache, served, caplog, attack):
     """What an older vlp kept: a file that passes the container check but does not convert. It is
     named on stderr, removed, and downloaded again."""
     root, _, requests = served
@@ -392,11 +394,11 @@ def test_a_cached_download_that_does_not_convert_is_removed_and_downloaded_again
     dest.write_bytes(_unconvertible(cache / "pwned")[attack][0])
     assert zoo.fetch(TAG, progress=False) == cache / "converted" / TAG and requests == [f"/{FILE}"]
     assert dest.read_bytes() == (root / FILE).read_bytes()
-    err = capsys.readouterr().err
+    err = caplog.text
     assert f"warning: {dest}" in err and "does not convert" in err and "downloading again" in err, err
 
 
-def test_bad_file_already_in_the_cache_is_removed_and_downloaded_again(cache, served, capsys):
+def test_bad_file_already_in_the_cache_is_removed_and_downloaded_again(cache, served, caplog):
     """What an older vlp kept: an HTML page as the download. It is not reused."""
     root, _, requests = served
     dest = cache / "downloads" / FILE
@@ -405,14 +407,16 @@ def test_bad_file_already_in_the_cache_is_removed_and_downloaded_again(cache, se
     out = zoo.fetch(TAG, progress=False)
     assert out == cache / "converted" / TAG and requests == [f"/{FILE}"]
     assert dest.read_bytes() == (root / FILE).read_bytes()
-    err = capsys.readouterr().err
+    err = caplog.text
     assert str(dest) in err and "not a PyTorch checkpoint" in err and "downloading again" in err
 
 
 @pytest.mark.parametrize("server", ["trickle", "stall"])
 def test_slow_server_gives_up_within_the_deadline_or_read_timeout(cache, served, monkeypatch, server):
     """trickle: 16 bytes every 0.2 s (each read succeeds), ended by the whole-download deadline;
-    stall: 100 bytes then nothing, ended by the per-read timeout. Either server stops after 8 s."""
+    stall: 100 bytes then nothing, each try ended by the per-read timeout (here 2 tries: one retry,
+    which the server, ignoring ``Range:``, answers with the file from its start again). Either
+    server stops after 8 s. What arrived is kept in the ``.part`` for the next fetch to continue."""
     root, base, requests = served
     stop = threading.Event()
 
@@ -432,6 +436,7 @@ def test_slow_server_gives_up_within_the_deadline_or_read_timeout(cache, served,
     ROUTES[f"/{FILE}"] = slow
     monkeypatch.setenv("VLP_ZOO_DEADLINE_S", "1" if server == "trickle" else "600")
     monkeypatch.setenv("VLP_ZOO_TIMEOUT_S", "5" if server == "trickle" else "0.5")
+    monkeypatch.setattr("vlp.remote.shard_urls.RETRIES", 1)
     start = time.monotonic()
     try:
         with pytest.raises(DownloadError) as err:
@@ -439,13 +444,16 @@ def test_slow_server_gives_up_within_the_deadline_or_read_timeout(cache, served,
         elapsed = time.monotonic() - start
     finally:
         stop.set()
-    msg = str(err.value)
+    msg, part = str(err.value), cache / "downloads" / f"{FILE}.part"
     expected = (
-        "deadline of 1 s (VLP_ZOO_DEADLINE_S)" if server == "trickle" else "no data for 0.5 s (VLP_ZOO_TIMEOUT_S)"
+        "deadline of 1 s (VLP_ZOO_DEADLINE_S)"
+        if server == "trickle"
+        else "no byte for 0.5 s (after 2 tries); 100 bytes received of 100000000; VLP_ZOO_TIMEOUT_S=0.5 s a read"
     )
     assert expected in msg and f"{base}/{FILE}" in msg and str(cache / "downloads" / FILE) in msg, msg
     assert elapsed < 3.0, elapsed
-    assert not (cache / "downloads").exists() and requests == [f"/{FILE}"]  # no .part, no empty folder
+    assert f"kept in {part} for the next fetch to continue" in msg and part.stat().st_size >= 100
+    assert requests == [f"/{FILE}"] * (1 if server == "trickle" else 2)
 
 
 @pytest.mark.parametrize(
@@ -522,3 +530,155 @@ def test_two_processes_fetching_into_one_cache_wait_for_each_other(cache, served
     assert sorted(p.name for p in (cache / "downloads").iterdir()) == [FILE]
     assert sorted(p.name for p in (cache / "converted").iterdir()) == [TAG]
     zoo.find_checkpoint(out, zoo.REQUIRED)
+
+
+# ----------------------------------------------------------------------------- a download continues
+
+
+def _ranged(body: bytes, seen: list, cut_at: int = 0, honour: bool = True, shift: int = 0) -> Callable:
+    """A route serving ``body`` that records each request's ``Range`` header (None: none) in ``seen``:
+    ``honour``: a 206 from the byte asked for (``shift`` bytes later, labelled as such: an answer
+    for other bytes), a 416 past the end; else the whole file (200). ``cut_at`` > 0: the first
+    answer's body stops at that byte of the file and the connection closes."""
+    cuts = [cut_at] if cut_at else []
+
+    def route(h: http.server.BaseHTTPRequestHandler) -> None:
+        rng = h.headers.get("Range")
+        seen.append(rng)
+        start = int(rng[len("bytes=") :].rstrip("-")) + shift if rng and honour else 0
+        if start >= len(body) and rng and honour:
+            h.send_response(416)
+            h.send_header("Content-Range", f"bytes */{len(body)}")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        h.send_response(206 if rng and honour else 200)
+        h.send_header("Content-Length", str(len(body) - start))
+        if rng and honour:
+            h.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+        h.end_headers()
+        try:
+            h.wfile.write(body[start : cuts.pop() if cuts else len(body)])
+            h.wfile.flush()
+        except OSError:  # the client refused the answer and closed the connection
+            pass
+        h.close_connection = True
+
+    return route
+
+
+def test_a_body_cut_mid_way_is_continued_from_the_byte_it_reached(cache, served):
+    root, _, requests = served
+    good, seen = (root / FILE).read_bytes(), []
+    ROUTES[f"/{FILE}"] = _ranged(good, seen, cut_at=len(good) // 3)
+    out = zoo.fetch(TAG, progress=False)
+    assert seen == [None, f"bytes={len(good) // 3}-"] and requests == [f"/{FILE}"] * 2
+    assert (cache / "downloads" / FILE).read_bytes() == good and (out / "key_report.json").is_file()
+
+
+def _fetch_in_child() -> None:
+    zoo.fetch(TAG, progress=False)
+
+
+def test_a_killed_fetch_is_continued_by_the_next_from_its_part_file(cache, served):
+    """A fetch (a forked process) killed with SIGKILL while the server holds the second half of the
+    file back: the next fetch asks for the rest from the size of the ``.part`` it left."""
+    import multiprocessing
+    import signal
+
+    root, _, requests = served
+    good, seen, release = (root / FILE).read_bytes(), [], threading.Event()
+    half = len(good) // 2
+
+    def held(h):
+        seen.append(h.headers.get("Range"))
+        h.send_response(200)
+        h.send_header("Content-Length", str(len(good)))
+        h.end_headers()
+        h.wfile.write(good[:half])
+        h.wfile.flush()
+        release.wait(60)
+
+    ROUTES[f"/{FILE}"] = held
+    part = cache / "downloads" / f"{FILE}.part"
+    child = multiprocessing.get_context("fork").Process(target=_fetch_in_child)
+    child.start()
+    try:
+        _wait_for(lambda: part.is_file() and part.stat().st_size == half or not child.is_alive(), "the first half")
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.join(30)
+        release.set()
+    assert child.exitcode == -signal.SIGKILL and part.stat().st_size == half
+    ROUTES[f"/{FILE}"] = _ranged(good, seen)
+    assert zoo.fetch(TAG, progress=False) == cache / "converted" / TAG
+    assert seen == [None, f"bytes={half}-"] and requests == [f"/{FILE}"] * 2
+    assert (cache / "downloads" / FILE).read_bytes() == good and not part.exists()
+
+
+def test_an_interrupted_fetch_keeps_its_part_file_for_the_next(cache, served, monkeypatch):
+    """Ctrl-C after the first bytes were written: the ``.part`` keeps them, the next fetch asks for the rest."""
+    from vlp.interop import download
+
+    root, _, _ = served
+    good, seen, real = (root / FILE).read_bytes(), [], download.progress_bar
+
+    def interrupted_bar(*args, **kwargs):
+        bar = real(*args, **kwargs)
+        bar.update = lambda n: (_ for _ in ()).throw(KeyboardInterrupt)  # after the first write
+        return bar
+
+    ROUTES[f"/{FILE}"] = _ranged(good, seen)
+    monkeypatch.setattr(download, "progress_bar", interrupted_bar)
+    with pytest.raises(KeyboardInterrupt):
+        zoo.fetch(TAG, progress=False)
+    kept = (cache / "downloads" / f"{FILE}.part").stat().st_size
+    monkeypatch.setattr(download, "progress_bar", real)
+    assert 0 < kept < len(good) and zoo.fetch(TAG, progress=False) == cache / "converted" / TAG
+    assert seen == [None, f"bytes={kept}-"] and (cache / "downloads" / FILE).read_bytes() == good
+
+
+@pytest.mark.parametrize("before", [0, 1000])
+def test_a_server_that_ignores_ranges_gives_the_right_bytes_named_once(cache, served, caplog, before):
+    """The first answer is cut after a third (and a stopped fetch left ``before`` bytes): each ranged
+    request is answered with the whole file, whose bytes before the position are passed over."""
+    root, _, requests = served
+    good, seen = (root / FILE).read_bytes(), []
+    part = cache / "downloads" / f"{FILE}.part"
+    if before:
+        part.parent.mkdir(parents=True)
+        part.write_bytes(good[:before])
+    ROUTES[f"/{FILE}"] = _ranged(good, seen, cut_at=len(good) // 3, honour=False)
+    caplog.set_level("INFO", logger="vlp.interop.zoo")
+    assert zoo.fetch(TAG) == cache / "converted" / TAG
+    assert (cache / "downloads" / FILE).read_bytes() == good
+    assert seen == ([f"bytes={before}-"] if before else [None]) + [f"bytes={len(good) // 3}-"]
+    named = [r.getMessage() for r in caplog.records if "ignores Range requests" in r.getMessage()]
+    assert len(named) == 1 and "is read from byte 0 again" in named[0], caplog.text
+    continued = [r.getMessage() for r in caplog.records if "continuing the download" in r.getMessage()]
+    assert continued == ([f"{TAG}: continuing the download in {part} from byte {before:,}"] if before else [])
+
+
+def test_a_ranged_answer_for_other_bytes_is_refused_and_the_part_removed(cache, served):
+    root, base, _ = served
+    good, seen = (root / FILE).read_bytes(), []
+    ROUTES[f"/{FILE}"] = _ranged(good, seen, cut_at=len(good) // 3, shift=512)
+    with pytest.raises(DownloadError) as err:
+        zoo.fetch(TAG, progress=False)
+    start = len(good) // 3
+    assert f"asked for bytes {start}- (to the end), the server answered 206 with Content-Range " in str(err.value)
+    assert f"'bytes {start + 512}-{len(good) - 1}/{len(good)}'" in str(err.value) and f"{base}/{FILE}" in str(err.value)
+    assert seen == [None, f"bytes={start}-"] and not (cache / "downloads").exists()
+
+
+def test_a_complete_part_file_is_checked_and_converted_after_a_416(cache, served):
+    """A ``.part`` that holds the whole file (a fetch stopped while converting): the request past its
+    end is answered 416, and the file is checked and converted."""
+    root, _, _ = served
+    good, seen = (root / FILE).read_bytes(), []
+    part = cache / "downloads" / f"{FILE}.part"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(good)
+    ROUTES[f"/{FILE}"] = _ranged(good, seen)
+    assert zoo.fetch(TAG, progress=False) == cache / "converted" / TAG
+    assert seen == [f"bytes={len(good)}-"] and (cache / "downloads" / FILE).read_bytes() == good

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from tests.runs.test_grounding import tiny_checkpoint
 from vlp.api import VLPModel, grounding_maps, pixel_values, tokenize
@@ -23,7 +24,6 @@ def checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def image(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("img") / "red.png"
-    from PIL import Image
 
     im = Image.new("RGB", (64, 64), (255, 255, 255))
     im.paste((220, 30, 30), (8, 8, 30, 30))
@@ -92,7 +92,6 @@ def test_cli_explain_names_a_missing_image_not_the_layer(checkpoint, tmp_path, c
 
 def _examples(folder: Path, image_dir: Path) -> list[dict]:
     """A retrieval_examples.json of 2 captions x their top-3 images, as `vlp evaluate retrieval` saves it."""
-    from PIL import Image
 
     image_dir.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -122,9 +121,9 @@ def test_plot_retrieval_gradcam_draws_each_captions_maps_over_its_retrieved_imag
     drawn = {}
     real = vlp.viz.plot_retrieval_grid
 
-    def spy(rows_, out, heatmaps=None, note=""):
-        drawn.update(rows=rows_, heatmaps=heatmaps, note=note)
-        return real(rows_, out, heatmaps, note)
+    def spy(rows_, out, heatmaps=None, note="", shows=None):
+        drawn.update(rows=rows_, heatmaps=heatmaps, note=note, shows=shows)
+        return real(rows_, out, heatmaps, note, shows)
 
     monkeypatch.setattr(vlp.viz, "plot_retrieval_grid", spy)
     written = run_retrieval_gradcam(run, layer=1)
@@ -136,6 +135,10 @@ def test_plot_retrieval_gradcam_draws_each_captions_maps_over_its_retrieved_imag
     assert all(p.stat().st_size > 0 for p in written)
     vm = VLPModel.from_pretrained(checkpoint, device="cpu")
     assert drawn["rows"] == rows and "fusion layer 1" in drawn["note"]
+    step = json.loads((checkpoint / "state.json").read_text())["step"]
+    for png in written:  # the grid and each caption's words: the run and the checkpoint's step
+        with Image.open(png) as im:
+            assert im.text["Title"].splitlines()[0] == f"{run.name}, step {step}"
     for row, maps in zip(rows, drawn["heatmaps"]):
         paths = [t["path"] for t in row["top"]]
         expected = grounding_maps(vm, paths, [row["text"]] * 3, 1, words_only=True)

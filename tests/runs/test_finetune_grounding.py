@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 from tests.helpers import FT_STEPS, QUICK, splits
 from vlp.cli import main
@@ -65,6 +66,8 @@ def test_finetune_grounding_cli(setup) -> None:
         assert got["fixed_position"] == position_baseline(train, entries, sizes)
         assert json.loads((out / split / "metrics.json").read_text()) == got
     assert (out / "test" / "grounding_examples.png").stat().st_size > 0
+    with Image.open(out / "test" / "grounding_examples.png") as im:  # the run and its best checkpoint's step
+        assert im.text["Title"].splitlines()[0] == f"ft, step {best['step']}"
 
     # validation scored exactly what `vlp evaluate grounding` scores on the saved best checkpoint
     rec = run_evaluate_grounding(

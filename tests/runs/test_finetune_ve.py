@@ -6,7 +6,7 @@ import json
 import torch
 from safetensors.torch import load_file
 
-from tests.helpers import FT, QUICK, TINY_ALBEF, splits
+from tests.helpers import FT, QUICK, TINY_ALBEF, splits, table_rows
 from vlp.checkpoint import load_model
 from vlp.cli import main
 from vlp.interop.albef import detect_kind
@@ -17,12 +17,14 @@ WORLD = dict(seed=5, n_train=16, n_val=4, n_test=4)
 PRETRAIN = [*TINY_ALBEF, "model.embed_dim=32", *QUICK, "train.steps=2"]
 
 
-def test_finetune_ve_cli(world, pretrained, tmp_path):
+def test_finetune_ve_cli(world, pretrained, tmp_path, capsys):
     ve = write_ve_splits(world["root"], per_image=1)
     data = splits(ve, "ve", "dev")
     out = tmp_path / "ve"
     cmd = ["finetune", "ve", "--config", "configs/finetune/shapes_ve.yaml", f"pretrained={pretrained}", *FT, *data]
+    capsys.readouterr()
     assert main([*cmd, f"output_dir={out}"]) == 0
+    printed = capsys.readouterr().out
     val = [json.loads(line) for line in (out / "val_metrics.jsonl").read_text().splitlines()]
     assert [v["step"] for v in val] == [2, 4]
     best = max(val, key=lambda v: v["acc"])  # ties keep the first
@@ -32,6 +34,12 @@ def test_finetune_ve_cli(world, pretrained, tmp_path):
     assert res["task"] == "ve" and res["hypothesis_only"] is False and res["best"].endswith("best")
     assert res["val"]["acc"] == best["acc"]  # the best checkpoint is what the final dev pass scores
     assert res["test"]["n"] == 4 and 0 <= res["test"]["acc"] <= 100
+    # printed: the results as a table (splits side by side, rounded), the text entries on a line above
+    rows = table_rows(printed)
+    assert rows["metric"] == ["val", "test"] and rows["n"] == ["4", "4"]
+    assert rows["acc"] == [f"{res['val']['acc']:.2f}", f"{res['test']['acc']:.2f}"]
+    assert f"task: ve, hypothesis_only: False, majority_class: {res['majority_class']}, best: {res['best']}" in printed
+    assert printed.rstrip().endswith(f"wrote {out / 'results.json'}")
     labels = [e["label"] for e in json.loads(ve["ve_train"].read_text())]
     assert res["majority_class"] in labels and labels.count(res["majority_class"]) == max(
         map(labels.count, set(labels))

@@ -16,6 +16,7 @@ from typing import Any
 from vlp.cli.common import add_family, add_overrides, call, naming_layer, wrote
 from vlp.cli.train import finetune_commands
 from vlp.kinds import GROUNDING, RETRIEVAL
+from vlp.metrics_table import format_metrics
 
 #: the zero-shot classification evaluation (a command of its own, no kind)
 CLASSIFICATION = "classification"
@@ -25,7 +26,7 @@ OWN_COMMANDS = (RETRIEVAL, CLASSIFICATION, GROUNDING)
 
 def _evaluate_retrieval(a: argparse.Namespace) -> None:
     from vlp.dist import rank
-    from vlp.runs.evaluation.image_text_retrieval import format_metrics, run_evaluate_retrieval
+    from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
 
     res = call(run_evaluate_retrieval, a)
     if rank() == 0:  # launched as several processes (docs/evaluation.md): every rank has the same metrics
@@ -36,7 +37,7 @@ def _evaluate_retrieval(a: argparse.Namespace) -> None:
 def _evaluate_classification(a: argparse.Namespace) -> None:
     from vlp.runs.evaluation.zero_shot_classification import run_evaluate_classification
 
-    call(run_evaluate_classification, a)
+    print(format_metrics(call(run_evaluate_classification, a)))
     wrote(Path(a.out) / "metrics.json")
 
 
@@ -44,7 +45,8 @@ def _evaluate_grounding(a: argparse.Namespace) -> None:
     from vlp.runs.evaluation.gradcam_grounding import run_evaluate_grounding
 
     with naming_layer(a.layer):
-        call(run_evaluate_grounding, a)
+        record = call(run_evaluate_grounding, a)
+    print(format_metrics(record))
     wrote(Path(a.out) / "metrics.json")
 
 
@@ -53,7 +55,6 @@ def _evaluate_task(a: argparse.Namespace) -> None:
     A task without one: :class:`~vlp.registry.UnknownName` naming those that have one."""
     from vlp.dist import rank
     from vlp.runs.evaluation.by_kind import run_evaluate
-    from vlp.runs.evaluation.registry import format_metrics
 
     metrics = run_evaluate(a.checkpoint, a.data, a.out, task=a.what, image_root=a.image_root)
     if rank() == 0:

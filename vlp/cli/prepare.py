@@ -1,6 +1,7 @@
 """``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|snli-ve|refcoco+|eccv-caption``: the official
 dataset releases converted into vlp's (ALBEF's) annotation files by :mod:`vlp.prepare`
-(``eccv-caption``: into a relevance file of the Karpathy COCO test file)."""
+(``eccv-caption``: into a relevance file of the Karpathy COCO test file); ``vlp prepare folder|csv``: your own
+images and captions (:mod:`vlp.prepare.own_data`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,23 @@ def _print_counts(what: str, counts: dict[str, int], outs: Sequence[str | Path])
         print(f"wrote {o}")
 
 
+def _own_data(a: argparse.Namespace) -> None:
+    """``vlp prepare folder|csv``: each left-out item as ``vlp data check`` prints a problem, then the counts."""
+    from vlp.prepare.own_data import csv_pairs, image_folder
+
+    if a.dataset == "folder":
+        prepared = image_folder(a.folder, a.out)
+    else:
+        prepared = csv_pairs(a.csv, a.out, a.csv_img_key, a.csv_caption_key, a.csv_separator)
+    for problem in prepared.problems:
+        print(problem)
+    _print_counts(a.dataset, prepared.counts, [a.out])
+
+
 def _run(a: argparse.Namespace) -> None:
+    if a.dataset in ("folder", "csv"):
+        _own_data(a)
+        return
     from vlp.prepare import (
         answer_list,
         cc3m,
@@ -191,11 +208,35 @@ def _add_eccv_caption(pp: Any) -> None:
     c.add_argument("--out", required=True, metavar="JSON", help="the relevance file to write")
 
 
+def _add_own_data(pp: Any) -> None:
+    """Adds ``folder`` and ``csv`` (your own images and captions) to ``pp``; returns None."""
+    from vlp.prepare.own_data import CSV_CAPTION_KEY, CSV_IMG_KEY, CSV_SEPARATOR
+
+    c = pp.add_parser(
+        "folder", help="your images with same-name .txt captions (a.jpg + a.txt; recursive) -> one annotation file"
+    )
+    c.add_argument("folder", metavar="DIR", help="the folder of images and .txt captions (one caption per line)")
+    c.add_argument("--out", required=True, metavar="JSON", help="annotation file to write (absolute image paths)")
+    c = pp.add_parser("csv", help="open_clip's CSV (an image path and a caption per row) -> one annotation file")
+    c.add_argument("csv", metavar="CSV", help="the CSV file; relative image paths are read from its folder")
+    c.add_argument("--out", required=True, metavar="JSON", help="annotation file to write (absolute image paths)")
+    c.add_argument("--csv-img-key", default=CSV_IMG_KEY, metavar="COLUMN", help="image path column (%(default)s)")
+    c.add_argument("--csv-caption-key", default=CSV_CAPTION_KEY, metavar="COLUMN", help="caption column (%(default)s)")
+    c.add_argument(
+        "--csv-separator",
+        default=CSV_SEPARATOR,
+        metavar="CHAR",
+        help="field separator, one character (default: a tab; '\\t' too)",
+    )
+
+
 def _add_prepare(sub: Any) -> None:
-    """``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|snli-ve|refcoco+|eccv-caption``."""
-    s = sub.add_parser("prepare", help="convert official dataset releases into vlp's (ALBEF's) annotation files")
+    """``vlp prepare coco|flickr30k|cc3m|sbu|vg|vg-qa|vqa|vqa-answers|nlvr2|snli-ve|refcoco+|eccv-caption|folder|csv``."""
+    s = sub.add_parser(
+        "prepare", help="convert official dataset releases, or your own images and captions, into annotation files"
+    )
     pp = s.add_subparsers(dest="dataset", required=True)
-    for add in (_add_karpathy, _add_pretraining, _add_vqa_nlvr_ve, _add_refcoco, _add_eccv_caption):
+    for add in (_add_karpathy, _add_pretraining, _add_vqa_nlvr_ve, _add_refcoco, _add_eccv_caption, _add_own_data):
         add(pp)
     s.set_defaults(func=_run)
 

@@ -7,12 +7,13 @@ module of :mod:`vlp.runs`."""
 from __future__ import annotations
 
 import argparse
-import json
+from pathlib import Path
 from typing import Any, Callable
 
-from vlp.cli.common import add_overrides
+from vlp.cli.common import add_overrides, wrote
 from vlp.config import PretrainConfig, load_config, load_finetune_config
 from vlp.kinds import KINDS, NLVR_TA, PRETRAIN
+from vlp.metrics_table import format_metrics
 
 
 def _pretrain(a: argparse.Namespace) -> None:
@@ -31,9 +32,12 @@ def _train_helper(a: argparse.Namespace) -> None:
 
 
 def _finetune(a: argparse.Namespace) -> None:
+    """``vlp finetune TASK``: the run's results as a table (rounded; ``results.json`` keeps every digit)."""
     from vlp.runs.training.finetune import run_finetune
 
-    print(json.dumps(run_finetune(load_finetune_config(a.task, a.config, a.overrides)), indent=2))
+    cfg = load_finetune_config(a.task, a.config, a.overrides)
+    print(format_metrics(run_finetune(cfg)))
+    wrote(Path(cfg.output_dir) / "results.json")
 
 
 def _nlvr_ta(a: argparse.Namespace) -> None:

@@ -1,7 +1,9 @@
 """Writing webdataset tar shards from ALBEF annotation files (``vlp make-shards``): images grouped
 with their captions, resized and JPEG-encoded in worker processes, written with webdataset's
-``TarWriter`` (mtime 0: byte-identical shards for the same inputs) plus ``sizes.json``. The format
-and the reading side are :mod:`vlp.data.shard_format` and :mod:`vlp.data.shards`.
+``TarWriter`` (mtime 0: byte-identical shards for the same inputs) plus ``sizes.json``, and beside each
+tar img2dataset's ``{name}_stats.json`` (its count, ``successes``), by which the folder is counted when it
+is read by URL (:mod:`vlp.data.shard_counts`). The format and the reading side are
+:mod:`vlp.data.shard_format` and :mod:`vlp.data.shards`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from PIL import Image, UnidentifiedImageError
 
 from vlp.data.formats import load_pairs
 from vlp.data.json_entries import write_atomic
+from vlp.data.shard_counts import stats_url
 from vlp.data.shard_format import SHARD_NAME, SIZES_FILE
 from vlp.errors import DataError
 
@@ -102,10 +105,12 @@ def write_shards(
 
     One sample per image with all its captions, shuffled globally with ``seed``, at most
     ``max_per_shard`` per shard; images are resized so the shorter side is ``size`` and re-encoded
-    as JPEG ``quality``; ``workers`` > 0 encodes in that many processes. ``sizes.json`` is written
-    last: a folder without it is incomplete. Refuses a folder that already holds shards; a
-    missing or unreadable image raises one :class:`DataError` (naming the entry and path) and
-    removes the shards this call wrote. Returns ``out_dir``."""
+    as JPEG ``quality``; ``workers`` > 0 encodes in that many processes. Beside each tar its
+    img2dataset stats file (:func:`stats_json`), so that the folder copied to object storage is
+    counted without ``vlp data index``. ``sizes.json`` is written last: a folder without it is
+    incomplete. Refuses a folder that already holds shards; a missing or unreadable image raises one
+    :class:`DataError` (naming the entry and path) and removes the files this call wrote. Returns
+    ``out_dir``."""
     from vlp.progress import progress
 
     out = Path(out_dir)
@@ -136,8 +141,10 @@ def write_shards(
         jpegs = pool.imap(_encode_task, tasks, chunksize=8) if pool else map(_encode_task, tasks)
         for n, chunk in enumerate(chunks):
             path = out / SHARD_NAME.format(n)
-            written.append(path)
+            stats = Path(stats_url(str(path)))
+            written += [path, stats]
             _write_tar(path, chunk, jpegs, bar)
+            _write_stats(stats, len(chunk))
             sizes[path.name] = {"images": len(chunk), "pairs": sum(len(r.captions) for r in chunk)}
         write_atomic(out / SIZES_FILE, lambda f: f.write(_sizes_json(sizes)))
     except BaseException:
@@ -151,6 +158,17 @@ def write_shards(
         if pool is not None:
             pool.terminate()
     return out
+
+
+def stats_json(images: int) -> str:
+    """img2dataset's ``{name}_stats.json`` text of a shard of ``images`` samples, all downloaded:
+    ``count`` and ``successes`` (what vlp reads, :func:`vlp.data.shard_counts.stats_count`), no failures."""
+    stats = {"count": images, "successes": images, "failed_to_download": 0, "failed_to_resize": 0}
+    return json.dumps(stats, indent=4) + "\n"
+
+
+def _write_stats(path: Path, images: int) -> None:
+    write_atomic(path, lambda f: f.write(stats_json(images)))
 
 
 def _sizes_json(sizes: dict[str, dict[str, int]]) -> str:

@@ -1,14 +1,22 @@
-"""The model zoo's downloads: the transfer (a per-read timeout and a whole-download deadline), the
-check a downloaded PyTorch checkpoint passes before it enters the cache (read as a container, never
-unpickled); two fetches into one cache wait for each other through :func:`vlp.locks.file_lock`.
+"""The model zoo's downloads: the transfer into a partial file, continued from the byte it reached
+(after a dropped connection within the command, or by the next command), the check a downloaded
+PyTorch checkpoint passes before it enters the cache (read as a container, never unpickled); two
+fetches into one cache wait for each other through :func:`vlp.locks.file_lock`.
+
+The transfer reads through the retrying reader URL shards use
+(:func:`vlp.remote.url_downloads.open_tail`): a failed read is retried from the byte reached with
+``Range: bytes=N-`` (:data:`vlp.remote.shard_urls.RETRIES` tries after the first, backoff from
+:data:`~vlp.remote.shard_urls.BACKOFF_S` doubled each try), only a 206 starting at N is taken, and
+a server that ignores ranges sends the whole file again, whose first N bytes are passed over.
 
 Time limits (seconds, positive; the environment variables win over the defaults):
 
 - ``VLP_ZOO_TIMEOUT_S`` (default :data:`TIMEOUT_S`, 60): the limit of each socket operation
-  (connect, each read). A server that stops sending fails after this long.
-- ``VLP_ZOO_DEADLINE_S`` (default :data:`DEADLINE_S`, 6 h): the limit of the whole download. A
-  server that keeps sending a few bytes before each read times out fails once the deadline has
-  passed. It is checked between reads, so it may be overshot by at most one per-read timeout.
+  (connect, each read). A server that stops sending fails that try after this long.
+- ``VLP_ZOO_DEADLINE_S`` (default :data:`DEADLINE_S`, 6 h): the limit of the whole download's
+  waiting for bytes in one command (tries and backoff included, writing the file not). A server
+  that keeps sending a few bytes before each read times out fails once the deadline has passed. It
+  is checked between reads, so it may be overshot by at most one per-read timeout.
 """
 
 from __future__ import annotations
@@ -18,16 +26,19 @@ import math
 import os
 import pickletools
 import re
-import time
-import urllib.request
 import zipfile
+from contextlib import closing
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Callable, Optional
 
 from torch.serialization import MAGIC_NUMBER, PROTOCOL_VERSION
 
 from vlp.errors import ConfigError
 from vlp.progress import progress as progress_bar
+from vlp.remote.shard_urls import RetryingReader
+from vlp.remote.url_bodies import ServerFault
+from vlp.remote.url_deadlines import ShardTimeout, UrlTimeouts
+from vlp.remote.url_downloads import Answer, open_tail
 
 TIMEOUT_S = 60.0  # per socket operation (connect, each read), not for the whole file
 DEADLINE_S = 6 * 3600.0  # the whole download: about 1.3 Mbit/s for the 3.25 GiB ALBEF.pth
@@ -63,44 +74,65 @@ def deadline_s() -> float:
     return _seconds(DEADLINE_ENV, DEADLINE_S)
 
 
-def transfer(url: str, part: Path, size: Optional[int], desc: str, progress: bool) -> tuple[int, Optional[int]]:
-    """Stream ``url`` into ``part`` with a byte progress bar: (bytes received, Content-Length or None).
+class TransferError(Exception):
+    """A download that failed: the network (after the reader's tries), the deadline, or a server's
+    answer for other bytes than those asked for. ``continuable``: whether the partial file may be
+    continued by the next try (False: its bytes do not fit what the server now answers)."""
 
-    ``size`` (the published size, if any) only sizes the bar when the server sends no
-    Content-Length. Raises :class:`TimeoutError` naming the limit when a read waits longer than
-    :func:`timeout_s` or the whole transfer has taken longer than :func:`deadline_s`, and what
-    ``urllib`` raises on other network failures; ``part`` is left for the caller to remove."""
-    timeout, deadline = timeout_s(), deadline_s()
-    end = time.monotonic() + deadline
-    with urllib.request.urlopen(url, timeout=timeout) as resp, open(part, "wb") as f:
-        header = resp.headers.get("Content-Length")
-        length = int(header) if header else None
-        bar = progress_bar(length or size or 0, desc, progress)
-        bar.unit, bar.unit_scale, bar.unit_divisor = "B", True, 1024
-        read = getattr(resp, "read1", resp.read)  # read1: what one socket read returns, not a full CHUNK
-        got = 0
-        try:
+    def __init__(self, message: str, continuable: bool = True) -> None:
+        super().__init__(message)
+        self.continuable = continuable
+
+
+def transfer(
+    url: str, part: Path, size: Optional[int], desc: str, progress: bool, on_whole: Callable[[int], None]
+) -> tuple[int, Optional[int]]:
+    """Download ``url`` into ``part``, continuing from the bytes ``part`` holds already (a dropped
+    connection or an earlier, stopped command): (the bytes ``part`` holds, the file's size as the
+    server gave it or None). Read through :func:`vlp.remote.url_downloads.open_tail`: a request from
+    byte N asks ``Range: bytes=N-`` and takes only a 206 that starts there (a server that ignores
+    ranges sends the whole file, whose first N bytes are passed over: ``on_whole(N)``); a failed read
+    is retried from the byte reached (:class:`~vlp.remote.shard_urls.RetryingReader`: its tries and
+    backoff), each socket operation within :func:`timeout_s` and the whole download's waiting
+    within :func:`deadline_s`. A byte progress bar (``size``, the published size, sizes it until the
+    server gives one). Raises :class:`TransferError`; ``part`` keeps what arrived."""
+    timeouts = UrlTimeouts(read_s=timeout_s(), shard_s=deadline_s())
+    start = part.stat().st_size if part.is_file() else 0
+    answer = Answer()
+    bar = progress_bar(size or 0, desc, progress, initial=start)
+    bar.unit, bar.unit_scale, bar.unit_divisor = "B", True, 1024
+    buffer, got = bytearray(CHUNK), start
+    try:
+        with open(part, "ab") as f, closing(open_tail(url, start, timeouts, answer, on_whole)) as reader:
             while True:
-                if time.monotonic() > end:
-                    raise TimeoutError(
-                        f"not complete within the deadline of {deadline:g} s ({DEADLINE_ENV}): "
-                        f"{got} bytes received" + (f" of {length}" if length is not None else "")
-                    )
-                try:
-                    chunk = read(CHUNK)
-                except TimeoutError as e:
-                    raise TimeoutError(
-                        f"no data for {timeout:g} s ({TIMEOUT_ENV}) after {got} bytes"
-                        + (f" of {length}" if length is not None else "")
-                    ) from e
-                if not chunk:
+                n = _read(reader, buffer, got, answer)
+                if answer.size is not None and bar.total != answer.size:
+                    bar.total = answer.size
+                    bar.refresh()
+                if not n:
                     break
-                f.write(chunk)
-                got += len(chunk)
-                bar.update(len(chunk))
-        finally:
-            bar.close()
-    return got, length
+                f.write(memoryview(buffer)[:n])
+                got += n
+                bar.update(n)
+    finally:
+        bar.close()
+    return got, answer.size
+
+
+def _read(reader: RetryingReader, buffer: bytearray, got: int, answer: Answer) -> int:
+    """The next bytes of the download into ``buffer`` (how many; 0 at its end); a failure as
+    :class:`TransferError` saying how far it came (``got`` bytes)."""
+    so_far = f"{got} bytes received" + (f" of {answer.size}" if answer.size is not None else "")
+    try:
+        return reader.readinto(buffer)
+    except ShardTimeout:
+        raise TransferError(
+            f"not complete within the deadline of {deadline_s():g} s ({DEADLINE_ENV}): {so_far}"
+        ) from None
+    except OSError as e:  # the reader's tries spent, a missing file, or an answer for other bytes
+        limit = f"{TIMEOUT_ENV}={timeout_s():g} s a read"
+        refused = isinstance(e, ServerFault) or isinstance(e.__context__, ServerFault)  # the reader's final error
+        raise TransferError(f"{e}; {so_far}; {limit}", continuable=not refused) from e
 
 
 def torch_file_problem(path: Path) -> Optional[str]:

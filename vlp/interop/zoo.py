@@ -9,7 +9,8 @@ reused after that.
 
 Cache layout (``$VLP_CACHE``, else ``~/.cache/vlp``)::
 
-    downloads/<file>.part             a download in progress, then checked and converted under this name
+    downloads/<file>.part             a download in progress (or stopped: the next fetch continues it
+                                      from its size), then checked and converted under this name
     downloads/<file>                  a download that converted, renamed from ``.part`` only then; kept
                                       for re-conversion, checked and converted again before each reuse
     converted/<tag>/                  the vlp checkpoint folder (model.safetensors, state.json,
@@ -26,9 +27,19 @@ in memory. A new download that fails any of these is removed and named in one er
 what was wrong); a file already under ``downloads/`` that fails (one an older vlp kept) is named on
 stderr, removed and downloaded again. So the next fetch asks the server again. Writing the converted
 folder comes last: a failure there (a full disk, an interrupt) keeps the download, which the next
-fetch converts again without downloading. Each socket read times out after
-``$VLP_ZOO_TIMEOUT_S`` (60 s) and the whole download after ``$VLP_ZOO_DEADLINE_S`` (6 h) (the
-defaults: ``TIMEOUT_S`` and ``DEADLINE_S`` of :mod:`vlp.interop.download`).
+fetch converts again without downloading.
+
+A download that stops part-way is continued from the byte it reached, never started again: a dropped
+connection within the fetch through the retrying reader URL shards use (a ranged request from the
+size of ``<file>.part``, only a 206 starting there taken; :func:`vlp.interop.download.transfer`), and
+a fetch that failed on the network or was stopped (an interrupt, a killed process) by the next
+fetch, from the ``.part`` it kept. A server that ignores ``Range:`` sends the whole file again: its
+first bytes are passed over, and the fetch says so once on stderr. Each socket read times out after
+``$VLP_ZOO_TIMEOUT_S`` (60 s) and the whole download after ``$VLP_ZOO_DEADLINE_S`` (6 h) of waiting
+(the defaults: ``TIMEOUT_S`` and ``DEADLINE_S`` of :mod:`vlp.interop.download`).
+
+Messages go to this module's logger (``vlp.interop.zoo``): the conversion's report and every
+warning at WARNING, which vlp's command line prints on stderr; that a fetch continues a ``.part`` at INFO.
 
 Two fetches into one cache, from threads or processes, wait for each other: a fetch that does not
 find a verified converted folder takes the tag's lock (then the file's) before it downloads or
@@ -43,13 +54,11 @@ other character ``_``, e.g. ``VLP_ZOO_URL_ALBEF_14M``) replaces one tag's URL; `
 from __future__ import annotations
 
 import hashlib
-import http.client
+import logging
 import os
 import re
 import shlex
 import shutil
-import sys
-import urllib.error
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,19 +69,19 @@ from vlp.config.model import architecture_differences
 from vlp.config.presets import ALBEF_RELEASE, albef_release, list_presets
 from vlp.errors import CheckpointError, ConfigError, DataError, DownloadError
 from vlp.interop.albef import ConvertedALBEF, KeyReport, read_albef_file, save_converted
-from vlp.interop.download import CHUNK, deadline_s, timeout_s, torch_file_problem, transfer
+from vlp.interop.download import CHUNK, TransferError, deadline_s, timeout_s, torch_file_problem, transfer
 from vlp.interop.hub import download, hub_id, is_repo_id
 from vlp.locks import file_lock
 from vlp.models.build import model_image_size
 from vlp.remote.url_credentials import redacted
 from vlp.weights import MANIFEST, find_checkpoint
 
+logger = logging.getLogger(__name__)
+
 OFFICIAL = ALBEF_RELEASE
 #: what a converted folder must hold to be reused (model.safetensors is checked by the manifest)
 REQUIRED = (MANIFEST, "state.json", "key_report.json")
 MIRROR_ENV, URL_ENV_PREFIX, CACHE_ENV = "VLP_ZOO_MIRROR", "VLP_ZOO_URL_", "VLP_CACHE"
-#: failures of the transfer itself (refused, unreachable, HTTP status, timeout, cut off)
-NETWORK_ERRORS = (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException)
 #: what a file that does not read or convert raises (:func:`read_albef_file`: no user option is
 #: involved, so each is the file's fault): the file is removed from the cache
 FILE_ERRORS = (CheckpointError, DataError, ConfigError)
@@ -270,7 +279,7 @@ def fetch(tag: str, cache: Optional[Path] = None, progress: bool = True) -> Path
         converted = _obtain(entry, url, root / "downloads" / entry.filename, out, progress)
         report = _save(converted, out)
     if progress:
-        print(f"{tag}: {report.summary()}\nconverted into {out}", file=sys.stderr)
+        logger.warning(f"{tag}: {report.summary()}\nconverted into {out}")
     return find_checkpoint(out, REQUIRED)
 
 
@@ -285,7 +294,7 @@ def _usable(folder: Path, warn: bool) -> bool:
         find_checkpoint(folder, REQUIRED)
     except CheckpointError as e:
         if warn:
-            print(f"warning: {e}; converting again", file=sys.stderr)
+            logger.warning(f"warning: {e}; converting again")
         return False
     return True
 
@@ -310,8 +319,9 @@ def _obtain(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool) 
     :func:`_problem` and converts; else it is removed (said on stderr) and the file is fetched from
     ``url`` into ``dest.part`` (:func:`_download`), read and converted there, and renamed to ``dest``
     only then. A download that does not convert is removed and named in one
-    :class:`CheckpointError`; on any other failure (an interrupt) it is removed too. The caller
-    holds the file's lock."""
+    :class:`CheckpointError`; on any other failure (an interrupt) it is kept as ``dest.part``, which
+    the next fetch continues (a complete one: a request past its end, answered 416) and checks
+    again. The caller holds the file's lock."""
     if dest.is_file():
         problem = _problem(entry, dest)
         if problem is None:
@@ -319,16 +329,13 @@ def _obtain(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool) 
                 return read_albef_file(dest, kind=entry.kind)
             except FILE_ERRORS as e:
                 problem = f"does not convert ({_one_line(e)})"
-        print(redacted(f"warning: {dest}: {problem}; removed, downloading again from {url}"), file=sys.stderr)
+        logger.warning(redacted(f"warning: {dest}: {problem}; removed, downloading again from {url}"))
         dest.unlink()
     part = _download(entry, url, dest, out, progress)
     try:
         converted = read_albef_file(part, kind=entry.kind)
-    except BaseException as e:
-        part.unlink(missing_ok=True)
-        _remove_if_empty(dest.parent)
-        if not isinstance(e, FILE_ERRORS):
-            raise
+    except FILE_ERRORS as e:
+        _discard(part)
         raise CheckpointError(
             f"{entry.tag}: the file downloaded from {url} does not convert and was removed from "
             f"{dest.parent}: {_one_line(e)}"
@@ -340,31 +347,65 @@ def _obtain(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool) 
 
 def _download(entry: Pretrained, url: str, dest: Path, out: Path, progress: bool) -> Path:
     """``dest.part``: ``entry``'s file fetched from ``url`` and checked (:func:`_problem`), for
-    :func:`_obtain` to read. :class:`DownloadError` on failure, the partial or refused file removed."""
+    :func:`_obtain` to read. A ``dest.part`` an earlier fetch left (stopped, or its connection lost
+    past the reader's tries) is continued from its size (:func:`vlp.interop.download.transfer`).
+    :class:`DownloadError` on failure: a network failure or the deadline keeps the bytes received
+    in ``dest.part`` for the next fetch to continue (none received: nothing kept); a refused file,
+    or one the server's answers no longer fit, is removed. Any other failure (an interrupt, a full
+    disk) keeps ``dest.part`` as well."""
     part = dest.with_name(dest.name + ".part")
     dest.parent.mkdir(parents=True, exist_ok=True)
+    start = part.stat().st_size if part.is_file() else 0
+    if start and progress:
+        logger.info(f"{entry.tag}: continuing the download in {part} from byte {start:,}")
+    named: list[int] = []
+
+    def on_whole(n: int) -> None:  # named once per fetch, whatever the tries
+        if not named:
+            logger.warning(
+                redacted(f"warning: {url} ignores Range requests: {entry.tag} is read from byte 0 again ")
+                + f"(its first {n:,} bytes, already in {part}, are passed over)"
+            )
+        named.append(n)
+
     try:
-        got, length = transfer(url, part, entry.size, f"download {entry.tag}", progress)
-        problem = f"connection closed after {got} of {length} bytes" if length is not None and got != length else None
-        problem = problem or _problem(entry, part)
-    except NETWORK_ERRORS as e:
-        part.unlink(missing_ok=True)
-        _remove_if_empty(dest.parent)
-        reason = e.reason if type(e) is urllib.error.URLError else e  # HTTPError's str has the status
+        got, length = transfer(url, part, entry.size, f"download {entry.tag}", progress, on_whole)
+    except TransferError as e:
+        kept = e.continuable and _kept(part)
+        if not kept:
+            _discard(part)
+        keeping = (
+            f"the {part.stat().st_size:,} bytes received are kept in {part} for the next fetch to continue; "
+            if kept
+            else ""
+        )
         raise DownloadError(
-            f"cannot download {entry.tag} from {url} ({reason}) into {dest}; {manual_steps(entry, url, dest, out)}"
+            f"cannot download {entry.tag} from {url} ({e}) into {dest}; {keeping}{manual_steps(entry, url, dest, out)}"
         ) from e
-    except BaseException:  # a full disk, an interrupt: no partial file left either
-        part.unlink(missing_ok=True)
+    except BaseException:  # an interrupt, a full disk: what arrived is kept for the next fetch
+        if not _kept(part):
+            _discard(part)
         raise
+    problem = f"connection closed after {got} of {length} bytes" if length is not None and got != length else None
+    problem = problem or _problem(entry, part)
     if problem is not None:
-        part.unlink(missing_ok=True)
-        _remove_if_empty(dest.parent)
+        _discard(part)
         raise DownloadError(
             f"{entry.tag}: the file downloaded from {url} into {dest} was refused and removed: {problem}; "
             f"{manual_steps(entry, url, dest, out)}"
         )
     return part
+
+
+def _kept(part: Path) -> bool:
+    """Whether ``part`` holds bytes (a download to continue)."""
+    return part.is_file() and part.stat().st_size > 0
+
+
+def _discard(part: Path) -> None:
+    """Remove ``part`` and its folder if that is left empty (made for this download alone)."""
+    part.unlink(missing_ok=True)
+    _remove_if_empty(part.parent)
 
 
 def _remove_if_empty(folder: Path) -> None:

@@ -59,6 +59,7 @@ from vlp.losses.srcl import (
     srcl_weights,
     weight_distribution,
 )
+from vlp.pictures import RunStep
 from vlp.tasks.regulation import helper_similarities
 
 #: the paper's example weight of a false negative (App. F: ~0.12, "not more than 0.2")
@@ -217,7 +218,14 @@ def _subset(v: torch.Tensor, n: int = PLOT_VALUES) -> torch.Tensor:
 
 
 def _weights_report(
-    rows: CalibrationRows, s: torch.Tensor, s_probe: torch.Tensor, mode: str, delta: float, out: Path, name: str
+    rows: CalibrationRows,
+    s: torch.Tensor,
+    s_probe: torch.Tensor,
+    mode: str,
+    delta: float,
+    out: Path,
+    name: str,
+    cache: str | Path,
 ) -> dict[str, Any]:
     """Both groups' weight distributions at ``delta`` in ``mode`` and their histogram
     ``out/weights_<name>.png``: ``false_negatives`` (the same-image probes, similarities
@@ -236,6 +244,7 @@ def _weights_report(
         f"helper-only SRCL weights (alpha_h = 1), {mode} norm"
         + (f", delta = {delta:.3g} ({name})" if mode == "softmax" else " (delta cancels)"),
         {"same-image captions (known false negatives)": fn, "other negatives": _subset(other)},
+        RunStep(Path(cache).name),  # the picture shows a helper cache: no run, no step
     )
     return {
         "delta": delta if mode == "softmax" else None,
@@ -421,7 +430,7 @@ def run_helper_calibration(
         report["delta_error"] = "mean mode: delta cancels (w = u / mean(u)); nothing to calibrate"
         report["mean_mode_floor"] = weight_distribution(floor)
     report["delta"] = deltas
-    report["weights"] = {name: _weights_report(rows, s, s_probe, mode, d, out, name) for name, d in names.items()}
+    report["weights"] = {k: _weights_report(rows, s, s_probe, mode, d, out, k, cache) for k, d in names.items()}
     report["override"] = f"loss.srcl.norm=softmax loss.srcl.delta={chosen:.4g}" if chosen is not None else None
     refusal = report.get("refused") or _quality_check(report, min_same_image_auc, force)
     report = finite(report)

@@ -17,6 +17,7 @@ from vlp.config import PretrainConfig, apply_overrides
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
 from vlp.data.image_checks import check_images
+from vlp.pictures import RunStep
 from vlp.preprocess.transforms import test_transform
 
 
@@ -138,6 +139,7 @@ def _write_cocos(out: Path, record: dict[str, Any], counts: dict[str, list[torch
         out / "cocos.png",
         f"COCOS {record['loss']}: contributing candidates per query "
         f"({record['batches']} batches of {record['batch_size']}, eval mode)",
+        RunStep.of_checkpoint(record["checkpoint"]),
     )
 
 

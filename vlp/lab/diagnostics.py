@@ -29,6 +29,7 @@ from vlp.features.helper_cache import HelperCache, cache_rows
 from vlp.lab.false_negatives import training_batches
 from vlp.lab.oracle import WorldTruth
 from vlp.losses.srcl import calibrate_delta, calibrate_delta_for_weight, srcl_weights, weight_distribution
+from vlp.pictures import RunStep
 from vlp.tasks.regulation import helper_similarities
 
 REPORT = "helper_diagnostics.json"
@@ -183,7 +184,9 @@ def run_helper_diagnostics(
     report["delta"] = deltas
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    report["weights"] = {name: _weights_report(rows, s, d, out, name) for name, d in deltas.items() if d is not None}
+    report["weights"] = {
+        name: _weights_report(rows, s, d, out, name, cache) for name, d in deltas.items() if d is not None
+    }
     report = finite(report)
     (out / REPORT).write_text(json.dumps(report, indent=1))
     return report
@@ -211,8 +214,11 @@ def diagnostics_summary(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _weights_report(rows: DiagnosticRows, s: torch.Tensor, delta: float, out: Path, name: str) -> dict[str, Any]:
-    """Both groups' weight distributions at ``delta`` and their histogram ``out/weights_<name>.png``."""
+def _weights_report(
+    rows: DiagnosticRows, s: torch.Tensor, delta: float, out: Path, name: str, cache: str | Path
+) -> dict[str, Any]:
+    """Both groups' weight distributions at ``delta`` and their histogram ``out/weights_<name>.png``
+    (titled with the helper cache's name: no run, no step)."""
     from vlp.viz import plot_weight_histogram
 
     fn_w, tn_w = weights_at(rows, s, delta)
@@ -221,6 +227,7 @@ def _weights_report(rows: DiagnosticRows, s: torch.Tensor, delta: float, out: Pa
         out / f"weights_{name}.png",
         f"helper-only SRCL weights (alpha_h = 1), delta = {delta:.3g} ({name})",
         dict(zip(GROUPS, (fn_w, tn_w))),
+        RunStep(Path(cache).name),
     )
     return {
         "delta": delta,

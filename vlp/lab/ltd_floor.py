@@ -17,6 +17,7 @@ from vlp.features.targets import LatentTargets
 from vlp.lab.attributes import ALL_ATTRIBUTES, parse_attributes, removal_groups, removed_key
 from vlp.lab.probes import write_record
 from vlp.losses.ltd import reconstruction_floor
+from vlp.pictures import RunStep
 from vlp.world.captions import parse_caption
 
 __all__ = ["FLOOR_ATTRIBUTES", "run_ltd_floor"]
@@ -97,6 +98,7 @@ def run_ltd_floor(
         "lowest reachable L_rec",
         line=caption_floor,
         line_label="caption-ignorant decoder",
+        shows=RunStep(Path(targets_file).name),  # a targets file: no run, no step
     )
     return record
 

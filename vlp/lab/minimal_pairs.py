@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from vlp.errors import DataError
 from vlp.lab import probes
+from vlp.pictures import RunStep
 from vlp.world.predicates import Predicate, caption_matches
 from vlp.world.scene import (
     COLORS,
@@ -198,9 +199,9 @@ def run_minimal_pairs(
         out, "minimal_pairs_detail", {"pairs": _pair_details(pairs, captions, targets, text, target, dist)}
     )
     done = {a: r["accuracy"] for a, r in results.items() if "accuracy" in r}
-    plot_attribute_bars(
-        done, out / "minimal_pairs.png", "minimal-pair retrieval", "accuracy", line=0.5, line_label="chance"
-    )
+    shows = RunStep.of_checkpoint(record["checkpoint"])
+    png = out / "minimal_pairs.png"
+    plot_attribute_bars(done, png, "minimal-pair retrieval", "accuracy", line=0.5, line_label="chance", shows=shows)
     return record
 
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from vlp.errors import DataError
 from vlp.lab.attributes import attribute_value
+from vlp.pictures import RunStep
 
 __all__ = [
     "PROBE_ATTRIBUTES",
@@ -219,6 +220,7 @@ def run_probes(
             ylabel="probe accuracy",
             reference={a: r["majority"] for a, r in done.items()},
             reference_label="majority class",
+            shows=RunStep.of_checkpoint(record["checkpoint"]),
         )
     return record
 

@@ -13,6 +13,7 @@ from vlp.checkpoint import image_size, open_checkpoint
 from vlp.config import apply_overrides
 from vlp.data.datasets import Collator, ImageTextDataset
 from vlp.data.formats import load_pairs
+from vlp.pictures import RunStep
 from vlp.preprocess.transforms import test_transform
 from vlp.runs.training.assembly import build_regulator
 
@@ -77,9 +78,9 @@ def run_srcl_weight_plots(
         f"SRCL weights (i2t rows), {cfg.loss.srcl.norm} norm, delta={cfg.loss.srcl.delta:g}, alpha_h={a:.2f}, "
         f"step {step}, batch of {len(first)}"
     )
-    heat = plot_weight_heatmap(
-        r.w_i2t.cpu(), [dataset.samples[i].image for i in first], caps, out / "srcl_weights_heatmap.png", title
-    )
+    shows = RunStep.of_checkpoint(ckpt.path)
+    images = [dataset.samples[i].image for i in first]
+    heat = plot_weight_heatmap(r.w_i2t.cpu(), images, caps, out / "srcl_weights_heatmap.png", title, shows)
     loader = DataLoader(
         dataset,
         batch_size=cfg.data.batch_size,
@@ -101,5 +102,6 @@ def run_srcl_weight_plots(
         torch.cat(vals),
         out / "srcl_weights_hist.png",
         f"negatives' weights over {len(vals) // 2} batches of {cfg.data.batch_size}, alpha_h={a:.2f}, step {step}",
+        shows=shows,
     )
     return {"heatmap": heat, "histogram": hist}

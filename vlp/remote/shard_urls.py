@@ -176,7 +176,8 @@ class RetryingReader(io.RawIOBase):
     reached (``opener(deadline)``); then it raises :class:`OSError` with the reason (a read that
     succeeds resets the count). A missing shard is not retried, nor an answer that is not what
     was asked for (:class:`~vlp.remote.url_bodies.ServerFault`); nor is one past its per-shard
-    deadline (:class:`~vlp.remote.url_deadlines.Deadline`, ``timeouts.shard_s``)."""
+    deadline (:class:`~vlp.remote.url_deadlines.Deadline`, ``timeouts.shard_s``). ``start``: the byte
+    the stream begins at (a download continued from a partial file: :mod:`vlp.remote.url_downloads`)."""
 
     def __init__(
         self,
@@ -185,6 +186,7 @@ class RetryingReader(io.RawIOBase):
         retries: Optional[int] = None,
         backoff: Optional[float] = None,
         timeouts: Optional[UrlTimeouts] = None,
+        start: int = 0,
     ):
         super().__init__()
         self.url, self.opener = url, opener
@@ -192,7 +194,7 @@ class RetryingReader(io.RawIOBase):
         self.backoff = BACKOFF_S if backoff is None else backoff
         self.deadline = Deadline(timeouts or UrlTimeouts())
         self.file: Optional[IO[bytes]] = None
-        self.pos, self.failures = 0, 0
+        self.pos, self.failures = start, 0
         self.rng = random.Random()
 
     def readable(self) -> bool:

@@ -208,6 +208,7 @@ async def _read_small(fs: Any, path: str, budget: int) -> bytes:
 
 
 _RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+_UNSATISFIED = re.compile(r"^bytes \*/(\d+)$")  # a 416's Content-Range: the file's size
 
 
 class RangeFile:
@@ -348,3 +349,23 @@ def check_range(body: Body, start: int, end: int, size: int) -> None:
         f"asked for bytes {start}-{end - 1}, the server answered {body.status} with Content-Range "
         f"{body.content_range!r}"
     )
+
+
+def check_tail_range(status: int, content_range: Optional[str], start: int) -> int:
+    """The file's size (bytes) from an answer to a request for its bytes from ``start`` to its end
+    (``Range: bytes=start-``): a 206 whose Content-Range is ``bytes start-(size-1)/size`` (or
+    ``/*``). A :class:`ServerFault` for any other answer (other bytes than those asked for)."""
+    m = _RANGE.match(content_range or "")
+    if status == 206 and m is not None and int(m.group(1)) == start:
+        end = int(m.group(2)) + 1
+        if m.group(3) == "*" or int(m.group(3)) == end:
+            return end
+    raise ServerFault(
+        f"asked for bytes {start}- (to the end), the server answered {status} with Content-Range {content_range!r}"
+    )
+
+
+def unsatisfied_size(content_range: Optional[str]) -> Optional[int]:
+    """The file's size a 416 (range not satisfiable) gives in its Content-Range ``bytes */size``; None without one."""
+    m = _UNSATISFIED.match(content_range or "")
+    return int(m.group(1)) if m is not None else None

@@ -16,7 +16,8 @@ The research analyses (``vlp analyze``, ``vlp plot srcl-weights``) are the lab's
 layer above this one that builds on it.
 
 A command prints what its run function returns as a family's ``format_*`` function words it
-(:func:`vlp.runs.bench.step.format_bench`, :func:`vlp.runs.evaluation.image_text_retrieval.format_metrics`, ...).
+(:func:`vlp.runs.bench.step.format_bench`, ...); metrics and results as the one table of
+:func:`vlp.metrics_table.format_metrics` (``vlp evaluate``, ``vlp finetune``).
 
 Every command that reads a checkpoint opens it with :func:`vlp.checkpoint.open_checkpoint`, below
 this layer (found, verified and read once: kind, config, model, tokenizer, preprocessing; the

@@ -19,6 +19,7 @@ from vlp.errors import ConfigError
 from vlp.eval.metrics import chance_recall
 from vlp.kinds import GROUNDING, NLVR2, NLVR_TA, PRETRAIN, RETRIEVAL, VE, VQA
 from vlp.locks import lock_folder, releasing_folders
+from vlp.metrics_table import format_table
 
 CONFIGS = Path(__file__).parents[2] / "configs"  # vlp/configs
 DEMO_CONFIG = CONFIGS / "pretrain" / "shapes_tiny.yaml"
@@ -69,18 +70,14 @@ def chance_table(n_images: int, n_texts: int) -> dict[str, float]:
     return out
 
 
-def format_table(metrics: dict[str, float], chance: dict[str, float]) -> str:
-    lines = ["| metric | vlp tiny | chance | x chance |", "|---|---:|---:|---:|"]
-    for k, c in chance.items():
-        v = metrics[k]
-        lines.append(f"| {k} | {v:.2f} | {c:.2f} | {v / c:.1f}x |")
-    for k, v in metrics.items():
-        if k.endswith(("_rel", "_precision", "_map_at_r")):
-            lines.append(f"| {k} | {v:.2f} | | |")
-    for k in ("img_r1@scene", "img_r5@scene", "img_r10@scene", "img_r5_rel@generic"):  # by caption kind
-        if k in metrics:
-            lines.append(f"| {k} | {metrics[k]:.2f} | | |")
-    return "\n".join(lines)
+def demo_table(metrics: dict[str, float], chance: dict[str, float]) -> str:
+    """The demo's table (:func:`vlp.metrics_table.format_table`): each recall against its chance
+    level and their ratio, then the relevance-aware metrics and those by caption kind."""
+    rows: list[tuple] = [(k, metrics[k], c, f"{metrics[k] / c:.1f}x") for k, c in chance.items()]
+    rows += [(k, v, None, None) for k, v in metrics.items() if k.endswith(("_rel", "_precision", "_map_at_r"))]
+    by_kind = ("img_r1@scene", "img_r5@scene", "img_r10@scene", "img_r5_rel@generic")
+    rows += [(k, metrics[k], None, None) for k in by_kind if k in metrics]
+    return format_table(("metric", "vlp tiny", "chance", "x chance"), rows, right=(False, True, True, True))
 
 
 def has_checkpoints(folder: Path) -> bool:
@@ -173,7 +170,7 @@ def _run_demo(
     plot_losses(run_dir / "metrics.jsonl", out / "loss_curves.png")
     n_img, n_txt = res.scores_i2t.shape
     chance = chance_table(n_img, n_txt)
-    table = format_table(res.metrics, chance)
+    table = demo_table(res.metrics, chance)
     (out / "results.md").write_text(table + "\n")
     (out / "chance.json").write_text(json.dumps(chance, indent=2))
     print()
@@ -482,9 +479,12 @@ def write_full_results(demo: FullDemo, stages: dict) -> dict:
     """The full demo's table (``results.md``, printed) and ``results.json`` (rows, every stage's
     results, minutes); returns the latter."""
     rows = full_rows(stages)
-    lines = ["| task | metric | vlp tiny | baseline | baseline value | margin |", "|---|---|---:|---|---:|---:|"]
-    lines += [f"| {t} | {m} | {v:.2f} | {b} | {bv:.2f} | {v - bv:+.2f} |" for t, m, v, b, bv in rows]
-    table = "\n".join(lines)
+    header = ("task", "metric", "vlp tiny", "baseline", "baseline value", "margin")
+    table = format_table(
+        header,
+        [(t, m, v, b, bv, f"{v - bv:+.2f}") for t, m, v, b, bv in rows],
+        right=(False, False, True, False, True, True),
+    )
     minutes = (time.perf_counter() - demo.t0) / 60
     results = {
         "rows": [dict(task=t, metric=m, value=v, baseline=b, baseline_value=bv) for t, m, v, b, bv in rows],

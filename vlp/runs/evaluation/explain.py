@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+from vlp.pictures import RunStep
 from vlp.preprocess.images import open_image
 
 PNG, JSON = "explain.png", "explain.json"
@@ -26,9 +27,10 @@ def run_explain(
     over all tokens, then one panel per word) and ``out/explain.json`` (the returned record: tokens,
     ITM match probability, layer, patch grid and the per-token maps [T][h][w], not upsampled)."""
     from vlp.api import VLPModel
-    from vlp.viz import plot_word_heatmaps
+    from vlp.heat_pictures import plot_word_heatmaps
 
     vm = VLPModel.from_pretrained(checkpoint, device=device)
+    shows = RunStep.of_checkpoint(vm.source.get("checkpoint", checkpoint))
     rgb = open_image(str(image), "image", min_side=vm.preprocessor.min_side)
     result = vm.explain(rgb, text, layer)
     outdir = Path(out)
@@ -45,7 +47,8 @@ def run_explain(
     }
     (outdir / JSON).write_text(json.dumps(record) + "\n")
     title = f"{text!r}: ITM match {result.itm_score:.3f}, fusion layer {result.layer}"
-    plot_word_heatmaps(rgb, result.tokens, result.maps, outdir / PNG, title=title)
+    shows = RunStep.of_checkpoint(record["checkpoint"])
+    plot_word_heatmaps(rgb, result.tokens, result.maps, outdir / PNG, title=title, shows=shows)
     print(f"wrote {outdir / PNG} and {outdir / JSON} (ITM match {result.itm_score:.3f}, layer {result.layer})")
     return record
 
@@ -71,7 +74,8 @@ def run_retrieval_gradcam(
 
     from vlp.api import VLPModel, gradcam_layer, grounding_maps
     from vlp.errors import DataError
-    from vlp.viz import find_retrieval_examples, plot_retrieval_grid, plot_word_heatmaps
+    from vlp.heat_pictures import plot_word_heatmaps
+    from vlp.viz import find_retrieval_examples, plot_retrieval_grid
 
     found = find_retrieval_examples(run_or_eval_dir)
     rows = json.loads(found.read_text())["rows"]
@@ -80,6 +84,7 @@ def run_retrieval_gradcam(
     if not Path(checkpoint).exists():
         raise DataError(f"{found}: the checkpoint {checkpoint} it was evaluated with is not there; pass --checkpoint")
     vm = VLPModel.from_pretrained(checkpoint, device=device)
+    shows = RunStep.of_checkpoint(vm.source.get("checkpoint", checkpoint))
     outdir = Path(out) if out is not None else found.parent
     words_dir = outdir / "retrieval_examples_words"
     words_dir.mkdir(parents=True, exist_ok=True)
@@ -90,12 +95,11 @@ def run_retrieval_gradcam(
         heatmaps.append(grounding_maps(vm, paths, [row["text"]] * len(paths), layer, words_only=True))
         top1 = vm.explain(paths[0], row["text"], layer)
         title = f"{row['text']!r} on its top-1 image: ITM match {top1.itm_score:.3f}, fusion layer {top1.layer}"
-        written.append(
-            plot_word_heatmaps(paths[0], top1.tokens, top1.maps, words_dir / f"query{row['query']}.png", title=title)
-        )
+        png = words_dir / f"query{row['query']}.png"
+        written.append(plot_word_heatmaps(paths[0], top1.tokens, top1.maps, png, title=title, shows=shows))
     layer_used = gradcam_layer(vm, layer)
     note = f"\nheat: Grad-CAM of the caption's ITM score, fusion layer {layer_used}"
-    grid = plot_retrieval_grid(rows, outdir / "retrieval_examples_gradcam.png", heatmaps, note)
+    grid = plot_retrieval_grid(rows, outdir / "retrieval_examples_gradcam.png", heatmaps, note, shows)
     return [grid, *written]
 
 

@@ -34,6 +34,7 @@ from vlp.eval.grounding import (
 )
 from vlp.kinds import GROUNDING
 from vlp.models.gradcam import fusion_encoder
+from vlp.pictures import RunStep
 from vlp.progress import progress
 from vlp.runs.evaluation.registry import EVALUATORS
 
@@ -151,11 +152,17 @@ def example_indices(n: int, n_examples: int) -> list[int]:
 
 
 def plot_examples(
-    entries: Sequence[GroundingEntry], shown: Sequence[int], maps: torch.Tensor, boxes: Sequence[Box], path: Path
+    entries: Sequence[GroundingEntry],
+    shown: Sequence[int],
+    maps: torch.Tensor,
+    boxes: Sequence[Box],
+    path: Path,
+    shows: Optional[RunStep] = None,
 ) -> None:
     """The examples picture: entries ``shown`` with their heat maps ``maps`` [len(shown), h, w], the
-    chosen boxes ``boxes`` (one per shown entry) and the targets."""
-    from vlp.viz import plot_grounding_examples
+    chosen boxes ``boxes`` (one per shown entry) and the targets; titled with ``shows`` (the run
+    and step of the checkpoint)."""
+    from vlp.heat_pictures import plot_grounding_examples
 
     rows = [
         {
@@ -169,7 +176,7 @@ def plot_examples(
         for i, m, b in zip(shown, maps, boxes)
     ]
     if rows:
-        plot_grounding_examples(rows, path)
+        plot_grounding_examples(rows, path, shows=shows)
 
 
 @EVALUATORS.register(GROUNDING)
@@ -237,15 +244,6 @@ def run_evaluate_grounding(
     (outdir / METRICS).write_text(json.dumps(record, indent=2) + "\n")
     (outdir / PREDICTIONS).write_text("[\n" + ",\n".join(json.dumps(p) for p in predictions) + "\n]\n")
     shown = example_indices(len(entries), n_examples)
-    plot_examples(entries, shown, got.maps[shown], [got.boxes[i] for i in shown], outdir / EXAMPLES)
-    _print_summary(record)
+    shows = RunStep.of_checkpoint(record["checkpoint"])
+    plot_examples(entries, shown, got.maps[shown], [got.boxes[i] for i in shown], outdir / EXAMPLES, shows)
     return record
-
-
-def _print_summary(record: dict[str, Any]) -> None:
-    prior = record["fixed_position"]
-    fixed = f", fixed position {prior['accuracy']:.2f}%" if prior else ""
-    print(
-        f"grounding on {record['n']} expressions (fusion layer {record['layer']}): accuracy {record['accuracy']:.2f}% "
-        f"(random candidate {record['random_candidate']:.2f}%{fixed})"
-    )

@@ -22,8 +22,8 @@ from vlp.errors import CheckpointError, DataError
 from vlp.eval.retrieval import RetrievalResult, check_k_test, embed, evaluate_retrieval
 from vlp.hardware import default_device
 from vlp.kinds import KINDS, kinds_with
+from vlp.pictures import RunStep
 from vlp.preprocess.transforms import test_transform
-from vlp.runs.evaluation.registry import format_metrics as format_metrics  # the table `vlp evaluate retrieval` prints
 from vlp.weights import find_checkpoint
 
 # Zero-shot protocols (docs/evaluation.md): which checkpoint kind each takes and the eval settings.
@@ -336,4 +336,5 @@ def write_evaluation(out: Path, record: dict, split: RetrievalSplit, result: Ret
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(record, indent=2))
-    plot_retrieval_examples(split, result.scores_t2i, out / "retrieval_examples.png", rel)
+    shows = RunStep.of_checkpoint(record["checkpoint"])
+    plot_retrieval_examples(split, result.scores_t2i, out / "retrieval_examples.png", rel, shows=shows)

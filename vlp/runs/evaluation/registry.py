@@ -3,7 +3,8 @@
 An evaluator is ``(checkpoint, data, out, image_root=None, **options) -> metrics dict``: it
 evaluates the checkpoint folder or run directory ``checkpoint`` on the annotation file ``data``
 (relative image paths under ``image_root``, default the file's folder), writes ``out/metrics.json``
-and returns what it wrote; ``options`` are its own keywords (e.g. ``batch_size``). Each evaluation
+and returns what it wrote (the command prints it: :func:`vlp.metrics_table.format_metrics`);
+``options`` are its own keywords (e.g. ``batch_size``). Each evaluation
 module of :mod:`vlp.runs.evaluation` registers its evaluator where it is defined
 (``@EVALUATORS.register(VQA)``); this module imports none of them, so outside code registers its own
 the same way (``EVALUATORS.register("toy", recipe.evaluate)``).
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from vlp.registry import Registry
 
@@ -35,16 +36,3 @@ def write_metrics(out: PathLike, metrics: dict[str, Any]) -> dict[str, Any]:
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / "metrics.json").write_text(json.dumps(metrics, indent=2))
     return metrics
-
-
-def format_metrics(metrics: Mapping[str, Any]) -> str:
-    """The lines ``vlp evaluate`` prints of an evaluation's metrics: one ``name value`` each, a
-    fraction to two decimals, a count whole, anything else as it is."""
-    return "\n".join(f"  {k:18s} {_rounded(v)}" for k, v in metrics.items())
-
-
-def _rounded(value: Any) -> str:
-    """``value`` in the metrics table: an int as it is, a float to two decimals (both 8 wide)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return str(value)
-    return f"{value:8d}" if isinstance(value, int) else f"{value:8.2f}"

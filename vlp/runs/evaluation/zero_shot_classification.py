@@ -32,6 +32,7 @@ from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.eval.classification import TOP_K, classification_metrics, itm_rerank, prompt_ensemble
 from vlp.eval.mode import evaluating
 from vlp.kinds import kinds_with
+from vlp.pictures import RunStep
 from vlp.progress import progress
 
 
@@ -227,21 +228,7 @@ def run_evaluate_classification(
             title = (
                 f"{Path(inputs.source).name} ({key}): top-1 {m['top1']:.1f}%, mean per class {m['mean_per_class']:.1f}%"
             )
-            plot_confusion(m["confusion"], inputs.classes, outdir / name, title)
-    _print_summary(record)
-    return record
-
-
-def _print_summary(record: dict[str, Any]) -> None:
-    chance = record["chance"]
-    print(
-        f"{record['n_images']} images, {record['n_classes']} classes, {record['n_templates']} templates; "
-        f"chance top-1 {chance['top1']:.1f}%, majority {chance['majority']:.1f}%"
-    )
-    for key in ("itc", "rerank"):
-        if key in record:
-            m = record[key]
-            print(
-                f"{key:>7}: top-1 {m['top1']:.2f}%  top-{m['top5_k']} {m['top5']:.2f}%  "
-                f"mean per class {m['mean_per_class']:.2f}%"
+            plot_confusion(
+                m["confusion"], inputs.classes, outdir / name, title, RunStep.of_checkpoint(record["checkpoint"])
             )
+    return record

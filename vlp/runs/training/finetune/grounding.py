@@ -15,7 +15,8 @@ from vlp.dist import gather_rows, rank, shard_bounds, world_size
 from vlp.errors import ConfigError
 from vlp.eval.mode import evaluating
 from vlp.kinds import GROUNDING
-from vlp.runs.training.finetune.recipe import finetune_job, fit, load_best, write_results
+from vlp.pictures import RunStep
+from vlp.runs.training.finetune.recipe import finetune_job, fit, load_best, shown_run, write_results
 from vlp.runs.training.finetune.registry import RUNNERS
 from vlp.runs.training.finetune.retrieval import contrastive_task
 from vlp.runs.training.job import Job
@@ -88,26 +89,22 @@ def run_finetune_grounding(cfg: FinetuneConfig) -> dict:
         return gather_rows(torch.tensor(chosen, dtype=torch.long, device=job.device), bounds).tolist()
 
     def examples(
-        entries: list[GroundingEntry], split_sizes: list[tuple[int, int]], chosen: list[int], path: Path
+        entries: list[GroundingEntry], split_sizes: list[tuple[int, int]], chosen: list[int], path: Path, shows: RunStep
     ) -> None:
         """The examples picture: 8 entries spread over the split, their maps and ``chosen`` boxes."""
         shown = example_indices(len(entries), 8)
         with evaluating(job.model):
             picked = [entries[i] for i in shown]
             maps = ground(grounding_model(job), picked, [split_sizes[i] for i in shown], layer, 8, g.words_only).maps
-        plot_examples(entries, shown, maps, [entries[i].candidates[chosen[i]] for i in shown], path)
+        plot_examples(entries, shown, maps, [entries[i].candidates[chosen[i]] for i in shown], path, shows)
 
     def validate(_task: nn.Module, _step: int) -> dict[str, float]:
         return {"acc": split_metrics(evals["val"], choose("val"))["accuracy"]}
 
     fit(job, task, validate if "val" in evals else None, "acc")
     with_boxes = all(e.bbox is not None and e.candidates for e in train_entries)
-    results: dict[str, Any] = {
-        "task": cfg.task,
-        "layer": layer,
-        "words_only": g.words_only,
-        "best": str(load_best(job)),
-    }
+    best = load_best(job)
+    results: dict[str, Any] = {"task": cfg.task, "layer": layer, "words_only": g.words_only, "best": str(best)}
     for name, entries in evals.items():  # every rank grounds its shard; rank 0 writes
         chosen = choose(name, show=cfg.train.progress and rank() == 0)
         prior = position_baseline(train_entries, entries, sizes[name]) if with_boxes else None
@@ -116,5 +113,5 @@ def run_finetune_grounding(cfg: FinetuneConfig) -> dict:
             out = run_dir / name
             out.mkdir(exist_ok=True)
             (out / "metrics.json").write_text(json.dumps(results[name], indent=2))
-            examples(entries, sizes[name], chosen, out / EXAMPLES)
+            examples(entries, sizes[name], chosen, out / EXAMPLES, shown_run(job, best))
     return write_results(job, results)

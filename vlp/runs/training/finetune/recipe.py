@@ -1,6 +1,6 @@
 """What every fine-tuning task shares: the job (model config, weights, tokenizer), its loaders,
-the training and the best checkpoint, the results file, the sharded evaluation, the blanked-image
-baselines' transform."""
+the training and the best checkpoint, the results file, the run and step its pictures show, the
+sharded evaluation, the blanked-image baselines' transform."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from vlp.errors import ConfigError, DataError
 from vlp.kinds import KINDS
 from vlp.models.build import build_model_of_kind
 from vlp.models.transfer import load_pretrained
+from vlp.pictures import RunStep
 from vlp.preprocess.transforms import load_tokenizer
 from vlp.runs.training.job import Job
 from vlp.train.validation import Validation
@@ -119,6 +120,12 @@ def load_best(job: Job) -> Optional[Path]:
         load_weights(job.model, best)
         return best
     return None
+
+
+def shown_run(job: Job, best: Optional[Path]) -> RunStep:
+    """What the run's pictures show: the best checkpoint's run and step (:func:`load_best`), else the
+    run directory and the last training step."""
+    return RunStep.of_checkpoint(best) if best is not None else RunStep(job.run_dir.name, job.cfg.train.steps)
 
 
 def write_results(job: Job, results: dict) -> dict:

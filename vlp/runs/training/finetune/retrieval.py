@@ -20,6 +20,7 @@ from vlp.runs.training.finetune.recipe import (
     fit,
     load_best,
     make_loader,
+    shown_run,
     start,
     train_steps,
     write_results,
@@ -105,12 +106,8 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
 
     validate = (lambda _task, _step: evaluate("val")[1].metrics) if "val" in splits else None
     fit(job, task, validate, "r_mean")
-    results: dict[str, Any] = {
-        "task": cfg.task,
-        "score": cfg.eval.score,
-        "k_test": cfg.eval.k_test,
-        "best": str(load_best(job)),
-    }
+    best = load_best(job)
+    results: dict[str, Any] = {"task": cfg.task, "score": cfg.eval.score, "k_test": cfg.eval.k_test, "best": str(best)}
     for name in splits:  # every rank evaluates its shard; rank 0 writes
         split, res = evaluate(name, show=cfg.train.progress)
         results[name] = res.metrics
@@ -118,5 +115,5 @@ def run_finetune_retrieval(cfg: FinetuneConfig) -> dict:
             out = run_dir / name
             out.mkdir(exist_ok=True)
             (out / "metrics.json").write_text(json.dumps(res.metrics, indent=2))
-            plot_retrieval_examples(split, res.scores_t2i, out / "retrieval_examples.png")
+            plot_retrieval_examples(split, res.scores_t2i, out / "retrieval_examples.png", shows=shown_run(job, best))
     return write_results(job, results)
