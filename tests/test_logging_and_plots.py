@@ -91,6 +91,28 @@ def test_tensorboard_scalars_equal_metrics_jsonl(tmp_path):
 
 
 @pytest.mark.skipif(not HAS_TB, reason="tensorboard is not installed (pip install tensorboard)")
+def test_zero_shot_evaluations_reach_tensorboard_and_the_loss_plot(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    val = Validation(
+        lambda task, step: {"r_mean": 10.0 * step, "txt_r1": 1.0 * step}, None, every=4
+    )  # train.eval_every
+    train(ToyTask(), loader(), toy_cfg(loggers=["tensorboard"]), tmp_path, validation=val)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows if "loss" in r] == [2, 4, 6]
+    assert [r for r in rows if "loss" not in r] == [
+        {"step": 4, "eval/r_mean": 40.0, "eval/txt_r1": 4.0},
+        {"step": 6, "eval/r_mean": 60.0, "eval/txt_r1": 6.0},
+    ]
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("eval/r_mean")] == [(4, 40.0), (6, 60.0)]
+    assert [e.step for e in acc.Scalars("loss")] == [2, 4, 6]
+    assert main(["plot", "losses", str(tmp_path)]) == 0  # the loss panel; below: R@1, r_mean
+    assert png_size(tmp_path / "loss_curves.png") == (800, 640)
+
+
+@pytest.mark.skipif(not HAS_TB, reason="tensorboard is not installed (pip install tensorboard)")
 def test_tensorboard_resume_purges_the_steps_run_again(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

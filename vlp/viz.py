@@ -25,7 +25,7 @@ from vlp.heat_pictures import heat_overlay, layout_with_heat_bar, open_rgb
 from vlp.losses.matching import ITM_NEGATIVES_PER_POSITIVE, itm_prior_loss
 from vlp.pictures import RunStep, Shows, save_picture, title_picture
 from vlp.tasks.regulation_watch import Band, band_of
-from vlp.train.logging import read_metrics  # noqa: E402
+from vlp.train.logging import EVAL_PREFIX, read_metrics  # noqa: E402
 
 LOSS_KEYS = ("loss", "itc", "itm", "mlm", "contrastive", "ltd_rec", "ltd_lambda")
 #: schedules and learned scalars: ITC distillation weight, temperature, LTD multiplier and bound
@@ -48,6 +48,12 @@ SRCL_PANELS: tuple[Panel, ...] = (
     ("share of negatives below 0.2 / 0.7", ("srcl_w_below_0_2", "srcl_w_below_0_7")),
     ("N_eff / negatives", ("srcl_n_eff_share",)),
     ("mean weights", ("srcl_w_mean", "srcl_w_same_image", "srcl_w_true_false_negatives")),
+)
+#: pretraining's zero-shot retrieval on data.eval (``train.eval_every``): recall@1 both ways and
+#: the mean recall, in percent
+EVAL_PANELS: tuple[Panel, ...] = (
+    ("zero-shot retrieval R@1 (%)", tuple(f"{EVAL_PREFIX}{k}" for k in ("txt_r1", "img_r1"))),
+    ("zero-shot retrieval r_mean (%)", (f"{EVAL_PREFIX}r_mean",)),
 )
 
 
@@ -119,9 +125,11 @@ def plot_metric_panels(
 
 def plot_losses(metrics_jsonl: str | Path, out: str | Path, keys: Sequence[str] = LOSS_KEYS) -> Path:
     """Training curves from ``metrics.jsonl`` (one panel per loss term); the ITM panel marks the
-    loss of the class prior (:func:`loss_levels`). A regulated run adds a second row: its SRCL
-    statistics (:data:`SRCL_PANELS`, :func:`plot_srcl_regulation`)."""
-    return plot_panel_rows(metrics_jsonl, out, [[(k, (k,)) for k in keys], SRCL_PANELS], "losses", loss_levels())
+    loss of the class prior (:func:`loss_levels`). A regulated run adds a row of its SRCL
+    statistics (:data:`SRCL_PANELS`, :func:`plot_srcl_regulation`), a run with ``train.eval_every``
+    a row of its zero-shot retrieval against step (:data:`EVAL_PANELS`)."""
+    grid = [[(k, (k,)) for k in keys], SRCL_PANELS, EVAL_PANELS]
+    return plot_panel_rows(metrics_jsonl, out, grid, "losses", loss_levels())
 
 
 def plot_srcl_regulation(metrics_jsonl: str | Path, out: str | Path) -> Path:

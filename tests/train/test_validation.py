@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from vlp.config import TrainConfig
+from vlp.train.logging import read_metrics
 from vlp.train.loop import train
 from vlp.train.validation import Validation
 
@@ -79,8 +80,11 @@ loader = [{"x": torch.ones(4, 2), "input_ids": torch.zeros(4, 1)}] * 3
 cfg = TrainConfig(steps=6, warmup_steps=0, log_every=2, progress=False)
 task = Toy()
 train(task, loader, cfg, out, {"task": "toy"}, validation=Validation(evaluate, "acc", every=2))
+done = {"seen": seen, "training_after": task.training}
+seen = []  # pretraining's zero-shot evaluation (no best checkpoint) into metrics.jsonl
+train(task, loader, cfg, os.path.join(out, "zero_shot"), {"task": "toy"}, validation=Validation(evaluate, None, every=4))
 with open(os.path.join(out, f"seen{rank()}.json"), "w") as f:
-    json.dump({"seen": seen, "training_after": task.training}, f)
+    json.dump({**done, "zero_shot": seen, "training_after_zero_shot": task.training}, f)
 """
 
 
@@ -88,7 +92,8 @@ with open(os.path.join(out, f"seen{rank()}.json"), "w") as f:
 def test_every_rank_validates_and_rank_0_decides(tmp_path):
     """Two processes: ``evaluate`` runs on both ranks (a sharded evaluation with a gather inside: rank 0
     alone would wait for ever), in eval mode, with the task back in train mode after; the log and the
-    best checkpoint follow rank 0's metrics."""
+    best checkpoint follow rank 0's metrics. The same for pretraining's zero-shot evaluation
+    (``train.eval_every``: no ``select``), whose records rank 0 alone writes into ``metrics.jsonl``."""
     from tests.helpers import launch
 
     script = tmp_path / "validate.py"
@@ -104,3 +109,10 @@ def test_every_rank_validates_and_rank_0_decides(tmp_path):
     assert [(r["step"], r["acc"], r["best"]) for r in rows] == [(2, 3.0, True), (4, 5.0, True), (6, 4.0, False)]
     state = json.loads((run / "checkpoints" / "best" / "state.json").read_text())
     assert state["step"] == 4 and state["best"] == {"metric": "acc", "value": 5.0, "step": 4}
+    for got in ranks:  # the zero-shot evaluation: steps 4 and 6 (the last), every rank its half
+        assert [s["step"] for s in got["zero_shot"]] == [4, 6] and got["training_after_zero_shot"]
+        assert all(not s["training"] and s["total"] == 45.0 and s["rows"] == 5 for s in got["zero_shot"])
+    rows = read_metrics(run / "zero_shot" / "metrics.jsonl")
+    assert [(r["step"], r["eval/acc"]) for r in rows if "eval/acc" in r] == [(4, 3.0), (6, 5.0)]  # rank 0's, once
+    assert not (run / "zero_shot" / "val_metrics.jsonl").exists()
+    assert not (run / "zero_shot" / "checkpoints" / "best").exists()

@@ -143,6 +143,11 @@ class FinetuneConfig:
             wrong.append(f"image_size={self.image_size} (expected >= 1 or null)")
         if self.eval_every < 0:
             wrong.append(f"eval_every={self.eval_every} (expected >= 0)")
+        if self.train.eval_every:
+            wrong.append(
+                f"train.eval_every={self.train.eval_every} (pretraining's evaluation of data.eval; fine-tuning "
+                "validates data.val every eval_every steps)"
+            )
         if self.data.image.uint8:
             wrong.append("data.image.uint8=true (uint8 images normalised on the device: pretraining only)")
         if self.data.image.decode != "full":

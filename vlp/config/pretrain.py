@@ -32,6 +32,11 @@ class PretrainConfig:
         wrong: list[str] = []
         if self.train.epochs is not None:  # pretraining runs train.steps; epochs would be ignored
             wrong.append(f"train.epochs={self.train.epochs} (fine-tuning only: pretraining runs train.steps)")
+        if self.train.eval_every and not self.data.eval:
+            wrong.append(
+                f"train.eval_every={self.train.eval_every} with data.eval unset (it evaluates data.eval: set "
+                "data.eval to a retrieval split, or train.eval_every=0)"
+            )
         if arch == ARCH_DUAL:
             wrong += [
                 f"loss.{k}={getattr(c, k)} (the dual encoder has no fusion, ITM or MLM)"

@@ -2,10 +2,11 @@
 
 A resume continues the saved run step for step only if the config that shapes it is the same.
 :func:`resume_changes` compares the two as dotted keys. A change to a key in :data:`HARMLESS` is
-accepted: it only touches logging, checkpoint cadence, speed or memory knobs, or the final
-evaluation. Any other change (batch size, seed, model shape, text length, losses, learning rate,
-steps, data) is refused with one :class:`ConfigError` listing every such key, old and new value,
-unless the user names the key, or a section above it, in ``train.resume_allow_changes``.
+accepted: it only touches logging, checkpoint cadence, speed or memory knobs, or the evaluation
+(during and after training). Any other change (batch size, seed, model shape, text length, losses,
+learning rate, steps, training data) is refused with one :class:`ConfigError` listing every such
+key, old and new value, unless the user names the key, or a section above it, in
+``train.resume_allow_changes``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ HARMLESS = (
     "train.cuda_graphs",
     "train.grad_checkpointing",
     "train.tf32",
-    # the evaluation after training, not the training
+    # the evaluation during and after training, not the training
+    "train.eval_every",
+    "data.eval",
+    "data.relevance",
+    "data.graded_relevance",
     "eval.",
 )
 #: how the resume itself is asked for: never a change

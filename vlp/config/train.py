@@ -57,6 +57,10 @@ class TrainConfig:
     seed: int = 42
     log_every: int = 10
     ckpt_every: int = 0  # 0: only at the end
+    # Pretraining: zero-shot retrieval on data.eval every this many optimizer steps and at the last
+    # step (0: off, data.eval only after training), into metrics.jsonl as eval/<metric>; it leaves
+    # the training as it was (docs/training.md, "Zero-shot retrieval while pretraining").
+    eval_every: int = 0
     # Recompute the activations of the ViT blocks, text layers and fusion layers in the backward
     # pass instead of keeping them (non-reentrant checkpointing): less memory, one more forward.
     grad_checkpointing: bool = False
@@ -122,6 +126,8 @@ class TrainConfig:
         for path, scale in self.lr_scale.items():
             if not scale > 0:
                 raise ConfigError(f"config key 'train.lr_scale.{path}': got {scale}, expected a factor > 0")
+        if self.eval_every < 0:
+            raise ConfigError(f"config key 'train.eval_every': got {self.eval_every}, expected >= 0 (0: off)")
         if self.grad_accum_steps < 1:
             raise ConfigError(f"config key 'train.grad_accum_steps': got {self.grad_accum_steps}, expected >= 1")
         if self.epochs is not None and self.epochs < 1:

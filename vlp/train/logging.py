@@ -24,6 +24,10 @@ from typing import Any, Optional, Protocol
 from vlp.errors import ConfigError, DataError
 from vlp.remote.url_credentials import redacted
 
+#: the prefix of the keys of a periodic zero-shot evaluation's records in ``metrics.jsonl`` and the
+#: sinks (``eval/txt_r1``: pretraining's ``train.eval_every``, :mod:`vlp.train.validation`)
+EVAL_PREFIX = "eval/"
+
 
 class MetricsLog:
     """Append-only JSON-lines log; every line is flushed so nothing is lost on a crash. ``sinks``

@@ -202,9 +202,10 @@ def train(
     ``run_dir/checkpoints/step_N``. ``state`` is stored in every checkpoint's ``state.json``; ``checkpoint_module``
     picks what is saved from the unwrapped task (default: ``task.model``); ``files`` (name -> text, e.g.
     ``preprocessor.json``) are written into every checkpoint folder. ``validation``: evaluate every
-    ``validation.every`` steps and at the end (on every rank, sharded; the main process decides), log to
-    ``run_dir/val_metrics.jsonl``, keep the best checkpoint in ``run_dir/checkpoints/best``. Returns the last
-    logged record."""
+    ``validation.every`` steps and at the end (on every rank, sharded; the main process decides), before
+    that step's checkpoint, log to ``run_dir/val_metrics.jsonl`` and keep the best checkpoint in
+    ``run_dir/checkpoints/best`` (fine-tuning), or log to ``metrics.jsonl`` (pretraining's ``train.eval_every``:
+    :mod:`vlp.train.validation`). Returns the last logged record."""
     run_dir = Path(run_dir)
     run = _set_up(task, loader, cfg, run_dir, state, accelerator, checkpoint_module, validation, files)
     acc, rep, ckpt, micro = run.acc, run.rep, run.ckpt, cfg.grad_accum_steps
@@ -244,14 +245,17 @@ def train(
             if is_log_step:
                 record = _log_and_warn(run, done, result.lr, cfg, max_bad_fraction)
             rep.bar.update(1)
+            # validate (every rank; rank 0 keeps checkpoints/best), before the step's checkpoint: a run
+            # resumed from it has every evaluation up to its step logged; not in the window's time
+            if run.validate is not None and run.validate.due(done):
+                with rep.paused():
+                    run.validate(done)
+                stop.phase_done()  # after a stop signal, the validation had train.stop_grace_s
             saved = bool(cfg.ckpt_every and done % cfg.ckpt_every == 0 and done != cfg.steps)  # checkpoint
             if saved:
                 ckpt.save(done)
                 saved_at = done
-            # validate (every rank; rank 0 keeps checkpoints/best)
-            if run.validate is not None and run.validate.due(done):
-                run.validate(done)
-            stop.phase_done()  # after a stop signal, the save and validation had train.stop_grace_s
+            stop.phase_done()  # after a stop signal, the save had train.stop_grace_s
             # stop on a signal: at this step boundary, with a checkpoint to resume from
             if done != cfg.steps and stopping:
                 stop_run(rep, ckpt, done, preempted(stop, done, cfg.steps, ckpt.path(done)), saved=saved)

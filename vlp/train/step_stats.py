@@ -16,6 +16,7 @@ non-finite step is a device tensor the optimizer and the stateful modules obey
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -240,6 +241,15 @@ class Reporter:
         """Start the host-side counters of a new window."""
         self.micro_steps, self.pairs, self.data_time = 0, 0, 0.0
         self.started = time.perf_counter()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The block's wall time (an evaluation between two steps) is left out of the window's."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.started += time.perf_counter() - t0
 
     def fetch(self, batches: Iterator[Any]) -> Any:
         """The next batch; the wait counts as the window's data time."""

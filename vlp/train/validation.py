@@ -1,7 +1,17 @@
-"""Periodic validation during training: what to evaluate and how often (:class:`Validation`, given
-to :func:`vlp.train.loop.train`), and the :class:`Validator` that runs it on every rank, logs it
-(``val_metrics.jsonl`` and the sinks) and keeps the best checkpoint (``checkpoints/best``) as rank 0
-decides.
+"""Periodic evaluation during training: what to evaluate and how often (:class:`Validation`, given
+to :func:`vlp.train.loop.train`), and the :class:`Validator` that runs it on every rank and logs it.
+
+Two kinds share it. Fine-tuning's validation (``select`` set) logs ``val_metrics.jsonl`` and the
+sinks (``val/KEY``) and keeps the best checkpoint (``checkpoints/best``) as rank 0 decides.
+Pretraining's zero-shot evaluation of ``data.eval`` (``train.eval_every``; ``select`` None) writes
+one record per evaluation into the run's ``metrics.jsonl``, its keys prefixed ``eval/``
+(:data:`vlp.train.logging.EVAL_PREFIX`), which the sinks receive as they receive the loss records;
+it keeps no checkpoint.
+
+Either way an evaluation leaves the training as it was: eval mode and no gradients while it runs
+(each module's own mode restored after), and every random generator the loop draws from (Python,
+numpy, torch CPU and the device's) restored to its state before it, so that a data loader or
+anything else the evaluation creates draws nothing the training would have drawn.
 """
 
 from __future__ import annotations
@@ -9,7 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from accelerate import Accelerator
@@ -18,23 +28,28 @@ from torch import nn
 from vlp.dist import all_gather_nograd
 from vlp.eval.mode import evaluating
 from vlp.train.checkpoints import Checkpointer
-from vlp.train.logging import MetricsLog
+from vlp.train.logging import EVAL_PREFIX, MetricsLog
+from vlp.train.state import rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class Validation:
-    """Periodic validation: ``evaluate(task, step) -> metrics`` (the unwrapped task, eval mode, no
-    grad) every ``every`` optimizer steps; the checkpoint with the highest ``metrics[select]`` is kept.
+    """Periodic evaluation: ``evaluate(task, step) -> metrics`` (the unwrapped task, eval mode, no
+    grad) every ``every`` optimizer steps and after the last one. ``select``: the checkpoint with
+    the highest ``metrics[select]`` is kept (fine-tuning); None: no checkpoint, the metrics go into
+    ``metrics.jsonl`` as ``eval/KEY`` (pretraining). ``shown``: the metrics printed after each
+    evaluation besides ``select`` (none: ``select`` alone).
 
     ``evaluate`` runs on **every rank** (several processes): it may shard its work over the ranks
     (the retrieval, VQA and NLVR2 evaluators do, with collectives every rank must join). Rank 0
     logs, and its decision on the best checkpoint is the one every rank follows."""
 
     evaluate: Callable[[nn.Module, int], dict[str, float]]
-    select: str
+    select: Optional[str]
     every: int
+    shown: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.every < 1:
@@ -43,8 +58,9 @@ class Validation:
 
 class Validator:
     """Runs ``validation`` on the prepared ``task`` (``inner``: unwrapped) for a run of ``steps``
-    steps, logs to ``run_dir/val_metrics.jsonl`` and ``log``'s sinks (prefix ``val/``), and saves
-    the best checkpoint with ``checkpointer``. ``best``: metric, value and step of the best so far."""
+    steps, logs to ``log`` (``metrics.jsonl``: the zero-shot evaluation) or to
+    ``run_dir/val_metrics.jsonl`` and ``log``'s sinks (prefix ``val/``), and saves the best
+    checkpoint with ``checkpointer`` (fine-tuning). ``best``: metric, value and step of the best so far."""
 
     def __init__(
         self,
@@ -65,14 +81,29 @@ class Validator:
         """Whether to validate after optimizer step ``step``: every ``every`` steps and at the end."""
         return step % self.validation.every == 0 or step == self.steps
 
+    def evaluate(self, step: int) -> dict[str, float]:
+        """``validation.evaluate`` after step ``step`` on this rank, in eval mode without gradients;
+        the modes and the random generators' states are restored after (module doc)."""
+        saved = rng_state()
+        try:
+            with evaluating(self.task), torch.no_grad():  # eval mode; each module's own mode restored after
+                return self.validation.evaluate(self.inner, step)
+        finally:
+            set_rng_state(saved)
+
     def __call__(self, step: int) -> None:
         """Every rank evaluates (the evaluators shard the work over the ranks, no rank waits alone
         past the collective timeout); rank 0 logs and keeps the best checkpoint, and its decision
         is shared so that every rank tracks the same best."""
         acc, val, best = self.acc, self.validation, self.best
         acc.wait_for_everyone()
-        with evaluating(self.task), torch.no_grad():  # eval mode; each module's own mode restored after
-            metrics = val.evaluate(self.inner, step)
+        metrics = self.evaluate(step)
+        if val.select is None:
+            if acc.is_main_process:
+                self.log.write({"step": step, **{f"{EVAL_PREFIX}{k}": v for k, v in metrics.items()}})
+                logger.info(f"evaluation at step {step} of {self.steps}: {self._shown(metrics)}")
+            acc.wait_for_everyone()
+            return
         value = metrics[val.select]
         improved = not best or value > best["value"]
         improved = bool(all_gather_nograd(torch.tensor([float(improved)], device=acc.device))[0] > 0)  # rank 0's
@@ -80,7 +111,7 @@ class Validator:
             MetricsLog(self.run_dir / "val_metrics.jsonl").write({"step": step, **metrics, "best": improved})
             self.log.sinks.log(metrics, step, prefix="val/")
             logger.info(
-                f"validation at step {step}: {val.select} {value:.2f}"
+                f"validation at step {step}: {self._shown(metrics)}"
                 + (" (best so far)" if improved else f" (best {best['value']:.2f} at step {best['step']})")
             )
         if improved:
@@ -88,3 +119,9 @@ class Validator:
             if acc.is_main_process:
                 self.checkpointer.save_best(step, best, metrics)
         acc.wait_for_everyone()
+
+    def _shown(self, metrics: dict[str, float]) -> str:
+        """``select`` and the ``shown`` metrics that ``metrics`` holds, as ``name value`` (2 decimals)."""
+        val = self.validation
+        names = [k for k in dict.fromkeys([*([val.select] if val.select else []), *val.shown]) if k in metrics]
+        return ", ".join(f"{k} {metrics[k]:.2f}" for k in names)

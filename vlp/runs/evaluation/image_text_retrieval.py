@@ -25,6 +25,7 @@ from vlp.hardware import default_device
 from vlp.kinds import KINDS, kinds_with
 from vlp.pictures import RunStep
 from vlp.preprocess.transforms import test_transform
+from vlp.weights import find_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +173,47 @@ def run_evaluate_retrieval(
     record = _metrics_record(result, cfg, device, preset, kind, ckpt, d, relevance, caption_groups)
     write_evaluation(Path(out), record, d.split, result, d.rel)
     return result
+
+
+class PeriodicRetrieval:
+    """Zero-shot retrieval of a pretraining run's ``data.eval`` on the model being trained
+    (``train.eval_every``). Calling it, ``(task, step) -> metrics``, is the ``evaluate`` of the run's
+    :class:`~vlp.train.validation.Validation`: the encoding and scoring of the evaluation after
+    training (:func:`_embed_and_score` on ``task.model``, with the run's ``cfg`` and ``tokenizer``),
+    sharded over the ranks when launched as several processes, so every rank must call it. The split
+    (and its relevance files) is read and checked once, here. The result after the run's last step
+    (``train.steps``) is kept (only that one: its score matrices are [images, captions] twice):
+    :meth:`write_final` writes it as ``eval/``, which the run then need not evaluate again from its
+    checkpoint."""
+
+    def __init__(self, cfg: PretrainConfig, tokenizer: Any, show_progress: bool, kind: str) -> None:
+        d = cfg.data
+        self.cfg, self.tokenizer, self.show, self.kind = cfg, tokenizer, show_progress, kind
+        self.data = _load_eval_data(str(d.eval), d.image_root, d.relevance, d.graded_relevance, None, cfg.eval)
+        self.final: Optional[tuple[RetrievalResult, torch.device]] = None
+
+    def __call__(self, task: torch.nn.Module, step: int) -> dict[str, float]:
+        """The metrics of ``task.model`` after step ``step`` (eval mode and no gradients are the caller's)."""
+        model: Any = task.model
+        device = next(model.parameters()).device
+        show = self.show and rank() == 0  # the process group exists by now (not yet when this was built)
+        result = _embed_and_score(model, self.tokenizer, self.cfg, self.data, device, show, is_dist())
+        self.final = (result, device) if step == self.cfg.train.steps else None
+        return result.metrics
+
+    def write_final(self, run_dir: Path, out: Path) -> bool:
+        """If this run evaluated after its last step (not so when a resume found no step left to train),
+        the main process writes that evaluation as :func:`run_evaluate_retrieval` would have for the run's
+        newest checkpoint (that step's): ``out/metrics.json`` and the example grid. Returns whether it did
+        (False: nothing written)."""
+        if self.final is None:
+            return False
+        result, device = self.final
+        if rank() == 0:
+            ckpt, relevance = find_checkpoint(run_dir), self.cfg.data.relevance
+            record = _metrics_record(result, self.cfg, device, None, self.kind, ckpt, self.data, relevance, None)
+            write_evaluation(out, record, self.data.split, result, self.data.rel)
+        return True
 
 
 @dataclass

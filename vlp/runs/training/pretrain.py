@@ -1,5 +1,6 @@
 """``vlp pretrain`` and ``vlp train-helper``: the pretraining :class:`~vlp.runs.training.job.Job` (model,
-task, data) of a config, and the run that trains it and evaluates zero-shot retrieval at the end."""
+task, data) of a config, and the run that trains it and evaluates zero-shot retrieval at the end (and
+every ``train.eval_every`` steps)."""
 
 from __future__ import annotations
 
@@ -30,15 +31,19 @@ from vlp.models.dual import DualEncoder
 from vlp.models.transfer import load_pretrained
 from vlp.models.vision import check_vision_init, write_init_report
 from vlp.preprocess.transforms import PixelNorm, load_tokenizer, train_transform
-from vlp.runs.evaluation.image_text_retrieval import run_evaluate_retrieval
+from vlp.runs.evaluation.image_text_retrieval import PeriodicRetrieval, run_evaluate_retrieval
 from vlp.runs.training.assembly import build_reconstruction, build_regulator, check_helper_weights, load_targets_for
 from vlp.runs.training.job import Job, check_queue, token_info
 from vlp.tasks.dual import DualTask
 from vlp.tasks.pretrain import PretrainTask
 from vlp.tasks.regulation import SRCLRegulator
+from vlp.train.validation import Validation
 from vlp.weights import find_checkpoint
 
 logger = logging.getLogger(__name__)
+
+#: the metrics printed after each evaluation of ``train.eval_every``
+RETRIEVAL_SHOWN = ("txt_r1", "img_r1", "r_mean")
 
 
 def build_model(cfg: PretrainConfig, vocab_size: int) -> Union[ALBEF, DualEncoder]:
@@ -177,17 +182,26 @@ def run_pretrain(cfg: PretrainConfig, command: str = "vlp pretrain") -> Path:
                 f"{param_count(job.model) / 1e6:.1f}M trainable parameters -> {run_dir}"
             )
             write_init_report(job.model, run_dir)  # vision_init_report.json + one line
-        job.fit()
-        if cfg.data.eval:
-            run_evaluate_retrieval(
-                run_dir,
-                cfg.data.eval,
-                cfg.data.relevance,
-                run_dir / "eval",
-                cfg.data.image_root,
-                graded_relevance=cfg.data.graded_relevance,
-            )
+        periodic = PeriodicRetrieval(cfg, job.tokenizer, cfg.train.progress, job.kind) if cfg.train.eval_every else None
+        job.fit(Validation(periodic, None, cfg.train.eval_every, RETRIEVAL_SHOWN) if periodic is not None else None)
+        evaluate_after_training(cfg, run_dir, periodic)
     return run_dir
+
+
+def evaluate_after_training(cfg: PretrainConfig, run_dir: Path, periodic: Optional[PeriodicRetrieval]) -> None:
+    """``data.eval`` (if set) into ``run_dir/eval``: the evaluation ``train.eval_every`` made after the
+    last step when there is one (:meth:`PeriodicRetrieval.write_final`), else the newest checkpoint's
+    (:func:`run_evaluate_retrieval`; a resumed run that had no step left to train)."""
+    if not cfg.data.eval or (periodic is not None and periodic.write_final(run_dir, run_dir / "eval")):
+        return
+    run_evaluate_retrieval(
+        run_dir,
+        cfg.data.eval,
+        cfg.data.relevance,
+        run_dir / "eval",
+        cfg.data.image_root,
+        graded_relevance=cfg.data.graded_relevance,
+    )
 
 
 def run_train_helper(cfg: PretrainConfig) -> Path:
