@@ -534,3 +534,25 @@ def test_the_capability_check_reads_the_kind_registry(pretrained, images):
             vm.encode_image(images)
     with pytest.raises(CheckpointError, match="unknown checkpoint kind 'toy-text'; expected one of"):
         VLPModel(m.model, "toy-text", m.model_config, m.tokenizer, m.preprocessor)
+
+
+def test_albef_compat_survives_save_pretrained(tmp_path):
+    """A converted ALBEF checkpoint's ``model.text.albef_compat`` (ALBEF's own caption cleaning and
+    tokenizer behaviour) is kept by save_pretrained -> from_pretrained and by vlp.get_tokenizer's cleaning."""
+    torch.manual_seed(0)
+    mcfg = tiny_config()
+    mcfg.text.albef_compat = True
+    run = tmp_path / "run"
+    state = {
+        "task": "pretrain",
+        "vlp_version": __version__,
+        "config": to_dict(PretrainConfig(model=mcfg)),
+        "model": to_dict(mcfg),
+        "step": 1,
+    }
+    save_checkpoint(run / "checkpoints" / "step_0000001", ALBEF(mcfg), state)
+    m = VLPModel.from_pretrained(run, device="cpu")
+    m2 = VLPModel.from_pretrained(m.save_pretrained(tmp_path / "saved"), device="cpu")
+    assert transforms.is_albef_compat(m.tokenizer) and transforms.is_albef_compat(m2.tokenizer)
+    text = "A  dog's ball -- on the grass!"
+    assert torch.equal(tokenize(m, [text])["input_ids"], tokenize(m2, [text])["input_ids"])

@@ -112,17 +112,10 @@ def load_text_side(path: Path) -> tuple[Any, Preprocessor]:
     (a ``save_pretrained`` directory, a checkpoint folder or a run directory), verified as it
     verifies them, without building the model or reading its weights into one."""
     if (path / CONFIG).is_file():
-        _verified_config(path)
-        return _directory_tokenizer(path), Preprocessor(**json.loads((path / PREPROCESSOR).read_text()))
+        text = from_dict(ModelConfig, _verified_config(path)["model"]).text
+        return load_tokenizer(text, files=str(path)), Preprocessor(**json.loads((path / PREPROCESSOR).read_text()))
     ckpt = open_checkpoint(path, load=False)
     return load_tokenizer(ckpt.model_config.text), ckpt.preprocessor
-
-
-def _directory_tokenizer(path: Path) -> Any:
-    """The tokenizer files of a ``save_pretrained`` directory, as a tokenizer."""
-    from transformers import BertTokenizerFast  # type: ignore[attr-defined]
-
-    return BertTokenizerFast.from_pretrained(str(path))
 
 
 def _verified_config(path: Path) -> dict:
@@ -145,7 +138,7 @@ def _from_directory(path: Path) -> Loaded:
     config = _verified_config(path)
     kind, mcfg = config["kind"], from_dict(ModelConfig, config["model"])
     pre = Preprocessor(**json.loads((path / PREPROCESSOR).read_text()))
-    tokenizer = _directory_tokenizer(path)
+    tokenizer = load_tokenizer(mcfg.text, files=str(path))  # and ALBEF's compat mode, from the config
     model = build_inference_model(kind, mcfg, len(tokenizer))
     load_inference_weights(model, path / WEIGHTS)
     vqa = config.get(kind) or {}  # a kind with candidate answers: under its name (config_dict)

@@ -185,13 +185,14 @@ def test_transform(res: int, cfg: ImageConfig) -> Callable[[Image.Image], torch.
     return T.Compose([T.Resize((res, res), interpolation=InterpolationMode.BICUBIC)] + _normalize(cfg))
 
 
-def load_tokenizer(cfg: TextConfig):
-    """BERT WordPiece tokenizer (bert-base-uncased vocabulary by default, shipped offline)."""
+def load_tokenizer(cfg: TextConfig, files: Optional[str] = None):
+    """BERT WordPiece tokenizer (bert-base-uncased vocabulary by default, shipped offline), or the
+    tokenizer files of ``files`` (a ``save_pretrained`` directory), marked with ``cfg.albef_compat``."""
     from transformers import BertTokenizerFast
 
     from vlp.sources import minilm_path, resolve_source
 
-    src = resolve_source(cfg.tokenizer) if cfg.tokenizer else str(minilm_path())
+    src = files or (resolve_source(cfg.tokenizer) if cfg.tokenizer else str(minilm_path()))
     tokenizer = BertTokenizerFast.from_pretrained(src)
     # the config reaches every tokenize() call site through the tokenizer (collators, eval embedding)
     setattr(tokenizer, ALBEF_COMPAT_ATTR, bool(cfg.albef_compat))
