@@ -1,15 +1,16 @@
 """The loop's periodic validation keeps the checkpoint with the best metric."""
 
 import json
+import shutil
 
 import pytest
 import torch
 from torch import nn
 
 from vlp.config import TrainConfig
-from vlp.train.logging import read_metrics
+from vlp.train.logging import MetricsLog, read_metrics
 from vlp.train.loop import train
-from vlp.train.validation import Validation
+from vlp.train.validation import Validation, logged_best
 
 
 class Toy(nn.Module):
@@ -50,7 +51,7 @@ from torch import nn
 from vlp.config import TrainConfig
 from vlp.dist import gather_rows, rank, shard_bounds, world_size
 from vlp.train.loop import train
-from vlp.train.validation import Validation
+from vlp.train.validation import Validation, logged_best
 
 class Toy(nn.Module):
     def __init__(self):
@@ -116,3 +117,56 @@ def test_every_rank_validates_and_rank_0_decides(tmp_path):
     assert [(r["step"], r["eval/acc"]) for r in rows if "eval/acc" in r] == [(4, 3.0), (6, 5.0)]  # rank 0's, once
     assert not (run / "zero_shot" / "val_metrics.jsonl").exists()
     assert not (run / "zero_shot" / "checkpoints" / "best").exists()
+
+
+def test_a_resumed_run_restores_the_best_so_far_and_logs_each_validation_once(tmp_path):
+    """Killed during the validation of step 8 (checkpoints every 4 steps): the resume from step 4
+    restores the best so far (5.0 at step 4) from the checkpoint, so the worse validation of step 6
+    does not replace ``checkpoints/best``, and drops step 6's record before logging it again."""
+    scores, killed = {2: 3.0, 4: 5.0, 6: 4.0, 8: 4.5}, [8]
+
+    def evaluate(task, step):
+        if step in killed:
+            raise RuntimeError(f"killed at step {step}")
+        return {"acc": scores[step]}
+
+    loader = [{"x": torch.ones(4, 2), "input_ids": torch.zeros(4, 1)}] * 3
+    validation = Validation(evaluate, "acc", every=2)
+
+    def run(out, resume=None):
+        cfg = TrainConfig(steps=8, warmup_steps=0, log_every=2, ckpt_every=4, progress=False, resume=resume)
+        torch.manual_seed(0)
+        train(Toy(), loader, cfg, out, {"task": "toy"}, validation=validation)
+
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    with pytest.raises(RuntimeError, match="killed at step 8"):
+        run(resumed)
+    assert [r["step"] for r in read_metrics(resumed / "val_metrics.jsonl")] == [2, 4, 6]
+    edited = tmp_path / "edited"  # the same, its log edited to mark no record best: the checkpoint decides
+    shutil.copytree(resumed, edited)
+    log = edited / "val_metrics.jsonl"
+    log.write_text("".join(json.dumps({**r, "best": False}) + "\n" for r in read_metrics(log)))
+    killed.clear()
+    run(resumed, "auto")
+    run(edited, "auto")
+    assert [(r["step"], r["best"]) for r in read_metrics(log)] == [(2, False), (4, False), (6, False), (8, False)]
+    run(full)
+    rows = read_metrics(resumed / "val_metrics.jsonl")
+    assert [(r["step"], r["best"]) for r in rows] == [(2, True), (4, True), (6, False), (8, False)]
+    assert (resumed / "val_metrics.jsonl").read_text() == (full / "val_metrics.jsonl").read_text()
+    state = json.loads((resumed / "checkpoints" / "best" / "state.json").read_text())
+    assert state["step"] == 4 and state["best"] == {"metric": "acc", "value": 5.0, "step": 4}
+    assert json.loads((edited / "checkpoints" / "best" / "state.json").read_text())["step"] == 4
+    last = json.loads((resumed / "checkpoints" / "step_0000008" / "state.json").read_text())
+    assert last["validation"] == {"best": {"metric": "acc", "value": 5.0, "step": 4}}
+
+
+def test_a_checkpoint_without_the_validation_state_restores_the_logged_best(tmp_path):
+    """A checkpoint written before the best was carried in it: the last record marked best up to
+    its step."""
+    log = MetricsLog(tmp_path / "val_metrics.jsonl")
+    for step, acc, best in [(2, 3.0, True), (4, 5.0, True), (6, 4.0, False), (8, 6.0, True)]:
+        log.write({"step": step, "acc": acc, "best": best})
+    assert logged_best(log.path, "acc", 6) == {"metric": "acc", "value": 5.0, "step": 4}
+    assert logged_best(log.path, "acc", 8) == {"metric": "acc", "value": 6.0, "step": 8}
+    assert logged_best(log.path, "acc", 1) == {} and logged_best(tmp_path / "none.jsonl", "acc", 4) == {}

@@ -17,7 +17,7 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
 from accelerate import Accelerator
@@ -162,6 +162,10 @@ class Checkpointer:
         self.window: Optional[Callable[[], dict[str, Any]]] = None
         self.resumed_samples: dict[str, int] = {"seen": 0, "bad": 0}
         self.resumed_window: Optional[dict[str, Any]] = None
+        # the validation's state for every state.json (set by the loop: Validator.state), and the
+        # resumed checkpoint's (None: none there)
+        self.validation: Optional[Callable[[], dict[str, Any]]] = None
+        self.resumed_validation: Optional[dict[str, Any]] = None
         self.loader = prep.loader  # a stream that knows its position (shards) has it checkpointed per rank
         self.resumed_stream: Optional[dict] = None
 
@@ -177,12 +181,14 @@ class Checkpointer:
         """``state.json`` of a checkpoint at ``step``, with ``info`` added."""
         averaged = {"averaged": self.averager.history} if self.averager is not None and self.averager.history else {}
         samples = {"samples": self.samples()} if self.samples is not None else {}
+        validation = {"validation": self.validation()} if self.validation is not None else {}
         return {
             **(self.run_state or {}),
             "step": step,
             "world_size": self.acc.num_processes,
             **averaged,
             **samples,
+            **validation,
             **info,
         }
 
@@ -260,14 +266,16 @@ class Checkpointer:
                 RESUME_ADVICE,
             )
 
-    def resume(self, log: MetricsLog) -> int:
+    def resume(self, logs: Sequence[MetricsLog]) -> int:
         """Load ``train.resume``'s checkpoint (``auto``: the run directory's newest valid one) into the
         prepared task, optimizer and RNGs; returns its step. Records of later steps are dropped from
-        the log (they are run again), and later checkpoints set aside."""
+        the ``logs`` (``metrics.jsonl``, ``val_metrics.jsonl``: they are run again), and later
+        checkpoints set aside. Its validation state: :attr:`resumed_validation`."""
         acc, cfg, run_dir = self.acc, self.cfg, self.run_dir
         if cfg.resume == "auto" and not step_checkpoints(run_dir):  # killed before its first checkpoint
             if acc.is_main_process:
-                log.truncate_after(0)
+                for log in logs:
+                    log.truncate_after(0)
                 logger.info(f"train.resume=auto: no checkpoint in {run_dir} yet; starting from step 0")
             acc.wait_for_everyone()
             return 0
@@ -289,8 +297,10 @@ class Checkpointer:
             counts = saved.get("samples")
             if isinstance(counts, dict):  # checkpoints from before the counts were saved start from 0
                 self.resumed_samples = {k: int(counts.get(k, 0)) for k in ("seen", "bad")}
+            self.resumed_validation = saved.get("validation")  # None: written before it was saved
             if acc.is_main_process:
-                log.truncate_after(step)
+                for log in logs:
+                    log.truncate_after(step)
                 logger.info(f"resumed from {ckpt} at step {step} of {cfg.steps}")
                 moved = set_aside_checkpoints_after(run_dir, step)
                 if moved:

@@ -313,7 +313,12 @@ def _set_up(
     saved_module = (checkpoint_module or (lambda t: t.model))(prep.inner)
     ckpt = Checkpointer(acc, cfg, run_dir, prep, saved_module, state, averager, files)
     validate = Validator(validation, acc, prep.task, prep.inner, cfg.steps, run_dir, log, ckpt) if validation else None
-    start = ckpt.resume(log) if cfg.resume else 0
+    val_log = validate.val_log if validate is not None else None
+    if validate is not None and val_log is not None:  # the best so far, in every state.json
+        ckpt.validation = validate.state
+    start = ckpt.resume([log, *([val_log] if val_log is not None else [])]) if cfg.resume else 0
+    if validate is not None and start:  # the validation as the uninterrupted run has it at `start`
+        validate.resumed(ckpt.resumed_validation, start)
     rep = Reporter(acc, cfg, log, start, ckpt.resumed_samples, ckpt.resumed_window)
     ckpt.samples, ckpt.window = rep.sample_counts, rep.window_state  # into state.json / each rank's train state
     batches = endless_batches(prep.loader, start * micro, ckpt.resumed_stream)

@@ -8,6 +8,12 @@ one record per evaluation into the run's ``metrics.jsonl``, its keys prefixed ``
 (:data:`vlp.train.logging.EVAL_PREFIX`), which the sinks receive as they receive the loss records;
 it keeps no checkpoint.
 
+A resumed run validates as the uninterrupted one would: the best so far (metric, value, step) is
+carried in every step checkpoint's ``state.json`` (``validation``: :meth:`Validator.state`) and
+restored from it (:meth:`Validator.resumed`); a checkpoint written before it was carried restores it
+from the records of ``val_metrics.jsonl`` up to its step (:func:`logged_best`). The records of later
+steps are dropped from ``val_metrics.jsonl`` as from ``metrics.jsonl`` (:meth:`MetricsLog.truncate_after`).
+
 Either way an evaluation leaves the training as it was: eval mode and no gradients while it runs
 (each module's own mode restored after), and every random generator the loop draws from (Python,
 numpy, torch CPU and the device's) restored to its state before it, so that a data loader or
@@ -19,7 +25,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, cast
 
 import torch
 from accelerate import Accelerator
@@ -28,7 +34,7 @@ from torch import nn
 from vlp.dist import all_gather_nograd
 from vlp.eval.mode import evaluating
 from vlp.train.checkpoints import Checkpointer
-from vlp.train.logging import EVAL_PREFIX, MetricsLog
+from vlp.train.logging import EVAL_PREFIX, MetricsLog, read_metrics
 from vlp.train.state import rng_state, set_rng_state
 
 logger = logging.getLogger(__name__)
@@ -60,7 +66,8 @@ class Validator:
     """Runs ``validation`` on the prepared ``task`` (``inner``: unwrapped) for a run of ``steps``
     steps, logs to ``log`` (``metrics.jsonl``: the zero-shot evaluation) or to
     ``run_dir/val_metrics.jsonl`` and ``log``'s sinks (prefix ``val/``), and saves the best
-    checkpoint with ``checkpointer`` (fine-tuning). ``best``: metric, value and step of the best so far."""
+    checkpoint with ``checkpointer`` (fine-tuning). ``best``: metric, value and step of the best so far
+    (empty before the first validation); ``val_log``: ``val_metrics.jsonl`` (None without ``select``)."""
 
     def __init__(
         self,
@@ -76,6 +83,20 @@ class Validator:
         self.validation, self.acc, self.task, self.inner, self.steps = validation, acc, task, inner, steps
         self.run_dir, self.log, self.checkpointer = run_dir, log, checkpointer
         self.best: dict[str, Any] = {}
+        self.val_log = MetricsLog(run_dir / "val_metrics.jsonl") if validation.select is not None else None
+
+    def state(self) -> dict[str, Any]:
+        """What later validations depend on, for a checkpoint's ``state.json``: ``{"best": best}``."""
+        return {"best": dict(self.best)}
+
+    def resumed(self, saved: Optional[dict[str, Any]], step: int) -> None:
+        """Continue after the checkpoint of ``step``: its :meth:`state` ``saved``, or (None: a
+        checkpoint without one) the best that ``val_metrics.jsonl`` marks up to ``step``."""
+        select = self.validation.select
+        if saved is not None:
+            self.best = dict(saved.get("best") or {})
+        elif select is not None and self.val_log is not None:
+            self.best = logged_best(self.val_log.path, select, step)
 
     def due(self, step: int) -> bool:
         """Whether to validate after optimizer step ``step``: every ``every`` steps and at the end."""
@@ -108,7 +129,7 @@ class Validator:
         improved = not best or value > best["value"]
         improved = bool(all_gather_nograd(torch.tensor([float(improved)], device=acc.device))[0] > 0)  # rank 0's
         if acc.is_main_process:
-            MetricsLog(self.run_dir / "val_metrics.jsonl").write({"step": step, **metrics, "best": improved})
+            cast(MetricsLog, self.val_log).write({"step": step, **metrics, "best": improved})
             self.log.sinks.log(metrics, step, prefix="val/")
             logger.info(
                 f"validation at step {step}: {self._shown(metrics)}"
@@ -125,3 +146,11 @@ class Validator:
         val = self.validation
         names = [k for k in dict.fromkeys([*([val.select] if val.select else []), *val.shown]) if k in metrics]
         return ", ".join(f"{k} {metrics[k]:.2f}" for k in names)
+
+
+def logged_best(path: Path, select: str, step: int) -> dict[str, Any]:
+    """The best so far after ``step`` as the records of ``path`` (a ``val_metrics.jsonl``) up to
+    ``step`` mark it: metric ``select``, value and step of the last record with ``best`` true; empty
+    when there is none."""
+    marked = [r for r in (read_metrics(path) if path.is_file() else []) if r["step"] <= step and r.get("best")]
+    return {"metric": select, "value": marked[-1][select], "step": marked[-1]["step"]} if marked else {}
