@@ -90,15 +90,14 @@ def run_dir(tmp_path_factory) -> Path:
     mcfg = tiny_config()
     model = ALBEF(mcfg)
     _perturb_training_state(model)
-    run = tmp_path_factory.mktemp("run")
-    state = {
-        "task": "pretrain",
-        "vlp_version": __version__,
-        "config": to_dict(PretrainConfig(model=mcfg)),
-        "model": to_dict(mcfg),
-        "step": 2,
-    }
-    save_checkpoint(run / "checkpoints" / "step_0000002", model, state)
+    return pretrain_run(tmp_path_factory.mktemp("run"), model, mcfg, step=2)
+
+
+def pretrain_run(run: Path, model: ALBEF, mcfg: ModelConfig, step: int) -> Path:
+    """``run`` holding one step checkpoint of ``model``, its state.json as pretraining writes it."""
+    state = {"task": "pretrain", "vlp_version": __version__, "model": to_dict(mcfg), "step": step}
+    state["config"] = to_dict(PretrainConfig(model=mcfg))
+    save_checkpoint(run / "checkpoints" / f"step_{step:07d}", model, state)
     return run
 
 
@@ -542,16 +541,7 @@ def test_albef_compat_survives_save_pretrained(tmp_path):
     torch.manual_seed(0)
     mcfg = tiny_config()
     mcfg.text.albef_compat = True
-    run = tmp_path / "run"
-    state = {
-        "task": "pretrain",
-        "vlp_version": __version__,
-        "config": to_dict(PretrainConfig(model=mcfg)),
-        "model": to_dict(mcfg),
-        "step": 1,
-    }
-    save_checkpoint(run / "checkpoints" / "step_0000001", ALBEF(mcfg), state)
-    m = VLPModel.from_pretrained(run, device="cpu")
+    m = VLPModel.from_pretrained(pretrain_run(tmp_path / "run", ALBEF(mcfg), mcfg, step=1), device="cpu")
     m2 = VLPModel.from_pretrained(m.save_pretrained(tmp_path / "saved"), device="cpu")
     assert transforms.is_albef_compat(m.tokenizer) and transforms.is_albef_compat(m2.tokenizer)
     text = "A  dog's ball -- on the grass!"
