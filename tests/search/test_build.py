@@ -161,3 +161,69 @@ def test_an_index_of_another_format_or_a_newer_version_is_refused(index: Path, t
     (copy / "meta.json").unlink()
     with pytest.raises(DataError, match="not a vlp image index \\(no meta.json"):
         open_index(copy)
+
+
+class MeanColour:
+    """A toy :class:`~vlp.search.ImageEmbedder`: the mean colour of 8 px images, normalised (E = 3)."""
+
+    def __init__(self) -> None:
+        from vlp.checkpoint import Preprocessor
+
+        self.preprocessor = Preprocessor(image_size=8, mean=[0.0, 0.0, 0.0], std=[1.0, 1.0, 1.0], max_len=8)
+
+    def embed_images(self, pixels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.normalize(pixels.mean(dim=(2, 3)), dim=-1)
+
+    def meta(self) -> dict:
+        return {"embedder": "mean-colour", "checkpoint": None, "embed_dim": 3}
+
+
+def test_any_image_embedder_plugs_in_and_loader_processes_change_nothing(photos: Path, tmp_path: Path) -> None:
+    from vlp.api.inputs import image_tensor
+    from vlp.search import build_index, search_image
+
+    toy = MeanColour()
+    report = build_index(photos, toy, tmp_path / "idx", batch_size=4, show_progress=False)
+    assert (report.count, report.files, len(report.skipped), report.ignored) == (7, 9, 2, 1)
+    opened = open_index(tmp_path / "idx")
+    transform = toy.preprocessor.image_transform()
+    pixels = torch.stack([image_tensor(str(photos / p), transform, 16, p) for p in GOOD])
+    np.testing.assert_allclose(opened.features, toy.embed_images(pixels).numpy(), atol=1e-6, rtol=0)
+    assert opened.meta["embedder"] == toy.meta() and opened.meta["checkpoint"] is None
+    assert search_image(opened, toy, photos / GOOD[3], top=1)[0].row == 3
+    build_index(photos, toy, tmp_path / "idx2", batch_size=4, workers=1, show_progress=False)  # a loader process
+    for name in ("features.npy", "paths.json", "meta.json"):
+        assert (tmp_path / "idx2" / name).read_bytes() == (tmp_path / "idx" / name).read_bytes(), name
+
+
+def test_a_resumed_build_names_whatever_differs(photos: Path, tmp_path: Path) -> None:
+    from vlp.errors import ConfigError
+    from vlp.search import scan_folder
+    from vlp.search.partial import Partial, build_identity
+
+    embedder = {"checkpoint": "/runs/a/step_2", "weights_sha256": "ab", "device": "cpu", "embed_dim": 16}
+    identity = build_identity(scan_folder(photos), embedder, batch_size=2, chunk_size=3)
+    Partial.open(tmp_path / "idx", identity)
+    assert Partial.open(tmp_path / "idx", identity).done() == 0  # the same build: it continues
+    for change, named in (
+        ({"embedder": {**embedder, "device": "cuda:0"}}, "--device was 'cpu', now 'cuda:0'"),
+        ({"embedder": {**embedder, "weights_sha256": "cd"}}, "the checkpoint's weights was 'ab', now 'cd'"),
+        ({"options": {"batch_size": 2, "chunk_size": 8}}, "--chunk-size was 3, now 8"),
+        ({"root": "/elsewhere"}, f"the folder was '{photos}', now '/elsewhere'"),
+        ({"digest": "0" * 64}, "the folder's image files changed since (one added, removed or rewritten)"),
+    ):
+        with pytest.raises(ConfigError, match="holds an interrupted `vlp index` of other settings") as e:
+            Partial.open(tmp_path / "idx", {**identity, **change})
+        assert named in str(e.value)
+
+
+def test_symlinked_folders_are_not_followed_and_other_files_are_counted(photos: Path, tmp_path: Path) -> None:
+    from vlp.search import scan_folder
+
+    own = tmp_path / "own"
+    shutil.copytree(photos / "d", own / "d")
+    (own / "linked").symlink_to(photos / "a", target_is_directory=True)
+    (own / "readme.md").write_text("notes")
+    found = scan_folder(own)
+    assert found.files == ["d/3.png", "d/4.jpeg", "d/fake.png"] and found.ignored == 1
+    assert found.root == own.absolute()

@@ -52,11 +52,34 @@ def test_json_prints_the_hits_exactly_and_top_beyond_the_index_gives_all(
     assert len(printed) == 7 and set(printed[0]) == {"rank", "row", "path", "itc", "itm"}
 
 
-def test_the_table_has_a_line_per_hit(index: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_table_has_a_line_per_hit_with_paths_below_the_working_folder_relative(
+    searcher: Searcher, index: Path, photos: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    monkeypatch.chdir(photos)
     assert main(["search", str(index), QUERY, "--top", "3", "--device", "cpu"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
+    hits = searcher.text(QUERY, top=3)
     assert lines[0].split() == ["rank", "itc", "path"] and len(lines) == 4
-    assert lines[1].split()[0] == "1" and lines[1].split()[2].endswith(tuple(GOOD))
+    assert [line.split() for line in lines[1:]] == [[str(h.rank), f"{h.itc:.4f}", GOOD[h.row]] for h in hits]
+    monkeypatch.chdir(index)
+    assert main(["search", str(index), QUERY, "--top", "1", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[1].split()[2] == str(photos / GOOD[hits[0].row])
+
+
+def test_a_dual_encoder_indexes_and_searches_but_cannot_rerank(
+    photos: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.helpers import dual_checkpoint
+    from tests.search.conftest import index_argv
+
+    run = tmp_path / "dual"
+    dual_checkpoint(run)
+    assert main(index_argv(photos, run, tmp_path / "idx")) == 0
+    capsys.readouterr()
+    assert main(["search", str(tmp_path / "idx"), QUERY, "--top", "2", "--json", "--device", "cpu"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 2
+    assert main(["search", str(tmp_path / "idx"), QUERY, "--rerank-itm", "2", "--device", "cpu"]) == 2
+    _one_error(capsys, "--rerank-itm: VLPModel.itm_score needs")
 
 
 def test_itm_rerank_orders_the_itc_top_k_by_the_match_logit(
