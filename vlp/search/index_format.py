@@ -86,13 +86,13 @@ def open_index(path: str | os.PathLike) -> ImageIndex:
         paths = json.loads((folder / PATHS).read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise DataError(f"{folder / PATHS}: cannot read the index's paths ({e})") from None
-    want = (int(meta.get("count", -1)), int(meta.get("embed_dim", -1)))
+    want = (meta.get("count"), meta.get("embed_dim"))
     if features.ndim != 2 or features.shape != want or features.dtype != np.dtype(DTYPE):
         raise DataError(
             f"{folder / FEATURES}: {features.dtype} {list(features.shape)}, but {META} says {DTYPE} {list(want)}"
         )
-    if not isinstance(paths, list) or len(paths) != want[0]:
-        raise DataError(f"{folder / PATHS}: expected a list of {want[0]} paths ({META}'s count)")
+    if not isinstance(paths, list) or len(paths) != features.shape[0]:
+        raise DataError(f"{folder / PATHS}: expected a list of {features.shape[0]} paths, one per row of {FEATURES}")
     return ImageIndex(folder, meta, features, paths)
 
 
