@@ -25,7 +25,7 @@ from vlp.errors import ConfigError, DataError
 from vlp.progress import progress
 from vlp.search.embedder import ImageEmbedder, ModelEmbedder
 from vlp.search.partial import Chunk, Partial, build_identity, index_meta
-from vlp.search.photo_folder import PhotoFolder, scan_folder
+from vlp.search.photo_folder import PhotoFolder, scan_folder, shown_path
 
 #: skipped files named one per line in the report; the rest are counted (all are in meta.json)
 SHOWN_SKIPPED = 10
@@ -55,7 +55,9 @@ class IndexReport:
             notes.append(f"{plural(self.ignored, 'file')} without an image extension ignored")
         if self.resumed:
             notes.append(f"resumed after {plural(self.resumed, 'file')}")
-        summary = f"indexed {plural(self.count, 'image')} of {self.root} into {self.out} ({'; '.join(notes)})"
+        summary = (
+            f"indexed {plural(self.count, 'image')} of {shown_path(self.root)} into {self.out} ({'; '.join(notes)})"
+        )
         return [*shown, summary]
 
 

@@ -61,3 +61,10 @@ def _digest(root: Path, files: list[str]) -> str:
             size, mtime = -1, -1
         h.update(f"{rel}\0{size}\0{mtime}\n".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """``path`` as the commands print it: relative to the working folder when it lies below it, else as
+    it is."""
+    rel = os.path.relpath(path)
+    return str(path) if rel.startswith("..") else rel

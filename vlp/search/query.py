@@ -26,6 +26,7 @@ from vlp.api.inputs import image_tensor
 from vlp.errors import ConfigError
 from vlp.search.embedder import ImageEmbedder, ModelEmbedder
 from vlp.search.index_format import ImageIndex, open_index
+from vlp.search.photo_folder import shown_path
 from vlp.search.ranking import cosine_scores, top_k
 
 
@@ -143,14 +144,8 @@ def format_hits(hits: list[Hit]) -> str:
     lines = [f"{'rank':>4}  {'itm':>8}  {'itc':>7}  path" if itm else f"{'rank':>4}  {'itc':>7}  path"]
     for h in hits:
         score = f"{'' if h.itm is None else f'{h.itm:.4f}':>8}  " if itm else ""
-        lines.append(f"{h.rank:>4}  {score}{h.itc:>7.4f}  {_shown(h.path)}")
+        lines.append(f"{h.rank:>4}  {score}{h.itc:>7.4f}  {shown_path(h.path)}")
     return "\n".join(lines)
-
-
-def _shown(path: str) -> str:
-    """``path`` relative to the working folder when it lies below it, else as it is."""
-    rel = os.path.relpath(path)
-    return path if rel.startswith("..") else rel
 
 
 def run_search(
