@@ -178,6 +178,13 @@ CASES: dict[str, tuple[list[str], str, Any, dict[str, Callable[..., Any]]]] = {
         [],
         {},
     ),
+    "index": (
+        ["index", "photos", "--checkpoint", "c", "--out", "o"],
+        "vlp.search:run_index",
+        SimpleNamespace(lines=lambda: []),
+        {},
+    ),
+    "search": (["search", "idx", "a red circle"], "vlp.search:run_search", "", {}),
     "make-world": (
         ["make-world", "--out", "o"],
         "vlp.world:generate_world",

@@ -1,7 +1,7 @@
 """What the :class:`~vlp.api.VLPModel` methods take and how they run: the image and text argument
 types, one item as a list of one, the no-gradient, eval-mode wrapper of an inference function, and
 the evaluation preprocessing of a loaded model (:func:`pixel_values`, :func:`image_batches`,
-:func:`tokenize`)."""
+:func:`tokenize`; one image: :func:`image_tensor`)."""
 
 from __future__ import annotations
 
@@ -54,16 +54,27 @@ def image_list(images: Images) -> list:
     return as_list(images, (str, os.PathLike, Image.Image))
 
 
-def _image_tensor(vm: VLPModel, image: ImageLike, i: int) -> torch.Tensor:
-    """One image [3, S, S] through ``vm``'s evaluation transform (a tensor passes unchanged)."""
+def image_tensor(
+    image: ImageLike, transform: Callable[[Image.Image], torch.Tensor], min_side: int, origin: str
+) -> torch.Tensor:
+    """One image [3, S, S] through an evaluation ``transform`` (a tensor passes unchanged): a file is
+    opened as RGB (:func:`vlp.preprocess.images.open_image`; ``origin`` starts its errors, a
+    :class:`~vlp.errors.BadImage` for a missing, unreadable or truncated file), a PIL image converted
+    the same way; either upscaled to ``min_side`` first. What every method of a
+    :class:`~vlp.api.VLPModel` (``transform`` = ``vm.transform``, ``min_side`` =
+    ``vm.preprocessor.min_side``) and the photo index (:mod:`vlp.search`) preprocess images with."""
     if isinstance(image, torch.Tensor):
         return image
-    min_side = vm.preprocessor.min_side
     if isinstance(image, Image.Image):
         im = upscale_tiny(to_rgb(image), min_side)  # as open_image does for files
     else:
-        im = open_image(str(image), f"image {i}", min_side=min_side)
-    return vm.transform(im)
+        im = open_image(str(image), origin, min_side=min_side)
+    return transform(im)
+
+
+def _image_tensor(vm: VLPModel, image: ImageLike, i: int) -> torch.Tensor:
+    """One image [3, S, S] through ``vm``'s evaluation transform (:func:`image_tensor`)."""
+    return image_tensor(image, vm.transform, vm.preprocessor.min_side, f"image {i}")
 
 
 def pixel_values(vm: VLPModel, images: Images) -> torch.Tensor:

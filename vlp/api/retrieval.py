@@ -66,9 +66,12 @@ def similarity(
 
 
 @inference
-def itm_score(vm: VLPModel, images: Images, texts: Texts, batch_size: Optional[int] = None) -> torch.Tensor:
+def itm_score(
+    vm: VLPModel, images: Images, texts: Texts, batch_size: Optional[int] = None, *, logit: bool = False
+) -> torch.Tensor:
     """Match probability [N] of aligned pairs (``images[i]``, ``texts[i]``): the ITM head's
-    softmax class 1 on the fused [CLS] state."""
+    softmax class 1 on the fused [CLS] state. ``logit``: the class-1 logit instead (what ALBEF's
+    retrieval evaluation re-ranks by, :func:`vlp.eval.retrieval.itm_scores`)."""
     require(vm, "itm_score", "the ITM head", fusion=True)
     model: Any = vm.model
     tok, bs = tokenize(vm, texts), batch_size or vm.batch_size
@@ -81,5 +84,6 @@ def itm_score(vm: VLPModel, images: Images, texts: Texts, batch_size: Optional[i
         rows = slice(k * bs, k * bs + len(pixels))
         tokens = model.encode_image(pixels).tokens
         fused = model.fuse(model.text_states(ids[rows], mask[rows]), mask[rows], tokens)
-        out.append(model.itm_logits(fused).float().softmax(-1)[:, 1].cpu())
+        logits = model.itm_logits(fused).float()
+        out.append((logits if logit else logits.softmax(-1))[:, 1].cpu())
     return torch.cat(out)

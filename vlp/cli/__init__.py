@@ -1,12 +1,13 @@
 """Command line: ``vlp pretrain [nlvr-ta] | finetune TASK | train-helper |
 cache-helper-features | make-targets | make-shards | data check | prepare | analyze | evaluate |
-make-world | bench | demo | convert | export | explain | zoo | plot``.
+make-world | bench | demo | convert | export | explain | index | search | zoo | plot``.
 
 Only parsing and dispatch, one module per command family: :mod:`~vlp.cli.train`,
 :mod:`~vlp.cli.evaluate`, :mod:`~vlp.cli.data`, :mod:`~vlp.cli.prepare`, :mod:`~vlp.cli.world`,
 :mod:`~vlp.cli.convert` (and the zoo), :mod:`~vlp.cli.export` (ONNX), :mod:`~vlp.cli.lab` (analyses
-and plots), :mod:`~vlp.cli.demo_bench`. Each command is one call into its family's module of
-:mod:`vlp.runs` or :mod:`vlp.lab` (or into a data, world, conversion, export or plotting tool), and prints what
+and plots), :mod:`~vlp.cli.demo_bench`, :mod:`~vlp.cli.search` (``vlp index``, ``vlp search``). Each
+command is one call into its family's module of :mod:`vlp.runs` or :mod:`vlp.lab` (or into a data,
+world, conversion, export, plotting or search tool: :mod:`vlp.search`), and prints what
 that call returns, tables formatted there. Those modules are imported inside the handlers, when their
 command runs, and so is :mod:`vlp.dist`: building the parser reads light facts only (the kinds of
 :data:`vlp.kinds.KINDS`, a plugin's among them), so ``vlp --help``, ``vlp COMMAND --help`` and an
@@ -24,7 +25,7 @@ import os
 import sys
 from typing import Any, Callable, Optional, Sequence
 
-from vlp.cli import convert, data, demo_bench, evaluate, export, lab, prepare, train, world
+from vlp.cli import convert, data, demo_bench, evaluate, export, lab, prepare, search, train, world
 from vlp.cli.common import USER_ERRORS
 from vlp.config.load import refuse_repeated_keys
 from vlp.console import show_logs
@@ -54,20 +55,22 @@ ORDER = (
     "convert",
     "export",
     "explain",
+    "index",
+    "search",
     "zoo",
     "plot",
 )
 
 #: Commands that split their work over the processes of a launch (torchrun, accelerate launch);
-#: the others (make-world, make-shards, make-targets, cache-helper-features, analyze, plot, demo, export)
-#: run on rank 0 only.
+#: the others (make-world, make-shards, make-targets, cache-helper-features, analyze, plot, demo, export,
+#: index, search) run on rank 0 only.
 MULTI_PROCESS = frozenset({PRETRAIN, "pretrain-nlvr-ta", "train-helper", "finetune", "evaluate", "bench"})
 
 
 def build_parser() -> argparse.ArgumentParser:
     """``vlp`` and every command of every family, in :data:`ORDER`."""
     adders: dict[str, Callable[[Any], None]] = {}
-    for family in (train, data, prepare, lab, evaluate, world, demo_bench, convert, export):
+    for family in (train, data, prepare, lab, evaluate, world, demo_bench, convert, export, search):
         adders.update(family.COMMANDS)
     if set(adders) != set(ORDER):
         raise AssertionError(f"vlp.cli.ORDER and the families' commands differ: {sorted(set(adders) ^ set(ORDER))}")
