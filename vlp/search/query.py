@@ -14,8 +14,8 @@ index was built with, image-image cosine.
 from __future__ import annotations
 
 import json
+import logging
 import os
-import sys
 from dataclasses import asdict, dataclass
 from typing import Optional
 
@@ -28,6 +28,8 @@ from vlp.search.embedder import ImageEmbedder, ModelEmbedder
 from vlp.search.index_format import ImageIndex, open_index
 from vlp.search.photo_folder import shown_path
 from vlp.search.ranking import cosine_scores, top_k
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,6 @@ def run_search(
         raise ConfigError("the query is empty: give a text to search for (or --image PATH)")
     searcher = Searcher.open(index, checkpoint, device)
     if searcher.note:
-        print(f"vlp search: note: {searcher.note}", file=sys.stderr)
+        logger.warning(f"vlp search: note: {searcher.note}")
     hits = searcher.image(image, top) if image is not None else searcher.text(query or "", top, rerank_itm)
     return json.dumps([h.to_json() for h in hits], indent=1) if as_json else format_hits(hits)
