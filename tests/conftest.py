@@ -7,10 +7,11 @@ every ``json.dump``/``json.dumps`` called from vlp's own code is checked (serial
 ``allow_nan=False``); the session fails at the end, naming each call site that wrote one. Processes
 the tests launch (multi-process runs) are not watched.
 
-Every test starts with the ``vlp`` logger as a Python session has it (no handler, no level; a test
-that runs ``vlp.cli.main`` in-process gets the console handler only until it ends): library code
-called directly prints nothing but the warnings Python shows; the ``console`` fixture prints its log
-records as ``vlp`` does, for a test that reads them with capsys/capfd."""
+Every test starts with the ``vlp`` logger as the ``vlp`` command sets it (:func:`vlp.console.show_logs`:
+INFO lines on stdout, warnings on stderr, bare), restored afterwards: the suite reads what library
+code logs with capsys/capfd as a user of the command sees it. A test of the library's own default (no
+handler: records only, Python's last resort for warnings) asks for ``library_logger``
+(``tests/test_console.py``)."""
 
 from __future__ import annotations
 
@@ -66,25 +67,27 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # ------------------------------------------------------------------ the vlp logger
 
 
+@pytest.fixture()
+def library_logger() -> None:
+    """The ``vlp`` logger as the library leaves it in a Python session: no handler, no level."""
+    log = logging.getLogger("vlp")
+    log.handlers.clear()
+    log.setLevel(logging.NOTSET)
+
+
 @pytest.fixture(autouse=True)
-def _vlp_logger_as_the_library_leaves_it() -> Any:
-    """The ``vlp`` logger without handlers or level for the test, restored afterwards."""
+def console() -> Any:
+    """vlp's log records printed as the ``vlp`` command prints them (:func:`vlp.console.show_logs`:
+    INFO on stdout, warnings on stderr) during every test; the logger restored afterwards. Returns the
+    handler."""
+    from vlp.console import show_logs
+
     log = logging.getLogger("vlp")
     saved = (log.handlers[:], log.level)
     log.handlers.clear()
-    log.setLevel(logging.NOTSET)
-    yield
+    yield show_logs("INFO")
     log.handlers[:] = saved[0]
     log.setLevel(saved[1])
-
-
-@pytest.fixture()
-def console() -> Any:
-    """vlp's log records printed as ``vlp`` prints them (:func:`vlp.console.show_logs`: INFO on
-    stdout, warnings on stderr), for a test that calls library code and reads its lines."""
-    from vlp.console import show_logs
-
-    return show_logs("INFO")
 
 
 # ------------------------------------------------------------------ shared fixtures

@@ -25,6 +25,11 @@ NOTE = "vision init: none (random weights, arch vit_tiny)"
 WARNING = "vlp data: warning: a.tar: b.json lists no samples; the shard is left out"
 
 
+@pytest.fixture(autouse=True)
+def _library_default(library_logger) -> None:
+    """Each test here starts from the library's default logger (the suite's others print as vlp does)."""
+
+
 class _Tower:
     init_report = REPORT
 

@@ -35,11 +35,6 @@ def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("vlp.remote.shard_urls.BACKOFF_S", 0.01)
 
 
-@pytest.fixture(autouse=True)
-def printed(console) -> None:
-    """Every test here reads the loader's warnings (skipped shards) as ``vlp`` prints them."""
-
-
 def skipped(err: str) -> list[tuple[int, str]]:
     """(bad samples, message) of each broken shard the loader named on stderr."""
     return [(int(m.group(1)), m.group(2)) for m in map(SKIPPED.search, err.splitlines()) if m]
