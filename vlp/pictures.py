@@ -29,13 +29,15 @@ class RunStep:
         return f"{self.run}, step {self.step}" if self.step is not None else self.run
 
     @classmethod
-    def of_checkpoint(cls, folder: Union[str, Path]) -> RunStep:
+    def of_checkpoint(cls, folder: Union[str, Path], step: Optional[int] = None) -> RunStep:
         """A checkpoint folder's run (``RUN/checkpoints/step_N`` or ``RUN/checkpoints/best``: RUN;
-        any other folder: its own name) and the step of its ``state.json`` (None without one)."""
+        any other folder: its own name) and ``step``, or when not given (a caller that has not opened
+        the checkpoint) the step of its ``state.json`` (None without one)."""
         folder = Path(folder)
         run = folder.parent.parent.name if folder.parent.name == "checkpoints" else folder.name
         state = folder / "state.json"
-        step = json.loads(state.read_text()).get("step") if state.is_file() else None
+        if step is None:
+            step = json.loads(state.read_text()).get("step") if state.is_file() else None
         return cls(run, None if step is None else int(step))
 
     @classmethod

@@ -171,7 +171,7 @@ def run_evaluate_retrieval(
     if not main:
         return result
     record = _metrics_record(result, cfg, device, preset, kind, ckpt, d, relevance, caption_groups)
-    write_evaluation(Path(out), record, d.split, result, d.rel)
+    write_evaluation(Path(out), record, d.split, result, d.rel, RunStep.of_checkpoint(ckpt, opened.step))
     return result
 
 
@@ -212,7 +212,7 @@ class PeriodicRetrieval:
         if rank() == 0:
             ckpt, relevance = find_checkpoint(run_dir), self.cfg.data.relevance
             record = _metrics_record(result, self.cfg, device, None, self.kind, ckpt, self.data, relevance, None)
-            write_evaluation(out, record, self.data.split, result, self.data.rel)
+            write_evaluation(out, record, self.data.split, result, self.data.rel, RunStep.of_checkpoint(ckpt))
         return True
 
 
@@ -333,11 +333,13 @@ def _metrics_record(
     return record
 
 
-def write_evaluation(out: Path, record: dict, split: RetrievalSplit, result: RetrievalResult, rel) -> None:
-    """``out/metrics.json`` (``record``) and the text->image example grid ``out/retrieval_examples.png``."""
+def write_evaluation(
+    out: Path, record: dict, split: RetrievalSplit, result: RetrievalResult, rel, shows: RunStep
+) -> None:
+    """``out/metrics.json`` (``record``) and the text->image example grid ``out/retrieval_examples.png``,
+    titled with ``shows`` (the evaluated checkpoint's run and step)."""
     from vlp.viz import plot_retrieval_examples
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(record, indent=2))
-    shows = RunStep.of_checkpoint(record["checkpoint"])
     plot_retrieval_examples(split, result.scores_t2i, out / "retrieval_examples.png", rel, shows=shows)
