@@ -210,7 +210,7 @@ def test_the_documented_pipe_with_an_environment_secret_trains_and_writes_no_pas
     assert password not in printed.out + printed.err
 
 
-def test_a_backends_exception_text_is_redacted_where_vlp_prints_it(console, capsys):
+def test_a_backends_exception_text_is_redacted_where_vlp_prints_it(capsys):
     """A server can hand back a URL vlp never saw (a redirect to a presigned URL): the text of a
     backend's exception goes through ``redacted`` where vlp names what went wrong (``reason_of``), and the
     data warnings printed straight to stderr (a skipped shard or sample) are redacted too."""

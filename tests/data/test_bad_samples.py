@@ -224,7 +224,7 @@ def test_nlvr_training_items_replace_a_pair_with_a_bad_image(tmp_path: Path, tok
 # ----------------------------------------------------------------------------- up-front check
 
 
-def test_check_images_raise_skip_and_max_bad_fraction(console, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_check_images_raise_skip_and_max_bad_fraction(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     dataset_with(tmp_path, "missing", "skip")
     samples = load_pairs([tmp_path / "ann.json"])
     gone = f"{tmp_path / 'ann.json'} entry {BAD}: {tmp_path / f'{BAD}_gone.jpg'}"

@@ -443,7 +443,7 @@ def test_load_pairs_raises_on_whitespace_only_captions(tmp_path: Path) -> None:
         load_pairs([f])
 
 
-def test_load_pairs_skip_drops_bad_entries_and_captions(console, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_load_pairs_skip_drops_bad_entries_and_captions(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     f = write(
         tmp_path / "ann.json",
         [

@@ -113,7 +113,7 @@ def test_caption_key_txt_members_and_a_brace_pattern(tmp_path: Path) -> None:
     assert ld.images == 10 and len(ids) == len(set(ids)) == 8 and set(ids) <= set(range(10))  # 2 batches of 4
 
 
-def test_a_read_only_folder_without_stats_is_scanned_once(console, tmp_path: Path, monkeypatch, capsys) -> None:
+def test_a_read_only_folder_without_stats_is_scanned_once(tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("VLP_CACHE", str(tmp_path / "cache"))
     folder = write_img2dataset(tmp_path / "ro", stats=False)
     before = sorted(p.name for p in folder.iterdir())

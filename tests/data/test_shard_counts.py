@@ -44,7 +44,7 @@ def test_a_stats_count_breaking_the_rule_is_named_at_start_up(tmp_path: Path, va
     assert str(e.value) == f"{url}_stats.json: 'successes' (the count of {url}.tar) is {value!r}, {RULE}"
 
 
-def test_a_local_count_that_cannot_fit_in_its_tar_is_named_at_start_up(console, tmp_path: Path, capfd) -> None:
+def test_a_local_count_that_cannot_fit_in_its_tar_is_named_at_start_up(tmp_path: Path, capfd) -> None:
     """Named in a warning: a count that is wrong and a tar cut short look the same at start-up, and a
     cut tar costs its missing samples when read (issue 41), not the run."""
     data = write_img2dataset(tmp_path / "cc")
@@ -95,9 +95,7 @@ def test_an_index_count_breaking_the_rule_is_named_at_start_up(tmp_path: Path, m
     )
 
 
-def test_a_shard_listed_with_no_samples_is_left_out_named_at_start_up(
-    console, tmp_path: Path, monkeypatch, capfd
-) -> None:
+def test_a_shard_listed_with_no_samples_is_left_out_named_at_start_up(tmp_path: Path, monkeypatch, capfd) -> None:
     data = write_img2dataset(tmp_path / "cc")
     f = set_stats(data, 3, 0)
     assert [s.path.name for s in read_sizes([data])] == ["00000.tar", "00001.tar", "00002.tar"]

@@ -192,7 +192,7 @@ def epoch(data: Path, **kw) -> list[dict]:
     return list(loader([data], on_bad="skip", **kw))
 
 
-def test_under_skip_broken_shards_cost_their_samples_deterministically(console, tmp_path: Path, capfd) -> None:
+def test_under_skip_broken_shards_cost_their_samples_deterministically(tmp_path: Path, capfd) -> None:
     """One epoch (32 listed samples: 8 batches of 4) reads every shard: 3 + 5 + 2 bad samples,
     each shard named once; the same batches twice, and from a resume's position."""
     data = broken_world(tmp_path / "w")
@@ -221,9 +221,7 @@ def test_under_skip_broken_shards_cost_their_samples_deterministically(console, 
     assert all(torch.equal(a["images"], b["images"]) for a, b in zip(rest, full[3:]))
 
 
-def test_without_stats_the_scan_counts_up_to_the_break_and_leaves_out_an_empty_tar(
-    console, tmp_path, monkeypatch, capfd
-):
+def test_without_stats_the_scan_counts_up_to_the_break_and_leaves_out_an_empty_tar(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("VLP_CACHE", str(tmp_path / "cache"))
     data = broken_world(tmp_path / "w", stats=False)
     with pytest.raises(

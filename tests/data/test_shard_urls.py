@@ -153,7 +153,7 @@ def test_a_connection_reset_mid_shard_is_retried_from_where_it_broke(folder: Pat
         assert server.log.count("GET /00001.tar") >= 2 and server.log.count("GET /00002.tar") >= 3
 
 
-def test_a_shard_that_keeps_failing_costs_its_samples_named_once(console, folder: Path, monkeypatch, capsys) -> None:
+def test_a_shard_that_keeps_failing_costs_its_samples_named_once(folder: Path, monkeypatch, capsys) -> None:
     monkeypatch.setattr("vlp.remote.shard_urls.BACKOFF_S", 0.01)
     with http_server(folder) as server:
         server.faults = [Fault("00002.tar", "503")]

@@ -381,7 +381,7 @@ def corrupt_first_jpeg(shard: Path) -> tuple[str, int]:
     return key, meta["image_id"]
 
 
-def test_a_corrupt_member_raises_or_is_replaced_from_the_stream(console, shards: Path, tmp_path: Path, capfd) -> None:
+def test_a_corrupt_member_raises_or_is_replaced_from_the_stream(shards: Path, tmp_path: Path, capfd) -> None:
     """``raise`` names shard and member; ``skip`` leaves the sample out and takes the stream's next
     unit in its place (not another sample of the same batch, which a corrupt shard would fill):
     the same order without it, named once on stderr and counted once."""

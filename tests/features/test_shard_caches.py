@@ -239,9 +239,7 @@ def rewrite_member(tar: Path, name: str, data: bytes) -> None:
             tf.addfile(m, io.BytesIO(body))
 
 
-def test_bad_samples_are_left_out_a_broken_shard_or_a_repeated_key_stops_the_build(
-    console, sets, tmp_path, capsys
-) -> None:
+def test_bad_samples_are_left_out_a_broken_shard_or_a_repeated_key_stops_the_build(sets, tmp_path, capsys) -> None:
     cc = shutil.copytree(sets["cc"], tmp_path / "cc")
     rewrite_member(cc / "00001.tar", "000010001.jpg", b"not an image")
     rewrite_member(cc / "00002.tar", "000020003.json", b"{not json")

@@ -318,7 +318,7 @@ def test_openai_torchscript_archive_is_refused(tmp_path):
         build_vision(clip_cfg(tmp_path / "ViT-B-16.pt"))
 
 
-def test_report_written_to_the_run_directory(console, tmp_path, capsys):
+def test_report_written_to_the_run_directory(tmp_path, capsys):
     torch.save(clip_state(), tmp_path / "clip.pt")
 
     class Model(nn.Module):

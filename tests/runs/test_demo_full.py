@@ -12,7 +12,7 @@ PRETRAIN = ["model.vision.depth=1", "model.text.layers=1", "model.text.fusion_la
 FINETUNE = ["train.epochs=null", "train.steps=2", "train.progress=false", "data.num_workers=0", "data.batch_size=8"]
 
 
-def test_full_demo_runs_every_stage_and_writes_one_table(console, tmp_path: Path, capsys) -> None:
+def test_full_demo_runs_every_stage_and_writes_one_table(tmp_path: Path, capsys) -> None:
     stages = {name: list(FINETUNE) for name in FULL_STAGES if name not in ("pretrain", "zero_shot", "classification")}
     stages["pretrain"] = [*PRETRAIN, "train.progress=false", "data.num_workers=0", "data.batch_size=8"]
     stages["vqa"] = [*FINETUNE, "vqa.k_test=4"]

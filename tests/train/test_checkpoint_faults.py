@@ -37,7 +37,7 @@ def run(base: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("files", [["model.safetensors"], {}, {"model.safetensors": 7}, None])
-def test_a_malformed_or_empty_manifest_counts_as_corrupt(console, run: Path, files, capsys) -> None:
+def test_a_malformed_or_empty_manifest_counts_as_corrupt(run: Path, files, capsys) -> None:
     newest = step_dir(run, 6)
     manifest = json.loads((newest / MANIFEST).read_text())
     manifest["files"] = files
@@ -59,9 +59,7 @@ def test_a_tensor_of_another_kind_of_dtype_is_refused_by_name() -> None:
     load_strict(model, {k: v.half() for k, v in model.state_dict().items()}, source="half")  # float to float: fine
 
 
-def test_a_symlinked_step_folder_is_not_resumed_from_nor_followed_when_pruning(
-    console, run: Path, tmp_path: Path, capsys
-):
+def test_a_symlinked_step_folder_is_not_resumed_from_nor_followed_when_pruning(run: Path, tmp_path: Path, capsys):
     elsewhere = tmp_path / "elsewhere" / "step_0000008"
     shutil.copytree(step_dir(run, 6), elsewhere)
     (run / "checkpoints" / "step_0000008").symlink_to(elsewhere, target_is_directory=True)
@@ -73,7 +71,7 @@ def test_a_symlinked_step_folder_is_not_resumed_from_nor_followed_when_pruning(
     assert (elsewhere / "model.safetensors").is_file() and (run / "checkpoints" / "step_0000008").is_symlink()
 
 
-def test_resume_auto_without_any_checkpoint_starts_from_the_beginning(console, tmp_path: Path, capsys) -> None:
+def test_resume_auto_without_any_checkpoint_starts_from_the_beginning(tmp_path: Path, capsys) -> None:
     """A run killed before its first checkpoint left metrics.jsonl and an empty checkpoints/."""
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)

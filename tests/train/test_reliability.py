@@ -167,7 +167,7 @@ def test_every_checkpoint_has_a_manifest_of_sizes_and_sha256(base_run):
         assert find_checkpoint(ckpt) == ckpt
 
 
-def test_a_corrupted_newest_checkpoint_is_reported_and_the_previous_one_used(console, run_copy, capsys):
+def test_a_corrupted_newest_checkpoint_is_reported_and_the_previous_one_used(run_copy, capsys):
     newest = step_dir(run_copy, 6)
     weights = newest / "model.safetensors"
     before = {k: v.clone() for k, v in load_file(str(weights)).items()}
@@ -191,7 +191,7 @@ def test_a_corrupted_newest_checkpoint_is_reported_and_the_previous_one_used(con
     )
 
 
-def test_a_truncated_train_state_falls_back_and_resume_continues_exactly(console, base_run, run_copy, capsys):
+def test_a_truncated_train_state_falls_back_and_resume_continues_exactly(base_run, run_copy, capsys):
     _, final = base_run
     newest = step_dir(run_copy, 6)
     new, old = truncate(newest / TRAIN_STATE / "optimizer.safetensors")
@@ -247,7 +247,7 @@ def test_a_leftover_staging_folder_is_ignored(run_copy, capsys):
     ]
 
 
-def test_no_valid_checkpoint_lists_each_problem(console, run_copy, capsys):
+def test_no_valid_checkpoint_lists_each_problem(run_copy, capsys):
     c2, c4, c6 = (step_dir(run_copy, s) for s in (2, 4, 6))
     weights = c6 / "model.safetensors"
     flip_byte(weights, weights.stat().st_size - 10)
@@ -266,7 +266,7 @@ def test_no_valid_checkpoint_lists_each_problem(console, run_copy, capsys):
     assert capsys.readouterr().err == "".join(f"warning: {p}; trying the previous checkpoint\n" for p in problems)
 
 
-def test_keep_last_leaves_the_newest_step_checkpoints_and_best(console, tmp_path, capsys):
+def test_keep_last_leaves_the_newest_step_checkpoints_and_best(tmp_path, capsys):
     val = Validation(evaluate=lambda task, step: {"score": float(-step)}, select="score", every=2)  # best: step 2
     train(Toy(), loader(), cfg(ckpt_every=1, keep_last=2), tmp_path, validation=val)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["best", "step_0000005", "step_0000006"]
@@ -466,7 +466,7 @@ def test_a_plain_tensor_pth_loads(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["nan_loss", "inf_grad"])
-def test_a_non_finite_step_is_skipped(console, kind, tmp_path, capsys):
+def test_a_non_finite_step_is_skipped(kind, tmp_path, capsys):
     torch.manual_seed(0)
     task = Toy(**{"nan_at" if kind == "nan_loss" else "inf_grad_at": {3}})
     with warnings.catch_warnings(record=True) as caught:
