@@ -103,6 +103,30 @@ def test_records_round_trip_through_the_record_list(tmp_path):
     assert fresh.data == r.data
 
 
+def test_status_on_a_new_machine_counts_what_the_record_keeps(tmp_path, capsys):
+    """A fresh --out (a new machine) with the repository's record: --status counts the recorded runs
+    and helpers (it printed 0 done while 15 runs were recorded)."""
+    import json
+
+    from seed_results import SeedResults
+    from srcl_helpers import main, write_records
+    from srcl_helpers_design import CONTROL, PLAIN
+
+    r = SeedResults(tmp_path / "a.json")
+    r.add(PLAIN, 0, {"img_r_precision": 22.0})
+    r.add(CONTROL, 0, {"img_r_precision": 22.5})
+    r.add(PLAIN, 13, {"img_r_precision": 21.0})
+    write_records(r, tmp_path / "rec")
+    own = tmp_path / "rec" / "helpers" / "x64_steps6400_seed0" / "eval" / "metrics.json"
+    own.parent.mkdir(parents=True)
+    own.write_text(json.dumps({"img_r_precision": 36.0}))
+    assert main(["--out", str(tmp_path / "out"), "--record", str(tmp_path / "rec"), "--status"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "primary: 3/200 runs done (2/120 of the interim look's 12 seeds)"
+    assert lines[1] == "helpers trained and evaluated: 1/80"
+    assert not (tmp_path / "out").exists()  # --status writes nothing
+
+
 def _data(gains: dict[str, list[float]], base: float = 22.0) -> dict:
     n = len(next(iter(gains.values())))
     data = {"plain ITC": {str(s): {"img_r_precision": base + 0.1 * s} for s in range(n)}}

@@ -336,9 +336,12 @@ def write_helpers_report(exp: Any, results: SeedResults, seeds: Sequence[int]) -
 
 def status(out: Path, a: Any) -> str:
     """Runs done of all (and of the interim look's seeds), helpers trained, and the run each live
-    process is on (a mark whose process is gone is shown as such: rerun to resume)."""
+    process is on, counting what ``a.record`` keeps (a new machine's ``out`` is empty until a run starts) (a mark whose process is gone is shown as such: rerun to resume)."""
     r = SeedResults(out / "seed_results_primary.json")
-    done = [(arm, s) for s in SEEDS for arm in ARMS if r.has(arm, s)]
+    record = getattr(a, "record", None)
+    listed = record / "results_primary.json" if record is not None else None
+    kept = {(x["arm"], int(x["seed"])) for x in json.loads(listed.read_text())} if listed and listed.exists() else set()
+    done = [(arm, s) for s in SEEDS for arm in ARMS if r.has(arm, s) or (arm, s) in kept]
     interim = [d for d in done if d[1] < INTERIM]
     lines = [
         f"primary: {len(done)}/{len(ARMS) * len(SEEDS)} runs done ({len(interim)}/{len(ARMS) * INTERIM} of the "
@@ -348,9 +351,17 @@ def status(out: Path, a: Any) -> str:
         (g, s)
         for s in SEEDS
         for g in GRADES
-        if (
-            out / "helpers" / f"x{g}_steps{helper_steps(g, a.helper_base_steps)}_seed{s}" / "eval" / "metrics.json"
-        ).exists()
+        if any(
+            (
+                where
+                / "helpers"
+                / f"x{g}_steps{helper_steps(g, a.helper_base_steps)}_seed{s}"
+                / "eval"
+                / "metrics.json"
+            ).exists()
+            for where in (out, record)
+            if where is not None
+        )
     ]
     lines.append(f"helpers trained and evaluated: {len(trained)}/{len(GRADES) * len(SEEDS)}")
     for mark in sorted(out.glob("running_*.txt")):
