@@ -336,7 +336,8 @@ def write_helpers_report(exp: Any, results: SeedResults, seeds: Sequence[int]) -
 
 def status(out: Path, a: Any) -> str:
     """Runs done of all (and of the interim look's seeds), helpers trained, and the run each live
-    process is on, counting what ``a.record`` keeps (a new machine's ``out`` is empty until a run starts) (a mark whose process is gone is shown as such: rerun to resume)."""
+    process is on (a mark whose process is gone is shown as such: rerun to resume), counting what
+    ``a.record`` keeps: a new machine's ``out`` is empty until a run starts."""
     r = SeedResults(out / "seed_results_primary.json")
     record = getattr(a, "record", None)
     listed = record / "results_primary.json" if record is not None else None
