@@ -7,6 +7,7 @@ line each. One export of the search tests' tiny run (E = 16, 32 px) for the modu
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -175,3 +176,48 @@ def test_without_onnxruntime_the_extra_is_named(
     _one_error(capsys, "running an ONNX export needs the onnxruntime package: pip install 'vlp[export]'")
     assert main(["search", str(onnx_index), QUERIES[0], *CPU]) == 2
     _one_error(capsys, "pip install 'vlp[export]'")
+
+
+def test_an_export_whose_image_graph_changed_since_searches_with_a_note(
+    onnx_index: Path, export: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = tmp_path / "idx"
+    shutil.copytree(onnx_index, copy)
+    meta = json.loads((copy / "meta.json").read_text())
+    meta["embedder"]["image_encoder_sha256"] = "0" * 64  # as if the export were rewritten (--overwrite) since
+    (copy / "meta.json").write_text(json.dumps(meta))
+    assert main(["search", str(copy), QUERIES[0], *CPU]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"vlp search: note: the index {copy} was built with other weights ({export.resolve()}); its images were "
+        f"embedded by another image tower than the ONNX export {export.resolve()}'s"
+    ]
+
+
+def test_the_device_defaults_to_what_onnxruntime_has_and_other_devices_are_one_line(
+    photos: Path, export: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import onnxruntime
+
+    has_cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    assert OnnxEmbedder.load(export).device == ("cuda" if has_cuda else "cpu")
+    assert main(onnx_argv(photos, export, tmp_path / "idx", "--device", "cuda:1")) == 2
+    _one_error(capsys, "device 'cuda:1': expected 'cpu' or 'cuda'")
+
+
+def test_a_resumed_build_names_another_export_or_image_graph(photos: Path, tmp_path: Path) -> None:
+    from vlp.errors import ConfigError
+    from vlp.search import scan_folder
+    from vlp.search.partial import Partial, build_identity
+
+    embedder = {"embedder": "onnx", "checkpoint": None, "export": "/e1", "image_encoder_sha256": "ab", "device": "cpu"}
+    identity = build_identity(scan_folder(photos), embedder, batch_size=2, chunk_size=3)
+    Partial.open(tmp_path / "idx", identity)
+    for change, named in (
+        ({"export": "/e2"}, "the ONNX export was '/e1', now '/e2'"),
+        ({"image_encoder_sha256": "cd"}, "the export's image_encoder.onnx was 'ab', now 'cd'"),
+        ({"providers": ["CUDAExecutionProvider"]}, "onnxruntime's providers was None, now ['CUDAExecutionProvider']"),
+    ):
+        with pytest.raises(ConfigError, match="holds an interrupted `vlp index` of other settings") as e:
+            Partial.open(tmp_path / "idx", {**identity, "embedder": {**embedder, **change}})
+        assert named in str(e.value)
