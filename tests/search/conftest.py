@@ -4,6 +4,7 @@ photos in nested folders with one truncated image, one file that is no image and
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -74,3 +75,16 @@ def index(run: Path, photos: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     out = tmp_path_factory.mktemp("index") / "idx"
     assert main(index_argv(photos, run, out)) == 0
     return out
+
+
+def kill_after(monkeypatch: pytest.MonkeyPatch, embedder: type, calls: int) -> None:
+    """``embedder.embed_images`` (an image encoder class) raises on its call number ``calls + 1`` (a kill)."""
+    real, seen = embedder.embed_images, []
+
+    def dying(self: Any, pixels: torch.Tensor) -> torch.Tensor:
+        seen.append(len(pixels))
+        if len(seen) > calls:
+            raise KeyboardInterrupt("killed")
+        return real(self, pixels)
+
+    monkeypatch.setattr(embedder, "embed_images", dying)

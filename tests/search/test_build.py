@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.search.conftest import BAD, GOOD, index_argv, tiny_run
+from tests.search.conftest import BAD, GOOD, index_argv, kill_after, tiny_run
 from vlp import VLPModel
 from vlp.cli import main
 from vlp.errors import DataError
@@ -56,25 +56,12 @@ def test_the_report_names_each_bad_file_and_sums_up(
     )
 
 
-def _kill_after(monkeypatch: pytest.MonkeyPatch, calls: int) -> None:
-    """``ModelEmbedder.embed_images`` raises on its call number ``calls + 1`` (a kill)."""
-    real, seen = ModelEmbedder.embed_images, []
-
-    def dying(self: ModelEmbedder, pixels: torch.Tensor) -> torch.Tensor:
-        seen.append(len(pixels))
-        if len(seen) > calls:
-            raise KeyboardInterrupt("killed")
-        return real(self, pixels)
-
-    monkeypatch.setattr(ModelEmbedder, "embed_images", dying)
-
-
 def test_a_killed_run_resumes_to_the_uninterrupted_index_bit_for_bit(
     index: Path, run: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     out = tmp_path / "idx"
     with monkeypatch.context() as m:
-        _kill_after(m, 2)  # chunk 0 (files 0-2: batches [0, 1], [2]) saved, killed in chunk 1
+        kill_after(m, ModelEmbedder, 2)  # chunk 0 (files 0-2: batches [0, 1], [2]) saved, killed in chunk 1
         with pytest.raises(KeyboardInterrupt):
             main(index_argv(photos, run, out))
     assert not out.exists() and sorted(p.name for p in Path(f"{out}.partial", "chunks").iterdir()) == [
@@ -98,7 +85,7 @@ def test_resuming_refuses_another_folder_checkpoint_or_option(
     shutil.copytree(photos, own)
     out = tmp_path / "idx"
     with monkeypatch.context() as m:
-        _kill_after(m, 2)
+        kill_after(m, ModelEmbedder, 2)
         with pytest.raises(KeyboardInterrupt):
             main(index_argv(own, run, out))
     capsys.readouterr()

@@ -9,6 +9,7 @@ into one memory-mapped index, ``vlp search`` ranks it for a text or an image.
 Modules: :mod:`~vlp.search.index_format` (the files, :func:`open_index`),
 :mod:`~vlp.search.photo_folder` (which files of a folder are images), :mod:`~vlp.search.embedder`
 (the :class:`ImageEmbedder` protocol and the checkpoint-backed :class:`ModelEmbedder`),
+:mod:`~vlp.search.onnx_embedder` (:class:`OnnxEmbedder`: a ``vlp export onnx`` folder under onnxruntime),
 :mod:`~vlp.search.partial` (the resumable, atomic build folder), :mod:`~vlp.search.build`
 (:func:`build_index`, ``vlp index``), :mod:`~vlp.search.ranking` (block cosines, top k),
 :mod:`~vlp.search.query` (:class:`Searcher`, :class:`Hit`, ``vlp search``).
@@ -17,6 +18,7 @@ Modules: :mod:`~vlp.search.index_format` (the files, :func:`open_index`),
 from vlp.search.build import IndexReport, build_index, run_index
 from vlp.search.embedder import ImageEmbedder, ModelEmbedder, checkpoint_folder
 from vlp.search.index_format import FORMAT, FORMAT_VERSION, ImageIndex, open_index
+from vlp.search.onnx_embedder import OnnxEmbedder
 from vlp.search.photo_folder import IMAGE_EXTENSIONS, PhotoFolder, scan_folder
 from vlp.search.query import Hit, Searcher, format_hits, run_search, search_image, search_text
 from vlp.search.ranking import cosine_scores, top_k
@@ -30,6 +32,7 @@ __all__ = [
     "ImageIndex",
     "IndexReport",
     "ModelEmbedder",
+    "OnnxEmbedder",
     "PhotoFolder",
     "Searcher",
     "build_index",

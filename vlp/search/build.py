@@ -1,4 +1,4 @@
-"""``vlp index DIR --checkpoint RUN --out INDEX``: every image under a folder through an
+"""``vlp index DIR --checkpoint RUN --out INDEX`` (or ``--onnx EXPORT``): every image under a folder through an
 :class:`~vlp.search.embedder.ImageEmbedder` into one index (:mod:`vlp.search.index_format`),
 resumable after a kill (:mod:`vlp.search.partial`).
 
@@ -24,6 +24,7 @@ from vlp.data.json_entries import plural
 from vlp.errors import ConfigError, DataError
 from vlp.progress import progress
 from vlp.search.embedder import ImageEmbedder, ModelEmbedder
+from vlp.search.onnx_embedder import OnnxEmbedder
 from vlp.search.partial import Chunk, Partial, build_identity, index_meta
 from vlp.search.photo_folder import PhotoFolder, scan_folder, shown_path
 
@@ -159,18 +160,29 @@ def build_index(
 
 def run_index(
     folder: str,
-    checkpoint: str,
     out: str,
+    checkpoint: Optional[str] = None,
+    onnx: Optional[str] = None,
     batch_size: int = 64,
     chunk_size: int = 4096,
     device: Optional[str] = None,
     workers: int = 0,
     show_progress: bool = True,
 ) -> IndexReport:
-    """``vlp index``: the folder scanned and ``out`` checked first, then the checkpoint's image
-    tower (:class:`~vlp.search.embedder.ModelEmbedder`) indexes it (:func:`build_index`)."""
+    """``vlp index``: the folder scanned and ``out`` checked first, then the image tower of
+    ``checkpoint`` (:class:`~vlp.search.embedder.ModelEmbedder`) or of the ONNX export ``onnx``
+    (:class:`~vlp.search.onnx_embedder.OnnxEmbedder`), exactly one of them, indexes it
+    (:func:`build_index`)."""
+    if checkpoint is not None and onnx is not None:
+        raise ConfigError("give --checkpoint RUN or --onnx EXPORT (the image tower that embeds the images), not both")
+    if checkpoint is None and onnx is None:
+        raise ConfigError("give --checkpoint RUN or --onnx EXPORT: the image tower that embeds the images")
     photos = scan_folder(folder)
     if Path(out).exists():
         raise ConfigError(f"{out} already exists: remove it, or choose another --out")
-    embedder = ModelEmbedder.load(checkpoint, device, batch_size)
+    embedder: ImageEmbedder
+    if checkpoint is not None:
+        embedder = ModelEmbedder.load(checkpoint, device, batch_size)
+    elif onnx is not None:
+        embedder = OnnxEmbedder.load(onnx, device)
     return build_index(photos, embedder, out, batch_size, chunk_size, workers, show_progress)

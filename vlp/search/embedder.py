@@ -1,8 +1,8 @@
 """What turns images into index rows: the :class:`ImageEmbedder` protocol, and the one backed by a
 vlp checkpoint (:class:`ModelEmbedder`, the image tower of a :class:`~vlp.api.VLPModel`).
 
-Another image encoder (an exported ONNX graph, say) plugs into ``vlp index`` by offering the same
-three things; :func:`vlp.search.build.build_index` takes any of them. Its ``meta()`` should name
+Another image encoder (the exported ONNX graph of :mod:`vlp.search.onnx_embedder`, say) plugs into
+``vlp index`` by offering the same three things; :func:`vlp.search.build.build_index` takes any of them. Its ``meta()`` should name
 ``checkpoint`` (the vlp checkpoint whose text tower queries the index, ``vlp search``'s default)
 and ``embed_dim``.
 """
@@ -81,6 +81,11 @@ class ModelEmbedder:
     def embed_dim(self) -> int:
         """E, the ITC feature width."""
         return int(self.model.model_config.embed_dim)
+
+    @property
+    def label(self) -> str:
+        """How a message names this encoder."""
+        return f"the checkpoint {self.folder}"
 
     def embed_images(self, pixels: torch.Tensor) -> torch.Tensor:
         """[B, 3, S, S] -> [B, E] float32, L2-normalised, on the CPU (one batch)."""

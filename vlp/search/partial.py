@@ -6,7 +6,8 @@ digest of its files, the embedder's identity, the options that change the rows);
 of ``chunk_size`` files is ``chunks/NNNNNN.npy`` (its rows) and then ``chunks/NNNNNN.json`` (which
 files it kept, which it skipped and why), each written to a temporary file and renamed, so a chunk
 exists whole or not at all. Running the same command again continues after the last whole chunk
-(:meth:`Partial.open`), and refuses in one line when the folder, the checkpoint or an option differs.
+(:meth:`Partial.open`), and refuses in one line when the folder, the checkpoint (or ONNX export) or an
+option differs.
 When every chunk is there, :meth:`Partial.publish` writes the index into ``OUT.partial/index``
 (features streamed into a memory-mapped ``features.npy``), renames it to ``OUT`` and removes the
 staging folder: a killed run leaves ``OUT.partial`` and no ``OUT``.
@@ -36,9 +37,13 @@ STAGED = "index"
 _NAMES = {
     "root": "the folder",
     "files": "the folder's image files",
+    "embedder.embedder": "the image encoder (--checkpoint or --onnx)",
     "embedder.checkpoint": "the checkpoint",
     "embedder.weights_sha256": "the checkpoint's weights",
+    "embedder.export": "the ONNX export",
+    "embedder.image_encoder_sha256": "the export's image_encoder.onnx",
     "embedder.device": "--device",
+    "embedder.providers": "onnxruntime's providers",
     "options.batch_size": "--batch-size",
     "options.chunk_size": "--chunk-size",
 }

@@ -1,6 +1,9 @@
 """Searching an index (``vlp search``): by text with the checkpoint's text tower, optionally re-ranked
 by its ITM head, or by image ("more like this") with the image tower; the hits typed, for the
-command line and any other caller (:class:`Searcher`, :class:`Hit`).
+command line and any other caller (:class:`Searcher`, :class:`Hit`). An index built with an ONNX
+export (``vlp index --onnx``) is searched with that export's towers under onnxruntime
+(:class:`~vlp.search.onnx_embedder.OnnxEmbedder`: no ITM head, so no re-rank) unless a checkpoint
+is given.
 
 Text: the query's ITC feature (:meth:`~vlp.api.VLPModel.encode_text`, normalised) against every
 row, the ``top`` highest cosines (:mod:`vlp.search.ranking`). ``rerank_itm=K`` follows ALBEF's
@@ -17,7 +20,7 @@ import json
 import logging
 import os
 from dataclasses import asdict, dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 
@@ -26,6 +29,7 @@ from vlp.api.inputs import image_tensor
 from vlp.errors import ConfigError
 from vlp.search.embedder import ImageEmbedder, ModelEmbedder
 from vlp.search.index_format import ImageIndex, open_index
+from vlp.search.onnx_embedder import OnnxEmbedder, export_of
 from vlp.search.photo_folder import shown_path
 from vlp.search.ranking import cosine_scores, top_k
 
@@ -71,18 +75,33 @@ def _hits(index: ImageIndex, rows: np.ndarray, scores: np.ndarray, itm: Optional
     ]
 
 
-def search_text(index: ImageIndex, model: VLPModel, query: str, top: int = 10, rerank_itm: int = 0) -> list[Hit]:
+def rerank_refusal(export: os.PathLike | str, exported_from: Optional[str]) -> ConfigError:
+    """The error of ``--rerank-itm`` with no PyTorch checkpoint but the ONNX export ``export``."""
+    origin = f" (it was exported from {exported_from})" if exported_from else ""
+    return ConfigError(
+        f"--rerank-itm needs the ITM head of a PyTorch ALBEF checkpoint, and the ONNX export {export} holds "
+        f"the ITC towers only{origin}: give --checkpoint RUN"
+    )
+
+
+def search_text(
+    index: ImageIndex, model: Union[VLPModel, OnnxEmbedder], query: str, top: int = 10, rerank_itm: int = 0
+) -> list[Hit]:
     """The ``top`` rows of ``index`` for the text ``query`` (module doc; ``rerank_itm``: how many of
-    the ITC top to re-rank by ITM, 0: none). An empty query, or a model without ITM head asked to
-    re-rank, raises :class:`~vlp.errors.ConfigError`."""
+    the ITC top to re-rank by ITM, 0: none) with the text tower of ``model`` (a :class:`VLPModel`,
+    or an :class:`~vlp.search.onnx_embedder.OnnxEmbedder`'s export). An empty query, or a model
+    without ITM head asked to re-rank, raises :class:`~vlp.errors.ConfigError`."""
     if not query.strip():
         raise ConfigError("the query is empty: give a text to search for (or --image PATH)")
     q = model.encode_text([query])[0].numpy()
-    check_width(index, len(q), f"the text tower of {model.source.get('checkpoint', 'the model')}")
+    tower = model.label if isinstance(model, OnnxEmbedder) else model.source.get("checkpoint", "the model")
+    check_width(index, len(q), f"the text tower of {tower}")
     scores = cosine_scores(index.features, q)
     rows = top_k(scores, max(top, rerank_itm))
     if not rerank_itm:
         return _hits(index, rows[:top], scores)
+    if isinstance(model, OnnxEmbedder):
+        raise rerank_refusal(model.folder, model.meta()["exported_from"])
     head = rows[:rerank_itm]
     try:
         itm = model.itm_score([index.file(int(r)) for r in head], [query] * len(head), logit=True).numpy()
@@ -105,26 +124,35 @@ def search_image(index: ImageIndex, embedder: ImageEmbedder, image: ImageLike, t
 
 
 class Searcher:
-    """An index with the checkpoint that queries it: :meth:`text` and :meth:`image` searches.
-    ``note``: a line worth showing (the checkpoint's weights differ from those that built the
-    index), else None."""
+    """An index with the checkpoint (or ONNX export) that queries it: :meth:`text` and :meth:`image`
+    searches. ``note``: a line worth showing (the checkpoint's weights, or the export's image graph,
+    differ from those that built the index), else None."""
 
-    def __init__(self, index: ImageIndex, embedder: ModelEmbedder) -> None:
+    def __init__(self, index: ImageIndex, embedder: Union[ModelEmbedder, OnnxEmbedder]) -> None:
         self.index, self.embedder = index, embedder
-        check_width(index, embedder.embed_dim, f"the checkpoint {embedder.folder}")
-        built = (index.meta.get("embedder") or {}).get("weights_sha256")
+        self.text_model = embedder.model if isinstance(embedder, ModelEmbedder) else embedder
+        check_width(index, embedder.embed_dim, embedder.label)
+        built_by = index.meta.get("embedder") or {}
+        built = built_by.get("weights_sha256" if isinstance(embedder, ModelEmbedder) else "image_encoder_sha256")
         self.note = None
         if built is not None and built != embedder.sha256:
             self.note = (
-                f"the index {index.folder} was built with other weights ({index.meta.get('checkpoint')}); "
-                f"its images were embedded by another image tower than {embedder.folder}'s"
+                f"the index {index.folder} was built with other weights "
+                f"({index.meta.get('checkpoint') or built_by.get('export')}); "
+                f"its images were embedded by another image tower than {embedder.label}'s"
             )
 
     @classmethod
-    def open(cls, index: str | os.PathLike, checkpoint: Optional[str] = None, device: Optional[str] = None) -> Searcher:
-        """The index folder ``index`` (:func:`~vlp.search.index_format.open_index`) and the model of
-        ``checkpoint`` (default: the one recorded in the index's meta) on ``device``."""
-        opened = open_index(index)
+    def open(
+        cls, index: str | os.PathLike | ImageIndex, checkpoint: Optional[str] = None, device: Optional[str] = None
+    ) -> Searcher:
+        """The index folder ``index`` (:func:`~vlp.search.index_format.open_index`; or an opened one) and
+        the model of ``checkpoint`` on ``device``; without ``checkpoint``, the one recorded in the
+        index's meta, or the ONNX export that built it (:func:`~vlp.search.onnx_embedder.export_of`)."""
+        opened = index if isinstance(index, ImageIndex) else open_index(index)
+        export = export_of(opened.meta)
+        if checkpoint is None and export is not None:
+            return cls(opened, OnnxEmbedder.load(export, device))
         source = checkpoint or opened.meta.get("checkpoint")
         if not source:
             raise ConfigError(f"{opened.folder}: the index names no checkpoint; give --checkpoint")
@@ -132,7 +160,7 @@ class Searcher:
 
     def text(self, query: str, top: int = 10, rerank_itm: int = 0) -> list[Hit]:
         """:func:`search_text` with this searcher's model."""
-        return search_text(self.index, self.embedder.model, query, top, rerank_itm)
+        return search_text(self.index, self.text_model, query, top, rerank_itm)
 
     def image(self, image: ImageLike, top: int = 10) -> list[Hit]:
         """:func:`search_image` with this searcher's image tower."""
@@ -172,7 +200,11 @@ def run_search(
         raise ConfigError("--rerank-itm re-ranks text queries (ITM scores an image and a text); not with --image")
     if query is not None and not query.strip():
         raise ConfigError("the query is empty: give a text to search for (or --image PATH)")
-    searcher = Searcher.open(index, checkpoint, device)
+    opened = open_index(index)
+    export = export_of(opened.meta)
+    if rerank_itm and checkpoint is None and export is not None:
+        raise rerank_refusal(export, opened.meta["embedder"].get("exported_from"))
+    searcher = Searcher.open(opened, checkpoint, device)
     if searcher.note:
         logger.warning(f"vlp search: note: {searcher.note}")
     hits = searcher.image(image, top) if image is not None else searcher.text(query or "", top, rerank_itm)
