@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
-from tests.search.conftest import GOOD
+from tests.helpers import ROOT, dual_checkpoint
+from tests.search.conftest import GOOD, index_argv
 from tests.serve.conftest import cli_hits, get, get_json, index_of_copy, served
 from vlp.cli import main
 from vlp.errors import ConfigError
@@ -233,3 +233,16 @@ def test_vlp_serve_prints_its_address_and_stops_on_ctrl_c(index: Path) -> None:
         proc.kill()
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "vlp serve: stopped" in out
+
+
+def test_a_model_without_fusion_encoder_serves_searches_and_says_why_no_heat_map(photos: Path, tmp_path: Path) -> None:
+    dual = dual_checkpoint(tmp_path / "dual").parent.parent
+    assert main(index_argv(photos, dual, tmp_path / "idx")) == 0
+    for server in served(tmp_path / "idx"):
+        status, info = get_json(server, "/api/info")
+        assert info["heatmap"] is False and "no Grad-CAM heat maps with this checkpoint" in info["heatmap_note"]
+        status, res = get_json(server, "/api/heatmap?row=0&q=a%20red%20circle")
+        assert status == 400 and res["error"] == info["heatmap_note"] and "model.arch=dual" in res["error"]
+        status, res = get_json(server, "/api/search?q=a%20red%20circle&rerank=2")
+        assert status == 400 and "needs the ITM head" in res["error"]
+        assert get_json(server, "/api/search?q=a%20red%20circle&top=3")[0] == 200

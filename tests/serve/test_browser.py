@@ -10,6 +10,7 @@ Without selenium, chromium or chromedriver the test is skipped with the reason; 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -24,14 +25,32 @@ browser = load_script("scripts/serve_page.py", "serve_page")
 QUERY = "a red circle"
 
 
+def no_browser(missing: str) -> None:
+    """Skip for the reason ``missing``, or fail under ``VLP_REQUIRE_BROWSER=1`` (CI)."""
+    if os.environ.get("VLP_REQUIRE_BROWSER") == "1":
+        pytest.fail(f"VLP_REQUIRE_BROWSER=1 but the browser test cannot run: {missing}")
+    pytest.skip(f"no browser to drive vlp serve's page: {missing}")
+
+
+def test_a_missing_browser_skips_with_its_reason_or_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLP_REQUIRE_BROWSER", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="no browser to drive vlp serve's page: no chromedriver"):
+        no_browser("no chromedriver")
+    monkeypatch.setenv("VLP_REQUIRE_BROWSER", "1")
+    with pytest.raises(pytest.fail.Exception, match="VLP_REQUIRE_BROWSER=1 but .*: no chromedriver"):
+        no_browser("no chromedriver")
+    monkeypatch.setattr(browser, "CHROMIUM", sys.executable)  # a file that is there
+    monkeypatch.setattr(browser, "CHROMEDRIVER", "/nonexistent/chromedriver")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert browser.browser_paths() == (sys.executable, None)
+
+
 @pytest.fixture(scope="module")
 def page(run: Path, photos: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The page of an index of a copy of the photos (the test deletes one), in one browser session."""
     missing = browser.browser_missing()
     if missing:
-        if os.environ.get("VLP_REQUIRE_BROWSER") == "1":
-            pytest.fail(f"VLP_REQUIRE_BROWSER=1 but the browser test cannot run: {missing}")
-        pytest.skip(f"no browser to drive vlp serve's page: {missing}")
+        no_browser(missing)
     folder = tmp_path_factory.mktemp("browsed")
     for server in served(index_of_copy(photos, run, folder)):
         driver = browser.chromium(1100, 900)
