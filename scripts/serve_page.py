@@ -189,7 +189,7 @@ def main() -> None:
     p.add_argument("--checkpoint", default=None)
     p.add_argument("--device", default="cpu")
     p.add_argument("--width", type=int, default=1280)
-    p.add_argument("--height", type=int, default=1000)
+    p.add_argument("--height", type=int, default=1150)
     a = p.parse_args()
     missing = browser_missing()
     if missing:

@@ -140,6 +140,8 @@ def test_the_page_and_info(server: SearchServer, index: Path, run: Path) -> None
     assert status == 200 and kind.startswith("text/html") and b'src="/static/app.js"' in html
     for name in ("app.js", "style.css"):
         assert get(server, f"/static/{name}")[0] == 200
+    with urllib.request.urlopen(server.url, timeout=60) as r:  # the page may load nothing from elsewhere
+        assert r.headers["Content-Security-Policy"].startswith("default-src 'none'; script-src 'self';")
     status, info = get_json(server, "/api/info")
     assert info["count"] == len(GOOD) and info["index"] == str(index) and info["heatmap"] is True
     assert info["checkpoint"] == str(run / "checkpoints" / "step_0000002")
@@ -246,3 +248,15 @@ def test_a_model_without_fusion_encoder_serves_searches_and_says_why_no_heat_map
         status, res = get_json(server, "/api/search?q=a%20red%20circle&rerank=2")
         assert status == 400 and "needs the ITM head" in res["error"]
         assert get_json(server, "/api/search?q=a%20red%20circle&top=3")[0] == 200
+
+
+def test_a_fault_of_vlp_is_a_500_line_and_its_traceback_stays_in_the_log(
+    server: SearchServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(params: dict) -> dict:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(server.app, "search", broken)
+    status, res = get_json(server, "/api/search?q=x")
+    assert status == 500 and res == {"error": "internal error (RuntimeError: boom); the server's log has the details"}
+    assert any(r.exc_info and "boom" in str(r.exc_info[1]) for r in caplog.records)

@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional
 from vlp.errors import CheckpointError, ConfigError, DataError
 from vlp.pictures import RunStep
 from vlp.search import Hit, Searcher
+from vlp.search.photo_folder import shown_path
 
 logger = logging.getLogger(__name__)
 
@@ -93,12 +94,13 @@ class SearchApp:
         return None
 
     def info(self) -> dict[str, Any]:
-        """What the page shows of the index and the model (its header)."""
+        """What the page shows of the index and the model (its header; paths as ``vlp search`` prints
+        them: relative to the working folder when below it)."""
         return {
-            "index": str(self.index.folder),
+            "index": shown_path(self.index.folder),
             "count": len(self.index),
-            "root": self.index.root,
-            "checkpoint": str(self.searcher.embedder.folder),
+            "root": shown_path(self.index.root),
+            "checkpoint": shown_path(self.searcher.embedder.folder),
             "kind": self.model.kind,
             "heatmap": self.no_heatmap is None,
             "heatmap_note": self.no_heatmap,
