@@ -185,6 +185,12 @@ CASES: dict[str, tuple[list[str], str, Any, dict[str, Callable[..., Any]]]] = {
         {},
     ),
     "search": (["search", "idx", "a red circle"], "vlp.search:run_search", "", {}),
+    "serve": (
+        ["serve", "idx", "--host", "127.0.0.1", "--port", "0", "--layer", "1", "--device", "cpu"],
+        "vlp.serve:open_server",
+        SimpleNamespace(app=SimpleNamespace(index=[]), url="http://127.0.0.1:1/", serve_until_interrupted=lambda: None),
+        {},
+    ),
     "make-world": (
         ["make-world", "--out", "o"],
         "vlp.world:generate_world",

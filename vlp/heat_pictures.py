@@ -92,6 +92,12 @@ def panel_grid(n: int, cols: int, side: float = 2.2, title_height: float = 0.3):
 SPECIAL_TOKENS = ("[CLS]", "[SEP]", "[PAD]")
 
 
+def explain_title(text: str, itm_score: float, layer: int) -> str:
+    """The title of ``vlp explain``'s word grid (and ``vlp serve``'s heat map) for the text ``text``:
+    the pair's ITM match probability and the fusion layer of the maps."""
+    return f"{text!r}: ITM match {itm_score:.3f}, fusion layer {layer}"
+
+
 def plot_word_heatmaps(
     image: str | Path | Image.Image,
     tokens: Sequence[str],

@@ -14,7 +14,10 @@ each ``--repeats`` times, the median reported:
 2. ``query``: :meth:`vlp.search.Searcher.text` with ``--top`` hits: the text encoded, every row
    scored a block at a time, the top k, the hits (the model already loaded);
 3. ``ranking``: :func:`vlp.search.cosine_scores` and :func:`vlp.search.top_k` alone, on a random
-   normalised query.
+   normalised query;
+4. ``served``: the same text query through ``vlp serve`` (:mod:`vlp.serve`, the same searcher
+   behind a server on 127.0.0.1 in this process): ``GET /api/search?q=...&top=...`` over HTTP, the
+   JSON answer read and parsed, as the page asks it.
 
 The first pass of each also reads the features from disk (or the page cache); the median is of
 warm passes. Then the process's memory: ``RssAnon`` (its own: the model, the paths, the scores) and
@@ -30,9 +33,12 @@ import os
 import platform
 import statistics
 import tempfile
+import threading
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -96,6 +102,26 @@ def timed(fn: Callable[[], object], repeats: int) -> dict[str, float]:
     }
 
 
+def served_query(searcher: Any, query: str, top: int) -> tuple[Callable[[], object], Callable[[], None]]:
+    """A function that asks ``vlp serve``'s JSON API (``searcher`` behind a server on a free port of
+    127.0.0.1, in a thread) for ``query``'s ``top`` hits and parses the answer; and the server's stop."""
+    from vlp.serve import SearchApp, SearchServer
+
+    server = SearchServer("127.0.0.1", 0, lambda: SearchApp(searcher))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = server.url + "api/search?" + urllib.parse.urlencode({"q": query, "top": top})
+
+    def ask() -> object:
+        with urllib.request.urlopen(url) as r:
+            return json.loads(r.read())
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+
+    return ask, stop
+
+
 def status_mib(field: str) -> float | None:
     """A ``/proc/self/status`` memory field (``RssAnon``, ``RssFile``, ``VmHWM``) in MiB; None off Linux."""
     try:
@@ -128,6 +154,7 @@ def main() -> None:
     q = np.random.default_rng(1).standard_normal(a.dim).astype(np.float32)
     q /= np.linalg.norm(q)
     features = searcher.index.features  # the mapping the queries read
+    ask, stop = served_query(searcher, a.query, a.top)
     results = {
         "rows": a.rows,
         "dim": a.dim,
@@ -139,7 +166,9 @@ def main() -> None:
         "open": timed(lambda: open_index(index), a.repeats),
         "query": timed(lambda: searcher.text(a.query, top=a.top), a.repeats),
         "ranking": timed(lambda: top_k(cosine_scores(features, q), a.top), a.repeats),
+        "served": timed(ask, a.repeats),
     }
+    stop()
     # the features are file pages of the mapping (RssFile, dropped by the kernel under pressure), not
     # the process's own memory (RssAnon)
     results["memory_mib"] = {k: status_mib(k) for k in ("RssAnon", "RssFile", "VmHWM")}

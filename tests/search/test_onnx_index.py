@@ -221,3 +221,27 @@ def test_a_resumed_build_names_another_export_or_image_graph(photos: Path, tmp_p
         with pytest.raises(ConfigError, match="holds an interrupted `vlp index` of other settings") as e:
             Partial.open(tmp_path / "idx", {**identity, "embedder": {**embedder, **change}})
         assert named in str(e.value)
+
+
+def test_serve_searches_an_onnx_index_and_says_why_it_draws_no_heat_map(onnx_index: Path, run: Path) -> None:
+    """``vlp serve`` on an index of ``--onnx`` without ``--checkpoint``: the export answers the text
+    and "more like this" searches as ``vlp search`` does; the heat map (and the ITM re-rank) need
+    the PyTorch model, and the page says so in one line (it raised AttributeError at start)."""
+    from vlp.search import Searcher
+    from vlp.serve import SearchApp
+    from vlp.serve.app import ApiError
+
+    app = SearchApp.open(onnx_index, device="cpu")
+    info = app.info()
+    assert info["heatmap"] is False and "--checkpoint" in info["heatmap_note"] and "ONNX" in info["heatmap_note"]
+    assert info["kind"] == "pretrain"
+    want = Searcher.open(onnx_index, device="cpu")
+    got = app.search({"q": "a red circle", "top": "3"})["hits"]
+    assert [h["row"] for h in got] == [h.row for h in want.text("a red circle", top=3)]
+    assert app.similar({"row": "1", "top": "2"})["hits"][0]["row"] == 1
+    with pytest.raises(ApiError, match="--checkpoint"):
+        app.heatmap({"row": "0", "q": "a red circle"})
+    with pytest.raises(ApiError, match="--checkpoint"):
+        app.search({"q": "a red circle", "rerank": "2"})
+    with_model = SearchApp.open(onnx_index, checkpoint=str(run), device="cpu")
+    assert with_model.info()["heatmap"] is True

@@ -1,6 +1,6 @@
 """Command line: ``vlp pretrain [nlvr-ta] | finetune TASK | train-helper |
 cache-helper-features | make-targets | make-shards | data check | prepare | analyze | evaluate |
-make-world | bench | demo | convert | export | explain | index | search | zoo | plot``.
+make-world | bench | demo | convert | export | explain | index | search | serve | zoo | plot``.
 
 Only parsing and dispatch, one module per command family: :mod:`~vlp.cli.train`,
 :mod:`~vlp.cli.evaluate`, :mod:`~vlp.cli.data`, :mod:`~vlp.cli.prepare`, :mod:`~vlp.cli.world`,
@@ -57,6 +57,7 @@ ORDER = (
     "explain",
     "index",
     "search",
+    "serve",
     "zoo",
     "plot",
 )

@@ -30,7 +30,7 @@ def run_explain(
     over all tokens, then one panel per word) and ``out/explain.json`` (the returned record: tokens,
     ITM match probability, layer, patch grid and the per-token maps [T][h][w], not upsampled)."""
     from vlp.api import VLPModel
-    from vlp.heat_pictures import plot_word_heatmaps
+    from vlp.heat_pictures import explain_title, plot_word_heatmaps
 
     vm = VLPModel.from_pretrained(checkpoint, device=device)
     shows = RunStep.of_checkpoint(vm.source.get("checkpoint", checkpoint))
@@ -49,7 +49,7 @@ def run_explain(
         "maps": [[[round(float(x), 8) for x in row] for row in m] for m in result.maps.tolist()],
     }
     (outdir / JSON).write_text(json.dumps(record) + "\n")
-    title = f"{text!r}: ITM match {result.itm_score:.3f}, fusion layer {result.layer}"
+    title = explain_title(text, result.itm_score, result.layer)
     shows = RunStep.of_checkpoint(record["checkpoint"])
     plot_word_heatmaps(rgb, result.tokens, result.maps, outdir / PNG, title=title, shows=shows)
     logger.info(f"wrote {outdir / PNG} and {outdir / JSON} (ITM match {result.itm_score:.3f}, layer {result.layer})")
