@@ -218,10 +218,25 @@ def test_a_fusion_layer_the_model_lacks_is_refused(index: Path) -> None:
         open_server(index, device="cpu", port=0, layer=5)
 
 
-def test_vlp_serve_prints_its_address_and_stops_on_ctrl_c(index: Path) -> None:
+def _as_a_terminal_starts_it() -> None:
+    """Ctrl-C's default disposition in the child, as a terminal gives it: a suite started in the
+    background by a non-interactive shell inherits SIGINT ignored (CI failed on that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_vlp_serve_prints_its_address_and_stops_on_ctrl_c_or_sigterm(index: Path, sig: signal.Signals) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "vlp", "serve", str(index), "--port", "0", "--device", "cpu"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_as_a_terminal_starts_it,
+    )
     try:
         line = proc.stdout.readline()  # the model loads first
         assert line.startswith(f"serving {index} ({len(GOOD)} images) at http://127.0.0.1:"), line + proc.stderr.read()
@@ -229,7 +244,7 @@ def test_vlp_serve_prints_its_address_and_stops_on_ctrl_c(index: Path) -> None:
         with urllib.request.urlopen(url + "api/info", timeout=60) as r:
             assert json.loads(r.read())["count"] == len(GOOD)
         time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()

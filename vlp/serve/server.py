@@ -20,7 +20,9 @@ import json
 import logging
 import mimetypes
 import os
+import signal
 import socket
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from typing import Any, Callable, Optional
@@ -83,13 +85,23 @@ class SearchServer(ThreadingHTTPServer):
         return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
 
     def serve_until_interrupted(self) -> None:
-        """Answer requests until Ctrl-C (``KeyboardInterrupt``); then close the socket and return."""
+        """Answer requests until Ctrl-C or SIGTERM (a ``kill``, a service manager; from the main
+        thread both become ``KeyboardInterrupt``); then close the socket and return."""
+        on_main = threading.current_thread() is threading.main_thread()
+        before = signal.signal(signal.SIGTERM, _interrupt) if on_main else None
         try:
             self.serve_forever()
         except KeyboardInterrupt:
             logger.info("vlp serve: stopped")
         finally:
             self.server_close()
+            if before is not None:
+                signal.signal(signal.SIGTERM, before)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    """SIGTERM as Ctrl-C: the server's clean stop."""
+    raise KeyboardInterrupt
 
 
 class SearchHandler(BaseHTTPRequestHandler):
