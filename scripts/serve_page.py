@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import os
 import shutil
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Optional
@@ -44,7 +45,8 @@ def browser_missing() -> Optional[str]:
 
 def chromium(width: int = 1280, height: int = 1000) -> Any:
     """A headless Chromium of Debian's packages driven by Selenium, its window ``width`` x ``height``;
-    it fetches nothing by itself (no background networking, no component updates)."""
+    it fetches nothing by itself (no background networking, no component updates), and its profile
+    is a temporary folder that ``quit()`` removes."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -64,7 +66,24 @@ def chromium(width: int = 1280, height: int = 1000) -> Any:
         f"--window-size={width},{height}",
     ):
         options.add_argument(flag)
-    return webdriver.Chrome(options=options, service=Service(str(driver)))
+    profile = tempfile.mkdtemp(prefix="vlp_chromium_")  # without it each run left a profile in /tmp
+    options.add_argument(f"--user-data-dir={profile}")
+    try:
+        browser = webdriver.Chrome(options=options, service=Service(str(driver)))
+    except BaseException:
+        shutil.rmtree(profile, ignore_errors=True)
+        raise
+    quit_browser = browser.quit
+
+    def quit_and_remove_profile() -> None:
+        try:
+            quit_browser()
+        finally:
+            shutil.rmtree(profile, ignore_errors=True)
+
+    browser.quit = quit_and_remove_profile
+    browser.vlp_profile = profile
+    return browser
 
 
 class Page:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -113,3 +114,19 @@ def test_the_page_in_chromium(page: tuple[Any, SearchServer, Path], capsys: pyte
     assert all(url.startswith(server.url) or url.startswith("blob:" + server.url) for url in p.fetched())
     logs = [e for e in p.driver.get_log("browser") if e["level"] == "SEVERE" and "/image?row=4" not in e["message"]]
     assert not [e for e in logs if "/api/" not in e["message"]], logs
+
+
+def test_the_browser_leaves_no_profile_in_tmp() -> None:
+    """Each browser run left a Chromium profile folder in /tmp (one per run of the suite): the profile
+    is a temporary folder of ours that ``quit()`` removes, and Chromium makes none of its own."""
+    missing = browser.browser_missing()
+    if missing:
+        no_browser(missing)
+    tmp = Path(tempfile.gettempdir())
+    before = set(tmp.glob("org.chromium.Chromium.*"))
+    driver = browser.chromium()
+    profile = Path(driver.vlp_profile)
+    assert profile.is_dir()
+    driver.quit()
+    assert not profile.exists()
+    assert set(tmp.glob("org.chromium.Chromium.*")) == before
