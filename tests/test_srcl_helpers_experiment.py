@@ -218,3 +218,31 @@ def test_the_experiment_runs_end_to_end_on_a_small_world(tmp_path):
     assert main([*args, "--report"]) == 0
     report = (rec / "report_primary.md").read_text()
     assert f"control: {CONTROL} − plain ITC | 1 |" in report
+
+
+def test_a_run_whose_design_differs_from_the_recorded_runs_is_refused(tmp_path):
+    """The records of one experiment come from one design: a run asking another precision (bf16 records
+    were once about to be paired with fp32 arms) or another helper scale, batch or step count than the
+    record's ``design.json`` is refused before it trains anything, naming the file and the key; a run
+    with the same design goes on, and a first run writes the design."""
+    import json
+
+    from srcl_helpers import main
+
+    rec, out = tmp_path / "rec", tmp_path / "out"
+    base = ["--out", str(out), "--record", str(rec), "--seeds", "0", "--images", "64", "--test-images", "16",
+            "--steps", "2", "--warmup-steps", "2", "--helper-base-steps", "2", "--batch-size", "8"]  # fmt: skip
+    assert main([*base, "--precision", "fp32", "--status"]) == 0  # --status only reads: writes no design
+    assert not (rec / "design.json").exists()
+    assert main([*base, "--precision", "fp32", "--arms", "plain ITC"]) == 0
+    design = json.loads((rec / "design.json").read_text())
+    assert design["precision"] == "fp32" and design["helper_base_steps"] == 2 and design["batch_size"] == 8
+    before = sorted(out.rglob("*"))
+    for change, key in (
+        (["--precision", "bf16"], "precision"),
+        (["--precision", "fp32", "--batch-size", "4"], "batch_size"),
+    ):
+        with pytest.raises(SystemExit, match=rf"design\.json.*{key}"):
+            main([*base, *change, "--arms", "plain ITC"])
+    assert sorted(out.rglob("*")) == before  # refused before anything was written
+    assert main([*base, "--precision", "fp32", "--arms", "plain ITC"]) == 0  # the same design: nothing to redo

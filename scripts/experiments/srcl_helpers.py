@@ -209,6 +209,32 @@ class RecordingSweep(MarkedSweep):
             (self.record_to / self.results.path.name).unlink(missing_ok=True)
 
 
+#: the settings every recorded run of the experiment shares (``design.json`` in ``--record``)
+DESIGN_KEYS = ("precision", "helper_base_steps", "images", "test_images", "steps", "warmup_steps", "batch_size")
+
+
+def pin_design(a: Any) -> None:
+    """Refuse a run whose design differs from the runs already in ``a.record`` (their ``design.json``),
+    before anything is written; a first run writes it. One experiment's records pair across seeds and
+    arms only if they share precision, helper scale, sizes and steps (bf16 records were once about to be
+    paired with fp32 arms)."""
+    if a.record is None:
+        return
+    mine = {k: getattr(a, k) for k in DESIGN_KEYS}
+    path = a.record / "design.json"
+    if path.exists():
+        kept = json.loads(path.read_text())
+        differ = [f"{k} {kept.get(k)!r} there, {mine[k]!r} asked" for k in DESIGN_KEYS if kept.get(k) != mine[k]]
+        if differ:
+            raise SystemExit(
+                f"{path}: the recorded runs were made with another design ({'; '.join(differ)}); run with "
+                f"theirs or record into another folder (--record)"
+            )
+        return
+    a.record.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(mine, indent=1) + "\n")
+
+
 def pilot(exp: HelperExperiment, sweep: RecordingSweep, results: SeedResults) -> int:
     """Seed 0's plain ITC and strongest helper: the helper's own R-precision against the student's."""
     sweep.run([0], [PLAIN])
@@ -236,7 +262,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     p.add_argument("--warmup-steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="bf16")
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="fp32 since 2026-12-02 (bf16 is emulated, 8.7x slower, on CPUs without avx512_bf16; docs/experiments.md)",
+    )
     p.add_argument("--arms", nargs="+", choices=ARMS, default=ARMS, help="only these arms (default: all)")
     p.add_argument("--pilot", action="store_true", help="seed 0's plain ITC and strongest helper, then exit")
     p.add_argument("--status", action="store_true", help="print what is done and what is running, then exit")
@@ -248,6 +279,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(status(out, a))
         return 0
     seeds = list(a.seeds or SEEDS)
+    if not a.report:
+        pin_design(a)
     restore(out, a.record)
     exp = HelperExperiment(out, a)
     results = SeedResults(out / "seed_results_primary.json")
