@@ -273,3 +273,38 @@ def test_calibration_status_names_live_runs_and_only_the_cut_runs_nobody_took_up
     assert [line for line in lines if "gone" in line] == [
         f"pid {dead.pid + 200000}: SRCL, learned helper seed 2 since 01:00:00 (process gone: rerun to resume)"
     ]
+
+
+def test_pin_design_writes_the_first_design_and_refuses_another(tmp_path):
+    """``harness.pin_design``: no ``design.json`` yet: written; the same design: goes on; another value
+    of any key: one error naming the file, the key, the kept and the asked value; no record: no check."""
+    import json
+
+    from harness import pin_design
+
+    rec = tmp_path / "rec"
+    pin_design(None, {"steps": 1})
+    pin_design(rec, {"steps": 300, "precision": "fp32"})
+    assert json.loads((rec / "design.json").read_text()) == {"steps": 300, "precision": "fp32"}
+    pin_design(rec, {"steps": 300, "precision": "fp32"})
+    with pytest.raises(SystemExit, match=r"rec/design\.json: .*precision 'fp32' there, 'bf16' asked"):
+        pin_design(rec, {"steps": 300, "precision": "bf16"})
+
+
+def test_the_calibration_experiment_refuses_a_run_of_another_design_before_it_writes(tmp_path):
+    """The neighbour of the learned-helper experiment's check: ``srcl_calibration.py --record`` with the
+    kept results' design (results/srcl_calibration/design.json: its defaults) goes on; a run asking other
+    steps is refused before its ``--out`` exists."""
+    import json
+
+    from srcl_calibration import DESIGN_KEYS, main
+
+    root = Path(__file__).resolve().parents[1]
+    kept = json.loads((root / "results" / "srcl_calibration" / "design.json").read_text())
+    assert set(kept) == set(DESIGN_KEYS) and kept["steps"] == 300 and kept["helper_steps"] == 600
+    rec, out = tmp_path / "rec", tmp_path / "out"
+    rec.mkdir()
+    (rec / "design.json").write_text(json.dumps(kept))
+    with pytest.raises(SystemExit, match=r"design\.json: .*steps 300 there, 2 asked"):
+        main(["--out", str(out), "--record", str(rec), "--seeds", "0", "--steps", "2"])
+    assert not out.exists()

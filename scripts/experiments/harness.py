@@ -10,11 +10,12 @@ report whose table gives the mean ± std over seeds (:func:`results_table`, :fun
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from seed_results import SeedResults, markdown_table, paired_differences, paired_t_test, summarise
 
@@ -91,6 +92,27 @@ def prepare_world(out: Path, n_train: int, n_test: int, n_helper: int = 0) -> Pa
     if not (root / "scenes.json").exists():
         generate_world(root, seed=0, n_train=n_train, n_val=50, n_test=n_test, n_helper=n_helper)
     return root
+
+
+def pin_design(record: Optional[Path], design: dict[str, Any]) -> None:
+    """Refuse a run whose ``design`` (the settings its records must share to be paired: precision,
+    sizes, steps, batch...) differs from that of the runs already kept in ``record`` (their
+    ``design.json``), before anything is written; a first run writes it. (bf16 records were once about
+    to be paired with fp32 arms.) No ``record``: nothing is kept, nothing to check."""
+    if record is None:
+        return
+    path = record / "design.json"
+    if path.exists():
+        kept = json.loads(path.read_text())
+        differ = [f"{k} {kept.get(k)!r} there, {v!r} asked" for k, v in design.items() if kept.get(k) != v]
+        if differ:
+            raise SystemExit(
+                f"{path}: the recorded runs were made with another design ({'; '.join(differ)}); run with "
+                "theirs or record into another folder (--record)"
+            )
+        return
+    record.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(design, indent=1) + "\n")
 
 
 def train_once(

@@ -50,6 +50,7 @@ from harness import (
     Sweep,
     experiment_parser,
     helper_seed,
+    pin_design,
     prepare_lock,
     prepare_world,
     train_once,
@@ -82,6 +83,8 @@ from vlp.world import write_caption_mix
 
 TARGET = 0.12
 DIAG_BATCHES = 20
+#: the settings every recorded run shares (:func:`harness.pin_design`; results/srcl_calibration/design.json)
+DESIGN_KEYS = ("images", "test_images", "steps", "warmup_steps", "batch_size", "helper_images", "helper_steps")
 
 
 class Experiment:
@@ -312,6 +315,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     arms, default_seeds = GRIDS[a.grid]
     seeds = list(a.seeds or default_seeds)
     t0 = time.time()
+    if not a.report:
+        pin_design(a.record, {k: getattr(a, k) for k in DESIGN_KEYS})
     restore(out, a.record)
     exp = Experiment(out, a)
     if a.report:

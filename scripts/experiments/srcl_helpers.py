@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
-from harness import experiment_parser, helper_seed, train_once
+from harness import experiment_parser, helper_seed, pin_design, train_once
 from seed_results import SeedResults, slug
 from srcl_calibration import Experiment, MarkedSweep, record, restore
 from srcl_helpers_design import (
@@ -209,30 +209,8 @@ class RecordingSweep(MarkedSweep):
             (self.record_to / self.results.path.name).unlink(missing_ok=True)
 
 
-#: the settings every recorded run of the experiment shares (``design.json`` in ``--record``)
+#: the settings every recorded run of the experiment shares (:func:`harness.pin_design`)
 DESIGN_KEYS = ("precision", "helper_base_steps", "images", "test_images", "steps", "warmup_steps", "batch_size")
-
-
-def pin_design(a: Any) -> None:
-    """Refuse a run whose design differs from the runs already in ``a.record`` (their ``design.json``),
-    before anything is written; a first run writes it. One experiment's records pair across seeds and
-    arms only if they share precision, helper scale, sizes and steps (bf16 records were once about to be
-    paired with fp32 arms)."""
-    if a.record is None:
-        return
-    mine = {k: getattr(a, k) for k in DESIGN_KEYS}
-    path = a.record / "design.json"
-    if path.exists():
-        kept = json.loads(path.read_text())
-        differ = [f"{k} {kept.get(k)!r} there, {mine[k]!r} asked" for k in DESIGN_KEYS if kept.get(k) != mine[k]]
-        if differ:
-            raise SystemExit(
-                f"{path}: the recorded runs were made with another design ({'; '.join(differ)}); run with "
-                f"theirs or record into another folder (--record)"
-            )
-        return
-    a.record.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(mine, indent=1) + "\n")
 
 
 def pilot(exp: HelperExperiment, sweep: RecordingSweep, results: SeedResults) -> int:
@@ -280,7 +258,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 0
     seeds = list(a.seeds or SEEDS)
     if not a.report:
-        pin_design(a)
+        pin_design(a.record, {k: getattr(a, k) for k in DESIGN_KEYS})
     restore(out, a.record)
     exp = HelperExperiment(out, a)
     results = SeedResults(out / "seed_results_primary.json")
