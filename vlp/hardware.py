@@ -37,12 +37,13 @@ def cpu_has_native_bf16() -> bool:
 def warn_if_bf16_is_emulated(setting: str) -> bool:
     """Warn (once per call site) when bf16 is asked for on a CPU without native bf16, where
     autocast emulates it: a pretraining step took 2.4x (tiny) to 3.3x (base) longer than in fp32 on
-    an Intel Xeon with AVX-512 but no avx512_bf16 (docs/performance.md). Returns whether it warned."""
+    an Intel Xeon with AVX-512 but no avx512_bf16, and the tiny helper's step 8.7x on an AMD EPYC with
+    AVX2 only (docs/performance.md). Returns whether it warned."""
     if cpu_has_native_bf16():
         return False
     warnings.warn(
         f"{setting} on a CPU without native bf16 ({platform.processor() or platform.machine()}, no "
-        "avx512_bf16/amx_bf16 in /proc/cpuinfo): bf16 is emulated there and runs 2-3x slower than fp32; "
+        "avx512_bf16/amx_bf16 in /proc/cpuinfo): bf16 is emulated there, and a step ran 2.4-8.7x slower than fp32 on the CPUs measured; "
         "use fp32 on this machine (docs/performance.md)",
         stacklevel=3,
     )
