@@ -308,3 +308,33 @@ def test_the_calibration_experiment_refuses_a_run_of_another_design_before_it_wr
     with pytest.raises(SystemExit, match=r"design\.json: .*steps 300 there, 2 asked"):
         main(["--out", str(out), "--record", str(rec), "--seeds", "0", "--steps", "2"])
     assert not out.exists()
+
+
+def test_a_budget_starts_only_runs_expected_to_finish_in_time():
+    """``--hours``: before a step is timed every run fits; then a run fits when its steps at the slowest
+    measured step time, plus the most a finished run took beyond its steps (else the assumed overhead),
+    end before the budget does."""
+    from harness import Budget
+
+    b = Budget(end=1000.0, overhead_s=60.0)
+    assert b.fits(10**6, now=0.0) and b.estimate(5) is None
+    b.timed_step(1.0)
+    b.timed_step(0.5)  # a faster window does not lower the estimate
+    b.timed_step(None)
+    assert b.step_s == 1.0 and b.estimate(800) == 860.0
+    assert b.fits(800, now=0.0) and not b.fits(800, now=200.0) and not b.fits(950, now=0.0)
+    b.finished(100, wall_s=400.0)  # 300 s beyond its steps: evaluation, features, calibration
+    b.finished(100, wall_s=150.0)
+    assert b.estimate(100) == 400.0
+    assert b.fits(650, now=0.0) and not b.fits(750, now=0.0)
+
+
+def test_seconds_per_step_is_the_batch_over_the_median_logged_rate(tmp_path):
+    import json
+
+    from harness import seconds_per_step
+
+    assert seconds_per_step(tmp_path, 64) is None  # no log yet
+    rows = [{"step": s, "pairs_per_s": r} for s, r in ((10, 128.0), (20, 64.0), (30, 32.0), (40, 0.0))]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert seconds_per_step(tmp_path, 64) == 1.0

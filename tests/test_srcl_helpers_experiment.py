@@ -78,7 +78,9 @@ def test_arms_differ_only_in_the_helper_and_alpha_hs_schedule():
 def test_shards_split_each_seeds_work_and_start_with_the_largest_helper():
     from srcl_helpers_design import ARMS, alone, shard_arms
 
-    assert shard_arms(0, 1) == ARMS
+    assert sorted(shard_arms(0, 1)) == sorted(ARMS) and shard_arms(0, 1)[:2] == [alone(64), "SRCL annealed, helper x64"]
+    # the smallest jobs last: with --hours they fill a session's end
+    assert shard_arms(0, 1)[-2:] == ["plain ITC", "SRCL alone, oracle AUC 0.75"]
     for n in (2, 3, 5):
         parts = [shard_arms(i, n) for i in range(n)]
         assert sorted(arm for part in parts for arm in part) == sorted(ARMS)
@@ -246,3 +248,43 @@ def test_a_run_whose_design_differs_from_the_recorded_runs_is_refused(tmp_path):
             main([*base, *change, "--arms", "plain ITC"])
     assert sorted(out.rglob("*")) == before  # refused before anything was written
     assert main([*base, "--precision", "fp32", "--arms", "plain ITC"]) == 0  # the same design: nothing to redo
+
+
+def test_an_arms_steps_left_count_the_warm_up_and_helper_not_yet_trained(tmp_path, monkeypatch):
+    """What ``--hours`` weighs: an arm's own steps, plus its seed's warm-up and its grade's helper where
+    their last checkpoints fall short (a helper of a finished session is gone: trained again)."""
+    from types import SimpleNamespace
+
+    import srcl_helpers
+    from srcl_helpers import HelperExperiment
+    from srcl_helpers_design import CONTROL, PLAIN, alone, annealed
+
+    done = {"warmup_seed0": 200, "x64_steps6400_seed0": 4000, "x16_steps3200_seed0": 3200}
+    monkeypatch.setattr(srcl_helpers, "steps_done", lambda run: done.get(run.name, 0))
+    exp = object.__new__(HelperExperiment)
+    exp.out, exp.a = tmp_path, SimpleNamespace(steps=300, warmup_steps=200, helper_base_steps=800)
+    assert exp.steps_left(PLAIN, 0) == exp.steps_left(CONTROL, 0) == 300
+    assert exp.steps_left(alone(64), 0) == exp.steps_left(annealed(64), 0) == 300 + 2400
+    assert exp.steps_left(alone(16), 0) == 300
+    assert exp.steps_left(alone(4), 0) == 300 + 1600
+    assert exp.steps_left(alone(4), 1) == 300 + 200 + 1600  # seed 1: no warm-up yet either
+
+
+def test_with_hours_an_arm_that_would_not_finish_is_skipped_and_said(tmp_path, capsys):
+    """``--hours``: the seed's warm-up is trained (every arm needs it, and it times a step), then an arm
+    expected to end after the budget is not started; nothing is recorded for it and the run says so."""
+    import json
+
+    from srcl_helpers import main
+
+    rec = tmp_path / "rec"
+    args = ["--out", str(tmp_path / "out"), "--record", str(rec), "--seeds", "0", "--images", "64",
+            "--test-images", "16", "--steps", "2", "--warmup-steps", "2", "--helper-base-steps", "2",
+            "--batch-size", "8", "--precision", "fp32", "--arms", "plain ITC"]  # fmt: skip
+    assert main([*args, "--hours", "1e-6"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped plain ITC, seed 0: 2 steps" in out and "1 (arm, seed) left for a later run" in out
+    assert (tmp_path / "out" / "warmup_seed0" / "metrics.jsonl").exists()
+    assert not (rec / "results_primary.json").exists() or json.loads((rec / "results_primary.json").read_text()) == []
+    assert main([*args, "--hours", "1", "--arm-overhead-minutes", "1"]) == 0
+    assert [r["arm"] for r in json.loads((rec / "results_primary.json").read_text())] == ["plain ITC"]

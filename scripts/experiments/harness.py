@@ -129,9 +129,9 @@ def train_once(
                 f"{run_dir}: a learned helper is trained with its own seed, train.seed=helper_seed(seed) "
                 f"(>= {HELPER_SEED_BASE}), never a student's: got {seeds[-1] if seeds else 'none'}"
             )
-    saved = step_checkpoints(run_dir)
-    if saved and read_state(saved[-1])["step"] >= steps:
+    if steps_done(run_dir) >= steps:
         return run_dir
+    saved = step_checkpoints(run_dir)
     cfg = load_config(
         PretrainConfig,
         preset,
@@ -146,6 +146,57 @@ def train_once(
     )
     (run_train_helper if helper else run_pretrain)(cfg)
     return run_dir
+
+
+def steps_done(run_dir: Path) -> int:
+    """The step of ``run_dir``'s last checkpoint (0 without one): what :func:`train_once` resumes from."""
+    saved = step_checkpoints(run_dir)
+    return int(read_state(saved[-1])["step"]) if saved else 0
+
+
+def seconds_per_step(run_dir: Path, batch_size: int) -> Optional[float]:
+    """The median seconds per training step of ``run_dir`` on this machine (``batch_size`` over each
+    log window's ``pairs_per_s`` in its ``metrics.jsonl``); None before its first log window."""
+    path = run_dir / "metrics.jsonl"
+    rates = [r["pairs_per_s"] for r in map(json.loads, path.read_text().splitlines() if path.exists() else [])]
+    rates = [x for x in rates if x and x > 0]
+    return batch_size / statistics.median(rates) if rates else None
+
+
+@dataclass
+class Budget:
+    """The time a process may still start runs in (``--hours``): a run starts only when its estimate
+    ends before ``end`` (``time.time()`` seconds), so that a session's last minutes do not go to a run
+    its machine will not outlive. The estimate of a run that trains ``steps`` steps (with those of a
+    warm-up or helper it needs first) is ``steps`` at the slowest seconds per step measured so far, plus
+    the most any finished run took beyond its steps (evaluation, features, calibration), or
+    ``overhead_s`` before one has finished. Without a measured step time every run fits."""
+
+    end: float
+    overhead_s: float
+    step_s: Optional[float] = None
+    extra_s: list[float] = field(default_factory=list)
+
+    def estimate(self, steps: int) -> Optional[float]:
+        """Seconds a run training ``steps`` steps is expected to take; None before a step is timed."""
+        if self.step_s is None:
+            return None
+        return steps * self.step_s + (max(self.extra_s) if self.extra_s else self.overhead_s)
+
+    def fits(self, steps: int, now: float) -> bool:
+        """Whether a run training ``steps`` steps, started at ``now``, is expected to end in time."""
+        est = self.estimate(steps)
+        return est is None or now + est <= self.end
+
+    def timed_step(self, step_s: Optional[float]) -> None:
+        """A measured seconds-per-step (None: none yet); the estimate keeps the slowest."""
+        if step_s is not None:
+            self.step_s = max(self.step_s or 0.0, step_s)
+
+    def finished(self, steps: int, wall_s: float) -> None:
+        """A run that trained ``steps`` steps took ``wall_s`` seconds: its time beyond them is kept."""
+        if self.step_s is not None:
+            self.extra_s.append(max(0.0, wall_s - steps * self.step_s))
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Does SRCL help with a learned helper stronger than the student, and what tells a user beforehand?
 
     python scripts/experiments/srcl_helpers.py --pilot                  # the strongest grade of seed 0 first
+    OMP_NUM_THREADS=2 python scripts/experiments/srcl_helpers.py --hours 2.7   # a session: only what ends in time
     python scripts/experiments/srcl_helpers.py --shard 0/2 & python scripts/experiments/srcl_helpers.py --shard 1/2
     python scripts/experiments/srcl_helpers.py --status                 # what is done / running
     python scripts/experiments/srcl_helpers.py --report                 # the report from what is recorded
@@ -31,7 +32,9 @@ Every process works through the seeds in the order of ``SEEDS`` (the 12 of the i
 with ``--shard I/2`` each takes its half of a seed's work (:func:`shard_arms`: the x64 and x1 helpers
 and their arms; the x16 and x4 helpers and theirs, plain ITC and the control), training a grade's
 helper just before its arms; everything is skipped when its output exists, so a killed run resumes, and a lost
-helper is trained again from its seeds (one thread: bit-identical). ``--record DIR`` keeps the
+helper is trained again from its seeds (one thread: bit-identical). Without ``--shard`` a process runs a
+seed's jobs largest first, and with ``--hours H`` starts an arm only if it is expected to finish within H
+hours (:class:`harness.Budget`), so a session's end goes to the smaller jobs. ``--record DIR`` keeps the
 small files a lost machine would lose (results, helpers' own evaluations, calibrations) in DIR
 (``results/srcl_helpers``) and copies them back at start.
 """
@@ -45,10 +48,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
-from harness import experiment_parser, helper_seed, pin_design, train_once
+from harness import Budget, experiment_parser, helper_seed, pin_design, seconds_per_step, steps_done, train_once
 from seed_results import SeedResults, slug
 from srcl_calibration import Experiment, MarkedSweep, record, restore
 from srcl_helpers_design import (
+    ARM_OVERHEAD_MINUTES,
     ARMS,
     CONTROL_AUC,
     ENDPOINT,
@@ -163,6 +167,16 @@ class HelperExperiment(Experiment):
         extra = super().overrides(arm, seed)
         return [*extra, "loss.srcl.alpha_h_end=0.0"] if arm.startswith("SRCL annealed") else extra
 
+    def steps_left(self, arm: str, seed: int) -> int:
+        """The training steps ``arm`` of ``seed`` still needs: its own, and those of its seed's warm-up
+        and its helper not yet trained on this machine."""
+        steps = self.a.steps + max(0, self.a.warmup_steps - steps_done(self.out / f"warmup_seed{seed}"))
+        grade = grade_of(arm.split(", ")[1]) if arm != PLAIN else None
+        if grade is not None:
+            need = helper_steps(grade, self.a.helper_base_steps)
+            steps += max(0, need - steps_done(self.out / "helpers" / f"x{grade}_steps{need}_seed{seed}"))
+        return steps
+
     def ready(self, arm: str, seed: int) -> None:
         """Everything ``arm`` of ``seed`` trains from (warm-up, helper, cache, calibrations), built
         under their own locks, before the run takes the shared preparation lock."""
@@ -229,6 +243,22 @@ def pilot(exp: HelperExperiment, sweep: RecordingSweep, results: SeedResults) ->
     return 0 if ok else 3
 
 
+def in_time(exp: HelperExperiment, budget: Budget, arm: str, seed: int) -> bool:
+    """Whether ``arm`` of ``seed`` is expected to finish within ``budget`` (its seed's warm-up, which
+    every arm needs, is trained first if no step has been timed yet); a skipped arm is said."""
+    if budget.step_s is None:
+        budget.timed_step(seconds_per_step(exp.warmup(seed), exp.a.batch_size))
+    steps = exp.steps_left(arm, seed)
+    if budget.fits(steps, time.time()):
+        return True
+    print(
+        f"skipped {arm}, seed {seed}: {steps} steps, about {budget.estimate(steps) or 0:.0f} s, "
+        f"{max(0.0, budget.end - time.time()):.0f} s left of --hours",
+        flush=True,
+    )
+    return False
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = experiment_parser(__doc__, out="runs/srcl_helpers", steps=300)
     p.set_defaults(seeds=None, helper_images=0)
@@ -247,6 +277,20 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="fp32 since 2026-12-02 (bf16 is emulated, 8.7x slower, on CPUs without avx512_bf16; docs/experiments.md)",
     )
     p.add_argument("--arms", nargs="+", choices=ARMS, default=ARMS, help="only these arms (default: all)")
+    p.add_argument(
+        "--hours",
+        type=float,
+        default=None,
+        help="start an arm only if it is expected to finish (with the warm-up and helper it needs) within "
+        "this many hours: a machine held for a session then spends its end on arms that fit",
+    )
+    p.add_argument(
+        "--arm-overhead-minutes",
+        type=float,
+        default=ARM_OVERHEAD_MINUTES,
+        help="an arm's time beyond its training steps (evaluation, features, calibration) assumed by --hours "
+        "until one has finished",
+    )
     p.add_argument("--pilot", action="store_true", help="seed 0's plain ITC and strongest helper, then exit")
     p.add_argument("--status", action="store_true", help="print what is done and what is running, then exit")
     p.add_argument("--report", action="store_true", help="write the report from the recorded runs, run nothing")
@@ -271,11 +315,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     if a.pilot:
         return pilot(exp, sweep, results)
     mine = [arm for arm in shard_arms(*a.shard) if arm in a.arms]
+    budget = Budget(time.time() + a.hours * 3600, a.arm_overhead_minutes * 60) if a.hours else None
+    skipped = []
     for seed in seeds:
-        for arm in mine:
-            if not results.has(arm, seed):
-                exp.ready(arm, seed)
-                sweep.run([seed], [arm])
+        for arm in (arm for arm in mine if not results.has(arm, seed)):
+            if budget is not None and not in_time(exp, budget, arm, seed):
+                skipped.append((arm, seed))
+                continue
+            started, steps = time.time(), exp.steps_left(arm, seed)
+            exp.ready(arm, seed)
+            sweep.run([seed], [arm])
+            if budget is not None:
+                budget.finished(steps, time.time() - started)
+    if skipped:
+        print(f"{len(skipped)} (arm, seed) left for a later run, not expected to finish within --hours", flush=True)
+        return 0
     print(f"seeds {seeds} done for {mine}; --report writes the report", flush=True)
     return 0
 

@@ -21,6 +21,9 @@ INTERIM = 12
 ENDPOINT = "img_r_precision"
 #: the helpers' checkpoint cadence: a killed helper resumes from its newest
 HELPER_CKPT_EVERY = 300
+#: an arm's time beyond its training steps (evaluation; for a helper's first arm its evaluation, features
+#: and calibration), measured on an AVX2-only machine on two threads (docs/experiments.md, Amendment 3)
+ARM_OVERHEAD_MINUTES = 5.0
 
 
 def helper_name(grade: int) -> str:
@@ -47,9 +50,8 @@ def shard_arms(i: int, n: int) -> list[str]:
     its two arms; plain ITC with the control), largest helper first, dealt out so that with two shards
     each takes about half a seed (x64 and x1; x16, x4, plain ITC and the control) and both work on the
     same seed at once: a seed's work then fits the time a machine is held, the largest helper starting
-    first. One shard runs every arm in the order of ``ARMS``."""
-    if n == 1:
-        return list(ARMS)
+    first. One shard runs every job, largest first (so that with ``--hours`` the smaller ones fill the
+    end of a session)."""
     x64, x16, x4, x1 = ([alone(g), annealed(g)] for g in sorted(GRADES, reverse=True))
     halves = [[*x64, *x1], [*x16, *x4, PLAIN, CONTROL]]  # about 2.1 and 1.9 thread-hours at B = 600
     if n == 2:
