@@ -60,6 +60,7 @@ from srcl_helpers_design import (
     HELPER_CKPT_EVERY,
     PLAIN,
     SEEDS,
+    arm_grade,
     grade_of,
     helper_steps,
     shard_arms,
@@ -111,10 +112,14 @@ class HelperExperiment(Experiment):
                 tmp.replace(path)
         return path
 
+    def helper_dir(self, seed: int, grade: int) -> Path:
+        """The run folder of ``seed``'s helper of ``grade``."""
+        return self.out / "helpers" / f"x{grade}_steps{helper_steps(grade, self.a.helper_base_steps)}_seed{seed}"
+
     def helper_run(self, seed: int, grade: int) -> Path:
         """``seed``'s helper of ``grade``, trained (or resumed), its own retrieval evaluated and recorded."""
         steps = helper_steps(grade, self.a.helper_base_steps)
-        run = self.out / "helpers" / f"x{grade}_steps{steps}_seed{seed}"
+        run = self.helper_dir(seed, grade)
         with self._locked(f"helper{seed}_{grade}_{steps}"):  # the lock of the run folder
             train_once(
                 run,
@@ -171,10 +176,10 @@ class HelperExperiment(Experiment):
         """The training steps ``arm`` of ``seed`` still needs: its own, and those of its seed's warm-up
         and its helper not yet trained on this machine."""
         steps = self.a.steps + max(0, self.a.warmup_steps - steps_done(self.out / f"warmup_seed{seed}"))
-        grade = grade_of(arm.split(", ")[1]) if arm != PLAIN else None
+        grade = arm_grade(arm)
         if grade is not None:
             need = helper_steps(grade, self.a.helper_base_steps)
-            steps += max(0, need - steps_done(self.out / "helpers" / f"x{grade}_steps{need}_seed{seed}"))
+            steps += max(0, need - steps_done(self.helper_dir(seed, grade)))
         return steps
 
     def ready(self, arm: str, seed: int) -> None:
@@ -326,6 +331,9 @@ def main(argv: Optional[list[str]] = None) -> int:
             exp.ready(arm, seed)
             sweep.run([seed], [arm])
             if budget is not None:
+                grade = arm_grade(arm)
+                for run in [sweep.run_dir(arm, seed), *([exp.helper_dir(seed, grade)] if grade else [])]:
+                    budget.timed_step(seconds_per_step(run, a.batch_size))
                 budget.finished(steps, time.time() - started)
     if skipped:
         print(f"{len(skipped)} (arm, seed) left for a later run, not expected to finish within --hours", flush=True)

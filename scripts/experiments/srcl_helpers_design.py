@@ -65,6 +65,11 @@ def grade_of(helper: str) -> Optional[int]:
     return int(helper.removeprefix("helper x")) if helper.startswith("helper x") else None
 
 
+def arm_grade(arm: str) -> Optional[int]:
+    """The grade of ``arm``'s learned helper; None for plain ITC and the oracle control."""
+    return grade_of(arm.split(", ")[1]) if arm != PLAIN else None
+
+
 def helper_steps(grade: int, base: int) -> int:
     """Training steps of a grade's helper: ``base`` x sqrt(grade) (compute grows with data)."""
     return round(base * math.sqrt(grade))
