@@ -21,8 +21,9 @@ INTERIM = 12
 ENDPOINT = "img_r_precision"
 #: the helpers' checkpoint cadence: a killed helper resumes from its newest
 HELPER_CKPT_EVERY = 300
-#: an arm's time beyond its training steps (evaluation; for a helper's first arm its evaluation, features
-#: and calibration), measured on an AVX2-only machine on two threads (docs/experiments.md, Amendment 3)
+#: an arm's time beyond its training steps assumed by ``--hours`` until one has finished (then the most
+#: measured): on an AVX2-only machine, two threads, under a minute for an arm's evaluation, about 9 for a
+#: helper's evaluation, features and calibration before its first arm (docs/experiments.md, its Status)
 ARM_OVERHEAD_MINUTES = 5.0
 
 
