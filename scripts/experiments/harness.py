@@ -175,13 +175,14 @@ class Budget:
     end: float
     overhead_s: float
     step_s: Optional[float] = None
-    extra_s: list[float] = field(default_factory=list)
+    #: the most a finished run took beyond its steps (None before one has finished)
+    extra_s: Optional[float] = None
 
     def estimate(self, steps: int) -> Optional[float]:
         """Seconds a run training ``steps`` steps is expected to take; None before a step is timed."""
         if self.step_s is None:
             return None
-        return steps * self.step_s + (max(self.extra_s) if self.extra_s else self.overhead_s)
+        return steps * self.step_s + (self.overhead_s if self.extra_s is None else self.extra_s)
 
     def fits(self, steps: int, now: float) -> bool:
         """Whether a run training ``steps`` steps, started at ``now``, is expected to end in time."""
@@ -196,7 +197,7 @@ class Budget:
     def finished(self, steps: int, wall_s: float) -> None:
         """A run that trained ``steps`` steps took ``wall_s`` seconds: its time beyond them is kept."""
         if self.step_s is not None:
-            self.extra_s.append(max(0.0, wall_s - steps * self.step_s))
+            self.extra_s = max(self.extra_s or 0.0, wall_s - steps * self.step_s)
 
 
 @dataclass
