@@ -147,7 +147,7 @@ def test_the_primary_reading_holm_slope_and_interim():
         gains[alone(g)] = [0.2 * k + e for e in noise]
         gains[annealed(g)] = [(0.6 if g == 64 else 0.0) + e * (k + 1) for e in noise]
     r = primary_reading(_data(gains), list(range(12)))
-    assert r["seeds"] == 12 and r["final"] is False
+    assert r["seeds"] == 12 and r["final"] is False and r["look"] == "interim"
     assert r["q2"]["mean"] == pytest.approx(0.1) and r["q2"]["reading"] == "supported"  # p < 0.001 at the interim
     assert r["q1"][64]["reading"] == "supported" and r["q1"][1]["reading"] == "inconclusive so far (interim)"
     assert r["control"]["reading"] == "supported"
@@ -159,6 +159,60 @@ def test_the_primary_reading_holm_slope_and_interim():
         pytest.approx(q["mean"] - half, abs=1e-3),
         pytest.approx(q["mean"] + half, abs=1e-3),
     )
+
+
+def _strong_gains(n: int) -> dict[str, list[float]]:
+    """Every arm with a gain far beyond its noise: each primary test has p < 0.001 at 4 seeds."""
+    from srcl_helpers_design import ARMS, PLAIN
+
+    noise = [0.01, -0.01, 0.02, -0.02] * 5
+    return {arm: [1.0 + e for e in noise[:n]] for arm in ARMS if arm != PLAIN}
+
+
+def test_no_primary_test_is_read_before_the_interim_looks_seeds_have_every_arm():
+    """The pre-registration reads the primary tests at 12 seeds (p < 0.001) and at 20; the report read
+    "supported" at any seed count whose p fell below 0.001 (4 seeds with every arm were enough)."""
+    from srcl_helpers_report import primary_reading, primary_tables
+
+    r = primary_reading(_data(_strong_gains(4)), list(range(20)))
+    assert r["look"] == "none" and r["seeds"] == 4 and r["final"] is False
+    assert r["q1"][64]["p"] < 0.001 and r["q1"][64]["reading"] == "not read (no look yet)"
+    assert r["q2"]["reading"] == "not read (no look yet)" and r["control"]["reading"] == "not read (no look yet)"
+    assert "no look yet: 4 of the interim look's 12 seeds have every arm" in primary_tables(r)
+
+
+def test_the_interim_look_reads_its_twelve_seeds_only_until_all_twenty_have_every_arm():
+    from srcl_helpers_design import annealed
+    from srcl_helpers_report import primary_reading
+
+    data = _data(_strong_gains(15))
+    r = primary_reading(data, list(range(20)))
+    assert r["look"] == "interim" and r["seeds"] == 12 and r["q1"][64]["n"] == 12
+    assert r["q1"][64]["reading"] == "supported"
+    del data[annealed(4)]["3"]  # one of the interim seeds lacks an arm: no look
+    assert primary_reading(data, list(range(20)))["look"] == "none"
+    final = primary_reading(_data(_strong_gains(20)), list(range(20)))
+    assert final["look"] == "final" and final["final"] is True and final["q1"][1]["n"] == 20
+
+
+def test_the_secondary_says_whether_a_measure_predicts_only_at_twenty_seeds(tmp_path):
+    """The secondary is pre-registered on 4 grades x 20 seeds; the report said "predicts: yes" at 4."""
+    import json
+
+    from srcl_helpers_design import GRADES, annealed
+    from srcl_helpers_report import secondary_table
+
+    gains = {annealed(g): [0.3 * i + 0.01 * s for s in range(4)] for i, g in enumerate(GRADES)}
+    for i, g in enumerate(GRADES):
+        for s in range(4):
+            path = tmp_path / "calibration" / f"helper_x{g}_seed{s}" / "helper_diagnostics.json"
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps({"quality": {"same_image_auc": 0.7 + 0.03 * i + 0.001 * s}}))
+    row = [r for r in secondary_table(tmp_path, _data(gains), range(4), final=False).splitlines()
+           if r.startswith("| same-image AUC | annealed")]  # fmt: skip
+    assert row and row[0].endswith("| not read (at 20 seeds) |") and "+1.00" in row[0]
+    final = secondary_table(tmp_path, _data(gains), range(4), final=True)
+    assert "| same-image AUC | annealed | 16 | +1.00" in final and "not read" not in final.split("alone")[0]
 
 
 def test_the_secondary_ranks_a_measure_that_tracks_the_gain_and_not_one_that_does_not():

@@ -336,11 +336,11 @@ def paired_tests_table(
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
-def run_minutes(results: SeedResults) -> str:
-    """The recorded wall-clock time of every run of ``results``, for a report ("412 min of runs");
-    a rerun that skips finished runs reports the same total."""
+def run_minutes(results: SeedResults, how: str = "one thread each") -> str:
+    """The recorded wall-clock time of every run of ``results``, for a report ("412 min of runs (one
+    thread each)", ``how`` in the brackets); a rerun that skips finished runs reports the same total."""
     secs = [m["seconds"] for per_seed in results.data.values() for m in per_seed.values() if "seconds" in m]
-    return f"{sum(secs) / 60:.0f} min of runs (one thread each)" if secs else "run times not recorded"
+    return f"{sum(secs) / 60:.0f} min of runs ({how})" if secs else "run times not recorded"
 
 
 def write_report(path: Path, *paragraphs: str) -> str:

@@ -3,8 +3,10 @@
 
 Primary: each grade's annealed arm against plain ITC (paired t, Holm over the four grades), the
 per-seed slope of the "alone" arms' gain over log2(grade) (one-sample t), the oracle control; at the
-interim look (fewer than 20 seeds) a test is read as final only at p < 0.001 (Haybittle-Peto).
-Secondary: which measure ranks the gain (Spearman with a seed-bootstrap interval, leave one grade out).
+interim look (the first 12 seeds, once each has every arm) a test is read as final only at p < 0.001
+(Haybittle-Peto); before it the tests are printed and read by nothing.
+Secondary: which measure ranks the gain (Spearman with a seed-bootstrap interval, leave one grade out),
+read at 20 seeds.
 """
 
 from __future__ import annotations
@@ -82,20 +84,36 @@ def seed_slopes(data: dict, arm_of: Callable[[int], str], seeds: Sequence[int]) 
     return {s: slope(xs, [gains[g][s] for g in GRADES]) for s in seeds if all(s in gains[g] for g in GRADES)}
 
 
-def verdict(test: dict[str, float], significant: bool, final: bool) -> str:
-    """supported / refuted / inconclusive, and "(interim)" for a reading that is not yet final."""
+def verdict(test: dict[str, float], significant: bool, final: bool, look: str = "final") -> str:
+    """supported / refuted / inconclusive, "(interim)" for a reading that is not yet final, and "not
+    read" before the pre-registered look (``look == "none"``)."""
     if "p" not in test:
         return "not yet"
+    if look == "none":
+        return "not read (no look yet)"
     word = ("supported" if test["mean"] > 0 else "refuted") if significant else "inconclusive"
     return word if final or significant else f"{word} so far (interim)"
 
 
+def the_look(data: dict, seeds: Sequence[int]) -> tuple[str, list[int]]:
+    """The pre-registered look the recorded runs allow, and the seeds it reads: "final" once every arm
+    of all 20 seeds is recorded; "interim" once the first 12 are (read on those 12 alone, whatever is
+    recorded beyond them); else "none" (the tests on every seed with a record, read by nothing)."""
+    complete = [s for s in seeds if all(str(s) in data.get(arm, {}) for arm in ARMS)]
+    if set(SEEDS) <= set(complete):
+        return "final", list(SEEDS)
+    if set(SEEDS[:INTERIM]) <= set(complete):
+        return "interim", list(SEEDS[:INTERIM])
+    return "none", [s for s in seeds if str(s) in data.get(PLAIN, {})]
+
+
 def primary_reading(data: dict, seeds: Sequence[int]) -> dict[str, Any]:
-    """The pre-registered primary tests on the recorded runs of ``seeds``: Question 1 (each grade's
-    annealed arm minus plain ITC; Holm over the grades), Question 2 (the alone arms' slope over
-    log2(grade)), the control; ``final``: all 20 seeds, else the interim's p < 0.001 decides."""
-    n_seeds = len([s for s in seeds if str(s) in data.get(PLAIN, {})])
-    final = n_seeds >= len(SEEDS)
+    """The pre-registered primary tests on the recorded runs (``the_look`` picks the seeds): Question 1
+    (each grade's annealed arm minus plain ITC; Holm over the grades), Question 2 (the alone arms' slope
+    over log2(grade)), the control; ``final``: all 20 seeds, at the interim p < 0.001 decides, before
+    it nothing is read. ``complete``: how many of the interim look's seeds have every arm."""
+    look, seeds = the_look(data, seeds)
+    final = look == "final"
     q1 = {g: one_sample(list(gains_by_seed(data, annealed(g), PLAIN, seeds, ENDPOINT).values())) for g in GRADES}
     pvals = {str(g): t["p"] for g, t in q1.items() if "p" in t}
     rejected = holm(pvals, FAMILY_ALPHA) if final else {k: p < INTERIM_P for k, p in pvals.items()}
@@ -103,13 +121,16 @@ def primary_reading(data: dict, seeds: Sequence[int]) -> dict[str, Any]:
     q2 = one_sample(list(slopes.values()))
     control = one_sample(list(gains_by_seed(data, CONTROL, PLAIN, seeds, ENDPOINT).values()))
     bar = FAMILY_ALPHA if final else INTERIM_P
+    complete = sum(all(str(s) in data.get(arm, {}) for arm in ARMS) for s in SEEDS[:INTERIM])
     return {
-        "seeds": n_seeds,
+        "seeds": len(seeds),
+        "look": look,
+        "complete": complete,
         "final": final,
-        "q1": {g: {**t, "reading": verdict(t, rejected.get(str(g), False), final)} for g, t in q1.items()},
-        "q2": {**q2, "reading": verdict(q2, q2.get("p", 1.0) < bar, final)},
+        "q1": {g: {**t, "reading": verdict(t, rejected.get(str(g), False), final, look)} for g, t in q1.items()},
+        "q2": {**q2, "reading": verdict(q2, q2.get("p", 1.0) < bar, final, look)},
         "q2_annealed": one_sample(list(seed_slopes(data, annealed, seeds).values())),
-        "control": {**control, "reading": verdict(control, control.get("p", 1.0) < FAMILY_ALPHA, True)},
+        "control": {**control, "reading": verdict(control, control.get("p", 1.0) < FAMILY_ALPHA, True, look)},
     }
 
 
@@ -214,9 +235,12 @@ def primary_tables(reading: dict[str, Any]) -> str:
     rows.append(_test_row("Q2: slope of (alone − plain ITC) per doubling of the helper's images", reading["q2"]))
     rows.append(_test_row("(secondary) slope of (annealed − plain ITC) per doubling", reading["q2_annealed"]))
     rows.append(_test_row(f"control: {CONTROL} − plain ITC", reading["control"]))
-    look = (
-        "final (20 seeds)" if reading["final"] else f"interim ({reading['seeds']} seeds: final only at p < {INTERIM_P})"
-    )
+    look = {
+        "final": "final (20 seeds)",
+        "interim": f"interim ({INTERIM} seeds: final only at p < {INTERIM_P})",
+        "none": f"no look yet: {reading['complete']} of the interim look's {INTERIM} seeds have every arm "
+        f"(descriptive, {reading['seeds']} seeds)",
+    }[reading["look"]]
     return f"Primary tests, {look}; Q1 with Holm over {len(GRADES)} grades at {FAMILY_ALPHA}.\n\n" + "\n".join(
         head + rows
     )
@@ -262,8 +286,9 @@ def _report_value(folder: Path, helper: str, seed: int, keys: tuple[str, ...]) -
     return _value(json.loads(path.read_text()), keys) if path.exists() else None
 
 
-def secondary_table(out: Path, data: dict, seeds: Sequence[int]) -> str:
-    """The pre-registered secondary: each measure against the annealed arm's gain (and the alone arm's)."""
+def secondary_table(out: Path, data: dict, seeds: Sequence[int], final: bool) -> str:
+    """The pre-registered secondary: each measure against the annealed arm's gain (and the alone arm's);
+    whether a measure predicts is read only at the final look (``final``: 20 seeds with every arm)."""
     lines = [
         "| measure | arms | points | Spearman (95% CI, seeds resampled) | R²_LOGO | predicts |",
         "|---|---|---:|---:|---:|---|",
@@ -276,7 +301,7 @@ def secondary_table(out: Path, data: dict, seeds: Sequence[int]) -> str:
             r = rank_measure(pts)
             lines.append(
                 f"| {m} | {label} | {len(pts)} | {r['spearman']:+.2f} ({r['ci_low']:+.2f} to {r['ci_high']:+.2f}) "
-                f"| {r['r2_logo']:+.2f} | {'yes' if r['predicts'] else 'no'} |"
+                f"| {r['r2_logo']:+.2f} | {('yes' if r['predicts'] else 'no') if final else 'not read (at 20 seeds)'} |"
             )
     return "\n".join(lines)
 
@@ -314,17 +339,20 @@ def write_helpers_report(exp: Any, results: SeedResults, seeds: Sequence[int]) -
     rows = helpers_table(exp.out, exp.a.helper_base_steps, exp.a.images, list(seeds))
     student = [data[PLAIN][str(s)][ENDPOINT] for s in seeds if str(s) in data.get(PLAIN, {})]
     plot = plot_gain_by_grade(data, seeds, exp.out / "gain_by_grade.png")
+    reading = primary_reading(data, seeds)
+    recorded = [s for s in seeds if str(s) in data.get(PLAIN, {})]
     text = write_report(
         exp.out / "report_primary.md",
-        f"SRCL with learned helpers graded by strength; seeds {list(seeds)}; {run_minutes(results)}.",
+        f"SRCL with learned helpers graded by strength; seeds with a record {recorded}; "
+        f"{run_minutes(results, 'of the arms alone, wall-clock, on one or two threads')}.",
         "Helpers' own retrieval on the student's test split:\n\n" + helper_strength_table(rows, student),
         "Text->image R-precision and the other metrics, mean ± std over seeds:\n\n"
         + results_table(results, seeds, (ENDPOINT, "img_ndcg10", "txt_r_precision"), label=None),
-        primary_tables(primary_reading(data, seeds)),
+        primary_tables(reading),
         "Measures of each helper (no ground truth, against the student's warm-up; ground truth beside):\n\n"
         + measures_table(exp.out, seeds),
         "Secondary (pre-registered): which measure ranks the gain, learned helpers only:\n\n"
-        + secondary_table(exp.out, data, seeds),
+        + secondary_table(exp.out, data, seeds, reading["final"]),
         f"![gain by grade]({plot.name})" if plot else "",
     )
     if exp.a.record is not None:
