@@ -112,7 +112,7 @@ def test_status_on_a_new_machine_counts_what_the_record_keeps(tmp_path, capsys):
 
     from seed_results import SeedResults
     from srcl_helpers import main, write_records
-    from srcl_helpers_design import CONTROL, PLAIN
+    from srcl_helpers_design import ARMS, CONTROL, PLAIN
 
     r = SeedResults(tmp_path / "a.json")
     r.add(PLAIN, 0, {"img_r_precision": 22.0})
@@ -126,6 +126,9 @@ def test_status_on_a_new_machine_counts_what_the_record_keeps(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "primary: 3/200 runs done (2/120 of the interim look's 12 seeds)"
     assert lines[1] == "helpers trained and evaluated: 1/80"
+    assert lines[2] == "seeds with every arm: none"
+    assert lines[3].startswith("seed 0 lacks 8 arms: SRCL alone, helper x1; ")  # what a session plans by
+    assert lines[4] == "seed 13 lacks 9 arms: " + "; ".join(ARMS[1:])
     assert not (tmp_path / "out").exists()  # --status writes nothing
 
 

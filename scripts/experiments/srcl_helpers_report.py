@@ -362,6 +362,20 @@ def write_helpers_report(exp: Any, results: SeedResults, seeds: Sequence[int]) -
     return text
 
 
+def seeds_left(done: Sequence[tuple[str, int]]) -> list[str]:
+    """The seeds with every arm, and for each seed begun but not finished the arms it lacks."""
+    by_seed: dict[int, set[str]] = {}
+    for arm, s in done:
+        by_seed.setdefault(s, set()).add(arm)
+    full = [s for s in SEEDS if len(by_seed.get(s, ())) == len(ARMS)]
+    lines = [f"seeds with every arm: {', '.join(map(str, full)) or 'none'}"]
+    for s in SEEDS:
+        if s in by_seed and s not in full:
+            lacks = [arm for arm in ARMS if arm not in by_seed[s]]
+            lines.append(f"seed {s} lacks {len(lacks)} arms: {'; '.join(lacks)}")
+    return lines
+
+
 def status(out: Path, a: Any) -> str:
     """Runs done of all (and of the interim look's seeds), helpers trained, and the run each live
     process is on (a mark whose process is gone is shown as such: rerun to resume), counting what
@@ -393,6 +407,7 @@ def status(out: Path, a: Any) -> str:
         )
     ]
     lines.append(f"helpers trained and evaluated: {len(trained)}/{len(GRADES) * len(SEEDS)}")
+    lines += seeds_left(done)
     for mark in sorted(out.glob("running_*.txt")):
         pid = int(mark.stem.split("_")[1])
         alive = Path(f"/proc/{pid}").exists()
