@@ -95,11 +95,16 @@ def verdict(test: dict[str, float], significant: bool, final: bool, look: str = 
     return word if final or significant else f"{word} so far (interim)"
 
 
+def has_every_arm(data: dict, seed: int) -> bool:
+    """Whether every arm of ``seed`` is recorded in ``data`` (arm -> seed -> metrics)."""
+    return all(str(seed) in data.get(arm, {}) for arm in ARMS)
+
+
 def the_look(data: dict, seeds: Sequence[int]) -> tuple[str, list[int]]:
     """The pre-registered look the recorded runs allow, and the seeds it reads: "final" once every arm
     of all 20 seeds is recorded; "interim" once the first 12 are (read on those 12 alone, whatever is
     recorded beyond them); else "none" (the tests on every seed with a record, read by nothing)."""
-    complete = [s for s in seeds if all(str(s) in data.get(arm, {}) for arm in ARMS)]
+    complete = [s for s in seeds if has_every_arm(data, s)]
     if set(SEEDS) <= set(complete):
         return "final", list(SEEDS)
     if set(SEEDS[:INTERIM]) <= set(complete):
@@ -121,7 +126,7 @@ def primary_reading(data: dict, seeds: Sequence[int]) -> dict[str, Any]:
     q2 = one_sample(list(slopes.values()))
     control = one_sample(list(gains_by_seed(data, CONTROL, PLAIN, seeds, ENDPOINT).values()))
     bar = FAMILY_ALPHA if final else INTERIM_P
-    complete = sum(all(str(s) in data.get(arm, {}) for arm in ARMS) for s in SEEDS[:INTERIM])
+    complete = sum(has_every_arm(data, s) for s in SEEDS[:INTERIM])
     return {
         "seeds": len(seeds),
         "look": look,
