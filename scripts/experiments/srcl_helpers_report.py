@@ -95,6 +95,11 @@ def verdict(test: dict[str, float], significant: bool, final: bool, look: str = 
     return word if final or significant else f"{word} so far (interim)"
 
 
+def recorded(data: dict, seeds: Sequence[int]) -> list[int]:
+    """The seeds of ``seeds`` with a plain ITC record (the arm every comparison is paired with)."""
+    return [s for s in seeds if str(s) in data.get(PLAIN, {})]
+
+
 def has_every_arm(data: dict, seed: int) -> bool:
     """Whether every arm of ``seed`` is recorded in ``data`` (arm -> seed -> metrics)."""
     return all(str(seed) in data.get(arm, {}) for arm in ARMS)
@@ -109,7 +114,7 @@ def the_look(data: dict, seeds: Sequence[int]) -> tuple[str, list[int]]:
         return "final", list(SEEDS)
     if set(SEEDS[:INTERIM]) <= set(complete):
         return "interim", list(SEEDS[:INTERIM])
-    return "none", [s for s in seeds if str(s) in data.get(PLAIN, {})]
+    return "none", recorded(data, seeds)
 
 
 def primary_reading(data: dict, seeds: Sequence[int]) -> dict[str, Any]:
@@ -342,13 +347,13 @@ def write_helpers_report(exp: Any, results: SeedResults, seeds: Sequence[int]) -
     """``OUT/report_primary.md`` and its plot (copied into ``--record``): the pre-registered reading."""
     data = results.data
     rows = helpers_table(exp.out, exp.a.helper_base_steps, exp.a.images, list(seeds))
-    student = [data[PLAIN][str(s)][ENDPOINT] for s in seeds if str(s) in data.get(PLAIN, {})]
+    with_record = recorded(data, seeds)
+    student = [data[PLAIN][str(s)][ENDPOINT] for s in with_record]
     plot = plot_gain_by_grade(data, seeds, exp.out / "gain_by_grade.png")
     reading = primary_reading(data, seeds)
-    recorded = [s for s in seeds if str(s) in data.get(PLAIN, {})]
     text = write_report(
         exp.out / "report_primary.md",
-        f"SRCL with learned helpers graded by strength; seeds with a record {recorded}; "
+        f"SRCL with learned helpers graded by strength; seeds with a record {with_record}; "
         f"{run_minutes(results, 'of the arms alone, wall-clock, on one or two threads')}.",
         "Helpers' own retrieval on the student's test split:\n\n" + helper_strength_table(rows, student),
         "Text->image R-precision and the other metrics, mean ± std over seeds:\n\n"
