@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import os
+import types
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -20,16 +22,38 @@ import torch.distributed as dist
 _ONE_PROCESS_GROUP = False  # see collectives_on_one_process
 
 
-def _destroy_group_at_exit() -> None:
-    """At interpreter exit, the process group this process still holds is destroyed: a gloo rank
-    that exited with its group alive intermittently died in std::terminate ("terminate called
-    without an active exception", exit -6) on a loaded machine, failing a run that had finished."""
+def destroy_group() -> None:
+    """Destroy the process group (no-op without one) and let go of it for good; also run at
+    interpreter exit, for the group a process still holds then.
+
+    ``destroy_process_group`` only drops torch's own references. A library imported after the group
+    was made and binding it as a function default (DeepSpeed's ``TorchBackend.barrier``, which
+    accelerate's ``unwrap_model`` imports in every run where DeepSpeed is installed) kept the group,
+    and its gloo threads, alive until interpreter teardown destroyed them in any order: "terminate
+    called without an active exception", exit -6, in a run that had finished. So every function
+    default still holding a process group afterwards is reset to ``None`` (DeepSpeed's functions
+    and torch's read ``None`` as the default group); nothing can use a destroyed group anyway."""
     if dist.is_available() and dist.is_initialized():
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+        _release_bound_groups()
 
 
-atexit.register(_destroy_group_at_exit)
+def _release_bound_groups() -> None:
+    """Reset every function default (positional or keyword-only) that holds a ``ProcessGroup``."""
+    gc.collect()
+    for fn in gc.get_objects():
+        if not isinstance(fn, types.FunctionType):
+            continue
+        if fn.__defaults__ and any(isinstance(d, dist.ProcessGroup) for d in fn.__defaults__):
+            fn.__defaults__ = tuple(None if isinstance(d, dist.ProcessGroup) else d for d in fn.__defaults__)
+        if fn.__kwdefaults__ and any(isinstance(d, dist.ProcessGroup) for d in fn.__kwdefaults__.values()):
+            fn.__kwdefaults__ = {
+                k: None if isinstance(d, dist.ProcessGroup) else d for k, d in fn.__kwdefaults__.items()
+            }
+
+
+atexit.register(destroy_group)  # a finished run exits with its group let go of
 
 
 class OtherRankDone(Exception):

@@ -149,6 +149,8 @@ def gloo_rank(out: Path) -> None:
     import torch
     import torch.distributed as dist
 
+    import vlp.dist as vd
+
     dist.init_process_group("gloo")
     r = dist.get_rank()
     dev = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -171,7 +173,7 @@ def gloo_rank(out: Path) -> None:
     checks |= {f"{k}: expected value": torch.equal(on_dev[k][0], v.to(on_dev[k][0].dtype)) for k, v in expected.items()}
     rec = {"rank": r, "device": str(dev), "backend": dist.get_backend(), "checks": checks}
     (out / f"rank{r}.json").write_text(json.dumps(rec, indent=2))
-    dist.destroy_process_group()
+    vd.destroy_group()
 
 
 if __name__ == "__main__":

@@ -396,7 +396,7 @@ def run_collectives_in_group(
             seconds = sync() - t0
             ops = dict(counter.calls)
     finally:
-        dist.destroy_process_group()
+        vd.destroy_group()
     return real, got, calls, seconds, ops
 
 

@@ -211,7 +211,7 @@ def _agree(rank: int, port: int, out: str) -> None:
 
     import torch.distributed as dist
 
-    from vlp.dist import any_over_ranks
+    from vlp.dist import any_over_ranks, destroy_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -225,7 +225,7 @@ def _agree(rank: int, port: int, out: str) -> None:
         with open(f"{out}.{rank}", "w") as f:
             json.dump({"seen": seen, "graphs": counters["stats"]["unique_graphs"]}, f)
     finally:
-        dist.destroy_process_group()
+        destroy_group()
 
 
 @pytest.mark.multiprocess

@@ -22,6 +22,7 @@ SCRIPT = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from vlp.config import ConfigError
+    from vlp.dist import destroy_group
     from vlp.train.checkpoints import SHARED_FS_MARKER, check_shared_filesystem
 
     dist.init_process_group("gloo")
@@ -39,7 +40,7 @@ SCRIPT = textwrap.dedent("""
         result = f"rank {r}: error: {e}"
     with open(os.path.join(os.environ["RESULTS"], f"rank_{r}.txt"), "w") as f:
         f.write(result)
-    dist.destroy_process_group()
+    destroy_group()
 """)
 
 
