@@ -204,8 +204,18 @@ def test_gathering_with_gradients_says_nothing_on_a_real_group(tmp_path) -> None
         tdist.destroy_process_group()
 
 
-PROBE = """
-import os, sys, torch, torch.distributed as dist
+#: the prelude of the probes below: ``gloo_threads()``, the names of this process's gloo threads
+GLOO_THREADS = """
+import os, sys
+def gloo_threads():
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    return ",".join(n for n in names if "gloo" in n)
+"""
+
+PROBE = (
+    GLOO_THREADS
+    + """
+import torch, torch.distributed as dist
 import vlp.dist as vd
 dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
 with vd.collectives_on_one_process():
@@ -214,9 +224,9 @@ with vd.collectives_on_one_process():
     vd.all_reduce_(x.detach().clone())
     vd.all_gather_nograd(x.detach())
 dist.destroy_process_group()
-names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-print(",".join(n for n in names if "gloo" in n))
+print(gloo_threads())
 """
+)
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the thread names from /proc (Linux)")
@@ -235,11 +245,10 @@ def test_destroying_the_group_after_gathering_with_gradients_stops_its_threads(t
     assert done.stdout.strip() == "", f"gloo threads still running after destroy_process_group: {done.stdout}"
 
 
-EXIT_PROBE = """
-import atexit, os, sys
-def gloo_threads():
-    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
-    return ",".join(n for n in names if "gloo" in n)
+EXIT_PROBE = (
+    GLOO_THREADS
+    + """
+import atexit
 atexit.register(lambda: print("at exit:", gloo_threads(), flush=True))  # LIFO: after vlp's own hook
 import torch, torch.distributed as dist
 import vlp.dist as vd
@@ -257,6 +266,7 @@ if kind == "destroyed":
     vd.destroy_group()
     print("destroyed:", gloo_threads(), flush=True)
 """
+)
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the thread names from /proc (Linux)")
