@@ -216,6 +216,62 @@ def test_the_secondary_says_whether_a_measure_predicts_only_at_twenty_seeds(tmp_
     assert row and row[0].endswith("| not read (at 20 seeds) |") and "+1.00" in row[0]
     final = secondary_table(tmp_path, _data(gains), range(4), final=True)
     assert "| same-image AUC | annealed | 16 | +1.00" in final and "not read" not in final.split("alone")[0]
+    # the gate's line only at the final look: gain = 10 x AUC - 7 exactly, so 0 at 0.7, rising
+    assert "The gate" not in secondary_table(tmp_path, _data(gains), range(4), final=False)
+    assert final.endswith(
+        "The gate: same-image AUC, the best measure that predicts the annealed arms' gain; the least-squares line "
+        "gain = -7.000 +10 x measure crosses 0 at 0.7 (go at or above it); the points span 0.7 to 0.793."
+    )
+
+
+def test_the_gate_line_crosses_zero_where_the_fit_does_and_is_none_where_nothing_predicts(tmp_path):
+    import json
+    import random
+
+    from srcl_helpers_design import GRADES, annealed
+    from srcl_helpers_report import gate_line, gate_sentence, the_gate
+
+    falling = gate_line([(g, s, float(i) + s, 1.0 - 0.5 * (i + s)) for i, g in enumerate(GRADES) for s in range(3)])
+    assert falling["threshold"] == pytest.approx(2.0) and not falling["rising"] and falling["span"] == (0.0, 5.0)
+    assert "(go at or below it)" in gate_sentence(("N_eff", falling))
+    rng = random.Random(1)
+    gains = {annealed(g): [rng.gauss(0, 1) for _ in range(6)] for g in GRADES}
+    for g in GRADES:
+        for s in range(6):
+            path = tmp_path / "calibration" / f"helper_x{g}_seed{s}" / "helper_diagnostics.json"
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps({"quality": {"same_image_auc": rng.random()}}))
+    assert the_gate(tmp_path, _data(gains), range(6)) is None
+    assert gate_sentence(None) == "The gate: no measure predicts the annealed arms' gain; `PREDICTOR` stays None."
+
+
+def test_the_shipped_gate_is_the_final_looks_reading_of_the_recorded_runs():
+    """PREDICTOR (vlp/lab/helper_student.py) is what the_gate reads from results/srcl_helpers, at the
+    experiment's settings: its measure and path, threshold and span (to 2 decimals), direction."""
+    import json
+
+    from srcl_helpers_design import ARMS
+    from srcl_helpers_report import MEASURES, the_gate
+
+    from vlp.lab.helper_student import PREDICTOR
+
+    record = Path(__file__).resolve().parents[1] / "results" / "srcl_helpers"
+    data: dict = {}
+    for r in json.loads((record / "results_primary.json").read_text()):
+        data.setdefault(r["arm"], {})[str(r["seed"])] = r
+    assert all(len(data[arm]) == 20 for arm in ARMS)
+    gate = the_gate(record, data, range(20))
+    assert gate is not None and PREDICTOR is not None
+    measure, line = gate
+    assert MEASURES[measure] == PREDICTOR.path and PREDICTOR.measure == measure.replace("δ", "delta")
+    assert (PREDICTOR.threshold, PREDICTOR.rising) == (round(line["threshold"], 2), line["rising"])
+    assert PREDICTOR.span == tuple(round(v, 2) for v in line["span"])
+    report = json.loads((record / "calibration" / "helper_x1_seed0" / "helper_diagnostics.json").read_text())
+    for keys, want in PREDICTOR.conditions:  # the experiment's own reports meet every condition
+        got = report
+        for k in keys:
+            got = got[k]
+        assert got == want, keys
 
 
 def test_the_secondary_ranks_a_measure_that_tracks_the_gain_and_not_one_that_does_not():

@@ -36,6 +36,8 @@ from srcl_helpers_design import (
     helpers_table,
 )
 
+from vlp.lab.helper_student import report_value
+
 #: the p below which a primary test is read as final at the interim look (Haybittle-Peto)
 INTERIM_P = 0.001
 FAMILY_ALPHA = 0.05
@@ -202,14 +204,6 @@ def rank_measure(points: Sequence[tuple[int, int, float, float]], n_boot: int = 
     return {"spearman": rho, "ci_low": lo, "ci_high": hi, "r2_logo": r2, "predicts": r2 > 0 and (lo > 0 or hi < 0)}
 
 
-def _value(report: dict, path: tuple[str, ...]) -> Optional[float]:
-    for key in path:
-        if not isinstance(report, dict) or key not in report:
-            return None
-        report = report[key]
-    return float(report) if isinstance(report, (int, float)) else None
-
-
 def measure_points(out: Path, data: dict, arm_of: Callable[[int], str], seeds: Sequence[int]) -> dict[str, list]:
     """measure -> ``(grade, seed, measure, gain)`` for every learned helper with both recorded."""
     points: dict[str, list] = {m: [] for m in MEASURES}
@@ -220,7 +214,7 @@ def measure_points(out: Path, data: dict, arm_of: Callable[[int], str], seeds: S
             if path.exists():
                 report = json.loads(path.read_text())
                 for m, keys in MEASURES.items():
-                    v = _value(report, keys)
+                    v = report_value(report, keys)
                     if v is not None and math.isfinite(v):
                         points[m].append((g, s, v, gain))
     return points
@@ -293,7 +287,50 @@ def _report_value(folder: Path, helper: str, seed: int, keys: tuple[str, ...]) -
     from seed_results import slug
 
     path = folder / f"{slug(helper)}_seed{seed}" / "helper_diagnostics.json"
-    return _value(json.loads(path.read_text()), keys) if path.exists() else None
+    return report_value(json.loads(path.read_text()), keys) if path.exists() else None
+
+
+def _enough(points: Sequence[tuple[int, int, float, float]]) -> bool:
+    return len({p[1] for p in points}) >= 3 and len({p[0] for p in points}) >= 2
+
+
+def gate_line(points: Sequence[tuple[int, int, float, float]]) -> dict[str, Any]:
+    """The gate's figures for a measure (docs/experiments.md, "How the final look is read"): the
+    least-squares line of the gain on the measure over every ``(grade, seed, measure, gain)`` point,
+    the measure where it crosses 0 (``threshold``), whether it rises, and the span the points cover."""
+    xs, ys = [p[2] for p in points], [p[3] for p in points]
+    b = slope(xs, ys)
+    a = statistics.mean(ys) - b * statistics.mean(xs)
+    threshold = -a / b if b else math.nan
+    return {"intercept": a, "slope": b, "threshold": threshold, "rising": b > 0, "span": (min(xs), max(xs))}
+
+
+def the_gate(out: Path, data: dict, seeds: Sequence[int]) -> Optional[tuple[str, dict[str, Any]]]:
+    """The measure the gate advises by: of those that predict the annealed arms' gain, the one with
+    the highest R²_LOGO, with its :func:`gate_line`; None where none predicts."""
+    ranked = []
+    for m, pts in measure_points(out, data, annealed, seeds).items():
+        if _enough(pts):
+            r = rank_measure(pts)
+            if r["predicts"]:
+                ranked.append((r["r2_logo"], m, pts))
+    if not ranked:
+        return None
+    _, m, pts = max(ranked)
+    return m, gate_line(pts)
+
+
+def gate_sentence(gate: Optional[tuple[str, dict[str, Any]]]) -> str:
+    """The report's line on the gate (``PREDICTOR`` in vlp/lab/helper_student.py) from :func:`the_gate`."""
+    if gate is None:
+        return "The gate: no measure predicts the annealed arms' gain; `PREDICTOR` stays None."
+    m, g = gate
+    side = "at or above" if g["rising"] else "at or below"
+    return (
+        f"The gate: {m}, the best measure that predicts the annealed arms' gain; the least-squares line "
+        f"gain = {g['intercept']:+.3f} {g['slope']:+.4g} x measure crosses 0 at {g['threshold']:.4g} (go {side} it); "
+        f"the points span {g['span'][0]:.4g} to {g['span'][1]:.4g}."
+    )
 
 
 def secondary_table(out: Path, data: dict, seeds: Sequence[int], final: bool) -> str:
@@ -305,7 +342,7 @@ def secondary_table(out: Path, data: dict, seeds: Sequence[int], final: bool) ->
     ]
     for label, arm_of in (("annealed", annealed), ("alone", alone)):
         for m, pts in measure_points(out, data, arm_of, seeds).items():
-            if len({p[1] for p in pts}) < 3 or len({p[0] for p in pts}) < 2:
+            if not _enough(pts):
                 lines.append(f"| {m} | {label} | {len(pts)} | - | - | not yet |")
                 continue
             r = rank_measure(pts)
@@ -313,7 +350,7 @@ def secondary_table(out: Path, data: dict, seeds: Sequence[int], final: bool) ->
                 f"| {m} | {label} | {len(pts)} | {r['spearman']:+.2f} ({r['ci_low']:+.2f} to {r['ci_high']:+.2f}) "
                 f"| {r['r2_logo']:+.2f} | {('yes' if r['predicts'] else 'no') if final else 'not read (at 20 seeds)'} |"
             )
-    return "\n".join(lines)
+    return "\n".join(lines) + ("\n\n" + gate_sentence(the_gate(out, data, seeds)) if final else "")
 
 
 def plot_gain_by_grade(data: dict, seeds: Sequence[int], path: Path) -> Optional[Path]:

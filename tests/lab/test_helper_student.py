@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,6 @@ from vlp.features.helper_cache import HelperCache, cache_rows, write_cache
 from vlp.lab.calibration import CalibrationRows, calibration_rows, same_image_auc
 from vlp.lab.helper_student import (
     NO_PREDICTOR,
-    PREDICTOR,
     STUDENT_CACHE,
     Predictor,
     advice,
@@ -240,8 +240,11 @@ def test_analyze_helper_against_a_student_run(world, pretrained, tmp_path, capsy
     assert main([*argv, "--out", str(out), "--student", str(pretrained), "--force"]) == 0
     printed = capsys.readouterr().out
     assert "against the student (temperature" in printed and "rank agreement with the student" in printed
-    assert f"  {NO_PREDICTOR}\n" in printed  # no measure is shown to predict yet: one line says so
-    got = json.loads((out / "helper_diagnostics.json").read_text())["against_student"]
+    report = json.loads((out / "helper_diagnostics.json").read_text())
+    got = report["against_student"]
+    # the gate's line: rows of 8 + 16 columns are not the experiment's 63 negatives, so neither go nor stop
+    assert f"  {report['advice']}\n" in printed and report["advice"].startswith("no go or stop: N_eff at the no-GT")
+    assert report["advice"].endswith("was measured with at_delta.negatives_per_row 63.0; this report has 23.0")
     ckpt = find_checkpoint(pretrained)
     with safe_open(str(ckpt / "model.safetensors"), framework="pt") as f:
         temp = float(f.get_tensor("temp"))
@@ -286,13 +289,53 @@ def test_analyze_helper_student_options_are_refused_where_they_do_not_apply(worl
     assert len(err) == 1 and "student_cache holds features of random 1, not of the student" in err[0]
 
 
-def test_the_advice_says_none_predicts_until_a_predictor_is_named_then_go_or_stop_by_it():
-    measures = {"hard_same_image_auc": 0.71, "pair_r1_gap": -0.02}
-    assert advice(measures) == NO_PREDICTOR and PREDICTOR is None
+def test_the_advice_is_go_stop_or_neither_by_a_predictor_and_says_so_without_one():
+    report = {
+        "against_student": {"hard_same_image_auc": 0.71, "pair_r1_gap": -0.02},
+        "at_delta": {"n_eff_mean": 30.5, "negatives_per_row": 63.0},
+    }
+    assert advice(report) == advice(report, None) == NO_PREDICTOR
     assert "no measure, same-image AUC included, is yet shown" in NO_PREDICTOR and "docs/methods.md" in NO_PREDICTOR
-    rule = Predictor("hard_same_image_auc", 0.7, "docs/experiments.md, issue 51")
-    assert advice(measures, rule) == (
-        "go: hard_same_image_auc 0.710 >= 0.7, the measure shown to predict SRCL's gain with a learned helper "
-        "(docs/experiments.md, issue 51)"
+    shown = "the measure shown to predict SRCL's gain with a learned helper (docs/experiments.md, issue 51)"
+    rising = Predictor(
+        "hard AUC", ("against_student", "hard_same_image_auc"), 0.7, True, (0.5, 0.9), "docs/experiments.md, issue 51"
     )
-    assert advice(measures, Predictor("pair_r1_gap", 0.0, "x")).startswith("stop: pair_r1_gap -0.020 < 0, ")
+    assert advice(report, rising) == f"go: hard AUC 0.71 >= 0.7, hard AUC, {shown}"
+    assert advice(report, replace(rising, threshold=0.75)).startswith("stop: hard AUC 0.71 < 0.75, hard AUC, ")
+    # a falling line: go at or below the threshold; a measure counted over a row's negatives needs rows of its size
+    rows = ((("at_delta", "negatives_per_row"), 63.0),)
+    falling = Predictor("N_eff", ("at_delta", "n_eff_mean"), 31.0, False, (20.0, 40.0), "src", conditions=rows)
+    assert advice(report, falling).startswith("go: N_eff 30.5 <= 31, N_eff, the measure shown")
+    assert advice(report, replace(falling, threshold=30.0)).startswith("stop: N_eff 30.5 > 30, ")
+    other_rows = {**report, "at_delta": {"n_eff_mean": 30.5, "negatives_per_row": 127.0}}
+    assert advice(other_rows, falling).endswith(
+        "was measured with at_delta.negatives_per_row 63.0; this report has 127.0"
+    )
+    oracle = replace(falling, conditions=((("kind",), "learned"),))
+    assert advice({**report, "kind": "oracle"}, oracle).endswith(
+        "was measured with kind learned; this report has oracle"
+    )
+    # neither go nor stop outside the span measured, or without the measure
+    assert advice(report, replace(falling, span=(31.0, 40.0))).startswith(
+        "no go or stop: N_eff 30.5 lies outside what was measured (31 to 40); N_eff, the measure shown"
+    )
+    assert advice({"at_delta": report["at_delta"]}, rising).endswith(
+        "is not in this report (against_student.hard_same_image_auc; give --student)"
+    )
+    assert advice({}, falling).endswith("is not in this report (at_delta.n_eff_mean)")
+
+
+def test_the_cli_prints_the_gate_of_the_predictor_named(world, tmp_path, capsys, monkeypatch):
+    """``vlp analyze helper`` prints and records the advice of whatever PREDICTOR names (read when it runs)."""
+    from vlp.lab import helper_student
+
+    data, helper = str(world["pretrain"]), str(_random_cache(tmp_path / "helper", world["pretrain"], 0).path)
+    argv = ["analyze", "helper", "--cache", helper, "--data", data, "--batch-size", "8", "--batches", "2"]
+    rule = Predictor("N_eff", ("at_delta", "n_eff_mean"), 1000.0, False, (0.0, 2000.0), "a test")
+    monkeypatch.setattr(helper_student, "PREDICTOR", rule)
+    assert main([*argv, "--out", str(tmp_path / "o"), "--force"]) == 0
+    report = json.loads((tmp_path / "o" / "helper_diagnostics.json").read_text())
+    n_eff = report["at_delta"]["n_eff_mean"]
+    shown = "the measure shown to predict SRCL's gain with a learned helper (a test)"
+    assert 0 < n_eff <= 7 and report["advice"] == f"go: N_eff {n_eff:.4g} <= 1000, N_eff, {shown}"  # 7 negatives a row
+    assert f"  {report['advice']}\n" in capsys.readouterr().out

@@ -50,7 +50,7 @@ from vlp.errors import CalibrationError
 from vlp.features.helper_cache import HelperCache, cache_rows
 from vlp.lab.diagnostics import REPORT, finite
 from vlp.lab.false_negatives import training_batches
-from vlp.lab.helper_student import against_student, pairwise_auc
+from vlp.lab.helper_student import against_student, gate, pairwise_auc
 from vlp.losses.srcl import (
     calibrate_delta,
     calibrate_delta_for_probes,
@@ -284,7 +284,6 @@ def calibration_summary(r: dict[str, Any]) -> str:
             f"{_num(s['hard_same_image_auc'])}, weighted by the student's softmax "
             f"{_num(s['student_weighted_same_image_auc'])}; rank agreement with the student "
             f"{_num(s['rank_agreement'])}",
-            f"  {s['advice']}",
         ]
     for name, w in r["weights"].items():
         fn, other, every = w["false_negatives"], w["other_negatives"], w["all_negatives"]
@@ -300,7 +299,7 @@ def calibration_summary(r: dict[str, Any]) -> str:
             f"  at the chosen delta: N_eff {a['n_eff_mean']:.1f} of {a['negatives_per_row']:.0f} negatives per row, "
             f"the {TOP_K} heaviest carry {100 * a[f'top{TOP_K}_share']:.0f}% of the weight"
         )
-    for key in ("delta_error", "quality_warning", "quality_caveat", "refused"):
+    for key in ("advice", "delta_error", "quality_warning", "quality_caveat", "refused"):
         if r.get(key):
             lines.append(f"  {r[key]}")
     if "mean_mode_floor" in r:
@@ -390,7 +389,8 @@ def run_helper_calibration(
     ``mean`` has no delta (it cancels), so only its distributions and its floor are reported.
     ``itc_positives="image"`` (retrieval fine-tuning): every caption of the anchor's image is a
     positive, so there are no known false negatives and only ``rule="20pct"`` applies.
-    ``student_cache``: also the helper against the student on the same rows (``against_student``)."""
+    ``student_cache``: also the helper against the student on the same rows (``against_student``).
+    ``advice``: the gate's one line on the report (:func:`vlp.lab.helper_student.gate`)."""
     if mode not in ("softmax", "mean"):
         raise ValueError(f"mode must be 'softmax' or 'mean', got {mode!r}")
     if rule not in RULES:
@@ -434,6 +434,7 @@ def run_helper_calibration(
     report["delta"] = deltas
     report["weights"] = {k: _weights_report(rows, s, s_probe, mode, d, out, k, cache) for k, d in names.items()}
     report["override"] = f"loss.srcl.norm=softmax loss.srcl.delta={chosen:.4g}" if chosen is not None else None
+    report["advice"] = gate(report)
     refusal = report.get("refused") or _quality_check(report, min_same_image_auc, force)
     report = finite(report)
     (out / REPORT).write_text(json.dumps(report, indent=1))

@@ -23,11 +23,13 @@ student's own features, not a momentum encoder's.
   rows whose positive has a similarity strictly above every negative of the row (a tie with the
   best negative is a miss).
 
-Which of them, if any, predicts whether SRCL helps with a learned helper is what an experiment is
-measuring (docs/experiments.md, issue 51). Until it shows one, :data:`PREDICTOR` is None and the
-report's ``advice`` says so in one line and points to a trial on the user's own split
-(docs/methods.md); once one is shown, :data:`PREDICTOR` names it, its minimum and its source, and
-``advice`` says go or stop by it.
+Which number of the report, if any, predicts whether SRCL (annealed into the live model, vlp's
+default) helps with a learned helper was read from an experiment (docs/experiments.md, issue 51): of
+these and the calibration's, only the N_eff at the no-GT delta did, for learned helpers of the tiny
+architecture on the shapes world. :data:`PREDICTOR` names it, its threshold, span, conditions and
+source, and the report's ``advice`` (:func:`gate`) says go or stop by it in one line, or neither
+where the user's report is outside what was measured; with :data:`PREDICTOR` None it says that no
+measure is shown to predict and points to a trial on the user's own split (docs/methods.md).
 """
 
 from __future__ import annotations
@@ -53,16 +55,43 @@ STUDENT_CACHE = "student_cache"
 
 @dataclass(frozen=True)
 class Predictor:
-    """A measure of :func:`student_measures` shown to predict SRCL's gain with a learned helper:
-    ``measure`` (a key of ``against_student``), the ``minimum`` from which SRCL helped, its ``source``."""
+    """A measure of ``vlp analyze helper``'s report shown to predict SRCL's gain with a learned helper
+    (docs/experiments.md, issue 51): ``measure`` its name, ``path`` its keys in the report
+    (``helper_diagnostics.json``), ``threshold`` where the experiment's fitted gain crosses 0,
+    ``rising`` go at or above it (False: at or below), ``span`` the (lowest, highest) value the
+    experiment measured, ``source``, and ``conditions``: (keys, value) pairs of the report that were
+    the experiment's and that the measure depends on (the rows' size, the calibration's settings)."""
 
     measure: str
-    minimum: float
+    path: tuple[str, ...]
+    threshold: float
+    rising: bool
+    span: tuple[float, float]
     source: str
+    conditions: tuple[tuple[tuple[str, ...], Any], ...] = ()
 
 
-#: the measure that predicts SRCL's gain with a learned helper; None: none is shown yet
-PREDICTOR: Optional[Predictor] = None
+#: the measure that predicts SRCL's gain with a learned helper (annealed into the live model, vlp's
+#: default); None: none is shown. From the experiment's final look (20 seeds x 4 grades of the tiny
+#: architecture trained on the shapes world; ``the_gate`` of scripts/experiments/srcl_helpers_report.py,
+#: a test recomputes it from results/srcl_helpers)
+PREDICTOR: Optional[Predictor] = Predictor(
+    measure="N_eff at the no-GT delta",
+    path=("at_delta", "n_eff_mean"),
+    threshold=27.38,
+    rising=False,
+    span=(22.31, 31.78),
+    source="docs/experiments.md, issue 51: learned helpers of the tiny architecture on the shapes world",
+    conditions=(
+        (("kind",), "learned"),
+        (("at_delta", "negatives_per_row"), 63.0),
+        (("mode",), "softmax"),
+        (("rule",), "probes"),
+        (("target_weight",), 0.12),
+        (("tau_w",), 1.0),
+        (("itc_positives",), "pair"),
+    ),
+)
 #: the advice while no measure is shown to predict
 NO_PREDICTOR = (
     "no measure, same-image AUC included, is yet shown to predict SRCL's gain with a learned helper "
@@ -71,17 +100,48 @@ NO_PREDICTOR = (
 )
 
 
-def advice(measures: dict[str, Any], predictor: Optional[Predictor] = None) -> str:
-    """The one line ``vlp analyze helper --student`` advises by: :data:`NO_PREDICTOR` without a
-    ``predictor``, else go or stop by its measure in ``measures`` (``against_student``) against its minimum."""
+def _at(report: Any, path: Sequence[str]) -> Any:
+    for key in path:
+        if not isinstance(report, dict) or key not in report:
+            return None
+        report = report[key]
+    return report
+
+
+def report_value(report: Any, path: Sequence[str]) -> Optional[float]:
+    """The number at ``path`` (keys) in a report of ``vlp analyze helper``; None where it has none."""
+    value = _at(report, path)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def advice(report: dict[str, Any], predictor: Optional[Predictor] = None) -> str:
+    """The one line ``vlp analyze helper`` advises by: :data:`NO_PREDICTOR` without a ``predictor``;
+    else go or stop by its measure in ``report`` against its threshold, and neither where the report
+    lacks the measure, differs from the experiment in one of its ``conditions``, or has a value
+    outside what the experiment measured."""
     if predictor is None:
         return NO_PREDICTOR
-    value = float(measures[predictor.measure])
-    verdict, sign = ("go", ">=") if value >= predictor.minimum else ("stop", "<")
-    return (
-        f"{verdict}: {predictor.measure} {value:.3f} {sign} {predictor.minimum:g}, the measure shown to predict "
-        f"SRCL's gain with a learned helper ({predictor.source})"
-    )
+    p = predictor
+    named = f"{p.measure}, the measure shown to predict SRCL's gain with a learned helper ({p.source})"
+    value = report_value(report, p.path)
+    if value is None:
+        needs = "; give --student" if p.path[0] == "against_student" else ""
+        return f"no go or stop: {named}, is not in this report ({'.'.join(p.path)}{needs})"
+    for keys, want in p.conditions:
+        got = _at(report, keys)
+        if got != want:
+            return f"no go or stop: {named}, was measured with {'.'.join(keys)} {want}; this report has {got}"
+    lo, hi = p.span
+    if not lo <= value <= hi:
+        return f"no go or stop: {p.measure} {value:.4g} lies outside what was measured ({lo:.4g} to {hi:.4g}); {named}"
+    go = value >= p.threshold if p.rising else value <= p.threshold
+    sign = (">=" if go else "<") if p.rising else ("<=" if go else ">")
+    return f"{'go' if go else 'stop'}: {p.measure} {value:.4g} {sign} {p.threshold:.4g}, {named}"
+
+
+def gate(report: dict[str, Any]) -> str:
+    """:func:`advice` by :data:`PREDICTOR` (read when called) on a report of ``vlp analyze helper``."""
+    return advice(report, PREDICTOR)
 
 
 class Rows(Protocol):
@@ -285,8 +345,7 @@ def against_student(
 ) -> dict[str, Any]:
     """The report's ``against_student``: :func:`student_measures` at ``temperature`` (None: the
     temperature of the checkpoint that wrote ``cache``, :func:`cache_temperature`), with the student's
-    cache, checkpoint and where the temperature came from (``given`` or ``checkpoint``), and the
-    ``advice`` of :data:`PREDICTOR` (:func:`advice`)."""
+    cache, checkpoint and where the temperature came from (``given`` or ``checkpoint``)."""
     given = temperature is not None
     t = float(temperature) if temperature is not None else cache_temperature(cache)
     measures = student_measures(helper, student, t, k)
@@ -295,7 +354,6 @@ def against_student(
         "student_checkpoint": cache.meta.get(CACHE_HELPER_KEY),
         "temperature_from": "given" if given else "checkpoint",
         **measures,
-        "advice": advice(measures, PREDICTOR),
     }
 
 
