@@ -83,7 +83,7 @@ SUFFICIENCY_CAVEAT = (
     "a same-image AUC above the minimum is not enough: on the testbed a learned helper at 0.795 (no stronger than "
     "the student, and sharing its initial weights) did not beat plain ITC (-0.23 +- 0.56 R-precision, 12 seeds, "
     "p 0.18); learned helpers at 1.1-1.6 times the student's R-precision all pass (0.80-0.84), and SRCL as published "
-    "with them went from +0.87 (the weakest, final) to -0.98 (the second strongest, interim at 12 seeds; "
+    "with them went from +0.82 (the weakest) to -0.93 (the second strongest, worse than plain ITC; 20 seeds, "
     "docs/experiments.md, issue 51)"
 )
 #: the heaviest negatives of a row whose weight share ``at_delta`` reports
