@@ -222,6 +222,10 @@ def test_the_secondary_says_whether_a_measure_predicts_only_at_twenty_seeds(tmp_
         "The gate: same-image AUC, the best measure that predicts the annealed arms' gain; the least-squares line "
         "gain = -7.000 +10 x measure crosses 0 at 0.7 (go at or above it); the points span 0.7 to 0.793."
     )
+    from srcl_helpers_report import plot_gate
+
+    plot = plot_gate(tmp_path, _data(gains), range(4), tmp_path / "gate.png")
+    assert plot == tmp_path / "gate.png" and plot.stat().st_size > 1000
 
 
 def test_the_gate_line_crosses_zero_where_the_fit_does_and_is_none_where_nothing_predicts(tmp_path):
@@ -229,7 +233,7 @@ def test_the_gate_line_crosses_zero_where_the_fit_does_and_is_none_where_nothing
     import random
 
     from srcl_helpers_design import GRADES, annealed
-    from srcl_helpers_report import gate_line, gate_sentence, the_gate
+    from srcl_helpers_report import gate_line, gate_sentence, plot_gate, the_gate
 
     falling = gate_line([(g, s, float(i) + s, 1.0 - 0.5 * (i + s)) for i, g in enumerate(GRADES) for s in range(3)])
     assert falling["threshold"] == pytest.approx(2.0) and not falling["rising"] and falling["span"] == (0.0, 5.0)
@@ -242,6 +246,10 @@ def test_the_gate_line_crosses_zero_where_the_fit_does_and_is_none_where_nothing
             path.parent.mkdir(parents=True)
             path.write_text(json.dumps({"quality": {"same_image_auc": rng.random()}}))
     assert the_gate(tmp_path, _data(gains), range(6)) is None
+    assert (
+        plot_gate(tmp_path, _data(gains), range(6), tmp_path / "gate.png") is None
+        and not (tmp_path / "gate.png").exists()
+    )
     assert gate_sentence(None) == "The gate: no measure predicts the annealed arms' gain; `PREDICTOR` stays None."
 
 

@@ -380,6 +380,29 @@ def plot_gain_by_grade(data: dict, seeds: Sequence[int], path: Path) -> Optional
     return save_gain_plot(fig, ax, path, "helper's images ÷ the student's (compute grows with data)")
 
 
+def plot_gate(out: Path, data: dict, seeds: Sequence[int], path: Path) -> Optional[Path]:
+    """The annealed arms' gain against the gate's measure (:func:`the_gate`), one point per (grade,
+    seed), with the fitted line and its threshold; None where no measure predicts."""
+    gate = the_gate(out, data, seeds)
+    if gate is None:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    measure, line = gate
+    points = measure_points(out, data, annealed, seeds)[measure]
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for k, g in enumerate(GRADES):
+        mine = [p for p in points if p[0] == g]
+        ax.scatter([p[2] for p in mine], [p[3] for p in mine], s=14, color=f"C{k}", label=f"helper x{g}")
+    lo, hi = line["span"]
+    ax.plot([lo, hi], [line["intercept"] + line["slope"] * x for x in (lo, hi)], color="k", lw=1, label="fit")
+    ax.axvline(line["threshold"], color="k", ls="--", lw=1, label=f"threshold {line['threshold']:.4g}")
+    return save_gain_plot(fig, ax, path, f"{measure} (annealed arms)")
+
+
 def write_helpers_report(exp: Any, results: SeedResults, seeds: Sequence[int]) -> str:
     """``OUT/report_primary.md`` and its plot (copied into ``--record``): the pre-registered reading."""
     data = results.data
@@ -388,6 +411,7 @@ def write_helpers_report(exp: Any, results: SeedResults, seeds: Sequence[int]) -
     student = [data[PLAIN][str(s)][ENDPOINT] for s in with_record]
     plot = plot_gain_by_grade(data, seeds, exp.out / "gain_by_grade.png")
     reading = primary_reading(data, seeds)
+    gate = plot_gate(exp.out, data, seeds, exp.out / "gain_by_gate_measure.png") if reading["final"] else None
     text = write_report(
         exp.out / "report_primary.md",
         f"SRCL with learned helpers graded by strength; seeds with a record {with_record}; "
@@ -401,9 +425,10 @@ def write_helpers_report(exp: Any, results: SeedResults, seeds: Sequence[int]) -
         "Secondary (pre-registered): which measure ranks the gain, learned helpers only:\n\n"
         + secondary_table(exp.out, data, seeds, reading["final"]),
         f"![gain by grade]({plot.name})" if plot else "",
+        f"![gain against the gate's measure]({gate.name})" if gate else "",
     )
     if exp.a.record is not None:
-        for f in [exp.out / "report_primary.md", *([plot] if plot else [])]:
+        for f in [exp.out / "report_primary.md", *[p for p in (plot, gate) if p]]:
             (exp.a.record / f.name).write_bytes(f.read_bytes())
     (exp.out / "helpers.json").write_text(json.dumps(rows, indent=1))
     return text
