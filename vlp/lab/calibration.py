@@ -389,8 +389,7 @@ def run_helper_calibration(
     ``mean`` has no delta (it cancels), so only its distributions and its floor are reported.
     ``itc_positives="image"`` (retrieval fine-tuning): every caption of the anchor's image is a
     positive, so there are no known false negatives and only ``rule="20pct"`` applies.
-    ``student_cache``: also the helper against the student on the same rows (``against_student``).
-    ``advice``: the gate's one line on the report (:func:`vlp.lab.helper_student.gate`)."""
+    ``student_cache``: also the helper against the student (``against_student``); ``advice``: :func:`gate`."""
     if mode not in ("softmax", "mean"):
         raise ValueError(f"mode must be 'softmax' or 'mean', got {mode!r}")
     if rule not in RULES:
@@ -434,9 +433,8 @@ def run_helper_calibration(
     report["delta"] = deltas
     report["weights"] = {k: _weights_report(rows, s, s_probe, mode, d, out, k, cache) for k, d in names.items()}
     report["override"] = f"loss.srcl.norm=softmax loss.srcl.delta={chosen:.4g}" if chosen is not None else None
-    report["advice"] = gate(report)
     refusal = report.get("refused") or _quality_check(report, min_same_image_auc, force)
-    report = finite(report)
+    report = finite(report | {"advice": gate(report)})
     (out / REPORT).write_text(json.dumps(report, indent=1))
     if refusal:
         raise CalibrationError(refusal)
